@@ -1,0 +1,368 @@
+"""Artifact contracts: a versioned pyarrow schema per artifact, checked on every write and read.
+
+Every table that crosses a stage boundary is named here with its relative file name, its
+schema and a schema version (Kedro's catalog, pyserini's typed index names). A violation raises
+:class:`ContractViolation` naming the artifact, the column and the first offending rows.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+_META_NAME = b"funnelrag.contract"
+_META_VERSION = b"funnelrag.schema_version"
+_MAX_ROWS_IN_ERROR = 5
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+_ROW_GROUP_SIZE = 64_000  # rows per Parquet row group, as in Contract.write
+
+
+class ContractViolation(ValueError):
+    """A table does not satisfy its artifact contract.
+
+    Attributes
+    ----------
+    artifact : str
+        Contract name, e.g. ``"clusters"``.
+    column : str or None
+        Offending column, when one can be named.
+    rows : list of int
+        Up to five offending row indices (0-based), possibly empty.
+    """
+
+    def __init__(self, artifact: str, column: str | None, rows: Sequence[int], reason: str):
+        self.artifact, self.column, self.rows, self.reason = artifact, column, list(rows), reason
+        where = f" column {column!r}" if column else ""
+        at = f" rows {self.rows}" if self.rows else ""
+        super().__init__(f"artifact {artifact!r}{where}{at}: {reason}")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """One artifact: its file name, schema, schema version and row-level checks.
+
+    Parameters
+    ----------
+    name : str
+        Stable artifact name used in manifests and errors.
+    filename : str
+        Relative file name inside a version directory; says what it holds
+        (``clusters.bm25.parquet`` style).
+    schema : pa.Schema
+        Exact column names, types and nullability. Extra or missing columns are violations.
+    version : int
+        Bumped on any schema change; a reader refuses files written under another version.
+    unique : tuple of str
+        Columns whose combined values must be unique (primary key), checked on write.
+    checks : tuple of callables
+        ``check(table) -> (column, rows, reason) | None`` extra invariants run on write.
+    """
+
+    name: str
+    filename: str
+    schema: pa.Schema
+    version: int = 1
+    unique: tuple[str, ...] = ()
+    checks: tuple[Callable[[pa.Table], tuple[str, list[int], str] | None], ...] = field(default=())
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, table: pa.Table) -> pa.Table:
+        """Return ``table`` cast to the contract schema, or raise :class:`ContractViolation`.
+
+        Column order is normalised to the schema's; ``large_string`` is cast to ``string``
+        (polars ``to_arrow()`` yields ``large_string``). Nulls in non-nullable fields,
+        missing or extra columns, failed casts, duplicate keys and failed checks all raise.
+        """
+        names = set(table.column_names)
+        expected = [f.name for f in self.schema]
+        missing = [c for c in expected if c not in names]
+        if missing:
+            raise ContractViolation(self.name, missing[0], [], f"missing column(s) {missing}")
+        extra = [c for c in table.column_names if c not in set(expected)]
+        if extra:
+            raise ContractViolation(self.name, extra[0], [], f"unexpected column(s) {extra}")
+        table = table.select(expected)
+        for f in self.schema:
+            col = table.column(f.name)
+            if not f.nullable and col.null_count:
+                rows = _first_true(pc.is_null(col))
+                raise ContractViolation(self.name, f.name, rows, f"{col.null_count} null value(s) in non-nullable field")
+        try:
+            table = table.cast(self.schema.remove_metadata())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            bad = _first_bad_cast(table, self.schema)
+            raise ContractViolation(self.name, bad, [], f"cannot cast to contract type: {exc}") from exc
+        if self.unique and table.num_rows:
+            _check_unique(self.name, table, self.unique)
+        for check in self.checks:
+            res = check(table)
+            if res is not None:
+                col, rows, reason = res
+                raise ContractViolation(self.name, col, rows[:_MAX_ROWS_IN_ERROR], reason)
+        return table.replace_schema_metadata(self.metadata())
+
+    def metadata(self) -> dict[bytes, bytes]:
+        return {_META_NAME: self.name.encode(), _META_VERSION: str(self.version).encode()}
+
+    # ------------------------------------------------------------------ I/O
+    def write(self, table: pa.Table, directory: Path) -> Path:
+        """Validate and atomically write ``table`` to ``directory / filename`` (Parquet, zstd).
+
+        Written to a temporary file in the same directory, fsynced and renamed, so a reader
+        never sees a half-written file. Output bytes depend only on the table content.
+
+        Returns
+        -------
+        Path
+            The final path.
+        """
+        table = self.validate(table)
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / self.filename
+
+        def _write(tmp: Path) -> None:
+            pq.write_table(table, tmp, compression="zstd", row_group_size=64_000, write_statistics=True)
+
+        atomic_write(final, _write)
+        return final
+
+    def read(self, directory_or_file: Path, columns: Sequence[str] | None = None) -> pa.Table:
+        """Read and validate this artifact.
+
+        Raises
+        ------
+        FileNotFoundError
+            The file does not exist (message names the artifact and path).
+        ContractViolation
+            Written under another contract or schema version, or the content violates it.
+        """
+        path = Path(directory_or_file)
+        if path.is_dir():
+            path = path / self.filename
+        if not path.exists():
+            raise FileNotFoundError(f"artifact {self.name!r}: no file at {path}")
+        meta = pq.read_schema(path).metadata or {}
+        if meta.get(_META_NAME) != self.name.encode():
+            raise ContractViolation(self.name, None, [], f"{path} was not written under this contract (found {meta.get(_META_NAME)!r})")
+        found = meta.get(_META_VERSION, b"?").decode()
+        if found != str(self.version):
+            raise ContractViolation(self.name, None, [], f"{path} has schema version {found}, expected {self.version}")
+        table = pq.read_table(path, columns=list(columns) if columns else None)
+        if columns:
+            return table
+        return self.validate(table)
+
+    def open_writer(self, directory: Path, *, sorted_keys: bool = False) -> "ContractWriter":
+        """Open a streaming writer of this artifact in ``directory`` (see :class:`ContractWriter`).
+
+        Use as a context manager: the file appears atomically at ``directory / filename`` when
+        the block exits normally and is discarded when it raises. The bytes equal those of
+        :meth:`write` on the concatenated table.
+        """
+        return ContractWriter(self, Path(directory), sorted_keys=sorted_keys)
+
+
+class ContractWriter:
+    """Streaming, validating, atomic Parquet writer of one artifact.
+
+    Each table passed to :meth:`write` is validated with :meth:`Contract.validate` (types,
+    nulls, unique keys within the table, checks), buffered, and written in row groups of
+    64,000 rows, so the file is byte-identical to :meth:`Contract.write` of all rows at once
+    whatever the batch sizes. Memory holds at most one row group plus the incoming table.
+
+    Parameters
+    ----------
+    contract : Contract
+        The artifact; ``contract.checks`` run per table, so only row-local checks are sound.
+    directory : Path
+        Target directory (created if missing).
+    sorted_keys : bool
+        If True, rows must arrive in strictly increasing order of ``contract.unique`` (checked
+        within and across tables), which makes the keys unique over the whole file. If False,
+        uniqueness is only checked within each table.
+
+    Raises
+    ------
+    ContractViolation
+        From :meth:`write`, naming the artifact, column and rows; the temporary file is removed
+        when the writer is used as a context manager.
+    """
+
+    def __init__(self, contract: Contract, directory: Path, *, sorted_keys: bool = False):
+        if sorted_keys and not contract.unique:
+            raise ValueError(f"artifact {contract.name!r} has no unique key to keep sorted")
+        self.contract, self.sorted_keys = contract, sorted_keys
+        self.final = Path(directory) / contract.filename
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=".tmp", dir=self.final.parent)
+        os.close(fd)
+        self._tmp = Path(tmp_name)
+        self._schema = contract.schema.remove_metadata().with_metadata(contract.metadata())
+        self._writer: pq.ParquetWriter | None = None
+        self._pending: list[pa.Table] = []
+        self._n_pending = 0
+        self._last_key: tuple | None = None
+        self.rows_written = 0
+        self._closed = False
+
+    def write(self, table: pa.Table | pa.RecordBatch | dict) -> None:
+        """Validate ``table`` (a table, record batch or ``{column: values}``) and append it."""
+        if self._closed:
+            raise ValueError(f"artifact {self.contract.name!r}: writer already closed")
+        if isinstance(table, dict):
+            table = pa.table(table)
+        elif isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        if table.num_rows == 0:
+            return
+        table = self.contract.validate(table)
+        if self.sorted_keys:
+            self._check_order(table)
+        self._pending.append(table)
+        self._n_pending += table.num_rows
+        self.rows_written += table.num_rows
+        while self._n_pending >= _ROW_GROUP_SIZE:
+            self._flush(_ROW_GROUP_SIZE)
+
+    def commit(self) -> Path:
+        """Write the last row group, fsync and rename into place; returns the final path."""
+        if self._closed:
+            raise ValueError(f"artifact {self.contract.name!r}: writer already closed")
+        try:
+            if self._n_pending:
+                self._flush(self._n_pending)
+            if self._writer is None:
+                pq.write_table(self._schema.empty_table(), self._tmp, compression="zstd",
+                               row_group_size=_ROW_GROUP_SIZE, write_statistics=True)
+            else:
+                self._writer.close()
+            with open(self._tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(self._tmp, self.final)
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        return self.final
+
+    def abort(self) -> None:
+        """Discard everything written; the final path is left untouched."""
+        self._closed = True
+        self._pending.clear()
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - the file is being discarded anyway
+                pass
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "ContractWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._closed:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def _flush(self, n_rows: int) -> None:
+        merged = pa.concat_tables(self._pending).combine_chunks()
+        head, rest = merged.slice(0, n_rows), merged.slice(n_rows)
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._tmp, self._schema, compression="zstd", write_statistics=True)
+        self._writer.write_table(head, row_group_size=_ROW_GROUP_SIZE)
+        self._pending = [rest] if rest.num_rows else []
+        self._n_pending = rest.num_rows
+
+    def _check_order(self, table: pa.Table) -> None:
+        keys = self.contract.unique
+        order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys])
+        expected = pa.array(range(table.num_rows), type=order.type)
+        if not pc.all(pc.equal(order, expected)).as_py():
+            bad = _first_true(pc.not_equal(order, expected))
+            raise ContractViolation(self.contract.name, ",".join(keys), bad, f"rows not in increasing order of {keys}")
+        first = tuple(table.column(k)[0].as_py() for k in keys)
+        if self._last_key is not None and first <= self._last_key:
+            raise ContractViolation(self.contract.name, ",".join(keys), [0],
+                                    f"key {first!r} does not follow the previous table's last key {self._last_key!r}")
+        self._last_key = tuple(table.column(k)[table.num_rows - 1].as_py() for k in keys)
+
+
+# ---------------------------------------------------------------------- helpers
+def atomic_write(final: Path, writer: Callable[[Path], None]) -> None:
+    """Call ``writer(tmp_path)`` then rename ``tmp_path`` onto ``final`` atomically.
+
+    The temporary file lives in ``final``'s directory (same file system), is fsynced before
+    the rename, and is removed if ``writer`` raises, so ``final`` is either the old or the new
+    complete file.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; published artifacts are world-readable
+    try:
+        writer(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(final: Path, data: bytes) -> None:
+    """Atomically replace ``final`` with ``data`` (see :func:`atomic_write`)."""
+    atomic_write(Path(final), lambda p: p.write_bytes(data))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in ``chunk``-byte blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _first_true(mask: pa.ChunkedArray | pa.Array) -> list[int]:
+    idx = pc.indices_nonzero(pc.fill_null(mask, False)) if hasattr(pc, "indices_nonzero") else None
+    if idx is None:
+        return [i for i, v in enumerate(mask.to_pylist()) if v][:_MAX_ROWS_IN_ERROR]
+    return idx.slice(0, _MAX_ROWS_IN_ERROR).to_pylist()
+
+
+def _first_bad_cast(table: pa.Table, schema: pa.Schema) -> str | None:
+    for f in schema:
+        try:
+            table.column(f.name).cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return f.name
+    return None
+
+
+def _check_unique(name: str, table: pa.Table, keys: tuple[str, ...]) -> None:
+    if len(keys) == 1:
+        col = table.column(keys[0])
+        n_unique = pc.count_distinct(col).as_py()
+        if n_unique != table.num_rows:
+            counts = pc.value_counts(col)
+            dup_vals = [d["values"] for d in counts.to_pylist() if d["counts"] > 1][:1]
+            rows = _first_true(pc.is_in(col, value_set=pa.array(dup_vals, type=col.type)))
+            raise ContractViolation(name, keys[0], rows, f"{table.num_rows - n_unique} duplicate key value(s), e.g. {dup_vals[0]!r}")
+        return
+    grouped = table.group_by(list(keys)).aggregate([])
+    if grouped.num_rows != table.num_rows:
+        raise ContractViolation(name, ",".join(keys), [], f"{table.num_rows - grouped.num_rows} duplicate key(s) over {keys}")

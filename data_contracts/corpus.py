@@ -1,0 +1,185 @@
+"""Contracts of the corpus build (issue: nightly corpus build).
+
+Ids: ``doc_id`` is a dense int32 over kept articles (0..n-1, assigned in sorted title order so a
+rebuild of the same input gives the same ids); ``cluster_id`` is a dense int32 over clusters;
+document units and passages have string ids derived from their position
+(``c{cluster_id:07d}.u{k:03d}`` and ``c{cluster_id:07d}.u{k:03d}.p{j:03d}``), so the passages cut at
+query time ("later chunking") carry the same ids as the passage table built offline.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from data_contracts.base import Contract
+
+DOCUMENTS = Contract(
+    name="documents",
+    filename="documents.parquet",
+    schema=pa.schema([
+        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),      # normalised Wikipedia title
+        pa.field("text", pa.string(), nullable=False),       # plain text, UTF-8
+        pa.field("page_id", pa.int64(), nullable=True),      # dump page id; null for formats without one
+        pa.field("source", pa.string(), nullable=False),     # input file the page came from
+    ]),
+    unique=("doc_id",),
+)
+
+REDIRECTS = Contract(
+    name="redirects",
+    filename="redirects.parquet",
+    schema=pa.schema([
+        pa.field("source_title", pa.string(), nullable=False),  # normalised title of the redirect page
+        pa.field("target_title", pa.string(), nullable=True),   # final kept article after chains; null unless resolved
+        pa.field("status", pa.string(), nullable=False),        # resolved | cycle | dangling | excluded
+        pa.field("hops", pa.int16(), nullable=False),           # redirects followed (1 = direct)
+    ]),
+    unique=("source_title",),
+)
+"""One row per main-namespace redirect page, sorted by ``source_title``. ``dangling``: the chain
+ends at a title with no page (or in another namespace); ``excluded``: it ends at a page that
+was skipped (e.g. a disambiguation page); ``cycle``: the chain revisits a title."""
+
+LINKS = Contract(
+    name="links",
+    filename="links.parquet",
+    schema=pa.schema([
+        pa.field("src_doc_id", pa.int32(), nullable=False),
+        pa.field("dst_doc_id", pa.int32(), nullable=False),
+    ]),
+    unique=("src_doc_id", "dst_doc_id"),
+)
+
+INGEST_REPORT = Contract(
+    name="ingest_report",
+    filename="ingest_report.parquet",
+    schema=pa.schema([
+        pa.field("source", pa.string(), nullable=False),     # input file name
+        pa.field("position", pa.int64(), nullable=False),    # 0-based ordinal of the record in its source
+        pa.field("record", pa.string(), nullable=False),     # page title, archive member or "line N"
+        pa.field("page_id", pa.int64(), nullable=True),
+        pa.field("title", pa.string(), nullable=True),       # normalised title (joins documents.title); null if none
+        pa.field("status", pa.string(), nullable=False),     # kept | redirect | skipped
+        pa.field("reason", pa.string(), nullable=True),      # why skipped (other_namespace, empty_text, ...)
+        pa.field("n_bytes", pa.int64(), nullable=False),     # raw UTF-8 bytes of the record's text
+        pa.field("detail", pa.string(), nullable=True),      # human-readable detail of a skip
+    ]),
+    unique=("source", "position"),
+)
+"""Every input record, in input order: ``kept`` (a document), ``redirect`` (a redirects row) or
+``skipped`` with a reason: malformed_page, invalid_utf8, other_namespace, oversize,
+duplicate_title, disambiguation, empty_text, malformed_link (a bad links.tsv line)."""
+
+def _coefficient_in_unit_interval(table: pa.Table):
+    """graph_metrics: the local clustering coefficient lies in [0, 1]."""
+    cc = table.column("clustering_coefficient").to_numpy()
+    bad = np.flatnonzero((cc < 0) | (cc > 1) | np.isnan(cc))
+    return ("clustering_coefficient", bad[:5].tolist(), "outside [0, 1]") if bad.size else None
+
+
+def _positions_dense_per_cluster(table: pa.Table):
+    """cluster_members: positions inside each cluster are exactly 0..n_members-1."""
+    cid = table.column("cluster_id").to_numpy()
+    pos = table.column("position").to_numpy()
+    order = np.lexsort((pos, cid))
+    cid, pos = cid[order], pos[order]
+    start = np.r_[True, cid[1:] != cid[:-1]] if cid.size else np.zeros(0, bool)
+    first = np.maximum.accumulate(np.where(start, np.arange(cid.size), 0)) if cid.size else np.zeros(0, np.int64)
+    bad = np.flatnonzero(pos != np.arange(cid.size) - first)
+    return ("position", order[bad[:5]].tolist(), "positions of a cluster are not 0..n_members-1") if bad.size else None
+
+
+def _passage_id_extends_unit_id(table: pa.Table):
+    """passages: ``passage_id`` is ``{unit_id}.p{j:03d}``."""
+    pid = table.column("passage_id").to_pylist()
+    uid = table.column("unit_id").to_pylist()
+    bad = [i for i, (p, u) in enumerate(zip(pid, uid)) if not p.startswith(u + ".p")]
+    return ("passage_id", bad[:5], "passage_id does not extend its unit_id") if bad else None
+
+
+GRAPH_METRICS = Contract(
+    name="graph_metrics",
+    filename="graph_metrics.parquet",
+    schema=pa.schema([
+        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("degree", pa.int32(), nullable=False),              # undirected degree
+        pa.field("triangles", pa.int64(), nullable=False),
+        pa.field("clustering_coefficient", pa.float64(), nullable=False),  # local, undirected (= networkx.clustering)
+        pa.field("n_tokens", pa.int32(), nullable=False),            # article length in tokenizer tokens
+        pa.field("order", pa.int32(), nullable=False),               # Algorithm 1 processing rank (0 = first)
+    ]),
+    unique=("doc_id",),
+    checks=(_coefficient_in_unit_interval,),
+)
+
+CLUSTERS = Contract(
+    name="clusters",
+    filename="clusters.parquet",
+    schema=pa.schema([
+        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("n_members", pa.int32(), nullable=False),
+        pa.field("n_tokens", pa.int32(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),              # title of the first member
+    ]),
+    unique=("cluster_id",),
+)
+
+CLUSTER_MEMBERS = Contract(
+    name="cluster_members",
+    filename="cluster_members.parquet",
+    schema=pa.schema([
+        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),            # order of the member inside the cluster text
+        pa.field("doc_id", pa.int32(), nullable=False),
+    ]),
+    unique=("doc_id",),
+    checks=(_positions_dense_per_cluster,),
+)
+
+DOCUMENT_UNITS = Contract(
+    name="document_units",
+    filename="document_units.parquet",
+    schema=pa.schema([
+        pa.field("unit_id", pa.string(), nullable=False),
+        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),
+        pa.field("n_tokens", pa.int32(), nullable=False),
+        pa.field("n_passages", pa.int32(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),              # title of the unit's first passage
+    ]),
+    unique=("unit_id",),
+)
+
+PASSAGES = Contract(
+    name="passages",
+    filename="passages.parquet",
+    schema=pa.schema([
+        pa.field("passage_id", pa.string(), nullable=False),
+        pa.field("unit_id", pa.string(), nullable=False),
+        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("n_words", pa.int32(), nullable=False),
+        pa.field("n_tokens", pa.int32(), nullable=False),
+    ]),
+    unique=("passage_id",),
+    checks=(_passage_id_extends_unit_id,),
+)
+
+CORPUS_CONTRACTS = (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT, GRAPH_METRICS, CLUSTERS,
+                    CLUSTER_MEMBERS, DOCUMENT_UNITS, PASSAGES)
+
+# Intermediate of the corpus build (cached, not published): tokens of every ~100-word window
+# of every article, counted once and shared by Algorithm 1 (article lengths) and segmentation.
+WINDOW_TOKENS = Contract(
+    name="window_tokens",
+    filename="window_tokens.parquet",
+    schema=pa.schema([
+        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("n_tokens", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
+        pa.field("tokenizer", pa.string(), nullable=False),
+    ]),
+    unique=("doc_id",),
+)

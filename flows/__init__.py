@@ -1,0 +1,1 @@
+"""Prefect flows: thin wiring of the stages in tasks/."""

@@ -1,0 +1,275 @@
+"""Prefect flow ``corpus-build``: Wikipedia dump → published, versioned BM25 cluster index.
+
+Stages (pure cores in :mod:`tasks.corpus_stages`, each cached on the content of its inputs):
+ingest → tokens → cluster (graph, local clustering coefficients, Algorithm 1) → segment
+(document units, passages) → index (bm25s) → validate + publish (manifest last, then the
+``current`` pointer). One MLflow run per flow run; a markdown summary artifact in Prefect.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE as NO_CACHE
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from funnelrag import datasets
+from funnelrag.config import FlowCommand, FlowConfig, config_hash, to_jsonable
+from funnelrag.corpus import corpus_store
+from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
+from funnelrag.workspace import Workspace
+from tasks import corpus_stages as S
+from tasks.clustering import ClusteringConfig
+from tasks.index import BM25Config
+from tasks.ingest import IngestConfig
+from tasks.segment import SegmentConfig
+
+log = logging.getLogger(__name__)
+
+# Bump a stage's version when its code changes output bytes: the cache key includes it.
+STAGE_VERSIONS = {"ingest": "1", "tokens": "1", "cluster": "1", "segment": "1", "index": "1"}
+
+
+class SourceConfig(BaseModel):
+    """Input files: registered data sets (resolved in the data mirror, checksum-verified) and/or
+    explicit paths (e.g. a full ``enwiki-YYYYMMDD-pages-articles-multistream.xml.bz2``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    datasets: list[str] = Field(default_factory=lambda: ["wikispeedia-articles", "wikispeedia-graph"])
+    paths: list[Path] = Field(default_factory=list)
+
+
+class CorpusBuildConfig(FlowConfig):
+    """Configuration of ``corpus-build`` (defaults: the real Wikispeedia data)."""
+
+    name: str = "wikispeedia"
+    source: SourceConfig = Field(default_factory=SourceConfig)
+    ingest: IngestConfig = IngestConfig(format="wikispeedia")
+    clustering: ClusteringConfig = ClusteringConfig()
+    segment: SegmentConfig = SegmentConfig()
+    bm25: BM25Config = BM25Config()
+
+    @model_validator(mode="after")
+    def _same_tokenizer(self) -> "CorpusBuildConfig":
+        if self.clustering.tokenizer != self.segment.tokenizer:
+            raise ValueError(f"clustering.tokenizer ({self.clustering.tokenizer}) and segment.tokenizer "
+                             f"({self.segment.tokenizer}) must name the same tokenizer")
+        if not self.source.datasets and not self.source.paths:
+            raise ValueError("source: give at least one dataset name or path")
+        return self
+
+
+def enwiki_sample_config(**overrides: Any) -> CorpusBuildConfig:
+    """The real enwiki XML dump sample (MediaWiki path: wikitext, redirects, namespaces)."""
+    base = {"name": "enwiki-sample", "source": {"datasets": ["enwiki-sample"]},
+            "ingest": IngestConfig(format="mediawiki")}
+    return CorpusBuildConfig.model_validate({**base, **overrides})
+
+
+def resolve_inputs(cfg: CorpusBuildConfig, ws: Workspace) -> list[tuple[Path, str]]:
+    """``[(path, sha256)]`` of the inputs: registered sets verified against their checksum,
+    explicit paths hashed."""
+    from data_contracts.base import sha256_file  # noqa: PLC0415
+
+    out = []
+    for name in cfg.source.datasets:
+        path = datasets.resolve(name, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
+        out.append((path, datasets.REGISTRY[name].sha256))
+    for p in cfg.source.paths:
+        p = Path(p)
+        if not p.is_file():
+            raise FileNotFoundError(f"source.paths: {p} does not exist")
+        out.append((p, sha256_file(p)))
+    return out
+
+
+def _cached(cache: StageCache, stage: str, cfg: Any, inputs: dict[str, str], build) -> StageResult:
+    key = StageCache.key(stage, STAGE_VERSIONS[stage], cfg, inputs)
+    return cache.run(stage, key, build)
+
+
+@task(name="ingest", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def ingest_task(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig) -> StageResult:
+    digests = {f"input{i}:{p.name}": sha for i, (p, sha) in enumerate(inputs)}
+    return _cached(cache, "ingest", cfg, digests, lambda out: S.run_ingest([p for p, _ in inputs], out, cfg))
+
+
+@task(name="tokens", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def tokens_task(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None) -> StageResult:
+    inputs = {"documents": ingest.files["documents.parquet"]}
+    key_cfg = {"tokenizer": cfg.tokenizer, "passage_words": cfg.passage_words}
+    return _cached(cache, "tokens", key_cfg, inputs, lambda out: S.run_tokens(ingest.path, out, cfg, mirror))
+
+
+@task(name="cluster", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def cluster_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cfg: ClusteringConfig) -> StageResult:
+    inputs = {"documents": ingest.files["documents.parquet"], "links": ingest.files["links.parquet"], "tokens": tokens.digest}
+    return _cached(cache, "cluster", cfg, inputs, lambda out: S.run_cluster(ingest.path, tokens.path, out, cfg))
+
+
+@task(name="segment", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def segment_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult,
+                 cfg: SegmentConfig, mirror: Path | None) -> StageResult:
+    inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
+              "members": cluster.files["cluster_members.parquet"]}
+    return _cached(cache, "segment", cfg, inputs,
+                   lambda out: S.run_segment(ingest.path, tokens.path, cluster.path, out, cfg, mirror))
+
+
+@task(name="index", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def index_task(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
+               cfg: BM25Config) -> StageResult:
+    inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
+              "passages": segment.files["passages.parquet"]}
+    return _cached(cache, "index", cfg, inputs, lambda out: S.run_index(ingest.path, cluster.path, segment.path, out, cfg))
+
+
+@task(name="publish", cache_policy=NO_CACHE)
+def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult]) -> tuple[Path, dict]:
+    published = {
+        "ingest": ["documents.parquet", "redirects.parquet", "links.parquet", "ingest_report.parquet"],
+        "cluster": ["graph_metrics.parquet", "clusters.parquet", "cluster_members.parquet"],
+        "segment": ["document_units.parquet", "passages.parquet"],
+    }
+    file_digests = {name: stages[stage].files[name] for stage, names in published.items() for name in names}
+    file_digests.update(stages["index"].files)
+    files = {name: (stages["index"].path if name in stages["index"].files else
+                    next(stages[s].path for s, ns in published.items() if name in ns)) / name for name in file_digests}
+    digest = dir_digest(file_digests)
+    counts = {k: v for k, v in stages["cluster"].summary.items() if not k.endswith("seconds")}
+    manifest_extra = {
+        "corpus": cfg.name, "content_digest": digest, "code_version": code_version(),
+        "config": to_jsonable(cfg.model_dump(exclude={"workspace"})),
+        "schema_versions": {c.name: c.version for c in S.C.CORPUS_CONTRACTS},
+        "counts": {"documents": stages["ingest"].summary["documents"], "links": stages["ingest"].summary["links"],
+                   "redirects": stages["ingest"].summary["redirects"], **counts,
+                   "document_units": stages["segment"].summary["document_units"],
+                   "passages": stages["segment"].summary["passages"]},
+    }
+    store = corpus_store(ws, cfg.name)
+    version_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{digest[:8]}"
+    checks: dict[str, int] = {}
+
+    def _validate(staging: Path) -> None:
+        checks.update(S.validate_corpus(staging, cfg.clustering.max_tokens))
+
+    path = store.publish(version_id, files, manifest_extra, _validate)
+    return path, checks
+
+
+def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from data_contracts.corpus import CLUSTERS  # noqa: PLC0415
+
+    sizes = CLUSTERS.read(version_dir, columns=["n_tokens"]).column("n_tokens").to_numpy()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(sizes, bins=50, color="#3b6ea5")
+    ax.axvline(max_tokens, color="crimson", linestyle="--", label=f"S = {max_tokens} tokens")
+    ax.set_xlabel("cluster size (tokens)")
+    ax.set_ylabel("clusters")
+    ax.set_title(f"{sizes.size} clusters, mean {sizes.mean():.0f} tokens")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """The Prefect artifact: counts and seconds per stage as markdown tables."""
+    lines = [f"# corpus-build `{summary['corpus']}` → version `{summary['version']}`", "",
+             "| count | value |", "|---|---:|"]
+    lines += [f"| {k} | {v:,} |" if isinstance(v, int) else f"| {k} | {v:.1f} |" for k, v in summary["counts"].items()]
+    lines += ["", "| stage | seconds | cache |", "|---|---:|---|"]
+    lines += [f"| {k} | {v['seconds']:.2f} | {'hit' if v['cache_hit'] else 'built'} |" for k, v in summary["stages"].items()]
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="corpus-build", log_prints=True)
+def corpus_build_flow(config: CorpusBuildConfig) -> dict[str, Any]:
+    """Build, validate and publish a corpus version; returns the summary printed by the CLI."""
+    import mlflow  # noqa: PLC0415
+    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
+
+    from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
+
+    logger = get_run_logger()
+    ws = Workspace(config.workspace.home)
+    cache = StageCache(ws.cache_dir / "corpus")
+    mirror = config.workspace.data_mirror
+    t_flow = time.perf_counter()
+    with flow_run(ws, "corpus-build", f"corpus-build-{config.name}", config.model_dump(exclude={"workspace"}),
+                  tracking_uri=config.workspace.tracking_uri, tags={"corpus": config.name}) as run:
+        inputs = resolve_inputs(config, ws)
+        logger.info("inputs: %s", ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p, _ in inputs))
+        stages: dict[str, StageResult] = {}
+        walls: dict[str, float] = {}
+        for name, call in (
+            ("ingest", lambda: ingest_task(cache, inputs, config.ingest)),
+            ("tokens", lambda: tokens_task(cache, stages["ingest"], config.segment, mirror)),
+            ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering)),
+            ("segment", lambda: segment_task(cache, stages["ingest"], stages["tokens"], stages["cluster"], config.segment, mirror)),
+            ("index", lambda: index_task(cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25)),
+        ):
+            t0 = time.perf_counter()
+            stages[name] = call()
+            walls[name] = time.perf_counter() - t0
+            logger.info("stage %-8s %s in %.2f s", name, "cache hit" if stages[name].cache_hit else "built", walls[name])
+        t0 = time.perf_counter()
+        version_dir, rows = publish_task(config, ws, stages)
+        walls["publish"] = time.perf_counter() - t0
+        manifest = (version_dir / "manifest.json").read_text()
+        import json  # noqa: PLC0415
+
+        man = json.loads(manifest)
+        summary: dict[str, Any] = {
+            "corpus": config.name, "version": version_dir.name, "path": str(version_dir),
+            "counts": {"documents": man["counts"]["documents"], "links": man["counts"]["links"],
+                       "redirects": man["counts"]["redirects"], "clusters": man["counts"]["clusters"],
+                       "mean_cluster_tokens": man["counts"]["mean_cluster_tokens"],
+                       "max_cluster_tokens": man["counts"]["max_cluster_tokens"],
+                       "document_units": man["counts"]["document_units"], "passages": man["counts"]["passages"]},
+            "ingest": {"records": stages["ingest"].summary["records"], "skipped": stages["ingest"].summary["skipped"],
+                       "mb_per_s": stages["ingest"].summary["mb_per_s"]},
+            "stages": {k: {"seconds": (stages[k].summary.get("seconds", walls[k]) if k in stages else walls[k]),
+                           "wall_seconds": walls[k], "cache_hit": bool(stages[k].cache_hit) if k in stages else False}
+                       for k in walls},
+            "total_seconds": time.perf_counter() - t_flow,
+            "mlflow_run_id": run.info.run_id,
+        }
+        # ---- tracking: counts, per-stage seconds and throughput; manifest, report, histogram
+        log_metrics({f"count_{k}": v for k, v in summary["counts"].items()})
+        log_metrics({f"seconds_{k}": v["seconds"] for k, v in summary["stages"].items()})
+        log_metrics({"ingest_mb_per_s": summary["ingest"]["mb_per_s"],
+                     "tokens_per_s": stages["tokens"].summary["tokens_per_s"],
+                     "bm25_cluster_docs_per_s": stages["index"].summary["cluster_docs_per_s"],
+                     "bm25_passage_docs_per_s": stages["index"].summary["passage_docs_per_s"],
+                     "seconds_total": summary["total_seconds"]})
+        run_dir = ws.run_dir("corpus-build", run.info.run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        hist = run_dir / "cluster_sizes.png"
+        _cluster_histogram(version_dir, hist, config.clustering.max_tokens)
+        write_json(run_dir / "summary.json", summary)
+        for f in (version_dir / "manifest.json", version_dir / "ingest_report.parquet", hist, run_dir / "summary.json"):
+            log_artifact(f)
+        mlflow.set_tag("corpus_version", version_dir.name)
+        md = summary_markdown(summary)
+        create_markdown_artifact(key=f"corpus-build-{config.name}".lower().replace("_", "-"), markdown=md,
+                                 description="corpus-build summary")
+    return summary
+
+
+def run_corpus_build(cfg: CorpusBuildConfig) -> dict[str, Any]:
+    """CLI entry: run the flow (ephemeral Prefect API unless PREFECT_API_URL is set)."""
+    return corpus_build_flow(cfg)
+
+
+COMMANDS = [
+    FlowCommand("build-corpus", "build, validate and publish a versioned corpus + BM25 indexes (default: Wikispeedia)",
+                CorpusBuildConfig, run_corpus_build),
+]

@@ -1,0 +1,377 @@
+"""R²AG flows: ``train-r2former`` and ``evaluate-r2ag`` (issue 6).
+
+``funnelrag train-r2former`` builds the ranked lists (HotpotQA context paragraphs or NQ-open BM25
+lists over the published corpus), extracts the retrieval features with the MiniLM bi-encoder,
+trains the R²-Former with the QDM loss (and one R²-Former per feature ablation), optionally
+trains the projection into a generator jointly (Eq. 9), and prints MAP / recall@k of the QDM
+ranking against the retriever's. ``funnelrag evaluate-r2ag`` scores a trained model on the held-out
+questions and, when the model has a generator, generates answers through ``<R>`` prompts.
+
+Stage cores live in :mod:`tasks.r2ag`; the features stage is cached on content (data-file
+sha256, corpus manifest digest, configs) in the workspace's stage cache.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import Field
+
+from data_contracts import r2ag as R
+from funnelrag.config import FlowCommand, FlowConfig, config_hash
+from funnelrag.workspace import Workspace
+from models.encoders import EncoderConfig
+from models.r2former import R2FormerConfig
+from tasks.r2ag.features import FeatureConfig
+from tasks.r2ag.generation import GeneratorConfig
+from tasks.r2ag.lists import ListConfig
+from tasks.r2ag.pipeline import DataConfig, QDMTrainConfig
+from tasks.r2ag.prompting import PromptConfig
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "r2ag"
+FEATURES_STAGE = "r2ag-features"
+FEATURES_STAGE_VERSION = "1"
+REGISTERED_MODEL = "r2ag-r2former"
+LATEST_POINTER = "LATEST"
+
+
+@dataclass(frozen=True)
+class JointConfig:
+    """Joint training of R²-Former, projection (and optionally the generator) with Eq. 9.
+
+    enabled : run this stage after QDM training (starts from the trained full R²-Former).
+    max_steps, batch_size, lr : optimizer settings (shared loop).
+    use_qdm_loss : keep L_QDM in the loss (False = the "w/o L_QDM" ablation).
+    max_lists : train on at most this many training lists (CPU budget); None = all.
+    generator : the decoder (from scratch offline, by name where a hub is reachable);
+        ``generator.tokenizer`` ``"t5"`` = the mirror's T5 tokenizer, ``"minilm"`` = MiniLM's.
+    prompt : template and max_length (tokens).
+    """
+
+    enabled: bool = False
+    max_steps: int = 100
+    batch_size: int = 4
+    lr: float = 2e-4
+    use_qdm_loss: bool = True
+    max_lists: int | None = 256
+    generator: GeneratorConfig = field(default_factory=lambda: GeneratorConfig(tokenizer="t5"))
+    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(max_length=1024))
+
+
+class TrainR2FormerConfig(FlowConfig):
+    """``train-r2former``: data, lists, features, encoder, R²-Former, QDM training, joint stage."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    lists: ListConfig = Field(default_factory=ListConfig)
+    features: FeatureConfig = Field(default_factory=FeatureConfig)
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    model: R2FormerConfig = Field(default_factory=R2FormerConfig)
+    train: QDMTrainConfig = Field(default_factory=QDMTrainConfig)
+    joint: JointConfig = Field(default_factory=JointConfig)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Answer generation in ``evaluate-r2ag`` (only for models trained with a generator).
+
+    enabled : generate when the model directory holds a generator.
+    max_lists : generate for at most this many test lists; None = all.
+    batch_size, max_new_tokens : decoding settings (greedy, as in the paper).
+    """
+
+    enabled: bool = True
+    max_lists: int | None = 64
+    batch_size: int = 8
+    max_new_tokens: int = 16
+
+
+class EvaluateR2AGConfig(FlowConfig):
+    """``evaluate-r2ag``: which trained model, on which data (must match its training features).
+
+    model_dir : a model directory written by ``train-r2former``; None = the latest run's model.
+    """
+
+    model_dir: Path | None = None
+    data: DataConfig = Field(default_factory=DataConfig)
+    lists: ListConfig = Field(default_factory=ListConfig)
+    features: FeatureConfig = Field(default_factory=FeatureConfig)
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+
+
+# ---------------------------------------------------------------------------- tasks
+@task(name="r2ag-features", cache_policy=NO_CACHE)
+def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cfg: ListConfig,
+                  feat_cfg: FeatureConfig, enc_cfg: EncoderConfig):
+    """Ranked lists + retrieval features, cached on content; returns (lists, features, report)."""
+    from funnelrag.datasets import REGISTRY, resolve  # noqa: PLC0415
+    from funnelrag.store import StageCache  # noqa: PLC0415
+
+    name = data.hotpotqa_file if data.dataset == "hotpotqa" else data.nq_file
+    path = resolve(name, mirror, cache_dir=ws.downloads_dir)
+    inputs = {"data": REGISTRY[name].sha256}
+    corpus = None
+    if data.dataset == "nq":
+        from funnelrag.corpus import open_corpus  # noqa: PLC0415
+
+        corpus = open_corpus(ws, name=data.corpus, version=data.corpus_version)
+        inputs["corpus"] = corpus.digest
+    key = StageCache.key(FEATURES_STAGE, FEATURES_STAGE_VERSION,
+                         {"data": data, "lists": lists_cfg, "features": feat_cfg, "encoder": enc_cfg}, inputs)
+
+    def build(tmp: Path) -> dict:
+        from models.encoders import BiEncoder  # noqa: PLC0415
+        from tasks.r2ag.pipeline import build_lists_and_features  # noqa: PLC0415
+
+        encoder, tokenizer = BiEncoder.from_pretrained(enc_cfg)
+        lists, features, report = build_lists_and_features(data, lists_cfg, feat_cfg, encoder, tokenizer,
+                                                           data_path=path, corpus=corpus)
+        R.RANKED_LISTS.write(lists, tmp)
+        R.RETRIEVAL_FEATURES.write(features, tmp)
+        return report
+
+    result = StageCache(ws.cache_dir).run(FEATURES_STAGE, key, build)
+    lists = R.RANKED_LISTS.read(result.path)
+    features = R.RETRIEVAL_FEATURES.read(result.path)
+    return lists, features, {**result.summary, "cache_hit": result.cache_hit, "stage_key": key[:16]}
+
+
+@task(name="r2ag-train-qdm", cache_policy=NO_CACHE)
+def train_qdm_task(train, features, model_cfg, train_cfg, output_dir: Path, run_id: str | None, variant: str):
+    import mlflow  # noqa: PLC0415
+
+    from tasks.r2ag.pipeline import mlflow_key, train_qdm  # noqa: PLC0415
+
+    def log_metrics(metrics: dict, step: int) -> None:
+        if run_id is not None:
+            mlflow.log_metrics({mlflow_key(variant, k): float(v) for k, v in metrics.items()},
+                               step=step, run_id=run_id)
+
+    return train_qdm(train, features, model_cfg, train_cfg, output_dir, log_metrics)
+
+
+@task(name="r2ag-joint", cache_policy=NO_CACHE)
+def joint_task(retrieval, train, lists, joint: JointConfig, mirror: Path | None, ws: Workspace,
+               output_dir: Path, run_id: str | None):
+    """Eq. 9 training of R²-Former + projection (+ generator); returns (model, tokenizer, report)."""
+    import mlflow  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    from funnelrag.training import TrainConfig, train as run_training  # noqa: PLC0415
+    from models.r2ag_generator import ProjectionConfig, R2AGModel, RetrievalProjection  # noqa: PLC0415
+    from tasks.r2ag.generation import JointHooks, build_generator, prompted_lists  # noqa: PLC0415
+
+    gcfg = _resolve_tokenizer(joint.generator, mirror, ws)
+    generator, tokenizer, r_id = build_generator(gcfg, max_positions=joint.prompt.max_length + 64)
+    h2 = generator.get_input_embeddings().embedding_dim
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(gcfg.seed)
+        projection = RetrievalProjection(ProjectionConfig(in_size=retrieval.cfg.hidden_size, out_size=h2))
+    model = R2AGModel(retrieval, projection, generator, r_id, freeze_generator=gcfg.freeze,
+                      use_qdm_loss=joint.use_qdm_loss)
+    examples = list(train)[:joint.max_lists]
+    items, report = prompted_lists(examples, _list_texts(lists), tokenizer, r_id, joint.prompt, with_answer=True)
+    tcfg = TrainConfig(output_dir=str(output_dir), seed=gcfg.seed, max_steps=joint.max_steps,
+                       batch_size=joint.batch_size, lr=joint.lr, scheduler="constant", log_every=10,
+                       checkpoint_every=0, cpu=not torch.cuda.is_available())
+
+    def log_metrics(metrics: dict, step: int) -> None:
+        if run_id is not None:
+            mlflow.log_metrics({f"joint/{k}": float(v) for k, v in metrics.items()}, step=step, run_id=run_id)
+
+    result = run_training(model, items, JointHooks(tokenizer.pad_token_id), tcfg, log_metrics=log_metrics, resume=False)
+    report.update(steps=result.global_step, first_loss=result.losses[0], last_loss=result.losses[-1])
+    return model.cpu().eval(), tokenizer, report
+
+
+# ---------------------------------------------------------------------------- helpers
+def _resolve_tokenizer(gcfg: GeneratorConfig, mirror: Path | None, ws: Workspace) -> GeneratorConfig:
+    from dataclasses import replace  # noqa: PLC0415
+
+    if gcfg.tokenizer == "t5":
+        from funnelrag.datasets import resolve  # noqa: PLC0415
+
+        resolve("t5-tokenizer-config", mirror, cache_dir=ws.downloads_dir)
+        return replace(gcfg, tokenizer=str(resolve("t5-tokenizer", mirror, cache_dir=ws.downloads_dir).parent))
+    if gcfg.tokenizer == "minilm":
+        from models.encoders import resolve_model_path  # noqa: PLC0415
+
+        return replace(gcfg, tokenizer=resolve_model_path("minilm"))
+    return gcfg
+
+
+def _list_texts(lists) -> dict:
+    """``query_id -> (question, answers, [(title, text)] in rank order)``."""
+    table = lists.sort_by([("query_id", "ascending"), ("rank", "ascending")])
+    out: dict = {}
+    for qid, q, ans, title, text in zip(*(table[c].to_pylist() for c in ("query_id", "question", "answers", "title", "text"))):
+        out.setdefault(qid, (q, ans, []))[2].append((title, text))
+    return out
+
+
+def _mlflow_run(ws: Workspace, cfg, name: str):
+    from funnelrag import tracking  # noqa: PLC0415
+
+    return tracking.flow_run(ws, EXPERIMENT, name, cfg, tracking_uri=cfg.workspace.tracking_uri,
+                             tags={"flow": name, "dataset": cfg.data.dataset})
+
+
+def _register(model_dir: Path, run_id: str) -> str | None:
+    """Register the model directory in the MLflow registry (``funnelrag.registry`` when present)."""
+    try:
+        from funnelrag import registry  # noqa: PLC0415
+    except ImportError:
+        registry = None
+    if registry is not None and hasattr(registry, "register_directory"):
+        return str(registry.register_directory(model_dir, REGISTERED_MODEL, run_id=run_id))
+    import mlflow  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
+    mlflow.log_artifacts(str(model_dir), artifact_path="model", run_id=run_id)
+    client = mlflow.MlflowClient()
+    try:
+        client.create_registered_model(REGISTERED_MODEL)
+    except MlflowException:  # already registered
+        pass
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"
+    version = client.create_model_version(REGISTERED_MODEL, source, run_id=run_id)
+    return str(version.version)
+
+
+# ---------------------------------------------------------------------------- flows
+@flow(name="train-r2former")
+def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
+    """Train the R²-Former (QDM, Eqs. 7–8) and its feature ablations; compare rankings."""
+    import mlflow  # noqa: PLC0415
+
+    from data_contracts.base import atomic_write_bytes  # noqa: PLC0415
+    from funnelrag.store import write_json  # noqa: PLC0415
+    from tasks.r2ag.checkpoint import save_projection, save_r2former  # noqa: PLC0415
+    from tasks.r2ag.pipeline import (compare_rankings, mlflow_key, split_examples, test_query_ids,  # noqa: PLC0415
+                                     variants)
+    from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
+
+    ws = Workspace(cfg.workspace.home)
+    mirror = cfg.workspace.data_mirror
+    run_dir = ws.run_dir("train-r2former", config_hash(cfg.model_dump(exclude={"workspace"}))[:16])
+    lists, features, feat_report = features_task(ws, mirror, cfg.data, cfg.lists, cfg.features, cfg.encoder)
+    train, test = split_examples(features, test_query_ids(lists, cfg.data))
+    if not train or not test:
+        raise ValueError(f"train/test split of {len(train) + len(test)} lists is empty on one side "
+                         f"(train {len(train)}, test {len(test)}); use more questions or another test_fraction")
+    with _mlflow_run(ws, cfg, "train-r2former") as run:
+        run_id = run.info.run_id
+        scores, models, losses = {}, {}, {}
+        for name, feats in variants(cfg.train).items():
+            model, step_losses = train_qdm_task(train, feats, cfg.model, cfg.train, run_dir / "train" / name, run_id, name)
+            models[name], losses[name] = model, step_losses
+            scores[name] = score_lists(model, test, feats)
+            save_r2former(model, feats, run_dir / "variants" / name)
+        metrics_table, rows = compare_rankings(test, scores)
+        score_table = _concat([qdm_score_table(n, test, s) for n, s in scores.items()])
+        R.RANKING_METRICS.write(metrics_table, run_dir)
+        R.QDM_SCORES.write(score_table, run_dir)
+        model_dir = run_dir / "model"
+        save_r2former(models["full"], variants(cfg.train)["full"], model_dir)
+        joint_report = None
+        if cfg.joint.enabled:
+            r2ag, tokenizer, joint_report = joint_task(models["full"], train, lists, cfg.joint, mirror, ws,
+                                                       run_dir / "train" / "joint", run_id)
+            save_r2former(r2ag.retrieval, variants(cfg.train)["full"], model_dir)
+            _, joint_rows = compare_rankings(test, {"full after joint": score_lists(r2ag.retrieval, test)})
+            rows.append(joint_rows[-1])
+            save_projection(r2ag.projection, model_dir)
+            r2ag.generator.save_pretrained(model_dir / "generator")
+            tokenizer.save_pretrained(model_dir / "tokenizer")
+        for row in rows:
+            mlflow.log_metrics({mlflow_key("test", row["ranking"], k): float(v) for k, v in row.items()
+                                if k != "ranking" and v == v}, run_id=run_id)
+        summary = {"dataset": cfg.data.dataset, "lists": feat_report, "train_lists": len(train),
+                   "test_lists": len(test), "final_train_loss": {n: l[-1] for n, l in losses.items()},
+                   "ranking (test lists, MAP / recall@k)": rows, "joint": joint_report,
+                   "run_dir": str(run_dir), "model_dir": str(model_dir), "mlflow_run_id": run_id}
+        write_json(run_dir / "summary.json", summary)
+        mlflow.log_artifact(str(run_dir / "summary.json"), run_id=run_id)
+        summary["registered_version"] = _register(model_dir, run_id)
+    atomic_write_bytes(run_dir.parent / LATEST_POINTER, (str(model_dir) + "\n").encode())
+    return summary
+
+
+@flow(name="evaluate-r2ag")
+def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig) -> dict:
+    """QDM ranking vs the retriever on held-out lists, and answers generated through <R> prompts."""
+    import mlflow  # noqa: PLC0415
+
+    from funnelrag.store import write_json  # noqa: PLC0415
+    from models.r2ag_generator import R2AGModel  # noqa: PLC0415
+    from tasks.r2ag import checkpoint as ckpt  # noqa: PLC0415
+    from tasks.r2ag.generation import answer_accuracy, generate_answers, prompted_lists  # noqa: PLC0415
+    from tasks.r2ag.pipeline import compare_rankings, mlflow_key, split_examples, test_query_ids  # noqa: PLC0415
+    from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
+
+    ws = Workspace(cfg.workspace.home)
+    model_dir = cfg.model_dir
+    if model_dir is None:
+        pointer = ws.run_dir("train-r2former", LATEST_POINTER)
+        if not pointer.exists():
+            raise FileNotFoundError(f"no model_dir given and no trained R²-Former in {pointer.parent} (run train-r2former)")
+        model_dir = Path(pointer.read_text().strip())
+    retrieval, feats = ckpt.load_r2former(model_dir)
+    lists, features, feat_report = features_task(ws, cfg.workspace.data_mirror, cfg.data, cfg.lists,
+                                                 cfg.features, cfg.encoder)
+    _, test = split_examples(features, test_query_ids(lists, cfg.data))
+    if not test:
+        raise ValueError("no held-out list to evaluate on")
+    run_dir = ws.run_dir("evaluate-r2ag", config_hash(cfg.model_dump(exclude={"workspace"}))[:16])
+    scores = {"full": score_lists(retrieval, test, feats)}
+    metrics_table, rows = compare_rankings(test, scores)
+    R.RANKING_METRICS.write(metrics_table, run_dir)
+    R.QDM_SCORES.write(qdm_score_table("full", test, scores["full"]), run_dir)
+    summary = {"dataset": cfg.data.dataset, "model_dir": str(model_dir), "lists": feat_report,
+               "test_lists": len(test), "ranking (test lists, MAP / recall@k)": rows}
+    if cfg.generation.enabled and ckpt.has_generator(model_dir):
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir / ckpt.TOKENIZER_DIR)
+        generator = AutoModelForCausalLM.from_pretrained(model_dir / ckpt.GENERATOR_DIR)
+        r_id = tokenizer.convert_tokens_to_ids("<R>")
+        model = R2AGModel(retrieval, ckpt.load_projection(model_dir), generator, r_id).eval()
+        items, report = prompted_lists(test[:cfg.generation.max_lists], _list_texts(lists), tokenizer, r_id,
+                                       cfg.prompt, with_answer=False)
+        preds = generate_answers(model, items, tokenizer, feats, cfg.generation.batch_size,
+                                 cfg.generation.max_new_tokens)
+        summary["generation"] = {**report, **answer_accuracy(preds, [it.answers for it in items]),
+                                 "examples": [{"answers": list(it.answers)[:2], "prediction": p}
+                                              for it, p in list(zip(items, preds))[:3]]}
+    with _mlflow_run(ws, cfg, "evaluate-r2ag") as run:
+        for row in rows:
+            mlflow.log_metrics({mlflow_key("test", row["ranking"], k): float(v) for k, v in row.items()
+                                if k != "ranking" and v == v})
+        if "generation" in summary:
+            mlflow.log_metrics({f"generation/{k}": float(v) for k, v in summary["generation"].items()
+                                if isinstance(v, (int, float)) and v == v})
+        summary["mlflow_run_id"] = run.info.run_id
+    write_json(run_dir / "summary.json", summary)
+    summary["run_dir"] = str(run_dir)
+    return summary
+
+
+def _concat(tables):
+    import pyarrow as pa  # noqa: PLC0415
+
+    return pa.concat_tables(tables)
+
+
+COMMANDS: list[FlowCommand] = [
+    FlowCommand("train-r2former", "R²AG: extract retrieval features, train the R²-Former (QDM) and its feature "
+                "ablations, print MAP/recall@k against the retriever", TrainR2FormerConfig,
+                lambda cfg: train_r2former_flow(cfg)),
+    FlowCommand("evaluate-r2ag", "R²AG: score held-out ranked lists with a trained R²-Former and generate "
+                "answers through <R> prompts", EvaluateR2AGConfig, lambda cfg: evaluate_r2ag_flow(cfg)),
+]

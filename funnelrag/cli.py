@@ -1,0 +1,146 @@
+"""``funnelrag`` command line: one subcommand per flow, each with ``--config`` and ``--set``.
+
+Examples::
+
+    funnelrag demo                                   # the whole job on the embedded defaults
+    funnelrag build-corpus --set corpus.name=enwiki-sample --set source.format=mediawiki
+    funnelrag search "who wrote the origin of species"
+    funnelrag distill --config configs/distillation.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from funnelrag.config import FlowCommand, load_config
+
+# Flow modules that export ``COMMANDS: list[FlowCommand]``; imported only when needed.
+FLOW_MODULES = (
+    "flows.corpus_build",
+    "flows.distillation",
+    "flows.evaluate",
+    "flows.dr_rag",
+    "flows.r2ag",
+    "flows.demo",
+)
+
+
+def _commands() -> dict[str, FlowCommand]:
+    found: dict[str, FlowCommand] = {}
+    for module in FLOW_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == module:  # a flow module not present in this checkout
+                continue
+            raise
+        for cmd in getattr(mod, "COMMANDS", []):
+            found[cmd.name] = cmd
+    return found
+
+
+def print_summary(summary: Any, indent: int = 0, out=sys.stdout) -> None:
+    """Print a flow's summary dict as indented ``key: value`` lines (tables as rows)."""
+    pad = " " * indent
+    if isinstance(summary, dict):
+        width = max((len(str(k)) for k in summary), default=0)
+        for k, v in summary.items():
+            if isinstance(v, (dict, list)) and v:
+                print(f"{pad}{k}:", file=out)
+                print_summary(v, indent + 2, out)
+            else:
+                print(f"{pad}{str(k):<{width}} : {_fmt(v)}", file=out)
+    elif isinstance(summary, list):
+        if summary and all(isinstance(r, dict) for r in summary):
+            cols = list(dict.fromkeys(k for r in summary for k in r))
+            widths = {c: max(len(c), *(len(_fmt(r.get(c, ""))) for r in summary)) for c in cols}
+            print(pad + "  ".join(f"{c:>{widths[c]}}" for c in cols), file=out)
+            for r in summary:
+                print(pad + "  ".join(f"{_fmt(r.get(c, '')):>{widths[c]}}" for c in cols), file=out)
+        else:
+            for v in summary:
+                print(f"{pad}- {_fmt(v)}", file=out)
+    else:
+        print(f"{pad}{_fmt(summary)}", file=out)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def _search(args: argparse.Namespace) -> int:
+    from funnelrag.config import WorkspaceConfig  # noqa: PLC0415
+    from funnelrag.corpus import open_corpus  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+
+    ws_cfg = WorkspaceConfig(home=Path(args.home)) if args.home else WorkspaceConfig()
+    corpus = open_corpus(Workspace(ws_cfg.home), name=args.corpus)
+    index = corpus.cluster_index()
+    t0 = time.perf_counter()
+    ids, scores = index.search([args.question], k=args.k)
+    seconds = time.perf_counter() - t0
+    cluster_ids = [int(i) for i in ids[0]]
+    members = corpus.members_of(cluster_ids)
+    print(f"corpus {args.corpus} version {corpus.version}: top {len(cluster_ids)} clusters for {args.question!r} ({seconds * 1000:.1f} ms)")
+    for rank, (cid, score) in enumerate(zip(cluster_ids, scores[0].tolist()), 1):
+        titles = [t for _, t, _ in members[cid]]
+        shown = ", ".join(titles[:6]) + (f", … (+{len(titles) - 6})" if len(titles) > 6 else "")
+        print(f"{rank:>3}. cluster {cid:<6} score {score:7.3f}  [{len(titles)} articles] {shown}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``funnelrag`` console script."""
+    commands = _commands()
+    parser = argparse.ArgumentParser(prog="funnelrag", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, cmd in sorted(commands.items()):
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        p.add_argument("--config", type=Path, help="YAML file with the flow's configuration")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. clustering.max_tokens=2048 (repeatable)")
+        p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        p.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
+    s = sub.add_parser("search", help="print the top clusters of the current corpus for a question")
+    s.add_argument("question")
+    s.add_argument("--k", type=int, default=10)
+    s.add_argument("--corpus", default="wikispeedia", help="corpus name (store under home/stores/corpus/)")
+    s.add_argument("--home", default=None, help="funnelrag home (default: ./funnelrag-home)")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "alembic", "mlflow", "urllib3", "filelock", "numba"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.command == "search":
+        return _search(args)
+    cmd = commands[args.command]
+    cfg = load_config(cmd.config_model, args.config, args.overrides)
+    if args.print_config:
+        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        return 0
+    summary = cmd.run(cfg)
+    print()
+    print_summary(summary)
+    if args.json:
+        from funnelrag.store import write_json  # noqa: PLC0415
+
+        write_json(args.json, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Configuration at the flow boundary: pydantic models loaded from one YAML file plus overrides.
+
+Stage cores take frozen dataclasses; flow configs are pydantic models whose sections are those
+dataclasses (pydantic validates dataclass fields), so there is one definition of each setting.
+Overrides use dotted keys: ``--set clustering.max_tokens=2048``; values are parsed as YAML
+scalars (``true``, ``3``, ``0.5``, ``[a, b]``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from funnelrag.datasets import default_mirror
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class WorkspaceConfig(BaseModel):
+    """Where a flow reads real data and writes artifacts and tracking.
+
+    home : root of all outputs (artifact store, stage cache, MLflow SQLite + artifacts).
+    data_mirror : directory holding the real data sets (see funnelrag.datasets); ``None`` means
+        "use ``../shared/data`` if it exists, else download from the canonical URLs".
+    tracking_uri : MLflow tracking URI; ``None`` = ``sqlite:///{home}/mlflow.db``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    home: Path = Path("funnelrag-home")
+    data_mirror: Path | None = Field(default_factory=default_mirror)
+    tracking_uri: str | None = None
+
+
+class FlowConfig(BaseModel):
+    """Base of every flow's configuration model (frozen, no unknown keys)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    workspace: WorkspaceConfig = Field(default_factory=WorkspaceConfig)
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """Turn ``["a.b=1", "c=x"]`` into a nested dict ``{"a": {"b": 1}, "c": "x"}``.
+
+    Raises
+    ------
+    ValueError
+        A pair has no ``=`` or an empty key.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"override {pair!r} is not of the form key.path=value")
+        key, raw = pair.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ValueError(f"override {pair!r} has an empty key")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    return out
+
+
+def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``update`` into a copy of ``base``."""
+    merged = dict(base)
+    for k, v in update.items():
+        if isinstance(v, Mapping) and isinstance(merged.get(k), Mapping):
+            merged[k] = deep_merge(dict(merged[k]), v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def load_config(model: type[M], path: Path | None = None, overrides: Sequence[str] = ()) -> M:
+    """Build ``model`` from the embedded defaults, then the YAML file ``path``, then overrides.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    pydantic.ValidationError
+        A value has the wrong type or a key is unknown (message names the key).
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+    data = deep_merge(data, parse_overrides(overrides))
+    return model.model_validate(data)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Config → plain JSON types (dataclasses, pydantic models, Paths), keys sorted on dump."""
+    if isinstance(obj, BaseModel):
+        return to_jsonable(obj.model_dump(mode="python"))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def config_hash(obj: Any) -> str:
+    """sha256 hex of the canonical JSON of a config (dataclass, model or mapping)."""
+    return hashlib.sha256(json.dumps(to_jsonable(obj), sort_keys=True).encode()).hexdigest()
+
+
+def flatten_params(obj: Any, prefix: str = "") -> dict[str, str]:
+    """Flatten a config to ``{"a.b": "value"}`` strings for MLflow params."""
+    data = to_jsonable(obj)
+    out: dict[str, str] = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.update(flatten_params(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = json.dumps(data) if isinstance(data, list) else str(data)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowCommand:
+    """A CLI subcommand: its config model and the function that runs the flow.
+
+    ``run(cfg) -> dict`` returns a summary printed by the CLI as a table.
+    """
+
+    name: str
+    help: str
+    config_model: type[BaseModel]
+    run: Callable[[Any], dict]

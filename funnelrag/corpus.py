@@ -1,0 +1,107 @@
+"""Read access to a published corpus version (the output of the ``corpus-build`` flow).
+
+Layout of a version directory (``home/stores/corpus/<name>/versions/<version>/``)::
+
+    documents.parquet  redirects.parquet  links.parquet  ingest_report.parquet
+    graph_metrics.parquet  clusters.parquet  cluster_members.parquet
+    document_units.parquet  passages.parquet
+    index/clusters.bm25/   BM25 over cluster texts (progressive path; ids = cluster_id as str)
+    index/passages.bm25/   BM25 over passages (flat baseline; ids = passage_id)
+    build_config.json  summary.json  manifest.json (written last)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_contracts import corpus as C
+from funnelrag.store import ArtifactStore
+from funnelrag.workspace import Workspace
+
+CORPUS_STORE = "corpus"
+DEFAULT_CORPUS = "wikispeedia"
+CLUSTER_INDEX = "index/clusters.bm25"
+PASSAGE_INDEX = "index/passages.bm25"
+
+
+@dataclass
+class CorpusVersion:
+    """One published corpus version; tables are read (and contract-checked) lazily."""
+
+    path: Path
+    version: str
+    manifest: dict[str, Any] = field(repr=False)
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the manifest: the data version logged with every model trained on it."""
+        from data_contracts.base import sha256_file  # noqa: PLC0415
+
+        return sha256_file(self.path / "manifest.json")
+
+    def table(self, contract) -> pa.Table:
+        return contract.read(self.path)
+
+    @cached_property
+    def documents(self) -> pa.Table:
+        return self.table(C.DOCUMENTS)
+
+    @cached_property
+    def cluster_members(self) -> pa.Table:
+        return self.table(C.CLUSTER_MEMBERS)
+
+    @cached_property
+    def clusters(self) -> pa.Table:
+        return self.table(C.CLUSTERS)
+
+    @cached_property
+    def passages(self) -> pa.Table:
+        return self.table(C.PASSAGES)
+
+    def cluster_index(self):
+        from tasks.index import BM25Index  # noqa: PLC0415
+
+        return BM25Index.load(self.path / CLUSTER_INDEX)
+
+    def passage_index(self):
+        from tasks.index import BM25Index  # noqa: PLC0415
+
+        return BM25Index.load(self.path / PASSAGE_INDEX)
+
+    def members_of(self, cluster_ids: list[int]) -> dict[int, list[tuple[int, str, str]]]:
+        """``{cluster_id: [(doc_id, title, text), ...]}`` in cluster order, for later chunking."""
+        members = self.cluster_members.filter(pc.is_in(self.cluster_members["cluster_id"], pa.array(cluster_ids, pa.int32())))
+        members = members.sort_by([("cluster_id", "ascending"), ("position", "ascending")])
+        docs = self.documents
+        doc_ids = members["doc_id"].to_numpy()
+        titles = docs["title"].take(pa.array(doc_ids)).to_pylist()  # doc_id is the dense row index
+        texts = docs["text"].take(pa.array(doc_ids)).to_pylist()
+        out: dict[int, list[tuple[int, str, str]]] = {int(c): [] for c in cluster_ids}
+        for cid, did, title, text in zip(members["cluster_id"].to_pylist(), doc_ids.tolist(), titles, texts):
+            out[cid].append((did, title, text))
+        return out
+
+
+def corpus_store(ws: Workspace, name: str = DEFAULT_CORPUS) -> ArtifactStore:
+    """The versioned store of corpus ``name`` (``home/stores/corpus/<name>``)."""
+    return ArtifactStore(ws.store_dir(f"{CORPUS_STORE}/{name}"))
+
+
+def open_corpus(ws: Workspace, name: str = DEFAULT_CORPUS, version: str | None = None) -> CorpusVersion:
+    """The current (or a named) published version of corpus ``name`` (default: wikispeedia).
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing published yet, or no such version.
+    """
+    store = corpus_store(ws, name)
+    path = store.current_dir() if version is None else store.versions_dir / version
+    if not (path / "manifest.json").exists():
+        raise FileNotFoundError(f"corpus version {version} not found in {store.versions_dir}")
+    return CorpusVersion(path=path, version=path.name, manifest=store.read_manifest(path.name))

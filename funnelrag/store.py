@@ -1,0 +1,232 @@
+"""Versioned artifact store and content-keyed stage cache.
+
+A flow run stages its artifacts in ``versions/.staging-<id>/``, writes ``manifest.json`` last,
+renames the directory to ``versions/<id>/``, validates it, and only then moves the ``current``
+pointer (a one-line file replaced atomically). A failed or killed run leaves ``current`` and
+every published version untouched. Stage outputs live in a cache keyed by the sha256 of the
+stage name, its code version, its config and the digests of its inputs (content, never paths),
+so a re-run reuses every stage whose inputs did not change.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pyarrow.parquet as pq
+
+from data_contracts.base import atomic_write, atomic_write_bytes, sha256_file
+from funnelrag.config import config_hash, to_jsonable
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+COMPLETE = "COMPLETE"
+MANIFEST_VERSION = 1
+
+
+def code_version() -> str:
+    """``funnelrag <version>+g<git sha>[.dirty]`` of the checkout, or the package version alone."""
+    from funnelrag import __version__  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        return f"funnelrag {__version__}+g{sha}{'.dirty' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        return f"funnelrag {__version__}"
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Deterministic JSON bytes (sorted keys, 1-space indent, trailing newline)."""
+    return (json.dumps(to_jsonable(obj), sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
+
+
+def dir_digest(files: Mapping[str, str]) -> str:
+    """Digest of a set of files given as ``{relative name: sha256}``."""
+    return config_hash(sorted(files.items()))
+
+
+def describe_file(path: Path) -> dict[str, Any]:
+    """sha256, size (bytes) and, for Parquet, rows and contract name/version of one file."""
+    info: dict[str, Any] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    if path.suffix == ".parquet":
+        md = pq.read_metadata(path)
+        info["rows"] = md.num_rows
+        meta = md.schema.to_arrow_schema().metadata or {}
+        if b"funnelrag.contract" in meta:
+            info["contract"] = meta[b"funnelrag.contract"].decode()
+            info["schema_version"] = int(meta[b"funnelrag.schema_version"].decode())
+    return info
+
+
+# ---------------------------------------------------------------------------- stage cache
+@dataclass(frozen=True)
+class StageResult:
+    """Outputs of one stage in the cache: directory, file digests, stage summary, hit flag."""
+
+    path: Path
+    files: dict[str, str]
+    summary: dict[str, Any]
+    cache_hit: bool
+
+    @property
+    def digest(self) -> str:
+        return dir_digest(self.files)
+
+
+class StageCache:
+    """Content-keyed cache of stage output directories under ``root/<stage>/<key>/``."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    @staticmethod
+    def key(stage: str, stage_version: str, config: Any, inputs: Mapping[str, str]) -> str:
+        """sha256 over the stage name, its code version, its config and its input digests."""
+        return config_hash({"stage": stage, "version": stage_version, "config": config, "inputs": dict(sorted(inputs.items()))})
+
+    def run(self, stage: str, key: str, build: Callable[[Path], dict[str, Any]]) -> StageResult:
+        """Return the cached outputs for ``key`` or call ``build(tmp_dir) -> summary`` to make them.
+
+        ``build`` writes its files into ``tmp_dir``; on success the directory gets a
+        ``COMPLETE`` marker (with file digests and the summary) and is renamed into place. A
+        directory without the marker (a killed run) is ignored and rebuilt.
+        """
+        final = self.root / stage / key
+        marker = final / COMPLETE
+        if marker.exists():
+            meta = json.loads(marker.read_text())
+            log.info("stage %s: cache hit %s", stage, key[:12])
+            return StageResult(final, meta["files"], meta["summary"], True)
+        tmp = self.root / stage / f".tmp-{key}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            summary = build(tmp)
+            files = {p.relative_to(tmp).as_posix(): sha256_file(p)
+                     for p in sorted(tmp.rglob("*")) if p.is_file()}
+            atomic_write_bytes(tmp / COMPLETE, canonical_json({"files": files, "summary": summary}))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return StageResult(final, files, summary, False)
+
+
+# ---------------------------------------------------------------------------- versioned store
+class ArtifactStore:
+    """Published versions of one artifact set (e.g. the corpus) with a ``current`` pointer."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.versions_dir = self.root / "versions"
+
+    def versions(self) -> list[str]:
+        if not self.versions_dir.exists():
+            return []
+        return sorted(p.name for p in self.versions_dir.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).exists())
+
+    def current_version(self) -> str | None:
+        pointer = self.root / "current"
+        if not pointer.exists():
+            return None
+        return pointer.read_text().strip() or None
+
+    def current_dir(self) -> Path:
+        """Directory of the current version.
+
+        Raises
+        ------
+        FileNotFoundError
+            Nothing has been published yet, or the pointer names a missing version.
+        """
+        version = self.current_version()
+        if version is None:
+            raise FileNotFoundError(f"no published version in {self.root} (run `funnelrag build-corpus` first)")
+        path = self.versions_dir / version
+        if not (path / MANIFEST).exists():
+            raise FileNotFoundError(f"current pointer of {self.root} names {version}, which has no manifest")
+        return path
+
+    def read_manifest(self, version: str | None = None) -> dict[str, Any]:
+        path = self.current_dir() if version is None else self.versions_dir / version
+        return json.loads((path / MANIFEST).read_text())
+
+    def publish(self, version_id: str, files: Mapping[str, Path], manifest_extra: Mapping[str, Any],
+                validate: Callable[[Path], None]) -> Path:
+        """Assemble, validate and publish a version; move ``current`` only if all of it passed.
+
+        Parameters
+        ----------
+        version_id : str
+            Directory name of the new version (refused if it already exists).
+        files : mapping of relative name → source path
+            Hard-linked (or copied across devices) into the version directory.
+        manifest_extra : mapping
+            Config, code version, counts: stored in the manifest beside the file descriptions.
+        validate : callable
+            ``validate(version_dir)`` raises on any problem; then nothing is published.
+
+        Returns
+        -------
+        Path
+            The published version directory.
+        """
+        final = self.versions_dir / version_id
+        if final.exists():
+            raise FileExistsError(f"version {version_id} already exists in {self.versions_dir}")
+        staging = self.versions_dir / f".staging-{version_id}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            for name, src in sorted(files.items()):
+                dst = staging / name
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copy2(src, dst)
+            described = {name: describe_file(staging / name) for name in sorted(files)}
+            manifest = {"manifest_version": MANIFEST_VERSION, "files": described, **manifest_extra}
+            atomic_write_bytes(staging / MANIFEST, canonical_json(manifest))  # written last
+            validate(staging)
+            os.replace(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        atomic_write_bytes(self.root / "current", (version_id + "\n").encode())
+        log.info("published %s", final)
+        return final
+
+    def verify(self, version: str | None = None) -> None:
+        """Re-hash every file of a version against its manifest.
+
+        Raises
+        ------
+        ValueError
+            A file is missing or its sha256 differs (names the file).
+        """
+        path = self.current_dir() if version is None else self.versions_dir / version
+        manifest = json.loads((path / MANIFEST).read_text())
+        for name, info in manifest["files"].items():
+            f = path / name
+            if not f.exists():
+                raise ValueError(f"{path}: file {name} listed in the manifest is missing")
+            if sha256_file(f) != info["sha256"]:
+                raise ValueError(f"{path}: file {name} does not match its manifest sha256")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically write canonical JSON."""
+    atomic_write(Path(path), lambda p: p.write_bytes(canonical_json(obj)))

@@ -1,0 +1,405 @@
+"""The one training loop of funnelrag, built on :class:`accelerate.Accelerator`.
+
+Every trained model (FiD reader, DR-RAG classifier, R²-Former, BPR-distilled pre-ranker) plugs
+in through two hooks and shares this loop (tevatron's ``compute_loss`` override pattern):
+
+.. code-block:: python
+
+    class MyHooks:                                     # satisfies TrainHooks
+        def collate(self, examples: list) -> dict[str, torch.Tensor]: ...
+        def loss(self, model, batch) -> tuple[torch.Tensor, dict[str, float]]:
+            out = model(**batch)                      # call forward (DDP syncs gradients there)
+            return out.loss, {"acc": ...}
+
+    result = train(model, examples, MyHooks(), TrainConfig(output_dir="run/reader", max_steps=100),
+                   log_metrics=lambda metrics, step: mlflow.log_metrics(metrics, step=step))
+    result.global_step, result.losses, result.last_checkpoint
+
+Contract
+--------
+* Data order: a sampler seeded by ``(seed, epoch)`` (:class:`EpochSeededSampler`); with ``P``
+  processes each optimizer micro-step consumes ``batch_size * P`` examples (accelerate shards
+  batches). A resumed run skips the batches already seen and sees exactly the same batches.
+* A *step* is one optimizer step (``grad_accum`` micro-batches). ``losses[i]`` is the loss of
+  step ``i + 1``: mean over its micro-batches and over processes.
+* Checkpoints: ``output_dir/checkpoints/step_{N:08d}/`` = ``accelerator.save_state`` (model,
+  optimizer, LR scheduler, RNG states per process) + ``trainer_state.json`` (step, epoch,
+  position in the epoch, loss history, config fingerprint) + an empty ``COMPLETE`` marker,
+  written under ``.step_{N:08d}.tmp`` and renamed into place. Resume (``resume=True``) takes
+  the newest directory that has ``COMPLETE``; half-written ones are ignored. ``load_state`` does
+  not restore the step counter, so ``trainer_state.json`` does. A final checkpoint is written
+  when training ends (if ``checkpoint_every > 0``), so resuming a finished run is a no-op.
+* Metrics: ``log_metrics(metrics, step)`` is called on the main process only, every
+  ``log_every`` steps and at the last step, with ``train/loss`` (mean over the window),
+  ``train/lr``, ``train/epoch`` and the hook's extras as ``train/<name>`` (main-process values).
+* Precision: ``"no"`` (fp32) or ``"bf16"``. fp16 is refused: T5's activations overflow in fp16.
+* Processes: run under ``accelerate launch --config_file infra/accelerate/<setup>.yaml``; on CPU
+  use ``infra/accelerate/cpu_2proc.yaml`` (gloo) — ``cpu=True``/``ACCELERATE_USE_CPU=1`` is
+  needed or every rank believes it is rank 0. Checkpoints assume one shared file system.
+* After ``train`` returns, the caller's ``model`` object holds the trained weights (single
+  process, DDP, ZeRO-1/2). Under ZeRO-3 parameters stay partitioned; the gathered weights are
+  in ``TrainResult.full_state_dict`` on the main process.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+COMPLETE_MARKER = "COMPLETE"
+STATE_FILE = "trainer_state.json"
+# TrainConfig fields that must not change between a checkpoint and its resumption.
+_FINGERPRINT_FIELDS = ("seed", "epochs", "max_steps", "batch_size", "grad_accum", "lr",
+                       "weight_decay", "warmup_steps", "scheduler")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of :func:`train`.
+
+    output_dir : run directory; checkpoints go to ``output_dir/checkpoints``.
+    seed : seeds parameters' RNG use (dropout) and the data order, with ``epoch``.
+    epochs : passes over the data; ignored when ``max_steps`` is set.
+    max_steps : total optimizer steps (overrides ``epochs``).
+    batch_size : examples per process per micro-batch.
+    grad_accum : micro-batches per optimizer step.
+    lr, weight_decay : AdamW settings (no decay on biases and norm weights).
+    warmup_steps : linear warm-up steps; then ``scheduler`` = ``"linear"`` (decay to 0 at the
+        last step) or ``"constant"``.
+    max_grad_norm : gradient clipping (L2 norm); 0 disables.
+    mixed_precision : ``"no"`` or ``"bf16"``.
+    gradient_checkpointing : call ``model.gradient_checkpointing_enable()`` when it exists.
+    checkpoint_every : steps between checkpoints; 0 = never checkpoint.
+    keep_checkpoints : newest complete checkpoints kept.
+    log_every : steps between metric logs.
+    cpu : force CPU even where an accelerator exists (``ACCELERATE_USE_CPU`` semantics).
+    """
+
+    output_dir: str
+    seed: int = 0
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    scheduler: str = "linear"
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "no"
+    gradient_checkpointing: bool = False
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    cpu: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mixed_precision == "fp16":
+            raise ValueError("mixed_precision='fp16' is refused: T5 activations overflow in fp16 "
+                             "(inf/NaN loss); use 'bf16' or 'no' (fp32)")
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
+        if self.scheduler not in ("linear", "constant"):
+            raise ValueError(f"scheduler must be 'linear' or 'constant', got {self.scheduler!r}")
+        for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"TrainConfig.max_steps must be >= 1 or None, got {self.max_steps}")
+        if self.checkpoint_every < 0 or self.warmup_steps < 0 or self.max_grad_norm < 0:
+            raise ValueError("checkpoint_every, warmup_steps and max_grad_norm must be >= 0")
+
+
+class TrainHooks(Protocol):
+    """What a model plugs into :func:`train`."""
+
+    def collate(self, examples: list) -> dict[str, torch.Tensor]:
+        """Turn a list of training examples into a batch of CPU tensors (moved by accelerate)."""
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scalar loss of ``batch`` (calling ``model(...)``, the prepared model) and extra
+        float metrics to log."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` returns.
+
+    global_step : optimizer steps taken in total (including those before a resume).
+    epoch : 0-based epoch of the last step.
+    losses : loss of every step, ``losses[i]`` for step ``i + 1``.
+    last_checkpoint : newest complete checkpoint directory, or None.
+    full_state_dict : gathered weights under DeepSpeed ZeRO-3 (main process), else None.
+    """
+
+    global_step: int
+    epoch: int
+    losses: list[float]
+    last_checkpoint: Path | None
+    full_state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+
+class EpochSeededSampler(Sampler[int]):
+    """Permutation of ``range(n)`` that is a pure function of ``(seed, epoch)`` (STYLE 10).
+
+    Call :meth:`set_epoch` before each pass (accelerate's ``DataLoaderShard.set_epoch`` does).
+    """
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        gen = torch.Generator()
+        gen.manual_seed((self.seed * 1_000_003 + self.epoch) % (2**63 - 1))
+        return iter(torch.randperm(self.n, generator=gen).tolist())
+
+
+def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoint directories under ``output_dir/checkpoints``, oldest first."""
+    root = Path(output_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step_*") if p.is_dir() and (p / COMPLETE_MARKER).exists()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """Newest complete checkpoint directory, or None when there is none."""
+    dirs = checkpoint_dirs(output_dir)
+    return dirs[-1] if dirs else None
+
+
+def _lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.scheduler == "constant":
+            return 1.0
+        return max(0.0, (total_steps - step) / max(1, total_steps - cfg.warmup_steps))
+    return factor
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
+
+
+def _fingerprint(cfg: TrainConfig, n_examples: int, world_size: int) -> dict[str, Any]:
+    fp = {k: asdict(cfg)[k] for k in _FINGERPRINT_FIELDS}
+    fp.update(n_examples=n_examples, world_size=world_size)
+    return fp
+
+
+def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: TrainConfig, *,
+          log_metrics: Callable[[dict[str, float], int], None] | None = None,
+          resume: bool = True) -> TrainResult:
+    """Train ``model`` on ``train_data`` with AdamW through accelerate; checkpoint and resume.
+
+    Parameters
+    ----------
+    model : the ``nn.Module`` to train (modified in place; moved to the accelerator's device).
+    train_data : indexable sequence of examples, handed to ``hooks.collate`` in batches.
+    hooks : :class:`TrainHooks` (collate, loss).
+    cfg : :class:`TrainConfig`.
+    log_metrics : ``(metrics, step) -> None``, called on the main process only.
+    resume : continue from the newest complete checkpoint in ``cfg.output_dir`` if any.
+
+    Returns
+    -------
+    TrainResult
+
+    Raises
+    ------
+    ValueError
+        Empty ``train_data``; a checkpoint written with a different data order / schedule
+        (seed, batch size, accumulation, LR settings, data size or number of processes).
+    """
+    from accelerate import Accelerator  # noqa: PLC0415 - heavy import kept off module import
+    from accelerate.state import AcceleratorState  # noqa: PLC0415
+    from accelerate.utils import set_seed  # noqa: PLC0415
+
+    if len(train_data) == 0:
+        raise ValueError("train_data is empty")
+    accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=cfg.mixed_precision,
+                              gradient_accumulation_steps=cfg.grad_accum,
+                              step_scheduler_with_optimizer=False)
+    try:
+        launched = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
+        if launched > 1 and accelerator.num_processes == 1:
+            raise RuntimeError(f"launched as {launched} processes but accelerate sees 1 (every rank would "
+                               "train alone as rank 0); on CPU set TrainConfig(cpu=True) or ACCELERATE_USE_CPU=1")
+        return _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_seed)
+    finally:
+        accelerator.free_memory()
+        # Leave no global accelerate state behind (another run may use other precision).
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_seed) -> TrainResult:
+    set_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    ckpt_root = out / CHECKPOINT_DIR
+    if accelerator.is_main_process:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        for stale in ckpt_root.glob(".step_*.tmp"):
+            logger.warning("removing half-written checkpoint %s", stale)
+            shutil.rmtree(stale)
+    accelerator.wait_for_everyone()
+    _configure_deepspeed(accelerator, cfg)
+    if cfg.gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
+
+    sampler = EpochSeededSampler(len(train_data), cfg.seed)
+    loader = DataLoader(train_data, batch_size=cfg.batch_size, sampler=sampler,
+                        collate_fn=hooks.collate, num_workers=0,
+                        # own generator: creating an epoch's iterator must not draw from the global
+                        # torch RNG (restored by load_state), or a resumed run's dropout would differ
+                        generator=torch.Generator().manual_seed(cfg.seed))
+    optimizer = _optimizer(model, cfg)
+    # accelerate shards each global batch over the processes: len(loader) = batches per process.
+    n_batches = math.ceil(len(train_data) / (cfg.batch_size * accelerator.num_processes))
+    steps_per_epoch = math.ceil(n_batches / cfg.grad_accum)
+    total_steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps_per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total_steps))
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    if len(loader) != n_batches:
+        raise RuntimeError(f"accelerate yields {len(loader)} batches per process, expected {n_batches}")
+
+    fingerprint = _fingerprint(cfg, len(train_data), accelerator.num_processes)
+    global_step, epoch, skip, losses = 0, 0, 0, []
+    last_ckpt = latest_checkpoint(out) if resume else None
+    if last_ckpt is not None:
+        state = json.loads((last_ckpt / STATE_FILE).read_text())
+        if state["fingerprint"] != fingerprint:
+            raise ValueError(f"checkpoint {last_ckpt} was written with {state['fingerprint']}, "
+                             f"this run has {fingerprint}; use a new output_dir or resume=False")
+        accelerator.load_state(str(last_ckpt))
+        global_step, epoch, skip, losses = (state["global_step"], state["epoch"],
+                                            state["batch_in_epoch"], list(state["losses"]))
+        logger.info("resumed from %s at step %d (epoch %d, batch %d)", last_ckpt, global_step, epoch, skip)
+
+    window: list[float] = []
+    extras: dict[str, list[float]] = {}
+    micro_losses: list[torch.Tensor] = []
+    model.train()
+    while global_step < total_steps:
+        loader.set_epoch(epoch)
+        epoch_loader = accelerator.skip_first_batches(loader, skip) if skip else loader
+        epoch_loader.set_epoch(epoch)
+        batch_idx = skip
+        for batch in epoch_loader:
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    loss, metrics = hooks.loss(model, batch)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and cfg.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            batch_idx += 1
+            micro_losses.append(loss.detach().float())
+            for k, v in metrics.items():
+                extras.setdefault(k, []).append(float(v))
+            if not accelerator.sync_gradients:
+                continue
+            if not accelerator.optimizer_step_was_skipped:
+                scheduler.step()
+            global_step += 1
+            step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
+            micro_losses = []
+            losses.append(step_loss)
+            window.append(step_loss)
+            done = global_step >= total_steps
+            if accelerator.is_main_process and log_metrics is not None and (done or global_step % cfg.log_every == 0):
+                log = {"train/loss": sum(window) / len(window), "train/lr": scheduler.get_last_lr()[0],
+                       "train/epoch": float(epoch)}
+                log.update({f"train/{k}": sum(v) / len(v) for k, v in extras.items()})
+                log_metrics(log, global_step)
+                window, extras = [], {}
+            if cfg.checkpoint_every and (done or global_step % cfg.checkpoint_every == 0):
+                pos = (epoch + 1, 0) if batch_idx >= n_batches else (epoch, batch_idx)
+                last_ckpt = _save_checkpoint(accelerator, ckpt_root, cfg, global_step, pos, losses, fingerprint)
+            if done:
+                break
+        if global_step < total_steps:
+            epoch, skip = epoch + 1, 0
+    accelerator.wait_for_everyone()
+    full = _zero3_state_dict(accelerator, model)
+    return TrainResult(global_step=global_step, epoch=epoch, losses=losses,
+                       last_checkpoint=last_ckpt, full_state_dict=full)
+
+
+def _save_checkpoint(accelerator, root: Path, cfg: TrainConfig, step: int, pos: tuple[int, int],
+                     losses: list[float], fingerprint: dict) -> Path:
+    """accelerate state + trainer_state.json + COMPLETE into a temp dir, renamed into place."""
+    final = root / f"step_{step:08d}"
+    tmp = root / f".step_{step:08d}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))  # every rank writes its RNG state; rank 0 model/optimizer
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state = {"global_step": step, "epoch": pos[0], "batch_in_epoch": pos[1],
+                 "losses": losses, "fingerprint": fingerprint, "train_config": asdict(cfg)}
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
+        (tmp / COMPLETE_MARKER).write_text("")
+        if final.exists():  # an incomplete leftover of a crashed run (complete ones are never rewritten)
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in checkpoint_dirs(cfg.output_dir)[:-cfg.keep_checkpoints]:
+            shutil.rmtree(old)
+        logger.info("checkpoint %s", final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _enable_gradient_checkpointing(model: torch.nn.Module) -> bool:
+    """transformers 5's ``activation_checkpointing_enable`` or the older ``gradient_checkpointing_enable``
+    (non-reentrant: works with DDP and unused parameters)."""
+    for method, kwarg in (("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+                          ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs")):
+        enable = getattr(model, method, None)
+        if callable(enable):
+            enable(**{kwarg: {"use_reentrant": False}})
+            return True
+    logger.warning("gradient_checkpointing requested but %s has no checkpointing switch; ignored",
+                   type(model).__name__)
+    return False
+
+
+def _configure_deepspeed(accelerator, cfg: TrainConfig) -> None:
+    """Fill the DeepSpeed ``"auto"`` gradient clipping from the TrainConfig (batch size, accumulation
+    and precision are filled by accelerate from the dataloader and the Accelerator)."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
+        plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm
+
+
+def _zero3_state_dict(accelerator, model) -> dict[str, torch.Tensor] | None:
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or plugin.zero_stage != 3:
+        return None
+    state = accelerator.get_state_dict(model)  # collective: every rank must call it
+    return state if accelerator.is_main_process else None

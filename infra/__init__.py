@@ -1,0 +1,1 @@
+"""Deployment and training infrastructure configs (accelerate, DeepSpeed, servers)."""

@@ -1,0 +1,1 @@
+"""Torch modules of funnelrag: plain ``nn.Module``s built from config dataclasses."""

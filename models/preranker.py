@@ -1,0 +1,242 @@
+"""The pre-ranker ``f(q, d)`` of FunnelRAG Eq. 1: scores (question, ~1K-token document unit) pairs.
+
+Two real implementations behind one interface (``forward(**batch) -> PreRankerOutput`` with
+``scores`` of shape ``(batch,)``, plus ``tokenize(tokenizer, queries, docs)``):
+
+* :class:`BiEncoderPreRanker` — :class:`models.encoders.BiEncoder`, score = cosine similarity
+  of the mean-pooled, L2-normalised embeddings.
+* :class:`CrossEncoderPreRanker` — ``AutoModelForSequenceClassification(num_labels=1)`` over the
+  concatenated pair, score = the single logit. From the offline MiniLM weights only the
+  classification head is new; it is initialised from an explicit seed. Where a hub is
+  reachable a trained reranker (``BAAI/bge-reranker-v2-m3``) loads with its own head.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.encoders import BiEncoder, EncoderConfig, resolve_model_path
+
+CONFIG_FILE = "preranker.json"
+KINDS = ("bi", "cross")
+
+
+@dataclass(frozen=True)
+class PreRankerConfig:
+    """Pre-ranker settings.
+
+    kind : ``"bi"`` (bi-encoder, cosine) or ``"cross"`` (cross-encoder, one logit).
+    name_or_path : ``"minilm"`` (offline weights), a local directory, or a hub name
+        (``BAAI/bge-reranker-v2-m3`` for ``kind="cross"`` where a hub is reachable).
+    max_length : tokens per input (bi: per query and per document; cross: per pair).
+    seed : seed of the initialisation of weights missing from the checkpoint (cross head).
+    """
+
+    kind: str = "bi"
+    name_or_path: str = "minilm"
+    max_length: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"pre-ranker kind must be one of {KINDS}, got {self.kind!r}")
+
+
+@dataclass
+class PreRankerOutput:
+    scores: torch.Tensor  # (batch,) relevance f(q, d), higher = more relevant
+
+
+class BiEncoderPreRanker(nn.Module):
+    """Bi-encoder pre-ranker: ``f(q, d) = cos(E(q), E(d))`` (FunnelRAG Eq. 1 with a dual encoder)."""
+
+    kind = "bi"
+
+    def __init__(self, encoder: BiEncoder, cfg: PreRankerConfig):
+        super().__init__()
+        self.encoder = encoder
+        self.cfg = cfg
+
+    def tokenize(self, tokenizer, queries: Sequence[str], docs: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Tensors for :meth:`forward`: ``query_*`` and ``doc_*`` ids/masks, each ``(batch, seq_len)``."""
+        q = tokenizer(list(queries), padding=True, truncation=True, max_length=self.cfg.max_length, return_tensors="pt")
+        d = tokenizer(list(docs), padding=True, truncation=True, max_length=self.cfg.max_length, return_tensors="pt")
+        return {"query_input_ids": q["input_ids"], "query_attention_mask": q["attention_mask"],
+                "doc_input_ids": d["input_ids"], "doc_attention_mask": d["attention_mask"]}
+
+    def forward(self, query_input_ids: torch.Tensor, query_attention_mask: torch.Tensor,
+                doc_input_ids: torch.Tensor, doc_attention_mask: torch.Tensor) -> PreRankerOutput:
+        q = self.encoder(query_input_ids, query_attention_mask).embeddings  # (batch, dim)
+        d = self.encoder(doc_input_ids, doc_attention_mask).embeddings      # (batch, dim)
+        if not self.encoder.cfg.normalize:
+            q, d = F.normalize(q, dim=-1), F.normalize(d, dim=-1)
+        return PreRankerOutput(scores=(q * d).sum(-1))  # (batch,)
+
+    def backbone_module(self) -> nn.Module:
+        return self.encoder.backbone
+
+
+class CrossEncoderPreRanker(nn.Module):
+    """Cross-encoder pre-ranker: ``f(q, d) = w · BERT([CLS] q [SEP] d [SEP])`` (one logit)."""
+
+    kind = "cross"
+
+    def __init__(self, model: nn.Module, cfg: PreRankerConfig):
+        super().__init__()
+        self.model = model
+        self.cfg = cfg
+
+    def tokenize(self, tokenizer, queries: Sequence[str], docs: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Pair encoding ``(batch, seq_len)``; only the document is truncated (``only_second``)."""
+        enc = tokenizer(list(queries), list(docs), padding=True, truncation="only_second",
+                        max_length=self.cfg.max_length, return_tensors="pt")
+        return dict(enc)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> PreRankerOutput:
+        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits  # (batch, 1)
+        return PreRankerOutput(scores=logits.squeeze(-1))  # (batch,)
+
+    def backbone_module(self) -> nn.Module:
+        return self.model
+
+
+PreRanker = BiEncoderPreRanker | CrossEncoderPreRanker
+
+
+def _init_missing(model: nn.Module, missing: set[str], seed: int, std: float) -> None:
+    """Re-initialise the parameters absent from the checkpoint from ``seed`` (normal(0, std), bias 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in sorted(missing):
+            param = model.get_parameter(name)
+            if name.endswith("bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+
+
+def build_preranker(cfg: PreRankerConfig = PreRankerConfig()) -> tuple[PreRanker, object]:
+    """Load a pre-ranker and its tokenizer (eval mode). Returns ``(model, tokenizer)``.
+
+    Raises
+    ------
+    OSError
+        The weights cannot be found (no local directory and no reachable hub).
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
+
+    if cfg.kind == "bi":
+        encoder, tok = BiEncoder.from_pretrained(EncoderConfig(name_or_path=cfg.name_or_path, max_length=cfg.max_length))
+        model: PreRanker = BiEncoderPreRanker(encoder, cfg)
+    else:
+        path = resolve_model_path(cfg.name_or_path)
+        tok = AutoTokenizer.from_pretrained(path)
+        hf, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True)
+        _init_missing(hf, set(info["missing_keys"]), cfg.seed, getattr(hf.config, "initializer_range", 0.02))
+        model = CrossEncoderPreRanker(hf, cfg)
+    model.eval()
+    return model, tok
+
+
+def save_preranker(model: PreRanker, tokenizer, directory: Path) -> Path:
+    """Write weights (safetensors), tokenizer and ``preranker.json`` into ``directory``.
+
+    The directory then loads with :func:`load_preranker` and is what the model registry logs.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.backbone_module().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    cfg = replace(model.cfg, name_or_path=".")
+    (directory / CONFIG_FILE).write_text(json.dumps(asdict(cfg), sort_keys=True, indent=1) + "\n")
+    return directory
+
+
+def load_preranker(directory: Path) -> tuple[PreRanker, object]:
+    """Load a pre-ranker saved by :func:`save_preranker`.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``directory`` has no ``preranker.json``.
+    """
+    directory = Path(directory)
+    if not (directory / CONFIG_FILE).exists():
+        raise FileNotFoundError(f"{directory} is not a saved pre-ranker (no {CONFIG_FILE})")
+    saved = json.loads((directory / CONFIG_FILE).read_text())
+    return build_preranker(PreRankerConfig(**{**saved, "name_or_path": str(directory)}))
+
+
+@torch.no_grad()
+def score_pairs(model: PreRanker, tokenizer, queries: Sequence[str], docs: Sequence[str],
+                batch_size: int = 32) -> np.ndarray:
+    """Pre-ranker scores of ``(queries[i], docs[i])`` pairs, float32 ``(n_pairs,)``.
+
+    Pairs are batched by document length (less padding) and returned in input order.
+
+    Raises
+    ------
+    ValueError
+        ``queries`` and ``docs`` differ in length.
+    """
+    if len(queries) != len(docs):
+        raise ValueError(f"score_pairs: {len(queries)} queries but {len(docs)} documents")
+    out = np.zeros(len(docs), dtype=np.float32)
+    if not docs:
+        return out
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        batch = model.tokenize(tokenizer, [queries[i] for i in idx], [docs[i] for i in idx])
+        scores = model(**{k: v.to(device) for k, v in batch.items()}).scores  # (len(idx),)
+        out[np.asarray(idx)] = scores.float().cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Sequence[str],
+                  pairs: Sequence[tuple[int, int]], batch_size: int = 32) -> np.ndarray:
+    """Scores of ``(queries[i], docs[j])`` for each ``(i, j)`` in ``pairs``, float32 ``(n_pairs,)``.
+
+    Same values as :func:`score_pairs`; a bi-encoder embeds each distinct query and document
+    once (documents shared by many questions, as in the FunnelRAG funnel, are encoded once),
+    a cross-encoder scores every pair.
+    """
+    if not pairs:
+        return np.zeros(0, dtype=np.float32)
+    if model.kind != "bi":
+        return score_pairs(model, tokenizer, [queries[i] for i, _ in pairs], [docs[j] for _, j in pairs], batch_size)
+    from models.encoders import encode  # noqa: PLC0415
+
+    was_training = model.training
+    model.eval()
+    q_idx = sorted({i for i, _ in pairs})
+    d_idx = sorted({j for _, j in pairs})
+    q_emb = encode(model.encoder, tokenizer, [queries[i] for i in q_idx], batch_size)  # (n_q, dim)
+    d_emb = encode(model.encoder, tokenizer, [docs[j] for j in d_idx], batch_size)     # (n_d, dim)
+    if not model.encoder.cfg.normalize:
+        q_emb, d_emb = F.normalize(q_emb, dim=-1), F.normalize(d_emb, dim=-1)
+    q_row = {i: r for r, i in enumerate(q_idx)}
+    d_row = {j: r for r, j in enumerate(d_idx)}
+    qi = torch.tensor([q_row[i] for i, _ in pairs])
+    dj = torch.tensor([d_row[j] for _, j in pairs])
+    model.train(was_training)
+    return (q_emb[qi] * d_emb[dj]).sum(-1).numpy().astype(np.float32)  # (n_pairs,)
+
+
+def score(model: PreRanker, tokenizer, query: str, docs: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    """Scores ``f(query, d)`` of one query against ``docs``, float32 ``(len(docs),)`` (Eq. 1)."""
+    return score_pairs(model, tokenizer, [query] * len(docs), docs, batch_size)

@@ -1,0 +1,1 @@
+"""Pipeline stages: pure functions; Prefect wrappers live in flows/."""

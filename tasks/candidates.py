@@ -1,0 +1,237 @@
+"""The FunnelRAG funnel per question: BM25 clusters → later chunking → pre-ranking → passages.
+
+1. Retrieval stage: BM25 over cluster texts (:class:`tasks.index.BM25Index`), top-K clusters
+   (FunnelRAG: K = 80).
+2. Later chunking: every retrieved cluster is cut into ~1K-token document units of ~100-word
+   passages with :func:`tasks.segment.segment_cluster` — the very function the corpus build
+   uses, so ids equal the corpus ``document_units``/``passages`` ids. A cluster retrieved by
+   several questions is chunked once.
+3. Pre-ranking stage: the pre-ranker ``f(q, d)`` (Eq. 1) scores every unit of the K clusters;
+   the top-N units (FunnelRAG: N = 8) go on.
+4. Their passages form the post-ranker's input (the candidates table).
+
+Answer recall uses DPR ``has_answer`` (:mod:`tasks.questions`) on unit and passage texts.
+Per-stage wall times are reported in seconds.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from data_contracts.training import CANDIDATES, UNIT_POOL, UNITS
+from models.preranker import score_grouped
+from tasks.questions import AnswerMatcher, dpr_tokens
+from tasks.segment import ClusterSegments, SegmentConfig, segment_cluster
+
+log = logging.getLogger(__name__)
+
+MembersOf = Callable[[list[int]], dict[int, list[tuple[int, str, str]]]]
+
+
+@dataclass(frozen=True)
+class CandidatesConfig:
+    """Funnel sizes.
+
+    n_clusters : K, BM25 clusters per question (FunnelRAG: 80).
+    n_units : N, pre-ranked document units kept per question (FunnelRAG: 8).
+    batch_size : pre-ranker pairs (or texts) per forward pass.
+    """
+
+    n_clusters: int = 80
+    n_units: int = 8
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.n_clusters < 1 or self.n_units < 1 or self.batch_size < 1:
+            raise ValueError(f"CandidatesConfig sizes must be >= 1, got {self}")
+
+
+@dataclass
+class CandidateSet:
+    """Output of :func:`build_candidates`.
+
+    unit_pool : every (question, unit of its K clusters) with BM25 and pre-ranker scores.
+    candidates : passages of each question's top-N units.
+    units : text of every unit in the pool (for re-ranking and distillation).
+    timings : seconds per stage (``retrieval``, ``chunking``, ``answer_matching``, ``preranking``).
+    """
+
+    unit_pool: pa.Table
+    candidates: pa.Table
+    units: pa.Table
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def chunk_clusters(cluster_ids: Sequence[int], members_of: MembersOf, seg_cfg: SegmentConfig,
+                   token_counter) -> dict[int, ClusterSegments]:
+    """Later chunking of the distinct ``cluster_ids``: ``{cluster_id: ClusterSegments}``."""
+    unique = sorted({int(c) for c in cluster_ids})
+    members = members_of(unique)
+    return {c: segment_cluster(c, members[c], seg_cfg, token_counter) for c in unique}
+
+
+def _units_table(segments: dict[int, ClusterSegments]) -> pa.Table:
+    rows = [(u.unit_id, u.cluster_id, u.title, u.text, len(u.passages))
+            for c in sorted(segments) for u in segments[c].units]
+    cols = dict(zip(UNITS.schema.names, map(list, zip(*rows)))) if rows else {n: [] for n in UNITS.schema.names}
+    return UNITS.validate(pa.table(cols, schema=UNITS.schema))
+
+
+def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, seg_cfg: SegmentConfig,
+                     token_counter, model, tokenizer, cfg: CandidatesConfig = CandidatesConfig()) -> CandidateSet:
+    """Run the funnel for every question.
+
+    Parameters
+    ----------
+    questions : pa.Table
+        ``questions`` rows (question_id, question, answers, ...).
+    cluster_index : tasks.index.BM25Index
+        BM25 over cluster texts; ids are cluster ids as strings.
+    members_of : callable
+        ``members_of(cluster_ids) -> {cluster_id: [(doc_id, title, text), ...]}`` in cluster
+        order (:meth:`funnelrag.corpus.CorpusVersion.members_of`).
+    seg_cfg, token_counter : the corpus build's segmentation config and its token counter.
+    model, tokenizer : the pre-ranker (:mod:`models.preranker`).
+    cfg : CandidatesConfig
+
+    Returns
+    -------
+    CandidateSet
+        Contract-checked ``unit_pool``, ``candidates`` and ``units`` tables, sorted by
+        question id then rank, and the per-stage timings (seconds).
+
+    Raises
+    ------
+    ValueError
+        The index returns an id that is not an integer cluster id.
+    """
+    timings: dict[str, float] = {}
+    qids = questions["question_id"].to_pylist()
+    texts = questions["question"].to_pylist()
+    answers = questions["answers"].to_pylist()
+
+    t0 = time.perf_counter()
+    ids, bm25 = cluster_index.search(texts, cfg.n_clusters)   # (n_questions, K') each
+    try:
+        cluster_ids = [[int(c) for c in row] for row in ids]
+    except ValueError as exc:
+        raise ValueError(f"cluster index returned a non-integer cluster id: {exc}") from exc
+    timings["retrieval"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    segments = chunk_clusters([c for row in cluster_ids for c in row], members_of, seg_cfg, token_counter)
+    units = {u.unit_id: u for seg in segments.values() for u in seg.units}
+    timings["chunking"] = time.perf_counter() - t0
+
+    # one pool row per (question, unit of its clusters), clusters in BM25 order
+    pool = [(qi, rank, c, float(bm25[qi][rank]), u.unit_id)
+            for qi, row in enumerate(cluster_ids) for rank, c in enumerate(row) for u in segments[c].units]
+    t0 = time.perf_counter()
+    token_cache: dict[str, list[str]] = {}
+
+    def tokens(key: str, text: str) -> list[str]:
+        if key not in token_cache:
+            token_cache[key] = dpr_tokens(text)
+        return token_cache[key]
+
+    matchers = [AnswerMatcher(a) for a in answers]
+    unit_answer = [matchers[qi].tokens_match(tokens(uid, units[uid].text)) for qi, _, _, _, uid in pool]
+    timings["answer_matching"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    unit_order = sorted(units)
+    unit_row = {uid: j for j, uid in enumerate(unit_order)}
+    scores = score_grouped(model, tokenizer, texts, [units[u].text for u in unit_order],
+                           [(qi, unit_row[uid]) for qi, _, _, _, uid in pool], cfg.batch_size)  # (n_pool,)
+    timings["preranking"] = time.perf_counter() - t0
+
+    by_q: dict[int, list[int]] = {}
+    for r, (qi, *_rest) in enumerate(pool):
+        by_q.setdefault(qi, []).append(r)
+    pool_cols = {n: [] for n in UNIT_POOL.schema.names}
+    cand_cols = {n: [] for n in CANDIDATES.schema.names}
+    t0 = time.perf_counter()
+    for qi in sorted(by_q, key=lambda i: qids[i]):
+        ranked = sorted(by_q[qi], key=lambda r: (-scores[r], pool[r][4]))
+        for prerank, r in enumerate(ranked):
+            _, crank, cid, bscore, uid = pool[r]
+            for key, value in (("question_id", qids[qi]), ("cluster_id", cid), ("cluster_rank", crank),
+                               ("bm25_score", bscore), ("unit_id", uid), ("prerank_score", float(scores[r])),
+                               ("prerank_rank", prerank), ("has_answer", unit_answer[r])):
+                pool_cols[key].append(value)
+            if prerank >= cfg.n_units:
+                continue
+            for pos, p in enumerate(units[uid].passages):
+                hit = matchers[qi].tokens_match(tokens(p.passage_id, p.text))
+                for key, value in (("question_id", qids[qi]), ("cluster_id", cid), ("bm25_score", bscore),
+                                   ("unit_id", uid), ("unit_rank", prerank), ("prerank_score", float(scores[r])),
+                                   ("unit_has_answer", unit_answer[r]), ("passage_id", p.passage_id),
+                                   ("passage_position", pos), ("title", p.title), ("text", p.text),
+                                   ("has_answer", hit)):
+                    cand_cols[key].append(value)
+    timings["answer_matching"] += time.perf_counter() - t0
+    return CandidateSet(unit_pool=UNIT_POOL.validate(pa.table(pool_cols, schema=UNIT_POOL.schema)),
+                        candidates=CANDIDATES.validate(pa.table(cand_cols, schema=CANDIDATES.schema)),
+                        units=_units_table(segments), timings=timings)
+
+
+def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tokenizer,
+                batch_size: int = 32) -> pa.Table:
+    """The same unit pool re-scored and re-ranked by another pre-ranker (e.g. after distillation).
+
+    Raises
+    ------
+    KeyError
+        A pool row names a question or unit missing from ``questions`` / ``units``.
+    """
+    q_row = {q: i for i, q in enumerate(questions["question_id"].to_pylist())}
+    u_row = {u: j for j, u in enumerate(units["unit_id"].to_pylist())}
+    qids, uids = pool["question_id"].to_pylist(), pool["unit_id"].to_pylist()
+    for q, u in zip(qids, uids):
+        if q not in q_row or u not in u_row:
+            raise KeyError(f"unit pool row ({q}, {u}) has no question or unit text")
+    scores = score_grouped(model, tokenizer, questions["question"].to_pylist(), units["text"].to_pylist(),
+                           [(q_row[q], u_row[u]) for q, u in zip(qids, uids)], batch_size)  # (n_pool,)
+    order = sorted(range(len(qids)), key=lambda r: (qids[r], -scores[r], uids[r]))
+    ranks = np.zeros(len(qids), dtype=np.int64)
+    prev, k = None, 0
+    for r in order:
+        k = 0 if qids[r] != prev else k + 1
+        prev, ranks[r] = qids[r], k
+    out = pool.set_column(pool.schema.get_field_index("prerank_score"), "prerank_score", pa.array(scores, pa.float32()))
+    out = out.set_column(out.schema.get_field_index("prerank_rank"), "prerank_rank", pa.array(ranks, pa.int16()))
+    return UNIT_POOL.validate(out.take(pa.array(order)))
+
+
+def answer_recall(pool: pa.Table, ks: Sequence[int], questions: Sequence[str] | None = None) -> dict[int, float]:
+    """Answer recall of the pre-ranking stage: AR@k = share of questions with an answer-bearing
+    unit among their top-k pre-ranked units (DPR has_answer).
+
+    Parameters
+    ----------
+    pool : pa.Table
+        ``unit_pool`` rows (question_id, prerank_rank, has_answer).
+    ks : cut-offs.
+    questions : question ids to average over (default: those in ``pool``); a question without
+        pool rows counts as a miss.
+
+    Returns
+    -------
+    dict
+        ``{k: AR@k}``, each in [0, 1].
+    """
+    best: dict[str, int] = {}
+    for q, rank, hit in zip(pool["question_id"].to_pylist(), pool["prerank_rank"].to_pylist(),
+                            pool["has_answer"].to_pylist()):
+        best.setdefault(q, 1 << 30)
+        if hit:
+            best[q] = min(best[q], rank)
+    qs = list(questions) if questions is not None else sorted(best)
+    if not qs:
+        return {int(k): 0.0 for k in ks}
+    return {int(k): sum(best.get(q, 1 << 30) < k for q in qs) / len(qs) for k in ks}

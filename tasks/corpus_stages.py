@@ -1,0 +1,196 @@
+"""The corpus build's stages as pure functions over directories (no Prefect import).
+
+Each ``run_*`` function reads its inputs from stage directories, writes its outputs into
+``out_dir`` through the artifact contracts, and returns a JSON-ready summary (counts and
+seconds). :mod:`flows.corpus_build` wraps each in a Prefect task and a content-keyed cache.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_contracts import corpus as C
+from tasks.clustering import (ClusteringConfig, cluster_documents, cluster_members_table,
+                              clusters_table, graph_metrics_table)
+from tasks.graph import graph_from_links, graph_metrics
+from tasks.index import BM25Config, BM25Index
+from tasks.ingest import IngestConfig, ingest
+from tasks.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
+from tasks.tokenize import load_token_counter
+
+log = logging.getLogger(__name__)
+
+CLUSTER_INDEX_DIR = "index/clusters.bm25"
+PASSAGE_INDEX_DIR = "index/passages.bm25"
+
+
+def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> dict[str, Any]:
+    """Ingest stage: raw dump files → documents, redirects, links, ingest report.
+
+    Returns the :class:`tasks.ingest.IngestSummary` as a dict (paths dropped) plus
+    ``mb_per_s`` (uncompressed MB per wall-clock second).
+    """
+    summary = ingest(list(inputs), out_dir, cfg).to_dict()
+    summary.pop("outputs", None)
+    summary["mb_per_s"] = summary["uncompressed_bytes"] / 1e6 / max(summary["seconds"], 1e-9)
+    return summary
+
+
+def run_tokens(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirror: Path | None) -> dict[str, Any]:
+    """Count tokens of every ~100-word window of every article with ``cfg.tokenizer``.
+
+    Writes ``window_tokens.parquet``: one row per doc id with its windows' token counts.
+    """
+    t0 = time.perf_counter()
+    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "text"]).sort_by("doc_id")
+    counter = load_token_counter(cfg.tokenizer, mirror)
+    wt = count_window_tokens(docs.column("text").to_pylist(), cfg, counter)
+    offsets = pa.array(wt.indptr.astype(np.int32))
+    table = pa.table({
+        "doc_id": docs.column("doc_id"),
+        "n_tokens": pa.ListArray.from_arrays(offsets, pa.array(wt.n_tokens, pa.int32())),
+        "tokenizer": pa.array([wt.tokenizer] * docs.num_rows, pa.string()),
+    })
+    C.WINDOW_TOKENS.write(table, out_dir)
+    seconds = time.perf_counter() - t0
+    return {"documents": docs.num_rows, "windows": int(wt.n_tokens.size), "tokens": int(wt.n_tokens.sum()),
+            "tokenizer": wt.tokenizer, "seconds": seconds, "tokens_per_s": float(wt.n_tokens.sum()) / max(seconds, 1e-9)}
+
+
+def read_window_tokens(tokens_dir: Path) -> WindowTokens:
+    """Load ``window_tokens.parquet`` back into :class:`tasks.segment.WindowTokens`."""
+    table = C.WINDOW_TOKENS.read(tokens_dir).sort_by("doc_id")
+    col = table.column("n_tokens").combine_chunks()
+    names = set(table.column("tokenizer").unique().to_pylist())
+    if len(names) > 1:
+        raise ValueError(f"{tokens_dir}: window tokens counted with several tokenizers {sorted(names)}")
+    return WindowTokens(indptr=col.offsets.to_numpy().astype(np.int64),
+                        n_tokens=col.values.to_numpy(zero_copy_only=False).astype(np.int32),
+                        tokenizer=names.pop() if names else "none")
+
+
+def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: ClusteringConfig) -> dict[str, Any]:
+    """Graph + local clustering coefficients + Algorithm 1 → graph_metrics, clusters, cluster_members."""
+    t0 = time.perf_counter()
+    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "title"]).sort_by("doc_id")
+    links = C.LINKS.read(ingest_dir)
+    wt = read_window_tokens(tokens_dir)
+    if wt.tokenizer != cfg.tokenizer:
+        raise ValueError(f"window tokens were counted with {wt.tokenizer!r} but clustering.tokenizer is {cfg.tokenizer!r}")
+    n_tokens = wt.article_tokens()
+    graph = graph_from_links(links, docs.num_rows)
+    t1 = time.perf_counter()
+    metrics = graph_metrics(graph)
+    t2 = time.perf_counter()
+    clustering = cluster_documents(graph, metrics, n_tokens, cfg)
+    t3 = time.perf_counter()
+    C.GRAPH_METRICS.write(graph_metrics_table(metrics, n_tokens, clustering), out_dir)
+    C.CLUSTERS.write(clusters_table(clustering, docs.column("title").combine_chunks()), out_dir)
+    C.CLUSTER_MEMBERS.write(cluster_members_table(clustering), out_dir)
+    sizes = clustering.n_tokens
+    members = np.diff(clustering.indptr)
+    return {
+        "documents": int(docs.num_rows), "links": int(links.num_rows),
+        "undirected_edges": int(graph.indices.size // 2), "clusters": int(clustering.n_clusters),
+        "singleton_clusters": int((members == 1).sum()), "mean_cluster_tokens": float(sizes.mean()) if sizes.size else 0.0,
+        "max_cluster_tokens": int(sizes.max()) if sizes.size else 0, "mean_cluster_members": float(members.mean()) if members.size else 0.0,
+        "merges": clustering.n_merged, "skipped_for_size": clustering.n_skipped,
+        "mean_clustering_coefficient": float(metrics.clustering.mean()) if metrics.clustering.size else 0.0,
+        "graph_seconds": t1 - t0, "coefficient_seconds": t2 - t1, "algorithm1_seconds": t3 - t2,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
+                mirror: Path | None) -> dict[str, Any]:
+    """Clusters → ~1K-token document units → ~100-word passages (offline "later chunking")."""
+    t0 = time.perf_counter()
+    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "title", "text"])
+    members = C.CLUSTER_MEMBERS.read(cluster_dir)
+    wt = read_window_tokens(tokens_dir)
+    seg = segment_corpus(docs, members, cfg, load_token_counter(cfg.tokenizer, mirror), window_tokens=wt)
+    C.DOCUMENT_UNITS.write(seg.units, out_dir)
+    C.PASSAGES.write(seg.passages, out_dir)
+    unit_tokens = seg.units.column("n_tokens").to_numpy()
+    return {"document_units": seg.units.num_rows, "passages": seg.passages.num_rows,
+            "mean_unit_tokens": float(unit_tokens.mean()) if unit_tokens.size else 0.0,
+            "articles_without_passages": seg.n_articles_without_passages, "seconds": time.perf_counter() - t0}
+
+
+def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], list[str]]:
+    """``(cluster ids as str, texts)``: each cluster's members' ``title\\ntext`` joined in
+    cluster order — the coarse retrieval units of the progressive path."""
+    members = cluster_members.sort_by([("cluster_id", "ascending"), ("position", "ascending")])
+    docs = documents.sort_by("doc_id")
+    doc_ids = pa.array(members.column("doc_id").to_numpy())
+    titles = docs.column("title").take(doc_ids).to_pylist()
+    texts = docs.column("text").take(doc_ids).to_pylist()
+    cids = members.column("cluster_id").to_numpy()
+    out_ids: list[str] = []
+    out_texts: list[str] = []
+    start = 0
+    for end in list(np.flatnonzero(cids[1:] != cids[:-1]) + 1) + [cids.size]:
+        if end > start:
+            out_ids.append(str(int(cids[start])))
+            out_texts.append("\n\n".join(f"{t}\n{x}" for t, x in zip(titles[start:end], texts[start:end])))
+        start = end
+    return out_ids, out_texts
+
+
+def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config) -> dict[str, Any]:
+    """bm25s indexes over cluster texts (progressive) and passages (flat baseline)."""
+    t0 = time.perf_counter()
+    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "title", "text"])
+    members = C.CLUSTER_MEMBERS.read(cluster_dir)
+    ids, texts = cluster_texts(docs, members)
+    cluster_index = BM25Index.build(texts, ids, cfg)
+    cluster_index.save(out_dir / CLUSTER_INDEX_DIR)
+    t1 = time.perf_counter()
+    passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
+    ptexts = [f"{t}\n{x}" for t, x in zip(passages.column("title").to_pylist(), passages.column("text").to_pylist())]
+    passage_index = BM25Index.build(ptexts, passages.column("passage_id").to_pylist(), cfg)
+    passage_index.save(out_dir / PASSAGE_INDEX_DIR)
+    t2 = time.perf_counter()
+    return {"cluster_index_docs": len(ids), "passage_index_docs": len(ptexts), "bm25": asdict(cfg),
+            "cluster_index_seconds": t1 - t0, "passage_index_seconds": t2 - t1,
+            "cluster_docs_per_s": len(ids) / max(t1 - t0, 1e-9), "passage_docs_per_s": len(ptexts) / max(t2 - t1, 1e-9),
+            "seconds": t2 - t0}
+
+
+def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int]:
+    """Cross-artifact checks of a staged corpus version; raises ``ValueError`` naming the
+    artifact and the first offending ids. Also re-reads every table through its contract.
+
+    Checks: every document in exactly one cluster; no cluster over S tokens unless it is a
+    single document; cluster and passage indexes cover exactly the clusters and passages;
+    every passage's document exists.
+    """
+    tables = {c.name: c.read(version_dir) for c in C.CORPUS_CONTRACTS}
+    n_docs = tables["documents"].num_rows
+    members = tables["cluster_members"]
+    if members.num_rows != n_docs:
+        raise ValueError(f"cluster_members: {members.num_rows} rows for {n_docs} documents (each document must be in exactly one cluster)")
+    missing = np.setdiff1d(np.arange(n_docs), members.column("doc_id").to_numpy())
+    if missing.size:
+        raise ValueError(f"cluster_members: documents {missing[:5].tolist()} are in no cluster")
+    clusters = tables["clusters"]
+    over = pc.and_(pc.greater(clusters["n_tokens"], max_cluster_tokens), pc.greater(clusters["n_members"], 1))
+    if pc.any(over).as_py():
+        bad = clusters.filter(over).column("cluster_id").to_pylist()[:5]
+        raise ValueError(f"clusters: {bad} exceed {max_cluster_tokens} tokens with more than one member")
+    for sub, table, key in ((CLUSTER_INDEX_DIR, clusters, "cluster_id"), (PASSAGE_INDEX_DIR, tables["passages"], "passage_id")):
+        index = BM25Index.load(version_dir / sub)
+        expected = [str(v) for v in table.column(key).to_pylist()]
+        if sorted(index.doc_ids) != sorted(expected):
+            raise ValueError(f"{sub}: index ids do not match the {key}s of the published tables")
+    pdocs = tables["passages"].column("doc_id").to_numpy()
+    if pdocs.size and (pdocs.min() < 0 or pdocs.max() >= n_docs):
+        raise ValueError("passages: a passage refers to a document that does not exist")
+    return {name: t.num_rows for name, t in tables.items()}

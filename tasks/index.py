@@ -1,0 +1,163 @@
+"""BM25 indexes (bm25s) over cluster texts (progressive path) and passages (flat baseline).
+
+The index directory holds bm25s' mmap-loadable files (``data.csc.index.npy``,
+``indices.csc.index.npy``, ``indptr.csc.index.npy``, ``vocab.index.json``,
+``params.index.json``) plus ``doc_ids.index.json`` (row → external id) and
+``tokenizer.index.json`` (lower-casing, stop words, stemmer). Queries are tokenized from that
+file, so the query path always uses the very tokenizer the index was built with (a stemmed
+index queried without the stemmer silently returns garbage).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+TOKENIZER_FILE = "tokenizer.index.json"
+IDS_FILE = "doc_ids.index.json"
+
+
+@dataclass(frozen=True)
+class BM25Config:
+    """BM25 settings (bm25s ``method`` lucene = Lucene's BM25 idf).
+
+    k1, b : BM25 term-frequency saturation and length normalisation.
+    stemmer : Snowball language for PyStemmer, or ``None`` for no stemming.
+    stopwords : bm25s stop-word list name (``"en"``) or ``None``.
+    """
+
+    k1: float = 0.9
+    b: float = 0.4
+    method: str = "lucene"
+    stemmer: str | None = "english"
+    stopwords: str | None = "en"
+    lower: bool = True
+
+
+def _stemmer(name: str | None):
+    if name is None:
+        return None
+    import Stemmer  # noqa: PLC0415 - PyStemmer
+
+    return Stemmer.Stemmer(name).stemWords
+
+
+class BM25Index:
+    """A bm25s retriever plus the tokenizer settings and external ids it was built with."""
+
+    def __init__(self, retriever, doc_ids: list[str], cfg: BM25Config):
+        self.retriever = retriever
+        self.doc_ids = doc_ids
+        self.cfg = cfg
+        self._stem = _stemmer(cfg.stemmer)
+
+    # ------------------------------------------------------------------ build / save / load
+    def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
+        """Tokens (strings) of ``texts`` with this index's lower-casing, stop words and stemmer."""
+        import bm25s  # noqa: PLC0415
+
+        return bm25s.tokenize(list(texts), lower=self.cfg.lower, stopwords=self.cfg.stopwords,
+                              stemmer=self._stem, return_ids=False, show_progress=False)
+
+    @classmethod
+    def build(cls, texts: Iterable[str], doc_ids: Sequence[str | int], cfg: BM25Config = BM25Config()) -> "BM25Index":
+        """Index ``texts`` (one per retrieval unit); ``doc_ids[i]`` names row ``i``.
+
+        Raises
+        ------
+        ValueError
+            ``texts`` and ``doc_ids`` differ in length, or ids repeat.
+        """
+        import bm25s  # noqa: PLC0415
+
+        texts = list(texts)
+        ids = [str(i) for i in doc_ids]
+        if len(texts) != len(ids):
+            raise ValueError(f"BM25 build: {len(texts)} texts but {len(ids)} ids")
+        if len(set(ids)) != len(ids):
+            raise ValueError("BM25 build: document ids are not unique")
+        index = cls(None, ids, cfg)
+        tokens = index.tokenize(texts)
+        retriever = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
+        retriever.index(tokens, show_progress=False)
+        index.retriever = retriever
+        return index
+
+    def save(self, directory: Path) -> Path:
+        """Write the index atomically: into a temporary sibling directory, then rename."""
+        directory = Path(directory)
+        tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            self.retriever.save(str(tmp), show_progress=False)
+            (tmp / IDS_FILE).write_text(json.dumps(self.doc_ids))
+            (tmp / TOKENIZER_FILE).write_text(json.dumps(asdict(self.cfg), sort_keys=True, indent=1))
+            _canonicalise_json(tmp / "vocab.index.json")
+            _canonicalise_json(tmp / "params.index.json")
+            if directory.exists():
+                shutil.rmtree(directory)
+            os.replace(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return directory
+
+    @classmethod
+    def load(cls, directory: Path, mmap: bool = True) -> "BM25Index":
+        """Load an index saved by :meth:`save` (memory-mapped by default).
+
+        Raises
+        ------
+        FileNotFoundError
+            The directory or its tokenizer/id files are missing.
+        """
+        import bm25s  # noqa: PLC0415
+
+        directory = Path(directory)
+        for name in (TOKENIZER_FILE, IDS_FILE, "params.index.json"):
+            if not (directory / name).exists():
+                raise FileNotFoundError(f"BM25 index {directory}: missing {name}")
+        cfg = BM25Config(**json.loads((directory / TOKENIZER_FILE).read_text()))
+        retriever = bm25s.BM25.load(str(directory), mmap=mmap, show_progress=False)
+        ids = json.loads((directory / IDS_FILE).read_text())
+        return cls(retriever, ids, cfg)
+
+    # ------------------------------------------------------------------ search
+    def search(self, queries: Sequence[str], k: int) -> tuple[list[list[str]], np.ndarray]:
+        """Top-``k`` ids and BM25 scores per query.
+
+        Returns
+        -------
+        ids : list of lists of str, ``(n_queries, k')`` with ``k' = min(k, n_docs)``
+        scores : float32 array ``(n_queries, k')``, descending per row; ties broken by row id.
+        """
+        k = min(k, len(self.doc_ids))
+        if not queries or k == 0:
+            return [[] for _ in queries], np.zeros((len(queries), 0), dtype=np.float32)
+        tokens = self.tokenize(queries)
+        # bm25s needs at least one token per query; an empty query scores every doc 0.
+        tokens = [t if t else [""] for t in tokens]
+        rows, scores = self.retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        rows, scores = _stable_order(np.asarray(rows), np.asarray(scores, dtype=np.float32))
+        ids = [[self.doc_ids[r] for r in row] for row in rows]
+        return ids, scores
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+
+def _stable_order(rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sort each row by (score desc, row id asc) so equal scores come back deterministically."""
+    order = np.lexsort((rows, -scores), axis=-1)
+    return np.take_along_axis(rows, order, -1), np.take_along_axis(scores, order, -1)
+
+
+def _canonicalise_json(path: Path) -> None:
+    if path.exists():
+        path.write_text(json.dumps(json.loads(path.read_text()), sort_keys=True))

@@ -1,0 +1,144 @@
+"""Streaming reader of MediaWiki ``pages-articles`` XML dumps (export schema 0.x).
+
+Pages are parsed with ``lxml.etree.iterparse`` and cleared as soon as they are read, so memory
+does not grow with the dump. Decisions on bad input (documented in ``tasks/ingest/README.md``):
+
+* a ``<page>`` without ``<title>``, ``<ns>`` or revision ``<text>``, or with a non-integer
+  ``<ns>``/``<id>`` → record skipped, reason ``malformed_page``;
+* invalid UTF-8 bytes → replaced by a marker while streaming; the page holding them is
+  skipped, reason ``invalid_utf8`` (bytes outside any page that break the XML → error below);
+* malformed XML, a truncated or corrupt compressed stream → :class:`IngestError` naming the
+  file, the position and the last complete page (the number of lost pages is unknown, so
+  this is never a counted skip).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+from lxml import etree
+
+from tasks.ingest.config import INVALID_UTF8, MALFORMED_PAGE, IngestError
+from tasks.ingest.records import WIKITEXT, RawPage
+from tasks.ingest.streams import INVALID_UTF8_MARK, Utf8Guard, open_input
+from tasks.ingest.titles import DEFAULT_NAMESPACES
+from tasks.ingest.wikitext import redirect_target
+
+
+class MediaWikiReader:
+    """Iterate over the pages of one MediaWiki XML dump.
+
+    Parameters
+    ----------
+    path : Path
+        ``.xml``, ``.xml.bz2`` (single or multistream) or ``.xml.gz`` dump.
+
+    Attributes
+    ----------
+    namespaces : frozenset of str
+        Lower-cased names of the non-main namespaces: :data:`DEFAULT_NAMESPACES` plus those
+        declared in the dump's ``<siteinfo>`` (available once the first page is yielded).
+    bytes_read : int
+        Decompressed bytes read so far.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.namespaces: frozenset[str] = DEFAULT_NAMESPACES
+        self.bytes_read = 0
+
+    def pages(self) -> Iterator[RawPage]:
+        """Yield one :class:`RawPage` per ``<page>`` element, in dump order.
+
+        Raises
+        ------
+        IngestError
+            Malformed XML, truncated/corrupt compressed data (names file, line/column or byte
+            offset, and the last complete page).
+        """
+        source = self.path.name
+        position, last = 0, "none (failure before the first page)"
+        with open_input(self.path) as raw:
+            guard = Utf8Guard(raw)
+            parser = etree.iterparse(guard, events=("end",), tag=("{*}page", "{*}siteinfo"),
+                                     huge_tree=True, remove_comments=True, remove_pis=True)
+            try:
+                for _, elem in parser:
+                    if _local(elem.tag) == "siteinfo":
+                        self._read_siteinfo(elem)
+                    else:
+                        page = _page(elem, source, position)
+                        position += 1
+                        last = f"{page.record!r} (page id {page.page_id})"
+                        self.bytes_read = guard.bytes_read
+                        yield page
+                    elem.clear(keep_tail=False)
+                    parent = elem.getparent()
+                    if parent is not None:
+                        while elem.getprevious() is not None:
+                            del parent[0]
+            except etree.XMLSyntaxError as exc:
+                line, col = exc.position if exc.position else (exc.lineno, 0)
+                raise IngestError(f"{self.path}: malformed XML at line {line}, column {col}: {exc.msg}; "
+                                  f"last complete page: {last}") from exc
+            except EOFError as exc:
+                raise IngestError(f"{self.path}: compressed stream is truncated after {guard.bytes_read} "
+                                  f"decompressed bytes ({exc}); last complete page: {last}") from exc
+            except OSError as exc:
+                raise IngestError(f"{self.path}: cannot decompress after {guard.bytes_read} bytes ({exc}); "
+                                  f"last complete page: {last}") from exc
+            self.bytes_read = guard.bytes_read
+
+    def _read_siteinfo(self, elem) -> None:
+        names = set(DEFAULT_NAMESPACES)
+        for ns in elem.iterfind("{*}namespaces/{*}namespace"):
+            if (ns.get("key") or "0") != "0" and ns.text:
+                names.add(" ".join(ns.text.replace("_", " ").split()).lower())
+        self.namespaces = frozenset(names)
+
+
+def _page(elem, source: str, position: int) -> RawPage:
+    title = elem.findtext("{*}title")
+    ns_text = elem.findtext("{*}ns")
+    id_text = elem.findtext("{*}id")
+    revisions = elem.findall("{*}revision")
+    text_elem = revisions[-1].find("{*}text") if revisions else None
+    text = None if text_elem is None else (text_elem.text or "")
+    page = RawPage(source=source, position=position, record=title or f"page #{position}", title=title,
+                   text=text, markup=WIKITEXT)
+    page.n_bytes = len(text.encode("utf-8")) if text else 0
+    problems = []
+    try:
+        page.page_id = int(id_text) if id_text is not None else None
+    except ValueError:
+        problems.append(f"<id> {id_text!r} is not an integer")
+    if not title:
+        problems.append("missing <title>")
+    if ns_text is None:
+        problems.append("missing <ns>")
+    else:
+        try:
+            page.namespace = int(ns_text)
+        except ValueError:
+            problems.append(f"<ns> {ns_text!r} is not an integer")
+    if text_elem is None:
+        problems.append("missing <revision><text>")
+    if problems:
+        page.error, page.detail = MALFORMED_PAGE, "; ".join(problems)
+        return page
+    if INVALID_UTF8_MARK in title or INVALID_UTF8_MARK in text:
+        page.record = title.replace(INVALID_UTF8_MARK, "\ufffd")
+        page.error = INVALID_UTF8
+        where = "title" if INVALID_UTF8_MARK in title else f"text at character {text.index(INVALID_UTF8_MARK)}"
+        page.detail = f"invalid UTF-8 byte(s) in {where}"
+        return page
+    redirect = elem.find("{*}redirect")
+    if redirect is not None and redirect.get("title"):
+        page.redirect = redirect.get("title")
+    elif redirect is not None or text.lstrip()[:9].upper() == "#REDIRECT":
+        page.redirect = redirect_target(text) or ""
+    return page
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]

@@ -1,0 +1,233 @@
+"""Wikitext → plain text, wikilink extraction, redirect and disambiguation detection.
+
+A scanning/regex cleaner in the style of WikiExtractor (Attardi) rather than a full
+``mwparserfromhell`` parse: it drops comments, ``<ref>``/``<math>``/``<gallery>``-like tags with
+their content, templates and parser functions (``{{...}}``, ``{{{...}}}``, nested), tables
+(``{| ... |}``, nested), file/image/category/interlanguage links; it keeps the labels of
+wikilinks (``[[Target|label]]`` → ``label``, ``[[bus]]es`` → ``buses``) and external links,
+heading text, list item text, and unescapes HTML entities. ``tests/test_ingest_wikitext.py``
+compares it with ``mwparserfromhell``'s ``strip_code`` on the real enwiki sample;
+``benchmarks/bench_ingest.py`` measures its throughput.
+"""
+from __future__ import annotations
+
+import html
+import re
+
+from tasks.ingest.titles import INTERWIKI_PREFIXES
+
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+# Extension tags whose content is not article prose.
+_DROP_TAGS = ("ref", "references", "gallery", "math", "chem", "ce", "timeline", "score", "graph",
+              "imagemap", "syntaxhighlight", "source", "templatedata", "mapframe", "maplink",
+              "includeonly", "inputbox", "categorytree", "hiero", "indicator", "templatestyles")
+_DROP_PAIRED = re.compile(r"<(%s)\b[^>]*?(?<!/)>.*?</\1\s*>" % "|".join(_DROP_TAGS), re.S | re.I)
+_DROP_SELF = re.compile(r"<(?:%s)\b[^>]*/>" % "|".join(_DROP_TAGS), re.I)
+_BRACES = re.compile(r"\{\{+|\}\}+")
+_TABLE = re.compile(r"^[ \t:]*(\{\||\|\})[^\n]*\n?", re.M)
+# [[inner]]: inner has no "[[" or "]]" but may hold "[single brackets]" (possessive: no backtracking).
+_LINK = re.compile(r"\[\[((?:\[[^\[\]]*\]|[^\[\]]|\[(?!\[)|\](?!\]))*+)\]\]")
+_EXT_LINK = re.compile(r"\[(?:https?:|ftp:|ftps:|mailto:|news:|irc:|ircs:|//)[^\s\]]*(?:[ \t]+([^\]\n]*))?\]", re.I)
+_HEADING = re.compile(r"^(={1,6})[ \t]*(.+?)[ \t]*\1[ \t]*$", re.M)
+_LIST = re.compile(r"^[*#:;]+[ \t]*", re.M)
+_RULE = re.compile(r"^-{4,}[ \t]*$", re.M)
+_BOLD_ITALIC = re.compile(r"'{2,}")
+_MAGIC = re.compile(r"__[A-Z]+__")
+_HTML_TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*(?:\s[^<>]*)?/?>")
+_EMPTY_PARENS = re.compile(r"\(\s*(?:[,;:]\s*)*\)")
+_PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
+_BLANKS = re.compile(r"\n{3,}")
+_LINK_TARGET = re.compile(r"\[\[([^\[\]|\n]*)(?=\||\]\])")
+_TEMPLATE_NAME = re.compile(r"\{\{\s*([^{}|\n]+?)\s*(?=\||\}\})")
+_REDIRECT = re.compile(r"\A\s*#REDIRECT\s*:?\s*\[\[([^\[\]|\n]+)", re.I)
+_INVISIBLE_PREFIXES = frozenset(("file", "image", "media", "category"))
+_LANG = re.compile(r"[a-z]{2,3}(?:-[a-z0-9]{1,8})*\Z")
+_DISAMBIG_TITLE = re.compile(r"\(disambiguation\)\s*\Z", re.I)
+
+DEFAULT_DISAMBIGUATION_TEMPLATES: tuple[str, ...] = (
+    "disambiguation", "disambig", "disamb", "dab", "dis", "disambiguation page", "hndis",
+    "human name disambiguation", "geodis", "geo-dis", "schooldis", "school disambiguation",
+    "hospitaldis", "hospital disambiguation", "mathdab", "math dab", "numberdis",
+    "number disambiguation", "letter-number combination disambiguation", "lnd", "roaddis",
+    "road disambiguation", "callsigndis", "call sign disambiguation", "species latin name disambiguation",
+    "chinese title disambiguation", "mil-unit-dis", "military unit disambiguation", "shipindex",
+)
+"""Template names (lower case, ``_`` → space) marking a disambiguation page on enwiki.
+``shipindex`` pages list ships of one name and are treated like disambiguation pages."""
+
+
+def clean_wikitext(text: str) -> str:
+    """Convert wikitext to plain text.
+
+    Parameters
+    ----------
+    text : str
+        Wikitext of one page (``<revision><text>`` of a ``pages-articles`` dump).
+
+    Returns
+    -------
+    str
+        Plain text: paragraphs separated by one blank line, no markup, templates, references,
+        tables, files or categories; link labels kept. Empty string when nothing remains.
+    """
+    text = _COMMENT.sub("", text)
+    if "<" in text:
+        text = _DROP_PAIRED.sub("", text)
+        text = _DROP_SELF.sub("", text)
+    text = strip_templates(text)
+    text = strip_tables(text)
+    if "[" in text:
+        text = _EXT_LINK.sub(lambda m: m.group(1) or "", text)
+    if "[[" in text:
+        previous = None
+        while previous != text:  # innermost first: file captions hold links
+            previous, text = text, _LINK.sub(_link_label, text)
+    text = _HEADING.sub(r"\2", text)
+    text = _LIST.sub("", text)
+    text = _RULE.sub("", text)
+    text = _BOLD_ITALIC.sub("", text)
+    text = _MAGIC.sub("", text)
+    if "<" in text:
+        text = _HTML_TAG.sub("", text)
+    if "&" in text:
+        text = html.unescape(text)
+    if "(" in text:
+        text = _EMPTY_PARENS.sub("", text)
+        text = _PAREN_LEAD.sub("(", text)
+    return tidy_whitespace(text)
+
+
+def tidy_whitespace(text: str) -> str:
+    """Collapse white space inside lines, trim lines, keep at most one blank line in a row."""
+    text = "\n".join(" ".join(line.split()) for line in text.split("\n"))
+    return _BLANKS.sub("\n\n", text).strip()
+
+
+def strip_templates(text: str) -> str:
+    """Remove templates, parser functions and template parameters (``{{...}}``, ``{{{...}}}``).
+
+    Nesting is followed with a stack over brace runs, as MediaWiki's preprocessor does; an
+    opener that is never closed and a stray closer stay as literal text.
+    """
+    if "{{" not in text:
+        return text
+    stack: list[tuple[int, int]] = []  # (start offset, width 2 or 3)
+    spans: list[tuple[int, int]] = []
+    for m in _BRACES.finditer(text):
+        pos, n = m.start(), m.end() - m.start()
+        if text[pos] == "{":
+            widths = [3] if n == 3 else [2] * (n // 2) if n % 2 == 0 else [2] * ((n - 3) // 2) + [3]
+            for w in widths:
+                stack.append((pos, w))
+                pos += w
+            continue
+        while n >= 2 and stack:
+            start, w = stack.pop()
+            used = 3 if (w == 3 and n >= 3) else 2
+            n -= used
+            pos += used
+            spans.append((start, pos))
+    return _cut(text, spans)
+
+
+def strip_tables(text: str) -> str:
+    """Remove wiki tables (``{|`` ... ``|}`` lines, nested); an unclosed table runs to the end."""
+    if "{|" not in text:
+        return text
+    depth, start = 0, 0
+    spans: list[tuple[int, int]] = []
+    for m in _TABLE.finditer(text):
+        if m.group(1) == "{|":
+            if depth == 0:
+                start = m.start()
+            depth += 1
+        elif depth:
+            depth -= 1
+            if depth == 0:
+                spans.append((start, m.end()))
+    if depth:
+        spans.append((start, len(text)))
+    return _cut(text, spans)
+
+
+def extract_link_targets(text: str) -> list[str]:
+    """Raw targets of every ``[[target]]`` / ``[[target|label]]`` in ``text``, in order.
+
+    Comments are ignored; links inside templates, tables, references and file captions count
+    (they are hyperlinks of the rendered page). Targets are not normalised (see
+    :func:`tasks.ingest.titles.classify_link`).
+    """
+    if "[[" not in text:
+        return []
+    if "<!--" in text:
+        text = _COMMENT.sub("", text)
+    return _LINK_TARGET.findall(text)
+
+
+def redirect_target(text: str) -> str | None:
+    """Target of a ``#REDIRECT [[Target]]`` page, or ``None`` (dumps without ``<redirect>``)."""
+    m = _REDIRECT.match(text)
+    return m.group(1) if m else None
+
+
+def is_disambiguation(title: str, text: str | None, templates: frozenset[str]) -> bool:
+    """True when ``title`` ends in ``(disambiguation)`` or ``text`` uses one of ``templates``.
+
+    Parameters
+    ----------
+    title : str
+        Normalised page title.
+    text : str or None
+        Wikitext (``None`` or plain text for formats without templates).
+    templates : frozenset of str
+        Lower-case template names with spaces (see :data:`DEFAULT_DISAMBIGUATION_TEMPLATES`).
+    """
+    if _DISAMBIG_TITLE.search(title):
+        return True
+    if not text or "{{" not in text or not templates:
+        return False
+    for name in _TEMPLATE_NAME.findall(text):
+        key = " ".join(name.replace("_", " ").lower().split())
+        if key.startswith("template:"):
+            key = key[len("template:"):].strip()
+        if key in templates:
+            return True
+    return False
+
+
+def _link_label(m: re.Match) -> str:
+    inner = m.group(1)
+    target, sep, label = inner.partition("|")
+    target = target.strip()
+    leading_colon = target.startswith(":")
+    colon = target.find(":", 1 if leading_colon else 0)
+    if colon > 0 and not leading_colon:
+        prefix = target[:colon].strip()
+        low = prefix.lower()
+        if low in _INVISIBLE_PREFIXES or (prefix.islower() and _LANG.match(prefix) and low not in INTERWIKI_PREFIXES):
+            return ""  # files, categories and interlanguage links render nothing inline
+    if leading_colon:
+        target = target[1:]
+    if not sep:
+        return target.split("#", 1)[0] if not target.startswith("#") else target[1:]
+    if label.strip():
+        return label
+    # Pipe trick: [[Paris, Texas|]] -> "Paris", [[Foo (bar)|]] -> "Foo".
+    base = target.split(":", 1)[-1]
+    return re.sub(r"\s*\([^)]*\)\s*\Z", "", base).split(",", 1)[0].strip()
+
+
+def _cut(text: str, spans: list[tuple[int, int]]) -> str:
+    """``text`` without the union of ``spans`` (half-open [start, end) character ranges)."""
+    if not spans:
+        return text
+    spans.sort()
+    parts, pos = [], 0
+    for start, end in spans:
+        if end <= pos:
+            continue
+        if start > pos:
+            parts.append(text[pos:start])
+        pos = max(pos, end)
+    parts.append(text[pos:])
+    return "".join(parts)

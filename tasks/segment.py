@@ -1,0 +1,411 @@
+"""Segmentation: articles → ~100-word passage windows; clusters → ≤ ~1K-token document units.
+
+FunnelRAG's coarse-to-fine units: clusters (≤ 4K tokens, :mod:`tasks.clustering`) are cut into
+*document units* of ≤ ~1K tokens (pre-ranker input) made of *passages* (post-ranker input),
+the DPR-style ~100-word windows of each article.
+
+* Windows: an article's text is split on whitespace (``str.split()``) and cut every
+  ``passage_words`` words; the last window of an article may be shorter; an empty article has
+  no window. Window text is the words joined by single spaces.
+* Token counts are per window, in the configured tokenizer (:mod:`tasks.tokenize`); an
+  article's length (the ``n_tokens`` Algorithm 1 uses) is the sum over its windows.
+* Units: the windows of a cluster's members, in cluster order, are packed greedily into units
+  of consecutive whole windows with at most ``unit_max_tokens`` tokens (a unit may span
+  articles of the cluster); a single window longer than the limit is a unit of its own.
+* Ids: unit ``c{cluster_id:07d}.u{k:03d}``, passage ``c{cluster_id:07d}.u{k:03d}.p{j:03d}``
+  (``k`` = unit position in its cluster, ``j`` = passage position in its unit).
+
+:func:`segment_cluster` is the one function used offline (whole corpus → the
+``document_units`` and ``passages`` tables, :func:`segment_corpus`) and at query time
+("later chunking" of retrieved clusters), so both give the same passages with the same ids.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES
+from tasks.tokenize import TokenCounter
+
+log = logging.getLogger(__name__)
+
+Member = tuple[int, str, str]  # (doc_id, title, text)
+
+
+@dataclass(frozen=True)
+class SegmentConfig:
+    """Segmentation settings.
+
+    passage_words : words per passage window (DPR: 100).
+    unit_max_tokens : token limit of a document unit (FunnelRAG: ~1K).
+    tokenizer : token counter name (``"t5"`` or ``"whitespace"``, :mod:`tasks.tokenize`).
+    """
+
+    passage_words: int = 100
+    unit_max_tokens: int = 1024
+    tokenizer: str = "t5"
+
+    def __post_init__(self) -> None:
+        if self.passage_words < 1:
+            raise ValueError(f"SegmentConfig.passage_words must be >= 1, got {self.passage_words}")
+        if self.unit_max_tokens < 1:
+            raise ValueError(f"SegmentConfig.unit_max_tokens must be >= 1, got {self.unit_max_tokens}")
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One ~100-word window: a row of the ``passages`` table."""
+
+    passage_id: str
+    unit_id: str
+    cluster_id: int
+    doc_id: int
+    title: str
+    text: str
+    n_words: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class DocumentUnit:
+    """Consecutive passages of one cluster with ≤ ``unit_max_tokens`` tokens (unless one
+    passage alone is longer)."""
+
+    unit_id: str
+    cluster_id: int
+    position: int
+    passages: tuple[Passage, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(p.n_tokens for p in self.passages)
+
+    @property
+    def title(self) -> str:
+        """Title of the unit's first passage."""
+        return self.passages[0].title
+
+    @property
+    def text(self) -> str:
+        """Passage texts joined by single spaces."""
+        return " ".join(p.text for p in self.passages)
+
+
+@dataclass(frozen=True)
+class ClusterSegments:
+    """The document units (and through them the passages) of one cluster."""
+
+    cluster_id: int
+    units: tuple[DocumentUnit, ...]
+
+    @property
+    def passages(self) -> list[Passage]:
+        return [p for u in self.units for p in u.passages]
+
+
+def unit_id(cluster_id: int, k: int) -> str:
+    """``c{cluster_id:07d}.u{k:03d}``."""
+    return f"c{cluster_id:07d}.u{k:03d}"
+
+
+def passage_id(cluster_id: int, k: int, j: int) -> str:
+    """``c{cluster_id:07d}.u{k:03d}.p{j:03d}``."""
+    return f"c{cluster_id:07d}.u{k:03d}.p{j:03d}"
+
+
+def article_windows(text: str, passage_words: int) -> list[str]:
+    """Cut one article into DPR-style windows of ``passage_words`` whitespace words.
+
+    Returns
+    -------
+    list of str
+        ``ceil(n_words / passage_words)`` windows (words joined by one space); the last may be
+        shorter; ``[]`` for a text without words.
+    """
+    words = text.split()
+    return [" ".join(words[i:i + passage_words]) for i in range(0, len(words), passage_words)]
+
+
+def pack_units(window_tokens: Sequence[int] | np.ndarray, unit_max_tokens: int) -> list[int]:
+    """Greedy packing of consecutive windows into units of ≤ ``unit_max_tokens`` tokens.
+
+    Returns
+    -------
+    list of int
+        Boundaries ``b`` of length ``n_units + 1``: unit ``k`` holds windows
+        ``b[k]:b[k + 1]``. A window is added to the open unit unless that would exceed the
+        limit and the unit is non-empty, so a window longer than the limit is its own unit.
+    """
+    bounds = [0]
+    total = 0
+    for i, t in enumerate(window_tokens):
+        t = int(t)
+        if i > bounds[-1] and total + t > unit_max_tokens:
+            bounds.append(i)
+            total = 0
+        total += t
+    if len(window_tokens):
+        bounds.append(len(window_tokens))
+    return bounds
+
+
+def _check_tokenizer(cfg: SegmentConfig, tokenizer: TokenCounter) -> None:
+    if tokenizer.name != cfg.tokenizer:
+        raise ValueError(f"SegmentConfig.tokenizer is {cfg.tokenizer!r} but the token counter is {tokenizer.name!r}")
+
+
+def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConfig, tokenizer: TokenCounter,
+                    window_tokens: Sequence[np.ndarray] | None = None) -> ClusterSegments:
+    """Cut one cluster into document units of passages (offline and at query time).
+
+    Parameters
+    ----------
+    cluster_id : int
+        Cluster id (enters the unit and passage ids).
+    members : sequence of (doc_id, title, text)
+        The cluster's documents in cluster order (``cluster_members.position``).
+    cfg : SegmentConfig
+    tokenizer : TokenCounter
+        Counter named ``cfg.tokenizer``.
+    window_tokens : sequence of np.ndarray, optional
+        Precomputed token counts of each member's windows (``WindowTokens.of(doc_id)``), to
+        skip re-tokenizing offline; must equal what ``tokenizer`` counts.
+
+    Returns
+    -------
+    ClusterSegments
+        Units in order; members without words contribute no passage.
+
+    Raises
+    ------
+    ValueError
+        The tokenizer is not the configured one, or ``window_tokens`` does not match the
+        members' windows (names the doc id).
+    """
+    _check_tokenizer(cfg, tokenizer)
+    windows: list[tuple[int, str, str]] = []  # (doc_id, title, window text) in cluster order
+    per_member: list[int] = []                  # number of windows of each member
+    for doc_id, title, text in members:
+        texts = article_windows(text, cfg.passage_words)
+        per_member.append(len(texts))
+        windows.extend((doc_id, title, w) for w in texts)
+    if window_tokens is None:
+        counts = tokenizer.count([w[2] for w in windows]) if windows else np.zeros(0, np.int32)
+    else:
+        if len(window_tokens) != len(members):
+            raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {len(members)} members")
+        for (doc_id, _, _), n_win, wt in zip(members, per_member, window_tokens):
+            if len(wt) != n_win:
+                raise ValueError(f"cluster {cluster_id}, doc {doc_id}: {len(wt)} precomputed window token counts "
+                                 f"for {n_win} windows")
+        counts = np.concatenate([np.asarray(w, dtype=np.int32) for w in window_tokens] or [np.zeros(0, np.int32)])
+    bounds = pack_units(counts, cfg.unit_max_tokens)
+    units = []
+    for k in range(len(bounds) - 1):
+        uid = unit_id(cluster_id, k)
+        passages = tuple(
+            Passage(passage_id=passage_id(cluster_id, k, j), unit_id=uid, cluster_id=int(cluster_id),
+                    doc_id=int(windows[i][0]), title=windows[i][1], text=windows[i][2],
+                    n_words=windows[i][2].count(" ") + 1,  # words joined by single spaces
+                    n_tokens=int(counts[i]))
+            for j, i in enumerate(range(bounds[k], bounds[k + 1])))
+        units.append(DocumentUnit(unit_id=uid, cluster_id=int(cluster_id), position=k, passages=passages))
+    return ClusterSegments(cluster_id=int(cluster_id), units=tuple(units))
+
+
+def segments_to_tables(segments: Iterable[ClusterSegments]) -> tuple[pa.Table, pa.Table]:
+    """Rows of the ``document_units`` and ``passages`` tables (contract-validated), in input
+    order, from :func:`segment_cluster` outputs."""
+    units = {k: [] for k in DOCUMENT_UNITS.schema.names}
+    passages = {k: [] for k in PASSAGES.schema.names}
+    for seg in segments:
+        for u in seg.units:
+            for key, value in (("unit_id", u.unit_id), ("cluster_id", u.cluster_id), ("position", u.position),
+                               ("n_tokens", u.n_tokens), ("n_passages", len(u.passages)), ("title", u.title)):
+                units[key].append(value)
+            for p in u.passages:
+                for key in passages:
+                    passages[key].append(getattr(p, key))
+    return (DOCUMENT_UNITS.validate(pa.table(units, schema=DOCUMENT_UNITS.schema)),
+            PASSAGES.validate(pa.table(passages, schema=PASSAGES.schema)))
+
+
+# ---------------------------------------------------------------------- whole corpus (offline)
+@dataclass(frozen=True, eq=False)
+class WindowTokens:
+    """Token counts of every article's windows (CSR by doc id).
+
+    Attributes
+    ----------
+    indptr : np.ndarray
+        ``(n_docs + 1,)`` int64; windows of doc ``d`` are ``n_tokens[indptr[d]:indptr[d + 1]]``.
+    n_tokens : np.ndarray
+        ``(n_windows,)`` int32 tokens per window.
+    tokenizer : str
+        Name of the counter used.
+    """
+
+    indptr: np.ndarray
+    n_tokens: np.ndarray
+    tokenizer: str
+
+    def of(self, doc_id: int) -> np.ndarray:
+        """``(n_windows_of_doc,)`` int32 token counts of one article's windows."""
+        return self.n_tokens[self.indptr[doc_id]:self.indptr[doc_id + 1]]
+
+    def article_tokens(self) -> np.ndarray:
+        """``(n_docs,)`` int64 article lengths in tokens (sum over windows; 0 without words)."""
+        sums = np.concatenate([[0], np.cumsum(self.n_tokens, dtype=np.int64)])
+        return sums[self.indptr[1:]] - sums[self.indptr[:-1]]
+
+    def n_windows(self) -> np.ndarray:
+        """``(n_docs,)`` int64 windows per article."""
+        return np.diff(self.indptr)
+
+
+def _by_doc_id(documents: pa.Table) -> pa.Table:
+    """``documents`` sorted by doc id, checked dense ``0..n-1`` (row index = doc id)."""
+    documents = documents.sort_by("doc_id")
+    doc_ids = documents.column("doc_id").to_numpy()
+    dense = np.arange(doc_ids.size, dtype=doc_ids.dtype)
+    if not np.array_equal(doc_ids, dense):
+        bad = int(np.flatnonzero(doc_ids != dense)[0])
+        raise ValueError(f"documents: doc ids are not dense 0..{doc_ids.size - 1} "
+                         f"(row {bad} after sorting has doc_id {int(doc_ids[bad])})")
+    return documents
+
+
+def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tokenizer: TokenCounter,
+                        batch_windows: int = 16384) -> WindowTokens:
+    """Count the tokens of every window of every article, in large tokenizer batches.
+
+    The article lengths of Algorithm 1 are ``count_window_tokens(...).article_tokens()``.
+
+    Parameters
+    ----------
+    texts : sequence of str, or pa.Table
+        ``(n_docs,)`` article texts indexed by doc id, or a ``documents`` table (``doc_id``
+        dense, ``text``).
+    cfg : SegmentConfig
+    tokenizer : TokenCounter
+        Counter named ``cfg.tokenizer``.
+    batch_windows : int
+        Windows per ``tokenizer.count`` call (bounds memory).
+
+    Returns
+    -------
+    WindowTokens
+
+    Raises
+    ------
+    ValueError
+        The tokenizer is not the configured one, or the table's doc ids are not dense.
+    """
+    _check_tokenizer(cfg, tokenizer)
+    if isinstance(texts, pa.Table):
+        texts = _by_doc_id(texts).column("text").to_pylist()
+    n_docs = len(texts)
+    indptr = np.zeros(n_docs + 1, dtype=np.int64)
+    chunks: list[np.ndarray] = []
+    pending: list[str] = []
+    for d, text in enumerate(texts):
+        windows = article_windows(text, cfg.passage_words)
+        indptr[d + 1] = indptr[d] + len(windows)
+        pending.extend(windows)
+        if len(pending) >= batch_windows:
+            chunks.append(tokenizer.count(pending))
+            pending = []
+    if pending:
+        chunks.append(tokenizer.count(pending))
+    n_tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
+    return WindowTokens(indptr=indptr, n_tokens=n_tokens.astype(np.int32), tokenizer=tokenizer.name)
+
+
+@dataclass(frozen=True, eq=False)
+class CorpusSegments:
+    """Output of :func:`segment_corpus`.
+
+    units, passages : the contract-validated ``document_units`` and ``passages`` tables.
+    n_articles_without_passages : articles whose text has no word (they stay cluster members
+        but contribute no passage; counted, never silently dropped).
+    """
+
+    units: pa.Table
+    passages: pa.Table
+    n_articles_without_passages: int
+
+
+def segment_corpus(documents: pa.Table, cluster_members: pa.Table, cfg: SegmentConfig, tokenizer: TokenCounter,
+                   window_tokens: WindowTokens | None = None, clusters_per_batch: int = 8192) -> CorpusSegments:
+    """Segment every cluster of the corpus with :func:`segment_cluster` (offline path).
+
+    Parameters
+    ----------
+    documents : pa.Table
+        ``documents.parquet`` (at least ``doc_id``, ``title``, ``text``); doc ids dense
+        ``0..n_docs-1``.
+    cluster_members : pa.Table
+        ``cluster_members.parquet`` (``cluster_id``, ``position``, ``doc_id``).
+    cfg : SegmentConfig
+    tokenizer : TokenCounter
+        Counter named ``cfg.tokenizer``.
+    window_tokens : WindowTokens, optional
+        Precomputed counts (:func:`count_window_tokens`, as used for the article lengths of
+        Algorithm 1), so the corpus is tokenized once.
+    clusters_per_batch : int
+        Clusters converted to Arrow at a time.
+
+    Returns
+    -------
+    CorpusSegments
+        Rows in (cluster_id, unit position, passage position) order.
+
+    Raises
+    ------
+    ValueError
+        Doc ids not dense, a cluster member that is not a document, a document in no cluster
+        or in several, or ``window_tokens`` from another tokenizer or corpus.
+    """
+    _check_tokenizer(cfg, tokenizer)
+    documents = _by_doc_id(documents)
+    n_docs = documents.num_rows
+    if window_tokens is not None and (window_tokens.tokenizer != cfg.tokenizer or window_tokens.indptr.size != n_docs + 1):
+        raise ValueError(f"window_tokens were counted with {window_tokens.tokenizer!r} over "
+                         f"{window_tokens.indptr.size - 1} documents; expected {cfg.tokenizer!r} over {n_docs}")
+    members = cluster_members.sort_by([("cluster_id", "ascending"), ("position", "ascending")])
+    cids = members.column("cluster_id").to_numpy()
+    dids = members.column("doc_id").to_numpy()
+    out_of_range = np.flatnonzero((dids < 0) | (dids >= n_docs))
+    if out_of_range.size:
+        raise ValueError(f"cluster_members: doc_id {int(dids[out_of_range[0]])} (cluster {int(cids[out_of_range[0]])}) is not a document")
+    times = np.bincount(dids, minlength=n_docs)
+    if (times != 1).any():
+        bad = int(np.flatnonzero(times != 1)[0])
+        raise ValueError(f"cluster_members: document {bad} is in {int(times[bad])} clusters; every document must be in exactly one")
+    titles = documents.column("title").to_pylist()
+    texts = documents.column("text").to_pylist()
+    starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], cids.size]
+    unit_tables, passage_tables = [], []
+    for b in range(0, starts.size, clusters_per_batch):
+        segs = []
+        for s, e in zip(starts[b:b + clusters_per_batch].tolist(), ends[b:b + clusters_per_batch].tolist()):
+            docs = dids[s:e].tolist()
+            wt = [window_tokens.of(d) for d in docs] if window_tokens is not None else None
+            segs.append(segment_cluster(int(cids[s]), [(d, titles[d], texts[d]) for d in docs], cfg, tokenizer, wt))
+        units, passages = segments_to_tables(segs)
+        unit_tables.append(units)
+        passage_tables.append(passages)
+    if not unit_tables:
+        units, passages = segments_to_tables([])
+        unit_tables, passage_tables = [units], [passages]
+    n_empty = sum(1 for t in texts if not t.strip())  # strip() and split() share Unicode whitespace
+    if n_empty:
+        log.warning("segmentation: %d article(s) have no words and contribute no passage", n_empty)
+    return CorpusSegments(units=DOCUMENT_UNITS.validate(pa.concat_tables(unit_tables)),
+                          passages=PASSAGES.validate(pa.concat_tables(passage_tables)),
+                          n_articles_without_passages=n_empty)

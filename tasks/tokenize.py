@@ -1,0 +1,104 @@
+"""Named token counters: the unit of every size limit in the corpus build.
+
+FunnelRAG sizes clusters (≤ 4K tokens) and document units (≤ ~1K tokens) in tokens of the
+reader's tokenizer. Two counters, chosen by name in the stage configs:
+
+``"t5"``
+    The real T5 SentencePiece tokenizer (``funnelrag.datasets.resolve("t5-tokenizer", mirror)``
+    → ``tokenizer.json``), loaded with ``tokenizers.Tokenizer.from_file`` and batch-encoded
+    without special tokens. The shipped ``tokenizer.json`` pads and truncates to 256 tokens;
+    both are switched off here, so a count is the true length of the text.
+``"whitespace"``
+    ``len(text.split())``, for tiny tests.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+TOKENIZER_NAMES = ("t5", "whitespace")
+
+
+class TokenCounter(Protocol):
+    """Counts tokens of texts; ``name`` is the configured tokenizer name."""
+
+    name: str
+
+    def count(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts),)`` int32 token counts."""
+        ...
+
+
+class WhitespaceCounter:
+    """Whitespace tokens: ``len(text.split())`` (Python's Unicode whitespace split)."""
+
+    name = "whitespace"
+
+    def count(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts),)`` int32 counts of whitespace-separated words."""
+        return np.fromiter((len(t.split()) for t in texts), dtype=np.int32, count=len(texts))
+
+
+class HFTokenizerCounter:
+    """A ``tokenizers.Tokenizer`` (Rust, batched) counting tokens without special tokens.
+
+    Parameters
+    ----------
+    name : str
+        Configured tokenizer name, e.g. ``"t5"``.
+    path : Path
+        ``tokenizer.json`` file.
+    batch_size : int
+        Texts per ``encode_batch`` call (bounds memory of the encodings).
+    """
+
+    def __init__(self, name: str, path: Path, batch_size: int = 2048):
+        from tokenizers import Tokenizer  # noqa: PLC0415 - heavy import only when used
+
+        self.name = name
+        self.path = Path(path)
+        self.batch_size = batch_size
+        self._tok = Tokenizer.from_file(str(self.path))
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self._encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+
+    def count(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts),)`` int32 token counts (no ``</s>``, no padding, no truncation)."""
+        out = np.empty(len(texts), dtype=np.int32)
+        for start in range(0, len(texts), self.batch_size):
+            batch = list(texts[start:start + self.batch_size])
+            encodings = self._encode(batch, add_special_tokens=False)
+            out[start:start + len(batch)] = [len(e) for e in encodings]
+        return out
+
+    def __repr__(self) -> str:
+        return f"HFTokenizerCounter(name={self.name!r}, path={str(self.path)!r})"
+
+
+def load_token_counter(name: str, mirror: Path | None) -> TokenCounter:
+    """The token counter called ``name``.
+
+    Parameters
+    ----------
+    name : str
+        ``"t5"`` or ``"whitespace"``.
+    mirror : Path or None
+        Data mirror for ``funnelrag.datasets.resolve`` (the T5 ``tokenizer.json``).
+
+    Raises
+    ------
+    ValueError
+        Unknown tokenizer name.
+    funnelrag.datasets.DataUnavailable
+        The T5 tokenizer file is neither in the mirror nor downloadable.
+    """
+    if name == "whitespace":
+        return WhitespaceCounter()
+    if name == "t5":
+        from funnelrag.datasets import resolve  # noqa: PLC0415
+
+        return HFTokenizerCounter("t5", resolve("t5-tokenizer", mirror))
+    raise ValueError(f"unknown tokenizer {name!r}; expected one of {TOKENIZER_NAMES}")

@@ -1,0 +1,46 @@
+"""Shared fixtures: one Prefect test harness per session, real data mirror, temp workspaces."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+# A throwaway PREFECT_HOME before prefect is imported anywhere (its settings read it once).
+_PREFECT_HOME = tempfile.mkdtemp(prefix="funnelrag-prefect-home-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+import pytest  # noqa: E402
+
+from funnelrag.datasets import default_mirror  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One ephemeral Prefect API for the whole session (it takes 6–14 s to start)."""
+    from prefect.testing.utilities import prefect_test_harness  # noqa: PLC0415
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def data_mirror() -> Path:
+    """The real data sets (../shared/data); tests needing them skip only if it is absent."""
+    mirror = default_mirror(Path(__file__).parent)
+    if mirror is None:
+        pytest.skip("real data mirror ../shared/data not found")
+    return mirror
+
+
+@pytest.fixture
+def workspace_home(tmp_path) -> Path:
+    """A fresh funnelrag home (artifact store, cache, MLflow SQLite) for one test."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return home

@@ -1,0 +1,80 @@
+"""Model registry on a temporary MLflow SQLite: versions, aliases, the champion/challenger gate."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from funnelrag.registry import (CHALLENGER, CHAMPION, champion_version, download_model, is_not_worse, model_uri,
+                                register_model)
+from funnelrag.tracking import flow_run
+from funnelrag.workspace import Workspace
+
+NAME = "test-preranker"
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """One MLflow SQLite for the module (creating its tables takes seconds); tests use own names."""
+    return Workspace(tmp_path_factory.mktemp("registry-home"))
+
+
+def _model_dir(tmp_path, tag: str):
+    d = tmp_path / f"model-{tag}"
+    d.mkdir()
+    (d / "weights.txt").write_text(f"weights of {tag}\n")
+    (d / "preranker.json").write_text(json.dumps({"kind": "bi", "tag": tag}))
+    return d
+
+
+def _register(ws, tmp_path, tag, value, name=NAME, **kw):
+    with flow_run(ws, "registry-test", f"run-{tag}", {"tag": tag}):
+        return register_model(_model_dir(tmp_path, tag), name, config={"tag": tag}, data_version="sha-" + tag,
+                              metrics={"dev_ar": value, "other": 1.0}, gate_metric="dev_ar", **kw)
+
+
+def test_gate_keeps_champion_when_worse_and_promotes_when_not_worse(ws, tmp_path):
+    first = _register(ws, tmp_path, "a", 0.50)
+    assert first.promoted and first.reason == "no_champion" and first.version == "1"
+
+    worse = _register(ws, tmp_path, "b", 0.40)
+    assert not worse.promoted and worse.reason == "worse"
+    assert (worse.champion_version, worse.champion_value, worse.challenger_value) == ("1", 0.50, 0.40)
+    assert str(champion_version(NAME).version) == "1"
+    assert str(champion_version(NAME, CHALLENGER).version) == "2"
+
+    equal = _register(ws, tmp_path, "c", 0.50)
+    assert equal.promoted and equal.reason == "not_worse" and equal.champion_version == "1"
+    champ = champion_version(NAME)
+    assert str(champ.version) == "3" and champ.tags["data_version"] == "sha-c"
+    assert json.loads(champ.tags["gate"])["reason"] == "not_worse"
+
+    # a champion value re-measured on the same dev data overrides the recorded one
+    fresh = _register(ws, tmp_path, "d", 0.45, champion_value=0.44)
+    assert fresh.promoted and fresh.champion_value == 0.44
+    lower_is_better = _register(ws, tmp_path, "e", 0.46, higher_is_better=False)
+    assert not lower_is_better.promoted and str(champion_version(NAME).version) == "4"
+
+
+def test_load_by_alias_and_version(ws, tmp_path):
+    name = "test-load"
+    _register(ws, tmp_path, "a", 0.5, name=name)
+    _register(ws, tmp_path, "b", 0.1, name=name)
+    champ = download_model(model_uri(name, CHAMPION), tmp_path / "dl-champ")
+    assert (champ / "weights.txt").read_text() == "weights of a\n"
+    assert json.loads((champ / "registry_config.json").read_text())["data_version"] == "sha-a"
+    v2 = download_model(model_uri(name, 2), tmp_path / "dl-v2")
+    assert (v2 / "weights.txt").read_text() == "weights of b\n"
+    assert model_uri(NAME, "champion") == f"models:/{NAME}@champion" and model_uri(NAME, 7) == f"models:/{NAME}/7"
+
+
+def test_errors(ws, tmp_path):
+    with pytest.raises(RuntimeError, match="active MLflow run"):
+        register_model(tmp_path, NAME, config={}, data_version="x", metrics={"m": 1.0}, gate_metric="m")
+    with flow_run(ws, "registry-test", "err", {}):
+        with pytest.raises(KeyError, match="gate metric"):
+            register_model(tmp_path, NAME, config={}, data_version="x", metrics={"m": 1.0}, gate_metric="ar")
+        with pytest.raises(FileNotFoundError):
+            register_model(tmp_path / "nope", NAME, config={}, data_version="x", metrics={"m": 1.0}, gate_metric="m")
+    assert champion_version("never-registered") is None
+    assert is_not_worse(0.5, 0.5) and not is_not_worse(0.4, 0.5) and is_not_worse(0.4, 0.5, higher_is_better=False)

@@ -1,0 +1,148 @@
+"""Passage windows, document-unit packing, ids and corpus tables (tasks.segment, tasks.tokenize)."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from data_contracts.base import ContractViolation
+from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES
+from tasks.segment import (SegmentConfig, article_windows, count_window_tokens, pack_units, segment_cluster,
+                           segment_corpus)
+from tasks.tokenize import WhitespaceCounter, load_token_counter
+
+WS = WhitespaceCounter()
+
+
+def words(n: int, prefix: str = "w") -> str:
+    return " ".join(f"{prefix}{i}" for i in range(n))
+
+
+def test_article_windows_cut_every_n_words_last_shorter():
+    text = words(250)
+    windows = article_windows(text, 100)
+    assert [len(w.split()) for w in windows] == [100, 100, 50]
+    assert " ".join(windows) == text
+    assert windows[1].split()[0] == "w100"
+
+
+def test_article_windows_normalise_whitespace_and_empty_text():
+    assert article_windows("a\tb\n\n c\u00a0d  e ", 2) == ["a b", "c d", "e"]
+    assert article_windows("", 100) == []
+    assert article_windows(" \n\t ", 100) == []
+
+
+@pytest.mark.parametrize("tokens,limit,bounds", [
+    ([300, 300, 300, 300], 1024, [0, 3, 4]),
+    ([512, 512, 1], 1024, [0, 2, 3]),       # exact fit stays in the unit
+    ([2000, 10, 10], 1024, [0, 1, 3]),      # an over-long window is its own unit
+    ([10, 2000, 10], 1024, [0, 1, 2, 3]),
+    ([], 1024, [0]),
+])
+def test_pack_units_greedy(tokens, limit, bounds):
+    assert pack_units(tokens, limit) == bounds
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 400), max_size=40), st.integers(1, 600))
+def test_pack_units_invariants(tokens, limit):
+    bounds = pack_units(tokens, limit)
+    assert bounds[0] == 0 and bounds[-1] == len(tokens)
+    assert all(a < b for a, b in zip(bounds, bounds[1:]))  # contiguous, non-empty units
+    for a, b in zip(bounds, bounds[1:]):
+        assert sum(tokens[a:b]) <= limit or b - a == 1
+        if b < len(tokens):  # greedy: the next window did not fit
+            assert sum(tokens[a:b + 1]) > limit
+
+
+def test_segment_cluster_ids_order_and_spanning_units():
+    cfg = SegmentConfig(passage_words=10, unit_max_tokens=25, tokenizer="whitespace")
+    members = [(7, "Alpha", words(23, "a")), (3, "Beta", ""), (5, "Gamma", words(12, "g"))]
+    seg = segment_cluster(42, members, cfg, WS)
+    # windows: a(10) a(10) a(3) | g(10) g(2) -> units [10, 10, 3] [10, 2]
+    assert [u.unit_id for u in seg.units] == ["c0000042.u000", "c0000042.u001"]
+    assert [u.n_tokens for u in seg.units] == [23, 12]
+    assert [p.passage_id for p in seg.passages] == [
+        "c0000042.u000.p000", "c0000042.u000.p001", "c0000042.u000.p002",
+        "c0000042.u001.p000", "c0000042.u001.p001"]
+    assert [p.doc_id for p in seg.passages] == [7, 7, 7, 5, 5]
+    assert [p.title for p in seg.passages] == ["Alpha"] * 3 + ["Gamma"] * 2
+    assert [p.n_words for p in seg.passages] == [10, 10, 3, 10, 2]
+    assert seg.units[0].title == "Alpha" and seg.units[1].title == "Gamma"
+    assert seg.units[0].text == words(23, "a")
+    # a unit spans articles when they fit
+    wide = segment_cluster(42, members, SegmentConfig(passage_words=10, unit_max_tokens=1000, tokenizer="whitespace"), WS)
+    assert len(wide.units) == 1 and {p.doc_id for p in wide.passages} == {5, 7}
+
+
+def test_segment_cluster_rejects_wrong_tokenizer_and_counts():
+    with pytest.raises(ValueError, match="tokenizer is 't5' but the token counter is 'whitespace'"):
+        segment_cluster(0, [(0, "A", "x y")], SegmentConfig(), WS)
+    cfg = SegmentConfig(tokenizer="whitespace")
+    with pytest.raises(ValueError, match="doc 0: 2 precomputed window token counts for 1 windows"):
+        segment_cluster(0, [(0, "A", "x y")], cfg, WS, window_tokens=[np.array([1, 1])])
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        load_token_counter("gpt-x", None)
+    with pytest.raises(ValueError, match="passage_words"):
+        SegmentConfig(passage_words=0)
+
+
+def _tiny_corpus():
+    texts = [words(230, "a"), "", words(40, "c"), words(150, "d"), words(5, "e")]
+    documents = pa.table({"doc_id": pa.array([3, 1, 0, 2, 4], pa.int32()),  # unsorted on purpose
+                          "title": [f"T{i}" for i in (3, 1, 0, 2, 4)],
+                          "text": [texts[i] for i in (3, 1, 0, 2, 4)]})
+    members = pa.table({"cluster_id": pa.array([1, 0, 0, 1, 2], pa.int32()),
+                        "position": pa.array([1, 0, 1, 0, 0], pa.int32()),
+                        "doc_id": pa.array([4, 2, 0, 3, 1], pa.int32())})
+    return texts, documents, members
+
+
+def test_segment_corpus_tables_and_precomputed_counts(tmp_path):
+    texts, documents, members = _tiny_corpus()
+    cfg = SegmentConfig(passage_words=100, unit_max_tokens=120, tokenizer="whitespace")
+    wt = count_window_tokens(texts, cfg, WS, batch_windows=2)
+    assert wt.article_tokens().tolist() == [230, 0, 40, 150, 5]
+    assert wt.n_windows().tolist() == [3, 0, 1, 2, 1]
+    from_table = count_window_tokens(documents, cfg, WS)  # unsorted table -> by doc id
+    assert np.array_equal(from_table.n_tokens, wt.n_tokens) and np.array_equal(from_table.indptr, wt.indptr)
+    out = segment_corpus(documents, members, cfg, WS)
+    again = segment_corpus(documents, members, cfg, WS, window_tokens=wt)
+    assert out.units.equals(again.units) and out.passages.equals(again.passages)
+    assert out.n_articles_without_passages == 1
+    # cluster 0 = [doc 2 (40 words), doc 0 (230)]: windows 40 | 100 100 30; limit 120:
+    # 40 + 100 > 120 -> [40], [100], then 100 + 30 > 120 -> [100], [30]
+    units = out.units.to_pylist()
+    assert [(u["unit_id"], u["n_tokens"], u["n_passages"], u["title"]) for u in units if u["cluster_id"] == 0] == [
+        ("c0000000.u000", 40, 1, "T2"), ("c0000000.u001", 100, 1, "T0"),
+        ("c0000000.u002", 100, 1, "T0"), ("c0000000.u003", 30, 1, "T0")]
+    # cluster 1 = [doc 3 (150), doc 4 (5)]: windows 100 50 5 -> [100] [50 5]
+    assert [(u["unit_id"], u["n_passages"]) for u in units if u["cluster_id"] == 1] == [
+        ("c0000001.u000", 1), ("c0000001.u001", 2)]
+    assert not [u for u in units if u["cluster_id"] == 2]  # the empty article: no unit, counted
+    passages = out.passages.to_pylist()
+    for d, text in enumerate(texts):  # passages of an article rebuild its text in order
+        assert " ".join(p["text"] for p in passages if p["doc_id"] == d) == " ".join(text.split())
+    for contract, table in ((DOCUMENT_UNITS, out.units), (PASSAGES, out.passages)):
+        contract.write(table, tmp_path)
+        assert contract.read(tmp_path).equals(table)
+    wrong = out.passages.set_column(1, "unit_id", pa.array(["c0000009.u000"] * out.passages.num_rows))
+    with pytest.raises(ContractViolation, match="does not extend its unit_id"):
+        PASSAGES.validate(wrong)
+
+
+def test_segment_corpus_rejects_inconsistent_inputs():
+    texts, documents, members = _tiny_corpus()
+    cfg = SegmentConfig(tokenizer="whitespace")
+    with pytest.raises(ValueError, match="document 1 is in 0 clusters"):
+        segment_corpus(documents, members.slice(0, 4), cfg, WS)
+    dup = pa.concat_tables([members, members.slice(0, 1)])
+    with pytest.raises(ValueError, match="document 4 is in 2 clusters"):
+        segment_corpus(documents, dup, cfg, WS)
+    with pytest.raises(ValueError, match="not dense"):
+        segment_corpus(documents.slice(1), members, cfg, WS)
+    bad = count_window_tokens(texts[:4], cfg, WS)
+    with pytest.raises(ValueError, match="over 4 documents"):
+        segment_corpus(documents, members, cfg, WS, window_tokens=bad)
