@@ -2,11 +2,11 @@
 
 Synthetic power-law graphs (Chung–Lu, degree exponent 2.5, seeded, generated with numpy) of
 100K, 300K and 1M nodes with 10 links per node on average (1M nodes → 10M links), plus the
-real Wikispeedia graph. Each graph runs in a fresh child process. For each step it prints wall
-and CPU seconds (the machine may be shared; the kernels are single-threaded, so CPU seconds
-are the compute time) and memory: the process's peak resident set size during the step (absolute, sampled
-every 5 ms, so numba allocations count), its rise above the level before the step, and the
-tracemalloc peak of the step (NumPy buffers only).
+real Wikispeedia graph. Each graph runs in a fresh child process. For each step it prints
+wall and CPU seconds (the machine may be shared; the kernels are single-threaded, so CPU
+seconds are the compute time) and memory: the process's peak resident set size during the
+step (absolute, sampled every 5 ms, so numba allocations count), its rise above the level
+before the step, and the tracemalloc peak of the step (NumPy buffers only).
 
 Targets (issue): coefficients at 1M/10M in ≤ 30 s and ≤ 2 GB; Algorithm 1 in ≤ 120 s.
 
@@ -14,6 +14,7 @@ Usage::
 
     python benchmarks/bench_graph_clustering.py                  # 100K, 300K, 1M + Wikispeedia
     python benchmarks/bench_graph_clustering.py --sizes 100000   # one size
+    python benchmarks/bench_graph_clustering.py --igraph         # + igraph reference timing
 """
 from __future__ import annotations
 
@@ -96,13 +97,23 @@ def article_lengths(n_nodes: int, seed: int) -> np.ndarray:
     return np.minimum(rng.lognormal(mean=np.log(600), sigma=1.0, size=n_nodes), 200_000).astype(np.int64)
 
 
-def run_graph(name: str, src: np.ndarray, dst: np.ndarray, n_nodes: int, n_tokens: np.ndarray, cfg: ClusteringConfig) -> None:
+def run_graph(name: str, src: np.ndarray, dst: np.ndarray, n_nodes: int, n_tokens: np.ndarray, cfg: ClusteringConfig,
+              with_igraph: bool = False) -> None:
     print(f"{name}: {n_nodes:,} nodes, {src.size:,} links, S = {cfg.max_tokens} tokens", flush=True)
     rows: list = []
     with measure("build CSR graph", rows):
         graph = build_graph(src, dst, n_nodes)
     with measure("clustering coefficients", rows):
         metrics = graph_metrics(graph)
+    if with_igraph:  # reference: igraph's C local transitivity (coefficients only, no edge support)
+        import igraph as ig  # noqa: PLC0415
+
+        u, v = graph.edge_list()
+        g = ig.Graph(n=n_nodes, edges=np.column_stack([u, v]))
+        with measure("igraph transitivity (ref)", rows):
+            cc = np.asarray(g.transitivity_local_undirected(mode="zero"))
+        print(f"  -> max |ours - igraph| = {np.abs(cc - metrics.clustering).max():.2e}")
+        del g, cc
     with measure("Algorithm 1", rows):
         res = cluster_documents(graph, metrics, n_tokens, cfg)
     with measure("check_clustering", rows):
@@ -142,13 +153,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-wikispeedia", action="store_true")
+    parser.add_argument("--igraph", action="store_true", help="also time igraph's local transitivity")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # "wikispeedia" or a node count
     args = parser.parse_args()
     if args.child is None:
         jobs = ([] if args.no_wikispeedia else ["wikispeedia"]) + [str(n) for n in args.sizes]
         for job in jobs:
             cmd = [sys.executable, __file__, "--child", job, "--links-per-node", str(args.links_per_node),
-                   "--max-tokens", str(args.max_tokens), "--seed", str(args.seed)]
+                   "--max-tokens", str(args.max_tokens), "--seed", str(args.seed)] + (["--igraph"] if args.igraph else [])
             subprocess.run(cmd, check=True)
         return
     cfg = ClusteringConfig(max_tokens=args.max_tokens)
@@ -162,14 +174,14 @@ def main() -> None:
             return
         src, dst, n, n_words = wikispeedia(mirror)
         print(f"[RSS before the graph steps: {rss_bytes() / 2**20:.0f} MiB]")
-        run_graph("Wikispeedia (real, lengths in words)", src, dst, n, n_words, cfg)
+        run_graph("Wikispeedia (real, lengths in words)", src, dst, n, n_words, cfg, args.igraph)
         return
     n = int(args.child)
     t0 = time.perf_counter()
     src, dst = chung_lu(n, args.links_per_node, 2.5, args.seed)
     n_tokens = article_lengths(n, args.seed)
     print(f"[generated in {time.perf_counter() - t0:.1f} s; RSS before the graph steps: {rss_bytes() / 2**20:.0f} MiB]")
-    run_graph(f"Chung-Lu power law n={n:,}", src, dst, n, n_tokens, cfg)
+    run_graph(f"Chung-Lu power law n={n:,}", src, dst, n, n_tokens, cfg, args.igraph)
     print(f"  (process max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB)", flush=True)
 
 

@@ -20,8 +20,6 @@ import pyarrow.parquet as pq
 _META_NAME = b"funnelrag.contract"
 _META_VERSION = b"funnelrag.schema_version"
 _MAX_ROWS_IN_ERROR = 5
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 _ROW_GROUP_SIZE = 64_000  # rows per Parquet row group, as in Contract.write
 
 
@@ -312,7 +310,7 @@ def atomic_write(final: Path, writer: Callable[[Path], None]) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; published artifacts are world-readable
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; published artifacts are world-readable
     try:
         writer(tmp)
         with open(tmp, "rb+") as fh:

@@ -13,6 +13,7 @@ sha256, corpus manifest digest, configs) in the workspace's stage cache.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,7 @@ class JointConfig:
     lr: float = 2e-4
     use_qdm_loss: bool = True
     max_lists: int | None = 256
-    generator: GeneratorConfig = field(default_factory=lambda: GeneratorConfig(tokenizer="t5"))
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     prompt: PromptConfig = field(default_factory=lambda: PromptConfig(max_length=1024))
 
 
@@ -260,7 +261,9 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
     ws = Workspace(cfg.workspace.home)
     mirror = cfg.workspace.data_mirror
     run_dir = ws.run_dir("train-r2former", config_hash(cfg.model_dump(exclude={"workspace"}))[:16])
+    t0 = time.perf_counter()
     lists, features, feat_report = features_task(ws, mirror, cfg.data, cfg.lists, cfg.features, cfg.encoder)
+    seconds = {"features": time.perf_counter() - t0}
     train, test = split_examples(features, test_query_ids(lists, cfg.data))
     if not train or not test:
         raise ValueError(f"train/test split of {len(train) + len(test)} lists is empty on one side "
@@ -269,33 +272,36 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
         run_id = run.info.run_id
         scores, models, losses = {}, {}, {}
         for name, feats in variants(cfg.train).items():
+            t0 = time.perf_counter()
             model, step_losses = train_qdm_task(train, feats, cfg.model, cfg.train, run_dir / "train" / name, run_id, name)
             models[name], losses[name] = model, step_losses
             scores[name] = score_lists(model, test, feats)
             save_r2former(model, feats, run_dir / "variants" / name)
-        metrics_table, rows = compare_rankings(test, scores)
-        score_table = _concat([qdm_score_table(n, test, s) for n, s in scores.items()])
-        R.RANKING_METRICS.write(metrics_table, run_dir)
-        R.QDM_SCORES.write(score_table, run_dir)
+            seconds[f"train {name}"] = time.perf_counter() - t0
         model_dir = run_dir / "model"
-        save_r2former(models["full"], variants(cfg.train)["full"], model_dir)
+        full_features = variants(cfg.train)["full"]
+        save_r2former(models["full"], full_features, model_dir)
         joint_report = None
         if cfg.joint.enabled:
+            t0 = time.perf_counter()
             r2ag, tokenizer, joint_report = joint_task(models["full"], train, lists, cfg.joint, mirror, ws,
                                                        run_dir / "train" / "joint", run_id)
-            save_r2former(r2ag.retrieval, variants(cfg.train)["full"], model_dir)
-            _, joint_rows = compare_rankings(test, {"full after joint": score_lists(r2ag.retrieval, test)})
-            rows.append(joint_rows[-1])
+            scores["full after joint"] = score_lists(r2ag.retrieval, test, full_features)
+            save_r2former(r2ag.retrieval, full_features, model_dir)
             save_projection(r2ag.projection, model_dir)
             r2ag.generator.save_pretrained(model_dir / "generator")
             tokenizer.save_pretrained(model_dir / "tokenizer")
+            seconds["joint"] = time.perf_counter() - t0
+        metrics_table, rows = compare_rankings(test, scores)
+        R.RANKING_METRICS.write(metrics_table, run_dir)
+        R.QDM_SCORES.write(_concat([qdm_score_table(n, test, s) for n, s in scores.items()]), run_dir)
         for row in rows:
             mlflow.log_metrics({mlflow_key("test", row["ranking"], k): float(v) for k, v in row.items()
                                 if k != "ranking" and v == v}, run_id=run_id)
         summary = {"dataset": cfg.data.dataset, "lists": feat_report, "train_lists": len(train),
                    "test_lists": len(test), "final_train_loss": {n: l[-1] for n, l in losses.items()},
                    "ranking (test lists, MAP / recall@k)": rows, "joint": joint_report,
-                   "run_dir": str(run_dir), "model_dir": str(model_dir), "mlflow_run_id": run_id}
+                   "seconds": {k: round(v, 1) for k, v in seconds.items()}, "run_dir": str(run_dir), "model_dir": str(model_dir), "mlflow_run_id": run_id}
         write_json(run_dir / "summary.json", summary)
         mlflow.log_artifact(str(run_dir / "summary.json"), run_id=run_id)
         summary["registered_version"] = _register(model_dir, run_id)

@@ -31,10 +31,18 @@ FLOW_MODULES = (
     "flows.demo",
 )
 
+# command → module, so ``funnelrag <cmd>`` imports one flow module (prefect/torch imports are slow).
+COMMAND_INDEX = {
+    "build-corpus": "flows.corpus_build",
+    "demo": "flows.demo",
+}
 
-def _commands() -> dict[str, FlowCommand]:
+
+def _commands(only: str | None = None) -> dict[str, FlowCommand]:
+    """Import flow modules and collect their commands (only the module of ``only`` if known)."""
     found: dict[str, FlowCommand] = {}
-    for module in FLOW_MODULES:
+    modules = [COMMAND_INDEX[only]] if only in COMMAND_INDEX else FLOW_MODULES
+    for module in modules:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -102,7 +110,9 @@ def _search(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``funnelrag`` console script."""
-    commands = _commands()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    commands = {} if wanted == "search" else _commands(wanted)
     parser = argparse.ArgumentParser(prog="funnelrag", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)

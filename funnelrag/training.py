@@ -233,6 +233,8 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
     ValueError
         Empty ``train_data``; a checkpoint written with a different data order / schedule
         (seed, batch size, accumulation, LR settings, data size or number of processes).
+    RuntimeError
+        Launched as several processes but accelerate sees one (CPU without ``cpu=True``).
     """
     from accelerate import Accelerator  # noqa: PLC0415 - heavy import kept off module import
     from accelerate.state import AcceleratorState  # noqa: PLC0415
@@ -247,7 +249,8 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
         launched = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
         if launched > 1 and accelerator.num_processes == 1:
             raise RuntimeError(f"launched as {launched} processes but accelerate sees 1 (every rank would "
-                               "train alone as rank 0); on CPU set TrainConfig(cpu=True) or ACCELERATE_USE_CPU=1")
+                               "train alone as rank 0); on a CPU-only machine set TrainConfig(cpu=True) or "
+                               "ACCELERATE_USE_CPU=1 (accelerate runs DeepSpeed on GPUs only)")
         return _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_seed)
     finally:
         accelerator.free_memory()
@@ -345,6 +348,7 @@ def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_se
             epoch, skip = epoch + 1, 0
     accelerator.wait_for_everyone()
     full = _zero3_state_dict(accelerator, model)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # drop the autocast forward patch
     return TrainResult(global_step=global_step, epoch=epoch, losses=losses,
                        last_checkpoint=last_ckpt, full_state_dict=full)
 

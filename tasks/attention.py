@@ -13,14 +13,22 @@ probabilities come from HF T5 with ``attn_implementation="eager"``, i.e. they ar
 post-softmax (:data:`ATTENTION_KIND`), softmax taken over all ``n_passages · seq_len``
 encoder positions.
 
-:func:`passage_scores` is the pure tensor core; :mod:`tasks.attention_runner` applies it to
-the candidates table with the FiD reader.
+:func:`passage_scores` is the pure tensor core; :func:`score_candidates` applies it to the
+candidates table with the FiD reader's single-decoder-step method
+(:meth:`models.fid.FiDReader.first_token_cross_attention`).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from itertools import groupby
 
+import pyarrow as pa
 import torch
+
+from data_contracts.training import ATTENTION_SCORES
+
+log = logging.getLogger(__name__)
 
 ATTENTION_KIND = "post_softmax"  # HF eager attention returns softmax probabilities
 REDUCTIONS = ("mean", "max")
@@ -120,3 +128,80 @@ def passage_scores(cross_attn: torch.Tensor, passage_token_mask: torch.Tensor, c
         per_head = per_head.masked_fill(count == 0, 0.0)        # (n_layers', batch, n_heads, n_passages)
     per_layer = _reduce(per_head, 2, cfg.head_reduce)           # (n_layers', batch, n_passages)
     return _reduce(per_layer, 0, cfg.layer_reduce)              # (batch, n_passages)
+
+
+# ---------------------------------------------------------------------------- runner
+@dataclass(frozen=True)
+class AttentionRunConfig:
+    """How the reader is run over the candidates.
+
+    max_passage_tokens : tokens per ``question: q title: t context: p`` encoder input (EOS included).
+    batch_size : questions per forward pass (only questions with the same number of passages
+        are batched together, so no passage is padding).
+    """
+
+    max_passage_tokens: int = 200
+    batch_size: int = 1
+
+
+def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer,
+                     cfg: AttentionScoreConfig = AttentionScoreConfig(),
+                     run: AttentionRunConfig = AttentionRunConfig()) -> pa.Table:
+    """Eq. 3 score of every candidate passage: one FiD pass per question over all its passages.
+
+    Parameters
+    ----------
+    candidates : pa.Table
+        ``candidates`` rows; a question's passages are read in (unit_rank, passage_position)
+        order, i.e. the pre-ranker's order.
+    questions : pa.Table
+        ``questions`` rows (question_id, question).
+    model, tokenizer : :class:`models.fid.FiDReader` (eager attention) and its T5 tokenizer.
+    cfg, run : score variant and batching.
+
+    Returns
+    -------
+    pa.Table
+        :data:`data_contracts.training.ATTENTION_SCORES`, one row per candidate passage, sorted
+        by (question_id, passage_id); ``attention`` = ``"post_softmax"``.
+
+    Raises
+    ------
+    ValueError
+        The reader does not use eager attention, or a candidate question is missing from
+        ``questions``.
+    """
+    from models.fid import encode_fid_inputs  # noqa: PLC0415
+
+    impl = model.t5.config._attn_implementation
+    if impl != "eager":
+        raise ValueError(f"attention scores need the reader built with attn_implementation='eager', got {impl!r}")
+    q_text = dict(zip(questions["question_id"].to_pylist(), questions["question"].to_pylist()))
+    rows = sorted(zip(candidates["question_id"].to_pylist(), candidates["unit_rank"].to_pylist(),
+                      candidates["passage_position"].to_pylist(), candidates["unit_id"].to_pylist(),
+                      candidates["passage_id"].to_pylist(), candidates["title"].to_pylist(),
+                      candidates["text"].to_pylist()))
+    per_q = [(q, list(g)) for q, g in groupby(rows, key=lambda r: r[0])]
+    missing = [q for q, _ in per_q if q not in q_text]
+    if missing:
+        raise ValueError(f"candidates name {len(missing)} question(s) not in the questions table, e.g. {missing[0]}")
+    per_q.sort(key=lambda item: (len(item[1]), item[0]))  # equal passage counts become neighbours
+    out = {n: [] for n in ATTENTION_SCORES.schema.names}
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    for _, group in groupby(per_q, key=lambda item: len(item[1])):
+        group = list(group)
+        for start in range(0, len(group), run.batch_size):
+            batch = group[start:start + run.batch_size]
+            enc = encode_fid_inputs(tokenizer, [q_text[q] for q, _ in batch],
+                                    [[(r[5], r[6]) for r in ps] for _, ps in batch], run.max_passage_tokens)
+            attn = model.first_token_cross_attention(enc.input_ids.to(device), enc.attention_mask.to(device))
+            scores = passage_scores(attn.cpu(), enc.passage_token_mask, cfg, enc.attention_mask)  # (batch, n_passages)
+            for b, (q, ps) in enumerate(batch):
+                for j, r in enumerate(ps):
+                    out["question_id"].append(q), out["unit_id"].append(r[3]), out["passage_id"].append(r[4])
+                    out["score"].append(float(scores[b, j])), out["attention"].append(ATTENTION_KIND)
+    model.train(was_training)
+    table = pa.table(out, schema=ATTENTION_SCORES.schema)
+    return ATTENTION_SCORES.validate(table.sort_by([("question_id", "ascending"), ("passage_id", "ascending")]))

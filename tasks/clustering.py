@@ -15,7 +15,9 @@ Algorithm 1 (Zhao et al., 2024, "FunnelRAG"), as implemented here, line by line:
 7.   merge each candidate, in that order, into ``d``'s cluster if the merged size stays
      ``≤ S`` tokens (``S = ClusteringConfig.max_tokens``); a candidate that does not fit is
      **skipped and the next one tried** (skip-and-continue, counted in
-     :attr:`Clustering.n_skipped`).
+     :attr:`Clustering.n_skipped`). A cluster's size is the sum of its members' ``n_tokens``.
+     Since sizes only grow, at the end no two linked clusters would fit together
+     (:func:`check_clustering` verifies this).
 
 Closeness centrality to ``d`` (local measure). Full closeness is ``O(n m)`` and infeasible for
 Wikipedia, so closeness is taken inside the 1-hop ego graph ``H`` of ``d`` (``d``, its

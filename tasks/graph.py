@@ -186,13 +186,13 @@ class GraphMetrics:
     support: np.ndarray
 
 
-def degree_rank(degree: np.ndarray) -> np.ndarray:
-    """``(n_nodes,)`` int32 rank of each node by ``(degree asc, node id asc)``, the orientation
-    order of the triangle pass."""
-    order = np.argsort(degree, kind="stable")
+def degree_order(degree: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, rank)``, both ``(n_nodes,)`` int32: nodes sorted by ``(degree asc, node id
+    asc)`` and each node's position in that order (the orientation of the triangle pass)."""
+    order = np.argsort(degree, kind="stable").astype(np.int32)
     rank = np.empty(degree.size, dtype=np.int32)
     rank[order] = np.arange(degree.size, dtype=np.int32)
-    return rank
+    return order, rank
 
 
 def graph_metrics(graph: CSRGraph) -> GraphMetrics:
@@ -213,8 +213,8 @@ def graph_metrics(graph: CSRGraph) -> GraphMetrics:
         Arrays of shape ``(n_nodes,)`` and ``(2 * n_edges,)``.
     """
     degree = graph.degree()
-    rank = degree_rank(degree)
-    triangles, support = _triangle_pass(graph.indptr, graph.indices, rank)
+    order, rank = degree_order(degree)
+    triangles, support = _triangle_pass(graph.indptr, graph.indices, rank, order)
     k = degree.astype(np.float64)
     denom = k * (k - 1.0)
     clustering = np.zeros(graph.n_nodes, dtype=np.float64)
@@ -224,51 +224,59 @@ def graph_metrics(graph: CSRGraph) -> GraphMetrics:
 
 
 @numba.njit(cache=True, nogil=True)
-def _triangle_pass(indptr, indices, rank):  # pragma: no cover - compiled
+def _triangle_pass(indptr, indices, rank, order):  # pragma: no cover - compiled
     n = indptr.size - 1
-    # oriented out-edges u -> v (rank[u] < rank[v]), stored as positions into `indices`
-    out_ptr = np.zeros(n + 1, dtype=np.int64)
-    for u in range(n):
+    # oriented out-edges r -> s (r < s) in rank space: hubs (high rank) sit together at the
+    # end, so the marker array and out-lists touched by the inner loop stay cache-local
+    out_ptr = np.zeros(n + 1, dtype=np.int64)  # (n + 1,) indexed by rank
+    for r in range(n):
+        u = order[r]
         c = 0
         for p in range(indptr[u], indptr[u + 1]):
-            if rank[indices[p]] > rank[u]:
+            if rank[indices[p]] > r:
                 c += 1
-        out_ptr[u + 1] = out_ptr[u] + c
-    out_pos = np.empty(out_ptr[n], dtype=np.int64)  # position of each out-edge in `indices`
-    out_nbr = np.empty(out_ptr[n], dtype=np.int32)  # its head node (contiguous for the inner loop)
-    for u in range(n):
-        e = out_ptr[u]
+        out_ptr[r + 1] = out_ptr[r] + c
+    m = out_ptr[n]
+    out_pos = np.empty(m, dtype=np.int64)  # (n_edges,) position of the out-edge in `indices`
+    out_nbr = np.empty(m, dtype=np.int32)  # (n_edges,) rank of its head
+    for r in range(n):
+        u = order[r]
+        e = out_ptr[r]
         for p in range(indptr[u], indptr[u + 1]):
-            if rank[indices[p]] > rank[u]:
+            if rank[indices[p]] > r:
                 out_pos[e] = p
-                out_nbr[e] = indices[p]
+                out_nbr[e] = rank[indices[p]]
                 e += 1
-    triangles = np.zeros(n, dtype=np.int64)
-    support = np.zeros(indices.size, dtype=np.int32)
-    mark = np.full(n, -1, dtype=np.int64)  # mark[w] = position of (u, w) while u is processed
-    for u in range(n):
-        for e in range(out_ptr[u], out_ptr[u + 1]):
-            mark[out_nbr[e]] = out_pos[e]
-        for e in range(out_ptr[u], out_ptr[u + 1]):
-            v = out_nbr[e]
-            for f in range(out_ptr[v], out_ptr[v + 1]):
-                w = out_nbr[f]
-                p_uw = mark[w]
-                if p_uw >= 0:  # triangle u < v < w in rank order, found once
-                    triangles[u] += 1
-                    triangles[v] += 1
-                    triangles[w] += 1
-                    support[out_pos[e]] += 1
-                    support[p_uw] += 1
-                    support[out_pos[f]] += 1
-        for e in range(out_ptr[u], out_ptr[u + 1]):
+    tri_by_rank = np.zeros(n, dtype=np.int64)
+    sup = np.zeros(m, dtype=np.int32)      # (n_edges,) triangles per out-edge
+    mark = np.full(n, -1, dtype=np.int64)  # mark[s] = out-edge r -> s while r is processed
+    for r in range(n):
+        for e in range(out_ptr[r], out_ptr[r + 1]):
+            mark[out_nbr[e]] = e
+        for e in range(out_ptr[r], out_ptr[r + 1]):
+            s = out_nbr[e]
+            for f in range(out_ptr[s], out_ptr[s + 1]):
+                g = mark[out_nbr[f]]
+                if g >= 0:  # triangle r < s < t, found once
+                    tri_by_rank[r] += 1
+                    tri_by_rank[s] += 1
+                    tri_by_rank[out_nbr[f]] += 1
+                    sup[e] += 1
+                    sup[g] += 1
+                    sup[f] += 1
+        for e in range(out_ptr[r], out_ptr[r + 1]):
             mark[out_nbr[e]] = -1
-    # mirror the support of u -> v onto the reverse position v -> u (rows are sorted)
-    for u in range(n):
-        for p in range(indptr[u], indptr[u + 1]):
+    triangles = np.empty(n, dtype=np.int64)
+    for r in range(n):
+        triangles[order[r]] = tri_by_rank[r]
+    # scatter out-edge support onto both positions u -> v and v -> u (rows are sorted)
+    support = np.zeros(indices.size, dtype=np.int32)
+    for r in range(n):
+        u = order[r]
+        for e in range(out_ptr[r], out_ptr[r + 1]):
+            p = out_pos[e]
+            support[p] = sup[e]
             v = indices[p]
-            if rank[v] > rank[u]:
-                lo = indptr[v]
-                q = lo + np.searchsorted(indices[lo:indptr[v + 1]], u)
-                support[q] = support[p]
+            lo = indptr[v]
+            support[lo + np.searchsorted(indices[lo:indptr[v + 1]], u)] = sup[e]
     return triangles, support

@@ -103,3 +103,80 @@ def test_bad_inputs():
         AttentionScoreConfig(layer_reduce="median")
     with pytest.raises(ValueError):
         passage_scores(ATTN[0], PASSAGE_MASK, AttentionScoreConfig())
+
+
+# ---------------------------------------------------------------------------- runner with a real (tiny) FiD
+@pytest.fixture(scope="module")
+def reader(data_mirror):
+    from funnelrag.datasets import resolve
+    from models.fid import FiDConfig, FiDReader
+
+    tok_dir = resolve("t5-tokenizer", data_mirror).parent
+    return FiDReader.from_config(FiDConfig(tokenizer=str(tok_dir), d_model=32, n_layers=2, n_heads=2, d_ff=64, seed=1))
+
+
+def _candidates(spec):
+    import pyarrow as pa
+
+    from data_contracts.training import CANDIDATES
+
+    rows = []
+    for q, units in spec.items():
+        for rank, (uid, texts) in enumerate(units):
+            for pos, text in enumerate(texts):
+                rows.append({"question_id": q, "cluster_id": 1, "bm25_score": 1.0, "unit_id": uid, "unit_rank": rank,
+                             "prerank_score": 0.5, "unit_has_answer": False, "passage_id": f"{uid}.p{pos:03d}",
+                             "passage_position": pos, "title": f"Title {uid}", "text": text, "has_answer": False})
+    return CANDIDATES.validate(pa.Table.from_pylist(rows, schema=CANDIDATES.schema))
+
+
+SPEC = {
+    "q1": [("c0000001.u000", ["Paris is the capital of France.", "The Seine flows through Paris."]),
+           ("c0000002.u000", ["Berlin is in Germany."])],
+    "q2": [("c0000003.u000", ["Mount Everest is high.", "K2 is the second highest mountain."])],
+    "q3": [("c0000004.u000", ["Water boils at 100 degrees.", "Ice melts at 0 degrees.", "Steam is hot."])],
+}
+
+
+def test_runner_matches_direct_eq3_and_batching(reader):
+    import pyarrow as pa
+
+    from models.fid import encode_fid_inputs
+    from tasks.attention import AttentionRunConfig, score_candidates
+
+    model, tok = reader
+    questions = pa.table({"question_id": ["q1", "q2", "q3"],
+                          "question": ["capital of france", "highest mountain", "boiling point of water"]})
+    cands = _candidates(SPEC)
+    cfg = AttentionScoreConfig(n_representative=4)
+    one = score_candidates(cands, questions, model, tok, cfg, AttentionRunConfig(max_passage_tokens=48, batch_size=1))
+    two = score_candidates(cands, questions, model, tok, cfg, AttentionRunConfig(max_passage_tokens=48, batch_size=2))
+    assert one.num_rows == cands.num_rows and set(one["attention"].to_pylist()) == {"post_softmax"}
+    assert one["passage_id"].to_pylist() == two["passage_id"].to_pylist()
+    torch.testing.assert_close(torch.tensor(one["score"].to_pylist()), torch.tensor(two["score"].to_pylist()))
+
+    enc = encode_fid_inputs(tok, ["capital of france"], [[("Title c0000001.u000", SPEC["q1"][0][1][0]),
+                                                          ("Title c0000001.u000", SPEC["q1"][0][1][1]),
+                                                          ("Title c0000002.u000", SPEC["q1"][1][1][0])]], 48)
+    attn = model.first_token_cross_attention(enc.input_ids, enc.attention_mask)  # (L, 1, H, 3, seq_len)
+    assert attn.shape[:4] == (2, 1, 2, 3)
+    torch.testing.assert_close(attn.sum((-2, -1)), torch.ones(2, 1, 2))
+    assert not enc.passage_token_mask[0, 0, 0]                                   # "question:" is not a passage token
+    direct = passage_scores(attn, enc.passage_token_mask, cfg)[0]
+    got = [r["score"] for r in one.to_pylist() if r["question_id"] == "q1"]      # sorted by passage id = same order
+    torch.testing.assert_close(torch.tensor(got), direct)
+
+
+def test_runner_refuses_non_eager_attention(reader):
+    import pyarrow as pa
+
+    from tasks.attention import score_candidates
+
+    model, tok = reader
+    impl = model.t5.config._attn_implementation
+    model.t5.config._attn_implementation = "sdpa"
+    try:
+        with pytest.raises(ValueError, match="eager"):
+            score_candidates(_candidates(SPEC), pa.table({"question_id": ["q1"], "question": ["x"]}), model, tok)
+    finally:
+        model.t5.config._attn_implementation = impl

@@ -26,15 +26,16 @@ class GeneratorConfig:
     """The decoder-only generator.
 
     name_or_path : pretrained causal LM (hub name or directory); ``None`` = build from scratch.
-    tokenizer : tokenizer directory or hub name (resolved by the caller); used when building
-        from scratch, and for a pretrained model when given.
+    tokenizer : tokenizer directory or hub name; the aliases ``"t5"`` (the data mirror's T5
+        tokenizer) and ``"minilm"`` are resolved to directories at the flow boundary. Used when
+        building from scratch, and for a pretrained model when given.
     hidden_size, n_layers, n_heads, intermediate_size : the from-scratch Llama shape.
     seed : initialisation seed of the from-scratch model.
     freeze : keep the generator frozen during joint training (the paper's low-resource setting).
     """
 
     name_or_path: str | None = None
-    tokenizer: str | None = None
+    tokenizer: str | None = "t5"
     hidden_size: int = 128
     n_layers: int = 2
     n_heads: int = 4

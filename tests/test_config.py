@@ -1,0 +1,42 @@
+"""Flow configuration: embedded defaults, YAML file, dotted overrides, typed validation."""
+import pytest
+from pydantic import ValidationError
+
+from flows.corpus_build import CorpusBuildConfig, enwiki_sample_config
+from funnelrag.config import config_hash, flatten_params, load_config, parse_overrides
+
+
+def test_parse_overrides_nested_and_typed():
+    assert parse_overrides(["a.b=1", "a.c=true", "d=x", "e=[1, 2]"]) == {"a": {"b": 1, "c": True}, "d": "x", "e": [1, 2]}
+    with pytest.raises(ValueError, match="key.path=value"):
+        parse_overrides(["novalue"])
+
+
+def test_yaml_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("name: enwiki-sample\nsource: {datasets: [enwiki-sample]}\ningest: {format: mediawiki}\nclustering: {max_tokens: 2048}\n")
+    cfg = load_config(CorpusBuildConfig, f, ["clustering.max_tokens=1024", "workspace.home=/tmp/x"])
+    assert cfg.name == "enwiki-sample" and cfg.ingest.format == "mediawiki"
+    assert cfg.clustering.max_tokens == 1024 and str(cfg.workspace.home) == "/tmp/x"
+
+
+def test_unknown_key_and_bad_type_are_rejected(tmp_path):
+    with pytest.raises(ValidationError, match="nonsense"):
+        load_config(CorpusBuildConfig, None, ["nonsense=1"])
+    with pytest.raises(ValidationError):
+        load_config(CorpusBuildConfig, None, ["clustering.max_tokens=lots"])
+    with pytest.raises(FileNotFoundError):
+        load_config(CorpusBuildConfig, tmp_path / "missing.yaml")
+
+
+def test_tokenizers_must_agree():
+    with pytest.raises(ValidationError, match="same tokenizer"):
+        load_config(CorpusBuildConfig, None, ["clustering.tokenizer=whitespace"])
+
+
+def test_hash_and_params_are_stable():
+    a, b = enwiki_sample_config(), enwiki_sample_config()
+    assert config_hash(a) == config_hash(b)
+    assert config_hash(a) != config_hash(CorpusBuildConfig())
+    params = flatten_params(a.model_dump(exclude={"workspace"}))
+    assert params["clustering.max_tokens"] == "4096" and params["ingest.format"] == "mediawiki"

@@ -1,0 +1,84 @@
+"""Artifact contracts: every violation names the artifact, the column and the rows."""
+import pyarrow as pa
+import pyarrow.parquet as pq
+import polars as pl
+import pytest
+
+from data_contracts import ContractViolation
+from data_contracts.base import Contract
+from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENTS
+
+
+def _docs(**cols):
+    base = {"doc_id": [0, 1], "title": ["A", "B"], "text": ["x", "y"], "page_id": [None, 7], "source": ["f", "f"]}
+    base.update(cols)
+    return pa.table(base)
+
+
+def test_valid_table_round_trips(tmp_path):
+    path = DOCUMENTS.write(_docs(), tmp_path)
+    assert path.name == "documents.parquet"
+    back = DOCUMENTS.read(tmp_path)
+    assert back.column("title").to_pylist() == ["A", "B"]
+    assert back.schema.field("doc_id").type == pa.int32()
+
+
+def test_null_in_non_nullable_field_names_column_and_row():
+    with pytest.raises(ContractViolation) as err:
+        DOCUMENTS.validate(_docs(title=["A", None]))
+    assert err.value.artifact == "documents" and err.value.column == "title" and err.value.rows == [1]
+    assert "documents" in str(err.value) and "title" in str(err.value)
+
+
+def test_missing_and_extra_columns():
+    with pytest.raises(ContractViolation, match="missing column"):
+        DOCUMENTS.validate(_docs().drop(["source"]))
+    with pytest.raises(ContractViolation, match="unexpected column") as err:
+        DOCUMENTS.validate(_docs().append_column("oops", pa.array([1, 2])))
+    assert err.value.column == "oops"
+
+
+def test_bad_type_is_named():
+    with pytest.raises(ContractViolation) as err:
+        DOCUMENTS.validate(_docs(doc_id=["a", "b"]))
+    assert err.value.column == "doc_id"
+
+
+def test_duplicate_primary_key_rows():
+    with pytest.raises(ContractViolation) as err:
+        CLUSTER_MEMBERS.validate(pa.table({"cluster_id": [0, 0, 1], "position": [0, 1, 0], "doc_id": [5, 6, 5]}))
+    assert err.value.column == "doc_id" and err.value.rows == [0, 2]
+
+
+def test_polars_large_string_is_cast():
+    table = pl.DataFrame({"doc_id": [0], "title": ["A"], "text": ["t"], "page_id": [None], "source": ["s"]}).to_arrow()
+    assert table.schema.field("title").type in (pa.large_string(), pa.string_view(), pa.string())
+    out = DOCUMENTS.validate(table)
+    assert out.schema.field("title").type == pa.string()
+
+
+def test_read_refuses_other_contract_or_version(tmp_path):
+    DOCUMENTS.write(_docs(), tmp_path)
+    bumped = Contract(DOCUMENTS.name, DOCUMENTS.filename, DOCUMENTS.schema, version=DOCUMENTS.version + 1)
+    with pytest.raises(ContractViolation, match="schema version"):
+        bumped.read(tmp_path)
+    pq.write_table(_docs(), tmp_path / "plain.parquet")
+    with pytest.raises(ContractViolation, match="not written under this contract"):
+        DOCUMENTS.read(tmp_path / "plain.parquet")
+    with pytest.raises(FileNotFoundError, match="documents"):
+        DOCUMENTS.read(tmp_path / "nope")
+
+
+def test_failed_write_keeps_previous_file(tmp_path):
+    DOCUMENTS.write(_docs(), tmp_path)
+    before = (tmp_path / "documents.parquet").read_bytes()
+    with pytest.raises(ContractViolation):
+        DOCUMENTS.write(_docs(title=[None, "B"]), tmp_path)
+    assert (tmp_path / "documents.parquet").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["documents.parquet"]  # no temp file left
+
+
+def test_writes_are_byte_identical(tmp_path):
+    a = DOCUMENTS.write(_docs(), tmp_path / "a").read_bytes()
+    b = DOCUMENTS.write(_docs(), tmp_path / "b").read_bytes()
+    assert a == b

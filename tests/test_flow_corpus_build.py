@@ -1,0 +1,101 @@
+"""The corpus-build flow on the real samples under the Prefect harness."""
+import json
+
+import mlflow
+import pyarrow.parquet as pq
+import pytest
+
+from flows.corpus_build import CorpusBuildConfig, corpus_build_flow, enwiki_sample_config
+from funnelrag.corpus import corpus_store, open_corpus
+from funnelrag.workspace import Workspace
+from tasks import corpus_stages
+
+
+def _ws(home, mirror):
+    return {"home": home, "data_mirror": mirror}
+
+
+def _manifest(version_dir):
+    return json.loads((version_dir / "manifest.json").read_text())
+
+
+def test_enwiki_sample_builds_publishes_and_reuses_cache(prefect_harness, workspace_home, data_mirror):
+    cfg = enwiki_sample_config(workspace=_ws(workspace_home, data_mirror))
+    first = corpus_build_flow(cfg)
+    ws = Workspace(workspace_home)
+    corpus = open_corpus(ws, "enwiki-sample")
+    assert corpus.version == first["version"]
+    docs = corpus.documents
+    assert first["counts"]["documents"] == docs.num_rows > 50
+    report = pq.read_table(corpus.path / "ingest_report.parquet")
+    assert report.num_rows == 206  # every page of the real sample is accounted for
+    assert set(report.column("status").to_pylist()) >= {"kept", "redirect"}
+    assert corpus.cluster_members.num_rows == docs.num_rows
+    assert first["counts"]["passages"] == corpus.passages.num_rows > docs.num_rows
+    assert not any(v["cache_hit"] for k, v in first["stages"].items() if k != "publish")
+
+    # MLflow: one run with config params, per-stage seconds, and the artifacts
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{workspace_home / 'mlflow.db'}")
+    run = client.get_run(first["mlflow_run_id"])
+    assert run.data.params["clustering.max_tokens"] == "4096"
+    assert run.data.metrics["count_documents"] == docs.num_rows and "seconds_ingest" in run.data.metrics
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"manifest.json", "ingest_report.parquet", "cluster_sizes.png"} <= names
+
+    # a re-run reuses every stage and publishes byte-identical artifacts as a new version
+    second = corpus_build_flow(cfg)
+    assert all(v["cache_hit"] for k, v in second["stages"].items() if k != "publish")
+    assert second["version"] != first["version"]
+    m1 = _manifest(ws.store_dir("corpus/enwiki-sample") / "versions" / first["version"])
+    m2 = _manifest(ws.store_dir("corpus/enwiki-sample") / "versions" / second["version"])
+    assert m1 == m2
+    assert corpus_store(ws, "enwiki-sample").versions() == sorted([first["version"], second["version"]])
+
+
+def test_failed_validation_leaves_current_untouched(prefect_harness, workspace_home, data_mirror, monkeypatch):
+    cfg = enwiki_sample_config(workspace=_ws(workspace_home, data_mirror))
+    good = corpus_build_flow(cfg)
+    store = corpus_store(Workspace(workspace_home), "enwiki-sample")
+
+    def broken(version_dir, max_tokens):
+        raise ValueError("clusters: injected validation failure")
+    monkeypatch.setattr(corpus_stages, "validate_corpus", broken)
+    with pytest.raises(Exception, match="injected validation failure"):
+        corpus_build_flow(cfg)
+    assert store.current_version() == good["version"] and store.versions() == [good["version"]]
+    store.verify()
+
+
+def test_changed_input_content_at_same_path_rebuilds(prefect_harness, workspace_home, data_mirror, tmp_path):
+    """Prefect's INPUTS caching of a Path returns stale results; our cache keys on content."""
+    src = tmp_path / "corpus.jsonl"
+    rows = [{"title": "Alpha", "text": "Alpha links to beta. " * 30, "links": ["Beta"]},
+            {"title": "Beta", "text": "Beta is a letter. " * 30, "links": ["Alpha"]}]
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = CorpusBuildConfig.model_validate({
+        "name": "tiny", "source": {"datasets": [], "paths": [str(src)]}, "ingest": {"format": "jsonl"},
+        "clustering": {"tokenizer": "whitespace"}, "segment": {"tokenizer": "whitespace"},
+        "workspace": _ws(workspace_home, data_mirror)})
+    first = corpus_build_flow(cfg)
+    assert first["counts"]["documents"] == 2 and first["counts"]["clusters"] == 1
+    rows.append({"title": "Gamma", "text": "Gamma stands alone. " * 10})
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    second = corpus_build_flow(cfg)
+    assert not second["stages"]["ingest"]["cache_hit"]
+    assert second["counts"]["documents"] == 3 and second["counts"]["clusters"] == 2
+
+
+@pytest.mark.slow
+def test_wikispeedia_full_build(prefect_harness, workspace_home, data_mirror):
+    """The README's main job on all 4,598 real Wikispeedia articles."""
+    out = corpus_build_flow(CorpusBuildConfig(workspace=_ws(workspace_home, data_mirror)))
+    assert out["counts"]["documents"] == 4598
+    corpus = open_corpus(Workspace(workspace_home))
+    clusters = corpus.clusters
+    assert clusters.column("n_members").to_numpy().sum() == 4598
+    big = clusters.filter(clusters["n_tokens"].to_numpy() > 4096)
+    assert (big.column("n_members").to_numpy() == 1).all()  # only single over-size documents exceed S
+    index = corpus.cluster_index()
+    ids, _ = index.search(["Charles Darwin natural selection evolution"], k=3)
+    titles = {t for c in ids[0] for _, t, _ in corpus.members_of([int(c)])[int(c)]}
+    assert "Charles Darwin" in titles or "Natural selection" in titles

@@ -1,0 +1,88 @@
+"""Versioned store and content-keyed stage cache: atomic publish, `current` only after
+validation, cache keyed by content (not path), killed runs rebuilt."""
+import json
+
+import pytest
+
+from funnelrag.store import ArtifactStore, StageCache
+
+
+def _build_writing(text, calls):
+    def build(out):
+        calls.append(text)
+        (out / "a.txt").write_text(text)
+        return {"n": len(text)}
+    return build
+
+
+def test_cache_hits_on_same_content_and_misses_on_changed_content(tmp_path):
+    cache = StageCache(tmp_path / "cache")
+    src = tmp_path / "input.txt"
+    calls = []
+    for content in ("v1", "v1", "v2"):
+        src.write_text(content)  # same path, content may change: the key must follow content
+        from data_contracts.base import sha256_file
+        key = StageCache.key("s", "1", {"k": 1}, {"input": sha256_file(src)})
+        res = cache.run("s", key, _build_writing(src.read_text(), calls))
+        assert (res.path / "a.txt").read_text() == content
+    assert calls == ["v1", "v2"]
+
+
+def test_key_depends_on_config_version_and_inputs():
+    base = StageCache.key("s", "1", {"k": 1}, {"x": "a"})
+    assert base == StageCache.key("s", "1", {"k": 1}, {"x": "a"})
+    assert base != StageCache.key("s", "2", {"k": 1}, {"x": "a"})
+    assert base != StageCache.key("s", "1", {"k": 2}, {"x": "a"})
+    assert base != StageCache.key("s", "1", {"k": 1}, {"x": "b"})
+
+
+def test_killed_stage_is_rebuilt_and_failure_leaves_nothing(tmp_path):
+    cache = StageCache(tmp_path)
+    partial = tmp_path / "s" / "key1"
+    partial.mkdir(parents=True)
+    (partial / "a.txt").write_text("half")  # no COMPLETE marker: a killed run
+    calls = []
+    res = cache.run("s", "key1", _build_writing("full", calls))
+    assert calls == ["full"] and (res.path / "a.txt").read_text() == "full" and not res.cache_hit
+
+    def boom(out):
+        (out / "a.txt").write_text("x")
+        raise RuntimeError("stage failed")
+    with pytest.raises(RuntimeError):
+        cache.run("s", "key2", boom)
+    assert not (tmp_path / "s" / "key2").exists()
+    assert [p.name for p in (tmp_path / "s").iterdir()] == ["key1"]
+
+
+def test_publish_moves_current_only_after_validation(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    f = tmp_path / "f.txt"
+    f.write_text("one")
+    v1 = store.publish("v1", {"f.txt": f}, {"config": {"a": 1}}, validate=lambda p: None)
+    assert store.current_version() == "v1" and (v1 / "f.txt").read_text() == "one"
+    manifest = json.loads((v1 / "manifest.json").read_text())
+    assert manifest["files"]["f.txt"]["bytes"] == 3 and manifest["config"] == {"a": 1}
+
+    g = tmp_path / "g.txt"
+    g.write_text("two")
+
+    def reject(path):
+        raise ValueError("validation failed")
+    with pytest.raises(ValueError):
+        store.publish("v2", {"f.txt": g}, {}, validate=reject)
+    assert store.current_version() == "v1" and store.versions() == ["v1"]
+    assert not any(p.name.startswith(".staging") for p in store.versions_dir.iterdir())
+
+    store.publish("v3", {"f.txt": g}, {}, validate=lambda p: None)
+    assert store.current_version() == "v3" and store.versions() == ["v1", "v3"]  # previous kept
+    with pytest.raises(FileExistsError):
+        store.publish("v3", {"f.txt": g}, {}, validate=lambda p: None)
+    store.verify()
+    (store.current_dir() / "f.txt").unlink()
+    with pytest.raises(ValueError, match="missing"):
+        store.verify()
+
+
+def test_no_version_published_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="build-corpus"):
+        ArtifactStore(tmp_path).current_dir()
