@@ -112,7 +112,8 @@ def reader(data_mirror):
     from models.fid import FiDConfig, FiDReader
 
     tok_dir = resolve("t5-tokenizer", data_mirror).parent
-    return FiDReader.from_config(FiDConfig(tokenizer=str(tok_dir), d_model=32, n_layers=2, n_heads=2, d_ff=64, seed=1))
+    model, tok = FiDReader.from_config(FiDConfig(tokenizer=str(tok_dir), d_model=32, n_layers=2, n_heads=2, d_ff=64, seed=1))
+    return model.eval(), tok
 
 
 def _candidates(spec):

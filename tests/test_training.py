@@ -168,6 +168,12 @@ def test_metrics_logged_every_n_steps_with_extras_and_loss_decreases(tmp_path):
     assert sum(res.losses[-5:]) < sum(res.losses[:5])
 
 
-def test_bf16_trains_on_cpu(tmp_path):
-    res = train(_model(), _data(), RegressionHooks(), _cfg(tmp_path, mixed_precision="bf16", max_steps=3))
+def test_bf16_trains_on_cpu_and_leaves_an_fp32_model(tmp_path):
+    model = _model(dropout=0.0)
+    res = train(model, _data(), RegressionHooks(), _cfg(tmp_path, mixed_precision="bf16", max_steps=3))
     assert res.global_step == 3 and all(torch.isfinite(torch.tensor(res.losses)))
+    x = torch.stack([e[1] for e in _data()])                       # (41, 4)
+    lin1, lin2 = model[0], model[3]
+    manual = torch.relu(x @ lin1.weight.T + lin1.bias) @ lin2.weight.T + lin2.bias
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), manual)  # no autocast left on the returned model
