@@ -159,14 +159,15 @@ class Contract:
             return table
         return self.validate(table)
 
-    def open_writer(self, directory: Path, *, sorted_keys: bool = False) -> "ContractWriter":
+    def open_writer(self, directory: Path, *, sorted_keys: bool = False,
+                    row_group_size: int | None = _ROW_GROUP_SIZE) -> "ContractWriter":
         """Open a streaming writer of this artifact in ``directory`` (see :class:`ContractWriter`).
 
         Use as a context manager: the file appears atomically at ``directory / filename`` when
-        the block exits normally and is discarded when it raises. The bytes equal those of
-        :meth:`write` on the concatenated table.
+        the block exits normally and is discarded when it raises. With the default
+        ``row_group_size`` the bytes equal those of :meth:`write` on the concatenated table.
         """
-        return ContractWriter(self, Path(directory), sorted_keys=sorted_keys)
+        return ContractWriter(self, Path(directory), sorted_keys=sorted_keys, row_group_size=row_group_size)
 
 
 class ContractWriter:
@@ -174,8 +175,10 @@ class ContractWriter:
 
     Each table passed to :meth:`write` is validated with :meth:`Contract.validate` (types,
     nulls, unique keys within the table, checks), buffered, and written in row groups of
-    64,000 rows, so the file is byte-identical to :meth:`Contract.write` of all rows at once
-    whatever the batch sizes. Memory holds at most one row group plus the incoming table.
+    ``row_group_size`` rows; the bytes do not depend on the batch sizes, and with the default
+    64,000 rows they equal :meth:`Contract.write` of all rows at once. Memory holds at most one
+    row group plus the incoming table. With ``row_group_size=None`` every table is written at
+    once as its own row group (the caller sizes row groups, e.g. by bytes for long texts).
 
     Parameters
     ----------
@@ -187,6 +190,8 @@ class ContractWriter:
         If True, rows must arrive in strictly increasing order of ``contract.unique`` (checked
         within and across tables), which makes the keys unique over the whole file. If False,
         uniqueness is only checked within each table.
+    row_group_size : int or None
+        Rows per Parquet row group; None: one row group per :meth:`write` call.
 
     Raises
     ------
@@ -195,10 +200,13 @@ class ContractWriter:
         when the writer is used as a context manager.
     """
 
-    def __init__(self, contract: Contract, directory: Path, *, sorted_keys: bool = False):
+    def __init__(self, contract: Contract, directory: Path, *, sorted_keys: bool = False,
+                 row_group_size: int | None = _ROW_GROUP_SIZE):
         if sorted_keys and not contract.unique:
             raise ValueError(f"artifact {contract.name!r} has no unique key to keep sorted")
-        self.contract, self.sorted_keys = contract, sorted_keys
+        if row_group_size is not None and row_group_size < 1:
+            raise ValueError(f"row_group_size must be >= 1, got {row_group_size}")
+        self.contract, self.sorted_keys, self.row_group_size = contract, sorted_keys, row_group_size
         self.final = Path(directory) / contract.filename
         self.final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=".tmp", dir=self.final.parent)
@@ -228,8 +236,10 @@ class ContractWriter:
         self._pending.append(table)
         self._n_pending += table.num_rows
         self.rows_written += table.num_rows
-        while self._n_pending >= _ROW_GROUP_SIZE:
-            self._flush(_ROW_GROUP_SIZE)
+        if self.row_group_size is None:
+            self._flush(table.num_rows)
+        while self.row_group_size is not None and self._n_pending >= self.row_group_size:
+            self._flush(self.row_group_size)
 
     def commit(self) -> Path:
         """Write the last row group, fsync and rename into place; returns the final path."""
@@ -240,7 +250,7 @@ class ContractWriter:
                 self._flush(self._n_pending)
             if self._writer is None:
                 pq.write_table(self._schema.empty_table(), self._tmp, compression="zstd",
-                               row_group_size=_ROW_GROUP_SIZE, write_statistics=True)
+                               row_group_size=self.row_group_size or _ROW_GROUP_SIZE, write_statistics=True)
             else:
                 self._writer.close()
             with open(self._tmp, "rb+") as fh:
@@ -279,7 +289,7 @@ class ContractWriter:
         head, rest = merged.slice(0, n_rows), merged.slice(n_rows)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, self._schema, compression="zstd", write_statistics=True)
-        self._writer.write_table(head, row_group_size=_ROW_GROUP_SIZE)
+        self._writer.write_table(head, row_group_size=max(n_rows, 1))
         self._pending = [rest] if rest.num_rows else []
         self._n_pending = rest.num_rows
 

@@ -34,6 +34,18 @@ PARAGRAPHS = Contract(
     unique=("paragraph_id",),
 )
 
+QUESTIONS = Contract(
+    name="dr_rag_questions",
+    filename="questions.hotpotqa.parquet",
+    schema=pa.schema([
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),          # train | dev
+        pa.field("question", pa.string(), nullable=False),
+        pa.field("answers", pa.list_(pa.string()), nullable=False),
+    ]),
+    unique=("question_id",),
+)
+
 QRELS = Contract(
     name="dr_rag_qrels",
     filename="qrels.hotpotqa.parquet",
@@ -46,11 +58,35 @@ QRELS = Contract(
     unique=("question_id", "paragraph_id"),
 )
 
-CLASSIFIER_PAIRS = Contract(
-    name="dr_rag_classifier_pairs",
-    filename="classifier_pairs.train.parquet",
+EMBEDDINGS = Contract(
+    name="dr_rag_embeddings",
+    filename="paragraph_embeddings.sm.parquet",
+    schema=pa.schema([
+        pa.field("paragraph_id", pa.string(), nullable=False),
+        pa.field("embedding", pa.list_(pa.float32()), nullable=False),  # (dim,), L2-normalised
+    ]),
+    unique=("paragraph_id",),
+)
+
+RANKINGS = Contract(
+    name="dr_rag_rankings",
+    filename="rankings.dev.parquet",
     schema=pa.schema([
         pa.field("question_id", pa.string(), nullable=False),
+        pa.field("retriever", pa.string(), nullable=False),      # bm25 | sm
+        pa.field("parent_id", pa.string(), nullable=True),       # null: ranking of q; else of q ⊕ parent (QDC)
+        pa.field("rank", pa.int16(), nullable=False),            # 1-based
+        pa.field("paragraph_id", pa.string(), nullable=False),
+    ]),
+    checks=(_ranks_from_one,),
+)
+
+CLASSIFIER_PAIRS = Contract(
+    name="dr_rag_classifier_pairs",
+    filename="classifier_pairs.parquet",
+    schema=pa.schema([
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),          # train | dev (dev pairs: the gate metric)
         pa.field("d1_id", pa.string(), nullable=False),
         pa.field("d2_id", pa.string(), nullable=False),
         pa.field("kind", pa.string(), nullable=False),           # sup_sup | sup_non | non_non (Appendix A.1)
@@ -92,4 +128,4 @@ TABLE5 = Contract(
     unique=("method", "k"),
 )
 
-ALL = (PARAGRAPHS, QRELS, CLASSIFIER_PAIRS, SELECTIONS, TABLE5)
+ALL = (PARAGRAPHS, QUESTIONS, QRELS, EMBEDDINGS, RANKINGS, CLASSIFIER_PAIRS, SELECTIONS, TABLE5)

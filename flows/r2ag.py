@@ -301,7 +301,8 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
         summary = {"dataset": cfg.data.dataset, "lists": feat_report, "train_lists": len(train),
                    "test_lists": len(test), "final_train_loss": {n: l[-1] for n, l in losses.items()},
                    "ranking (test lists, MAP / recall@k)": rows, "joint": joint_report,
-                   "seconds": {k: round(v, 1) for k, v in seconds.items()}, "run_dir": str(run_dir), "model_dir": str(model_dir), "mlflow_run_id": run_id}
+                   "seconds": {k: round(v, 1) for k, v in seconds.items()},
+                   "run_dir": str(run_dir), "model_dir": str(model_dir), "mlflow_run_id": run_id}
         write_json(run_dir / "summary.json", summary)
         mlflow.log_artifact(str(run_dir / "summary.json"), run_id=run_id)
         summary["registered_version"] = _register(model_dir, run_id)

@@ -73,6 +73,17 @@ def champion_version(name: str, alias: str = CHAMPION):
     return None if version is None else client.get_model_version(name, str(version))
 
 
+def find_version(name: str, tag: str, value: str):
+    """The newest version of ``name`` whose tag ``tag`` equals ``value`` (e.g. a model digest,
+    to avoid registering the same trained model twice), or None."""
+    client = _client()
+    versions = [mv for mv in client.search_model_versions(f"name='{name}'") if mv.tags.get(tag) == value]
+    if not versions:
+        return None
+    newest = max(versions, key=lambda mv: int(mv.version))
+    return client.get_model_version(name, str(newest.version))
+
+
 def version_metric(mv, metric: str) -> float | None:
     """The gate metric stored on a model version (tag ``metric.<name>``), or None."""
     raw = mv.tags.get(METRIC_TAG + metric)

@@ -333,11 +333,12 @@ def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_se
             losses.append(step_loss)
             window.append(step_loss)
             done = global_step >= total_steps
-            if accelerator.is_main_process and log_metrics is not None and (done or global_step % cfg.log_every == 0):
-                log = {"train/loss": sum(window) / len(window), "train/lr": scheduler.get_last_lr()[0],
-                       "train/epoch": float(epoch)}
-                log.update({f"train/{k}": sum(v) / len(v) for k, v in extras.items()})
-                log_metrics(log, global_step)
+            if done or global_step % cfg.log_every == 0:
+                if accelerator.is_main_process and log_metrics is not None:
+                    log = {"train/loss": sum(window) / len(window), "train/lr": scheduler.get_last_lr()[0],
+                           "train/epoch": float(epoch)}
+                    log.update({f"train/{k}": sum(v) / len(v) for k, v in extras.items()})
+                    log_metrics(log, global_step)
                 window, extras = [], {}
             if cfg.checkpoint_every and (done or global_step % cfg.checkpoint_every == 0):
                 pos = (epoch + 1, 0) if batch_idx >= n_batches else (epoch, batch_idx)

@@ -72,6 +72,25 @@ class DRRAGClassifier(nn.Module):
         backbone = AutoModelForSequenceClassification.from_pretrained(path, num_labels=cfg.num_labels)
         return cls(backbone, cfg), tok
 
+    def freeze_lower_layers(self, n_trainable: int) -> int:
+        """Train only the top ``n_trainable`` transformer layers (plus pooler and head): freeze the
+        embeddings and the layers below. Returns the number of trainable parameters.
+
+        Raises
+        ------
+        ValueError
+            The backbone has no ``base_model.encoder.layer`` list (not a BERT-like encoder).
+        """
+        base = self.backbone.base_model
+        layers = getattr(getattr(base, "encoder", None), "layer", None)
+        if layers is None:
+            raise ValueError(f"{type(self.backbone).__name__}: no encoder.layer list to freeze")
+        frozen = [base.embeddings, *list(layers)[:max(0, len(layers) - n_trainable)]]
+        for module in frozen:
+            for p in module.parameters():
+                p.requires_grad_(False)
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}

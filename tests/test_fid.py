@@ -72,9 +72,11 @@ def test_scratch_build_is_seeded_eager_and_leaves_global_rng_alone(tok_dir):
 
 def test_forward_shapes_loss_and_cross_attentions(tiny, oracle):
     model, tok = tiny
-    _, _, enc = _batch(oracle, tok)
+    questions, passages, _ = _batch(oracle, tok)
+    passages[1][2] = ("Kiss", "a rock band")  # short: its pair is padded
+    enc = encode_fid_inputs(tok, questions, passages, 48)
     batch, n_passages, seq_len = enc.input_ids.shape
-    assert (batch, n_passages) == (2, 3) and seq_len <= 48
+    assert (batch, n_passages, seq_len) == (2, 3, 48)
     labels = tok([oracle[0][1][0], oracle[1][1][0]], padding=True, return_tensors="pt").input_ids
     out = model(enc.input_ids, enc.attention_mask, labels=labels, output_attentions=True)
     tgt_len = labels.shape[1]
@@ -86,7 +88,7 @@ def test_forward_shapes_loss_and_cross_attentions(tiny, oracle):
         torch.testing.assert_close(att.sum(-1), torch.ones(batch, 4, tgt_len))
         # padded key positions get no attention
         pad = (enc.attention_mask.view(batch, 1, 1, n_passages * seq_len) == 0).expand_as(att)
-        assert att[pad].max() < 1e-6 if pad.any() else True
+        assert pad.any() and att[pad].max() < 1e-6
     assert model(enc.input_ids, enc.attention_mask, labels=labels).cross_attentions is None
 
 

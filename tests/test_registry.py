@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from funnelrag.registry import (CHALLENGER, CHAMPION, champion_version, download_model, is_not_worse, model_uri,
-                                register_model)
+from funnelrag.registry import (CHALLENGER, CHAMPION, champion_version, download_model, find_version, is_not_worse,
+                                model_uri, register_model)
 from funnelrag.tracking import flow_run
 from funnelrag.workspace import Workspace
 
@@ -78,3 +78,14 @@ def test_errors(ws, tmp_path):
             register_model(tmp_path / "nope", NAME, config={}, data_version="x", metrics={"m": 1.0}, gate_metric="m")
     assert champion_version("never-registered") is None
     assert is_not_worse(0.5, 0.5) and not is_not_worse(0.4, 0.5) and is_not_worse(0.4, 0.5, higher_is_better=False)
+
+
+def test_find_version_by_tag(ws, tmp_path):
+    name = "test-find"
+    with flow_run(ws, "registry-test", "find", {}):
+        register_model(_model_dir(tmp_path, "x"), name, config={}, data_version="d", metrics={"m": 0.1},
+                       gate_metric="m", tags={"model_digest": "abc"})
+    found = find_version(name, "model_digest", "abc")
+    assert found is not None and str(found.version) == "1" and "champion" in found.aliases
+    assert find_version(name, "model_digest", "zzz") is None
+    assert find_version("no-such-model", "model_digest", "abc") is None

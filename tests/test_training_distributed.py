@@ -31,7 +31,11 @@ class _Hooks:
         return torch.nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"]), {}
 
 
-def _worker(out: Path, cpu: bool) -> None:
+class _Crash(RuntimeError):
+    pass
+
+
+def _worker(out: Path, cpu: bool, crash_at: int | None = None) -> None:
     from funnelrag.training import TrainConfig, train  # noqa: PLC0415
 
     gen = torch.Generator().manual_seed(0)
@@ -44,7 +48,13 @@ def _worker(out: Path, cpu: bool) -> None:
     hooks, logged = _Hooks(), []
     cfg = TrainConfig(output_dir=str(out / "run"), epochs=1, batch_size=BATCH, lr=1e-2, log_every=1,
                       checkpoint_every=2, cpu=cpu)
-    res = train(model, data, hooks, cfg, log_metrics=lambda m, s: logged.append(s))
+
+    def log(metrics, step):
+        if step == crash_at:
+            raise _Crash(f"simulated crash of rank 0 at step {step}")
+        logged.append(step)
+
+    res = train(model, data, hooks, cfg, log_metrics=log)
     params = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     (out / f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "world_size": int(os.environ["WORLD_SIZE"]), "seen": hooks.seen,
@@ -93,5 +103,21 @@ def test_multi_process_launch_without_cpu_flag_is_refused(tmp_path):
     assert not list(tmp_path.glob("rank*.json"))
 
 
+@pytest.mark.slow  # resume equality is covered single-process in test_training.py
+def test_two_process_resume_after_rank0_crash_matches_straight_run(tmp_path):
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert _launch(straight, "--cpu").returncode == 0
+    proc = _launch(crashed, "--cpu", "--crash-at", "3")
+    assert proc.returncode != 0 and "simulated crash" in proc.stderr
+    assert not list(crashed.glob("rank*.json"))
+    proc = _launch(crashed, "--cpu")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    a, b = (json.loads((d / "rank0.json").read_text()) for d in (straight, crashed))
+    assert b["logged_steps"] == [3, 4]  # resumed after the step-2 checkpoint
+    torch.testing.assert_close(torch.tensor(b["losses"]), torch.tensor(a["losses"]))
+    torch.testing.assert_close(torch.tensor(b["params"]), torch.tensor(a["params"]))
+
+
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]), cpu="--cpu" in sys.argv[2:])
+    crash = sys.argv[sys.argv.index("--crash-at") + 1] if "--crash-at" in sys.argv else None
+    _worker(Path(sys.argv[1]), cpu="--cpu" in sys.argv[2:], crash_at=int(crash) if crash else None)

@@ -54,10 +54,11 @@ class EvalConfig:
 @dataclass(frozen=True)
 class Rankings:
     """first : ``{retriever: {question_id: ids}}`` (depth ``max(top_ks)``);
-    second : ``{question_id: {d*: ids of q ⊕ d*}}`` with the base retriever."""
+    second : ``{question_id: {d*: ids of q ⊕ d*}}`` with the ``base`` retriever."""
 
     first: dict[str, dict[str, list[str]]]
     second: dict[str, dict[str, list[str]]]
+    base: str = "sm"
 
 
 def compute_rankings(questions: Sequence[Question], collection: ParagraphCollection,
@@ -86,7 +87,7 @@ def compute_rankings(questions: Sequence[Question], collection: ParagraphCollect
     second: dict[str, dict[str, list[str]]] = {q.question_id: {} for q in questions}
     for (qid, parent), ids in zip(jobs, ranked):
         second[qid][parent] = ids
-    return Rankings(first, second)
+    return Rankings(first, second, cfg.base)
 
 
 def select_all(questions: Sequence[Question], rankings: Rankings,
@@ -98,6 +99,8 @@ def select_all(questions: Sequence[Question], rankings: Rankings,
     :class:`tasks.dr_rag.classifier.PairProbs`; it may have a ``prefetch(pairs)`` method, used to
     batch CIS's pairs). With ``probs_for=None`` only BM25, SM and QDC are computed.
     """
+    if rankings.base != cfg.base:
+        raise ValueError(f"rankings were made with base {rankings.base!r}, config asks for {cfg.base!r}")
     out: dict[tuple[str, int], dict[str, list[Selected]]] = {}
     for q in questions:
         qid = q.question_id
@@ -171,3 +174,36 @@ def selections_table(selections: Mapping[tuple[str, int], Mapping[str, list[Sele
                       "classifier_prob": pa.array(cols["classifier_prob"], pa.float32())})
     return table.sort_by([("question_id", "ascending"), ("method", "ascending"), ("k", "ascending"),
                           ("rank", "ascending")])
+
+
+def rankings_table(rankings: Rankings) -> pa.Table:
+    """Long table for :data:`data_contracts.dr_rag.RANKINGS` (first-stage rows have no parent)."""
+    rows: list[tuple] = []
+    for name in sorted(rankings.first):
+        for qid in sorted(rankings.first[name]):
+            rows += [(qid, name, None, r, pid) for r, pid in enumerate(rankings.first[name][qid], 1)]
+    base = rankings.base
+    for qid in sorted(rankings.second):
+        for parent in sorted(rankings.second[qid]):
+            rows += [(qid, base, parent, r, pid) for r, pid in enumerate(rankings.second[qid][parent], 1)]
+    cols = list(zip(*rows)) if rows else [[]] * 5
+    return pa.table({"question_id": pa.array(cols[0], pa.string()), "retriever": pa.array(cols[1], pa.string()),
+                     "parent_id": pa.array(cols[2], pa.string()), "rank": pa.array(cols[3], pa.int16()),
+                     "paragraph_id": pa.array(cols[4], pa.string())})
+
+
+def rankings_from_table(table: pa.Table, base: str) -> Rankings:
+    """Inverse of :func:`rankings_table` (``base``: the retriever of the ``q ⊕ d*`` rows)."""
+    first: dict[str, dict[str, list[str]]] = {}
+    second: dict[str, dict[str, list[str]]] = {}
+    cols = {c: table.column(c).to_pylist() for c in ("question_id", "retriever", "parent_id", "rank", "paragraph_id")}
+    order = sorted(range(table.num_rows), key=lambda i: cols["rank"][i])
+    for i in order:
+        qid, parent, pid = cols["question_id"][i], cols["parent_id"][i], cols["paragraph_id"][i]
+        if parent is None:
+            first.setdefault(cols["retriever"][i], {}).setdefault(qid, []).append(pid)
+        else:
+            second.setdefault(qid, {}).setdefault(parent, []).append(pid)
+    for qid in first.get(base, {}):
+        second.setdefault(qid, {})
+    return Rankings(first, second, base)

@@ -19,6 +19,7 @@ from itertools import permutations
 from typing import Sequence
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 
 from tasks.dr_rag.collection import Question
 
@@ -94,13 +95,17 @@ def build_pairs(questions: Sequence[Question], cfg: PairSamplingConfig = PairSam
     return pairs, report
 
 
-def pairs_table(pairs: Sequence[ClassifierPair]) -> pa.Table:
-    """Columns of :data:`data_contracts.dr_rag.CLASSIFIER_PAIRS`."""
-    return pa.table({"question_id": [p.question_id for p in pairs], "d1_id": [p.d1_id for p in pairs],
+def pairs_table(pairs: Sequence[ClassifierPair], split: str) -> pa.Table:
+    """Columns of :data:`data_contracts.dr_rag.CLASSIFIER_PAIRS` (``split`` on every row)."""
+    return pa.table({"question_id": [p.question_id for p in pairs], "split": [split] * len(pairs),
+                     "d1_id": [p.d1_id for p in pairs],
                      "d2_id": [p.d2_id for p in pairs], "kind": [p.kind for p in pairs],
                      "label": pa.array([p.label for p in pairs], pa.int8())})
 
 
-def pairs_from_table(table: pa.Table) -> list[ClassifierPair]:
+def pairs_from_table(table: pa.Table, split: str | None = None) -> list[ClassifierPair]:
+    """Pairs of a :data:`CLASSIFIER_PAIRS` table (only rows of ``split`` when given), in row order."""
+    if split is not None:
+        table = table.filter(pa.compute.equal(table.column("split"), split))
     cols = {c: table.column(c).to_pylist() for c in ("question_id", "d1_id", "d2_id", "kind", "label")}
     return [ClassifierPair(*row) for row in zip(cols["question_id"], cols["d1_id"], cols["d2_id"], cols["kind"], cols["label"])]

@@ -37,7 +37,8 @@ from tasks.ingest.wikitext import clean_wikitext, extract_link_targets, is_disam
 logger = logging.getLogger(__name__)
 
 _REPORT_BATCH = 20_000
-_DOC_BATCH = 5_000
+DOC_GROUP_ROWS = 4_096          # a documents row group ends after this many rows ...
+DOC_GROUP_BYTES = 8 * 1024 * 1024  # ... or this many bytes of text (bounds pass-2 memory)
 _LINK_BATCH = 200_000
 _REPORT_FIELDS = [f.name for f in INGEST_REPORT.schema]
 
@@ -104,7 +105,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> IngestSu
                 w.write(dict(zip(("source_title", "target_title", "status", "hops"),
                                  map(list, zip(*rows[start:start + _LINK_BATCH])))))
         outputs["redirects"] = w.final
-        docs = stack.enter_context(DOCUMENTS.open_writer(out_dir, sorted_keys=True))
+        docs = stack.enter_context(DOCUMENTS.open_writer(out_dir, sorted_keys=True, row_group_size=None))
         links = stack.enter_context(LINKS.open_writer(out_dir, sorted_keys=True))
         _second_pass(state, title_to_id, resolved, docs, links)
         outputs.update(documents=docs.final, links=links.final, ingest_report=report.final)
@@ -230,15 +231,22 @@ class _FirstPass:
 
 
 def _second_pass(state: _FirstPass, title_to_id: dict[str, int], resolved: dict[str, int], docs, links) -> None:
-    """Pass 2: merge shards in title order, write documents and resolved, deduplicated links."""
+    """Pass 2: merge shards in title order, write documents and resolved, deduplicated links.
+
+    Documents go out in row groups cut after :data:`DOC_GROUP_ROWS` rows or
+    :data:`DOC_GROUP_BYTES` bytes of text, whichever comes first (a function of the documents
+    only, so the file does not depend on ``shard_size``).
+    """
     counts, drop_self = state.links, state.cfg.drop_self_links
     doc_rows: list[tuple] = []
+    doc_bytes = 0
     src_ids: list[int] = []
     dst_ids: list[int] = []
-    for doc_id, (title, text, page_id, source, targets) in enumerate(merge_shards(state.shards.paths)):
+    for doc_id, (title, text, page_id, source, targets) in enumerate(merge_shards(state.shards.paths, state.shards.group_rows)):
         if title_to_id[title] != doc_id:
             raise AssertionError(f"shard merge out of order at {title!r}")
         doc_rows.append((doc_id, title, text, page_id, source))
+        doc_bytes += len(text)
         dsts: set[int] = set()
         for target in targets or ():
             dst = title_to_id.get(target)
@@ -263,15 +271,19 @@ def _second_pass(state: _FirstPass, title_to_id: dict[str, int], resolved: dict[
         src_ids.extend([doc_id] * len(ordered))
         dst_ids.extend(ordered)
         counts.kept += len(ordered)
-        if len(doc_rows) >= _DOC_BATCH:
-            docs.write(dict(zip(("doc_id", "title", "text", "page_id", "source"), map(list, zip(*doc_rows)))))
-            doc_rows = []
+        if len(doc_rows) >= DOC_GROUP_ROWS or doc_bytes >= DOC_GROUP_BYTES:
+            _write_docs(docs, doc_rows)
+            doc_rows, doc_bytes = [], 0
         if len(src_ids) >= _LINK_BATCH:
             links.write({"src_doc_id": src_ids, "dst_doc_id": dst_ids})
             src_ids, dst_ids = [], []
     if doc_rows:
-        docs.write(dict(zip(("doc_id", "title", "text", "page_id", "source"), map(list, zip(*doc_rows)))))
+        _write_docs(docs, doc_rows)
     if src_ids:
         links.write({"src_doc_id": src_ids, "dst_doc_id": dst_ids})
     if len(title_to_id) != docs.rows_written:
         raise AssertionError(f"{len(title_to_id)} kept titles but {docs.rows_written} documents merged")
+
+
+def _write_docs(docs, rows: list[tuple]) -> None:
+    docs.write(dict(zip(("doc_id", "title", "text", "page_id", "source"), map(list, zip(*rows)))))

@@ -5,7 +5,6 @@ measured on the QDM ranking instead of downstream accuracy).
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -20,7 +19,7 @@ from tasks.r2ag.features import FeatureConfig, feature_table
 from tasks.r2ag.lists import (ListConfig, embed_lists, hotpotqa_candidates, nq_bm25_lists, rank_by_relevance,
                               relevant_counts)
 from tasks.r2ag.metrics import DEFAULT_KS, ranking_metrics
-from tasks.r2ag.qdm import ABLATIONS, ListExample, QDMHooks, list_examples, score_lists
+from tasks.r2ag.qdm import ABLATIONS, ListExample, QDMHooks, list_examples
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +200,3 @@ def mlflow_key(*parts: str) -> str:
     """An MLflow-safe metric name (``@`` and spaces are not allowed)."""
     key = "/".join(parts)
     return key.replace("@", "_at_").replace(" ", "_")
-
-
-def finite(x: float) -> bool:
-    return isinstance(x, float) and math.isfinite(x)

@@ -1,0 +1,356 @@
+"""Prefect flows of FunnelRAG's local-to-global (L2G) distillation on the current corpus version.
+
+* ``train-reader``: questions → funnel candidates (BM25 top-K clusters → later chunking →
+  pre-ranker top-N units → passages) → FiD reader trained on them.
+* ``score-passages``: FiD cross-attention scores of every candidate passage (Eq. 3) →
+  document scores and D+/D− labels (Eq. 4, Eq. 5).
+* ``distill-preranker``: BPR training of the pre-ranker (Eq. 6) → answer recall of the
+  pre-ranking stage on held-out questions before/after → model registry (challenger; champion
+  if not worse).
+* ``distillation-run``: the three in order; prints AR@1..4 and AR@N before and after.
+
+Stages are the pure functions of :mod:`tasks.distillation_stages`, wrapped in ``@task`` with
+retries and the content-keyed :class:`funnelrag.store.StageCache` (keys: stage, code version,
+config, input digests — never paths), so each flow recomputes nothing whose inputs did not
+change and the sub-flows can run alone. One MLflow run per flow run (nested under the parent's).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Iterator
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE as NO_CACHE
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from funnelrag import datasets
+from funnelrag.config import FlowCommand, FlowConfig, flatten_params
+from funnelrag.corpus import CorpusVersion, open_corpus
+from funnelrag.store import StageCache, StageResult
+from funnelrag.workspace import Workspace
+from funnelrag.training import TrainConfig
+from models.fid import FiDConfig
+from models.preranker import PreRankerConfig
+from tasks import distillation_stages as S
+from tasks.attention import AttentionRunConfig, AttentionScoreConfig
+from tasks.candidates import CandidatesConfig
+from tasks.distill import DistillConfig
+from tasks.labels import LabelConfig
+from tasks.questions import QuestionsConfig
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "distillation"
+# Bump a stage's version when its code changes output bytes: the cache key includes it.
+STAGE_VERSIONS = {"questions": "1", "candidates": "1", "reader": "1", "attention": "1", "labels": "1",
+                  "distill": "1", "eval": "1"}
+
+
+def _with_output_dir(value: Any) -> Any:
+    """TrainConfig sections: the flow sets ``output_dir`` itself, so YAML may leave it out."""
+    return {"output_dir": "", **value} if isinstance(value, dict) else value
+
+
+TrainSection = Annotated[TrainConfig, BeforeValidator(_with_output_dir)]
+
+
+class QuestionSource(BaseModel):
+    """QA files: registered data sets (checksum-verified in the mirror) and/or explicit paths."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    datasets: list[str] = Field(default_factory=lambda: ["nq-open-dev"])
+    paths: list[Path] = Field(default_factory=list)
+
+
+class ReaderSection(BaseModel):
+    """FiD reader (a tiny scratch T5 by default: no pretrained T5 weights offline)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    fid: FiDConfig = FiDConfig(d_model=64, n_layers=2, n_heads=4, d_ff=256, dropout=0.1, max_answer_tokens=16)
+    train: TrainSection = TrainConfig(output_dir="", epochs=2, batch_size=4, lr=1e-3, warmup_steps=5, log_every=5)
+    n_passages: int = 8
+    max_passage_tokens: int = 160
+    max_answer_tokens: int = 16
+
+
+class DistillationConfig(FlowConfig):
+    """Configuration of the distillation flows (defaults: a CPU run of a few minutes on
+    Wikispeedia + NQ-open; FunnelRAG's sizes are ``candidates.n_clusters=80``,
+    ``candidates.n_units=8`` and thousands of training questions)."""
+
+    corpus: str = "wikispeedia"
+    corpus_version: str | None = None
+    questions: QuestionSource = Field(default_factory=QuestionSource)
+    split: QuestionsConfig = QuestionsConfig(dev_fraction=0.2, seed=0)
+    n_train: int | None = 300
+    n_eval: int | None = 150
+    candidates: CandidatesConfig = CandidatesConfig(n_clusters=6, n_units=8, batch_size=32)
+    preranker: PreRankerConfig = PreRankerConfig(kind="bi", max_length=256)
+    reader: ReaderSection = Field(default_factory=ReaderSection)
+    attention: AttentionScoreConfig = AttentionScoreConfig()
+    attention_run: AttentionRunConfig = AttentionRunConfig(max_passage_tokens=160, batch_size=1)
+    labels: LabelConfig = LabelConfig(alpha=0.75, top_k=1)
+    distill: DistillConfig = DistillConfig(epochs=1, max_pairs_per_question=8, score_scale=20.0)
+    distill_train: TrainSection = TrainConfig(output_dir="", batch_size=8, lr=2e-5, warmup_steps=2, log_every=5)
+    recall_at: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
+    registry_name: str = "funnelrag-preranker"
+
+    @property
+    def recall_ks(self) -> list[int]:
+        return sorted({*self.recall_at, self.candidates.n_units})
+
+
+# ---------------------------------------------------------------------------- stage plumbing
+@dataclass
+class Context:
+    """What every stage task needs: config, workspace, cache, corpus version, token counter."""
+
+    cfg: DistillationConfig
+    ws: Workspace
+    cache: StageCache
+    corpus: CorpusVersion
+    data_version: str
+    tokenizer_dir: Path
+
+    @classmethod
+    def open(cls, cfg: DistillationConfig) -> "Context":
+        ws = Workspace(cfg.workspace.home)
+        corpus = open_corpus(ws, cfg.corpus, cfg.corpus_version)
+        tok = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
+        datasets.resolve("t5-tokenizer-config", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
+        return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent)
+
+    def segment(self):
+        from tasks.segment import SegmentConfig  # noqa: PLC0415
+        from tasks.tokenize import load_token_counter  # noqa: PLC0415
+
+        seg = self.corpus.manifest.get("config", {}).get("segment")
+        if seg is None:
+            raise ValueError(f"corpus {self.corpus.path}: manifest has no config.segment (needed for later chunking)")
+        seg_cfg = SegmentConfig(**seg)
+        return seg_cfg, load_token_counter(seg_cfg.tokenizer, self.cfg.workspace.data_mirror)
+
+    def reader_config(self):
+        from tasks.train_reader import ReaderTrainConfig  # noqa: PLC0415
+
+        r = self.cfg.reader
+        fid = r.fid if r.fid.tokenizer or r.fid.base != "scratch" else replace(r.fid, tokenizer=str(self.tokenizer_dir))
+        return ReaderTrainConfig(fid=fid, train=r.train, n_passages=r.n_passages,
+                                 max_passage_tokens=r.max_passage_tokens, max_answer_tokens=r.max_answer_tokens)
+
+    def run(self, stage: str, config: Any, inputs: dict[str, str], build) -> StageResult:
+        key = StageCache.key(stage, STAGE_VERSIONS[stage], config, inputs)
+        result = self.cache.run(stage, key, lambda out: build(out, key))
+        get_run_logger().info("stage %-10s %s (%s)", stage, "cache hit" if result.cache_hit else "built", key[:12])
+        return result
+
+
+def _metrics(prefix: str):
+    from funnelrag.tracking import log_metrics  # noqa: PLC0415
+
+    return lambda metrics, step: log_metrics({f"{prefix}/{k.split('/', 1)[-1]}": v for k, v in metrics.items()}, step)
+
+
+@task(name="questions", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def questions_task(ctx: Context) -> StageResult:
+    from data_contracts.base import sha256_file  # noqa: PLC0415
+
+    src = ctx.cfg.questions
+    paths = [datasets.resolve(n, ctx.cfg.workspace.data_mirror, cache_dir=ctx.ws.downloads_dir) for n in src.datasets]
+    paths += [Path(p) for p in src.paths]
+    digests = {f"input{i}:{p.name}": sha256_file(p) for i, p in enumerate(paths)}
+    return ctx.run("questions", ctx.cfg.split, digests, lambda out, _: S.run_questions(paths, ctx.cfg.split, out))
+
+
+@task(name="candidates", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageResult:
+    limit = ctx.cfg.n_train if split == "train" else ctx.cfg.n_eval
+    seg_cfg, counter = ctx.segment()
+    key_cfg = {"split": split, "limit": limit, "candidates": ctx.cfg.candidates, "preranker": ctx.cfg.preranker,
+               "segment": seg_cfg}
+    inputs = {"questions": questions.files["questions.parquet"], "corpus": ctx.data_version}
+    return ctx.run("candidates", key_cfg, inputs, lambda out, _: S.run_candidates(
+        questions.path, split, limit, ctx.corpus, seg_cfg, counter, ctx.cfg.preranker, ctx.cfg.candidates, out))
+
+
+@task(name="train-reader", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def reader_task(ctx: Context, train: StageResult) -> StageResult:
+    from data_contracts.base import sha256_file  # noqa: PLC0415
+
+    reader_cfg = ctx.reader_config()
+    key_cfg = asdict(replace(reader_cfg, fid=replace(reader_cfg.fid, tokenizer=None)))
+    inputs = {"candidates": train.digest, "tokenizer": sha256_file(ctx.tokenizer_dir / "tokenizer.json")}
+    return ctx.run("reader", key_cfg, inputs, lambda out, key: S.run_reader(
+        train.path, reader_cfg, ctx.ws.run_dir("train-reader", key[:16]), out, _metrics("reader")))
+
+
+@task(name="attention", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def attention_task(ctx: Context, train: StageResult, reader: StageResult) -> StageResult:
+    key_cfg = {"score": ctx.cfg.attention, "run": ctx.cfg.attention_run}
+    inputs = {"candidates": train.digest, "reader": reader.digest}
+    return ctx.run("attention", key_cfg, inputs, lambda out, _: S.run_attention(
+        train.path, reader.path, ctx.cfg.attention, ctx.cfg.attention_run, out))
+
+
+@task(name="labels", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def labels_task(ctx: Context, train: StageResult, attention: StageResult) -> StageResult:
+    inputs = {"candidates": train.digest, "attention": attention.digest}
+    return ctx.run("labels", ctx.cfg.labels, inputs,
+                   lambda out, _: S.run_labels(train.path, attention.path, ctx.cfg.labels, out))
+
+
+@task(name="distill", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> StageResult:
+    key_cfg = {"preranker": ctx.cfg.preranker, "distill": ctx.cfg.distill, "train": ctx.cfg.distill_train}
+    inputs = {"candidates": train.digest, "labels": labels.digest}
+    return ctx.run("distill", key_cfg, inputs, lambda out, key: S.run_distill(
+        train.path, labels.path, ctx.cfg.preranker, ctx.cfg.distill, ctx.cfg.distill_train,
+        ctx.ws.run_dir("distill-preranker", key[:16]), out, _metrics("distill")))
+
+
+@task(name="evaluate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def eval_task(ctx: Context, dev: StageResult, distilled: StageResult) -> StageResult:
+    inputs = {"dev": dev.digest, "distilled": distilled.digest}
+    return ctx.run("eval", {"ks": ctx.cfg.recall_ks}, inputs,
+                   lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out))
+
+
+@task(name="register", cache_policy=NO_CACHE)
+def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evaluation: StageResult) -> dict[str, Any]:
+    """Register the distilled pre-ranker (once per distinct model) and run the champion gate on
+    dev AR@N, re-measuring the current champion on the same dev pool."""
+    from funnelrag.registry import champion_version, download_model, find_version, model_uri, register_model  # noqa: PLC0415
+
+    name, n = ctx.cfg.registry_name, ctx.cfg.candidates.n_units
+    gate_metric = f"dev_prerank_ar_at_{n}"
+    existing = find_version(name, "model_digest", distilled.digest)
+    if existing is not None:
+        return {"registered": False, "version": str(existing.version), "reason": "already_registered",
+                "aliases": sorted(existing.aliases)}
+    champion_value = None
+    if champion_version(name) is not None:
+        champ_dir = download_model(model_uri(name), ctx.ws.run_dir("registry", distilled.digest[:16]) / "champion")
+        champion_value = S.evaluate_preranker(dev.path, champ_dir, [n])[n]
+    metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
+    decision = register_model(distilled.path / S.PRERANKER_DIR, name, config=ctx.cfg.model_dump(exclude={"workspace"}),
+                              data_version=ctx.data_version, metrics=metrics, gate_metric=gate_metric,
+                              champion_value=champion_value, tags={"model_digest": distilled.digest,
+                                                                   "corpus_version": ctx.corpus.version})
+    return {"registered": True, **asdict(decision)}
+
+
+# ---------------------------------------------------------------------------- tracking
+@contextlib.contextmanager
+def tracked(ctx: Context, flow_name: str) -> Iterator[Any]:
+    """One MLflow run per flow run; nested under the parent flow's run when there is one."""
+    import mlflow  # noqa: PLC0415
+
+    from funnelrag.tracking import flow_run  # noqa: PLC0415
+
+    cfg = ctx.cfg
+    tags = {"flow": flow_name, "corpus_version": ctx.corpus.version, "data_version": ctx.data_version}
+    parent = mlflow.active_run()
+    if parent is None:
+        with flow_run(ctx.ws, EXPERIMENT, flow_name, cfg.model_dump(exclude={"workspace"}),
+                      tracking_uri=cfg.workspace.tracking_uri, tags=tags) as run:
+            yield run
+        return
+    with mlflow.start_run(experiment_id=parent.info.experiment_id, run_name=flow_name, nested=True, tags=tags) as run:
+        items = sorted(flatten_params(cfg.model_dump(exclude={"workspace"})).items())
+        for i in range(0, len(items), 100):
+            mlflow.log_params({k: v[:6000] for k, v in items[i:i + 100]})
+        yield run
+
+
+def _log_stage(name: str, result: StageResult) -> dict[str, Any]:
+    from funnelrag.tracking import log_metrics  # noqa: PLC0415
+
+    flat: dict[str, float] = {}
+    for k, v in result.summary.items():
+        if isinstance(v, dict):
+            flat.update({f"{name}.{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            flat[f"{name}.{k}"] = v
+    log_metrics(flat)
+    return {"cache_hit": result.cache_hit, **result.summary}
+
+
+# ---------------------------------------------------------------------------- flows
+@flow(name="train-reader", log_prints=True)
+def train_reader_flow(config: DistillationConfig) -> dict[str, Any]:
+    """Questions → funnel candidates (train, dev) → FiD reader."""
+    ctx = Context.open(config)
+    with tracked(ctx, "train-reader") as run:
+        questions = questions_task(ctx)
+        train = candidates_task(ctx, questions, "train")
+        dev = candidates_task(ctx, questions, "dev")
+        reader = reader_task(ctx, train)
+        return {"mlflow_run_id": run.info.run_id, "questions": _log_stage("questions", questions),
+                "candidates_train": _log_stage("candidates_train", train),
+                "candidates_dev": _log_stage("candidates_dev", dev), "reader": _log_stage("reader", reader)}
+
+
+@flow(name="score-passages", log_prints=True)
+def score_passages_flow(config: DistillationConfig) -> dict[str, Any]:
+    """FiD attention scores of the train candidates (Eq. 3) and L2G labels (Eq. 4, 5)."""
+    ctx = Context.open(config)
+    with tracked(ctx, "score-passages") as run:
+        train = candidates_task(ctx, questions_task(ctx), "train")
+        reader = reader_task(ctx, train)
+        attention = attention_task(ctx, train, reader)
+        labels = labels_task(ctx, train, attention)
+        return {"mlflow_run_id": run.info.run_id, "attention": _log_stage("attention", attention),
+                "labels": _log_stage("labels", labels)}
+
+
+@flow(name="distill-preranker", log_prints=True)
+def distill_preranker_flow(config: DistillationConfig) -> dict[str, Any]:
+    """BPR distillation (Eq. 6), dev answer recall before/after, registry gate."""
+    ctx = Context.open(config)
+    with tracked(ctx, "distill-preranker") as run:
+        questions = questions_task(ctx)
+        train = candidates_task(ctx, questions, "train")
+        dev = candidates_task(ctx, questions, "dev")
+        labels = labels_task(ctx, train, attention_task(ctx, train, reader_task(ctx, train)))
+        distilled = distill_task(ctx, train, labels)
+        evaluation = eval_task(ctx, dev, distilled)
+        gate = register_task(ctx, dev, distilled, evaluation)
+        recall = [{"k": k, "before": evaluation.summary[f"before_ar_at_{k}"],
+                   "after": evaluation.summary[f"after_ar_at_{k}"]} for k in config.recall_ks]
+        return {"mlflow_run_id": run.info.run_id, "distill": _log_stage("distill", distilled),
+                "evaluate": _log_stage("evaluate", evaluation), "answer_recall": recall, "gate": gate}
+
+
+@flow(name="distillation-run", log_prints=True)
+def distillation_run_flow(config: DistillationConfig) -> dict[str, Any]:
+    """train-reader → score-passages → distill-preranker on the current corpus version; prints
+    the pre-ranker's answer recall on held-out questions before and after distillation."""
+    ctx = Context.open(config)
+    with tracked(ctx, "distillation-run") as run:
+        reader = train_reader_flow(config)
+        scored = score_passages_flow(config)
+        distilled = distill_preranker_flow(config)
+        n_dev = distilled["evaluate"]["questions"]
+        print(f"pre-ranker answer recall on {n_dev} held-out questions (corpus {ctx.corpus.version}):")
+        print("   k   before   after")
+        for row in distilled["answer_recall"]:
+            print(f"{row['k']:>4}   {row['before']:.3f}   {row['after']:.3f}")
+        return {"corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
+                "mlflow_run_id": run.info.run_id, "answer_recall": distilled["answer_recall"],
+                "gate": distilled["gate"], "train_reader": reader, "score_passages": scored,
+                "distill_preranker": {k: v for k, v in distilled.items() if k not in ("answer_recall", "gate")}}
+
+
+COMMANDS = [
+    FlowCommand("distill", "FunnelRAG L2G distillation: reader → attention labels → BPR pre-ranker (+ registry gate)",
+                DistillationConfig, distillation_run_flow),
+    FlowCommand("train-reader", "funnel candidates of NQ questions and the FiD reader trained on them",
+                DistillationConfig, train_reader_flow),
+    FlowCommand("score-passages", "FiD cross-attention scores (Eq. 3) and L2G labels (Eq. 4/5)",
+                DistillationConfig, score_passages_flow),
+    FlowCommand("distill-preranker", "BPR distillation of the pre-ranker (Eq. 6), dev answer recall, registry gate",
+                DistillationConfig, distill_preranker_flow),
+]

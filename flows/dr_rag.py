@@ -1,0 +1,228 @@
+"""Prefect flows of DR-RAG (Hei et al. 2024) on HotpotQA.
+
+* ``train-dr-rag-classifier``: collection → Appendix A.1 pairs → fine-tune C(q, d1, d2) with the
+  shared accelerate loop → score dev pairs → register in MLflow (champion/challenger gate on
+  the dev pair AUC).
+* ``evaluate-dr-rag``: collection → SM embeddings → BM25 / SM / QDC rankings → CIS and CFS with
+  the classifier → the paper's Table 5 (recall of supporting paragraphs and documents kept,
+  per top-k).
+* ``dr-rag``: both, the evaluation using the model just trained.
+
+Stages are pure functions in :mod:`tasks.dr_rag.stages`; collection, embeddings, rankings and
+pairs are cached on the content of their inputs (:class:`funnelrag.store.StageCache`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE as NO_CACHE
+from pydantic import Field
+
+from funnelrag import datasets
+from funnelrag.config import FlowCommand, FlowConfig
+from funnelrag.store import StageCache, StageResult, write_json
+from funnelrag.workspace import Workspace
+from models.dr_rag import ClassifierConfig
+from tasks.dr_rag import stages as S
+from tasks.dr_rag.evaluate import EvalConfig, table5_wide
+from tasks.dr_rag.pairs import PairSamplingConfig
+from tasks.dr_rag.retrieval import SMConfig
+from tasks.index import BM25Config
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "dr-rag"
+# Bump when a stage's code changes its output bytes (part of the cache key).
+STAGE_VERSIONS = {"collection": "1", "embeddings": "1", "rankings": "1", "pairs": "1"}
+
+
+class DRRAGConfig(FlowConfig):
+    """Configuration of the DR-RAG flows (defaults: the real HotpotQA subsample, MiniLM).
+
+    classifier_source : where ``evaluate-dr-rag`` gets the classifier: a registry alias
+        (``champion``, ``challenger``), a version number, or a local model directory.
+    register : register the trained classifier in the MLflow model registry.
+    """
+
+    data: S.DataConfig = S.DataConfig()
+    pairs: PairSamplingConfig = PairSamplingConfig()
+    classifier: ClassifierConfig = ClassifierConfig(max_length=256)
+    train: S.TrainSettings = S.TrainSettings()
+    sm: SMConfig = SMConfig()
+    bm25: BM25Config = BM25Config()
+    eval: EvalConfig = EvalConfig()
+    registry_name: str = "funnelrag-dr-rag-classifier"
+    register: bool = True
+    classifier_source: str = Field(default="champion")
+
+
+def _data_file(cfg: DRRAGConfig, ws: Workspace) -> tuple[Path, str]:
+    from data_contracts.base import sha256_file  # noqa: PLC0415
+
+    if cfg.data.path:
+        path = Path(cfg.data.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"data.path: {path} does not exist")
+        return path, sha256_file(path)
+    path = datasets.resolve(cfg.data.dataset, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
+    return path, datasets.REGISTRY[cfg.data.dataset].sha256
+
+
+def _cached(cache: StageCache, stage: str, cfg: Any, inputs: dict[str, str], build) -> StageResult:
+    return cache.run(stage, StageCache.key(stage, STAGE_VERSIONS[stage], cfg, inputs), build)
+
+
+@task(name="dr-rag-collection", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def collection_task(cache: StageCache, path: Path, sha: str, cfg: S.DataConfig) -> StageResult:
+    return _cached(cache, "collection", cfg, {"data": sha}, lambda out: S.run_collection(path, cfg, out))
+
+
+@task(name="dr-rag-embeddings", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def embeddings_task(cache: StageCache, coll: StageResult, cfg: SMConfig) -> StageResult:
+    inputs = {"paragraphs": coll.files["paragraphs.hotpotqa.parquet"]}
+    return _cached(cache, "embeddings", cfg, inputs, lambda out: S.run_embeddings(coll.path, cfg, out))
+
+
+@task(name="dr-rag-rankings", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def rankings_task(cache: StageCache, coll: StageResult, emb: StageResult, cfg: DRRAGConfig) -> StageResult:
+    key_cfg = {"sm": cfg.sm, "bm25": cfg.bm25, "top_ks": cfg.eval.top_ks, "k1": cfg.eval.k1,
+               "base": cfg.eval.base, "max_candidates": cfg.eval.max_candidates}
+    return _cached(cache, "rankings", key_cfg, {"collection": coll.digest, "embeddings": emb.digest},
+                   lambda out: S.run_rankings(coll.path, emb.path, cfg.sm, cfg.bm25, cfg.eval, out))
+
+
+@task(name="dr-rag-pairs", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def pairs_task(cache: StageCache, coll: StageResult, cfg: PairSamplingConfig) -> StageResult:
+    return _cached(cache, "pairs", cfg, {"collection": coll.digest}, lambda out: S.run_pairs(coll.path, cfg, out))
+
+
+@task(name="dr-rag-train-classifier", cache_policy=NO_CACHE)
+def train_task(coll: StageResult, pairs: StageResult, cfg: DRRAGConfig, out: Path) -> dict:
+    from funnelrag.tracking import log_metrics  # noqa: PLC0415
+
+    return S.run_train(coll.path, pairs.path, cfg.classifier, cfg.train, cfg.eval.threshold, out,
+                       log_metrics=lambda m, step: log_metrics(m, step=step))
+
+
+@task(name="dr-rag-evaluate", cache_policy=NO_CACHE)
+def evaluate_task(coll: StageResult, rankings: StageResult, classifier_dir: Path, cfg: DRRAGConfig, out: Path) -> dict:
+    return S.run_evaluate(coll.path, rankings.path, classifier_dir, cfg.eval, out, cfg.train.score_batch_size)
+
+
+def _prepare(cfg: DRRAGConfig) -> tuple[Workspace, StageCache, StageResult]:
+    ws = Workspace(cfg.workspace.home)
+    cache = StageCache(ws.cache_dir / "dr_rag")
+    path, sha = _data_file(cfg, ws)
+    return ws, cache, collection_task(cache, path, sha, cfg.data)
+
+
+@flow(name="train-dr-rag-classifier")
+def train_dr_rag_classifier_flow(config: DRRAGConfig) -> dict[str, Any]:
+    """Train, evaluate on dev pairs, and register the DR-RAG classifier; returns the summary."""
+    from funnelrag.registry import register_model  # noqa: PLC0415
+    from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
+
+    logger = get_run_logger()
+    ws, cache, coll = _prepare(config)
+    with flow_run(ws, EXPERIMENT, "dr-rag-train", config.model_dump(exclude={"workspace"}),
+                  tracking_uri=config.workspace.tracking_uri, tags={"flow": "train-dr-rag-classifier"}) as run:
+        pairs = pairs_task(cache, coll, config.pairs)
+        logger.info("collection %s; pairs %s", coll.summary, pairs.summary)
+        out = ws.run_dir("dr-rag-train", run.info.run_id)
+        stats = train_task(coll, pairs, config, out)
+        log_metrics({k: v for k, v in stats.items() if isinstance(v, (int, float))})
+        summary: dict[str, Any] = {"collection": coll.summary, "pairs": pairs.summary, "train": stats,
+                                   "classifier_dir": str(out / "classifier"), "mlflow_run_id": run.info.run_id}
+        if config.register:
+            decision = register_model(out / "classifier", config.registry_name, config=config.model_dump(exclude={"workspace"}),
+                                      data_version=coll.digest, gate_metric="dev_pair_auc",
+                                      metrics={"dev_pair_auc": stats["dev_pair_auc"],
+                                               "dev_pair_accuracy": stats["dev_pair_accuracy"]})
+            summary["registry"] = {"name": decision.name, "version": decision.version,
+                                   "promoted": decision.promoted, "reason": decision.reason}
+        write_json(out / "summary.json", summary)
+        log_artifact(out / "summary.json")
+        log_artifact(pairs.path / "classifier_pairs.parquet")
+    return summary
+
+
+def resolve_classifier(cfg: DRRAGConfig, ws: Workspace, dst: Path) -> Path:
+    """The classifier directory named by ``cfg.classifier_source`` (local directory, registry
+    alias or version number; registry models are downloaded into ``dst``)."""
+    from funnelrag.registry import download_model, model_uri  # noqa: PLC0415
+    from funnelrag.tracking import configure  # noqa: PLC0415
+
+    local = Path(cfg.classifier_source)
+    if local.is_dir():
+        return local
+    configure(ws, cfg.workspace.tracking_uri)
+    return download_model(model_uri(cfg.registry_name, cfg.classifier_source), dst)
+
+
+@flow(name="evaluate-dr-rag")
+def evaluate_dr_rag_flow(config: DRRAGConfig, classifier_dir: str | None = None) -> dict[str, Any]:
+    """BM25 / SM / QDC / CIS / CFS on the dev questions: the paper's Table 5 for ``eval.top_ks``."""
+    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
+
+    from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
+
+    logger = get_run_logger()
+    ws, cache, coll = _prepare(config)
+    t0 = time.perf_counter()
+    emb = embeddings_task(cache, coll, config.sm)
+    rankings = rankings_task(cache, coll, emb, config)
+    logger.info("embeddings %s; rankings %s", emb.summary, rankings.summary)
+    with flow_run(ws, EXPERIMENT, "dr-rag-evaluate", config.model_dump(exclude={"workspace"}),
+                  tracking_uri=config.workspace.tracking_uri, tags={"flow": "evaluate-dr-rag"}) as run:
+        out = ws.run_dir("dr-rag-evaluate", run.info.run_id)
+        clf_dir = Path(classifier_dir) if classifier_dir else resolve_classifier(config, ws, out / "classifier")
+        result = evaluate_task(coll, rankings, clf_dir, config, out)
+        rows = result["rows"]
+        for r in rows:
+            log_metrics({f"recall_{r['method']}_k{r['k']}": r["recall"], f"docs_{r['method']}_k{r['k']}": r["mean_docs"],
+                         f"all_supporting_{r['method']}_k{r['k']}": r["all_supporting"]})
+        wide = table5_wide(rows)
+        summary = {"dev_questions": coll.summary["dev_questions"], "paragraphs": coll.summary["paragraphs"],
+                   "classifier": str(clf_dir), "threshold": config.eval.threshold, "table5": wide,
+                   "classifier_calls": result["classifier_calls"], "seconds": time.perf_counter() - t0,
+                   "mlflow_run_id": run.info.run_id}
+        write_json(out / "table5.json", {"rows": rows, "wide": wide})
+        for f in ("table5.json", "table5.dev.parquet", "selections.dev.parquet"):
+            log_artifact(out / f)
+        create_markdown_artifact(key="dr-rag-table5", markdown=table5_markdown(rows), description="DR-RAG Table 5")
+    return summary
+
+
+def table5_markdown(rows: list[dict]) -> str:
+    """Table 5 as markdown: one row per method, recall / documents kept per top-k."""
+    ks = sorted({r["k"] for r in rows})
+    by = {(r["method"], r["k"]): r for r in rows}
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lines = ["| method | " + " | ".join(f"recall@{k} | docs@{k}" for k in ks) + " |",
+             "|---|" + "---:|---:|" * len(ks)]
+    for m in methods:
+        cells = [f"{by[(m, k)]['recall']:.4f} | {by[(m, k)]['mean_docs']:.2f}" if (m, k) in by else " | " for k in ks]
+        lines.append(f"| {m.upper()} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="dr-rag")
+def dr_rag_flow(config: DRRAGConfig) -> dict[str, Any]:
+    """Train the classifier, then evaluate Table 5 with it (two MLflow runs)."""
+    trained = train_dr_rag_classifier_flow(config)
+    evaluated = evaluate_dr_rag_flow(config, classifier_dir=trained["classifier_dir"])
+    return {"train": trained["train"], "registry": trained.get("registry", {}), **evaluated}
+
+
+COMMANDS = [
+    FlowCommand("dr-rag", "train the DR-RAG classifier and print Table 5 (BM25, SM, QDC, CIS, CFS) on HotpotQA",
+                DRRAGConfig, dr_rag_flow),
+    FlowCommand("dr-rag-train", "train and register the DR-RAG classifier C(q, d1, d2) on HotpotQA",
+                DRRAGConfig, train_dr_rag_classifier_flow),
+    FlowCommand("dr-rag-evaluate", "evaluate DR-RAG (Table 5) with a registered or local classifier",
+                DRRAGConfig, evaluate_dr_rag_flow),
+]

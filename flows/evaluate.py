@@ -1,0 +1,324 @@
+"""Prefect flow ``evaluate``: flat vs progressive retrieval on a question set (FunnelRAG Table 2).
+
+For a published corpus version, NQ-open questions (a deterministic sample) and chosen model
+versions (pre-rankers by label: the MiniLM baseline and/or registry versions such as the
+distilled ``models:/funnelrag-preranker@champion``; the FiD reader), it runs
+
+* flat: BM25 and dense (exact bi-encoder index, cached on corpus digest + model) over passages
+  → ``n_retrieve`` passages → top ``n_final``, without and with re-ranking by each pre-ranker;
+* progressive: BM25 clusters → K → later chunking → pre-ranker → N units → top ``n_final``
+  passages, without and with FiD post-ranking (Eq. 3),
+
+and reports per setting the candidates and seconds per query of every stage, AR@1..4, the
+answer recall of the candidate set, the title entropy of the top 4 (Table 9) and the reader's
+EM — over all questions and over those whose answer occurs in the corpus. Results go to MLflow
+(metrics, tables as Parquet/CSV/markdown, AR@k plot) and to a Prefect markdown artifact.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE as NO_CACHE
+from pydantic import BaseModel, ConfigDict, Field
+
+from funnelrag.config import FlowCommand, FlowConfig
+from tasks.attention import AttentionRunConfig, AttentionScoreConfig
+from tasks.dense import DenseIndexConfig
+from tasks.evaluate.generation import GenerationConfig
+from tasks.evaluate.retrieval import FlatSetting, ProgressiveSetting
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "evaluate"
+PRERANKER_MODEL = "funnelrag-preranker"   # registered by the distillation flow
+READER_MODEL = "funnelrag-reader"
+
+
+class QuestionSource(BaseModel):
+    """Questions: a registered data set and/or files; ``limit`` sampled by hash of (seed, id)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    datasets: list[str] = Field(default_factory=lambda: ["nq-open-test"])
+    paths: list[Path] = Field(default_factory=list)
+    limit: int | None = 200
+    seed: int = 0
+
+
+class FlatConfig(BaseModel):
+    """Flat settings: retrievers over passages, candidates kept, re-ranking on/off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    retrievers: list[Literal["bm25", "dense"]] = Field(default_factory=lambda: ["bm25", "dense"])
+    n_retrieve: int = 400
+    rerank: bool = True
+
+
+class GeneratorConfig(BaseModel):
+    """EM generator: the FiD reader (``fid``), a causal LM (``causal-lm``, ``model`` = local
+    directory or hub name) or none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["fid", "causal-lm", "none"] = "fid"
+    model: str | None = None
+    settings: GenerationConfig = GenerationConfig()
+
+
+class EvaluateConfig(FlowConfig):
+    """Configuration of ``evaluate`` (defaults: Wikispeedia, 200 NQ-open test questions,
+    FunnelRAG's funnel sizes K = 80, N = 8, H = 4 and flat 400p → 4p)."""
+
+    corpus: str = "wikispeedia"
+    corpus_version: str | None = None
+    questions: QuestionSource = Field(default_factory=QuestionSource)
+    n_final: int = 4
+    flat: FlatConfig = Field(default_factory=FlatConfig)
+    progressive: list[ProgressiveSetting] = Field(default_factory=lambda: [ProgressiveSetting()])
+    prerankers: dict[str, str] = Field(default_factory=lambda: {"minilm": "minilm"})
+    preranker_batch_size: int = 32
+    reader: str | None = f"models:/{READER_MODEL}@champion"
+    post_rank: bool = True
+    generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
+    dense: DenseIndexConfig = DenseIndexConfig()
+    attention: AttentionScoreConfig = AttentionScoreConfig()
+    attention_run: AttentionRunConfig = AttentionRunConfig()
+    on_missing_model: Literal["skip", "error"] = "skip"
+    experiment: str = EXPERIMENT
+
+
+# ---------------------------------------------------------------------------- tasks
+@task(name="evaluate-questions", cache_policy=NO_CACHE)
+def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bool], dict]:
+    from funnelrag import datasets  # noqa: PLC0415
+    from tasks.evaluate.pipeline import answerability, sample_questions  # noqa: PLC0415
+    from tasks.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+
+    paths = [datasets.resolve(n, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir) for n in cfg.questions.datasets]
+    table, report = load_questions([*paths, *cfg.questions.paths], QuestionsConfig())
+    table = sample_questions(table, cfg.questions.limit, cfg.questions.seed)
+    in_corpus, seconds = answerability(passages["text"].to_pylist(), table)
+    return table, in_corpus, {"load": report.as_dict(), "answerability_seconds": seconds}
+
+
+@task(name="evaluate-models", cache_policy=NO_CACHE)
+def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dict[str, dict], dict[str, str]]:
+    """Pre-rankers, the reader and their provenance; a missing model is skipped (and reported)
+    or raises, per ``on_missing_model``."""
+    from funnelrag import datasets  # noqa: PLC0415
+    from tasks.evaluate.models import load_preranker_ref, load_reader_ref  # noqa: PLC0415
+    from tasks.evaluate.retrieval import PreRanker  # noqa: PLC0415
+
+    prerankers, provenance, skipped = [], {}, {}
+    for label, ref in sorted(cfg.prerankers.items()):
+        try:
+            model, tok, resolved = load_preranker_ref(ref, download_dir)
+        except Exception as exc:  # noqa: BLE001 - MLflow / file errors become a skip reason
+            if cfg.on_missing_model == "error":
+                raise
+            skipped[f"preranker {label}"] = f"{ref}: {type(exc).__name__}: {exc}"
+            continue
+        prerankers.append(PreRanker(label, model, tok, cfg.preranker_batch_size))
+        provenance[f"preranker.{label}"] = resolved.as_params(f"preranker.{label}")
+    reader = None
+    if cfg.reader is not None:
+        try:
+            tok_dir = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror).parent if cfg.reader == "scratch" else None
+            model, tok, resolved = load_reader_ref(cfg.reader, download_dir, tok_dir)
+            reader = (model, tok)
+            provenance["reader"] = resolved.as_params("reader")
+        except Exception as exc:  # noqa: BLE001
+            if cfg.on_missing_model == "error":
+                raise
+            skipped["reader"] = f"{cfg.reader}: {type(exc).__name__}: {exc}"
+    return prerankers, reader, provenance, skipped
+
+
+@task(name="evaluate-dense-index", cache_policy=NO_CACHE)
+def dense_task(cfg: EvaluateConfig, ws, corpus) -> tuple[Any, Any, Any, dict]:
+    from funnelrag.store import StageCache  # noqa: PLC0415
+    from models.encoders import BiEncoder, resolve_model_path  # noqa: PLC0415
+    from tasks.dense import model_fingerprint  # noqa: PLC0415
+    from tasks.evaluate.pipeline import dense_index  # noqa: PLC0415
+
+    encoder, tok = BiEncoder.from_pretrained(cfg.dense.encoder)
+    model_id = model_fingerprint(resolve_model_path(cfg.dense.encoder.name_or_path))
+    index, info = dense_index(StageCache(ws.cache_dir / "evaluate"), corpus.digest, corpus.passages,
+                              encoder, tok, model_id, cfg.dense)
+    return index, encoder, tok, info
+
+
+@task(name="evaluate-flat", cache_policy=NO_CACHE)
+def flat_task(questions, retrieve, lookup, setting: FlatSetting, prerankers, tokens) -> dict:
+    from tasks.evaluate.retrieval import run_flat  # noqa: PLC0415
+
+    return run_flat(questions, retrieve, lookup, setting, prerankers, tokens)
+
+
+@task(name="evaluate-progressive", cache_policy=NO_CACHE)
+def progressive_task(questions, corpus, seg_cfg, counter, setting: ProgressiveSetting, preranker, reader,
+                     cfg: EvaluateConfig) -> dict:
+    from tasks.evaluate.retrieval import run_progressive  # noqa: PLC0415
+
+    return run_progressive(questions, corpus.cluster_index(), corpus.members_of, seg_cfg, counter, setting,
+                           preranker, reader, cfg.attention, cfg.attention_run)
+
+
+@task(name="evaluate-generate", cache_policy=NO_CACHE)
+def generate_task(generator, results, question_text: dict[str, str]):
+    from tasks.evaluate.pipeline import generate_answers  # noqa: PLC0415
+
+    return generate_answers(generator, results, question_text)
+
+
+# ---------------------------------------------------------------------------- publishing
+SUBSET_KEY = {"all": "all", "answer_in_corpus": "in_corpus"}
+RESULT_METRICS = ("ar_1", "ar_2", "ar_3", "ar_4", "ar_candidates", "entropy_top4", "em", "seconds_per_query",
+                  "generation_seconds_per_query")
+
+
+def mlflow_metrics(results, stages) -> dict[str, float]:
+    """``{setting}.{all|in_corpus}.{metric}`` per results row and
+    ``{setting}.stage{i}_{stage}.{seconds|ar|n_out}`` per stage (all questions)."""
+    out: dict[str, float] = {}
+    for r in results.to_pylist():
+        for m in RESULT_METRICS:
+            if r[m] is not None:
+                out[f"{r['setting']}.{SUBSET_KEY[r['subset']]}.{m}"] = float(r[m])
+    for r in stages.to_pylist():
+        if r["subset"] == "all":
+            key = f"{r['setting']}.stage{r['stage_index']}_{r['stage']}"
+            out.update({f"{key}.seconds": r["seconds_per_query"], f"{key}.ar": r["answer_recall"],
+                        f"{key}.n_out": float(r["n_out"])})
+    return out
+
+
+def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info: dict, seconds: float) -> dict[str, Any]:
+    """Write the tables (Parquet, CSV, markdown), the AR@k plot and ``summary.json`` into the
+    run directory, log them and the metrics to MLflow, and create the Prefect markdown artifact."""
+    import mlflow  # noqa: PLC0415
+    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
+
+    from funnelrag.store import write_json  # noqa: PLC0415
+    from funnelrag.tracking import log_metrics  # noqa: PLC0415
+    from tasks.evaluate.report import plot_answer_recall, tables, to_markdown, write_tables  # noqa: PLC0415
+
+    results, stages, per_q = tables(*rows)
+    title = (f"evaluate `{cfg.corpus}` version `{corpus.version}`: {results['n_questions'][0].as_py() if results.num_rows else 0} "
+             f"questions")
+    md = to_markdown(results, stages, title)
+    files = write_tables(run_dir, results, stages, per_q, md)
+    files.append(plot_answer_recall(results, run_dir / "answer_recall_at_k.png"))
+    all_rows = [r for r in results.to_pylist() if r["subset"] == "all"]
+    in_corpus = {r["setting"]: r for r in results.to_pylist() if r["subset"] == "answer_in_corpus"}
+    summary = {
+        "corpus": cfg.corpus, "corpus_version": corpus.version,
+        "questions": all_rows[0]["n_questions"] if all_rows else 0,
+        "answer_in_corpus": next(iter(in_corpus.values()))["n_questions"] if in_corpus else 0,
+        "table": [{"setting": r["setting"], "funnel": r["funnel"], "s/query": r["seconds_per_query"],
+                   "AR@1": r["ar_1"], "AR@4": r["ar_4"], "AR cand": r["ar_candidates"], "entropy": r["entropy_top4"],
+                   "EM": "–" if r["em"] is None else r["em"], "AR@4 in-corpus": in_corpus[r["setting"]]["ar_4"]}
+                  for r in all_rows],
+        **info, "artifacts": str(run_dir), "mlflow_run_id": run.info.run_id, "total_seconds": seconds,
+    }
+    write_json(run_dir / "summary.json", summary)
+    log_metrics({**mlflow_metrics(results, stages), "questions": summary["questions"],
+                 "answer_in_corpus": summary["answer_in_corpus"], "seconds_total": seconds})
+    for f in [*files, run_dir / "summary.json"]:
+        mlflow.log_artifact(str(f), artifact_path="evaluation")
+    for params in info.get("models", {}).values():
+        mlflow.log_params(params)
+    mlflow.set_tags({"corpus_digest": corpus.digest, "skipped": json.dumps(sorted(info.get("skipped", {})))})
+    create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"), markdown=md, description="flat vs progressive retrieval")
+    return summary
+
+
+# ---------------------------------------------------------------------------- flow
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text).strip("-").lower()
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate_flow(config: EvaluateConfig) -> dict[str, Any]:
+    """Evaluate flat and progressive retrieval; returns the summary printed by the CLI."""
+    from funnelrag.corpus import open_corpus  # noqa: PLC0415
+    from funnelrag.tracking import flow_run  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+    from tasks.evaluate.generation import CausalLMGenerator, FiDGenerator  # noqa: PLC0415
+    from tasks.evaluate.metrics import TokenCache  # noqa: PLC0415
+    from tasks.evaluate.pipeline import bm25_retriever, dense_retriever  # noqa: PLC0415
+    from tasks.evaluate.report import SettingSpec, summarize  # noqa: PLC0415
+    from tasks.evaluate.retrieval import PassageLookup, questions_from_table  # noqa: PLC0415
+    from tasks.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.tokenize import load_token_counter  # noqa: PLC0415
+
+    logger = get_run_logger()
+    t_flow = time.perf_counter()
+    ws = Workspace(config.workspace.home)
+    corpus = open_corpus(ws, config.corpus, config.corpus_version)
+    seg_cfg = SegmentConfig(**corpus.manifest["config"]["segment"])   # later chunking = the corpus build's
+    counter = load_token_counter(seg_cfg.tokenizer, config.workspace.data_mirror)
+    with flow_run(ws, config.experiment, f"evaluate-{config.corpus}", config.model_dump(exclude={"workspace"}),
+                  tracking_uri=config.workspace.tracking_uri,
+                  tags={"corpus": config.corpus, "corpus_version": corpus.version}) as run:
+        run_dir = ws.run_dir("evaluate", run.info.run_id)
+        passages = corpus.passages
+        qtable, in_corpus, qinfo = questions_task(config, ws, passages)
+        logger.info("%d questions, %d with an answer in the corpus (%.1f s)", qtable.num_rows,
+                    sum(in_corpus.values()), qinfo["answerability_seconds"])
+        prerankers, reader, provenance, skipped = models_task(config, run_dir / "models")
+        gen = None
+        if config.generator.kind == "fid" and reader is not None:
+            gen = FiDGenerator(f"fid:{config.reader}", reader[0], reader[1], config.generator.settings)
+        elif config.generator.kind == "causal-lm":
+            gen = CausalLMGenerator(f"llm:{config.generator.model}", config.generator.model, config.generator.settings)
+        questions, tokens = questions_from_table(qtable), TokenCache()
+        answers = {q.question_id: q.answers for q in questions}
+        qtext = {q.question_id: q.question for q in questions}
+        reader_label = "fid" if reader is not None and config.post_rank else ""
+        runs: list[tuple[SettingSpec, list]] = []
+        info: dict[str, Any] = {"questions": qinfo, "models": provenance, "skipped": skipped}
+        lookup = PassageLookup(passages)
+        flat = FlatSetting(n_retrieve=config.flat.n_retrieve, n_final=config.n_final)
+        for name in config.flat.retrievers:
+            if name == "bm25":
+                retrieve = bm25_retriever(corpus.passage_index())
+            else:
+                index, encoder, etok, info["dense_index"] = dense_task(config, ws, corpus)
+                retrieve = dense_retriever(index, encoder, etok)
+            out = flat_task(questions, retrieve, lookup, FlatSetting(name, flat.n_retrieve, flat.n_final),
+                            prerankers if config.flat.rerank else [], tokens)
+            for label, results in out.items():
+                spec = SettingSpec(_slug(f"flat-{name}-{flat.n_retrieve}p-{label + '-' if label else ''}{flat.n_final}p"),
+                                   "flat", name, label, "", flat.n_final)
+                runs.append((spec, results))
+        for setting in config.progressive:
+            for pr in prerankers:
+                out = progressive_task(qtable, corpus, seg_cfg, counter, setting, pr,
+                                       reader if config.post_rank else None, config)
+                for post, results in sorted(out.items()):
+                    base = f"prog-{setting.n_clusters}c-{setting.n_units}d-{pr.label}"
+                    spec = SettingSpec(_slug(f"{base}{'-fid' if post else ''}-{setting.n_final}p"), "progressive",
+                                       "bm25-clusters", pr.label, reader_label if post else "", setting.n_final)
+                    runs.append((spec, results))
+        rows: tuple[list, list, list] = ([], [], [])
+        for spec, results in runs:
+            generated = generate_task(gen, results, qtext) if gen is not None else None
+            for acc, part in zip(rows, summarize(spec, results, in_corpus, answers, generated)):
+                acc.extend(part)
+        summary = publish_results(config, corpus, run, run_dir, rows, info, time.perf_counter() - t_flow)
+    return summary
+
+
+def run_evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
+    """CLI entry: run the flow (ephemeral Prefect API unless PREFECT_API_URL is set)."""
+    return evaluate_flow(cfg)
+
+
+COMMANDS = [
+    FlowCommand("evaluate", "flat vs progressive retrieval on NQ-open: candidates, seconds per stage, AR@1..4, "
+                "title entropy and reader EM (FunnelRAG Tables 2, 3, 9, 11-13)", EvaluateConfig, run_evaluate),
+]

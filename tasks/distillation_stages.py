@@ -1,0 +1,173 @@
+"""The FunnelRAG L2G distillation stages as functions over directories (no Prefect import).
+
+Each ``run_*`` reads its inputs from stage directories, writes its artifacts into ``out_dir``
+through the contracts of :mod:`data_contracts.training` and returns a JSON-ready summary
+(counts, seconds). :mod:`flows.distillation` wraps each in a Prefect task and the
+content-keyed :class:`funnelrag.store.StageCache`.
+
+questions → candidates (train / dev) → reader (FiD) → attention (Eq. 3) → labels (Eq. 4/5)
+→ distill (Eq. 6) → answer recall of the pre-ranking stage (before / after).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_contracts.training import (ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNIT_POOL,
+                                     UNITS)
+from funnelrag.training import TrainConfig, train
+from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
+from tasks.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
+from tasks.candidates import CandidatesConfig, answer_recall, build_candidates, rerank_pool
+from tasks.distill import BPRHooks, DistillConfig, PairDataset, build_examples, prepare_for_distillation
+from tasks.labels import LabelConfig, make_labels
+from tasks.questions import QuestionsConfig, load_questions
+
+log = logging.getLogger(__name__)
+
+PRERANKER_DIR = "preranker"
+READER_DIR = "reader"
+MetricsFn = Callable[[dict[str, float], int], None] | None
+
+
+def run_questions(paths: Sequence[Path], cfg: QuestionsConfig, out_dir: Path) -> dict[str, Any]:
+    """QA files → ``questions.parquet`` (+ ``questions_report.json``: read / kept / skipped)."""
+    table, report = load_questions(paths, cfg)
+    QUESTIONS.write(table, out_dir)
+    (Path(out_dir) / "questions_report.json").write_text(json.dumps(report.as_dict(), indent=1, sort_keys=True))
+    splits = table["split"].to_pylist()
+    return {"questions": table.num_rows, "train": splits.count("train"), "dev": splits.count("dev"), **report.as_dict()}
+
+
+def select_questions(questions: pa.Table, split: str, limit: int | None) -> pa.Table:
+    """The first ``limit`` questions of ``split`` in question-id (= file) order."""
+    sub = questions.filter(pc.equal(questions["split"], split)).sort_by("question_id")
+    return sub if limit is None else sub.slice(0, limit)
+
+
+def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, seg_cfg, token_counter,
+                   preranker: PreRankerConfig, cfg: CandidatesConfig, out_dir: Path) -> dict[str, Any]:
+    """Funnel of one split's questions: writes ``unit_pool``, ``candidates``, ``units`` and
+    ``questions`` (the subset) tables; summary has per-stage seconds and counts."""
+    questions = select_questions(QUESTIONS.read(questions_dir), split, limit)
+    if questions.num_rows == 0:
+        raise ValueError(f"no {split!r} question in {questions_dir}")
+    model, tok = build_preranker(preranker)
+    cs = build_candidates(questions, corpus.cluster_index(), corpus.members_of, seg_cfg, token_counter,
+                          model, tok, cfg)
+    for contract, table in ((UNIT_POOL, cs.unit_pool), (CANDIDATES, cs.candidates), (UNITS, cs.units),
+                            (QUESTIONS, questions)):
+        contract.write(table, out_dir)
+    n = questions.num_rows
+    pairs = cs.unit_pool.num_rows
+    return {"split": split, "questions": n, "pool_units": pairs, "distinct_units": cs.units.num_rows,
+            "candidate_passages": cs.candidates.num_rows,
+            "seconds": {k: round(v, 4) for k, v in cs.timings.items()},
+            "prerank_pairs_per_s": pairs / max(cs.timings["preranking"], 1e-9),
+            "answer_recall": {str(k): v for k, v in answer_recall(cs.unit_pool, [1, 2, 3, 4, cfg.n_units]).items()}}
+
+
+def reader_examples(candidates: pa.Table, questions: pa.Table) -> list:
+    """:class:`tasks.train_reader.ReaderExample` per question: passages in pre-ranker order."""
+    from tasks.train_reader import ReaderExample  # noqa: PLC0415
+
+    answers = dict(zip(questions["question_id"].to_pylist(), questions["answers"].to_pylist()))
+    text = dict(zip(questions["question_id"].to_pylist(), questions["question"].to_pylist()))
+    rows = sorted(zip(candidates["question_id"].to_pylist(), candidates["unit_rank"].to_pylist(),
+                      candidates["passage_position"].to_pylist(), candidates["passage_id"].to_pylist(),
+                      candidates["title"].to_pylist(), candidates["text"].to_pylist()))
+    per_q: dict[str, list] = {}
+    for q, _, _, pid, title, body in rows:
+        per_q.setdefault(q, []).append((pid, title, body))
+    return [ReaderExample(text[q], tuple(answers[q]), tuple(per_q[q])) for q in sorted(per_q)]
+
+
+def run_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None) -> dict[str, Any]:
+    """Train the FiD reader (helper: :func:`tasks.train_reader.train_reader`) on the train
+    candidates; checkpoints go to ``work_dir``, the final reader to ``out_dir/reader``."""
+    from tasks.train_reader import train_reader  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    examples = reader_examples(CANDIDATES.read(candidates_dir), QUESTIONS.read(candidates_dir))
+    cfg = replace(reader_cfg, train=replace(reader_cfg.train, output_dir=str(work_dir)))
+    result = train_reader(examples, cfg, log_metrics=log_metrics)
+    shutil.copytree(result.model_dir, Path(out_dir) / READER_DIR)
+    losses = result.train.losses
+    return {"examples": len(examples), "kept": result.report.kept, "steps": result.train.global_step,
+            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+            "skipped_too_few_passages": result.report.skipped_too_few_passages,
+            "seconds": time.perf_counter() - t0}
+
+
+def run_attention(candidates_dir: Path, reader_dir: Path, cfg: AttentionScoreConfig, run: AttentionRunConfig,
+                  out_dir: Path) -> dict[str, Any]:
+    """Eq. 3 scores of every candidate passage with the trained reader → ``attention_scores``."""
+    from tasks.train_reader import load_reader  # noqa: PLC0415
+
+    model, tok, _ = load_reader(Path(reader_dir) / READER_DIR)
+    cands = CANDIDATES.read(candidates_dir)
+    t0 = time.perf_counter()
+    scores = score_candidates(cands, QUESTIONS.read(candidates_dir), model, tok, cfg, run)
+    seconds = time.perf_counter() - t0
+    ATTENTION_SCORES.write(scores, out_dir)
+    return {"passages": scores.num_rows, "attention": "post_softmax", "seconds": seconds,
+            "passages_per_s": scores.num_rows / max(seconds, 1e-9)}
+
+
+def run_labels(candidates_dir: Path, attention_dir: Path, cfg: LabelConfig, out_dir: Path) -> dict[str, Any]:
+    """Eq. 4 + Eq. 5 → ``labels``; summary counts D+ (by reason) and D−."""
+    labels = make_labels(ATTENTION_SCORES.read(attention_dir), CANDIDATES.read(candidates_dir), cfg)
+    LABELS.write(labels, out_dir)
+    reasons = labels["reason"].to_pylist()
+    return {"documents": labels.num_rows, "positives": sum(labels["positive"].to_pylist()),
+            **{f"reason_{r}": reasons.count(r) for r in sorted(set(reasons))}}
+
+
+def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig,
+                train_cfg: TrainConfig, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None) -> dict[str, Any]:
+    """Eq. 6 BPR training of the pre-ranker through the shared loop → ``out_dir/preranker``."""
+    t0 = time.perf_counter()
+    examples, report = build_examples(LABELS.read(labels_dir), QUESTIONS.read(candidates_dir), UNITS.read(candidates_dir))
+    model, tok = build_preranker(preranker)
+    trainable = prepare_for_distillation(model, cfg)
+    result = train(model, PairDataset(examples, cfg), BPRHooks(model.tokenize, tok, cfg.score_scale),
+                   replace(train_cfg, output_dir=str(work_dir)), log_metrics=log_metrics)
+    save_preranker(model, tok, Path(out_dir) / PRERANKER_DIR)
+    losses = result.losses
+    return {**report, "trainable_parameters": trainable, "steps": result.global_step,
+            "first_loss": losses[0], "last_loss": losses[-1], "seconds": time.perf_counter() - t0}
+
+
+def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int],
+                       batch_size: int = 32) -> dict[int, float]:
+    """AR@k of the pre-ranking stage on the dev unit pool for a saved pre-ranker (or, with
+    ``preranker_dir=None``, the base one the pool was ranked with)."""
+    pool = UNIT_POOL.read(dev_dir)
+    questions = QUESTIONS.read(dev_dir)
+    if preranker_dir is not None:
+        model, tok = load_preranker(preranker_dir)
+        pool = rerank_pool(pool, UNITS.read(dev_dir), questions, model, tok, batch_size)
+    return answer_recall(pool, ks, questions["question_id"].to_pylist())
+
+
+def run_eval(dev_dir: Path, distill_dir: Path, ks: Sequence[int], out_dir: Path) -> dict[str, Any]:
+    """Answer recall of the pre-ranking stage before (base) and after distillation → ``answer_recall``."""
+    t0 = time.perf_counter()
+    n = QUESTIONS.read(dev_dir).num_rows
+    rows = []
+    for name, directory in (("before", None), ("after", Path(distill_dir) / PRERANKER_DIR)):
+        for k, v in evaluate_preranker(dev_dir, directory, ks).items():
+            rows.append({"model": name, "k": k, "answer_recall": v, "n_questions": n})
+    ANSWER_RECALL.write(pa.Table.from_pylist(rows, schema=ANSWER_RECALL.schema), out_dir)
+    out: dict[str, Any] = {"questions": n, "seconds": time.perf_counter() - t0}
+    for r in rows:
+        out[f"{r['model']}_ar_at_{r['k']}"] = r["answer_recall"]
+    return out

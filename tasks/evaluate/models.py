@@ -1,0 +1,141 @@
+"""Model references of an evaluation: baseline names, local directories, MLflow registry URIs.
+
+A reference is one of
+
+* ``"minilm"`` — the untrained baseline pre-ranker: the offline MiniLM bi-encoder
+  (:func:`models.preranker.build_preranker`), i.e. "before distillation";
+* ``"scratch"`` — (reader only) a FiD reader initialised from scratch with the real T5
+  tokenizer, seed 0: its cross-attention is untrained, so it exercises the post-ranking stage
+  and its timing, not its quality;
+* ``"models:/<name>@<alias>"`` or ``"models:/<name>/<version>"`` — a registered model version
+  (:mod:`funnelrag.registry`, e.g. the distilled pre-ranker ``@champion``), downloaded first;
+* a local directory written by :func:`models.preranker.save_preranker` /
+  :func:`tasks.train_reader.save_reader`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MINILM = "minilm"
+SCRATCH = "scratch"
+PRERANKER_FILE = "preranker.json"
+READER_FILE = "reader_config.json"
+
+
+@dataclass(frozen=True)
+class ResolvedRef:
+    """Where a reference points: a local model directory (None for built-in baselines) and,
+    for registry references, the registered model name, version and training run id."""
+
+    ref: str
+    directory: Path | None
+    name: str | None = None
+    version: str | None = None
+    run_id: str | None = None
+
+    def as_params(self, prefix: str) -> dict[str, str]:
+        """``{prefix.ref, prefix.version, ...}`` for MLflow params (None values dropped)."""
+        out = {"ref": self.ref, "registry_name": self.name, "registry_version": self.version, "run_id": self.run_id}
+        return {f"{prefix}.{k}": str(v) for k, v in out.items() if v is not None}
+
+
+def is_registry_ref(ref: str) -> bool:
+    return ref.startswith("models:/")
+
+
+def registry_version(ref: str):
+    """The MLflow ``ModelVersion`` of ``models:/name@alias`` or ``models:/name/version``.
+
+    Raises
+    ------
+    ValueError
+        ``ref`` is not a registry reference.
+    mlflow.exceptions.MlflowException
+        No such model, version or alias.
+    """
+    from mlflow import MlflowClient  # noqa: PLC0415
+
+    if not is_registry_ref(ref):
+        raise ValueError(f"{ref!r} is not a models:/ reference")
+    body = ref[len("models:/"):]
+    client = MlflowClient()
+    if "@" in body:
+        name, alias = body.split("@", 1)
+        return client.get_model_version_by_alias(name, alias)
+    name, _, version = body.rpartition("/")
+    if not name or not version.isdigit():
+        raise ValueError(f"{ref!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+    return client.get_model_version(name, version)
+
+
+def _find_model_dir(root: Path, marker: str) -> Path:
+    for cand in (root, root / "model", *sorted(p.parent for p in root.rglob(marker))):
+        if (cand / marker).exists():
+            return cand
+    raise FileNotFoundError(f"{root}: no {marker} found (not a saved model of the expected kind)")
+
+
+def resolve(ref: str, marker: str, download_dir: Path) -> ResolvedRef:
+    """Resolve a registry or directory reference to a local model directory holding ``marker``.
+
+    Raises
+    ------
+    FileNotFoundError
+        A directory reference does not exist or holds no ``marker``.
+    mlflow.exceptions.MlflowException
+        A registry reference names no model version.
+    """
+    if is_registry_ref(ref):
+        from funnelrag.registry import download_model  # noqa: PLC0415
+
+        mv = registry_version(ref)
+        dst = Path(download_dir) / f"{mv.name}-v{mv.version}"
+        local = download_model(f"models:/{mv.name}/{mv.version}", dst)
+        return ResolvedRef(ref, _find_model_dir(local, marker), mv.name, str(mv.version), mv.run_id)
+    path = Path(ref)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model reference {ref!r} is neither a built-in name, a models:/ URI nor a directory")
+    return ResolvedRef(ref, _find_model_dir(path, marker))
+
+
+def load_preranker_ref(ref: str, download_dir: Path, max_length: int | None = None):
+    """``(model, tokenizer, ResolvedRef)`` of a pre-ranker reference (model in eval mode).
+
+    ``max_length`` overrides the tokens per input of the baseline ``"minilm"`` only; a saved
+    pre-ranker keeps the length it was trained with.
+    """
+    from models.preranker import PreRankerConfig, build_preranker, load_preranker  # noqa: PLC0415
+
+    if ref == MINILM:
+        cfg = PreRankerConfig(kind="bi", name_or_path=MINILM, **({"max_length": max_length} if max_length else {}))
+        model, tok = build_preranker(cfg)
+        return model, tok, ResolvedRef(ref, None)
+    resolved = resolve(ref, PRERANKER_FILE, download_dir)
+    model, tok = load_preranker(resolved.directory)
+    return model, tok, resolved
+
+
+def load_reader_ref(ref: str, download_dir: Path, tokenizer_dir: Path | None):
+    """``(model, tokenizer, ResolvedRef)`` of a FiD reader reference (eager attention, eval mode).
+
+    Raises
+    ------
+    ValueError
+        ``"scratch"`` without the T5 tokenizer directory.
+    """
+    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
+    from tasks.train_reader import load_reader  # noqa: PLC0415
+
+    if ref == SCRATCH:
+        if tokenizer_dir is None:
+            raise ValueError("reader 'scratch' needs the T5 tokenizer directory")
+        model, tok = FiDReader.from_config(FiDConfig(tokenizer=str(tokenizer_dir), seed=0))
+        model.eval()
+        return model, tok, ResolvedRef(ref, None)
+    resolved = resolve(ref, READER_FILE, download_dir)
+    model, tok, _ = load_reader(resolved.directory)
+    return model, tok, resolved

@@ -1,0 +1,265 @@
+"""Retrieval settings under evaluation: flat (BM25 / dense over passages, optional re-ranking)
+and progressive (FunnelRAG: clusters → document units → passages, optional FiD post-ranking).
+
+Flat (FunnelRAG Table 2, "flat"): the retriever returns the top ``n_retrieve`` passages of the
+whole passage collection (paper: 21M → 400p); optionally the pre-ranker re-ranks them and the
+top ``n_final`` are kept (400p → 4p); without re-ranking the retriever's top ``n_final`` are kept.
+
+Progressive (Table 2, "progressive"; Tables 11–13 vary K and N): BM25 over clusters → top-K
+clusters (600K → 80c); later chunking into document units and pre-ranking → top-N units
+(80c → 8d), :func:`tasks.candidates.build_candidates`; then either the FiD post-ranker ranks
+the passages of those units by their Eq. 3 cross-attention score (:mod:`tasks.attention`) and
+the top ``n_final`` are kept (8d → 4p), or, without post-ranking, the first ``n_final``
+passages in pre-ranker order (unit rank, then position inside the unit) are kept.
+
+Every question is run on its own and timed per stage (:mod:`tasks.evaluate.timing`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.evaluate.metrics import TokenCache, passage_hits
+from tasks.evaluate.timing import StageClock, StageOutcome
+
+log = logging.getLogger(__name__)
+
+RETRIEVERS = ("bm25", "dense")
+
+
+@dataclass(frozen=True)
+class FlatSetting:
+    """A flat setting: ``retriever`` (``bm25`` | ``dense``) over passages → ``n_retrieve``
+    passages → ``n_final`` passages, in retriever order or re-ranked by a pre-ranker."""
+
+    retriever: str = "bm25"
+    n_retrieve: int = 400
+    n_final: int = 4
+
+    def __post_init__(self) -> None:
+        if self.retriever not in RETRIEVERS:
+            raise ValueError(f"FlatSetting.retriever must be one of {RETRIEVERS}, got {self.retriever!r}")
+        if self.n_final < 1 or self.n_retrieve < self.n_final:
+            raise ValueError(f"FlatSetting needs n_retrieve >= n_final >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class ProgressiveSetting:
+    """A progressive setting: K clusters → N document units → H passages (``n_final``); the
+    last step is run both ways, in pre-ranker order and by the FiD post-ranker (with a reader)."""
+
+    n_clusters: int = 80
+    n_units: int = 8
+    n_final: int = 4
+
+    def __post_init__(self) -> None:
+        if min(self.n_clusters, self.n_units, self.n_final) < 1:
+            raise ValueError(f"ProgressiveSetting sizes must be >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One evaluation question (a row of the ``questions`` table)."""
+
+    question_id: str
+    question: str
+    answers: tuple[str, ...]
+
+
+@dataclass
+class QueryResult:
+    """Outcome of one question in one setting.
+
+    passages : final ranking ``[(passage_id, title, text)]``, best first, ``n_final`` long (or
+        fewer when fewer candidates exist).
+    hits : DPR ``has_answer`` of each final passage.
+    stages : per-stage counts, seconds and answer hits, in funnel order.
+    """
+
+    question_id: str
+    passages: list[tuple[str, str, str]]
+    hits: list[bool]
+    stages: list[StageOutcome]
+
+
+def questions_from_table(table: pa.Table) -> list[Question]:
+    """:class:`Question` rows of a ``questions`` table (in table order)."""
+    return [Question(q, text, tuple(a)) for q, text, a in zip(
+        table["question_id"].to_pylist(), table["question"].to_pylist(), table["answers"].to_pylist())]
+
+
+class PassageLookup:
+    """``passage_id → (title, text)`` over the corpus ``passages`` table (the texts a flat
+    retriever hands to the re-ranker)."""
+
+    def __init__(self, passages: pa.Table):
+        ids = passages["passage_id"].to_pylist()
+        self._row = {p: i for i, p in enumerate(ids)}
+        self._titles = passages["title"]
+        self._texts = passages["text"]
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def get(self, passage_ids: Sequence[str]) -> list[tuple[str, str, str]]:
+        """``[(passage_id, title, text)]`` in the order asked.
+
+        Raises
+        ------
+        KeyError
+            An id is not a corpus passage (names it).
+        """
+        try:
+            rows = pa.array([self._row[p] for p in passage_ids], pa.int64())
+        except KeyError as exc:
+            raise KeyError(f"passage id {exc.args[0]!r} is not in the corpus passages table") from exc
+        return list(zip(passage_ids, self._titles.take(rows).to_pylist(), self._texts.take(rows).to_pylist()))
+
+
+class PreRanker:
+    """A loaded pre-ranker (:mod:`models.preranker`) with a label; ``score(q, docs)`` is Eq. 1."""
+
+    def __init__(self, label: str, model, tokenizer, batch_size: int = 32):
+        self.label, self.model, self.tokenizer, self.batch_size = label, model, tokenizer, batch_size
+
+    def score(self, question: str, docs: Sequence[str]) -> np.ndarray:
+        """``f(q, d)`` for each document, float32 ``(len(docs),)``."""
+        from models.preranker import score_grouped  # noqa: PLC0415
+
+        return score_grouped(self.model, self.tokenizer, [question], list(docs),
+                             [(0, j) for j in range(len(docs))], self.batch_size)
+
+
+Retrieve = Callable[[str, int], list[str]]  # (question, k) -> passage ids, best first
+
+
+def run_flat(questions: Sequence[Question], retrieve: Retrieve, lookup: PassageLookup, setting: FlatSetting,
+             prerankers: Sequence[PreRanker], tokens: TokenCache) -> dict[str, list[QueryResult]]:
+    """Evaluate one flat setting question by question, without and with re-ranking.
+
+    The retrieval stage runs once per question and is shared by the plain variant and by one
+    re-ranked variant per pre-ranker.
+
+    Parameters
+    ----------
+    questions : the evaluation questions.
+    retrieve : ``retrieve(question, k) -> passage ids`` (BM25 or dense; query encoding included).
+    lookup : passage texts for re-ranking and answer matching.
+    setting : FlatSetting
+    prerankers : re-rankers, one re-ranked variant each (labels must be unique and non-empty).
+    tokens : DPR-token cache shared across settings.
+
+    Returns
+    -------
+    dict
+        ``{"": plain results, label: re-ranked results}``. Stages: ``retrieval`` (→
+        ``n_retrieve`` p, passage text lookup included) and, re-ranked, ``reranking`` (→
+        ``n_final`` p).
+
+    Raises
+    ------
+    ValueError
+        Pre-ranker labels repeat or are empty.
+    """
+    labels = [r.label for r in prerankers]
+    if len(set(labels)) != len(labels) or "" in labels:
+        raise ValueError(f"pre-ranker labels must be unique and non-empty, got {labels}")
+    out: dict[str, list[QueryResult]] = {"": [], **{label: [] for label in labels}}
+    for q in questions:
+        clock = StageClock()
+        with clock.stage("retrieval"):
+            ids = retrieve(q.question, setting.n_retrieve)
+            retrieved = lookup.get(ids)                                   # passage texts from the store
+        hits = passage_hits(q.answers, [(p, t) for p, _, t in retrieved], tokens)
+        first = StageOutcome("retrieval", "p", len(lookup), len(ids), clock["retrieval"], any(hits))
+        out[""].append(QueryResult(q.question_id, retrieved[:setting.n_final], hits[:setting.n_final], [first]))
+        for ranker in prerankers:
+            clock = StageClock()
+            with clock.stage("reranking"):
+                scores = ranker.score(q.question, [t for _, _, t in retrieved])    # (n_retrieve,)
+                order = sorted(range(len(retrieved)), key=lambda j: (-float(scores[j]), j))[:setting.n_final]
+            top_hits = [hits[j] for j in order]
+            rerank = StageOutcome("reranking", "p", len(retrieved), len(order), clock["reranking"], any(top_hits))
+            out[ranker.label].append(QueryResult(q.question_id, [retrieved[j] for j in order], top_hits, [first, rerank]))
+    return out
+
+
+def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, token_counter,
+                    setting: ProgressiveSetting, preranker: PreRanker, reader=None, attention_cfg=None,
+                    attention_run=None) -> dict[bool, list[QueryResult]]:
+    """Evaluate one progressive setting question by question (FunnelRAG's funnel).
+
+    The stages up to pre-ranking are shared by the variants without and with post-ranking, so
+    they run once per question; the post-ranked variant's time adds the post-ranking stage.
+
+    Parameters
+    ----------
+    questions : pa.Table
+        ``questions`` rows (:data:`data_contracts.training.QUESTIONS`).
+    cluster_index : BM25 over clusters (:meth:`funnelrag.corpus.CorpusVersion.cluster_index`).
+    members_of : :meth:`funnelrag.corpus.CorpusVersion.members_of`.
+    seg_cfg, token_counter : the corpus build's segmentation config and token counter, so later
+        chunking cuts the same units and passages as the corpus.
+    setting : ProgressiveSetting
+    preranker : the pre-ranker scoring document units (Eq. 1).
+    reader : ``(model, tokenizer)`` of the FiD post-ranker (:class:`models.fid.FiDReader`, eager
+        attention), or None for no post-ranked variant.
+    attention_cfg, attention_run : :class:`tasks.attention.AttentionScoreConfig` /
+        :class:`tasks.attention.AttentionRunConfig` of Eq. 3 (defaults: Eq. 3 as published).
+
+    Returns
+    -------
+    dict
+        ``{False: results without post-ranking, True: results with it}`` (``True`` only with a
+        reader). Stages: ``retrieval`` (→ K c), ``chunking`` (→ units d), ``preranking``
+        (→ N d) and, post-ranked, ``postranking`` (→ H p).
+    """
+    from tasks.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: PLC0415
+    from tasks.candidates import CandidatesConfig, build_candidates  # noqa: PLC0415
+
+    cand_cfg = CandidatesConfig(n_clusters=setting.n_clusters, n_units=setting.n_units, batch_size=preranker.batch_size)
+    attention_cfg = attention_cfg or AttentionScoreConfig()
+    attention_run = attention_run or AttentionRunConfig()
+    n_clusters_total = len(cluster_index)
+    out: dict[bool, list[QueryResult]] = {False: []}
+    if reader is not None:
+        out[True] = []
+    for i in range(questions.num_rows):
+        qrow = questions.slice(i, 1)
+        qid = qrow["question_id"][0].as_py()
+        cs = build_candidates(qrow, cluster_index, members_of, seg_cfg, token_counter,
+                              preranker.model, preranker.tokenizer, cand_cfg)
+        t = cs.timings
+        pool = cs.unit_pool.to_pydict()
+        any_unit = any(pool["has_answer"])
+        top_units = [h for h, r in zip(pool["has_answer"], pool["prerank_rank"]) if r < setting.n_units]
+        c = cs.candidates
+        cands = sorted(zip(c["unit_rank"].to_pylist(), c["passage_position"].to_pylist(), c["passage_id"].to_pylist(),
+                           c["title"].to_pylist(), c["text"].to_pylist(), c["has_answer"].to_pylist()))
+        n_clusters = len(set(pool["cluster_id"]))
+        stages = [
+            StageOutcome("retrieval", "c", n_clusters_total, n_clusters, t["retrieval"], any_unit),
+            StageOutcome("chunking", "d", n_clusters, len(pool["unit_id"]), t["chunking"], any_unit),
+            StageOutcome("preranking", "d", len(pool["unit_id"]), len(top_units), t["preranking"], any(top_units)),
+        ]
+        plain = cands[:setting.n_final]
+        out[False].append(QueryResult(qid, [(r[2], r[3], r[4]) for r in plain], [bool(r[5]) for r in plain], stages))
+        if reader is None:
+            continue
+        clock = StageClock()
+        with clock.stage("postranking"):
+            if cands:
+                scored = score_candidates(c, qrow, reader[0], reader[1], attention_cfg, attention_run)
+                score = dict(zip(scored["passage_id"].to_pylist(), scored["score"].to_pylist()))
+                ranked = sorted(range(len(cands)), key=lambda j: (-score[cands[j][2]], j))[:setting.n_final]
+            else:
+                ranked = []
+        final = [cands[j] for j in ranked]
+        post = StageOutcome("postranking", "p", len(cands), len(final), clock["postranking"], any(r[5] for r in final))
+        out[True].append(QueryResult(qid, [(r[2], r[3], r[4]) for r in final], [bool(r[5]) for r in final],
+                                     [*stages, post]))
+    return out
