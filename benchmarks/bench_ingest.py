@@ -6,9 +6,9 @@
   ``strip_code`` on the same pages for comparison (the issue quotes WikiExtractor ~6.5 MB/s
   and a full mwparserfromhell parse ~1.8 MB/s).
 * Wikispeedia: seconds (wall and CPU) of the full ingest (4,598 articles, 119,879 links).
-* ``--scale N``: peak RSS of ingesting the enwiki sample repeated N times (renamed copies,
-  plain XML) with a small and a large ``shard_size``, each in a fresh process, to show that
-  memory follows the shard size, not the dump size.
+* ``--scale N``: peak RSS of ingesting the enwiki sample repeated N and 3N times (renamed
+  copies, plain XML) with ``shard_size=200``, and 3N times with ``shard_size=50_000`` (all
+  pages in one shard), each in a fresh process: memory follows the shard size, not the dump.
 
 Run: ``python benchmarks/bench_ingest.py [--repeats 3] [--scale 20]``.
 """
@@ -18,7 +18,6 @@ import argparse
 import bz2
 import json
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -84,26 +83,28 @@ def bench_memory(dump: Path, scale: int) -> None:
     first, last = xml.index(b"  <page>"), xml.rindex(b"</page>") + len(b"</page>\n")
     body = xml[first:last]
     with tempfile.TemporaryDirectory() as tmp:
-        big = Path(tmp) / "scaled.xml"
-        with open(big, "wb") as fh:
-            fh.write(xml[:first])
-            for k in range(scale):
-                fh.write(re.sub(rb"<title>([^<]*)</title>", rb"<title>\1 " + str(k).encode() + rb"</title>", body))
-            fh.write(xml[last:])
-        size = big.stat().st_size / 1e6
-        for shard_size in (50, 50_000):
+        for copies, shard_size in ((scale, 200), (3 * scale, 200), (3 * scale, 50_000)):
+            big = Path(tmp) / f"scaled{copies}.xml"
+            if not big.exists():
+                with open(big, "wb") as fh:
+                    fh.write(xml[:first])
+                    for k in range(copies):
+                        fh.write(re.sub(rb"<title>([^<]*)</title>", rb"<title>\1 " + str(k).encode() + rb"</title>", body))
+                    fh.write(xml[last:])
+            size = big.stat().st_size / 1e6
             out = subprocess.run([sys.executable, __file__, "--child", str(big), str(shard_size), str(Path(tmp) / "o")],
                                  check=True, capture_output=True, text=True).stdout
             r = json.loads(out)
-            print(f"memory: {size:.0f} MB XML ({scale}x sample), shard_size={shard_size:>6}: peak RSS "
-                  f"{r['rss_mb']:.0f} MB, {r['shards']} shards, {r['cpu']:.1f} CPU s, "
-                  f"{size / r['cpu']:.2f} MB/s")
+            print(f"memory: {size:4.0f} MB XML ({copies:3d}x sample, {r['documents']} documents), "
+                  f"shard_size={shard_size:>6}: peak RSS {r['rss_mb']:.0f} MB, {r['shards']} shards, "
+                  f"{r['cpu']:.1f} CPU s ({size / r['cpu']:.2f} MB/s)")
 
 
 def _child(path: str, shard_size: str, out: str) -> None:
     s = ingest([Path(path)], Path(out), IngestConfig(format="mediawiki", shard_size=int(shard_size)))
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"rss_mb": rss_mb, "shards": s.shards, "cpu": s.cpu_seconds}))
+    # VmHWM: peak RSS of this process image (ru_maxrss would carry the parent's over execve)
+    rss_mb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
+    print(json.dumps({"rss_mb": rss_mb, "shards": s.shards, "cpu": s.cpu_seconds, "documents": s.documents}))
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Iterator
@@ -274,7 +275,7 @@ def _log_stage(name: str, result: StageResult) -> dict[str, Any]:
             flat.update({f"{name}.{k}.{kk}": vv for kk, vv in v.items()})
         else:
             flat[f"{name}.{k}"] = v
-    log_metrics(flat)
+    log_metrics({re.sub(r"[^\w\-./ :]", "_", k): v for k, v in flat.items()})  # MLflow's allowed name characters
     return {"cache_hit": result.cache_hit, **result.summary}
 
 

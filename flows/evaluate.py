@@ -280,7 +280,7 @@ def evaluate_flow(config: EvaluateConfig) -> dict[str, Any]:
         qtext = {q.question_id: q.question for q in questions}
         reader_label = "fid" if reader is not None and config.post_rank else ""
         runs: list[tuple[SettingSpec, list]] = []
-        info: dict[str, Any] = {"questions": qinfo, "models": provenance, "skipped": skipped}
+        info: dict[str, Any] = {"question_load": qinfo, "models": provenance, "skipped": skipped}
         lookup = PassageLookup(passages)
         flat = FlatSetting(n_retrieve=config.flat.n_retrieve, n_final=config.n_final)
         for name in config.flat.retrievers:

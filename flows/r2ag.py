@@ -9,6 +9,13 @@ questions and, when the model has a generator, generates answers through ``<R>``
 
 Stage cores live in :mod:`tasks.r2ag`; the features stage is cached on content (data-file
 sha256, corpus manifest digest, configs) in the workspace's stage cache.
+
+Commands::
+
+    funnelrag train-r2former                                # HotpotQA subsample, full + 3 ablations
+    funnelrag train-r2former --set data.dataset=nq --set data.max_questions=1000   # needs build-corpus
+    funnelrag train-r2former --set joint.enabled=true       # + projection into a generator (Eq. 9)
+    funnelrag evaluate-r2ag --set model_uri=models:/r2ag-r2former-hotpotqa@champion
 """
 from __future__ import annotations
 
@@ -37,7 +44,8 @@ log = logging.getLogger(__name__)
 EXPERIMENT = "r2ag"
 FEATURES_STAGE = "r2ag-features"
 FEATURES_STAGE_VERSION = "1"
-REGISTERED_MODEL = "r2ag-r2former"
+REGISTERED_MODEL = "r2ag-r2former-{dataset}"  # one registered model per dataset (gates compare like with like)
+GATE_METRIC = "qdm_full/map"  # held-out lists
 LATEST_POINTER = "LATEST"
 
 
@@ -94,10 +102,13 @@ class GenerationConfig:
 class EvaluateR2AGConfig(FlowConfig):
     """``evaluate-r2ag``: which trained model, on which data (must match its training features).
 
-    model_dir : a model directory written by ``train-r2former``; None = the latest run's model.
+    model_dir : a model directory written by ``train-r2former``.
+    model_uri : a registry URI instead (``models:/r2ag-r2former-hotpotqa@champion``, ``.../3``).
+    With neither, the model of the latest ``train-r2former`` run in the workspace is used.
     """
 
     model_dir: Path | None = None
+    model_uri: str | None = None
     data: DataConfig = Field(default_factory=DataConfig)
     lists: ListConfig = Field(default_factory=ListConfig)
     features: FeatureConfig = Field(default_factory=FeatureConfig)
@@ -123,6 +134,7 @@ def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cf
 
         corpus = open_corpus(ws, name=data.corpus, version=data.corpus_version)
         inputs["corpus"] = corpus.digest
+    data_version = inputs.get("corpus", inputs["data"])  # corpus manifest sha256, else the data file's
     key = StageCache.key(FEATURES_STAGE, FEATURES_STAGE_VERSION,
                          {"data": data, "lists": lists_cfg, "features": feat_cfg, "encoder": enc_cfg}, inputs)
 
@@ -140,7 +152,8 @@ def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cf
     result = StageCache(ws.cache_dir).run(FEATURES_STAGE, key, build)
     lists = R.RANKED_LISTS.read(result.path)
     features = R.RETRIEVAL_FEATURES.read(result.path)
-    return lists, features, {**result.summary, "cache_hit": result.cache_hit, "stage_key": key[:16]}
+    return lists, features, {**result.summary, "cache_hit": result.cache_hit, "stage_key": key[:16],
+                             "data_version": data_version}
 
 
 @task(name="r2ag-train-qdm", cache_policy=NO_CACHE)
@@ -223,26 +236,17 @@ def _mlflow_run(ws: Workspace, cfg, name: str):
                              tags={"flow": name, "dataset": cfg.data.dataset})
 
 
-def _register(model_dir: Path, run_id: str) -> str | None:
-    """Register the model directory in the MLflow registry (``funnelrag.registry`` when present)."""
-    try:
-        from funnelrag import registry  # noqa: PLC0415
-    except ImportError:
-        registry = None
-    if registry is not None and hasattr(registry, "register_directory"):
-        return str(registry.register_directory(model_dir, REGISTERED_MODEL, run_id=run_id))
-    import mlflow  # noqa: PLC0415
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+def _register(model_dir: Path, cfg, data_version: str, rows: list[dict]):
+    """Register the model directory (``funnelrag.registry``), gated on the QDM MAP of the held-out
+    lists; needs the active MLflow run. Returns the registry's GateDecision."""
+    from funnelrag.registry import register_model  # noqa: PLC0415
+    from tasks.r2ag.pipeline import mlflow_key  # noqa: PLC0415
 
-    mlflow.log_artifacts(str(model_dir), artifact_path="model", run_id=run_id)
-    client = mlflow.MlflowClient()
-    try:
-        client.create_registered_model(REGISTERED_MODEL)
-    except MlflowException:  # already registered
-        pass
-    source = f"{client.get_run(run_id).info.artifact_uri}/model"
-    version = client.create_model_version(REGISTERED_MODEL, source, run_id=run_id)
-    return str(version.version)
+    metrics = {mlflow_key(r["ranking"], k): float(v) for r in rows for k, v in r.items()
+               if k != "ranking" and v == v}
+    return register_model(model_dir, REGISTERED_MODEL.format(dataset=cfg.data.dataset), config=cfg,
+                          data_version=data_version, metrics=metrics, gate_metric=GATE_METRIC,
+                          tags={"dataset": cfg.data.dataset})
 
 
 # ---------------------------------------------------------------------------- flows
@@ -305,7 +309,9 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
                    "run_dir": str(run_dir), "model_dir": str(model_dir), "mlflow_run_id": run_id}
         write_json(run_dir / "summary.json", summary)
         mlflow.log_artifact(str(run_dir / "summary.json"), run_id=run_id)
-        summary["registered_version"] = _register(model_dir, run_id)
+        decision = _register(model_dir, cfg, feat_report["data_version"], rows)
+        summary["registered"] = {"name": decision.name, "version": decision.version,
+                                 "promoted": decision.promoted, "gate": decision.reason}
     atomic_write_bytes(run_dir.parent / LATEST_POINTER, (str(model_dir) + "\n").encode())
     return summary
 
@@ -323,19 +329,14 @@ def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig) -> dict:
     from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
 
     ws = Workspace(cfg.workspace.home)
-    model_dir = cfg.model_dir
-    if model_dir is None:
-        pointer = ws.run_dir("train-r2former", LATEST_POINTER)
-        if not pointer.exists():
-            raise FileNotFoundError(f"no model_dir given and no trained R²-Former in {pointer.parent} (run train-r2former)")
-        model_dir = Path(pointer.read_text().strip())
+    run_dir = ws.run_dir("evaluate-r2ag", config_hash(cfg.model_dump(exclude={"workspace"}))[:16])
+    model_dir = _model_dir(cfg, ws, run_dir)
     retrieval, feats = ckpt.load_r2former(model_dir)
     lists, features, feat_report = features_task(ws, cfg.workspace.data_mirror, cfg.data, cfg.lists,
                                                  cfg.features, cfg.encoder)
     _, test = split_examples(features, test_query_ids(lists, cfg.data))
     if not test:
         raise ValueError("no held-out list to evaluate on")
-    run_dir = ws.run_dir("evaluate-r2ag", config_hash(cfg.model_dump(exclude={"workspace"}))[:16])
     scores = {"full": score_lists(retrieval, test, feats)}
     metrics_table, rows = compare_rankings(test, scores)
     R.RANKING_METRICS.write(metrics_table, run_dir)
@@ -367,6 +368,23 @@ def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig) -> dict:
     write_json(run_dir / "summary.json", summary)
     summary["run_dir"] = str(run_dir)
     return summary
+
+
+def _model_dir(cfg: EvaluateR2AGConfig, ws: Workspace, run_dir: Path) -> Path:
+    """``model_dir``, else the registry ``model_uri`` downloaded into the run, else the latest run's."""
+    if cfg.model_dir is not None:
+        return Path(cfg.model_dir)
+    if cfg.model_uri is not None:
+        from funnelrag import tracking  # noqa: PLC0415
+        from funnelrag.registry import download_model  # noqa: PLC0415
+
+        tracking.configure(ws, cfg.workspace.tracking_uri)
+        return download_model(cfg.model_uri, run_dir / "downloaded")
+    pointer = ws.run_dir("train-r2former", LATEST_POINTER)
+    if not pointer.exists():
+        raise FileNotFoundError(f"no model_dir or model_uri given and no trained R²-Former in {pointer.parent} "
+                                "(run train-r2former first)")
+    return Path(pointer.read_text().strip())
 
 
 def _concat(tables):

@@ -15,9 +15,11 @@ Tensors (names fixed project-wide):
   over the last axis; padding gets ~0). Index ``k`` of the last axis is token ``k % seq_len`` of
   passage ``k // seq_len``.
 * :meth:`FiDReader.first_token_cross_attention` : ``(n_layers, batch, n_heads, n_passages,
-  seq_len)``, the cross-attention of the first decoder token only (one decoder step), the
-  input of FunnelRAG Eq. 3 (mean over layers, heads and the top-l_r representative tokens of
-  each passage, where ``passage_token_mask`` is True).
+  seq_len)``, the cross-attention of the first decoder position only (query = the decoder start
+  token, i.e. while predicting the first answer token; one decoder step), the input of
+  FunnelRAG Eq. 3 (mean over layers, heads and the top-l_r representative tokens of each
+  passage, chosen among the positions where ``passage_token_mask`` is True). Equal to
+  ``cross_attentions[layer][:, :, 0]`` of a teacher-forced forward, reshaped; run in eval mode.
 
 The model is always built with ``attn_implementation="eager"``: SDPA returns no attention
 weights in transformers 5.

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import corpus as C
-from tasks.clustering import (ClusteringConfig, cluster_documents, cluster_members_table,
+from tasks.clustering import (ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
                               clusters_table, graph_metrics_table)
 from tasks.graph import graph_from_links, graph_metrics
 from tasks.index import BM25Config, BM25Index
@@ -91,6 +91,7 @@ def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: Clusteri
     t2 = time.perf_counter()
     clustering = cluster_documents(graph, metrics, n_tokens, cfg)
     t3 = time.perf_counter()
+    check_clustering(graph, clustering, n_tokens, cfg)  # Algorithm 1 post-conditions, O(n + m)
     C.GRAPH_METRICS.write(graph_metrics_table(metrics, n_tokens, clustering), out_dir)
     C.CLUSTERS.write(clusters_table(clustering, docs.column("title").combine_chunks()), out_dir)
     C.CLUSTER_MEMBERS.write(cluster_members_table(clustering), out_dir)

@@ -37,7 +37,7 @@ def test_enwiki_sample_builds_publishes_and_reuses_cache(prefect_harness, worksp
     # MLflow: one run with config params, per-stage seconds, and the artifacts
     client = mlflow.tracking.MlflowClient(f"sqlite:///{workspace_home / 'mlflow.db'}")
     run = client.get_run(first["mlflow_run_id"])
-    assert run.data.params["clustering.max_tokens"] == "4096"
+    assert run.data.params["clustering.max_tokens"] == "4096"  # the paper S for dumps
     assert run.data.metrics["count_documents"] == docs.num_rows and "seconds_ingest" in run.data.metrics
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"manifest.json", "ingest_report.parquet", "cluster_sizes.png"} <= names
@@ -93,7 +93,7 @@ def test_wikispeedia_full_build(prefect_harness, workspace_home, data_mirror):
     corpus = open_corpus(Workspace(workspace_home))
     clusters = corpus.clusters
     assert clusters.column("n_members").to_numpy().sum() == 4598
-    big = clusters.filter(clusters["n_tokens"].to_numpy() > 4096)
+    big = clusters.filter(clusters["n_tokens"].to_numpy() > 16384)
     assert (big.column("n_members").to_numpy() == 1).all()  # only single over-size documents exceed S
     index = corpus.cluster_index()
     ids, _ = index.search(["Charles Darwin natural selection evolution"], k=3)

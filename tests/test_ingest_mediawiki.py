@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bz2
+import io
 import re
 from collections import Counter
 from pathlib import Path
@@ -13,6 +14,7 @@ from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
 from tasks.ingest import IngestConfig, IngestError, ingest
+from tasks.ingest.streams import INVALID_UTF8_MARK, Utf8Guard
 
 ARTIFACTS = (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)
 MW = IngestConfig(format="mediawiki")
@@ -102,13 +104,29 @@ def test_redirects_and_links_are_consistent(sample):
     assert counts.other_namespace > 0 and counts.interwiki > 0
 
 
-def test_output_is_byte_identical_across_runs_and_shard_sizes(sample, dump_path, tmp_path):
+@pytest.mark.parametrize("shard_size", [1, 7])
+def test_output_is_byte_identical_across_runs_and_shard_sizes(sample, dump_path, tmp_path, shard_size):
+    """shard_size=1 gives 98 shards, more than the merge fan-in (64): a two-level merge."""
     _, out = sample
-    again = ingest([dump_path], tmp_path / "a", IngestConfig(format="mediawiki", shard_size=7))
-    assert again.shards == 14
+    again = ingest([dump_path], tmp_path / "a", IngestConfig(format="mediawiki", shard_size=shard_size))
+    assert again.shards == -(-98 // shard_size)
     for contract in ARTIFACTS:
         assert sha256_file(out / contract.filename) == sha256_file(tmp_path / "a" / contract.filename)
     assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]  # shards removed
+
+
+def test_utf8_guard_marks_invalid_bytes_across_chunk_boundaries(dump_parts):
+    header, pages, _ = dump_parts
+    data = header + pages[1][:3000]
+    assert data[1999] < 0x80 and data[2499] < 0x80                       # cut between characters
+    bad = data[:2000] + b"\xff" + data[2000:2500] + b"\xe2\x82" + data[2500:]   # stray byte, cut sequence
+    mark = INVALID_UTF8_MARK.encode("utf-8")                                # one marker per invalid byte
+    expected = data[:2000] + mark + data[2000:2500] + 2 * mark + data[2500:]
+    for chunk in (1, 2, 3, 5, 64, 1 << 20):
+        guard = Utf8Guard(io.BytesIO(bad), chunk_size=chunk)
+        out = b"".join(iter(lambda: guard.read(333), b""))
+        assert out == expected and guard.invalid_bytes == 3 and guard.bytes_read == len(bad)
+    assert Utf8Guard(io.BytesIO(data)).read() == data                  # valid input passes unchanged
 
 
 def test_multistream_and_plain_xml_give_the_same_tables(sample, dump_parts, tmp_path):

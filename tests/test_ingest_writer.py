@@ -74,3 +74,14 @@ def test_writer_refuses_writes_after_commit(tmp_path):
     w.commit()
     with pytest.raises(ValueError, match="closed"):
         w.write(_links(3))
+
+
+def test_row_group_per_write_when_row_group_size_is_none(tmp_path):
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    with LINKS.open_writer(tmp_path, sorted_keys=True, row_group_size=None) as w:
+        for start in (0, 10, 35):
+            w.write(_links(70).slice(start, {0: 10, 10: 25, 35: 35}[start]))
+    meta = pq.ParquetFile(tmp_path / "links.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [10, 25, 35]
+    assert LINKS.read(tmp_path).equals(LINKS.validate(_links(70)))

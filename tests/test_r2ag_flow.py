@@ -4,6 +4,7 @@ with a from-scratch generator, MLflow registration, and evaluation with <R> prom
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -39,13 +40,12 @@ def test_train_r2former_compares_every_variant_with_the_retriever(trained):
         assert 0.0 < r["map"] <= 1.0 and r["recall@1"] <= r["recall@2"] <= r["recall@5"] <= 1.0
     # on HotpotQA the retriever is the bi-encoder, so its order is the r_i order
     assert rows["retriever"]["map"] == rows["relevance r_i"]["map"]
-    assert summary["registered_version"] == "1"
+    assert summary["registered"] == {"name": "r2ag-r2former-hotpotqa", "version": "1", "promoted": True,
+                                     "gate": "no_champion"}
     assert summary["joint"]["steps"] == 2 and math.isfinite(summary["joint"]["last_loss"])
 
 
 def test_train_r2former_writes_contract_checked_artifacts(trained):
-    from pathlib import Path
-
     from tasks.r2ag.checkpoint import has_generator, load_r2former
 
     _, _, summary = trained
@@ -70,18 +70,23 @@ def test_mlflow_run_has_ranking_metrics_and_registered_model(trained):
     run = client.get_run(summary["mlflow_run_id"])
     assert "test/qdm_full/map" in run.data.metrics and "test/retriever/recall_at_1" in run.data.metrics
     assert any(k.startswith("full/train/loss") for k in run.data.metrics)
-    versions = client.search_model_versions("name='r2ag-r2former'")
+    versions = client.search_model_versions("name='r2ag-r2former-hotpotqa'")
     assert [v.run_id for v in versions] == [summary["mlflow_run_id"]]
+    assert float(versions[0].tags["metric.qdm_full/map"]) == pytest.approx(
+        {r["ranking"]: r for r in summary["ranking (test lists, MAP / recall@k)"]}["qdm full"]["map"])
+    assert versions[0].tags["data_version"] == summary["lists"]["data_version"]
 
 
 def test_evaluate_r2ag_scores_held_out_lists_and_generates(trained, data_mirror):
     from flows.r2ag import EvaluateR2AGConfig, evaluate_r2ag_flow
 
     home, _, train_summary = trained
+    assert (Path(train_summary["run_dir"]).parent / "LATEST").read_text().strip() == train_summary["model_dir"]
     cfg = load_config(EvaluateR2AGConfig, None, _overrides(home, data_mirror) + [
+        "model_uri=models:/r2ag-r2former-hotpotqa@champion",
         "prompt.max_length=256", "generation.max_lists=2", "generation.max_new_tokens=2"])
     summary = evaluate_r2ag_flow(cfg)
-    assert summary["model_dir"] == train_summary["model_dir"]  # the LATEST pointer
+    assert Path(summary["model_dir"]).is_relative_to(home)  # downloaded from the registry
     assert summary["lists"]["cache_hit"] is True  # same features stage as training
     rows = {r["ranking"]: r for r in summary["ranking (test lists, MAP / recall@k)"]}
     train_rows = {r["ranking"]: r for r in train_summary["ranking (test lists, MAP / recall@k)"]}

@@ -10,8 +10,8 @@ import pyarrow as pa
 
 from tasks.dr_rag.collection import ParagraphCollection, Question
 from tasks.dr_rag.retrieval import Retriever, concat_query
-from tasks.dr_rag.selection import (Selected, cfs_select, cis_pairs, cis_select, first_stage, qdc_select,
-                                    split_budget)
+from tasks.dr_rag.selection import (Selected, cfs_first_pairs, cfs_select, cis_pairs, cis_select, first_stage,
+                                    qdc_select, split_budget)
 
 METHODS = ("bm25", "sm", "qdc", "cis", "cfs")
 
@@ -113,8 +113,8 @@ def select_all(questions: Sequence[Question], rankings: Rankings,
             out.setdefault(("qdc", k), {})[qid] = qdc
             if probs is None:
                 continue
-            if hasattr(probs, "prefetch"):
-                probs.prefetch(cis_pairs(qdc))
+            if hasattr(probs, "prefetch"):  # batch the pairs CIS needs and CFS's first picks
+                probs.prefetch(cis_pairs(qdc) + cfs_first_pairs(first_base, second, k, cfg.k1, min(2, cfg.max_candidates)))
             out.setdefault(("cis", k), {})[qid] = cis_select(qdc, probs, cfg.threshold)
             out.setdefault(("cfs", k), {})[qid] = cfs_select(first_base, second, probs, k, cfg.threshold,
                                                              cfg.k1, cfg.max_candidates)

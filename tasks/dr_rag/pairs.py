@@ -4,9 +4,12 @@ Per question with supporting paragraphs ``d*`` and non-supporting ``dΔ``:
 
 * positives ``C(q, d*_a, d*_b) = 1``: every ordered pair of two different supporting paragraphs;
 * negatives ``C(q, d*, dΔ) = 0`` (kind ``sup_non``) and ``C(q, dΔ_a, dΔ_b) = 0`` (``non_non``,
-  two different paragraphs): all of them are ranked by ``sha256(seed, question_id, d1, d2)``
-  and the first ``round(neg_per_pos * n_positives)`` are kept, so the classes are 1:1 per
-  question (fewer negatives only if a question has too few; counted in the report).
+  two different paragraphs): ``n = round(neg_per_pos * n_positives)`` are kept, so the classes
+  are 1:1 per question. Each kind's candidates are ranked by ``sha256(seed, question_id, d1, d2)``;
+  ``round(sup_non_share * n)`` come from ``sup_non`` and the rest from ``non_non`` (a kind
+  that runs short is filled from the other). ``sup_non_share=None`` draws from the union,
+  which, with 8 distractors and 2 supporting paragraphs, gives mostly ``non_non``
+  (56 of 72). Fewer than ``n`` negatives only when a question has too few (counted).
 
 The sample depends only on ``(seed, question_id, d1, d2)``: deterministic and independent of
 the order of questions.
@@ -28,10 +31,12 @@ KINDS = ("sup_sup", "sup_non", "non_non")
 
 @dataclass(frozen=True)
 class PairSamplingConfig:
-    """seed : hash seed of the negative sample; neg_per_pos : negatives per positive (1.0 = 1:1)."""
+    """seed : hash seed of the negative sample; neg_per_pos : negatives per positive (1.0 = 1:1);
+    sup_non_share : share of the negatives of kind ``sup_non`` (None = uniform over all negatives)."""
 
     seed: int = 0
     neg_per_pos: float = 1.0
+    sup_non_share: float | None = 0.5
 
 
 @dataclass(frozen=True)
@@ -65,10 +70,12 @@ def build_pairs(questions: Sequence[Question], cfg: PairSamplingConfig = PairSam
     Raises
     ------
     ValueError
-        ``neg_per_pos`` is negative.
+        ``neg_per_pos`` is negative or ``sup_non_share`` outside [0, 1].
     """
     if cfg.neg_per_pos < 0:
         raise ValueError(f"neg_per_pos must be >= 0, got {cfg.neg_per_pos}")
+    if cfg.sup_non_share is not None and not 0.0 <= cfg.sup_non_share <= 1.0:
+        raise ValueError(f"sup_non_share must be in [0, 1] or None, got {cfg.sup_non_share}")
     pairs: list[ClassifierPair] = []
     report = dict.fromkeys(("questions", "questions_without_positive", "questions_short_of_negatives",
                             "positives", "negatives", "sup_non", "non_non"), 0)
@@ -80,10 +87,8 @@ def build_pairs(questions: Sequence[Question], cfg: PairSamplingConfig = PairSam
         if not positives:
             report["questions_without_positive"] += 1
             continue
-        negatives = [(a, b, "sup_non") for a in sup for b in non] + [(a, b, "non_non") for a, b in permutations(non, 2)]
         want = round(cfg.neg_per_pos * len(positives))
-        negatives.sort(key=lambda t: pair_hash(cfg.seed, q.question_id, t[0], t[1]))
-        chosen = negatives[:want]
+        chosen = _sample_negatives(q.question_id, sup, non, want, cfg)
         if len(chosen) < want:
             report["questions_short_of_negatives"] += 1
         pairs.extend(positives)
@@ -93,6 +98,22 @@ def build_pairs(questions: Sequence[Question], cfg: PairSamplingConfig = PairSam
         for _, _, kind in chosen:
             report[kind] += 1
     return pairs, report
+
+
+def _sample_negatives(qid: str, sup: list[str], non: list[str], want: int,
+                      cfg: PairSamplingConfig) -> list[tuple[str, str, str]]:
+    """``want`` negatives ``(d1, d2, kind)`` of one question, hash-ranked per kind (module doc)."""
+    def ranked(items):
+        return sorted(items, key=lambda t: pair_hash(cfg.seed, qid, t[0], t[1]))
+
+    sup_non = [(a, b, "sup_non") for a in sup for b in non]
+    non_non = [(a, b, "non_non") for a, b in permutations(non, 2)]
+    if cfg.sup_non_share is None:
+        return ranked(sup_non + non_non)[:want]
+    sup_non, non_non = ranked(sup_non), ranked(non_non)
+    n_sup = min(len(sup_non), max(round(cfg.sup_non_share * want), want - len(non_non)))
+    chosen = sup_non[:n_sup] + non_non[:want - n_sup]
+    return ranked(chosen)
 
 
 def pairs_table(pairs: Sequence[ClassifierPair], split: str) -> pa.Table:

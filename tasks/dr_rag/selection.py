@@ -189,3 +189,18 @@ def cfs_candidate_pairs(first: Sequence[str], second: Mapping[str, Sequence[str]
     depth = k + max_candidates * k2
     pairs = {(p, c) for p in first_stage(first, k1) for c in list(second[p])[:depth] if c != p}
     return sorted(pairs)
+
+
+def cfs_first_pairs(first: Sequence[str], second: Mapping[str, Sequence[str]], k: int,
+                    k1: int | None = None, n_candidates: int = 2) -> list[tuple[str, str]]:
+    """Pairs of each ``d*``'s first pick that do not depend on other picks: its first
+    ``n_candidates`` candidates outside ``D1`` (the usual CFS workload, scored in one batch)."""
+    k1, k2 = split_budget(k, k1)
+    if k2 == 0:
+        return []
+    d1 = first_stage(first, k1)
+    out = []
+    for p in d1:
+        cands = [c for c in second.get(p, ()) if c not in set(d1)]
+        out += [(p, c) for c in cands[:n_candidates]]
+    return out

@@ -40,6 +40,8 @@ _REPORT_BATCH = 20_000
 DOC_GROUP_ROWS = 4_096          # a documents row group ends after this many rows ...
 DOC_GROUP_BYTES = 8 * 1024 * 1024  # ... or this many bytes of text (bounds pass-2 memory)
 _LINK_BATCH = 200_000
+_PROGRESS_EVERY = 100_000
+_LINK_CACHE = 500_000  # distinct raw link targets remembered (cleared when full)
 _REPORT_FIELDS = [f.name for f in INGEST_REPORT.schema]
 
 
@@ -93,24 +95,25 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> IngestSu
         raise ValueError(f"ingest: input file names must be distinct, got {sorted(n for n, c in names.items() if c > 1)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    outputs: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix=".ingest-shards-", dir=out_dir) as tmp, ExitStack() as stack:
         report = stack.enter_context(INGEST_REPORT.open_writer(out_dir))
         state = _FirstPass(cfg, ShardWriter(Path(tmp), cfg.shard_size), report)
         uncompressed = state.run(inputs)
         title_to_id = {t: i for i, t in enumerate(sorted(t for t, s in state.titles.items() if s == KEPT))}
         rows, resolved = resolve_redirects(state.redirects, title_to_id, state.titles)
-        with REDIRECTS.open_writer(out_dir, sorted_keys=True) as w:
-            for start in range(0, len(rows), _LINK_BATCH):
-                w.write(dict(zip(("source_title", "target_title", "status", "hops"),
-                                 map(list, zip(*rows[start:start + _LINK_BATCH])))))
-        outputs["redirects"] = w.final
+        redirects = stack.enter_context(REDIRECTS.open_writer(out_dir, sorted_keys=True))
+        for start in range(0, len(rows), _LINK_BATCH):
+            redirects.write(dict(zip(("source_title", "target_title", "status", "hops"),
+                                     map(list, zip(*rows[start:start + _LINK_BATCH])))))
         docs = stack.enter_context(DOCUMENTS.open_writer(out_dir, sorted_keys=True, row_group_size=None))
         links = stack.enter_context(LINKS.open_writer(out_dir, sorted_keys=True))
         _second_pass(state, title_to_id, resolved, docs, links)
-        outputs.update(documents=docs.final, links=links.final, ingest_report=report.final)
-    counts = state.links
-    assert counts.accounted() == counts.seen, f"link accounting broken: {counts}"
+        counts = state.links
+        if counts.accounted() != counts.seen:
+            raise AssertionError(f"link accounting broken: {counts}")
+        outputs = {c.name: w.final for c, w in ((DOCUMENTS, docs), (REDIRECTS, redirects), (LINKS, links),
+                                                (INGEST_REPORT, report))}
+        # leaving the block commits links, documents, redirects, then the report (atomic renames)
     summary = IngestSummary(
         documents=len(title_to_id), redirects=len(rows), links=counts.kept, records=state.records,
         by_status=dict(sorted(state.by_status.items())), skipped=dict(sorted(state.skipped.items())),
@@ -136,6 +139,8 @@ class _FirstPass:
         self.skipped: Counter[str] = Counter()
         self.records = 0
         self._rows: list[tuple] = []
+        self._link_cache: dict[str, tuple[str, str | None]] = {}   # raw link target -> classify_link
+        self._cache_namespaces: frozenset[str] | None = None
 
     def run(self, inputs: list[Path]) -> int:
         """Read all inputs; returns the uncompressed bytes read."""
@@ -191,13 +196,18 @@ class _FirstPass:
         counts = self.links
         if page.markup == WIKITEXT:
             raw = extract_link_targets(page.text)
+            if namespaces is not self._cache_namespaces or len(self._link_cache) > _LINK_CACHE:
+                self._link_cache, self._cache_namespaces = {}, namespaces
+            cache = self._link_cache
             found = []
             for target in raw:
-                kind, title = classify_link(target, namespaces)
-                if kind == ARTICLE:
-                    found.append(title)
+                hit = cache.get(target)
+                if hit is None:
+                    hit = cache[target] = classify_link(target, namespaces)
+                if hit[0] == ARTICLE:
+                    found.append(hit[1])
                 else:
-                    setattr(counts, kind, getattr(counts, kind) + 1)
+                    setattr(counts, hit[0], getattr(counts, hit[0]) + 1)
         else:
             raw = page.links or []
             found = [t for t in map(normalise_title, raw) if t is not None]
@@ -219,6 +229,9 @@ class _FirstPass:
     def _row(self, page: RawPage, title: str | None, status: str, reason: str | None, detail: str | None) -> None:
         self.by_status[status] += 1
         self.records += 1
+        if self.records % _PROGRESS_EVERY == 0:
+            logger.info("ingest pass 1: %d records (%s), %d shards", self.records, dict(self.by_status),
+                        len(self.shards.paths))
         self._rows.append((page.source, page.position, page.record, page.page_id, title, status, reason,
                            page.n_bytes, detail))
         if len(self._rows) >= _REPORT_BATCH:

@@ -1,0 +1,163 @@
+"""The evaluate flow end to end on a small real sample under the Prefect harness.
+
+Corpus: the real Wikipedia gold passages of the first NQ-open oracle records, built and
+published by the real ``corpus-build`` flow (JSONL path, whitespace tokens, short passages so a
+document has several). Questions: those records' questions plus real NQ-open test questions
+whose answers are (mostly) not in this corpus. Reader: a scratch FiD registered in the temp
+MLflow registry and loaded through ``models:/funnelrag-reader@champion``.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+
+import mlflow
+import pyarrow.parquet as pq
+import pytest
+
+from data_contracts.evaluation import EVAL_PER_QUESTION, EVAL_RESULTS, EVAL_STAGES
+from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
+from flows.evaluate import EvaluateConfig, evaluate_flow
+from funnelrag.corpus import open_corpus
+from funnelrag.datasets import resolve
+from funnelrag.workspace import Workspace
+from tasks.questions import has_answer
+
+N_DOCS = 16
+N_TEST = 3
+
+
+@pytest.fixture(scope="module")
+def evaluated(prefect_harness, data_mirror, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("evaluate-flow")
+    home = tmp / "home"
+    with gzip.open(resolve("nq-open-oracle", data_mirror), "rt", encoding="utf-8") as fh:
+        records = [json.loads(line) for _, line in zip(range(N_DOCS), fh)]
+    docs, seen = [], set()
+    for r in records:
+        title = r["ctxs"][0]["title"]
+        if title not in seen:
+            seen.add(title)
+            docs.append({"title": title, "text": r["ctxs"][0]["text"]})
+    (tmp / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    with open(resolve("nq-open-test", data_mirror), encoding="utf-8") as fh:
+        test_lines = [next(fh) for _ in range(N_TEST)]
+    from tasks.questions import _parse_tsv  # noqa: PLC0415 - the loader's own parser
+
+    extra = [_parse_tsv(tmp, i, line.rstrip("\n")) for i, line in enumerate(test_lines, 1)]
+    qs = [{"question": r["question"], "answers": r["answers"]} for r in records]
+    qs += [{"question": q, "answers": a} for q, a in extra]
+    (tmp / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qs))
+    ws_cfg = {"home": home, "data_mirror": data_mirror}
+    corpus_build_flow(CorpusBuildConfig.model_validate({
+        "name": "oracle-mini", "source": {"datasets": [], "paths": [str(tmp / "corpus.jsonl")]},
+        "ingest": {"format": "jsonl"}, "clustering": {"tokenizer": "whitespace"},
+        "segment": {"tokenizer": "whitespace", "passage_words": 30, "unit_max_tokens": 70},
+        "workspace": ws_cfg}))
+
+    # a scratch FiD reader, registered as the champion reader
+    from funnelrag.registry import register_model  # noqa: PLC0415
+    from funnelrag.tracking import flow_run  # noqa: PLC0415
+    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
+    from funnelrag.training import TrainConfig  # noqa: PLC0415
+    from tasks.train_reader import ReaderTrainConfig, save_reader  # noqa: PLC0415
+
+    tok_dir = resolve("t5-tokenizer", data_mirror).parent
+    fid_cfg = FiDConfig(tokenizer=str(tok_dir), d_model=64, n_layers=2, n_heads=2, d_ff=128)
+    reader, rtok = FiDReader.from_config(fid_cfg)
+    reader_dir = save_reader(reader, rtok, ReaderTrainConfig(fid=fid_cfg, train=TrainConfig(output_dir=str(tmp))),
+                             tmp / "reader")
+    with flow_run(Workspace(home), "train-reader", "reader", {}):
+        register_model(reader_dir, "funnelrag-reader", config={}, data_version="test", metrics={"em": 0.0},
+                       gate_metric="em")
+
+    cfg = EvaluateConfig.model_validate({
+        "workspace": ws_cfg, "corpus": "oracle-mini",
+        "questions": {"datasets": [], "paths": [str(tmp / "questions.jsonl")], "limit": None},
+        "flat": {"retrievers": ["bm25", "dense"], "n_retrieve": 8},
+        "progressive": [{"n_clusters": 3, "n_units": 2}],
+        "prerankers": {"minilm": "minilm", "ghost": "models:/no-such-preranker@champion"},
+        "reader": "models:/funnelrag-reader@champion",
+        "dense": {"encoder": {"max_length": 64}, "batch_size": 32},
+        "generator": {"settings": {"max_answer_tokens": 3}},
+        "attention_run": {"max_passage_tokens": 64}})
+    summary = evaluate_flow(cfg)
+    corpus = open_corpus(Workspace(home), "oracle-mini")
+    return {"summary": summary, "home": home, "corpus": corpus, "questions": qs, "cfg": cfg}
+
+
+def _tables(out):
+    d = out["summary"]["artifacts"]
+    return EVAL_RESULTS.read(d), EVAL_STAGES.read(d), EVAL_PER_QUESTION.read(d)
+
+
+def test_settings_subsets_and_answerability(evaluated):
+    s = evaluated["summary"]
+    results, stages, per_q = _tables(evaluated)
+    names = {r["setting"] for r in s["table"]}
+    assert names == {"flat-bm25-8p-4p", "flat-bm25-8p-minilm-4p", "flat-dense-8p-4p", "flat-dense-8p-minilm-4p",
+                     "prog-3c-2d-minilm-4p", "prog-3c-2d-minilm-fid-4p"}
+    assert "preranker ghost" in s["skipped"] and "reader" not in s["skipped"]
+    assert s["models"]["reader"]["reader.registry_version"] == "1"
+    # answerability = DPR has_answer against every corpus passage, computed here directly
+    texts = evaluated["corpus"].passages["text"].to_pylist()
+    qs = evaluated["questions"]
+    expected = sum(any(has_answer(q["answers"], t) for t in texts) for q in qs)
+    assert s["questions"] == len(qs) and s["answer_in_corpus"] == expected
+    assert N_DOCS - 4 <= expected < len(qs)   # gold passages answer (almost) all of theirs; not the test ones
+    assert set(results["subset"].to_pylist()) == {"all", "answer_in_corpus"}
+
+
+def test_flat_bm25_rows_match_the_index_and_dpr_has_answer(evaluated):
+    _, _, per_q = _tables(evaluated)
+    corpus = evaluated["corpus"]
+    index = corpus.passage_index()
+    text = dict(zip(corpus.passages["passage_id"].to_pylist(), corpus.passages["text"].to_pylist()))
+    answers = {f"questions:{i + 1:06d}": q["answers"] for i, q in enumerate(evaluated["questions"])}
+    rows = [r for r in per_q.to_pylist() if r["setting"] == "flat-bm25-8p-4p"]
+    questions = {f"questions:{i + 1:06d}": q["question"] for i, q in enumerate(evaluated["questions"])}
+    for r in rows:
+        ids, _ = index.search([questions[r["question_id"]]], 8)
+        assert r["passage_ids"] == ids[0][:4]
+        assert r["has_answer"] == [has_answer(answers[r["question_id"]], text[p]) for p in r["passage_ids"]]
+    ar4 = sum(any(r["has_answer"]) for r in rows) / len(rows)
+    assert ar4 >= 0.5   # the gold passages are in this corpus: BM25 finds most of them
+
+
+def test_metrics_are_consistent_and_stages_follow_the_funnel(evaluated):
+    results, stages, per_q = _tables(evaluated)
+    for r in results.to_pylist():
+        assert r["ar_1"] <= r["ar_2"] <= r["ar_3"] <= r["ar_4"] <= r["ar_candidates"] + 1e-12
+        assert 0.0 <= r["entropy_top4"] <= 2.0 and r["em"] is not None and r["seconds_per_query"] > 0
+    by = {r["setting"]: r for r in results.to_pylist() if r["subset"] == "all"}
+    assert by["prog-3c-2d-minilm-4p"]["funnel"].endswith("→3c→2d→4p")
+    assert by["flat-dense-8p-minilm-4p"]["funnel"].endswith("p→8p→4p")
+    st = [r for r in stages.to_pylist() if r["setting"] == "prog-3c-2d-minilm-fid-4p" and r["subset"] == "all"]
+    assert [r["stage"] for r in st] == ["retrieval", "chunking", "preranking", "postranking"]
+    assert st[0]["n_out"] == 3 and st[2]["n_out"] == 2 and st[3]["n_out"] == 4
+    assert st[0]["answer_recall"] >= st[2]["answer_recall"] >= st[3]["answer_recall"] - 1e-12
+    # post-ranking re-orders the passages of the same top-N units the plain variant is cut from
+    plain = {r["question_id"]: r for r in per_q.to_pylist() if r["setting"] == "prog-3c-2d-minilm-4p"}
+    for r in per_q.to_pylist():
+        if r["setting"] == "prog-3c-2d-minilm-fid-4p":
+            assert len(r["passage_ids"]) == 4 and r["stage_counts"][:3] == plain[r["question_id"]]["stage_counts"]
+            assert len({p.rsplit(".p", 1)[0] for p in r["passage_ids"]}) <= 2
+
+
+def test_mlflow_run_and_artifacts(evaluated):
+    s, home = evaluated["summary"], evaluated["home"]
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    run = client.get_run(s["mlflow_run_id"])
+    m = run.data.metrics
+    results, _, _ = _tables(evaluated)
+    row = next(r for r in results.to_pylist() if r["setting"] == "flat-bm25-8p-4p" and r["subset"] == "all")
+    assert m["flat-bm25-8p-4p.all.ar_4"] == pytest.approx(row["ar_4"])
+    assert "prog-3c-2d-minilm-fid-4p.stage3_postranking.seconds" in m and m["questions"] == s["questions"]
+    assert run.data.params["reader"] == "models:/funnelrag-reader@champion"
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
+    assert {"evaluation/results.evaluation.md", "evaluation/results.evaluation.csv",
+            "evaluation/answer_recall_at_k.png", "evaluation/results.evaluation.parquet"} <= names
+    md = (client.download_artifacts(run.info.run_id, "evaluation/results.evaluation.md"))
+    text = open(md, encoding="utf-8").read()
+    assert "| flat-bm25-8p-4p |" in text and "## answer_in_corpus" in text
+    assert pq.read_metadata(f"{s['artifacts']}/per_question.evaluation.parquet").num_rows == 6 * s["questions"]
