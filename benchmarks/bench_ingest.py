@@ -57,7 +57,8 @@ def bench_enwiki(dump: Path, repeats: int) -> None:
         extract_link_targets(t)
     links_s = _cpu() - c0
     print(f"  bz2 + XML parse          : {parse_s:.3f} CPU s -> {mb / parse_s:.1f} MB/s")
-    print(f"  clean_wikitext           : {clean_s:.3f} CPU s -> {text_mb / clean_s:.1f} MB/s of wikitext ({text_mb:.2f} MB)")
+    print(f"  clean_wikitext           : {clean_s:.3f} CPU s -> {text_mb / clean_s:.1f} MB/s "
+          f"of wikitext ({text_mb:.2f} MB)")
     print(f"  extract_link_targets     : {links_s:.3f} CPU s -> {text_mb / links_s:.1f} MB/s")
     import mwparserfromhell  # noqa: PLC0415 - reference only
 
@@ -89,7 +90,8 @@ def bench_memory(dump: Path, scale: int) -> None:
                 with open(big, "wb") as fh:
                     fh.write(xml[:first])
                     for k in range(copies):
-                        fh.write(re.sub(rb"<title>([^<]*)</title>", rb"<title>\1 " + str(k).encode() + rb"</title>", body))
+                        suffix = b" " + str(k).encode()
+                        fh.write(re.sub(rb"<title>([^<]*)</title>", rb"<title>\1" + suffix + rb"</title>", body))
                     fh.write(xml[last:])
             size = big.stat().st_size / 1e6
             out = subprocess.run([sys.executable, __file__, "--child", str(big), str(shard_size), str(Path(tmp) / "o")],

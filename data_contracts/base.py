@@ -6,12 +6,14 @@ schema and a schema version (Kedro's catalog, pyserini's typed index names). A v
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -328,6 +330,31 @@ def atomic_write(final: Path, writer: Callable[[Path], None]) -> None:
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path) -> Iterator[Path]:
+    """Build a directory under a temporary sibling name and move it onto ``final`` on success.
+
+    Yields the temporary directory. If the block raises, it is removed and ``final`` is left
+    as it was. An existing ``final`` is moved aside, replaced, then deleted, so a reader sees
+    the old or the new complete directory (or, for an instant, none), never a partial one.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

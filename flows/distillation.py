@@ -86,10 +86,10 @@ class DistillationConfig(FlowConfig):
     corpus_version: str | None = None
     questions: QuestionSource = Field(default_factory=QuestionSource)
     split: QuestionsConfig = QuestionsConfig(dev_fraction=0.2, seed=0)
-    n_train: int | None = 300
-    n_eval: int | None = 150
-    candidates: CandidatesConfig = CandidatesConfig(n_clusters=6, n_units=8, batch_size=32)
-    preranker: PreRankerConfig = PreRankerConfig(kind="bi", max_length=256)
+    n_train: int | None = 150
+    n_eval: int | None = 100
+    candidates: CandidatesConfig = CandidatesConfig(n_clusters=3, n_units=8, batch_size=32)
+    preranker: PreRankerConfig = PreRankerConfig(kind="bi", max_length=128)
     reader: ReaderSection = Field(default_factory=ReaderSection)
     attention: AttentionScoreConfig = AttentionScoreConfig()
     attention_run: AttentionRunConfig = AttentionRunConfig(max_passage_tokens=160, batch_size=1)

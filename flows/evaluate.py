@@ -70,7 +70,19 @@ class GeneratorConfig(BaseModel):
 
 class EvaluateConfig(FlowConfig):
     """Configuration of ``evaluate`` (defaults: Wikispeedia, 200 NQ-open test questions,
-    FunnelRAG's funnel sizes K = 80, N = 8, H = 4 and flat 400p → 4p)."""
+    FunnelRAG's funnel sizes K = 80, N = 8, H = 4 and flat 400p → 4p).
+
+    prerankers : label → reference (:mod:`tasks.evaluate.models`): ``minilm`` (the untrained
+        baseline, "before distillation"), ``models:/funnelrag-preranker@champion`` (the distilled
+        one, "after"), or a saved pre-ranker directory.
+    preranker_max_length : tokens per input of the ``minilm`` baseline (None = its 256).
+    reader : FiD post-ranker and EM generator (``models:/...``, a saved reader directory,
+        ``scratch`` for an untrained one, or None).
+    on_missing_model : ``skip`` (report it in ``skipped``) or ``error`` when a reference cannot
+        be loaded.
+    torch_threads : intra-op threads for the run (restored afterwards); per-query latency on a
+        shared CPU is far more stable with 1.
+    """
 
     corpus: str = "wikispeedia"
     corpus_version: str | None = None
@@ -80,6 +92,7 @@ class EvaluateConfig(FlowConfig):
     progressive: list[ProgressiveSetting] = Field(default_factory=lambda: [ProgressiveSetting()])
     prerankers: dict[str, str] = Field(default_factory=lambda: {"minilm": "minilm"})
     preranker_batch_size: int = 32
+    preranker_max_length: int | None = None
     reader: str | None = f"models:/{READER_MODEL}@champion"
     post_rank: bool = True
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
@@ -87,6 +100,7 @@ class EvaluateConfig(FlowConfig):
     attention: AttentionScoreConfig = AttentionScoreConfig()
     attention_run: AttentionRunConfig = AttentionRunConfig()
     on_missing_model: Literal["skip", "error"] = "skip"
+    torch_threads: int | None = None
     experiment: str = EXPERIMENT
 
 
@@ -115,7 +129,7 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
     prerankers, provenance, skipped = [], {}, {}
     for label, ref in sorted(cfg.prerankers.items()):
         try:
-            model, tok, resolved = load_preranker_ref(ref, download_dir)
+            model, tok, resolved = load_preranker_ref(ref, download_dir, cfg.preranker_max_length)
         except Exception as exc:  # noqa: BLE001 - MLflow / file errors become a skip reason
             if cfg.on_missing_model == "error":
                 raise
@@ -180,6 +194,24 @@ RESULT_METRICS = ("ar_1", "ar_2", "ar_3", "ar_4", "ar_candidates", "entropy_top4
                   "generation_seconds_per_query")
 
 
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, torch threads and load average: the context of every timing."""
+    import os  # noqa: PLC0415
+    import platform  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(), "load_avg_1m": load}
+
+
 def mlflow_metrics(results, stages) -> dict[str, float]:
     """``{setting}.{all|in_corpus}.{metric}`` per results row and
     ``{setting}.stage{i}_{stage}.{seconds|ar|n_out}`` per stage (all questions)."""
@@ -231,7 +263,8 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
         mlflow.log_artifact(str(f), artifact_path="evaluation")
     for params in info.get("models", {}).values():
         mlflow.log_params(params)
-    mlflow.set_tags({"corpus_digest": corpus.digest, "skipped": json.dumps(sorted(info.get("skipped", {})))})
+    mlflow.set_tags({"corpus_digest": corpus.digest, "skipped": json.dumps(sorted(info.get("skipped", {}))),
+                     **{f"machine.{k}": str(v) for k, v in info.get("machine", {}).items()}})
     create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"), markdown=md, description="flat vs progressive retrieval")
     return summary
 
@@ -244,6 +277,18 @@ def _slug(text: str) -> str:
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(config: EvaluateConfig) -> dict[str, Any]:
     """Evaluate flat and progressive retrieval; returns the summary printed by the CLI."""
+    import torch  # noqa: PLC0415
+
+    threads = torch.get_num_threads()
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    try:
+        return _evaluate(config)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
     from funnelrag.corpus import open_corpus  # noqa: PLC0415
     from funnelrag.tracking import flow_run  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
@@ -280,7 +325,8 @@ def evaluate_flow(config: EvaluateConfig) -> dict[str, Any]:
         qtext = {q.question_id: q.question for q in questions}
         reader_label = "fid" if reader is not None and config.post_rank else ""
         runs: list[tuple[SettingSpec, list]] = []
-        info: dict[str, Any] = {"question_load": qinfo, "models": provenance, "skipped": skipped}
+        info: dict[str, Any] = {"question_load": qinfo, "models": provenance, "skipped": skipped,
+                                "machine": machine_info()}
         lookup = PassageLookup(passages)
         flat = FlatSetting(n_retrieve=config.flat.n_retrieve, n_final=config.n_final)
         for name in config.flat.retrievers:

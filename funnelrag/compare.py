@@ -3,7 +3,8 @@
 A reference is an MLflow run id, or a registered model version ``models:/<name>/<version>`` /
 ``models:/<name>@<alias>`` (shown through the run that logged it, plus the version's
 ``metric.*`` tags written by :func:`funnelrag.registry.register_model`). The table has one row
-per param (``param.<key>``), tag-metric (``version.<key>``) and metric (``metric.<key>``) and
+per param (``param.<key>``), model-version alias list (``model.aliases``), tag-metric
+(``version.<key>``) and metric (``metric.<key>``) and
 one column per reference; rows whose values differ are marked ``*``. Example::
 
     funnelrag compare models:/funnelrag-preranker@champion models:/funnelrag-preranker@challenger
@@ -49,7 +50,7 @@ def resolve_column(client, ref: str) -> Column:
             if not mv.run_id:
                 raise ValueError(f"{ref}: model version {mv.name} v{mv.version} has no run")
             run_id, label = mv.run_id, f"{mv.name} v{mv.version}"
-            values["version.aliases"] = ",".join(sorted(getattr(mv, "aliases", []) or [])) or "–"
+            values["model.aliases"] = ",".join(sorted(getattr(mv, "aliases", []) or [])) or "–"
             values.update({f"version.{k[len(METRIC_TAG):]}": _number(v) for k, v in mv.tags.items()
                            if k.startswith(METRIC_TAG)})
         else:

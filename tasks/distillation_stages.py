@@ -66,13 +66,13 @@ def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, s
     for contract, table in ((UNIT_POOL, cs.unit_pool), (CANDIDATES, cs.candidates), (UNITS, cs.units),
                             (QUESTIONS, questions)):
         contract.write(table, out_dir)
-    n = questions.num_rows
     pairs = cs.unit_pool.num_rows
-    return {"split": split, "questions": n, "pool_units": pairs, "distinct_units": cs.units.num_rows,
+    return {"split": split, "questions": questions.num_rows, "pool_units": pairs, "distinct_units": cs.units.num_rows,
             "candidate_passages": cs.candidates.num_rows,
             "seconds": {k: round(v, 4) for k, v in cs.timings.items()},
             "prerank_pairs_per_s": pairs / max(cs.timings["preranking"], 1e-9),
-            "answer_recall": {str(k): v for k, v in answer_recall(cs.unit_pool, [1, 2, 3, 4, cfg.n_units]).items()}}
+            "answer_recall": {str(k): v for k, v in answer_recall(cs.unit_pool, [1, 2, 3, 4, cfg.n_units],
+                                                                  questions["question_id"].to_pylist()).items()}}
 
 
 def reader_examples(candidates: pa.Table, questions: pa.Table) -> list:

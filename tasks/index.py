@@ -10,13 +10,13 @@ index queried without the stemmer silently returns garbage).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from data_contracts.base import atomic_directory
 
 TOKENIZER_FILE = "tokenizer.index.json"
 IDS_FILE = "doc_ids.index.json"
@@ -93,22 +93,12 @@ class BM25Index:
 
     def save(self, directory: Path) -> Path:
         """Write the index atomically: into a temporary sibling directory, then rename."""
-        directory = Path(directory)
-        tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
+        with atomic_directory(Path(directory)) as tmp:
             self.retriever.save(str(tmp), show_progress=False)
             (tmp / IDS_FILE).write_text(json.dumps(self.doc_ids))
             (tmp / TOKENIZER_FILE).write_text(json.dumps(asdict(self.cfg), sort_keys=True, indent=1))
             _canonicalise_json(tmp / "vocab.index.json")
             _canonicalise_json(tmp / "params.index.json")
-            if directory.exists():
-                shutil.rmtree(directory)
-            os.replace(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return directory
 
     @classmethod

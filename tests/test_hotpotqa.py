@@ -6,17 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from funnelrag.datasets import default_mirror, resolve
+from funnelrag.datasets import resolve
 from tasks.hotpotqa import (HotpotQAFormatError, QARecord, SplitConfig, load_hotpotqa,
                             read_hotpotqa, split_train_dev)
 
 
 @pytest.fixture(scope="module")
-def hotpot_path() -> Path:
-    mirror = default_mirror()
-    if mirror is None:
-        pytest.skip("no data mirror")
-    return resolve("hotpotqa-dev-subsampled", mirror)
+def hotpot_path(data_mirror) -> Path:
+    return resolve("hotpotqa-dev-subsampled", data_mirror)
 
 
 @pytest.fixture(scope="module")

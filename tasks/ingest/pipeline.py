@@ -92,7 +92,8 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> IngestSu
             raise FileNotFoundError(f"ingest: input {path} does not exist")
     names = Counter(p.name for p in inputs)
     if max(names.values()) > 1:
-        raise ValueError(f"ingest: input file names must be distinct, got {sorted(n for n, c in names.items() if c > 1)}")
+        dups = sorted(n for n, c in names.items() if c > 1)
+        raise ValueError(f"ingest: input file names must be distinct (the report keys on them), got {dups}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ingest-shards-", dir=out_dir) as tmp, ExitStack() as stack:
@@ -182,7 +183,8 @@ class _FirstPass:
             self.redirects[title] = target if kind == ARTICLE else None
             self.titles[title] = REDIRECT
             return self._row(page, title, REDIRECT, None, f"-> {page.redirect}")
-        if self.cfg.exclude_disambiguation and is_disambiguation(title, page.text if wikitext else None, self.templates):
+        markup = page.text if wikitext else None
+        if self.cfg.exclude_disambiguation and is_disambiguation(title, markup, self.templates):
             return self._skip(page, title, DISAMBIGUATION, None)
         text = clean_wikitext(page.text) if wikitext else page.text
         if len(text) < self.cfg.min_text_chars:
@@ -255,7 +257,8 @@ def _second_pass(state: _FirstPass, title_to_id: dict[str, int], resolved: dict[
     doc_bytes = 0
     src_ids: list[int] = []
     dst_ids: list[int] = []
-    for doc_id, (title, text, page_id, source, targets) in enumerate(merge_shards(state.shards.paths, state.shards.group_rows)):
+    merged = merge_shards(state.shards.paths, state.shards.group_rows)
+    for doc_id, (title, text, page_id, source, targets) in enumerate(merged):
         if title_to_id[title] != doc_id:
             raise AssertionError(f"shard merge out of order at {title!r}")
         doc_rows.append((doc_id, title, text, page_id, source))

@@ -54,7 +54,7 @@ class WikispeediaReader:
         ``seen`` (link lines), ``malformed``, ``unknown_source`` (source title with no
         article), filled while :meth:`pages` runs.
     bytes_read : int
-        Uncompressed bytes of the members read.
+        Uncompressed bytes of the article members and ``links.tsv``.
     """
 
     def __init__(self, inputs: list[Path], max_page_bytes: int):
@@ -88,6 +88,7 @@ class WikispeediaReader:
             if member.name.rsplit("/", 1)[-1] != LINKS_MEMBER:
                 continue
             found = True
+            self.bytes_read += len(data)
             record = f"{member.name}:line"
             last_raw, last_src = None, None  # lines come grouped by source
             for lineno, line in enumerate(data.split(b"\n"), start=1):
@@ -122,7 +123,7 @@ class WikispeediaReader:
                 page.error, page.detail = MALFORMED_PAGE, "not a plaintext_articles/*.txt member"
                 yield page
                 continue
-            page.title = _unquote(name[len(ARTICLE_DIR):-len(".txt")].encode())
+            page.title = _unquote(name[len(ARTICLE_DIR):-len(".txt")])
             page.links = links.pop(normalise_title(page.title) or "", None)
             if member.size > self.max_page_bytes:
                 page.error, page.detail = OVERSIZE, f"{member.size} bytes"
@@ -150,9 +151,12 @@ def strip_header_footer(text: str) -> str:
     return tidy_whitespace(body)
 
 
-def _unquote(raw: bytes) -> str:
-    """URL-unquote a Wikispeedia file name or links.tsv field (UTF-8; invalid → U+FFFD)."""
-    return unquote(raw.decode("utf-8", errors="replace"))
+def _unquote(raw: bytes | str) -> str:
+    """URL-unquote a Wikispeedia file name or links.tsv field (UTF-8; invalid → U+FFFD, which
+    makes the title invalid)."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    return unquote(raw)
 
 
 def _has_member(path: Path, prefix: str) -> bool:
