@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig
 from tasks.attention import AttentionRunConfig, AttentionScoreConfig
@@ -67,6 +67,12 @@ class GeneratorConfig(BaseModel):
     model: str | None = None
     settings: GenerationConfig = GenerationConfig()
 
+    @model_validator(mode="after")
+    def _model_for_llm(self) -> "GeneratorConfig":
+        if self.kind == "causal-lm" and not self.model:
+            raise ValueError("generator.kind=causal-lm needs generator.model (a local directory or hub name)")
+        return self
+
 
 class EvaluateConfig(FlowConfig):
     """Configuration of ``evaluate`` (defaults: Wikispeedia, 200 NQ-open test questions,
@@ -82,12 +88,13 @@ class EvaluateConfig(FlowConfig):
         be loaded.
     torch_threads : intra-op threads for the run (restored afterwards); per-query latency on a
         shared CPU is far more stable with 1.
+    block_questions : settings run interleaved over blocks of this many questions.
     """
 
     corpus: str = "wikispeedia"
     corpus_version: str | None = None
     questions: QuestionSource = Field(default_factory=QuestionSource)
-    n_final: int = 4
+    n_final: int = Field(default=4, ge=1)
     flat: FlatConfig = Field(default_factory=FlatConfig)
     progressive: list[ProgressiveSetting] = Field(default_factory=lambda: [ProgressiveSetting()])
     prerankers: dict[str, str] = Field(default_factory=lambda: {"minilm": "minilm"})
@@ -101,6 +108,7 @@ class EvaluateConfig(FlowConfig):
     attention_run: AttentionRunConfig = AttentionRunConfig()
     on_missing_model: Literal["skip", "error"] = "skip"
     torch_threads: int | None = None
+    block_questions: int = Field(default=20, ge=1)
     experiment: str = EXPERIMENT
 
 
@@ -122,15 +130,18 @@ def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bo
 def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dict[str, dict], dict[str, str]]:
     """Pre-rankers, the reader and their provenance; a missing model is skipped (and reported)
     or raises, per ``on_missing_model``."""
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
     from funnelrag import datasets  # noqa: PLC0415
     from tasks.evaluate.models import load_preranker_ref, load_reader_ref  # noqa: PLC0415
     from tasks.evaluate.retrieval import PreRanker  # noqa: PLC0415
 
+    missing = (OSError, ValueError, KeyError, MlflowException)  # no such file / version / alias
     prerankers, provenance, skipped = [], {}, {}
     for label, ref in sorted(cfg.prerankers.items()):
         try:
             model, tok, resolved = load_preranker_ref(ref, download_dir, cfg.preranker_max_length)
-        except Exception as exc:  # noqa: BLE001 - MLflow / file errors become a skip reason
+        except missing as exc:
             if cfg.on_missing_model == "error":
                 raise
             skipped[f"preranker {label}"] = f"{ref}: {type(exc).__name__}: {exc}"
@@ -144,7 +155,7 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
             model, tok, resolved = load_reader_ref(cfg.reader, download_dir, tok_dir)
             reader = (model, tok)
             provenance["reader"] = resolved.as_params("reader")
-        except Exception as exc:  # noqa: BLE001
+        except missing as exc:
             if cfg.on_missing_model == "error":
                 raise
             skipped["reader"] = f"{cfg.reader}: {type(exc).__name__}: {exc}"
@@ -160,7 +171,8 @@ def dense_task(cfg: EvaluateConfig, ws, corpus) -> tuple[Any, Any, Any, dict]:
 
     encoder, tok = BiEncoder.from_pretrained(cfg.dense.encoder)
     model_id = model_fingerprint(resolve_model_path(cfg.dense.encoder.name_or_path))
-    index, info = dense_index(StageCache(ws.cache_dir / "evaluate"), corpus.digest, corpus.passages,
+    content = corpus.manifest.get("content_digest", corpus.digest)   # same passages ⇒ same index
+    index, info = dense_index(StageCache(ws.cache_dir / "evaluate"), content, corpus.passages,
                               encoder, tok, model_id, cfg.dense)
     return index, encoder, tok, info
 
@@ -173,11 +185,11 @@ def flat_task(questions, retrieve, lookup, setting: FlatSetting, prerankers, tok
 
 
 @task(name="evaluate-progressive", cache_policy=NO_CACHE)
-def progressive_task(questions, corpus, seg_cfg, counter, setting: ProgressiveSetting, preranker, reader,
-                     cfg: EvaluateConfig) -> dict:
+def progressive_task(questions, cluster_index, members_of, seg_cfg, counter, setting: ProgressiveSetting, preranker,
+                     reader, cfg: EvaluateConfig) -> dict:
     from tasks.evaluate.retrieval import run_progressive  # noqa: PLC0415
 
-    return run_progressive(questions, corpus.cluster_index(), corpus.members_of, seg_cfg, counter, setting,
+    return run_progressive(questions, cluster_index, members_of, seg_cfg, counter, setting,
                            preranker, reader, cfg.attention, cfg.attention_run)
 
 
@@ -239,8 +251,8 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
     from tasks.evaluate.report import plot_answer_recall, tables, to_markdown, write_tables  # noqa: PLC0415
 
     results, stages, per_q = tables(*rows)
-    title = (f"evaluate `{cfg.corpus}` version `{corpus.version}`: {results['n_questions'][0].as_py() if results.num_rows else 0} "
-             f"questions")
+    n_questions = results["n_questions"][0].as_py() if results.num_rows else 0
+    title = f"evaluate `{cfg.corpus}` version `{corpus.version}`: {n_questions} questions"
     md = to_markdown(results, stages, title)
     files = write_tables(run_dir, results, stages, per_q, md)
     files.append(plot_answer_recall(results, run_dir / "answer_recall_at_k.png"))
@@ -324,32 +336,45 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
         answers = {q.question_id: q.answers for q in questions}
         qtext = {q.question_id: q.question for q in questions}
         reader_label = "fid" if reader is not None and config.post_rank else ""
-        runs: list[tuple[SettingSpec, list]] = []
         info: dict[str, Any] = {"question_load": qinfo, "models": provenance, "skipped": skipped,
                                 "machine": machine_info()}
         lookup = PassageLookup(passages)
         flat = FlatSetting(n_retrieve=config.flat.n_retrieve, n_final=config.n_final)
+        retrievers = {}
         for name in config.flat.retrievers:
             if name == "bm25":
-                retrieve = bm25_retriever(corpus.passage_index())
+                retrievers[name] = bm25_retriever(corpus.passage_index())
             else:
                 index, encoder, etok, info["dense_index"] = dense_task(config, ws, corpus)
-                retrieve = dense_retriever(index, encoder, etok)
-            out = flat_task(questions, retrieve, lookup, FlatSetting(name, flat.n_retrieve, flat.n_final),
-                            prerankers if config.flat.rerank else [], tokens)
-            for label, results in out.items():
-                spec = SettingSpec(_slug(f"flat-{name}-{flat.n_retrieve}p-{label + '-' if label else ''}{flat.n_final}p"),
-                                   "flat", name, label, "", flat.n_final)
-                runs.append((spec, results))
-        for setting in config.progressive:
-            for pr in prerankers:
-                out = progressive_task(qtable, corpus, seg_cfg, counter, setting, pr,
-                                       reader if config.post_rank else None, config)
-                for post, results in sorted(out.items()):
-                    base = f"prog-{setting.n_clusters}c-{setting.n_units}d-{pr.label}"
-                    spec = SettingSpec(_slug(f"{base}{'-fid' if post else ''}-{setting.n_final}p"), "progressive",
-                                       "bm25-clusters", pr.label, reader_label if post else "", setting.n_final)
-                    runs.append((spec, results))
+                retrievers[name] = dense_retriever(index, encoder, etok)
+        cluster_index = corpus.cluster_index() if config.progressive else None
+        specs: dict[str, SettingSpec] = {}
+        by_setting: dict[str, list] = {}
+
+        def add(spec: SettingSpec, results: list) -> None:
+            specs.setdefault(spec.name, spec)
+            by_setting.setdefault(spec.name, []).extend(results)
+
+        # Settings are interleaved block by block, so a change of machine load during the run
+        # affects every setting alike instead of biasing the one that happened to run then.
+        for start in range(0, len(questions), config.block_questions):
+            block, block_table = questions[start:start + config.block_questions], qtable.slice(start, config.block_questions)
+            for name, retrieve in retrievers.items():
+                out = flat_task(block, retrieve, lookup, FlatSetting(name, flat.n_retrieve, flat.n_final),
+                                prerankers if config.flat.rerank else [], tokens)
+                for label, results in out.items():
+                    add(SettingSpec(_slug(f"flat-{name}-{flat.n_retrieve}p-{label + '-' if label else ''}{flat.n_final}p"),
+                                    "flat", name, label, "", flat.n_final), results)
+            for setting in config.progressive:
+                for pr in prerankers:
+                    out = progressive_task(block_table, cluster_index, corpus.members_of, seg_cfg, counter, setting, pr,
+                                           reader if config.post_rank else None, config)
+                    for post, results in sorted(out.items()):
+                        base = f"prog-{setting.n_clusters}c-{setting.n_units}d-{pr.label}"
+                        add(SettingSpec(_slug(f"{base}{'-fid' if post else ''}-{setting.n_final}p"), "progressive",
+                                        "bm25-clusters", pr.label, reader_label if post else "", setting.n_final), results)
+            logger.info("evaluated %d/%d questions", min(start + config.block_questions, len(questions)), len(questions))
+        runs = [(specs[n], by_setting[n]) for n in specs]
         rows: tuple[list, list, list] = ([], [], [])
         for spec, results in runs:
             generated = generate_task(gen, results, qtext) if gen is not None else None

@@ -35,6 +35,16 @@ FLOW_MODULES = (
 COMMAND_INDEX = {
     "build-corpus": "flows.corpus_build",
     "demo": "flows.demo",
+    "distill": "flows.distillation",
+    "train-reader": "flows.distillation",
+    "score-passages": "flows.distillation",
+    "distill-preranker": "flows.distillation",
+    "evaluate": "flows.evaluate",
+    "dr-rag": "flows.dr_rag",
+    "dr-rag-train": "flows.dr_rag",
+    "dr-rag-evaluate": "flows.dr_rag",
+    "train-r2former": "flows.r2ag",
+    "evaluate-r2ag": "flows.r2ag",
 }
 
 
@@ -112,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``funnelrag`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     wanted = next((a for a in argv if not a.startswith("-")), None)
+    if wanted == "compare":  # its own argument parser: funnelrag compare RUN_OR_MODEL ...
+        from funnelrag.compare import compare_main  # noqa: PLC0415
+
+        return compare_main(argv[argv.index("compare") + 1:])
     commands = {} if wanted == "search" else _commands(wanted)
     parser = argparse.ArgumentParser(prog="funnelrag", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -123,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="override a config value, e.g. clustering.max_tokens=2048 (repeatable)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
+    sub.add_parser("compare", help="print MLflow runs or registered model versions side by side "
+                   "(funnelrag compare RUN_OR_MODEL RUN_OR_MODEL ... [--home DIR] [--diff])", add_help=False)
     s = sub.add_parser("search", help="print the top clusters of the current corpus for a question")
     s.add_argument("question")
     s.add_argument("--k", type=int, default=10)

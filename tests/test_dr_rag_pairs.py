@@ -109,3 +109,25 @@ def test_pairs_report_questions_without_enough_data():
     assert rep3["negatives"] == 6 and rep3["positives"] == 2
     with pytest.raises(ValueError):
         build_pairs([q_single], PairSamplingConfig(neg_per_pos=-1))
+
+
+def test_collection_and_pair_stages_are_byte_identical(data_mirror, tmp_path):
+    from data_contracts.base import sha256_file
+    from tasks.dr_rag.stages import DataConfig, read_collection, run_collection, run_pairs
+    from tasks.hotpotqa import SplitConfig
+
+    path = resolve("hotpotqa-dev-subsampled", data_mirror)
+    cfg = DataConfig(max_questions=40, split=SplitConfig(seed=0, dev_fraction=0.25))
+    for run in ("a", "b"):
+        summary = run_collection(path, cfg, tmp_path / run / "c")
+        run_pairs(tmp_path / run / "c", PairSamplingConfig(), tmp_path / run / "p")
+    assert summary["train_questions"] + summary["dev_questions"] == 40
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.parquet"))
+    assert len(files) == 4
+    for f in files:
+        assert sha256_file(tmp_path / "a" / f) == sha256_file(tmp_path / "b" / f), f
+    coll = read_collection(tmp_path / "a" / "c")
+    assert [len(coll.questions["train"]), len(coll.questions["dev"])] == [summary["train_questions"], summary["dev_questions"]]
+    assert all(len(q.supporting) == 2 for qs in coll.questions.values() for q in qs)
+    with pytest.raises(ValueError, match="leaves train="):
+        run_collection(path, DataConfig(max_questions=5, split=SplitConfig(dev_fraction=0.0)), tmp_path / "x")

@@ -81,7 +81,7 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
         "reader": "models:/funnelrag-reader@champion",
         "dense": {"encoder": {"max_length": 48}, "batch_size": 32},
         "generator": {"settings": {"max_answer_tokens": 3}},
-        "attention_run": {"max_passage_tokens": 64}, "torch_threads": 1})
+        "attention_run": {"max_passage_tokens": 64}, "torch_threads": 1, "block_questions": 4})
     summary = evaluate_flow(cfg)
     corpus = open_corpus(Workspace(home), "oracle-mini")
     return {"summary": summary, "home": home, "corpus": corpus, "questions": qs, "cfg": cfg}

@@ -56,6 +56,7 @@ class TrainSettings:
     """Classifier training (:class:`funnelrag.training.TrainConfig` without ``output_dir``).
 
     trainable_layers : fine-tune only the top N transformer layers (None = all); cheaper on CPU.
+    cpu : force CPU even where an accelerator exists (else accelerate picks the device).
     """
 
     seed: int = 0
@@ -70,6 +71,7 @@ class TrainSettings:
     checkpoint_every: int = 0
     trainable_layers: int | None = None
     score_batch_size: int = 32
+    cpu: bool = False
 
     def to_train_config(self, output_dir: Path):
         from funnelrag.training import TrainConfig  # noqa: PLC0415
@@ -77,7 +79,7 @@ class TrainSettings:
         return TrainConfig(output_dir=str(output_dir), seed=self.seed, epochs=self.epochs, max_steps=self.max_steps,
                            batch_size=self.batch_size, grad_accum=self.grad_accum, lr=self.lr,
                            weight_decay=self.weight_decay, warmup_steps=self.warmup_steps, log_every=self.log_every,
-                           checkpoint_every=self.checkpoint_every, cpu=not torch.cuda.is_available())
+                           checkpoint_every=self.checkpoint_every, cpu=self.cpu)
 
 
 @dataclass(frozen=True)

@@ -59,17 +59,33 @@ def registry_version(ref: str):
     """
     from mlflow import MlflowClient  # noqa: PLC0415
 
+    name, alias, version = parse_registry_ref(ref)
+    client = MlflowClient()
+    if alias is not None:
+        return client.get_model_version_by_alias(name, alias)
+    return client.get_model_version(name, version)
+
+
+def parse_registry_ref(ref: str) -> tuple[str, str | None, str | None]:
+    """``models:/name@alias`` → ``(name, alias, None)``; ``models:/name/3`` → ``(name, None, "3")``.
+
+    Raises
+    ------
+    ValueError
+        Not of either form (names the reference).
+    """
     if not is_registry_ref(ref):
         raise ValueError(f"{ref!r} is not a models:/ reference")
     body = ref[len("models:/"):]
-    client = MlflowClient()
     if "@" in body:
         name, alias = body.split("@", 1)
-        return client.get_model_version_by_alias(name, alias)
-    name, _, version = body.rpartition("/")
-    if not name or not version.isdigit():
-        raise ValueError(f"{ref!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
-    return client.get_model_version(name, version)
+        if name and alias:
+            return name, alias, None
+    else:
+        name, _, version = body.rpartition("/")
+        if name and version.isdigit():
+            return name, None, version
+    raise ValueError(f"{ref!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
 
 
 def _find_model_dir(root: Path, marker: str) -> Path:

@@ -184,7 +184,8 @@ def to_markdown(results: pa.Table, stages: pa.Table, title: str = "Evaluation") 
         if not sub:
             continue
         lines += [f"## {subset} ({sub[0]['n_questions']} questions)", "",
-                  "| setting | funnel | pre-ranker | post-ranker | s/query | AR@1 | AR@2 | AR@3 | AR@4 | AR cand. | entropy@4 | EM |",
+                  "| setting | funnel | pre-ranker | post-ranker | s/query | AR@1 | AR@2 | AR@3 | AR@4 "
+                  "| AR cand. | entropy@4 | EM |",
                   "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sub:
             lines.append(f"| {r['setting']} | {r['funnel']} | {r['preranker'] or '–'} | {r['postranker'] or '–'} | "
