@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -76,7 +77,7 @@ def bench_attention(rows, args, device) -> None:
         params = sum(p.numel() for p in model.parameters()) / 1e6
         print(f"attention  fid={size:<14} params={params:6.1f}M n_passages={n_p} seq_len<={args.seq_len} "
               f"batch={args.batch} device={device}  wall={wall:7.2f}s cpu={cpu:7.2f}s  "
-              f"{table.num_rows / wall:8.1f} passages/s")
+              f"{table.num_rows / wall:8.1f} passages/s ({table.num_rows / cpu:.1f} per CPU-s)")
 
 
 def bench_preranker(rows, args, device) -> None:
@@ -93,13 +94,15 @@ def bench_preranker(rows, args, device) -> None:
         score_pairs(model, tok, pairs_q[:8], pairs_d[:8], args.batch_size)  # warm-up
         _, wall, cpu = timed(lambda: score_pairs(model, tok, pairs_q, pairs_d, args.batch_size))
         print(f"preranker  kind={kind:<5} max_length={args.max_length} pairs={n} device={device}  "
-              f"wall={wall:7.2f}s cpu={cpu:7.2f}s  {n / wall:8.1f} pairs/s (every pair through the model)")
+              f"wall={wall:7.2f}s cpu={cpu:7.2f}s  {n / wall:8.1f} pairs/s ({n / cpu:.1f} per CPU-s; "
+              "every pair through the model)")
         if kind == "bi":
             idx = [(i % len(queries), (i * 7) % len(units)) for i in range(n)]
             _, wall, cpu = timed(lambda: score_grouped(model, tok, queries, units, idx, args.batch_size))
+            n_q, n_u = len({i for i, _ in idx}), len({j for _, j in idx})
             print(f"preranker  kind=bi    max_length={args.max_length} pairs={n} device={device}  "
-                  f"wall={wall:7.2f}s cpu={cpu:7.2f}s  {n / wall:8.1f} pairs/s (grouped: {len(set(i for i, _ in idx))} "
-                  f"questions + {len(set(j for _, j in idx))} units embedded once)")
+                  f"wall={wall:7.2f}s cpu={cpu:7.2f}s  {n / wall:8.1f} pairs/s ({n / cpu:.1f} per CPU-s; "
+                  f"grouped: {n_q} questions + {n_u} units embedded once)")
 
 
 def main() -> None:
@@ -120,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     args.mirror = default_mirror()
     device = torch.device(args.device)
-    print(f"torch threads={torch.get_num_threads()}")
+    print(f"torch threads={torch.get_num_threads()} load average={' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     rows = oracle(args.mirror, max(args.questions + args.n_passages, 64))
     with torch.inference_mode():
         if not args.skip_attention:

@@ -95,7 +95,8 @@ class DistillationConfig(FlowConfig):
     attention_run: AttentionRunConfig = AttentionRunConfig(max_passage_tokens=160, batch_size=1)
     labels: LabelConfig = LabelConfig(alpha=0.75, top_k=1)
     distill: DistillConfig = DistillConfig(epochs=1, max_pairs_per_question=8, score_scale=20.0)
-    distill_train: TrainSection = TrainConfig(output_dir="", batch_size=8, lr=2e-5, warmup_steps=2, log_every=5)
+    distill_train: TrainSection = TrainConfig(output_dir="", batch_size=4, grad_accum=2, lr=2e-5, warmup_steps=2,
+                                              log_every=5)
     recall_at: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
     registry_name: str = "funnelrag-preranker"
 

@@ -201,45 +201,6 @@ def generate_task(generator, results, question_text: dict[str, str]):
 
 
 # ---------------------------------------------------------------------------- publishing
-SUBSET_KEY = {"all": "all", "answer_in_corpus": "in_corpus"}
-RESULT_METRICS = ("ar_1", "ar_2", "ar_3", "ar_4", "ar_candidates", "entropy_top4", "em", "seconds_per_query",
-                  "generation_seconds_per_query")
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU model, cores, torch threads and load average: the context of every timing."""
-    import os  # noqa: PLC0415
-    import platform  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.is_available(), "load_avg_1m": load}
-
-
-def mlflow_metrics(results, stages) -> dict[str, float]:
-    """``{setting}.{all|in_corpus}.{metric}`` per results row and
-    ``{setting}.stage{i}_{stage}.{seconds|ar|n_out}`` per stage (all questions)."""
-    out: dict[str, float] = {}
-    for r in results.to_pylist():
-        for m in RESULT_METRICS:
-            if r[m] is not None:
-                out[f"{r['setting']}.{SUBSET_KEY[r['subset']]}.{m}"] = float(r[m])
-    for r in stages.to_pylist():
-        if r["subset"] == "all":
-            key = f"{r['setting']}.stage{r['stage_index']}_{r['stage']}"
-            out.update({f"{key}.seconds": r["seconds_per_query"], f"{key}.ar": r["answer_recall"],
-                        f"{key}.n_out": float(r["n_out"])})
-    return out
-
-
 def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info: dict, seconds: float) -> dict[str, Any]:
     """Write the tables (Parquet, CSV, markdown), the AR@k plot and ``summary.json`` into the
     run directory, log them and the metrics to MLflow, and create the Prefect markdown artifact."""
@@ -248,7 +209,7 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
 
     from funnelrag.store import write_json  # noqa: PLC0415
     from funnelrag.tracking import log_metrics  # noqa: PLC0415
-    from tasks.evaluate.report import plot_answer_recall, tables, to_markdown, write_tables  # noqa: PLC0415
+    from tasks.evaluate.report import metric_dict, plot_answer_recall, tables, to_markdown, write_tables  # noqa: PLC0415
 
     results, stages, per_q = tables(*rows)
     n_questions = results["n_questions"][0].as_py() if results.num_rows else 0
@@ -269,7 +230,7 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
         **info, "artifacts": str(run_dir), "mlflow_run_id": run.info.run_id, "total_seconds": seconds,
     }
     write_json(run_dir / "summary.json", summary)
-    log_metrics({**mlflow_metrics(results, stages), "questions": summary["questions"],
+    log_metrics({**metric_dict(results, stages), "questions": summary["questions"],
                  "answer_in_corpus": summary["answer_in_corpus"], "seconds_total": seconds})
     for f in [*files, run_dir / "summary.json"]:
         mlflow.log_artifact(str(f), artifact_path="evaluation")
@@ -309,6 +270,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
     from tasks.evaluate.pipeline import bm25_retriever, dense_retriever  # noqa: PLC0415
     from tasks.evaluate.report import SettingSpec, summarize  # noqa: PLC0415
     from tasks.evaluate.retrieval import PassageLookup, questions_from_table  # noqa: PLC0415
+    from tasks.evaluate.timing import machine_info  # noqa: PLC0415
     from tasks.segment import SegmentConfig  # noqa: PLC0415
     from tasks.tokenize import load_token_counter  # noqa: PLC0415
 
@@ -380,6 +342,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
             generated = generate_task(gen, results, qtext) if gen is not None else None
             for acc, part in zip(rows, summarize(spec, results, in_corpus, answers, generated)):
                 acc.extend(part)
+        info["machine"]["load_avg_1m_end"] = machine_info()["load_avg_1m"]
         summary = publish_results(config, corpus, run, run_dir, rows, info, time.perf_counter() - t_flow)
     return summary
 

@@ -53,7 +53,8 @@ def test_pool_holds_every_unit_of_the_top_k_clusters(mini):
     pool = cs.unit_pool.to_pylist()
     for qid, row in zip(q["question_id"].to_pylist()[:5], ids):
         mine = [r for r in pool if r["question_id"] == qid]
-        expected = {u.unit_id for c in row for u in segment_cluster(int(c), mini["clusters"][int(c)], SEG, WhitespaceCounter()).units}
+        segs = [segment_cluster(int(c), mini["clusters"][int(c)], SEG, WhitespaceCounter()) for c in row]
+        expected = {u.unit_id for seg in segs for u in seg.units}
         assert {r["unit_id"] for r in mine} == expected
         assert sorted(r["prerank_rank"] for r in mine) == list(range(len(mine)))
         by_rank = sorted(mine, key=lambda r: r["prerank_rank"])

@@ -151,6 +151,27 @@ def tables(results_rows: list[dict], stage_rows: list[dict], q_rows: list[dict])
             build(EVAL_PER_QUESTION, q_rows, ("setting", "question_id")))
 
 
+SUBSET_KEY = {"all": "all", "answer_in_corpus": "in_corpus"}
+RESULT_METRICS = ("ar_1", "ar_2", "ar_3", "ar_4", "ar_candidates", "entropy_top4", "em", "seconds_per_query",
+                  "generation_seconds_per_query")
+
+
+def metric_dict(results: pa.Table, stages: pa.Table) -> dict[str, float]:
+    """MLflow metrics: ``{setting}.{all|in_corpus}.{metric}`` per results row and
+    ``{setting}.stage{i}_{stage}.{seconds|ar|n_out}`` per stage (all questions)."""
+    out: dict[str, float] = {}
+    for r in results.to_pylist():
+        for m in RESULT_METRICS:
+            if r[m] is not None:
+                out[f"{r['setting']}.{SUBSET_KEY[r['subset']]}.{m}"] = float(r[m])
+    for r in stages.to_pylist():
+        if r["subset"] == "all":
+            key = f"{r['setting']}.stage{r['stage_index']}_{r['stage']}"
+            out.update({f"{key}.seconds": r["seconds_per_query"], f"{key}.ar": r["answer_recall"],
+                        f"{key}.n_out": float(r["n_out"])})
+    return out
+
+
 def write_tables(out_dir: Path, results: pa.Table, stages: pa.Table, per_question: pa.Table,
                  markdown: str) -> list[Path]:
     """Write the three contract tables (Parquet), ``results.evaluation.csv`` and

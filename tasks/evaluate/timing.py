@@ -6,10 +6,12 @@ in that stage. Answer matching, metric computation and logging run outside the t
 """
 from __future__ import annotations
 
+import os
+import platform
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 
 @dataclass(frozen=True)
@@ -73,3 +75,18 @@ def funnel_label(stages, n_final: int | None = None) -> str:
     if n_final is not None and (last.unit != "p" or last.n_out > n_final):
         parts.append(f"{n_final}p")
     return "→".join(parts)
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, torch threads and load average: the context of every timing."""
+    import torch  # noqa: PLC0415
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(), "load_avg_1m": load}
