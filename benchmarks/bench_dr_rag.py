@@ -68,7 +68,7 @@ def main() -> None:
         _, wall, cpu = _timed(lambda: [step(sub[i:i + 16]) for i in range(0, len(sub), 16)])
         print(f"classifier train (max_length {max_length}, trainable layers {layers or 'all'}): "
               f"{len(sub) / wall:.1f} pairs/s wall, {cpu / len(sub) * 1000:.0f} CPU-ms/pair -> "
-              f"{len(pairs) // 2} train pairs ≈ {cpu / len(sub) * len(pairs) * 0.8:.0f} CPU-s per epoch")
+              f"~{int(len(pairs) * 0.8)} train pairs (80% split) ≈ {cpu / len(sub) * len(pairs) * 0.8:.0f} CPU-s per epoch")
 
     ids = list(coll.ids)
     n = len(ids)

@@ -23,13 +23,19 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 STEPS: dict[str, tuple[str, str, str]] = {
     "corpus-wikispeedia": ("flows.corpus_build", "build-corpus", "corpus_wikispeedia.yaml"),
     "corpus-enwiki-sample": ("flows.corpus_build", "build-corpus", "corpus_enwiki_sample.yaml"),
+    "distillation": ("flows.distillation", "distill", "distillation_wikispeedia_cpu.yaml"),
+    "evaluate": ("flows.evaluate", "evaluate", "evaluate_demo.yaml"),
+    "dr-rag": ("flows.dr_rag", "dr-rag", "dr_rag_demo.yaml"),
+    "r2ag": ("flows.r2ag", "train-r2former", "r2ag_demo.yaml"),
 }
+# The main job: the FunnelRAG pipeline. DR-RAG and R²AG run with --set 'steps=[dr-rag, r2ag]'.
+DEFAULT_STEPS = ["corpus-wikispeedia", "corpus-enwiki-sample", "distillation", "evaluate"]
 
 
 class DemoConfig(FlowConfig):
     """Which steps to run (default: all, in order)."""
 
-    steps: list[str] = Field(default_factory=lambda: list(STEPS))
+    steps: list[str] = Field(default_factory=lambda: list(DEFAULT_STEPS))
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
