@@ -149,7 +149,7 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
         prerankers.append(PreRanker(label, model, tok, cfg.preranker_batch_size))
         provenance[f"preranker.{label}"] = resolved.as_params(f"preranker.{label}")
     reader = None
-    if cfg.reader is not None:
+    if cfg.reader is not None and (cfg.post_rank or cfg.generator.kind == "fid"):
         try:
             tok_dir = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror).parent if cfg.reader == "scratch" else None
             model, tok, resolved = load_reader_ref(cfg.reader, download_dir, tok_dir)

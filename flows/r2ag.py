@@ -46,7 +46,7 @@ FEATURES_STAGE = "r2ag-features"
 FEATURES_STAGE_VERSION = "1"
 REGISTERED_MODEL = "r2ag-r2former-{dataset}"  # one registered model per dataset (gates compare like with like)
 GATE_METRIC = "qdm_full/map"  # held-out lists
-LATEST_POINTER = "LATEST"
+LATEST_POINTER = "LATEST-{dataset}"  # model dir of the latest train-r2former run per dataset
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class EvaluateR2AGConfig(FlowConfig):
 
     model_dir : a model directory written by ``train-r2former``.
     model_uri : a registry URI instead (``models:/r2ag-r2former-hotpotqa@champion``, ``.../3``).
-    With neither, the model of the latest ``train-r2former`` run in the workspace is used.
+    With neither, the model of the latest ``train-r2former`` run on the same dataset is used.
     """
 
     model_dir: Path | None = None
@@ -312,7 +312,8 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
         decision = _register(model_dir, cfg, feat_report["data_version"], rows)
         summary["registered"] = {"name": decision.name, "version": decision.version,
                                  "promoted": decision.promoted, "gate": decision.reason}
-    atomic_write_bytes(run_dir.parent / LATEST_POINTER, (str(model_dir) + "\n").encode())
+    atomic_write_bytes(run_dir.parent / LATEST_POINTER.format(dataset=cfg.data.dataset),
+                       (str(model_dir) + "\n").encode())
     return summary
 
 
@@ -380,7 +381,7 @@ def _model_dir(cfg: EvaluateR2AGConfig, ws: Workspace, run_dir: Path) -> Path:
 
         tracking.configure(ws, cfg.workspace.tracking_uri)
         return download_model(cfg.model_uri, run_dir / "downloaded")
-    pointer = ws.run_dir("train-r2former", LATEST_POINTER)
+    pointer = ws.run_dir("train-r2former", LATEST_POINTER.format(dataset=cfg.data.dataset))
     if not pointer.exists():
         raise FileNotFoundError(f"no model_dir or model_uri given and no trained R²-Former in {pointer.parent} "
                                 "(run train-r2former first)")

@@ -121,6 +121,10 @@ def _search(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``funnelrag`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Process-level defaults belong at the entry point: no telemetry from the ephemeral
+    # Prefect server (this machine has no internet), no tokenizer fork warnings.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     if wanted == "compare":  # its own argument parser: funnelrag compare RUN_OR_MODEL ...
         from funnelrag.compare import compare_main  # noqa: PLC0415
@@ -150,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "alembic", "mlflow", "urllib3", "filelock", "numba"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.command == "search":
         return _search(args)
     cmd = commands[args.command]

@@ -81,7 +81,7 @@ def test_evaluate_r2ag_scores_held_out_lists_and_generates(trained, data_mirror)
     from flows.r2ag import EvaluateR2AGConfig, evaluate_r2ag_flow
 
     home, _, train_summary = trained
-    assert (Path(train_summary["run_dir"]).parent / "LATEST").read_text().strip() == train_summary["model_dir"]
+    assert (Path(train_summary["run_dir"]).parent / "LATEST-hotpotqa").read_text().strip() == train_summary["model_dir"]
     cfg = load_config(EvaluateR2AGConfig, None, _overrides(home, data_mirror) + [
         "model_uri=models:/r2ag-r2former-hotpotqa@champion",
         "prompt.max_length=256", "generation.max_lists=2", "generation.max_new_tokens=2"])
