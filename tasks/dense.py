@@ -7,14 +7,17 @@ approximated, so it is the reference an ANN index is measured against.
 
 Scaling
 -------
-* Memory: ``n · d · bytes`` — 160K Wikispeedia passages × 384 dims × 2 bytes (float16) =
-  123 MB; the 21M passages of the DPR Wikipedia split × 768 dims × 2 bytes = 32 GB
-  (× 384 dims: 16 GB). The embeddings file is ``np.load(mmap_mode="r")``-able, so the
-  operating system pages it in on demand.
-* Time: ``O(n · d)`` multiply-adds per query (a GEMV; a batch of queries is one GEMM). On a
-  CPU core that is ~1 ms per 100K × 384 float32 passages, i.e. ~0.2–0.5 s per query at 21M.
-  float16 storage is upcast block by block to float32 for the matmul (numpy has no float16
-  BLAS), adding an ``O(n · d)`` conversion per call, amortised over a batch of queries.
+* Memory: ``n · d · bytes`` — the 146K Wikispeedia passages × 384 dims: 112 MB float16 on
+  disk, 225 MB float32 in memory; the 21M passages of the DPR Wikipedia split × 384 dims:
+  16 GB float16 / 32 GB float32 (× 768 dims: twice that). The embeddings file is
+  ``np.load(mmap_mode="r")``-able, so the operating system can page it in on demand.
+* Time: ``O(n · d)`` per query — a GEMV that streams the whole matrix from memory once, so it
+  is memory-bandwidth bound; a batch of queries is one GEMM and shares that stream. Measured
+  (``benchmarks/bench_retrieval.py``, one core of the shared AMD EPYC, top-400): 39 ms per
+  query at 100K × 384 and 88 ms at 300K, i.e. ~6 s per query at 21M; 64 queries at once:
+  43 queries/s at 300K. numpy has no float16 GEMM: a float16 matrix is either upcast once at
+  load (``DenseIndexConfig.upcast``, the default; float16 then halves only the file) or
+  block by block on every call, ~9× slower (820 ms per query at 300K).
 * Beyond ~1–5M vectors, or when latency must stay under ~10 ms per query, an approximate
   index takes over: faiss ``IndexIVFFlat`` / ``IndexIVFPQ`` (probe a few of ``√n`` lists,
   product-quantised codes cut memory 8–32×) or HNSW (``faiss.IndexHNSWFlat``, hnswlib;
@@ -53,12 +56,17 @@ class DenseIndexConfig:
     batch_size : texts per encoder forward pass while building.
     block_rows : rows of ``E`` multiplied per block at search time (bounds the float32 working
         memory to ``block_rows · dim · 4`` bytes plus ``block_rows · n_queries · 4``).
+    upcast : hold the matrix as float32 in memory after loading (``n · dim · 4`` bytes). numpy
+        has no float16 GEMM, and converting a float16 block on every query costs ~8× the
+        matmul itself (``benchmarks/bench_retrieval.py``), so float16 then only halves the disk
+        file; set False when float32 does not fit in memory.
     """
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     dtype: str = "float16"
     batch_size: int = 64
     block_rows: int = 65536
+    upcast: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -190,8 +198,9 @@ class DenseIndex:
         return directory
 
     @classmethod
-    def load(cls, directory: Path, mmap: bool = True, block_rows: int = 65536) -> "DenseIndex":
-        """Load an index written by :meth:`save` (embeddings memory-mapped by default).
+    def load(cls, directory: Path, mmap: bool = True, block_rows: int = 65536, upcast: bool = False) -> "DenseIndex":
+        """Load an index written by :meth:`save` (embeddings memory-mapped by default; with
+        ``upcast``, read into memory as float32 for fast search).
 
         Raises
         ------
@@ -206,7 +215,9 @@ class DenseIndex:
         emb_path = directory / embeddings_file(params["dtype"])
         if not emb_path.exists():
             raise FileNotFoundError(f"dense index {directory}: missing {emb_path.name}")
-        emb = np.load(emb_path, mmap_mode="r" if mmap else None)
+        emb = np.load(emb_path, mmap_mode="r" if mmap and not upcast else None)
+        if upcast:
+            emb = emb.astype(np.float32)                                     # (n, dim) in memory
         return cls(emb, json.loads((directory / IDS_FILE).read_text()), params, block_rows)
 
 

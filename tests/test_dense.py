@@ -83,7 +83,10 @@ def test_save_load_and_content_keyed_cache(real, tmp_path):
     again, info2 = dense_index(cache, "digest-a", passages, real["model"], real["tok"], fp, cfg)
     other, info3 = dense_index(cache, "digest-b", passages, real["model"], real["tok"], fp, cfg)
     assert not info1["cache_hit"] and info2["cache_hit"] and not info3["cache_hit"]
-    assert again.ids == first.ids and again.embeddings.dtype == np.float16
+    assert again.ids == first.ids and again.embeddings.dtype == np.float32            # upcast in memory
+    stored = DenseIndex.load(cache.root / "dense-index" / next(p.name for p in (cache.root / "dense-index").iterdir()
+                                                              if not p.name.startswith(".")))
+    assert stored.embeddings.dtype == np.float16 and isinstance(stored.embeddings, np.memmap)    # float16 on disk
     np.testing.assert_array_equal(np.asarray(again.embeddings), np.asarray(first.embeddings))
     assert again.params["corpus_digest"] == "digest-a" and again.params["model"] == fp
     retrieve = dense_retriever(again, real["model"], real["tok"])

@@ -69,7 +69,7 @@ def dense_index(cache, corpus_digest: str, passages: pa.Table, encoder, tokenize
     from funnelrag.store import StageCache  # noqa: PLC0415
 
     key_cfg = {**asdict(cfg), "text": "title. text"}
-    key_cfg.pop("block_rows")
+    key_cfg.pop("block_rows"), key_cfg.pop("upcast")
     key = StageCache.key(DENSE_STAGE, DENSE_STAGE_VERSION, key_cfg, {"corpus": corpus_digest, "model": model_id})
 
     def build(out: Path) -> dict:
@@ -82,7 +82,7 @@ def dense_index(cache, corpus_digest: str, passages: pa.Table, encoder, tokenize
                 "passages_per_s": len(index) / max(seconds, 1e-9)}
 
     res = cache.run(DENSE_STAGE, key, build)
-    index = DenseIndex.load(res.path, block_rows=cfg.block_rows)
+    index = DenseIndex.load(res.path, block_rows=cfg.block_rows, upcast=cfg.upcast)
     return index, {"cache_hit": res.cache_hit, **res.summary}
 
 
