@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prefect import flow, task
@@ -34,7 +34,7 @@ from funnelrag.workspace import Workspace
 from models.encoders import EncoderConfig
 from models.r2former import R2FormerConfig
 from tasks.r2ag.features import FeatureConfig
-from tasks.r2ag.generation import GeneratorConfig
+from tasks.r2ag.generation import GeneratorConfig, JointConfig
 from tasks.r2ag.lists import ListConfig
 from tasks.r2ag.pipeline import DataConfig, QDMTrainConfig
 from tasks.r2ag.prompting import PromptConfig
@@ -47,29 +47,6 @@ FEATURES_STAGE_VERSION = "1"
 REGISTERED_MODEL = "r2ag-r2former-{dataset}"  # one registered model per dataset (gates compare like with like)
 GATE_METRIC = "qdm_full/map"  # held-out lists
 LATEST_POINTER = "LATEST-{dataset}"  # model dir of the latest train-r2former run per dataset
-
-
-@dataclass(frozen=True)
-class JointConfig:
-    """Joint training of R²-Former, projection (and optionally the generator) with Eq. 9.
-
-    enabled : run this stage after QDM training (starts from the trained full R²-Former).
-    max_steps, batch_size, lr : optimizer settings (shared loop).
-    use_qdm_loss : keep L_QDM in the loss (False = the "w/o L_QDM" ablation).
-    max_lists : train on at most this many training lists (CPU budget); None = all.
-    generator : the decoder (from scratch offline, by name where a hub is reachable);
-        ``generator.tokenizer`` ``"t5"`` = the mirror's T5 tokenizer, ``"minilm"`` = MiniLM's.
-    prompt : template and max_length (tokens).
-    """
-
-    enabled: bool = False
-    max_steps: int = 100
-    batch_size: int = 4
-    lr: float = 2e-4
-    use_qdm_loss: bool = True
-    max_lists: int | None = 256
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
-    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(max_length=1024))
 
 
 class TrainR2FormerConfig(FlowConfig):
@@ -175,39 +152,20 @@ def joint_task(retrieval, train, lists, joint: JointConfig, mirror: Path | None,
                output_dir: Path, run_id: str | None):
     """Eq. 9 training of R²-Former + projection (+ generator); returns (model, tokenizer, report)."""
     import mlflow  # noqa: PLC0415
-    import torch  # noqa: PLC0415
 
-    from funnelrag.training import TrainConfig, train as run_training  # noqa: PLC0415
-    from models.r2ag_generator import ProjectionConfig, R2AGModel, RetrievalProjection  # noqa: PLC0415
-    from tasks.r2ag.generation import JointHooks, build_generator, prompted_lists  # noqa: PLC0415
-
-    gcfg = _resolve_tokenizer(joint.generator, mirror, ws)
-    generator, tokenizer, r_id = build_generator(gcfg, max_positions=joint.prompt.max_length + 64)
-    h2 = generator.get_input_embeddings().embedding_dim
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(gcfg.seed)
-        projection = RetrievalProjection(ProjectionConfig(in_size=retrieval.cfg.hidden_size, out_size=h2))
-    model = R2AGModel(retrieval, projection, generator, r_id, freeze_generator=gcfg.freeze,
-                      use_qdm_loss=joint.use_qdm_loss)
-    examples = list(train)[:joint.max_lists]
-    items, report = prompted_lists(examples, _list_texts(lists), tokenizer, r_id, joint.prompt, with_answer=True)
-    tcfg = TrainConfig(output_dir=str(output_dir), seed=gcfg.seed, max_steps=joint.max_steps,
-                       batch_size=joint.batch_size, lr=joint.lr, scheduler="constant", log_every=10,
-                       checkpoint_every=0, cpu=not torch.cuda.is_available())
+    from tasks.r2ag.generation import train_joint  # noqa: PLC0415
 
     def log_metrics(metrics: dict, step: int) -> None:
         if run_id is not None:
             mlflow.log_metrics({f"joint/{k}": float(v) for k, v in metrics.items()}, step=step, run_id=run_id)
 
-    result = run_training(model, items, JointHooks(tokenizer.pad_token_id), tcfg, log_metrics=log_metrics, resume=False)
-    report.update(steps=result.global_step, first_loss=result.losses[0], last_loss=result.losses[-1])
-    return model.cpu().eval(), tokenizer, report
+    joint = replace(joint, generator=_resolve_tokenizer(joint.generator, mirror, ws))
+    return train_joint(retrieval, train, _list_texts(lists), joint, output_dir, log_metrics)
 
 
 # ---------------------------------------------------------------------------- helpers
 def _resolve_tokenizer(gcfg: GeneratorConfig, mirror: Path | None, ws: Workspace) -> GeneratorConfig:
-    from dataclasses import replace  # noqa: PLC0415
-
+    """Resolve the tokenizer aliases ``"t5"`` (data mirror) and ``"minilm"`` to directories."""
     if gcfg.tokenizer == "t5":
         from funnelrag.datasets import resolve  # noqa: PLC0415
 

@@ -8,7 +8,7 @@ is reachable, ``GeneratorConfig.name_or_path`` loads a pretrained causal LM inst
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -77,6 +77,73 @@ def build_generator(cfg: GeneratorConfig, max_positions: int):
             model = LlamaForCausalLM(lcfg)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer, r_id
+
+
+@dataclass(frozen=True)
+class JointConfig:
+    """Joint training of R²-Former, projection (and optionally the generator) with Eq. 9.
+
+    enabled : run this stage after QDM training (starts from the trained full R²-Former).
+    max_steps, batch_size, lr : optimizer settings (shared loop).
+    use_qdm_loss : keep L_QDM in the loss (False = the "w/o L_QDM" ablation).
+    max_lists : train on at most this many training lists (CPU budget); None = all.
+    generator : the decoder (from scratch offline, by name where a hub is reachable); its
+        tokenizer must be a resolved directory or hub name when :func:`train_joint` runs.
+    prompt : template and max_length (tokens).
+    """
+
+    enabled: bool = False
+    max_steps: int = 100
+    batch_size: int = 4
+    lr: float = 2e-4
+    use_qdm_loss: bool = True
+    max_lists: int | None = 256
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(max_length=1024))
+
+
+def train_joint(retrieval, train: Sequence[ListExample], texts: dict, cfg: JointConfig, output_dir,
+                log_metrics=None):
+    """Eq. 9 (``L_QDM + L_LM``): train the R²-Former, the projection (Eq. 3) and, unless frozen, the
+    generator on prompts with ``<R>`` placeholders, through the shared accelerate loop.
+
+    Parameters
+    ----------
+    retrieval : :class:`models.r2former.R2FormerQDM`, usually QDM-trained first.
+    train : training lists (the first ``cfg.max_lists`` are used).
+    texts : ``query_id -> (question, answers, [(title, text)] in rank order)``.
+    cfg : JointConfig
+    output_dir : run directory of the training loop.
+    log_metrics : ``(metrics, step) -> None``.
+
+    Returns
+    -------
+    (R2AGModel in eval mode on CPU, tokenizer, report dict with prompt counts and losses)
+    """
+    from funnelrag.training import TrainConfig, train as run_training  # noqa: PLC0415
+    from models.r2ag_generator import ProjectionConfig, R2AGModel, RetrievalProjection  # noqa: PLC0415
+
+    gcfg = cfg.generator
+    if gcfg.name_or_path is None and gcfg.freeze:
+        log.warning("joint training against a frozen generator initialised from scratch: L_LM cannot fall "
+                    "(no pretrained weights offline); set generator.name_or_path or generator.freeze=false")
+    generator, tokenizer, r_id = build_generator(gcfg, max_positions=cfg.prompt.max_length + 64)
+    h2 = generator.get_input_embeddings().embedding_dim
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(gcfg.seed)
+        projection = RetrievalProjection(ProjectionConfig(in_size=retrieval.cfg.hidden_size, out_size=h2))
+    model = R2AGModel(retrieval, projection, generator, r_id, freeze_generator=gcfg.freeze,
+                      use_qdm_loss=cfg.use_qdm_loss)
+    items, report = prompted_lists(list(train)[:cfg.max_lists], texts, tokenizer, r_id, cfg.prompt, with_answer=True)
+    if not items:
+        raise ValueError("no training prompt fits prompt.max_length")
+    tcfg = TrainConfig(output_dir=str(output_dir), seed=gcfg.seed, max_steps=cfg.max_steps,
+                       batch_size=cfg.batch_size, lr=cfg.lr, scheduler="constant", log_every=10,
+                       checkpoint_every=0, cpu=not torch.cuda.is_available())
+    result = run_training(model, items, JointHooks(tokenizer.pad_token_id), tcfg, log_metrics=log_metrics,
+                          resume=False)
+    report.update(steps=result.global_step, first_loss=result.losses[0], last_loss=result.losses[-1])
+    return model.cpu().eval(), tokenizer, report
 
 
 @dataclass(frozen=True)
