@@ -17,7 +17,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from funnelrag import datasets
-from funnelrag.config import FlowCommand, FlowConfig, config_hash, to_jsonable
+from funnelrag.config import FlowCommand, FlowConfig, to_jsonable
 from funnelrag.corpus import corpus_store
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
 from funnelrag.workspace import Workspace
@@ -156,7 +156,7 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
                    "passages": stages["segment"].summary["passages"]},
     }
     store = corpus_store(ws, cfg.name)
-    version_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{digest[:8]}"
+    version_id = store.new_version_id(digest)
     checks: dict[str, int] = {}
 
     def _validate(staging: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
-from funnelrag.config import FlowCommand, FlowConfig, deep_merge, load_config
+from funnelrag.config import FlowCommand, FlowConfig, deep_merge
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -136,6 +137,28 @@ class ArtifactStore:
             return []
         return sorted(p.name for p in self.versions_dir.iterdir()
                       if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).exists())
+
+    def new_version_id(self, digest: str, now: float | None = None) -> str:
+        """A fresh version name: UTC time to the microsecond, then the first 8 hex of ``digest``.
+
+        Names sort chronologically. Two publishes of the same content within one clock tick
+        (a cached re-run finishes in well under a second) get a ``-N`` suffix instead of colliding.
+
+        Parameters
+        ----------
+        digest : str
+            Content digest of the version (hex).
+        now : float, optional
+            POSIX seconds; the current time by default.
+        """
+        micros = time.time_ns() // 1000 if now is None else int(now * 1_000_000)
+        base = (time.strftime("%Y%m%dT%H%M%S", time.gmtime(micros // 1_000_000))
+                + f".{micros % 1_000_000:06d}Z-{digest[:8]}")
+        candidate, n = base, 1
+        while (self.versions_dir / candidate).exists() or (self.versions_dir / f".staging-{candidate}").exists():
+            n += 1
+            candidate = f"{base}-{n}"
+        return candidate
 
     def current_version(self) -> str | None:
         pointer = self.root / "current"

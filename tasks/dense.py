@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from data_contracts.base import atomic_directory
 from models.encoders import EncoderConfig
 
 IDS_FILE = "doc_ids.index.json"
@@ -181,20 +180,11 @@ class DenseIndex:
     def save(self, directory: Path) -> Path:
         """Write the index atomically (temporary sibling directory, then rename)."""
         directory = Path(directory)
-        tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
+        with atomic_directory(directory) as tmp:
             np.save(tmp / embeddings_file(self.embeddings.dtype.name), np.ascontiguousarray(self.embeddings))
             (tmp / IDS_FILE).write_text(json.dumps(self.ids))
             params = {**self.params, "dim": self.dim, "n": len(self), "dtype": self.embeddings.dtype.name}
             (tmp / PARAMS_FILE).write_text(json.dumps(params, sort_keys=True, indent=1) + "\n")
-            if directory.exists():
-                shutil.rmtree(directory)
-            os.replace(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return directory
 
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from funnelrag.datasets import resolve
@@ -62,13 +62,21 @@ def test_prompt_too_long_is_a_clear_error(generator):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=10), st.integers(0, 300))
+@example([3, 3], 5)  # the spare token completes the first document: kept [3, 2]
+@example([5, 1, 9, 9], 10)
 def test_fit_lengths_respects_budget_and_is_longest_first(lengths, budget):
     kept = fit_lengths(lengths, budget)
     assert sum(kept) == min(sum(lengths), budget)
     assert all(0 <= k <= n for k, n in zip(kept, lengths))
     cut = [k for k, n in zip(kept, lengths) if k < n]
-    if cut:  # truncated documents are cut to within one token of each other, none below a kept one
-        assert max(cut) - min(cut) <= 1 and all(k <= max(cut) for k in kept)
+    if cut:  # truncated documents are cut to within one token of each other; no document keeps more
+        # than one token beyond the shortest cut (only the cap c or c + 1 survive a cut)
+        assert max(cut) - min(cut) <= 1 and all(k <= min(cut) + 1 for k in kept)
+        # the spare tokens (c + 1) go to the earliest-ranked documents that were longer than c
+        c = min(cut)
+        longer = [i for i, n in enumerate(lengths) if n > c]
+        bonus = [i for i in longer if kept[i] == c + 1]
+        assert bonus == longer[:len(bonus)]
 
 
 def test_assemble_places_each_retrieval_embedding_at_its_placeholder():

@@ -86,3 +86,19 @@ def test_publish_moves_current_only_after_validation(tmp_path):
 def test_no_version_published_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="build-corpus"):
         ArtifactStore(tmp_path).current_dir()
+
+
+def test_version_ids_sort_in_time_and_never_collide(tmp_path):
+    """Two publishes of identical content in the same clock tick (a fully cached re-run) get distinct names."""
+    store = ArtifactStore(tmp_path / "store")
+    f = tmp_path / "f.txt"
+    f.write_text("same")
+    t = 1_795_000_000.25
+    first = store.new_version_id("ab12cd34ef", now=t)
+    assert first == "20261118T110640.250000Z-ab12cd34"
+    store.publish(first, {"f.txt": f}, {}, validate=lambda p: None)
+    second = store.new_version_id("ab12cd34ef", now=t)  # same microsecond, same digest
+    assert second == first + "-2"
+    store.publish(second, {"f.txt": f}, {}, validate=lambda p: None)
+    later = store.new_version_id("00000000", now=t + 1e-6)
+    assert store.versions() == [first, second] and sorted([first, second, later])[-1] == later

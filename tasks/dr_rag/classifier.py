@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from data_contracts.base import atomic_directory
 from models.dr_rag import ClassifierConfig, DRRAGClassifier, encode_triples
 from tasks.dr_rag.pairs import ClassifierPair
 
@@ -112,19 +111,10 @@ def save_classifier(model: DRRAGClassifier, tokenizer, directory: Path) -> Path:
     """Write weights (safetensors), backbone config, tokenizer and :class:`ClassifierConfig`
     into a temporary sibling directory, then rename it onto ``directory``."""
     directory = Path(directory)
-    tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_directory(directory) as tmp:
         model.backbone.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / CONFIG_FILE).write_text(json.dumps(asdict(model.cfg), indent=1, sort_keys=True))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return directory
 
 
