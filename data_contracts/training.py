@@ -147,4 +147,17 @@ ANSWER_RECALL = Contract(
     checks=(_check_unit_interval("answer_recall"),),
 )
 
-TRAINING_CONTRACTS = (QUESTIONS, UNIT_POOL, UNITS, CANDIDATES, ATTENTION_SCORES, LABELS, ANSWER_RECALL)
+READER_PREDICTIONS = Contract(
+    name="reader_predictions",
+    filename="reader_predictions.parquet",
+    schema=pa.schema([
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("prediction", pa.string(), nullable=False),      # greedy FiD answer, special tokens removed
+        pa.field("exact_match", pa.bool_(), nullable=False),      # SQuAD EM against any gold answer
+        pa.field("n_passages", pa.int16(), nullable=False),       # passages fed to FiD (top of the pre-ranker order)
+    ]),
+    unique=("question_id",),
+)
+
+TRAINING_CONTRACTS = (QUESTIONS, UNIT_POOL, UNITS, CANDIDATES, ATTENTION_SCORES, LABELS, ANSWER_RECALL,
+                      READER_PREDICTIONS)

@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 
 EXPERIMENT = "distillation"
 # Bump a stage's version when its code changes output bytes: the cache key includes it.
-STAGE_VERSIONS = {"questions": "1", "candidates": "1", "reader": "1", "attention": "1", "labels": "1",
-                  "distill": "1", "eval": "1"}
+STAGE_VERSIONS = {"questions": "1", "candidates": "1", "reader": "1", "reader_eval": "1", "attention": "1",
+                  "labels": "1", "distill": "1", "eval": "1"}
 
 
 def _with_output_dir(value: Any) -> Any:
@@ -99,6 +99,7 @@ class DistillationConfig(FlowConfig):
                                               log_every=5)
     recall_at: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
     registry_name: str = "funnelrag-preranker"
+    reader_registry_name: str = "funnelrag-reader"
 
     @property
     def recall_ks(self) -> list[int]:
@@ -220,28 +221,57 @@ def eval_task(ctx: Context, dev: StageResult, distilled: StageResult) -> StageRe
                    lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out))
 
 
-@task(name="register", cache_policy=NO_CACHE)
-def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evaluation: StageResult) -> dict[str, Any]:
-    """Register the distilled pre-ranker (once per distinct model) and run the champion gate on
-    dev AR@N, re-measuring the current champion on the same dev pool."""
+@task(name="reader-eval", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def reader_eval_task(ctx: Context, dev: StageResult, reader: StageResult) -> StageResult:
+    inputs = {"dev": dev.digest, "reader": reader.digest}
+    return ctx.run("reader_eval", {}, inputs, lambda out, _: S.run_reader_eval(dev.path, reader.path, out))
+
+
+def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str, metrics: dict[str, float],
+                    gate_metric: str, measure_champion) -> dict[str, Any]:
+    """Register ``model_dir`` under ``name`` once per distinct model (tag ``model_digest``) and
+    run the champion gate, re-measuring the current champion with ``measure_champion(dir)`` on
+    the same dev pool so that both numbers come from the same questions."""
     from funnelrag.registry import champion_version, download_model, find_version, model_uri, register_model  # noqa: PLC0415
 
-    name, n = ctx.cfg.registry_name, ctx.cfg.candidates.n_units
-    gate_metric = f"dev_prerank_ar_at_{n}"
-    existing = find_version(name, "model_digest", distilled.digest)
+    existing = find_version(name, "model_digest", model_digest)
     if existing is not None:
         return {"registered": False, "version": str(existing.version), "reason": "already_registered",
                 "aliases": sorted(existing.aliases)}
     champion_value = None
     if champion_version(name) is not None:
-        champ_dir = download_model(model_uri(name), ctx.ws.run_dir("registry", distilled.digest[:16]) / "champion")
-        champion_value = S.evaluate_preranker(dev.path, champ_dir, [n])[n]
-    metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
-    decision = register_model(distilled.path / S.PRERANKER_DIR, name, config=ctx.cfg.model_dump(exclude={"workspace"}),
+        champ_dir = download_model(model_uri(name), ctx.ws.run_dir("registry", model_digest[:16]) / f"champion-{name}")
+        champion_value = measure_champion(champ_dir)
+    decision = register_model(model_dir, name, config=ctx.cfg.model_dump(exclude={"workspace"}),
                               data_version=ctx.data_version, metrics=metrics, gate_metric=gate_metric,
-                              champion_value=champion_value, tags={"model_digest": distilled.digest,
+                              champion_value=champion_value, tags={"model_digest": model_digest,
                                                                    "corpus_version": ctx.corpus.version})
     return {"registered": True, **asdict(decision)}
+
+
+@task(name="register", cache_policy=NO_CACHE)
+def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evaluation: StageResult) -> dict[str, Any]:
+    """Register the distilled pre-ranker (``registry_name``); gate: dev answer recall of the
+    pre-ranking stage at N, not worse than the champion's on the same dev pool."""
+    n = ctx.cfg.candidates.n_units
+    metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
+    return _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
+                           f"dev_prerank_ar_at_{n}", lambda d: S.evaluate_preranker(dev.path, d, [n])[n])
+
+
+@task(name="register-reader", cache_policy=NO_CACHE)
+def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, reader_eval: StageResult) -> dict[str, Any]:
+    """Register the FiD reader (``reader_registry_name``); gate: dev exact match, not worse than
+    the champion reader's on the same dev candidates."""
+    def champion_em(model_dir: Path) -> float:
+        from tasks.evaluate.models import find_model_dir  # noqa: PLC0415
+        from tasks.train_reader import READER_CONFIG  # noqa: PLC0415
+
+        return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG))[1]["em"]
+
+    metrics = {"dev_reader_em": reader_eval.summary["em"], "train_last_loss": reader.summary.get("last_loss") or 0.0}
+    return _register_gated(ctx, ctx.cfg.reader_registry_name, reader.path / S.READER_DIR, reader.digest, metrics,
+                           "dev_reader_em", champion_em)
 
 
 # ---------------------------------------------------------------------------- tracking
@@ -283,16 +313,20 @@ def _log_stage(name: str, result: StageResult) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- flows
 @flow(name="train-reader", log_prints=True)
 def train_reader_flow(config: DistillationConfig) -> dict[str, Any]:
-    """Questions → funnel candidates (train, dev) → FiD reader."""
+    """Questions → funnel candidates (train, dev) → FiD reader → dev exact match → registry
+    (``reader_registry_name``, champion gate on dev EM)."""
     ctx = Context.open(config)
     with tracked(ctx, "train-reader") as run:
         questions = questions_task(ctx)
         train = candidates_task(ctx, questions, "train")
         dev = candidates_task(ctx, questions, "dev")
         reader = reader_task(ctx, train)
+        reader_eval = reader_eval_task(ctx, dev, reader)
+        gate = register_reader_task(ctx, dev, reader, reader_eval)
         return {"mlflow_run_id": run.info.run_id, "questions": _log_stage("questions", questions),
                 "candidates_train": _log_stage("candidates_train", train),
-                "candidates_dev": _log_stage("candidates_dev", dev), "reader": _log_stage("reader", reader)}
+                "candidates_dev": _log_stage("candidates_dev", dev), "reader": _log_stage("reader", reader),
+                "reader_eval": _log_stage("reader_eval", reader_eval), "reader_gate": gate}
 
 
 @flow(name="score-passages", log_prints=True)
@@ -336,13 +370,17 @@ def distillation_run_flow(config: DistillationConfig) -> dict[str, Any]:
         scored = score_passages_flow(config)
         distilled = distill_preranker_flow(config)
         n_dev = distilled["evaluate"]["questions"]
+        r_eval, r_gate = reader["reader_eval"], reader["reader_gate"]
+        print(f"FiD reader: dev exact match {r_eval['em']:.3f} on {r_eval['questions']} held-out questions; "
+              f"{ctx.cfg.reader_registry_name} v{r_gate['version']} "
+              f"({r_gate.get('reason')}{', champion' if r_gate.get('promoted') else ''})")
         print(f"pre-ranker answer recall on {n_dev} held-out questions (corpus {ctx.corpus.version}):")
         print("   k   before   after")
         for row in distilled["answer_recall"]:
             print(f"{row['k']:>4}   {row['before']:.3f}   {row['after']:.3f}")
         return {"corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
                 "mlflow_run_id": run.info.run_id, "answer_recall": distilled["answer_recall"],
-                "gate": distilled["gate"], "train_reader": reader, "score_passages": scored,
+                "gate": distilled["gate"], "reader_gate": reader["reader_gate"], "train_reader": reader, "score_passages": scored,
                 "distill_preranker": {k: v for k, v in distilled.items() if k not in ("answer_recall", "gate")}}
 
 

@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_contracts.training import (ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNIT_POOL,
-                                     UNITS)
+from data_contracts.training import (ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS,
+                                     READER_PREDICTIONS, UNIT_POOL, UNITS)
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
 from tasks.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
@@ -105,6 +105,65 @@ def run_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Path, 
             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
             "skipped_too_few_passages": result.report.skipped_too_few_passages,
             "seconds": time.perf_counter() - t0}
+
+
+def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, dict[str, Any]]:
+    """Dev exact match of a saved FiD reader (FunnelRAG Table 3's EM, SQuAD normalisation).
+
+    Each question of ``candidates_dir`` gets a greedy answer from its first ``n_passages``
+    candidate passages in pre-ranker order (``n_passages``, ``max_passage_tokens`` and
+    ``max_answer_tokens`` from the reader's own training config), as at training time.
+
+    Parameters
+    ----------
+    candidates_dir : a ``candidates`` stage directory (``candidates`` + ``questions`` tables).
+    reader_dir : a directory saved by :func:`tasks.train_reader.save_reader`.
+
+    Returns
+    -------
+    (pa.Table, dict)
+        ``reader_predictions`` rows (one per question, sorted by question id) and a summary:
+        ``questions``, ``em`` in [0, 1], ``seconds``, ``questions_per_s``.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``reader_dir`` is not a saved reader.
+    ValueError
+        ``candidates_dir`` has no candidate passage.
+    """
+    from tasks.evaluate.generation import FiDGenerator, GenerationConfig  # noqa: PLC0415
+    from tasks.questions import exact_match  # noqa: PLC0415
+    from tasks.train_reader import load_reader  # noqa: PLC0415
+
+    model, tok, cfg = load_reader(reader_dir)
+    examples = reader_examples(CANDIDATES.read(candidates_dir), QUESTIONS.read(candidates_dir))
+    if not examples:
+        raise ValueError(f"{candidates_dir}: no candidate passage to answer from")
+    qids = sorted(set(CANDIDATES.read(candidates_dir, columns=["question_id"])["question_id"].to_pylist()))
+    if len(qids) != len(examples):
+        raise ValueError(f"{candidates_dir}: {len(examples)} reader examples for {len(qids)} questions")
+    generate = FiDGenerator("reader", model, tok, GenerationConfig(
+        n_passages=cfg.n_passages, max_passage_tokens=cfg.max_passage_tokens, max_answer_tokens=cfg.max_answer_tokens))
+    t0 = time.perf_counter()
+    rows = []
+    for qid, ex in zip(qids, examples):   # reader_examples is sorted by question id too
+        passages = [(title, text) for _, title, text in ex.passages[: cfg.n_passages]]
+        pred = generate(ex.question, passages)
+        rows.append((qid, pred, exact_match(pred, ex.answers), len(passages)))
+    seconds = time.perf_counter() - t0
+    table = pa.table({"question_id": [r[0] for r in rows], "prediction": [r[1] for r in rows],
+                      "exact_match": [r[2] for r in rows], "n_passages": [r[3] for r in rows]})
+    em = sum(r[2] for r in rows) / len(rows)
+    return table, {"questions": len(rows), "em": em, "seconds": seconds,
+                   "questions_per_s": len(rows) / max(seconds, 1e-9)}
+
+
+def run_reader_eval(candidates_dir: Path, reader_stage_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """:func:`evaluate_reader` of the trained reader on the dev candidates → ``reader_predictions``."""
+    table, summary = evaluate_reader(candidates_dir, Path(reader_stage_dir) / READER_DIR)
+    READER_PREDICTIONS.write(table, out_dir)
+    return summary
 
 
 def run_attention(candidates_dir: Path, reader_dir: Path, cfg: AttentionScoreConfig, run: AttentionRunConfig,

@@ -6,19 +6,23 @@ same oracle records (train / dev split by hash). Reader: a tiny scratch FiD; pre
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 
 import mlflow
 import pytest
 
-from data_contracts.training import ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS
+from data_contracts.training import ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, READER_PREDICTIONS
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
-from flows.distillation import COMMANDS, DistillationConfig, distillation_run_flow, score_passages_flow
+from flows.distillation import (COMMANDS, DistillationConfig, distillation_run_flow, score_passages_flow,
+                                train_reader_flow)
 from funnelrag.corpus import open_corpus
 from funnelrag.datasets import resolve
-from funnelrag.registry import champion_version
+from funnelrag.registry import champion_version, download_model, model_uri
 from funnelrag.workspace import Workspace
+from tasks.evaluate.models import find_model_dir
+from tasks.train_reader import READER_CONFIG
 
 N_RECORDS = 60
 
@@ -49,11 +53,11 @@ def sample(workspace_home, data_mirror, tmp_path, prefect_harness):
         "attention_run": {"max_passage_tokens": 64, "batch_size": 2},
         "distill": {"epochs": 1, "max_pairs_per_question": 2, "score_scale": 20.0},
         "distill_train": {"batch_size": 8, "max_steps": 2, "lr": 5e-5, "cpu": True},
-        "registry_name": "test-preranker"})
+        "registry_name": "test-preranker", "reader_registry_name": "test-reader"})
     return cfg, Workspace(workspace_home)
 
 
-def test_distillation_run_end_to_end_then_cached(sample):
+def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     cfg, ws = sample
     out = distillation_run_flow(cfg)
     corpus = open_corpus(ws, "nq-gold")
@@ -83,6 +87,19 @@ def test_distillation_run_end_to_end_then_cached(sample):
     champ = champion_version("test-preranker")
     assert champ is not None and champ.tags["data_version"] == corpus.digest
 
+    # the FiD reader: dev exact match measured on the dev candidates, registered and gated on it
+    reader_eval = out["train_reader"]["reader_eval"]
+    preds = READER_PREDICTIONS.read(_stage_dirs(ws, "reader_eval")[0])
+    assert reader_eval["questions"] == preds.num_rows == out["distill_preranker"]["evaluate"]["questions"]
+    assert reader_eval["em"] == sum(preds["exact_match"].to_pylist()) / preds.num_rows
+    assert set(preds["n_passages"].to_pylist()) <= {1, 2, 3, 4}
+    assert out["reader_gate"]["registered"] and out["reader_gate"]["promoted"]
+    reader_champ = champion_version("test-reader")
+    assert reader_champ.tags["data_version"] == corpus.digest
+    assert float(reader_champ.tags["metric.dev_reader_em"]) == reader_eval["em"]
+    reader_dir = download_model(model_uri("test-reader"), tmp_path / "reader-download")
+    assert (find_model_dir(reader_dir, READER_CONFIG) / READER_CONFIG).exists()
+
     # one MLflow run per flow run: the parent and its three nested sub-flow runs
     client = mlflow.tracking.MlflowClient(f"sqlite:///{ws.mlflow_db}")
     parent = client.get_run(out["mlflow_run_id"])
@@ -96,9 +113,18 @@ def test_distillation_run_end_to_end_then_cached(sample):
     # a re-run reuses every stage and does not register the same model twice
     again = distillation_run_flow(cfg)
     assert again["answer_recall"] == recall
-    assert all(v["cache_hit"] for v in again["train_reader"].values() if isinstance(v, dict))
+    assert all(v["cache_hit"] for k, v in again["train_reader"].items() if isinstance(v, dict) and k != "reader_gate")
+    assert again["reader_gate"]["reason"] == "already_registered"
     assert again["gate"] == {"registered": False, "version": out["gate"]["version"], "reason": "already_registered",
                              "aliases": ["challenger", "champion"]}
+    # a different reader (one more step) is a new version gated against the champion re-measured now
+    cfg3 = cfg.model_copy(update={"reader": cfg.reader.model_copy(update={
+        "train": dataclasses.replace(cfg.reader.train, max_steps=3)})})
+    third = train_reader_flow(cfg3)
+    gate = third["reader_gate"]
+    assert gate["registered"] and gate["champion_version"] == out["reader_gate"]["version"]
+    assert gate["champion_value"] == reader_eval["em"]  # the champion's dev EM, measured again on the same pool
+    assert gate["promoted"] == (gate["challenger_value"] >= gate["champion_value"])
     alone = score_passages_flow(cfg)
     assert alone["attention"]["cache_hit"] and alone["labels"]["cache_hit"]
     _check_stage_artifacts(ws)

@@ -88,7 +88,15 @@ def parse_registry_ref(ref: str) -> tuple[str, str | None, str | None]:
     raise ValueError(f"{ref!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
 
 
-def _find_model_dir(root: Path, marker: str) -> Path:
+def find_model_dir(root: Path, marker: str) -> Path:
+    """The directory holding ``marker`` (e.g. ``reader_config.json``): ``root``, ``root/model`` or
+    the first one below ``root`` (a downloaded registry artifact nests the model directory).
+
+    Raises
+    ------
+    FileNotFoundError
+        No ``marker`` anywhere under ``root``.
+    """
     for cand in (root, root / "model", *sorted(p.parent for p in root.rglob(marker))):
         if (cand / marker).exists():
             return cand
@@ -111,11 +119,11 @@ def resolve(ref: str, marker: str, download_dir: Path) -> ResolvedRef:
         mv = registry_version(ref)
         dst = Path(download_dir) / f"{mv.name}-v{mv.version}"
         local = download_model(f"models:/{mv.name}/{mv.version}", dst)
-        return ResolvedRef(ref, _find_model_dir(local, marker), mv.name, str(mv.version), mv.run_id)
+        return ResolvedRef(ref, find_model_dir(local, marker), mv.name, str(mv.version), mv.run_id)
     path = Path(ref)
     if not path.is_dir():
         raise FileNotFoundError(f"model reference {ref!r} is neither a built-in name, a models:/ URI nor a directory")
-    return ResolvedRef(ref, _find_model_dir(path, marker))
+    return ResolvedRef(ref, find_model_dir(path, marker))
 
 
 def load_preranker_ref(ref: str, download_dir: Path, max_length: int | None = None):
