@@ -44,3 +44,14 @@ def workspace_home(tmp_path) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     return home
+
+
+@pytest.fixture
+def one_torch_thread():
+    """2 shared cores: intra-op threads only add contention for tiny models. Restores the count."""
+    import torch  # noqa: PLC0415
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

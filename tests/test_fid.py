@@ -11,17 +11,11 @@ from funnelrag.datasets import default_mirror, resolve
 from models.fid import FiDConfig, FiDReader, encode_fid_inputs, format_fid_input
 
 MIRROR = default_mirror()
-pytestmark = pytest.mark.skipif(MIRROR is None, reason="no data mirror (../shared/data)")
+pytestmark = [pytest.mark.skipif(MIRROR is None, reason="no data mirror (../shared/data)"),
+              pytest.mark.usefixtures("one_torch_thread")]
 TINY = dict(d_model=64, n_layers=2, n_heads=4, d_ff=128)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """2 shared cores: intra-op threads only add contention for these tiny models."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -16,15 +16,10 @@ from tasks.train_reader import (READER_CONFIG, ReaderExample, ReaderHooks, Reade
                                 select_examples, train_reader)
 
 MIRROR = default_mirror()
-pytestmark = pytest.mark.skipif(MIRROR is None, reason="no data mirror (../shared/data)")
+pytestmark = [pytest.mark.skipif(MIRROR is None, reason="no data mirror (../shared/data)"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,10 @@ import torch
 from funnelrag.training import (COMPLETE_MARKER, STATE_FILE, EpochSeededSampler, TrainConfig,
                                 checkpoint_dirs, latest_checkpoint, train)
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 N_EXAMPLES = 41  # 11 batches of 4: the last accumulation group of an epoch is a single batch
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """2 shared cores: intra-op threads only add contention for these tiny models."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 class RegressionHooks:

@@ -70,6 +70,8 @@ def _free_port() -> int:
 def _launch(out: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ACCELERATE_USE_CPU", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
+    # the ranks import this checkout even when another checkout is the one pip-installed
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(REPO / "infra/accelerate/cpu_2proc.yaml"), "--main_process_port", str(_free_port()),
            __file__, str(out), *args]
