@@ -16,8 +16,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from funnelrag.datasets import default_mirror  # noqa: E402
+
+# Property tests draw the same examples on every run (CI cannot fail on an example no local run
+# saw); HYPOTHESIS_PROFILE=explore draws fresh random examples, for hunting new counterexamples.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, max_examples=500)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
