@@ -264,12 +264,14 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
     """Register the FiD reader (``reader_registry_name``); gate: dev exact match, not worse than
     the champion reader's on the same dev candidates."""
     def champion_em(model_dir: Path) -> float:
-        from tasks.evaluate.models import find_model_dir  # noqa: PLC0415
+        from funnelrag.registry import find_model_dir  # noqa: PLC0415
         from tasks.train_reader import READER_CONFIG  # noqa: PLC0415
 
         return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG))[1]["em"]
 
-    metrics = {"dev_reader_em": reader_eval.summary["em"], "train_last_loss": reader.summary.get("last_loss") or 0.0}
+    metrics = {"dev_reader_em": reader_eval.summary["em"]}
+    if reader.summary.get("last_loss") is not None:
+        metrics["train_last_loss"] = reader.summary["last_loss"]
     return _register_gated(ctx, ctx.cfg.reader_registry_name, reader.path / S.READER_DIR, reader.digest, metrics,
                            "dev_reader_em", champion_em)
 

@@ -194,3 +194,18 @@ def download_model(uri: str, dst: Path) -> Path:
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
+
+
+def find_model_dir(root: Path, marker: str) -> Path:
+    """The directory holding ``marker`` (e.g. ``reader_config.json``): ``root``, ``root/model`` or
+    the first one below ``root`` (a downloaded registry artifact nests the model directory).
+
+    Raises
+    ------
+    FileNotFoundError
+        No ``marker`` anywhere under ``root``.
+    """
+    for cand in (root, root / "model", *sorted(p.parent for p in root.rglob(marker))):
+        if (cand / marker).exists():
+            return cand
+    raise FileNotFoundError(f"{root}: no {marker} found (not a saved model of the expected kind)")

@@ -137,10 +137,11 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
     from tasks.train_reader import load_reader  # noqa: PLC0415
 
     model, tok, cfg = load_reader(reader_dir)
-    examples = reader_examples(CANDIDATES.read(candidates_dir), QUESTIONS.read(candidates_dir))
+    cands = CANDIDATES.read(candidates_dir)
+    examples = reader_examples(cands, QUESTIONS.read(candidates_dir))
     if not examples:
         raise ValueError(f"{candidates_dir}: no candidate passage to answer from")
-    qids = sorted(set(CANDIDATES.read(candidates_dir, columns=["question_id"])["question_id"].to_pylist()))
+    qids = sorted(set(cands["question_id"].to_pylist()))
     if len(qids) != len(examples):
         raise ValueError(f"{candidates_dir}: {len(examples)} reader examples for {len(qids)} questions")
     generate = FiDGenerator("reader", model, tok, GenerationConfig(

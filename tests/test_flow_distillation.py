@@ -19,9 +19,8 @@ from flows.distillation import (COMMANDS, DistillationConfig, distillation_run_f
                                 train_reader_flow)
 from funnelrag.corpus import open_corpus
 from funnelrag.datasets import resolve
-from funnelrag.registry import champion_version, download_model, model_uri
+from funnelrag.registry import champion_version, download_model, find_model_dir, model_uri
 from funnelrag.workspace import Workspace
-from tasks.evaluate.models import find_model_dir
 from tasks.train_reader import READER_CONFIG
 
 N_RECORDS = 60

@@ -18,6 +18,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from funnelrag.registry import find_model_dir
+
 log = logging.getLogger(__name__)
 
 MINILM = "minilm"
@@ -86,21 +88,6 @@ def parse_registry_ref(ref: str) -> tuple[str, str | None, str | None]:
         if name and version.isdigit():
             return name, None, version
     raise ValueError(f"{ref!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
-
-
-def find_model_dir(root: Path, marker: str) -> Path:
-    """The directory holding ``marker`` (e.g. ``reader_config.json``): ``root``, ``root/model`` or
-    the first one below ``root`` (a downloaded registry artifact nests the model directory).
-
-    Raises
-    ------
-    FileNotFoundError
-        No ``marker`` anywhere under ``root``.
-    """
-    for cand in (root, root / "model", *sorted(p.parent for p in root.rglob(marker))):
-        if (cand / marker).exists():
-            return cand
-    raise FileNotFoundError(f"{root}: no {marker} found (not a saved model of the expected kind)")
 
 
 def resolve(ref: str, marker: str, download_dir: Path) -> ResolvedRef:
