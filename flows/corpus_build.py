@@ -30,7 +30,7 @@ from tasks.segment import SegmentConfig
 log = logging.getLogger(__name__)
 
 # Bump a stage's version when its code changes output bytes: the cache key includes it.
-STAGE_VERSIONS = {"ingest": "1", "tokens": "1", "cluster": "1", "segment": "1", "index": "1"}
+STAGE_VERSIONS = {"ingest": "1", "tokens": "1", "cluster": "1", "segment": "1", "index": "2"}  # index 2: sorted stem ids
 
 
 class SourceConfig(BaseModel):

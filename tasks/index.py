@@ -47,6 +47,43 @@ def _stemmer(name: str | None):
     return Stemmer.Stemmer(name).stemWords
 
 
+def tokenize_ids(texts: Sequence[str], cfg: BM25Config, stem=None):
+    """bm25s ``Tokenized`` (token ids per text + vocabulary) with a vocabulary order that does not
+    depend on the process.
+
+    ``bm25s.tokenize(..., stemmer=...)`` numbers stems by iterating a ``set``, so the ids, and with
+    them the saved ``vocab``/``data``/``indices`` arrays, change with ``PYTHONHASHSEED`` from one
+    run to the next. Here bm25s splits and numbers the raw tokens (first-occurrence order, which is
+    deterministic), the unique tokens are stemmed once, and stems are numbered in sorted order.
+    Same work as bm25s's own stemming pass: one stemmer call over the vocabulary, one id remap
+    per token.
+
+    Parameters
+    ----------
+    texts : ``n`` strings.
+    cfg : lower-casing and stop words (``cfg.stemmer`` is given as the callable ``stem``).
+    stem : ``list[str] -> list[str]`` (PyStemmer ``stemWords``) or None.
+
+    Returns
+    -------
+    bm25s.tokenization.Tokenized
+        ``ids``: ``n`` lists of token ids; ``vocab``: token (stem) → id, ids ``0..V-1`` in sorted
+        token order when stemming, first-occurrence order otherwise.
+    """
+    import bm25s  # noqa: PLC0415
+    from bm25s.tokenization import Tokenized  # noqa: PLC0415
+
+    raw = bm25s.tokenize(list(texts), lower=cfg.lower, stopwords=cfg.stopwords, stemmer=None,
+                         return_ids=True, show_progress=False)
+    if stem is None:
+        return raw
+    unique = sorted(raw.vocab, key=raw.vocab.__getitem__)   # raw id order 0..U-1
+    stems = stem(unique)
+    vocab = {t: i for i, t in enumerate(sorted(set(stems)))}
+    lookup = [vocab[t] for t in stems]                        # raw id -> stem id
+    return Tokenized(ids=[[lookup[t] for t in doc] for doc in raw.ids], vocab=vocab)
+
+
 class BM25Index:
     """A bm25s retriever plus the tokenizer settings and external ids it was built with."""
 
@@ -84,8 +121,7 @@ class BM25Index:
         index = cls(None, ids, cfg)
         # Token ids + vocabulary (bm25s ``Tokenized``): indexing from ids is ~2x faster than
         # from strings; the vocabulary is saved with the index and maps query strings.
-        tokens = bm25s.tokenize(texts, lower=cfg.lower, stopwords=cfg.stopwords, stemmer=index._stem,
-                                return_ids=True, show_progress=False)
+        tokens = tokenize_ids(texts, cfg, index._stem)
         retriever = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
         retriever.index(tokens, show_progress=False)
         index.retriever = retriever

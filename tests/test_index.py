@@ -75,3 +75,31 @@ def test_empty_and_unknown_queries_are_deterministic():
     index = BM25Index.build(["alpha beta", "gamma delta", "epsilon"], ["a", "b", "c"])
     ids, scores = index.search(["", "zzzz unknown"], k=3)
     assert ids == [["a", "b", "c"], ["a", "b", "c"]] and not scores.any()
+
+
+def test_saved_index_is_byte_identical_across_hash_seeds(tmp_path, enwiki_texts):
+    """bm25s numbers stems through a set, whose order follows PYTHONHASHSEED: two processes must
+    still write the same bytes (the nightly build's content digest depends on it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = tmp_path / "texts.json"
+    src.write_text(json.dumps(enwiki_texts[:150]))
+    repo = Path(__file__).resolve().parents[1]
+    script = ("import json, sys; from tasks.index import BM25Index; t = json.load(open(sys.argv[1])); "
+              "BM25Index.build(t, [str(i) for i in range(len(t))]).save(sys.argv[2])")
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed,
+               "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        out = tmp_path / f"seed{seed}"
+        subprocess.run([sys.executable, "-c", script, str(src), str(out)], env=env, cwd=repo, check=True,
+                       capture_output=True, timeout=300)
+        outs.append(out)
+    names = sorted(p.name for p in outs[0].iterdir())
+    assert names == sorted(p.name for p in outs[1].iterdir()) and "vocab.index.json" in names
+    for f in names:
+        assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
