@@ -27,7 +27,7 @@ def main() -> None:
     from tasks.dr_rag.collection import build_collection
     from tasks.dr_rag.pairs import PairSamplingConfig, build_pairs
     from tasks.dr_rag.selection import cfs_select, cis_select, qdc_select
-    from tasks.hotpotqa import load_hotpotqa
+    from tasks.dr_rag.hotpotqa import load_hotpotqa
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--paragraphs", type=int, default=200)

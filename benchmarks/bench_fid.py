@@ -21,7 +21,7 @@ import torch
 from funnelrag.datasets import default_mirror, resolve
 from funnelrag.training import TrainConfig, train
 from models.fid import FiDConfig, FiDReader, encode_fid_inputs
-from tasks.train_reader import ReaderExample, ReaderHooks, ReaderTrainConfig
+from tasks.funnel.reader import ReaderExample, ReaderHooks, ReaderTrainConfig
 
 SIZES = {"tiny": dict(d_model=64, n_layers=2, n_heads=4, d_ff=128),
          "small": dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024),

@@ -35,8 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from funnelrag.datasets import default_mirror, resolve  # noqa: E402
-from tasks.clustering import ClusteringConfig, check_clustering, cluster_documents  # noqa: E402
-from tasks.graph import build_graph, graph_metrics  # noqa: E402
+from tasks.corpus.clustering import ClusteringConfig, check_clustering, cluster_documents  # noqa: E402
+from tasks.corpus.graph import build_graph, graph_metrics  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -17,7 +17,7 @@ import Stemmer
 
 from funnelrag.corpus import open_corpus
 from funnelrag.workspace import Workspace
-from tasks.index import BM25Config, BM25Index
+from tasks.corpus.index import BM25Config, BM25Index
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from funnelrag.datasets import default_mirror, resolve
-from tasks.ingest import IngestConfig, clean_wikitext, extract_link_targets, ingest
-from tasks.ingest.mediawiki import MediaWikiReader
+from tasks.corpus.ingest import IngestConfig, clean_wikitext, extract_link_targets, ingest
+from tasks.corpus.ingest.mediawiki import MediaWikiReader
 
 
 def _cpu() -> float:

@@ -30,7 +30,7 @@ def _timeit(fn, repeat: int) -> float:
 
 
 def bench_dense(sizes: list[int], dim: int, batch: int) -> None:
-    from tasks.dense import DenseIndex  # noqa: PLC0415
+    from tasks.evaluate.dense import DenseIndex  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
     q1 = rng.standard_normal((1, dim), dtype=np.float32)
@@ -84,7 +84,7 @@ def bench_bm25(home: Path, corpus: str, n_questions: int) -> None:
     from funnelrag.corpus import open_corpus  # noqa: PLC0415
     from funnelrag.datasets import default_mirror, resolve  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
-    from tasks.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
     c = open_corpus(Workspace(home), corpus)
     questions, _ = load_questions([resolve("nq-open-test", default_mirror())], QuestionsConfig(limit=n_questions))

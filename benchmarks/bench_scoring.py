@@ -8,7 +8,7 @@ oracle questions and Wikipedia passages.
 
 Prints one line per measurement: wall seconds, process CPU seconds (the machine may be
 shared: CPU seconds are the compute, wall includes waiting) and throughput per wall second.
-Attention scoring runs :func:`tasks.attention.score_candidates` (FiD single decoder step +
+Attention scoring runs :func:`tasks.funnel.attention.score_candidates` (FiD single decoder step +
 Eq. 3 aggregation); the pre-ranker runs :func:`models.preranker.score_pairs` (every pair
 through the model, as the cross-encoder and the training loop do) and, for the bi-encoder,
 :func:`models.preranker.score_grouped` (each distinct text embedded once, as the funnel does).
@@ -28,11 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_contracts.training import CANDIDATES  # noqa: E402
+from data_contracts.funnel import CANDIDATES  # noqa: E402
 from funnelrag.datasets import default_mirror, resolve  # noqa: E402
 from models.fid import FiDConfig, FiDReader  # noqa: E402
 from models.preranker import PreRankerConfig, build_preranker, score_grouped, score_pairs  # noqa: E402
-from tasks.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: E402
+from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: E402
 
 FID_SIZES = {"tiny": dict(d_model=64, n_layers=2, n_heads=4, d_ff=256),
              "small": dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024),

@@ -4,7 +4,7 @@ One evaluation run compares retrieval *settings* (flat BM25 / dense, each with o
 re-ranking; progressive clusters → document units → passages, with or without the FiD
 post-ranker) on one question set, over two *subsets* of it: ``all`` questions and
 ``answer_in_corpus`` (questions with an answer string, DPR ``has_answer``, in some passage of
-the corpus). Ids are those of :mod:`data_contracts.corpus` and :mod:`data_contracts.training`.
+the corpus). Ids are those of :mod:`data_contracts.corpus` and :mod:`data_contracts.funnel`.
 
 Timing columns are wall-clock seconds and differ between runs; every other column is a
 deterministic function of the inputs and the configuration.

@@ -1,6 +1,6 @@
 """Prefect flow ``corpus-build``: Wikipedia dump → published, versioned BM25 cluster index.
 
-Stages (pure cores in :mod:`tasks.corpus_stages`, each cached on the content of its inputs):
+Stages (pure cores in :mod:`tasks.corpus.stages`, each cached on the content of its inputs):
 ingest → tokens → cluster (graph, local clustering coefficients, Algorithm 1) → segment
 (document units, passages) → index (bm25s) → validate + publish (manifest last, then the
 ``current`` pointer). One MLflow run per flow run; a markdown summary artifact in Prefect.
@@ -21,11 +21,11 @@ from funnelrag.config import FlowCommand, FlowConfig, to_jsonable
 from funnelrag.corpus import corpus_store
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
 from funnelrag.workspace import Workspace
-from tasks import corpus_stages as S
-from tasks.clustering import ClusteringConfig
-from tasks.index import BM25Config
-from tasks.ingest import IngestConfig
-from tasks.segment import SegmentConfig
+from tasks.corpus import stages as S
+from tasks.corpus.clustering import ClusteringConfig
+from tasks.corpus.index import BM25Config
+from tasks.corpus.ingest import IngestConfig
+from tasks.corpus.segment import SegmentConfig
 
 log = logging.getLogger(__name__)
 

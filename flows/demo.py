@@ -23,7 +23,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 STEPS: dict[str, tuple[str, str, str]] = {
     "corpus-wikispeedia": ("flows.corpus_build", "build-corpus", "corpus_wikispeedia.yaml"),
     "corpus-enwiki-sample": ("flows.corpus_build", "build-corpus", "corpus_enwiki_sample.yaml"),
-    "distillation": ("flows.distillation", "distill", "distillation_wikispeedia_cpu.yaml"),
+    "distillation": ("flows.funnel", "distill", "distillation_wikispeedia_cpu.yaml"),
     "evaluate": ("flows.evaluate", "evaluate", "evaluate_demo.yaml"),
     "dr-rag": ("flows.dr_rag", "dr-rag", "dr_rag_demo.yaml"),
     "r2ag": ("flows.r2ag", "train-r2former", "r2ag_demo.yaml"),

@@ -31,7 +31,7 @@ from tasks.dr_rag import stages as S
 from tasks.dr_rag.evaluate import EvalConfig, table5_wide
 from tasks.dr_rag.pairs import PairSamplingConfig
 from tasks.dr_rag.retrieval import SMConfig
-from tasks.index import BM25Config
+from tasks.corpus.index import BM25Config
 
 log = logging.getLogger(__name__)
 

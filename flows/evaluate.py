@@ -27,8 +27,8 @@ from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig
-from tasks.attention import AttentionRunConfig, AttentionScoreConfig
-from tasks.dense import DenseIndexConfig
+from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
+from tasks.evaluate.dense import DenseIndexConfig
 from tasks.evaluate.generation import GenerationConfig
 from tasks.evaluate.retrieval import FlatSetting, ProgressiveSetting
 
@@ -116,8 +116,8 @@ class EvaluateConfig(FlowConfig):
 @task(name="evaluate-questions", cache_policy=NO_CACHE)
 def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bool], dict]:
     from funnelrag import datasets  # noqa: PLC0415
-    from tasks.evaluate.pipeline import answerability, sample_questions  # noqa: PLC0415
-    from tasks.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+    from tasks.evaluate.stages import answerability, sample_questions  # noqa: PLC0415
+    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
     paths = [datasets.resolve(n, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir) for n in cfg.questions.datasets]
     table, report = load_questions([*paths, *cfg.questions.paths], QuestionsConfig())
@@ -166,8 +166,8 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
 def dense_task(cfg: EvaluateConfig, ws, corpus) -> tuple[Any, Any, Any, dict]:
     from funnelrag.store import StageCache  # noqa: PLC0415
     from models.encoders import BiEncoder, resolve_model_path  # noqa: PLC0415
-    from tasks.dense import model_fingerprint  # noqa: PLC0415
-    from tasks.evaluate.pipeline import dense_index  # noqa: PLC0415
+    from tasks.evaluate.dense import model_fingerprint  # noqa: PLC0415
+    from tasks.evaluate.stages import dense_index  # noqa: PLC0415
 
     encoder, tok = BiEncoder.from_pretrained(cfg.dense.encoder)
     model_id = model_fingerprint(resolve_model_path(cfg.dense.encoder.name_or_path))
@@ -195,7 +195,7 @@ def progressive_task(questions, cluster_index, members_of, seg_cfg, counter, set
 
 @task(name="evaluate-generate", cache_policy=NO_CACHE)
 def generate_task(generator, results, question_text: dict[str, str]):
-    from tasks.evaluate.pipeline import generate_answers  # noqa: PLC0415
+    from tasks.evaluate.stages import generate_answers  # noqa: PLC0415
 
     return generate_answers(generator, results, question_text)
 
@@ -267,12 +267,12 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
     from funnelrag.workspace import Workspace  # noqa: PLC0415
     from tasks.evaluate.generation import CausalLMGenerator, FiDGenerator  # noqa: PLC0415
     from tasks.evaluate.metrics import TokenCache  # noqa: PLC0415
-    from tasks.evaluate.pipeline import bm25_retriever, dense_retriever  # noqa: PLC0415
+    from tasks.evaluate.stages import bm25_retriever, dense_retriever  # noqa: PLC0415
     from tasks.evaluate.report import SettingSpec, summarize  # noqa: PLC0415
     from tasks.evaluate.retrieval import PassageLookup, questions_from_table  # noqa: PLC0415
     from tasks.evaluate.timing import machine_info  # noqa: PLC0415
-    from tasks.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.tokenize import load_token_counter  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
 
     logger = get_run_logger()
     t_flow = time.perf_counter()

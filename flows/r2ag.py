@@ -36,7 +36,7 @@ from models.r2former import R2FormerConfig
 from tasks.r2ag.features import FeatureConfig
 from tasks.r2ag.generation import GeneratorConfig, JointConfig
 from tasks.r2ag.lists import ListConfig
-from tasks.r2ag.pipeline import DataConfig, QDMTrainConfig
+from tasks.r2ag.stages import DataConfig, QDMTrainConfig
 from tasks.r2ag.prompting import PromptConfig
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cf
 
     def build(tmp: Path) -> dict:
         from models.encoders import BiEncoder  # noqa: PLC0415
-        from tasks.r2ag.pipeline import build_lists_and_features  # noqa: PLC0415
+        from tasks.r2ag.stages import build_lists_and_features  # noqa: PLC0415
 
         encoder, tokenizer = BiEncoder.from_pretrained(enc_cfg)
         lists, features, report = build_lists_and_features(data, lists_cfg, feat_cfg, encoder, tokenizer,
@@ -137,7 +137,7 @@ def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cf
 def train_qdm_task(train, features, model_cfg, train_cfg, output_dir: Path, run_id: str | None, variant: str):
     import mlflow  # noqa: PLC0415
 
-    from tasks.r2ag.pipeline import mlflow_key, train_qdm  # noqa: PLC0415
+    from tasks.r2ag.stages import mlflow_key, train_qdm  # noqa: PLC0415
 
     def log_metrics(metrics: dict, step: int) -> None:
         if run_id is not None:
@@ -198,7 +198,7 @@ def _register(model_dir: Path, cfg, data_version: str, rows: list[dict]):
     """Register the model directory (``funnelrag.registry``), gated on the QDM MAP of the held-out
     lists; needs the active MLflow run. Returns the registry's GateDecision."""
     from funnelrag.registry import register_model  # noqa: PLC0415
-    from tasks.r2ag.pipeline import mlflow_key  # noqa: PLC0415
+    from tasks.r2ag.stages import mlflow_key  # noqa: PLC0415
 
     metrics = {mlflow_key(r["ranking"], k): float(v) for r in rows for k, v in r.items()
                if k != "ranking" and v == v}
@@ -216,7 +216,7 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
     from data_contracts.base import atomic_write_bytes  # noqa: PLC0415
     from funnelrag.store import write_json  # noqa: PLC0415
     from tasks.r2ag.checkpoint import save_projection, save_r2former  # noqa: PLC0415
-    from tasks.r2ag.pipeline import (compare_rankings, mlflow_key, split_examples, test_query_ids,  # noqa: PLC0415
+    from tasks.r2ag.stages import (compare_rankings, mlflow_key, split_examples, test_query_ids,  # noqa: PLC0415
                                      variants)
     from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
 
@@ -284,7 +284,7 @@ def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig) -> dict:
     from models.r2ag_generator import R2AGModel  # noqa: PLC0415
     from tasks.r2ag import checkpoint as ckpt  # noqa: PLC0415
     from tasks.r2ag.generation import answer_accuracy, generate_answers, prompted_lists  # noqa: PLC0415
-    from tasks.r2ag.pipeline import compare_rankings, mlflow_key, split_examples, test_query_ids  # noqa: PLC0415
+    from tasks.r2ag.stages import compare_rankings, mlflow_key, split_examples, test_query_ids  # noqa: PLC0415
     from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
 
     ws = Workspace(cfg.workspace.home)

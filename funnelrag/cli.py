@@ -24,7 +24,7 @@ from funnelrag.config import FlowCommand, load_config
 # Flow modules that export ``COMMANDS: list[FlowCommand]``; imported only when needed.
 FLOW_MODULES = (
     "flows.corpus_build",
-    "flows.distillation",
+    "flows.funnel",
     "flows.evaluate",
     "flows.dr_rag",
     "flows.r2ag",
@@ -35,10 +35,10 @@ FLOW_MODULES = (
 COMMAND_INDEX = {
     "build-corpus": "flows.corpus_build",
     "demo": "flows.demo",
-    "distill": "flows.distillation",
-    "train-reader": "flows.distillation",
-    "score-passages": "flows.distillation",
-    "distill-preranker": "flows.distillation",
+    "distill": "flows.funnel",
+    "train-reader": "flows.funnel",
+    "score-passages": "flows.funnel",
+    "distill-preranker": "flows.funnel",
     "evaluate": "flows.evaluate",
     "dr-rag": "flows.dr_rag",
     "dr-rag-train": "flows.dr_rag",

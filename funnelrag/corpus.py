@@ -64,12 +64,12 @@ class CorpusVersion:
         return self.table(C.PASSAGES)
 
     def cluster_index(self):
-        from tasks.index import BM25Index  # noqa: PLC0415
+        from tasks.corpus.index import BM25Index  # noqa: PLC0415
 
         return BM25Index.load(self.path / CLUSTER_INDEX)
 
     def passage_index(self):
-        from tasks.index import BM25Index  # noqa: PLC0415
+        from tasks.corpus.index import BM25Index  # noqa: PLC0415
 
         return BM25Index.load(self.path / PASSAGE_INDEX)
 

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from tasks.attention import AttentionScoreConfig, passage_scores
+from tasks.funnel.attention import AttentionScoreConfig, passage_scores
 
 # (n_layers=2, batch=1, n_heads=2, n_passages=2, seq_len=5); tokens 0-1 are question tokens,
 # passage 1's last token is padding.
@@ -119,7 +119,7 @@ def reader(data_mirror):
 def _candidates(spec):
     import pyarrow as pa
 
-    from data_contracts.training import CANDIDATES
+    from data_contracts.funnel import CANDIDATES
 
     rows = []
     for q, units in spec.items():
@@ -143,7 +143,7 @@ def test_runner_matches_direct_eq3_and_batching(reader):
     import pyarrow as pa
 
     from models.fid import encode_fid_inputs
-    from tasks.attention import AttentionRunConfig, score_candidates
+    from tasks.funnel.attention import AttentionRunConfig, score_candidates
 
     model, tok = reader
     questions = pa.table({"question_id": ["q1", "q2", "q3"],
@@ -171,7 +171,7 @@ def test_runner_matches_direct_eq3_and_batching(reader):
 def test_runner_refuses_non_eager_attention(reader):
     import pyarrow as pa
 
-    from tasks.attention import score_candidates
+    from tasks.funnel.attention import score_candidates
 
     model, tok = reader
     impl = model.t5.config._attn_implementation

@@ -9,14 +9,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from data_contracts.training import CANDIDATES, UNIT_POOL, UNITS
+from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from funnelrag.datasets import resolve
 from models.preranker import PreRankerConfig, build_preranker
-from tasks.candidates import CandidatesConfig, answer_recall, build_candidates, chunk_clusters, rerank_pool
-from tasks.index import BM25Index
-from tasks.questions import QuestionsConfig, has_answer, load_questions
-from tasks.segment import SegmentConfig, segment_cluster
-from tasks.tokenize import WhitespaceCounter
+from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, chunk_clusters, rerank_pool
+from tasks.corpus.index import BM25Index
+from tasks.funnel.questions import QuestionsConfig, has_answer, load_questions
+from tasks.corpus.segment import SegmentConfig, segment_cluster
+from tasks.corpus.tokenize import WhitespaceCounter
 
 N_RECORDS = 36
 SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace")

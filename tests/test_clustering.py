@@ -1,4 +1,4 @@
-"""FunnelRAG Algorithm 1 (tasks.clustering): worked examples, invariants, contract tables."""
+"""FunnelRAG Algorithm 1 (tasks.corpus.clustering): worked examples, invariants, contract tables."""
 from __future__ import annotations
 
 import networkx as nx
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_contracts.corpus import CLUSTER_MEMBERS, CLUSTERS, GRAPH_METRICS
-from tasks.clustering import (Clustering, ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
+from tasks.corpus.clustering import (Clustering, ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
                               clusters_table, ego_closeness, graph_metrics_table)
-from tasks.graph import CSRGraph, build_graph, graph_metrics
+from tasks.corpus.graph import CSRGraph, build_graph, graph_metrics
 
 
 def run(edges, n, n_tokens, max_tokens) -> tuple[CSRGraph, Clustering]:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.clustering import ClusteringConfig, cluster_documents
-from tasks.graph import build_graph, graph_metrics
+from tasks.corpus.clustering import ClusteringConfig, cluster_documents
+from tasks.corpus.graph import build_graph, graph_metrics
 
 
 def reference_algorithm1(g: nx.Graph, n_tokens: list[int], max_tokens: int) -> tuple[list[int], list[list[int]]]:

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from funnelrag.datasets import resolve
 from funnelrag.store import StageCache
 from models.encoders import BiEncoder, EncoderConfig, encode, resolve_model_path
-from tasks.dense import DenseIndex, DenseIndexConfig, build_dense_index, encode_texts, model_fingerprint
-from tasks.evaluate.pipeline import dense_index, dense_retriever, passage_texts_for_index
+from tasks.evaluate.dense import DenseIndex, DenseIndexConfig, build_dense_index, encode_texts, model_fingerprint
+from tasks.evaluate.stages import dense_index, dense_retriever, passage_texts_for_index
 
 N_PASSAGES = 24
 CFG = DenseIndexConfig(encoder=EncoderConfig(max_length=48), dtype="float32", batch_size=24, block_rows=7)

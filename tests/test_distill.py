@@ -10,7 +10,7 @@ import torch
 
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, score
-from tasks.distill import (BPRHooks, DistillConfig, DistillExample, PairDataset, bpr_loss, build_examples,
+from tasks.funnel.distill import (BPRHooks, DistillConfig, DistillExample, PairDataset, bpr_loss, build_examples,
                            prepare_for_distillation, sample_pairs)
 
 

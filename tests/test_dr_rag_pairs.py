@@ -8,7 +8,7 @@ import pytest
 from funnelrag.datasets import resolve
 from tasks.dr_rag.collection import Question, build_collection, paragraph_id
 from tasks.dr_rag.pairs import PairSamplingConfig, build_pairs, pairs_from_table, pairs_table
-from tasks.hotpotqa import Paragraph, QARecord, load_hotpotqa
+from tasks.dr_rag.hotpotqa import Paragraph, QARecord, load_hotpotqa
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_pairs_report_questions_without_enough_data():
 def test_collection_and_pair_stages_are_byte_identical(data_mirror, tmp_path):
     from data_contracts.base import sha256_file
     from tasks.dr_rag.stages import DataConfig, read_collection, run_collection, run_pairs
-    from tasks.hotpotqa import SplitConfig
+    from tasks.dr_rag.hotpotqa import SplitConfig
 
     path = resolve("hotpotqa-dev-subsampled", data_mirror)
     cfg = DataConfig(max_questions=40, split=SplitConfig(seed=0, dev_fraction=0.25))

@@ -12,7 +12,7 @@ from tasks.dr_rag.evaluate import (EvalConfig, compute_rankings, rankings_from_t
                                    select_all, selections_table, table5, table5_wide)
 from tasks.dr_rag.retrieval import BM25Retriever, SMRetriever, concat_query, encoder_fn
 from tasks.dr_rag.selection import Selected
-from tasks.hotpotqa import load_hotpotqa
+from tasks.dr_rag.hotpotqa import load_hotpotqa
 
 
 @pytest.fixture(scope="module")

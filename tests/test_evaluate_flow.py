@@ -21,7 +21,7 @@ from flows.evaluate import EvaluateConfig, evaluate_flow
 from funnelrag.corpus import open_corpus
 from funnelrag.datasets import resolve
 from funnelrag.workspace import Workspace
-from tasks.questions import has_answer
+from tasks.funnel.questions import has_answer
 
 N_DOCS = 8
 N_TEST = 2
@@ -42,7 +42,7 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
     (tmp / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     with open(resolve("nq-open-dev", data_mirror), encoding="utf-8") as fh:  # disjoint from the oracle (test) set
         test_lines = [next(fh) for _ in range(N_TEST)]
-    from tasks.questions import _parse_tsv  # noqa: PLC0415 - the loader's own parser
+    from tasks.funnel.questions import _parse_tsv  # noqa: PLC0415 - the loader's own parser
 
     extra = [_parse_tsv(tmp, i, line.rstrip("\n")) for i, line in enumerate(test_lines, 1)]
     qs = [{"question": r["question"], "answers": r["answers"]} for r in records]
@@ -60,7 +60,7 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
     from funnelrag.tracking import flow_run  # noqa: PLC0415
     from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
     from funnelrag.training import TrainConfig  # noqa: PLC0415
-    from tasks.train_reader import ReaderTrainConfig, save_reader  # noqa: PLC0415
+    from tasks.funnel.reader import ReaderTrainConfig, save_reader  # noqa: PLC0415
 
     tok_dir = resolve("t5-tokenizer", data_mirror).parent
     fid_cfg = FiDConfig(tokenizer=str(tok_dir), d_model=64, n_layers=2, n_heads=2, d_ff=128)

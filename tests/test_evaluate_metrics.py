@@ -13,7 +13,7 @@ from tasks.evaluate.metrics import (CorpusAnswers, TokenCache, answer_recall, ex
 from tasks.evaluate.report import SettingSpec, StageSummary, summarize
 from tasks.evaluate.retrieval import QueryResult
 from tasks.evaluate.timing import StageOutcome, compact_count, funnel_label
-from tasks.questions import has_answer
+from tasks.funnel.questions import has_answer
 
 
 def test_answer_recall_hand_computed():

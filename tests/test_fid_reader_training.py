@@ -1,4 +1,4 @@
-"""Reader training stage (tasks/train_reader.py) on real NQ-open oracle questions and passages."""
+"""Reader training stage (tasks/funnel/reader.py) on real NQ-open oracle questions and passages."""
 from __future__ import annotations
 
 import gzip
@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from funnelrag.datasets import default_mirror, resolve
 from funnelrag.training import TrainConfig
 from models.fid import FiDConfig, encode_fid_inputs
-from tasks.train_reader import (READER_CONFIG, ReaderExample, ReaderHooks, ReaderTrainConfig, load_reader,
+from tasks.funnel.reader import (READER_CONFIG, ReaderExample, ReaderHooks, ReaderTrainConfig, load_reader,
                                 select_examples, train_reader)
 
 MIRROR = default_mirror()

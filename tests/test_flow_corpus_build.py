@@ -8,7 +8,7 @@ import pytest
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow, enwiki_sample_config
 from funnelrag.corpus import corpus_store, open_corpus
 from funnelrag.workspace import Workspace
-from tasks import corpus_stages
+from tasks.corpus import stages as corpus_stages
 
 
 def _ws(home, mirror):

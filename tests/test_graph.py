@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.graph import CSRGraph, build_graph, graph_metrics
+from tasks.corpus.graph import CSRGraph, build_graph, graph_metrics
 
 TOL = 1e-12
 

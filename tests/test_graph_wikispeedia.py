@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from funnelrag.datasets import resolve
-from tasks.clustering import ClusteringConfig, check_clustering, cluster_documents
-from tasks.graph import build_graph, graph_metrics
+from tasks.corpus.clustering import ClusteringConfig, check_clustering, cluster_documents
+from tasks.corpus.graph import build_graph, graph_metrics
 
 
 def _tsv_rows(tf: tarfile.TarFile, member: str) -> list[list[str]]:

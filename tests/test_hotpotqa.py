@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from funnelrag.datasets import resolve
-from tasks.hotpotqa import (HotpotQAFormatError, QARecord, SplitConfig, load_hotpotqa,
+from tasks.dr_rag.hotpotqa import (HotpotQAFormatError, QARecord, SplitConfig, load_hotpotqa,
                             read_hotpotqa, split_train_dev)
 
 

@@ -9,7 +9,7 @@ import pytest
 import Stemmer
 
 from funnelrag import datasets
-from tasks.index import BM25Config, BM25Index
+from tasks.corpus.index import BM25Config, BM25Index
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_saved_index_is_byte_identical_across_hash_seeds(tmp_path, enwiki_texts)
     src = tmp_path / "texts.json"
     src.write_text(json.dumps(enwiki_texts[:150]))
     repo = Path(__file__).resolve().parents[1]
-    script = ("import json, sys; from tasks.index import BM25Index; t = json.load(open(sys.argv[1])); "
+    script = ("import json, sys; from tasks.corpus.index import BM25Index; t = json.load(open(sys.argv[1])); "
               "BM25Index.build(t, [str(i) for i in range(len(t))]).save(sys.argv[2])")
     outs = []
     for seed in ("1", "2"):

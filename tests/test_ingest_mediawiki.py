@@ -13,8 +13,8 @@ import pytest
 from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
-from tasks.ingest import IngestConfig, IngestError, ingest
-from tasks.ingest.streams import INVALID_UTF8_MARK, Utf8Guard
+from tasks.corpus.ingest import IngestConfig, IngestError, ingest
+from tasks.corpus.ingest.streams import INVALID_UTF8_MARK, Utf8Guard
 
 ARTIFACTS = (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)
 MW = IngestConfig(format="mediawiki")

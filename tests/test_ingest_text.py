@@ -12,10 +12,10 @@ import pytest
 from lxml import etree
 
 from funnelrag.datasets import resolve
-from tasks.ingest import IngestConfig
-from tasks.ingest.redirects import resolve_redirects
-from tasks.ingest.titles import classify_link, normalise_title
-from tasks.ingest.wikitext import (clean_wikitext, extract_link_targets, is_disambiguation,
+from tasks.corpus.ingest import IngestConfig
+from tasks.corpus.ingest.redirects import resolve_redirects
+from tasks.corpus.ingest.titles import classify_link, normalise_title
+from tasks.corpus.ingest.wikitext import (clean_wikitext, extract_link_targets, is_disambiguation,
                                    redirect_target, strip_tables, strip_templates)
 
 

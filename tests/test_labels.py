@@ -4,8 +4,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from data_contracts.training import ATTENTION_SCORES, CANDIDATES, LABELS
-from tasks.labels import LabelConfig, document_score, make_labels, split_documents
+from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS
+from tasks.funnel.labels import LabelConfig, document_score, make_labels, split_documents
 
 
 def test_eq4_alpha_max_plus_mean():

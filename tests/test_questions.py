@@ -7,9 +7,9 @@ import unicodedata
 
 import pytest
 
-from data_contracts.training import QUESTIONS
+from data_contracts.funnel import QUESTIONS
 from funnelrag.datasets import resolve
-from tasks.questions import (AnswerMatcher, QuestionsConfig, dpr_tokens, exact_match, has_answer,
+from tasks.funnel.questions import (AnswerMatcher, QuestionsConfig, dpr_tokens, exact_match, has_answer,
                              load_questions, normalize_answer, read_questions, split_of)
 
 

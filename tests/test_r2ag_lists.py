@@ -14,7 +14,7 @@ from tasks.r2ag.lists import ListConfig, hotpotqa_candidates, nq_bm25_lists, ran
 
 @pytest.fixture(scope="module")
 def hotpot_records(data_mirror):
-    from tasks.hotpotqa import load_hotpotqa
+    from tasks.dr_rag.hotpotqa import load_hotpotqa
 
     return load_hotpotqa(resolve("hotpotqa-dev-subsampled", data_mirror))
 
@@ -51,8 +51,8 @@ def test_rank_by_relevance_orders_by_cosine_and_carries_embeddings(hotpot_record
 @pytest.fixture(scope="module")
 def wikispeedia_passages(data_mirror) -> pa.Table:
     """Real 100-word passages of the first 150 Wikispeedia articles (corpus PASSAGES contract)."""
-    from tasks.ingest.wikispeedia import WikispeediaReader, strip_header_footer
-    from tasks.segment import article_windows
+    from tasks.corpus.ingest.wikispeedia import WikispeediaReader, strip_header_footer
+    from tasks.corpus.segment import article_windows
 
     rows = {name: [] for name in C.PASSAGES.schema.names}
     reader = WikispeediaReader([resolve("wikispeedia-articles", data_mirror)], max_page_bytes=1 << 20)
@@ -76,8 +76,8 @@ def wikispeedia_passages(data_mirror) -> pa.Table:
 
 
 def test_nq_bm25_lists_follow_bm25_order_and_has_answer(data_mirror, wikispeedia_passages):
-    from tasks.index import BM25Index
-    from tasks.questions import QuestionsConfig, has_answer, load_questions
+    from tasks.corpus.index import BM25Index
+    from tasks.funnel.questions import QuestionsConfig, has_answer, load_questions
 
     passages = wikispeedia_passages
     index = BM25Index.build(passages["text"].to_pylist(), passages["passage_id"].to_pylist())

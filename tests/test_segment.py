@@ -1,4 +1,4 @@
-"""Passage windows, document-unit packing, ids and corpus tables (tasks.segment, tasks.tokenize)."""
+"""Passage windows, document-unit packing, ids and corpus tables (tasks.corpus.segment, tasks.corpus.tokenize)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from data_contracts.base import ContractViolation
 from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES
-from tasks.segment import (SegmentConfig, article_windows, count_window_tokens, pack_units, segment_cluster,
+from tasks.corpus.segment import (SegmentConfig, article_windows, count_window_tokens, pack_units, segment_cluster,
                            segment_corpus)
-from tasks.tokenize import WhitespaceCounter, load_token_counter
+from tasks.corpus.tokenize import WhitespaceCounter, load_token_counter
 
 WS = WhitespaceCounter()
 

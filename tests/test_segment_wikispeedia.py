@@ -13,10 +13,10 @@ import pytest
 
 from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENT_UNITS, DOCUMENTS, PASSAGES
 from funnelrag.datasets import resolve
-from tasks.clustering import ClusteringConfig, check_clustering, cluster_documents, cluster_members_table
-from tasks.graph import build_graph, graph_metrics
-from tasks.segment import SegmentConfig, article_windows, count_window_tokens, segment_cluster, segment_corpus
-from tasks.tokenize import load_token_counter
+from tasks.corpus.clustering import ClusteringConfig, check_clustering, cluster_documents, cluster_members_table
+from tasks.corpus.graph import build_graph, graph_metrics
+from tasks.corpus.segment import SegmentConfig, article_windows, count_window_tokens, segment_cluster, segment_corpus
+from tasks.corpus.tokenize import load_token_counter
 
 N_ARTICLES = 250
 

@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 
 import pyarrow as pa
 
-from tasks.hotpotqa import QARecord
+from tasks.dr_rag.hotpotqa import QARecord
 
 
 def paragraph_id(title: str, text: str) -> str:

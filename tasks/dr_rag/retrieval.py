@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from tasks.dr_rag.collection import ParagraphCollection, paragraph_text
-from tasks.index import BM25Config, BM25Index
+from tasks.corpus.index import BM25Config, BM25Index
 
 
 class Retriever(Protocol):
@@ -32,7 +32,7 @@ def concat_query(question: str, title: str, text: str) -> str:
 
 
 class BM25Retriever:
-    """BM25 over ``"title: text"`` of every paragraph (:class:`tasks.index.BM25Index`)."""
+    """BM25 over ``"title: text"`` of every paragraph (:class:`tasks.corpus.index.BM25Index`)."""
 
     def __init__(self, index: BM25Index):
         self.index = index

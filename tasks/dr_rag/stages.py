@@ -26,8 +26,8 @@ from tasks.dr_rag.evaluate import (EvalConfig, compute_rankings, rankings_from_t
                                    selections_table, table5)
 from tasks.dr_rag.pairs import PairSamplingConfig, build_pairs, pairs_from_table, pairs_table
 from tasks.dr_rag.retrieval import BM25Retriever, SMConfig, SMRetriever, encoder_fn
-from tasks.hotpotqa import SplitConfig, read_hotpotqa, split_train_dev
-from tasks.index import BM25Config
+from tasks.dr_rag.hotpotqa import SplitConfig, read_hotpotqa, split_train_dev
+from tasks.corpus.index import BM25Config
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def run_collection(path: Path, cfg: DataConfig, out: Path) -> dict:
 
     Raises
     ------
-    tasks.hotpotqa.HotpotQAFormatError
+    tasks.dr_rag.hotpotqa.HotpotQAFormatError
         A malformed record (file, line, reason).
     ValueError
         No question left in the train or dev split.

@@ -2,8 +2,8 @@
 
 * **AR@k** (FunnelRAG Tables 2, 11–13; DPR top-k accuracy): share of questions whose top-``k``
   retrieved passages contain an answer string by DPR ``has_answer``
-  (:class:`tasks.questions.AnswerMatcher`).
-* **EM** (Table 3): SQuAD exact match of the generated answer (:func:`tasks.questions.exact_match`).
+  (:class:`tasks.funnel.questions.AnswerMatcher`).
+* **EM** (Table 3): SQuAD exact match of the generated answer (:func:`tasks.funnel.questions.exact_match`).
 * **Entropy** (Table 9, contextual integrity): Shannon entropy of the distribution of the
   titles of the top-4 passages, ``H = −Σ_t p_t log₂ p_t`` with ``p_t`` = share of the passages
   from article ``t``: 0 bits when all four come from one article, 2 bits when they come from four.
@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from typing import Iterable, Sequence
 
-from tasks.questions import AnswerMatcher, dpr_tokens, exact_match
+from tasks.funnel.questions import AnswerMatcher, dpr_tokens, exact_match
 
 
 def answer_recall(hits: Sequence[Sequence[bool]], ks: Iterable[int]) -> dict[int, float]:
@@ -110,7 +110,7 @@ def _needles(answers: Sequence[str]) -> list[str]:
 
 def passage_hits(answers: Sequence[str], items: Sequence[tuple[str, str]], cache: TokenCache) -> list[bool]:
     """DPR ``has_answer`` of each ``(passage_id, text)``: the same decisions as
-    :func:`tasks.questions.has_answer`, by substring search over space-joined tokens (DPR
+    :func:`tasks.funnel.questions.has_answer`, by substring search over space-joined tokens (DPR
     tokens never contain whitespace, so a token-sequence match is exactly a match of
     ``" a1 … am "`` in ``" t1 … tn "``)."""
     needles = _needles(answers)

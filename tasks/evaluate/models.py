@@ -10,7 +10,7 @@ A reference is one of
 * ``"models:/<name>@<alias>"`` or ``"models:/<name>/<version>"`` — a registered model version
   (:mod:`funnelrag.registry`, e.g. the distilled pre-ranker ``@champion``), downloaded first;
 * a local directory written by :func:`models.preranker.save_preranker` /
-  :func:`tasks.train_reader.save_reader`.
+  :func:`tasks.funnel.reader.save_reader`.
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def load_reader_ref(ref: str, download_dir: Path, tokenizer_dir: Path | None):
         ``"scratch"`` without the T5 tokenizer directory.
     """
     from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
-    from tasks.train_reader import load_reader  # noqa: PLC0415
+    from tasks.funnel.reader import load_reader  # noqa: PLC0415
 
     if ref == SCRATCH:
         if tokenizer_dir is None:

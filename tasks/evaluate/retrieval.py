@@ -7,8 +7,8 @@ top ``n_final`` are kept (400p → 4p); without re-ranking the retriever's top `
 
 Progressive (Table 2, "progressive"; Tables 11–13 vary K and N): BM25 over clusters → top-K
 clusters (600K → 80c); later chunking into document units and pre-ranking → top-N units
-(80c → 8d), :func:`tasks.candidates.build_candidates`; then either the FiD post-ranker ranks
-the passages of those units by their Eq. 3 cross-attention score (:mod:`tasks.attention`) and
+(80c → 8d), :func:`tasks.funnel.candidates.build_candidates`; then either the FiD post-ranker ranks
+the passages of those units by their Eq. 3 cross-attention score (:mod:`tasks.funnel.attention`) and
 the top ``n_final`` are kept (8d → 4p), or, without post-ranking, the first ``n_final``
 passages in pre-ranker order (unit rank, then position inside the unit) are kept.
 
@@ -199,7 +199,7 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
     Parameters
     ----------
     questions : pa.Table
-        ``questions`` rows (:data:`data_contracts.training.QUESTIONS`).
+        ``questions`` rows (:data:`data_contracts.funnel.QUESTIONS`).
     cluster_index : BM25 over clusters (:meth:`funnelrag.corpus.CorpusVersion.cluster_index`).
     members_of : :meth:`funnelrag.corpus.CorpusVersion.members_of`.
     seg_cfg, token_counter : the corpus build's segmentation config and token counter, so later
@@ -208,8 +208,8 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
     preranker : the pre-ranker scoring document units (Eq. 1).
     reader : ``(model, tokenizer)`` of the FiD post-ranker (:class:`models.fid.FiDReader`, eager
         attention), or None for no post-ranked variant.
-    attention_cfg, attention_run : :class:`tasks.attention.AttentionScoreConfig` /
-        :class:`tasks.attention.AttentionRunConfig` of Eq. 3 (defaults: Eq. 3 as published).
+    attention_cfg, attention_run : :class:`tasks.funnel.attention.AttentionScoreConfig` /
+        :class:`tasks.funnel.attention.AttentionRunConfig` of Eq. 3 (defaults: Eq. 3 as published).
 
     Returns
     -------
@@ -218,8 +218,8 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
         reader). Stages: ``retrieval`` (→ K c), ``chunking`` (→ units d), ``preranking``
         (→ N d) and, post-ranked, ``postranking`` (→ H p).
     """
-    from tasks.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: PLC0415
-    from tasks.candidates import CandidatesConfig, build_candidates  # noqa: PLC0415
+    from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: PLC0415
+    from tasks.funnel.candidates import CandidatesConfig, build_candidates  # noqa: PLC0415
 
     cand_cfg = CandidatesConfig(n_clusters=setting.n_clusters, n_units=setting.n_units, batch_size=preranker.batch_size)
     attention_cfg = attention_cfg or AttentionScoreConfig()

@@ -52,7 +52,7 @@ def hotpotqa_candidates(records: Sequence, cfg: ListConfig = ListConfig()) -> tu
 
     Parameters
     ----------
-    records : :class:`tasks.hotpotqa.QARecord` sequence.
+    records : :class:`tasks.dr_rag.hotpotqa.QARecord` sequence.
     cfg : ListConfig
 
     Returns
@@ -91,8 +91,8 @@ def nq_bm25_lists(questions: pa.Table, index, passages: pa.Table, cfg: ListConfi
 
     Parameters
     ----------
-    questions : ``data_contracts.training.QUESTIONS`` table (question_id, question, answers, ...).
-    index : :class:`tasks.index.BM25Index` whose ids are ``passage_id`` (the corpus passage index).
+    questions : ``data_contracts.funnel.QUESTIONS`` table (question_id, question, answers, ...).
+    index : :class:`tasks.corpus.index.BM25Index` whose ids are ``passage_id`` (the corpus passage index).
     passages : ``data_contracts.corpus.PASSAGES`` table (passage_id, title, text, ...).
     cfg : ListConfig
     batch_size : questions per BM25 call.
@@ -107,7 +107,7 @@ def nq_bm25_lists(questions: pa.Table, index, passages: pa.Table, cfg: ListConfi
     KeyError
         The index returns a passage id missing from ``passages`` (index and table disagree).
     """
-    from tasks.questions import AnswerMatcher  # noqa: PLC0415
+    from tasks.funnel.questions import AnswerMatcher  # noqa: PLC0415
 
     row_of = {pid: i for i, pid in enumerate(passages["passage_id"].to_pylist())}
     titles, texts = passages["title"], passages["text"]

@@ -1,7 +1,7 @@
 """L2G distillation of the pre-ranker with the pairwise BPR loss (FunnelRAG Eq. 6).
 
 For every question, every pair of a positive document ``d+ ∈ D+`` and a negative ``d− ∈ D−``
-(Eq. 5, :mod:`tasks.labels`) contributes::
+(Eq. 5, :mod:`tasks.funnel.labels`) contributes::
 
     L = − log σ( S(q, d+) − S(q, d−) )                                         (Eq. 6)
 

@@ -1,8 +1,8 @@
 """The FunnelRAG L2G distillation stages as functions over directories (no Prefect import).
 
 Each ``run_*`` reads its inputs from stage directories, writes its artifacts into ``out_dir``
-through the contracts of :mod:`data_contracts.training` and returns a JSON-ready summary
-(counts, seconds). :mod:`flows.distillation` wraps each in a Prefect task and the
+through the contracts of :mod:`data_contracts.funnel` and returns a JSON-ready summary
+(counts, seconds). :mod:`flows.funnel` wraps each in a Prefect task and the
 content-keyed :class:`funnelrag.store.StageCache`.
 
 questions → candidates (train / dev) → reader (FiD) → attention (Eq. 3) → labels (Eq. 4/5)
@@ -21,15 +21,15 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_contracts.training import (ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS,
+from data_contracts.funnel import (ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS,
                                      READER_PREDICTIONS, UNIT_POOL, UNITS)
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
-from tasks.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
-from tasks.candidates import CandidatesConfig, answer_recall, build_candidates, rerank_pool
-from tasks.distill import BPRHooks, DistillConfig, PairDataset, build_examples, prepare_for_distillation
-from tasks.labels import LabelConfig, make_labels
-from tasks.questions import QuestionsConfig, load_questions
+from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
+from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, rerank_pool
+from tasks.funnel.distill import BPRHooks, DistillConfig, PairDataset, build_examples, prepare_for_distillation
+from tasks.funnel.labels import LabelConfig, make_labels
+from tasks.funnel.questions import QuestionsConfig, load_questions
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, s
 
 
 def reader_examples(candidates: pa.Table, questions: pa.Table) -> list:
-    """:class:`tasks.train_reader.ReaderExample` per question: passages in pre-ranker order."""
-    from tasks.train_reader import ReaderExample  # noqa: PLC0415
+    """:class:`tasks.funnel.reader.ReaderExample` per question: passages in pre-ranker order."""
+    from tasks.funnel.reader import ReaderExample  # noqa: PLC0415
 
     answers = dict(zip(questions["question_id"].to_pylist(), questions["answers"].to_pylist()))
     text = dict(zip(questions["question_id"].to_pylist(), questions["question"].to_pylist()))
@@ -91,9 +91,9 @@ def reader_examples(candidates: pa.Table, questions: pa.Table) -> list:
 
 
 def run_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None) -> dict[str, Any]:
-    """Train the FiD reader (helper: :func:`tasks.train_reader.train_reader`) on the train
+    """Train the FiD reader (helper: :func:`tasks.funnel.reader.train_reader`) on the train
     candidates; checkpoints go to ``work_dir``, the final reader to ``out_dir/reader``."""
-    from tasks.train_reader import train_reader  # noqa: PLC0415
+    from tasks.funnel.reader import train_reader  # noqa: PLC0415
 
     t0 = time.perf_counter()
     examples = reader_examples(CANDIDATES.read(candidates_dir), QUESTIONS.read(candidates_dir))
@@ -117,7 +117,7 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
     Parameters
     ----------
     candidates_dir : a ``candidates`` stage directory (``candidates`` + ``questions`` tables).
-    reader_dir : a directory saved by :func:`tasks.train_reader.save_reader`.
+    reader_dir : a directory saved by :func:`tasks.funnel.reader.save_reader`.
 
     Returns
     -------
@@ -133,8 +133,8 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
         ``candidates_dir`` has no candidate passage.
     """
     from tasks.evaluate.generation import FiDGenerator, GenerationConfig  # noqa: PLC0415
-    from tasks.questions import exact_match  # noqa: PLC0415
-    from tasks.train_reader import load_reader  # noqa: PLC0415
+    from tasks.funnel.questions import exact_match  # noqa: PLC0415
+    from tasks.funnel.reader import load_reader  # noqa: PLC0415
 
     model, tok, cfg = load_reader(reader_dir)
     cands = CANDIDATES.read(candidates_dir)
@@ -170,7 +170,7 @@ def run_reader_eval(candidates_dir: Path, reader_stage_dir: Path, out_dir: Path)
 def run_attention(candidates_dir: Path, reader_dir: Path, cfg: AttentionScoreConfig, run: AttentionRunConfig,
                   out_dir: Path) -> dict[str, Any]:
     """Eq. 3 scores of every candidate passage with the trained reader → ``attention_scores``."""
-    from tasks.train_reader import load_reader  # noqa: PLC0415
+    from tasks.funnel.reader import load_reader  # noqa: PLC0415
 
     model, tok, _ = load_reader(Path(reader_dir) / READER_DIR)
     cands = CANDIDATES.read(candidates_dir)

@@ -1,13 +1,13 @@
 """Segmentation: articles → ~100-word passage windows; clusters → ≤ ~1K-token document units.
 
-FunnelRAG's coarse-to-fine units: clusters (≤ 4K tokens, :mod:`tasks.clustering`) are cut into
+FunnelRAG's coarse-to-fine units: clusters (≤ 4K tokens, :mod:`tasks.corpus.clustering`) are cut into
 *document units* of ≤ ~1K tokens (pre-ranker input) made of *passages* (post-ranker input),
 the DPR-style ~100-word windows of each article.
 
 * Windows: an article's text is split on whitespace (``str.split()``) and cut every
   ``passage_words`` words; the last window of an article may be shorter; an empty article has
   no window. Window text is the words joined by single spaces.
-* Token counts are per window, in the configured tokenizer (:mod:`tasks.tokenize`); an
+* Token counts are per window, in the configured tokenizer (:mod:`tasks.corpus.tokenize`); an
   article's length (the ``n_tokens`` Algorithm 1 uses) is the sum over its windows.
 * Units: the windows of a cluster's members, in cluster order, are packed greedily into units
   of consecutive whole windows with at most ``unit_max_tokens`` tokens (a unit may span
@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES
-from tasks.tokenize import TokenCounter
+from tasks.corpus.tokenize import TokenCounter
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class SegmentConfig:
 
     passage_words : words per passage window (DPR: 100).
     unit_max_tokens : token limit of a document unit (FunnelRAG: ~1K).
-    tokenizer : token counter name (``"t5"`` or ``"whitespace"``, :mod:`tasks.tokenize`).
+    tokenizer : token counter name (``"t5"`` or ``"whitespace"``, :mod:`tasks.corpus.tokenize`).
     """
 
     passage_words: int = 100

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from data_contracts.training import LABELS
+from data_contracts.funnel import LABELS
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def make_labels(attention: pa.Table, candidates: pa.Table, cfg: LabelConfig = La
     Returns
     -------
     pa.Table
-        :data:`data_contracts.training.LABELS`, sorted by (question_id, doc_rank).
+        :data:`data_contracts.funnel.LABELS`, sorted by (question_id, doc_rank).
 
     Raises
     ------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import re
 
-from tasks.ingest.titles import INTERWIKI_PREFIXES
+from tasks.corpus.ingest.titles import INTERWIKI_PREFIXES
 
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 # Extension tags whose content is not article prose.
@@ -155,7 +155,7 @@ def extract_link_targets(text: str) -> list[str]:
 
     Comments are ignored; links inside templates, tables, references and file captions count
     (they are hyperlinks of the rendered page). Targets are not normalised (see
-    :func:`tasks.ingest.titles.classify_link`).
+    :func:`tasks.corpus.ingest.titles.classify_link`).
     """
     if "[[" not in text:
         return []

@@ -26,7 +26,7 @@ from itertools import groupby
 import pyarrow as pa
 import torch
 
-from data_contracts.training import ATTENTION_SCORES
+from data_contracts.funnel import ATTENTION_SCORES
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer
     Returns
     -------
     pa.Table
-        :data:`data_contracts.training.ATTENTION_SCORES`, one row per candidate passage, sorted
+        :data:`data_contracts.funnel.ATTENTION_SCORES`, one row per candidate passage, sorted
         by (question_id, passage_id); ``attention`` = ``"post_softmax"``.
 
     Raises

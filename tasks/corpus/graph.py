@@ -201,7 +201,7 @@ def graph_metrics(graph: CSRGraph) -> GraphMetrics:
     One oriented-triangle pass (module docstring). Source: the local clustering coefficient
     that FunnelRAG Algorithm 1 sorts documents by (Watts–Strogatz, as ``networkx.clustering``
     for an undirected unweighted graph); the edge support ``c(d, u)`` feeds the ego-graph
-    closeness of :mod:`tasks.clustering`.
+    closeness of :mod:`tasks.corpus.clustering`.
 
     Parameters
     ----------

@@ -17,13 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import corpus as C
-from tasks.clustering import (ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
+from tasks.corpus.clustering import (ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
                               clusters_table, graph_metrics_table)
-from tasks.graph import graph_from_links, graph_metrics
-from tasks.index import BM25Config, BM25Index
-from tasks.ingest import IngestConfig, ingest
-from tasks.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
-from tasks.tokenize import load_token_counter
+from tasks.corpus.graph import graph_from_links, graph_metrics
+from tasks.corpus.index import BM25Config, BM25Index
+from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
+from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ PASSAGE_INDEX_DIR = "index/passages.bm25"
 def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> dict[str, Any]:
     """Ingest stage: raw dump files → documents, redirects, links, ingest report.
 
-    Returns the :class:`tasks.ingest.IngestSummary` as a dict (paths dropped) plus
+    Returns the :class:`tasks.corpus.ingest.IngestSummary` as a dict (paths dropped) plus
     ``mb_per_s`` (uncompressed MB per wall-clock second).
     """
     summary = ingest(list(inputs), out_dir, cfg).to_dict()
@@ -65,7 +65,7 @@ def run_tokens(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirror: Path
 
 
 def read_window_tokens(tokens_dir: Path) -> WindowTokens:
-    """Load ``window_tokens.parquet`` back into :class:`tasks.segment.WindowTokens`."""
+    """Load ``window_tokens.parquet`` back into :class:`tasks.corpus.segment.WindowTokens`."""
     table = C.WINDOW_TOKENS.read(tokens_dir).sort_by("doc_id")
     col = table.column("n_tokens").combine_chunks()
     names = set(table.column("tokenizer").unique().to_pylist())

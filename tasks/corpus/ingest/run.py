@@ -22,17 +22,17 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
-from tasks.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
+from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
                                  OTHER_NAMESPACE, OVERSIZE, REDIRECT, SKIPPED, IngestConfig,
                                  IngestSummary, LinkCounts)
-from tasks.ingest.jsonl import JsonlReader
-from tasks.ingest.mediawiki import MediaWikiReader
-from tasks.ingest.records import WIKITEXT, RawPage
-from tasks.ingest.redirects import resolve_redirects
-from tasks.ingest.shards import ShardWriter, merge_shards
-from tasks.ingest.titles import ARTICLE, DEFAULT_NAMESPACES, classify_link, normalise_title
-from tasks.ingest.wikispeedia import WikispeediaReader
-from tasks.ingest.wikitext import clean_wikitext, extract_link_targets, is_disambiguation
+from tasks.corpus.ingest.jsonl import JsonlReader
+from tasks.corpus.ingest.mediawiki import MediaWikiReader
+from tasks.corpus.ingest.records import WIKITEXT, RawPage
+from tasks.corpus.ingest.redirects import resolve_redirects
+from tasks.corpus.ingest.shards import ShardWriter, merge_shards
+from tasks.corpus.ingest.titles import ARTICLE, DEFAULT_NAMESPACES, classify_link, normalise_title
+from tasks.corpus.ingest.wikispeedia import WikispeediaReader
+from tasks.corpus.ingest.wikitext import clean_wikitext, extract_link_targets, is_disambiguation
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> IngestSu
         An input does not exist.
     ValueError
         No inputs, or two inputs with the same file name (the report keys on it).
-    tasks.ingest.IngestError
+    tasks.corpus.ingest.IngestError
         An input cannot be read to the end (truncated archive, malformed XML); names the file,
         the position and the last complete record. Nothing is written.
     """

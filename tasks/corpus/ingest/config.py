@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.ingest.wikitext import DEFAULT_DISAMBIGUATION_TEMPLATES
+from tasks.corpus.ingest.wikitext import DEFAULT_DISAMBIGUATION_TEMPLATES
 
 FORMATS = ("wikispeedia", "mediawiki", "jsonl")
 
@@ -31,7 +31,7 @@ class IngestError(RuntimeError):
 
 @dataclass(frozen=True)
 class IngestConfig:
-    """Configuration of :func:`tasks.ingest.ingest`.
+    """Configuration of :func:`tasks.corpus.ingest.ingest`.
 
     Parameters
     ----------
@@ -116,7 +116,7 @@ class LinkCounts:
 
 @dataclass(frozen=True)
 class IngestSummary:
-    """Counts returned by :func:`tasks.ingest.ingest` (also derivable from the artifacts).
+    """Counts returned by :func:`tasks.corpus.ingest.ingest` (also derivable from the artifacts).
 
     Attributes
     ----------

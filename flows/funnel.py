@@ -9,7 +9,7 @@
   if not worse).
 * ``distillation-run``: the three in order; prints AR@1..4 and AR@N before and after.
 
-Stages are the pure functions of :mod:`tasks.distillation_stages`, wrapped in ``@task`` with
+Stages are the pure functions of :mod:`tasks.funnel.stages`, wrapped in ``@task`` with
 retries and the content-keyed :class:`funnelrag.store.StageCache` (keys: stage, code version,
 config, input digests — never paths), so each flow recomputes nothing whose inputs did not
 change and the sub-flows can run alone. One MLflow run per flow run (nested under the parent's).
@@ -35,12 +35,12 @@ from funnelrag.workspace import Workspace
 from funnelrag.training import TrainConfig
 from models.fid import FiDConfig
 from models.preranker import PreRankerConfig
-from tasks import distillation_stages as S
-from tasks.attention import AttentionRunConfig, AttentionScoreConfig
-from tasks.candidates import CandidatesConfig
-from tasks.distill import DistillConfig
-from tasks.labels import LabelConfig
-from tasks.questions import QuestionsConfig
+from tasks.funnel import stages as S
+from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
+from tasks.funnel.candidates import CandidatesConfig
+from tasks.funnel.distill import DistillConfig
+from tasks.funnel.labels import LabelConfig
+from tasks.funnel.questions import QuestionsConfig
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +127,8 @@ class Context:
         return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent)
 
     def segment(self):
-        from tasks.segment import SegmentConfig  # noqa: PLC0415
-        from tasks.tokenize import load_token_counter  # noqa: PLC0415
+        from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+        from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
 
         seg = self.corpus.manifest.get("config", {}).get("segment")
         if seg is None:
@@ -137,7 +137,7 @@ class Context:
         return seg_cfg, load_token_counter(seg_cfg.tokenizer, self.cfg.workspace.data_mirror)
 
     def reader_config(self):
-        from tasks.train_reader import ReaderTrainConfig  # noqa: PLC0415
+        from tasks.funnel.reader import ReaderTrainConfig  # noqa: PLC0415
 
         r = self.cfg.reader
         fid = r.fid if r.fid.tokenizer or r.fid.base != "scratch" else replace(r.fid, tokenizer=str(self.tokenizer_dir))
@@ -265,7 +265,7 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
     the champion reader's on the same dev candidates."""
     def champion_em(model_dir: Path) -> float:
         from funnelrag.registry import find_model_dir  # noqa: PLC0415
-        from tasks.train_reader import READER_CONFIG  # noqa: PLC0415
+        from tasks.funnel.reader import READER_CONFIG  # noqa: PLC0415
 
         return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG))[1]["em"]
 

@@ -3,7 +3,7 @@
 Algorithm 1 (Zhao et al., 2024, "FunnelRAG"), as implemented here, line by line:
 
 1. compute the local clustering coefficient ``cc(d)`` of every document in the undirected
-   hyperlink graph (:func:`tasks.graph.graph_metrics`);
+   hyperlink graph (:func:`tasks.corpus.graph.graph_metrics`);
 2. sort documents by ``cc`` high → low; ties by degree high → low, then ``doc_id`` low → high
    (the *processing rank*, :attr:`Clustering.rank`);
 3. start from singleton clusters ``{d}``;
@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from data_contracts.corpus import CLUSTER_MEMBERS, CLUSTERS, GRAPH_METRICS
-from tasks.graph import CSRGraph, GraphMetrics
+from tasks.corpus.graph import CSRGraph, GraphMetrics
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ClusteringConfig:
 
     max_tokens : cluster size limit ``S`` in tokens of ``tokenizer`` (FunnelRAG: 4K).
     tokenizer : name of the tokenizer the article lengths ``n_tokens`` are counted with
-        (:mod:`tasks.tokenize`); the flow must count with this one.
+        (:mod:`tasks.corpus.tokenize`); the flow must count with this one.
     """
 
     max_tokens: int = 4096

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 
-from tasks.dense import DenseIndex, DenseIndexConfig, build_dense_index, encode_texts
+from tasks.evaluate.dense import DenseIndex, DenseIndexConfig, build_dense_index, encode_texts
 from tasks.evaluate.metrics import CorpusAnswers
 from tasks.evaluate.report import Generated
 from tasks.evaluate.retrieval import QueryResult
@@ -87,7 +87,7 @@ def dense_index(cache, corpus_digest: str, passages: pa.Table, encoder, tokenize
 
 
 def bm25_retriever(index) -> Callable[[str, int], list[str]]:
-    """``retrieve(question, k)`` over a :class:`tasks.index.BM25Index` of passages."""
+    """``retrieve(question, k)`` over a :class:`tasks.corpus.index.BM25Index` of passages."""
     def retrieve(question: str, k: int) -> list[str]:
         return index.search([question], k)[0][0]
     return retrieve

@@ -76,7 +76,7 @@ def build_lists_and_features(data: DataConfig, lists_cfg: ListConfig, feat_cfg: 
         NQ without a corpus.
     """
     if data.dataset == "hotpotqa":
-        from tasks.hotpotqa import load_hotpotqa  # noqa: PLC0415
+        from tasks.dr_rag.hotpotqa import load_hotpotqa  # noqa: PLC0415
 
         records = load_hotpotqa(data_path)[:data.max_questions]
         lists, report = hotpotqa_candidates(records, lists_cfg)
@@ -85,7 +85,7 @@ def build_lists_and_features(data: DataConfig, lists_cfg: ListConfig, feat_cfg: 
     else:
         if corpus is None:
             raise ValueError("dataset 'nq' needs a published corpus (passages + BM25 index)")
-        from tasks.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+        from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
         questions, qreport = load_questions([data_path], QuestionsConfig(limit=data.max_questions))
         lists, report = nq_bm25_lists(questions, corpus.passage_index(), corpus.passages, lists_cfg)
@@ -98,15 +98,15 @@ def build_lists_and_features(data: DataConfig, lists_cfg: ListConfig, feat_cfg: 
 
 def test_query_ids(lists: pa.Table, data: DataConfig) -> set[str]:
     """Held-out questions: hash of ``(split_seed, question_id)`` (HotpotQA, as
-    :func:`tasks.hotpotqa.split_train_dev`) or of the question text (NQ, as
-    :func:`tasks.questions.split_of`, so the split agrees with the other flows')."""
+    :func:`tasks.dr_rag.hotpotqa.split_train_dev`) or of the question text (NQ, as
+    :func:`tasks.funnel.questions.split_of`, so the split agrees with the other flows')."""
     qids = lists["query_id"].to_pylist()
     questions = dict(zip(qids, lists["question"].to_pylist()))
     if data.dataset == "hotpotqa":
-        from tasks.hotpotqa import split_unit  # noqa: PLC0415
+        from tasks.dr_rag.hotpotqa import split_unit  # noqa: PLC0415
 
         return {q for q in questions if split_unit(data.split_seed, q) < data.test_fraction}
-    from tasks.questions import split_of  # noqa: PLC0415
+    from tasks.funnel.questions import split_of  # noqa: PLC0415
 
     return {q for q, text in questions.items() if split_of(text, data.split_seed, data.test_fraction) == "dev"}
 

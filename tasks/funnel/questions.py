@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import regex
 
-from data_contracts.training import QUESTIONS
+from data_contracts.funnel import QUESTIONS
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def load_questions(paths: Sequence[Path], cfg: QuestionsConfig = QuestionsConfig
     Returns
     -------
     table : pa.Table
-        :data:`data_contracts.training.QUESTIONS` rows.
+        :data:`data_contracts.funnel.QUESTIONS` rows.
     report : LoadReport
         Records read, kept and skipped (with reasons).
 

@@ -1,16 +1,16 @@
 """The FunnelRAG funnel per question: BM25 clusters → later chunking → pre-ranking → passages.
 
-1. Retrieval stage: BM25 over cluster texts (:class:`tasks.index.BM25Index`), top-K clusters
+1. Retrieval stage: BM25 over cluster texts (:class:`tasks.corpus.index.BM25Index`), top-K clusters
    (FunnelRAG: K = 80).
 2. Later chunking: every retrieved cluster is cut into ~1K-token document units of ~100-word
-   passages with :func:`tasks.segment.segment_cluster` — the very function the corpus build
+   passages with :func:`tasks.corpus.segment.segment_cluster` — the very function the corpus build
    uses, so ids equal the corpus ``document_units``/``passages`` ids. A cluster retrieved by
    several questions is chunked once.
 3. Pre-ranking stage: the pre-ranker ``f(q, d)`` (Eq. 1) scores every unit of the K clusters;
    the top-N units (FunnelRAG: N = 8) go on.
 4. Their passages form the post-ranker's input (the candidates table).
 
-Answer recall uses DPR ``has_answer`` (:mod:`tasks.questions`) on unit and passage texts.
+Answer recall uses DPR ``has_answer`` (:mod:`tasks.funnel.questions`) on unit and passage texts.
 Per-stage wall times are reported in seconds.
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from data_contracts.training import CANDIDATES, UNIT_POOL, UNITS
+from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from models.preranker import score_grouped
-from tasks.questions import AnswerMatcher, dpr_tokens
-from tasks.segment import ClusterSegments, SegmentConfig, segment_cluster
+from tasks.funnel.questions import AnswerMatcher, dpr_tokens
+from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     ----------
     questions : pa.Table
         ``questions`` rows (question_id, question, answers, ...).
-    cluster_index : tasks.index.BM25Index
+    cluster_index : tasks.corpus.index.BM25Index
         BM25 over cluster texts; ids are cluster ids as strings.
     members_of : callable
         ``members_of(cluster_ids) -> {cluster_id: [(doc_id, title, text), ...]}`` in cluster

@@ -1,7 +1,7 @@
 """Streaming reader of MediaWiki ``pages-articles`` XML dumps (export schema 0.x).
 
 Pages are parsed with ``lxml.etree.iterparse`` and cleared as soon as they are read, so memory
-does not grow with the dump. Decisions on bad input (documented in ``tasks/ingest/README.md``):
+does not grow with the dump. Decisions on bad input (documented in ``tasks/corpus/ingest/README.md``):
 
 * a ``<page>`` without ``<title>``, ``<ns>`` or revision ``<text>``, or with a non-integer
   ``<ns>``/``<id>`` → record skipped, reason ``malformed_page``;
@@ -18,11 +18,11 @@ from typing import Iterator
 
 from lxml import etree
 
-from tasks.ingest.config import INVALID_UTF8, MALFORMED_PAGE, IngestError
-from tasks.ingest.records import WIKITEXT, RawPage
-from tasks.ingest.streams import INVALID_UTF8_MARK, Utf8Guard, open_input
-from tasks.ingest.titles import DEFAULT_NAMESPACES
-from tasks.ingest.wikitext import redirect_target
+from tasks.corpus.ingest.config import INVALID_UTF8, MALFORMED_PAGE, IngestError
+from tasks.corpus.ingest.records import WIKITEXT, RawPage
+from tasks.corpus.ingest.streams import INVALID_UTF8_MARK, Utf8Guard, open_input
+from tasks.corpus.ingest.titles import DEFAULT_NAMESPACES
+from tasks.corpus.ingest.wikitext import redirect_target
 
 
 class MediaWikiReader:
