@@ -14,11 +14,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, to_jsonable
 from funnelrag.corpus import corpus_store
+from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as S
@@ -29,17 +29,12 @@ from tasks.corpus.segment import SegmentConfig
 
 log = logging.getLogger(__name__)
 
-# Bump a stage's version when its code changes output bytes: the cache key includes it.
-STAGE_VERSIONS = {"ingest": "1", "tokens": "1", "cluster": "1", "segment": "1", "index": "2"}  # index 2: sorted stem ids
 
 
-class SourceConfig(BaseModel):
-    """Input files: registered data sets (resolved in the data mirror, checksum-verified) and/or
-    explicit paths (e.g. a full ``enwiki-YYYYMMDD-pages-articles-multistream.xml.bz2``)."""
+class CorpusSource(DataSource):
+    """Dumps to build from (default: the Wikispeedia articles and link graph)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     datasets: list[str] = Field(default_factory=lambda: ["wikispeedia-articles", "wikispeedia-graph"])
-    paths: list[Path] = Field(default_factory=list)
 
 
 # Wikispeedia articles are whole articles (median 4,012 T5 tokens; 2,247 of 4,598 exceed 4,096),
@@ -52,7 +47,7 @@ class CorpusBuildConfig(FlowConfig):
     """Configuration of ``corpus-build`` (defaults: the real Wikispeedia data)."""
 
     name: str = "wikispeedia"
-    source: SourceConfig = Field(default_factory=SourceConfig)
+    source: CorpusSource = Field(default_factory=CorpusSource)
     ingest: IngestConfig = IngestConfig(format="wikispeedia")
     clustering: ClusteringConfig = ClusteringConfig(max_tokens=WIKISPEEDIA_MAX_CLUSTER_TOKENS)
     segment: SegmentConfig = SegmentConfig()
@@ -78,59 +73,44 @@ def enwiki_sample_config(**overrides: Any) -> CorpusBuildConfig:
 def resolve_inputs(cfg: CorpusBuildConfig, ws: Workspace) -> list[tuple[Path, str]]:
     """``[(path, sha256)]`` of the inputs: registered sets verified against their checksum,
     explicit paths hashed."""
-    from data_contracts.base import sha256_file  # noqa: PLC0415
-
-    out = []
-    for name in cfg.source.datasets:
-        path = datasets.resolve(name, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
-        out.append((path, datasets.REGISTRY[name].sha256))
-    for p in cfg.source.paths:
-        p = Path(p)
-        if not p.is_file():
-            raise FileNotFoundError(f"source.paths: {p} does not exist")
-        out.append((p, sha256_file(p)))
-    return out
+    return cfg.source.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "source.paths")
 
 
-def _cached(cache: StageCache, stage: str, cfg: Any, inputs: dict[str, str], build) -> StageResult:
-    key = StageCache.key(stage, STAGE_VERSIONS[stage], cfg, inputs)
-    return cache.run(stage, key, build)
-
-
-@task(name="ingest", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("ingest")
 def ingest_task(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig) -> StageResult:
-    digests = {f"input{i}:{p.name}": sha for i, (p, sha) in enumerate(inputs)}
-    return _cached(cache, "ingest", cfg, digests, lambda out: S.run_ingest([p for p, _ in inputs], out, cfg))
+    return run_cached(cache, S.run_ingest, cfg, input_digests(inputs),
+                      lambda out, _: S.run_ingest([p for p, _ in inputs], out, cfg))
 
 
-@task(name="tokens", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("tokens")
 def tokens_task(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None) -> StageResult:
     inputs = {"documents": ingest.files["documents.parquet"]}
     key_cfg = {"tokenizer": cfg.tokenizer, "passage_words": cfg.passage_words}
-    return _cached(cache, "tokens", key_cfg, inputs, lambda out: S.run_tokens(ingest.path, out, cfg, mirror))
+    return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: S.run_tokens(ingest.path, out, cfg, mirror))
 
 
-@task(name="cluster", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("cluster")
 def cluster_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cfg: ClusteringConfig) -> StageResult:
     inputs = {"documents": ingest.files["documents.parquet"], "links": ingest.files["links.parquet"], "tokens": tokens.digest}
-    return _cached(cache, "cluster", cfg, inputs, lambda out: S.run_cluster(ingest.path, tokens.path, out, cfg))
+    return run_cached(cache, S.run_cluster, cfg, inputs, lambda out, _: S.run_cluster(ingest.path, tokens.path, out, cfg))
 
 
-@task(name="segment", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("segment")
 def segment_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult,
                  cfg: SegmentConfig, mirror: Path | None) -> StageResult:
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
               "members": cluster.files["cluster_members.parquet"]}
-    return _cached(cache, "segment", cfg, inputs,
-                   lambda out: S.run_segment(ingest.path, tokens.path, cluster.path, out, cfg, mirror))
+    return run_cached(cache, S.run_segment, cfg, inputs,
+                      lambda out, _: S.run_segment(ingest.path, tokens.path, cluster.path, out, cfg, mirror))
 
 
-@task(name="index", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("index")
 def index_task(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
                cfg: BM25Config) -> StageResult:
     inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
               "passages": segment.files["passages.parquet"]}
-    return _cached(cache, "index", cfg, inputs, lambda out: S.run_index(ingest.path, cluster.path, segment.path, out, cfg))
+    return run_cached(cache, S.run_index, cfg, inputs,
+                      lambda out, _: S.run_index(ingest.path, cluster.path, segment.path, out, cfg))
 
 
 @task(name="publish", cache_policy=NO_CACHE)

@@ -22,8 +22,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import Field
 
-from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig
+from funnelrag.stages import hash_path, resolve_dataset, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, write_json
 from funnelrag.workspace import Workspace
 from models.dr_rag import ClassifierConfig
@@ -36,8 +36,6 @@ from tasks.corpus.index import BM25Config
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "dr-rag"
-# Bump when a stage's code changes its output bytes (part of the cache key).
-STAGE_VERSIONS = {"collection": "1", "embeddings": "1", "rankings": "1", "pairs": "2"}
 
 
 class DRRAGConfig(FlowConfig):
@@ -65,43 +63,33 @@ class DRRAGConfig(FlowConfig):
 
 
 def _data_file(cfg: DRRAGConfig, ws: Workspace) -> tuple[Path, str]:
-    from data_contracts.base import sha256_file  # noqa: PLC0415
-
     if cfg.data.path:
-        path = Path(cfg.data.path)
-        if not path.is_file():
-            raise FileNotFoundError(f"data.path: {path} does not exist")
-        return path, sha256_file(path)
-    path = datasets.resolve(cfg.data.dataset, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
-    return path, datasets.REGISTRY[cfg.data.dataset].sha256
+        return hash_path(cfg.data.path, "data.path")
+    return resolve_dataset(cfg.data.dataset, cfg.workspace.data_mirror, ws.downloads_dir)
 
 
-def _cached(cache: StageCache, stage: str, cfg: Any, inputs: dict[str, str], build) -> StageResult:
-    return cache.run(stage, StageCache.key(stage, STAGE_VERSIONS[stage], cfg, inputs), build)
-
-
-@task(name="dr-rag-collection", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("dr-rag-collection")
 def collection_task(cache: StageCache, path: Path, sha: str, cfg: S.DataConfig) -> StageResult:
-    return _cached(cache, "collection", cfg, {"data": sha}, lambda out: S.run_collection(path, cfg, out))
+    return run_cached(cache, S.run_collection, cfg, {"data": sha}, lambda out, _: S.run_collection(path, cfg, out))
 
 
-@task(name="dr-rag-embeddings", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("dr-rag-embeddings")
 def embeddings_task(cache: StageCache, coll: StageResult, cfg: SMConfig) -> StageResult:
     inputs = {"paragraphs": coll.files["paragraphs.hotpotqa.parquet"]}
-    return _cached(cache, "embeddings", cfg, inputs, lambda out: S.run_embeddings(coll.path, cfg, out))
+    return run_cached(cache, S.run_embeddings, cfg, inputs, lambda out, _: S.run_embeddings(coll.path, cfg, out))
 
 
-@task(name="dr-rag-rankings", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("dr-rag-rankings")
 def rankings_task(cache: StageCache, coll: StageResult, emb: StageResult, cfg: DRRAGConfig) -> StageResult:
     key_cfg = {"sm": cfg.sm, "bm25": cfg.bm25, "top_ks": cfg.eval.top_ks, "k1": cfg.eval.k1,
                "base": cfg.eval.base, "max_candidates": cfg.eval.max_candidates}
-    return _cached(cache, "rankings", key_cfg, {"collection": coll.digest, "embeddings": emb.digest},
-                   lambda out: S.run_rankings(coll.path, emb.path, cfg.sm, cfg.bm25, cfg.eval, out))
+    return run_cached(cache, S.run_rankings, key_cfg, {"collection": coll.digest, "embeddings": emb.digest},
+                      lambda out, _: S.run_rankings(coll.path, emb.path, cfg.sm, cfg.bm25, cfg.eval, out))
 
 
-@task(name="dr-rag-pairs", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("dr-rag-pairs")
 def pairs_task(cache: StageCache, coll: StageResult, cfg: PairSamplingConfig) -> StageResult:
-    return _cached(cache, "pairs", cfg, {"collection": coll.digest}, lambda out: S.run_pairs(coll.path, cfg, out))
+    return run_cached(cache, S.run_pairs, cfg, {"collection": coll.digest}, lambda out, _: S.run_pairs(coll.path, cfg, out))
 
 
 @task(name="dr-rag-train-classifier", cache_policy=NO_CACHE)

@@ -27,6 +27,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig
+from funnelrag.stages import DataSource
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.evaluate.dense import DenseIndexConfig
 from tasks.evaluate.generation import GenerationConfig
@@ -39,12 +40,10 @@ PRERANKER_MODEL = "funnelrag-preranker"   # registered by the distillation flow
 READER_MODEL = "funnelrag-reader"
 
 
-class QuestionSource(BaseModel):
+class EvalQuestions(DataSource):
     """Questions: a registered data set and/or files; ``limit`` sampled by hash of (seed, id)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-test"])
-    paths: list[Path] = Field(default_factory=list)
     limit: int | None = 200
     seed: int = 0
 
@@ -93,7 +92,7 @@ class EvaluateConfig(FlowConfig):
 
     corpus: str = "wikispeedia"
     corpus_version: str | None = None
-    questions: QuestionSource = Field(default_factory=QuestionSource)
+    questions: EvalQuestions = Field(default_factory=EvalQuestions)
     n_final: int = Field(default=4, ge=1)
     flat: FlatConfig = Field(default_factory=FlatConfig)
     progressive: list[ProgressiveSetting] = Field(default_factory=lambda: [ProgressiveSetting()])
@@ -115,12 +114,11 @@ class EvaluateConfig(FlowConfig):
 # ---------------------------------------------------------------------------- tasks
 @task(name="evaluate-questions", cache_policy=NO_CACHE)
 def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bool], dict]:
-    from funnelrag import datasets  # noqa: PLC0415
     from tasks.evaluate.stages import answerability, sample_questions  # noqa: PLC0415
     from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
-    paths = [datasets.resolve(n, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir) for n in cfg.questions.datasets]
-    table, report = load_questions([*paths, *cfg.questions.paths], QuestionsConfig())
+    files = cfg.questions.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "questions.paths")
+    table, report = load_questions([p for p, _ in files], QuestionsConfig())
     table = sample_questions(table, cfg.questions.limit, cfg.questions.seed)
     in_corpus, seconds = answerability(passages["text"].to_pylist(), table)
     return table, in_corpus, {"load": report.as_dict(), "answerability_seconds": seconds}

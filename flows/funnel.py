@@ -30,6 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, flatten_params
 from funnelrag.corpus import CorpusVersion, open_corpus
+from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
 from funnelrag.workspace import Workspace
 from funnelrag.training import TrainConfig
@@ -45,9 +46,6 @@ from tasks.funnel.questions import QuestionsConfig
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "distillation"
-# Bump a stage's version when its code changes output bytes: the cache key includes it.
-STAGE_VERSIONS = {"questions": "1", "candidates": "1", "reader": "1", "reader_eval": "1", "attention": "1",
-                  "labels": "1", "distill": "1", "eval": "1"}
 
 
 def _with_output_dir(value: Any) -> Any:
@@ -58,12 +56,10 @@ def _with_output_dir(value: Any) -> Any:
 TrainSection = Annotated[TrainConfig, BeforeValidator(_with_output_dir)]
 
 
-class QuestionSource(BaseModel):
-    """QA files: registered data sets (checksum-verified in the mirror) and/or explicit paths."""
+class TrainQuestions(DataSource):
+    """QA files the reader and the pre-ranker are trained on (default: NQ-open dev)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-dev"])
-    paths: list[Path] = Field(default_factory=list)
 
 
 class ReaderSection(BaseModel):
@@ -84,7 +80,7 @@ class DistillationConfig(FlowConfig):
 
     corpus: str = "wikispeedia"
     corpus_version: str | None = None
-    questions: QuestionSource = Field(default_factory=QuestionSource)
+    questions: TrainQuestions = Field(default_factory=TrainQuestions)
     split: QuestionsConfig = QuestionsConfig(dev_fraction=0.2, seed=0)
     n_train: int | None = 150
     n_eval: int | None = 100
@@ -144,10 +140,11 @@ class Context:
         return ReaderTrainConfig(fid=fid, train=r.train, n_passages=r.n_passages,
                                  max_passage_tokens=r.max_passage_tokens, max_answer_tokens=r.max_answer_tokens)
 
-    def run(self, stage: str, config: Any, inputs: dict[str, str], build) -> StageResult:
-        key = StageCache.key(stage, STAGE_VERSIONS[stage], config, inputs)
-        result = self.cache.run(stage, key, lambda out: build(out, key))
-        get_run_logger().info("stage %-10s %s (%s)", stage, "cache hit" if result.cache_hit else "built", key[:12])
+    def run(self, core, config: Any, inputs: dict[str, str], build) -> StageResult:
+        """:func:`funnelrag.stages.run_cached` of ``core`` in this flow's cache, logged."""
+        result = run_cached(self.cache, core, config, inputs, build)
+        get_run_logger().info("stage %-10s %s (%s)", core.stage.name, "cache hit" if result.cache_hit else "built",
+                              result.path.name[:12])
         return result
 
 
@@ -157,74 +154,70 @@ def _metrics(prefix: str):
     return lambda metrics, step: log_metrics({f"{prefix}/{k.split('/', 1)[-1]}": v for k, v in metrics.items()}, step)
 
 
-@task(name="questions", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("questions")
 def questions_task(ctx: Context) -> StageResult:
-    from data_contracts.base import sha256_file  # noqa: PLC0415
-
-    src = ctx.cfg.questions
-    paths = [datasets.resolve(n, ctx.cfg.workspace.data_mirror, cache_dir=ctx.ws.downloads_dir) for n in src.datasets]
-    paths += [Path(p) for p in src.paths]
-    digests = {f"input{i}:{p.name}": sha256_file(p) for i, p in enumerate(paths)}
-    return ctx.run("questions", ctx.cfg.split, digests, lambda out, _: S.run_questions(paths, ctx.cfg.split, out))
+    files = ctx.cfg.questions.resolve(ctx.cfg.workspace.data_mirror, ctx.ws.downloads_dir, "questions.paths")
+    return ctx.run(S.run_questions, ctx.cfg.split, input_digests(files),
+                   lambda out, _: S.run_questions([p for p, _ in files], ctx.cfg.split, out))
 
 
-@task(name="candidates", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("candidates")
 def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageResult:
     limit = ctx.cfg.n_train if split == "train" else ctx.cfg.n_eval
     seg_cfg, counter = ctx.segment()
     key_cfg = {"split": split, "limit": limit, "candidates": ctx.cfg.candidates, "preranker": ctx.cfg.preranker,
                "segment": seg_cfg}
     inputs = {"questions": questions.files["questions.parquet"], "corpus": ctx.data_version}
-    return ctx.run("candidates", key_cfg, inputs, lambda out, _: S.run_candidates(
+    return ctx.run(S.run_candidates, key_cfg, inputs, lambda out, _: S.run_candidates(
         questions.path, split, limit, ctx.corpus, seg_cfg, counter, ctx.cfg.preranker, ctx.cfg.candidates, out))
 
 
-@task(name="train-reader", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("train-reader")
 def reader_task(ctx: Context, train: StageResult) -> StageResult:
     from data_contracts.base import sha256_file  # noqa: PLC0415
 
     reader_cfg = ctx.reader_config()
     key_cfg = asdict(replace(reader_cfg, fid=replace(reader_cfg.fid, tokenizer=None)))
     inputs = {"candidates": train.digest, "tokenizer": sha256_file(ctx.tokenizer_dir / "tokenizer.json")}
-    return ctx.run("reader", key_cfg, inputs, lambda out, key: S.run_reader(
+    return ctx.run(S.run_reader, key_cfg, inputs, lambda out, key: S.run_reader(
         train.path, reader_cfg, ctx.ws.run_dir("train-reader", key[:16]), out, _metrics("reader")))
 
 
-@task(name="attention", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("attention")
 def attention_task(ctx: Context, train: StageResult, reader: StageResult) -> StageResult:
     key_cfg = {"score": ctx.cfg.attention, "run": ctx.cfg.attention_run}
     inputs = {"candidates": train.digest, "reader": reader.digest}
-    return ctx.run("attention", key_cfg, inputs, lambda out, _: S.run_attention(
+    return ctx.run(S.run_attention, key_cfg, inputs, lambda out, _: S.run_attention(
         train.path, reader.path, ctx.cfg.attention, ctx.cfg.attention_run, out))
 
 
-@task(name="labels", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("labels")
 def labels_task(ctx: Context, train: StageResult, attention: StageResult) -> StageResult:
     inputs = {"candidates": train.digest, "attention": attention.digest}
-    return ctx.run("labels", ctx.cfg.labels, inputs,
+    return ctx.run(S.run_labels, ctx.cfg.labels, inputs,
                    lambda out, _: S.run_labels(train.path, attention.path, ctx.cfg.labels, out))
 
 
-@task(name="distill", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("distill")
 def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> StageResult:
     key_cfg = {"preranker": ctx.cfg.preranker, "distill": ctx.cfg.distill, "train": ctx.cfg.distill_train}
     inputs = {"candidates": train.digest, "labels": labels.digest}
-    return ctx.run("distill", key_cfg, inputs, lambda out, key: S.run_distill(
+    return ctx.run(S.run_distill, key_cfg, inputs, lambda out, key: S.run_distill(
         train.path, labels.path, ctx.cfg.preranker, ctx.cfg.distill, ctx.cfg.distill_train,
         ctx.ws.run_dir("distill-preranker", key[:16]), out, _metrics("distill")))
 
 
-@task(name="evaluate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("evaluate")
 def eval_task(ctx: Context, dev: StageResult, distilled: StageResult) -> StageResult:
     inputs = {"dev": dev.digest, "distilled": distilled.digest}
-    return ctx.run("eval", {"ks": ctx.cfg.recall_ks}, inputs,
+    return ctx.run(S.run_eval, {"ks": ctx.cfg.recall_ks}, inputs,
                    lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out))
 
 
-@task(name="reader-eval", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@stage_task("reader-eval")
 def reader_eval_task(ctx: Context, dev: StageResult, reader: StageResult) -> StageResult:
     inputs = {"dev": dev.digest, "reader": reader.digest}
-    return ctx.run("reader_eval", {}, inputs, lambda out, _: S.run_reader_eval(dev.path, reader.path, out))
+    return ctx.run(S.run_reader_eval, {}, inputs, lambda out, _: S.run_reader_eval(dev.path, reader.path, out))
 
 
 def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str, metrics: dict[str, float],

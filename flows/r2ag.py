@@ -42,8 +42,6 @@ from tasks.r2ag.prompting import PromptConfig
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "r2ag"
-FEATURES_STAGE = "r2ag-features"
-FEATURES_STAGE_VERSION = "1"
 REGISTERED_MODEL = "r2ag-r2former-{dataset}"  # one registered model per dataset (gates compare like with like)
 GATE_METRIC = "qdm_full/map"  # held-out lists
 LATEST_POINTER = "LATEST-{dataset}"  # model dir of the latest train-r2former run per dataset
@@ -99,12 +97,13 @@ class EvaluateR2AGConfig(FlowConfig):
 def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cfg: ListConfig,
                   feat_cfg: FeatureConfig, enc_cfg: EncoderConfig):
     """Ranked lists + retrieval features, cached on content; returns (lists, features, report)."""
-    from funnelrag.datasets import REGISTRY, resolve  # noqa: PLC0415
+    from funnelrag.stages import resolve_dataset, run_cached  # noqa: PLC0415
     from funnelrag.store import StageCache  # noqa: PLC0415
+    from tasks.r2ag.stages import build_lists_and_features  # noqa: PLC0415
 
-    name = data.hotpotqa_file if data.dataset == "hotpotqa" else data.nq_file
-    path = resolve(name, mirror, cache_dir=ws.downloads_dir)
-    inputs = {"data": REGISTRY[name].sha256}
+    path, sha = resolve_dataset(data.hotpotqa_file if data.dataset == "hotpotqa" else data.nq_file, mirror,
+                                ws.downloads_dir)
+    inputs = {"data": sha}
     corpus = None
     if data.dataset == "nq":
         from funnelrag.corpus import open_corpus  # noqa: PLC0415
@@ -112,12 +111,10 @@ def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cf
         corpus = open_corpus(ws, name=data.corpus, version=data.corpus_version)
         inputs["corpus"] = corpus.digest
     data_version = inputs.get("corpus", inputs["data"])  # corpus manifest sha256, else the data file's
-    key = StageCache.key(FEATURES_STAGE, FEATURES_STAGE_VERSION,
-                         {"data": data, "lists": lists_cfg, "features": feat_cfg, "encoder": enc_cfg}, inputs)
+    key_cfg = {"data": data, "lists": lists_cfg, "features": feat_cfg, "encoder": enc_cfg}
 
-    def build(tmp: Path) -> dict:
+    def build(tmp: Path, _key: str) -> dict:
         from models.encoders import BiEncoder  # noqa: PLC0415
-        from tasks.r2ag.stages import build_lists_and_features  # noqa: PLC0415
 
         encoder, tokenizer = BiEncoder.from_pretrained(enc_cfg)
         lists, features, report = build_lists_and_features(data, lists_cfg, feat_cfg, encoder, tokenizer,
@@ -126,10 +123,10 @@ def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cf
         R.RETRIEVAL_FEATURES.write(features, tmp)
         return report
 
-    result = StageCache(ws.cache_dir).run(FEATURES_STAGE, key, build)
+    result = run_cached(StageCache(ws.cache_dir / EXPERIMENT), build_lists_and_features, key_cfg, inputs, build)
     lists = R.RANKED_LISTS.read(result.path)
     features = R.RETRIEVAL_FEATURES.read(result.path)
-    return lists, features, {**result.summary, "cache_hit": result.cache_hit, "stage_key": key[:16],
+    return lists, features, {**result.summary, "cache_hit": result.cache_hit, "stage_key": result.path.name[:16],
                              "data_version": data_version}
 
 

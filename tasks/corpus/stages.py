@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import corpus as C
+from funnelrag.stages import stage
 from tasks.corpus.clustering import (ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
                               clusters_table, graph_metrics_table)
 from tasks.corpus.graph import graph_from_links, graph_metrics
@@ -31,6 +32,7 @@ CLUSTER_INDEX_DIR = "index/clusters.bm25"
 PASSAGE_INDEX_DIR = "index/passages.bm25"
 
 
+@stage("ingest", version="1")
 def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> dict[str, Any]:
     """Ingest stage: raw dump files → documents, redirects, links, ingest report.
 
@@ -43,6 +45,7 @@ def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> dict
     return summary
 
 
+@stage("tokens", version="1")
 def run_tokens(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirror: Path | None) -> dict[str, Any]:
     """Count tokens of every ~100-word window of every article with ``cfg.tokenizer``.
 
@@ -76,6 +79,7 @@ def read_window_tokens(tokens_dir: Path) -> WindowTokens:
                         tokenizer=names.pop() if names else "none")
 
 
+@stage("cluster", version="1")
 def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: ClusteringConfig) -> dict[str, Any]:
     """Graph + local clustering coefficients + Algorithm 1 → graph_metrics, clusters, cluster_members."""
     t0 = time.perf_counter()
@@ -109,6 +113,7 @@ def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: Clusteri
     }
 
 
+@stage("segment", version="1")
 def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
                 mirror: Path | None) -> dict[str, Any]:
     """Clusters → ~1K-token document units → ~100-word passages (offline "later chunking")."""
@@ -145,6 +150,7 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
     return out_ids, out_texts
 
 
+@stage("index", version="2")  # 2: stems numbered in sorted order (bytes independent of PYTHONHASHSEED)
 def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config) -> dict[str, Any]:
     """bm25s indexes over cluster texts (progressive) and passages (flat baseline)."""
     t0 = time.perf_counter()

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import torch
 
 from data_contracts import dr_rag as C
+from funnelrag.stages import stage
 from models.dr_rag import ClassifierConfig, DRRAGClassifier
 from tasks.dr_rag.classifier import (ClassifierHooks, PairProbs, load_classifier, question_scorer, save_classifier,
                                      score_triples)
@@ -96,6 +97,7 @@ class Collection:
 
 
 # ---------------------------------------------------------------------- collection
+@stage("collection", version="1")
 def run_collection(path: Path, cfg: DataConfig, out: Path) -> dict:
     """Load the questions, split them, build the de-duplicated collection; write
     ``questions.hotpotqa.parquet``, ``qrels.hotpotqa.parquet``, ``paragraphs.hotpotqa.parquet``.
@@ -142,6 +144,7 @@ def read_collection(directory: Path) -> Collection:
 
 
 # ---------------------------------------------------------------------- SM embeddings
+@stage("embeddings", version="1")
 def run_embeddings(collection_dir: Path, cfg: SMConfig, out: Path) -> dict:
     """Encode every paragraph with the bi-encoder (``paragraph_embeddings.sm.parquet``)."""
     from models.encoders import BiEncoder, EncoderConfig, encode  # noqa: PLC0415
@@ -177,6 +180,7 @@ def load_sm_retriever(collection_dir: Path, embeddings_dir: Path, cfg: SMConfig)
 
 
 # ---------------------------------------------------------------------- rankings
+@stage("rankings", version="1")
 def run_rankings(collection_dir: Path, embeddings_dir: Path, sm: SMConfig, bm25: BM25Config,
                  cfg: EvalConfig, out: Path) -> dict:
     """First-stage BM25 and SM rankings of the dev questions and the base retriever's
@@ -194,6 +198,7 @@ def run_rankings(collection_dir: Path, embeddings_dir: Path, sm: SMConfig, bm25:
 
 
 # ---------------------------------------------------------------------- classifier pairs and training
+@stage("pairs", version="2")
 def run_pairs(collection_dir: Path, cfg: PairSamplingConfig, out: Path) -> dict:
     """Balanced pairs (Appendix A.1) of the train questions (training) and of the dev questions
     (the gate metric); ``classifier_pairs.parquet``."""

@@ -11,15 +11,13 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 
+from funnelrag.stages import run_cached, stage
 from tasks.evaluate.dense import DenseIndex, DenseIndexConfig, build_dense_index, encode_texts
 from tasks.evaluate.metrics import CorpusAnswers
 from tasks.evaluate.report import Generated
 from tasks.evaluate.retrieval import QueryResult
 
 log = logging.getLogger(__name__)
-
-DENSE_STAGE = "dense-index"
-DENSE_STAGE_VERSION = "1"
 
 
 def sample_questions(questions: pa.Table, limit: int | None, seed: int) -> pa.Table:
@@ -47,6 +45,7 @@ def passage_texts_for_index(passages: pa.Table) -> list[str]:
     return [f"{t}. {x}" for t, x in zip(passages["title"].to_pylist(), passages["text"].to_pylist())]
 
 
+@stage("dense-index", version="1")
 def dense_index(cache, corpus_digest: str, passages: pa.Table, encoder, tokenizer, model_id: str,
                 cfg: DenseIndexConfig) -> tuple[DenseIndex, dict]:
     """Load the dense passage index from the stage cache or build it (embedding every passage).
@@ -66,13 +65,10 @@ def dense_index(cache, corpus_digest: str, passages: pa.Table, encoder, tokenize
     (DenseIndex, info)
         ``info`` = ``{"cache_hit", "build_seconds", "n", "bytes"}``.
     """
-    from funnelrag.store import StageCache  # noqa: PLC0415
-
     key_cfg = {**asdict(cfg), "text": "title. text"}
     key_cfg.pop("block_rows"), key_cfg.pop("upcast")
-    key = StageCache.key(DENSE_STAGE, DENSE_STAGE_VERSION, key_cfg, {"corpus": corpus_digest, "model": model_id})
 
-    def build(out: Path) -> dict:
+    def build(out: Path, _key: str) -> dict:
         t0 = time.perf_counter()
         index = build_dense_index(passage_texts_for_index(passages), passages["passage_id"].to_pylist(),
                                   encoder, tokenizer, cfg, {"corpus_digest": corpus_digest, "model": model_id})
@@ -81,7 +77,7 @@ def dense_index(cache, corpus_digest: str, passages: pa.Table, encoder, tokenize
         return {"build_seconds": seconds, "n": len(index), "bytes": index.nbytes,
                 "passages_per_s": len(index) / max(seconds, 1e-9)}
 
-    res = cache.run(DENSE_STAGE, key, build)
+    res = run_cached(cache, dense_index, key_cfg, {"corpus": corpus_digest, "model": model_id}, build)
     index = DenseIndex.load(res.path, block_rows=cfg.block_rows, upcast=cfg.upcast)
     return index, {"cache_hit": res.cache_hit, **res.summary}
 

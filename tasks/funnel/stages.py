@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from data_contracts.funnel import (ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS,
                                      READER_PREDICTIONS, UNIT_POOL, UNITS)
+from funnelrag.stages import stage
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
@@ -38,6 +39,7 @@ READER_DIR = "reader"
 MetricsFn = Callable[[dict[str, float], int], None] | None
 
 
+@stage("questions", version="1")
 def run_questions(paths: Sequence[Path], cfg: QuestionsConfig, out_dir: Path) -> dict[str, Any]:
     """QA files → ``questions.parquet`` (+ ``questions_report.json``: read / kept / skipped)."""
     table, report = load_questions(paths, cfg)
@@ -53,6 +55,7 @@ def select_questions(questions: pa.Table, split: str, limit: int | None) -> pa.T
     return sub if limit is None else sub.slice(0, limit)
 
 
+@stage("candidates", version="1")
 def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, seg_cfg, token_counter,
                    preranker: PreRankerConfig, cfg: CandidatesConfig, out_dir: Path) -> dict[str, Any]:
     """Funnel of one split's questions: writes ``unit_pool``, ``candidates``, ``units`` and
@@ -90,6 +93,7 @@ def reader_examples(candidates: pa.Table, questions: pa.Table) -> list:
     return [ReaderExample(text[q], tuple(answers[q]), tuple(per_q[q])) for q in sorted(per_q)]
 
 
+@stage("reader", version="1")
 def run_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None) -> dict[str, Any]:
     """Train the FiD reader (helper: :func:`tasks.funnel.reader.train_reader`) on the train
     candidates; checkpoints go to ``work_dir``, the final reader to ``out_dir/reader``."""
@@ -160,6 +164,7 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
                    "questions_per_s": len(rows) / max(seconds, 1e-9)}
 
 
+@stage("reader_eval", version="1")
 def run_reader_eval(candidates_dir: Path, reader_stage_dir: Path, out_dir: Path) -> dict[str, Any]:
     """:func:`evaluate_reader` of the trained reader on the dev candidates → ``reader_predictions``."""
     table, summary = evaluate_reader(candidates_dir, Path(reader_stage_dir) / READER_DIR)
@@ -167,6 +172,7 @@ def run_reader_eval(candidates_dir: Path, reader_stage_dir: Path, out_dir: Path)
     return summary
 
 
+@stage("attention", version="1")
 def run_attention(candidates_dir: Path, reader_dir: Path, cfg: AttentionScoreConfig, run: AttentionRunConfig,
                   out_dir: Path) -> dict[str, Any]:
     """Eq. 3 scores of every candidate passage with the trained reader → ``attention_scores``."""
@@ -182,6 +188,7 @@ def run_attention(candidates_dir: Path, reader_dir: Path, cfg: AttentionScoreCon
             "passages_per_s": scores.num_rows / max(seconds, 1e-9)}
 
 
+@stage("labels", version="1")
 def run_labels(candidates_dir: Path, attention_dir: Path, cfg: LabelConfig, out_dir: Path) -> dict[str, Any]:
     """Eq. 4 + Eq. 5 → ``labels``; summary counts D+ (by reason) and D−."""
     labels = make_labels(ATTENTION_SCORES.read(attention_dir), CANDIDATES.read(candidates_dir), cfg)
@@ -191,6 +198,7 @@ def run_labels(candidates_dir: Path, attention_dir: Path, cfg: LabelConfig, out_
             **{f"reason_{r}": reasons.count(r) for r in sorted(set(reasons))}}
 
 
+@stage("distill", version="1")
 def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig,
                 train_cfg: TrainConfig, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None) -> dict[str, Any]:
     """Eq. 6 BPR training of the pre-ranker through the shared loop → ``out_dir/preranker``."""
@@ -218,6 +226,7 @@ def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[i
     return answer_recall(pool, ks, questions["question_id"].to_pylist())
 
 
+@stage("eval", version="1")
 def run_eval(dev_dir: Path, distill_dir: Path, ks: Sequence[int], out_dir: Path) -> dict[str, Any]:
     """Answer recall of the pre-ranking stage before (base) and after distillation → ``answer_recall``."""
     t0 = time.perf_counter()

@@ -14,6 +14,7 @@ import pyarrow as pa
 import torch
 
 from data_contracts import r2ag as R
+from funnelrag.stages import stage
 from models.r2former import R2FormerConfig, R2FormerQDM
 from tasks.r2ag.features import FeatureConfig, feature_table
 from tasks.r2ag.lists import (ListConfig, embed_lists, hotpotqa_candidates, nq_bm25_lists, rank_by_relevance,
@@ -55,6 +56,7 @@ class DataConfig:
             raise ValueError(f"test_fraction must lie in (0, 1), got {self.test_fraction}")
 
 
+@stage("r2ag-features", version="1")
 def build_lists_and_features(data: DataConfig, lists_cfg: ListConfig, feat_cfg: FeatureConfig, encoder,
                              tokenizer, *, data_path: Path, corpus=None) -> tuple[pa.Table, pa.Table, dict]:
     """Ranked lists of every question and their retrieval features (Eqs. 10–12).
