@@ -211,9 +211,7 @@ class ContractWriter:
         self.contract, self.sorted_keys, self.row_group_size = contract, sorted_keys, row_group_size
         self.final = Path(directory) / contract.filename
         self.final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=".tmp", dir=self.final.parent)
-        os.close(fd)
-        self._tmp = Path(tmp_name)
+        self._tmp = _readable_temp(self.final)
         self._schema = contract.schema.remove_metadata().with_metadata(contract.metadata())
         self._writer: pq.ParquetWriter | None = None
         self._pending: list[pa.Table] = []
@@ -319,10 +317,7 @@ def atomic_write(final: Path, writer: Callable[[Path], None]) -> None:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; published artifacts are world-readable
+    tmp = _readable_temp(final)
     try:
         writer(tmp)
         with open(tmp, "rb+") as fh:
@@ -331,6 +326,15 @@ def atomic_write(final: Path, writer: Callable[[Path], None]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _readable_temp(final: Path) -> Path:
+    """An empty temporary file beside ``final``, mode 0644: mkstemp makes 0600, and published
+    artifacts must be readable by every user of a shared home (whole and streamed writes alike)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    os.chmod(tmp_name, 0o644)
+    return Path(tmp_name)
 
 
 @contextlib.contextmanager

@@ -16,13 +16,14 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import Field, model_validator
 
-from funnelrag.config import FlowCommand, FlowConfig, to_jsonable
+from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
 from funnelrag.corpus import corpus_store
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
+from tasks.corpus.gate import GateConfig, GateDecision, GateRefused
 from tasks.corpus.index import BM25Config
 from tasks.corpus.ingest import IngestConfig
 from tasks.corpus.segment import SegmentConfig
@@ -52,6 +53,7 @@ class CorpusBuildConfig(FlowConfig):
     clustering: ClusteringConfig = ClusteringConfig(max_tokens=WIKISPEEDIA_MAX_CLUSTER_TOKENS)
     segment: SegmentConfig = SegmentConfig()
     bm25: BM25Config = BM25Config()
+    gate: GateConfig = GateConfig()
 
     @model_validator(mode="after")
     def _same_tokenizer(self) -> "CorpusBuildConfig":
@@ -142,8 +144,42 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
     def _validate(staging: Path) -> None:
         checks.update(S.validate_corpus(staging, cfg.clustering.max_tokens))
 
-    path = store.publish(version_id, files, manifest_extra, _validate)
+    path = store.publish(version_id, files, manifest_extra, _validate, make_current=not cfg.gate.enabled)
     return path, checks
+
+
+@task(name="gate", cache_policy=NO_CACHE)
+def gate_task(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path) -> GateDecision:
+    """The quality gate (:mod:`tasks.corpus.gate`): the new version against the current one."""
+    from funnelrag import datasets  # noqa: PLC0415
+    from tasks.corpus.gate import decide, question_pairs, version_figures  # noqa: PLC0415
+    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+
+    paths = [datasets.resolve(n, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir) for n in cfg.gate.questions]
+    table, _ = load_questions([*paths, *cfg.gate.paths], QuestionsConfig(limit=cfg.gate.limit))
+    questions = question_pairs(table)
+    store = corpus_store(ws, cfg.name)
+    current = store.current_version()
+    candidate = version_figures(version_dir, questions, cfg.gate.k)
+    baseline = None if current is None else version_figures(store.versions_dir / current, questions, cfg.gate.k)
+    return decide(candidate, baseline, cfg.gate)
+
+
+def promote(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path, decision: GateDecision | None) -> None:
+    """Move ``current`` to a version that passed the gate (raise :class:`GateRefused` otherwise)
+    and emit ``funnelrag.corpus.current`` (the ``evaluate-champion`` automation's trigger)."""
+    from prefect.events import emit_event  # noqa: PLC0415
+
+    if decision is not None and not decision.passed:
+        raise GateRefused(decision)
+    if decision is not None:
+        corpus_store(ws, cfg.name).set_current(version_dir.name)
+    emit_event(event=CORPUS_CURRENT_EVENT, resource={"prefect.resource.id": f"funnelrag.corpus.{cfg.name}"},
+               payload={"corpus": cfg.name, "version": version_dir.name, "home": str(ws.home)})
+
+
+# Emitted when a build made its version current; prefect.yaml's evaluate-champion trigger expects it.
+CORPUS_CURRENT_EVENT = "funnelrag.corpus.current"
 
 
 def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> None:
@@ -169,16 +205,32 @@ def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> Non
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The Prefect artifact: counts and seconds per stage as markdown tables."""
     lines = [f"# corpus-build `{summary['corpus']}` → version `{summary['version']}`", "",
-             "| count | value |", "|---|---:|"]
+             f"- MLflow run: `{summary['mlflow_run_id']}`",
+             f"- store: `{summary['store']}` (version directory `{summary['path']}`)",
+             f"- S (max cluster tokens): {summary['max_cluster_tokens_S']:,}"]
+    if "gate" in summary:
+        gate = summary["gate"]
+        verdict = "passed: now current" if gate["passed"] else "REFUSED: " + "; ".join(gate["reasons"])
+        lines.append(f"- quality gate: {verdict} (AR@{gate['k']} {gate['candidate']['answer_recall']:.4f}, "
+                     f"skipped {gate['candidate']['skipped_fraction']:.1%} of pages)")
+    lines += ["", "| count | value |", "|---|---:|"]
     lines += [f"| {k} | {v:,} |" if isinstance(v, int) else f"| {k} | {v:.1f} |" for k, v in summary["counts"].items()]
-    lines += ["", "| stage | seconds | cache |", "|---|---:|---|"]
-    lines += [f"| {k} | {v['seconds']:.2f} | {'hit' if v['cache_hit'] else 'built'} |" for k, v in summary["stages"].items()]
+    lines += ["", "| stage | seconds spent | cache |", "|---|---:|---|"]
+    lines += [f"| {k} | {'cached' if v['cache_hit'] else format(v['seconds'], '.2f')} | {'hit' if v['cache_hit'] else 'built'} |"
+              for k, v in summary["stages"].items()]
     return "\n".join(lines) + "\n"
 
 
 @flow(name="corpus-build", log_prints=True)
-def corpus_build_flow(config: CorpusBuildConfig) -> dict[str, Any]:
-    """Build, validate and publish a corpus version; returns the summary printed by the CLI."""
+def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str | None = None,
+                      overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
+    """Build, validate and publish a corpus version; returns the summary printed by the CLI.
+
+    Deployments pass ``config_file`` (a file under ``configs/``), ``home`` and dotted
+    ``overrides``; they merge key by key (:func:`funnelrag.config.resolve_flow_config`), so
+    overriding one field never replaces the rest of the config.
+    """
+    config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
     import mlflow  # noqa: PLC0415
     from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
 
@@ -209,6 +261,7 @@ def corpus_build_flow(config: CorpusBuildConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         version_dir, rows = publish_task(config, ws, stages)
         walls["publish"] = time.perf_counter() - t0
+        decision = gate_task(config, ws, version_dir) if config.gate.enabled else None
         manifest = (version_dir / "manifest.json").read_text()
         import json  # noqa: PLC0415
 
@@ -222,12 +275,21 @@ def corpus_build_flow(config: CorpusBuildConfig) -> dict[str, Any]:
                        "document_units": man["counts"]["document_units"], "passages": man["counts"]["passages"]},
             "ingest": {"records": stages["ingest"].summary["records"], "skipped": stages["ingest"].summary["skipped"],
                        "mb_per_s": stages["ingest"].summary["mb_per_s"]},
-            "stages": {k: {"seconds": (stages[k].summary.get("seconds", walls[k]) if k in stages else walls[k]),
+            # seconds spent in this run; a cache hit's original build time is not spent now
+            "stages": {k: {"seconds": (walls[k] if k not in stages or stages[k].cache_hit
+                                       else stages[k].summary.get("seconds", walls[k])),
                            "wall_seconds": walls[k], "cache_hit": bool(stages[k].cache_hit) if k in stages else False}
                        for k in walls},
             "total_seconds": time.perf_counter() - t_flow,
+            "max_cluster_tokens_S": config.clustering.max_tokens,
+            "store": str(corpus_store(ws, config.name).root),
             "mlflow_run_id": run.info.run_id,
+            "prefect_flow_run_id": run.data.tags.get("prefect.flow_run_id"),
         }
+        if decision is not None:
+            summary["gate"] = decision.as_dict()
+            log_metrics({"gate_answer_recall": decision.candidate.answer_recall,
+                         "gate_skipped_fraction": decision.candidate.skipped_fraction, "gate_passed": int(decision.passed)})
         # ---- tracking: counts, per-stage seconds and throughput; manifest, report, histogram
         log_metrics({f"count_{k}": v for k, v in summary["counts"].items()})
         log_metrics({f"seconds_{k}": v["seconds"] for k, v in summary["stages"].items()})
@@ -247,6 +309,7 @@ def corpus_build_flow(config: CorpusBuildConfig) -> dict[str, Any]:
         md = summary_markdown(summary)
         create_markdown_artifact(key=f"corpus-build-{config.name}".lower().replace("_", "-"), markdown=md,
                                  description="corpus-build summary")
+        promote(config, ws, version_dir, decision)
     return summary
 
 

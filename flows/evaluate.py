@@ -246,9 +246,19 @@ def _slug(text: str) -> str:
 
 
 @flow(name="evaluate", log_prints=True)
-def evaluate_flow(config: EvaluateConfig) -> dict[str, Any]:
-    """Evaluate flat and progressive retrieval; returns the summary printed by the CLI."""
+def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None = None,
+                  overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
+    """Evaluate flat and progressive retrieval; returns the summary printed by the CLI.
+
+    ``config_file``, ``home`` and dotted ``overrides`` merge key by key
+    (:func:`funnelrag.config.resolve_flow_config`); the ``evaluate-champion`` automation
+    passes the home and the corpus version a build just made current this way.
+    """
     import torch  # noqa: PLC0415
+
+    from funnelrag.config import resolve_flow_config  # noqa: PLC0415
+
+    config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
 
     threads = torch.get_num_threads()
     if config.torch_threads:

@@ -87,16 +87,66 @@ def load_config(model: type[M], path: Path | None = None, overrides: Sequence[st
     pydantic.ValidationError
         A value has the wrong type or a key is unknown (message names the key).
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
-        data = loaded
+    data = read_config_file(path) if path is not None else {}
     data = deep_merge(data, parse_overrides(overrides))
+    return model.model_validate(data)
+
+
+def read_config_file(path: Path | str) -> dict[str, Any]:
+    """The mapping in a YAML config file (an empty file is ``{}``).
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    ValueError
+        A YAML syntax error or a top level that is not a mapping; the message names the file
+        (and the line and column of a syntax error).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config file {path}: YAML syntax error: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
+    return loaded
+
+
+def resolve_flow_config(model: type[M], config: BaseModel | Mapping[str, Any] | None = None,
+                        config_file: Path | str | None = None, overrides: Sequence[str] | None = None,
+                        home: Path | str | None = None) -> M:
+    """The configuration of a flow run started by a deployment, an automation or the CLI.
+
+    Deployment parameters replace each other whole (a ``config`` given to ``prefect deployment
+    run --param`` replaces the deployment's nested config), so a flow takes its base config
+    and the changes to it as separate parameters and merges them key by key here: the base
+    (``config``, or the YAML file ``config_file``, or the model's defaults), then ``home`` as
+    ``workspace.home``, then the dotted ``overrides`` (``["clustering.max_tokens=2048"]``).
+
+    Raises
+    ------
+    ValueError
+        Both ``config`` and ``config_file`` given; an override without ``=``; a config file
+        that is not YAML (see :func:`read_config_file`).
+    pydantic.ValidationError
+        A merged value has the wrong type or a key is unknown.
+    """
+    if config is not None and config_file is not None:
+        raise ValueError("give either config or config_file, not both (put changes in overrides)")
+    if config_file is not None:
+        data = read_config_file(config_file)
+    elif isinstance(config, BaseModel):
+        if not overrides and home is None and isinstance(config, model):
+            return config
+        data = config.model_dump()
+    else:
+        data = dict(config or {})
+    if home is not None and str(home) != "":
+        data = deep_merge(data, {"workspace": {"home": str(home)}})
+    data = deep_merge(data, parse_overrides(overrides or []))
     return model.model_validate(data)
 
 

@@ -84,11 +84,27 @@ def run_cached(cache: StageCache, core: Callable[..., Any], config: Any, inputs:
 
 
 def stage_task(name: str) -> Callable[[F], F]:
-    """The Prefect ``@task`` of a cached stage: one retry after 2 s, Prefect caching off."""
+    """The Prefect ``@task`` of a cached stage: one retry after 2 s of a failure that may be
+    transient (:func:`retry_transient`), Prefect caching off."""
     from prefect import task  # noqa: PLC0415
     from prefect.cache_policies import NONE  # noqa: PLC0415
 
-    return task(name=name, retries=1, retry_delay_seconds=2, cache_policy=NONE)
+    return task(name=name, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_transient, cache_policy=NONE)
+
+
+def retry_transient(task, task_run, state) -> bool:
+    """Prefect ``retry_condition_fn``: retry only failures that may pass on a second try (I/O,
+    a killed subprocess). Bad input or config fails the same way every time (a full dump would
+    be read twice before failing), so those errors are never retried."""
+    from tasks.corpus.ingest import IngestError  # noqa: PLC0415
+
+    try:
+        state.result()
+    except (IngestError, ValueError, TypeError, KeyError, FileNotFoundError):  # deterministic
+        return False
+    except Exception:  # noqa: BLE001 - anything else may be transient
+        return True
+    return True
 
 
 class DataSource(BaseModel):

@@ -187,7 +187,7 @@ class ArtifactStore:
         return json.loads((path / MANIFEST).read_text())
 
     def publish(self, version_id: str, files: Mapping[str, Path], manifest_extra: Mapping[str, Any],
-                validate: Callable[[Path], None]) -> Path:
+                validate: Callable[[Path], None], make_current: bool = True) -> Path:
         """Assemble, validate and publish a version; move ``current`` only if all of it passed.
 
         Parameters
@@ -200,6 +200,9 @@ class ArtifactStore:
             Config, code version, counts: stored in the manifest beside the file descriptions.
         validate : callable
             ``validate(version_dir)`` raises on any problem; then nothing is published.
+        make_current : bool
+            Move ``current`` to the new version (``False``: a quality gate decides later,
+            :meth:`set_current`).
 
         Returns
         -------
@@ -228,9 +231,23 @@ class ArtifactStore:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        atomic_write_bytes(self.root / "current", (version_id + "\n").encode())
         log.info("published %s", final)
+        if make_current:
+            self.set_current(version_id)
         return final
+
+    def set_current(self, version_id: str) -> None:
+        """Atomically point ``current`` at a published version.
+
+        Raises
+        ------
+        FileNotFoundError
+            ``version_id`` is not a published version (no manifest).
+        """
+        if not (self.versions_dir / version_id / MANIFEST).exists():
+            raise FileNotFoundError(f"cannot make {version_id} current: not a published version in {self.versions_dir}")
+        atomic_write_bytes(self.root / "current", (version_id + "\n").encode())
+        log.info("current → %s", version_id)
 
     def verify(self, version: str | None = None) -> None:
         """Re-hash every file of a version against its manifest.

@@ -39,19 +39,31 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
              tracking_uri: str | None = None, tags: Mapping[str, str] | None = None) -> Iterator[Any]:
     """One MLflow run per flow run, with the config flattened into params.
 
-    Yields the active ``mlflow.ActiveRun``; a failure inside marks the run FAILED.
+    Yields the active ``mlflow.ActiveRun``; a failure inside marks the run FAILED. Inside a
+    Prefect flow run the MLflow run is tagged with its id (:func:`prefect_run_tags`).
     """
     import mlflow  # noqa: PLC0415
 
     configure(ws, tracking_uri)
     exp_id = ensure_experiment(ws, experiment)
-    with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=dict(tags or {})) as run:
+    tags = {**prefect_run_tags(), **(tags or {})}
+    with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:
         params = flatten_params(config)
         # MLflow caps a param value at 6000 characters and a batch at 100 params.
         items = [(k, v[:6000]) for k, v in sorted(params.items())]
         for i in range(0, len(items), 100):
             mlflow.log_params(dict(items[i:i + 100]))
         yield run
+
+
+def prefect_run_tags() -> dict[str, str]:
+    """``{"prefect.flow_run_id": ..., "prefect.flow_run_name": ..., "prefect.deployment_id": ...}``
+    of the Prefect flow run this code runs in (``{}`` outside one): the MLflow → Prefect link."""
+    from prefect.runtime import deployment, flow_run  # noqa: PLC0415
+
+    found = {"prefect.flow_run_id": flow_run.id, "prefect.flow_run_name": flow_run.name,
+             "prefect.deployment_id": deployment.id}
+    return {k: str(v) for k, v in found.items() if v}
 
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:

@@ -38,8 +38,19 @@ def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> dict
 
     Returns the :class:`tasks.corpus.ingest.IngestSummary` as a dict (paths dropped) plus
     ``mb_per_s`` (uncompressed MB per wall-clock second).
+
+    Raises
+    ------
+    ValueError
+        The inputs hold 0 documents (no page, or every page skipped): there is nothing to
+        cluster; the message names the inputs and what their records were.
     """
     summary = ingest(list(inputs), out_dir, cfg).to_dict()
+    if summary["documents"] == 0:
+        names = ", ".join(str(p) for p in inputs)
+        what = (f"{summary['records']:,} records ({summary['by_status']}, skipped: {summary['skipped']})"
+                if summary["records"] else "no page/record at all")
+        raise ValueError(f"ingest: 0 documents in {names}: {what}; nothing to build a corpus from")
     summary.pop("outputs", None)
     summary["mb_per_s"] = summary["uncompressed_bytes"] / 1e6 / max(summary["seconds"], 1e-9)
     return summary
