@@ -1,0 +1,169 @@
+"""A real Prefect server, as the README's *Deploying* section runs it: infra/server/prefect-server.sh
+starts it, ``prefect deploy`` registers prefect.yaml's deployments, the scheduler creates the
+nightly cron runs, a process worker runs a triggered enwiki-sample build to completion, and the
+evaluate-champion automation is started with that build's home and corpus version.
+
+Nothing here is mocked; it takes a few minutes (marked ``slow``, runs in CI)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "infra" / "server" / "prefect-server.sh"
+POOL = "funnelrag-process"
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(prefect_home: Path, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_API_PORT=str(port), PREFECT_SERVER_WAIT="120",
+               PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_LOGGING_LEVEL="WARNING",
+               PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+    return env
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the script's process group (the server it left running in the background)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_server_script_fails_loudly_when_the_server_cannot_start(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.Popen(["bash", str(SCRIPT), POOL], env=_env(tmp_path / "prefect", port),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=150)
+        finally:
+            _stop(proc)
+    assert proc.returncode != 0
+    assert "prefect-server.sh: the Prefect server exited during start-up" in err
+    assert "already in use" in err  # the end of the server log says why
+    assert "Traceback" not in err and "export PREFECT_API_URL" not in out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """prefect-server.sh on a free port with a throwaway PREFECT_HOME; yields (api_url, env, home)."""
+    base = tmp_path_factory.mktemp("deploy")
+    port = _free_port()
+    home = base / "funnelrag-home"
+    home.mkdir()
+    env = _env(base / "prefect", port, FUNNELRAG_REPO=str(ROOT), FUNNELRAG_HOME=str(home))
+    proc = subprocess.Popen(["bash", str(SCRIPT), POOL], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=200)
+        assert proc.returncode == 0, f"prefect-server.sh failed:\n{out}\n{err}"
+        api = f"http://127.0.0.1:{port}/api"
+        assert f"export PREFECT_API_URL={api}" in out
+        profiles = base / "prefect" / "profiles.toml"  # no `prefect config set` into a profile
+        assert not profiles.exists() or "PREFECT_API_URL" not in profiles.read_text()
+        yield api, env, home
+    finally:
+        _stop(proc)
+
+
+def _post(api: str, path: str, body: dict | None = None) -> object:
+    r = httpx.post(f"{api}{path}", json=body or {}, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def _deployment(api: str, name: str) -> dict:
+    found = _post(api, "/deployments/filter", {"deployments": {"name": {"any_": [name]}}})
+    assert len(found) == 1, f"deployment {name} not registered"
+    return found[0]
+
+
+def _runs(api: str, deployment_id: str, states: list[str] | None = None) -> list[dict]:
+    body: dict = {"flow_runs": {"deployment_id": {"any_": [deployment_id]}}}
+    if states:
+        body["flow_runs"]["state"] = {"type": {"any_": states}}
+    return _post(api, "/flow_runs/filter", body)
+
+
+def _wait(what: str, fn, timeout: float, every: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def test_deploy_schedule_worker_and_automation(server):
+    api, env, home = server
+    deployed = subprocess.run(
+        ["prefect", "--no-prompt", "deploy", "--name", "nightly-corpus-build", "--name", "nightly-corpus-build-enwiki",
+         "--name", "evaluate-champion"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+
+    # home templated from $FUNNELRAG_HOME at deploy time; the enwiki build takes its config file
+    nightly = _deployment(api, "nightly-corpus-build")
+    enwiki = _deployment(api, "nightly-corpus-build-enwiki")
+    evaluate = _deployment(api, "evaluate-champion")
+    assert nightly["parameters"]["home"] == enwiki["parameters"]["home"] == evaluate["parameters"]["home"] == str(home)
+    assert enwiki["parameters"]["config_file"] == "configs/corpus_enwiki_sample.yaml"
+
+    # the active cron schedule produces scheduled runs at 02:00 UTC (SQLAlchemy 2.1 made it 0)
+    schedule = nightly["schedules"][0]
+    assert schedule["active"] and schedule["schedule"]["cron"] == "0 2 * * *"
+    scheduled = _wait("scheduled runs of nightly-corpus-build", lambda: _runs(api, nightly["id"], ["SCHEDULED"]), 120)
+    starts = sorted(datetime.fromisoformat(r["expected_start_time"]).astimezone(timezone.utc) for r in scheduled)
+    assert len(starts) >= 3 and all((t.hour, t.minute) == (2, 0) for t in starts)
+    assert starts[0] > datetime.now(timezone.utc)
+    assert not _runs(api, enwiki["id"])  # its schedule is inactive
+
+    # a triggered run of the enwiki deployment completes through a process worker
+    run = _post(api, f"/deployments/{enwiki['id']}/create_flow_run", {"parameters": {"overrides": ["gate.limit=50"]}})
+    worker = subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL,
+                             "--run-once", "--limit", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=500)
+
+    def finished():
+        state = httpx.get(f"{api}/flow_runs/{run['id']}", timeout=30).json()["state"]
+        return state if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+    state = _wait("the enwiki run to finish", finished, 300)
+    assert state["type"] == "COMPLETED", f"{state}\n{worker.stdout[-3000:]}\n{worker.stderr[-3000:]}"
+    current = (home / "stores" / "corpus" / "enwiki-sample" / "current").read_text().strip()
+    assert (home / "stores" / "corpus" / "enwiki-sample" / "versions" / current / "manifest.json").exists()
+
+    # the automation starts evaluate-champion with that build's home and corpus version
+    triggered = _wait("the evaluate-champion automation", lambda: _runs(api, evaluate["id"]), 120)
+    params = triggered[0]["parameters"]
+    assert params["home"] == str(home)
+    assert f"corpus_version={current}" in params["overrides"] and "corpus=enwiki-sample" in params["overrides"]
+    assert params["config_file"] == "configs/evaluate_champion.yaml"
