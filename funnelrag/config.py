@@ -107,7 +107,8 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"config file {path} does not exist")
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        with open(path, encoding="utf-8") as fh:  # marks then say "in <path>, line L, column C"
+            loaded = yaml.safe_load(fh) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"config file {path}: YAML syntax error: {exc}") from exc
     if not isinstance(loaded, dict):
