@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0
+    if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
+        from funnelrag.reaper import start_reaper  # noqa: PLC0415
+
+        start_reaper()
     summary = cmd.run(cfg)
     print()
     print_summary(summary)

@@ -108,6 +108,9 @@ class StageCache:
             meta = json.loads(marker.read_text())
             log.info("stage %s: cache hit %s", stage, key[:12])
             return StageResult(final, meta["files"], meta["summary"], True)
+        from funnelrag.reaper import sweep_stale_temp_dirs  # noqa: PLC0415
+
+        sweep_stale_temp_dirs(self.root / stage)  # left by killed runs (GBs at full scale)
         tmp = self.root / stage / f".tmp-{key}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
