@@ -103,7 +103,17 @@ def _search(args: argparse.Namespace) -> int:
     from funnelrag.workspace import Workspace  # noqa: PLC0415
 
     ws_cfg = WorkspaceConfig(home=Path(args.home)) if args.home else WorkspaceConfig()
-    corpus = open_corpus(Workspace(ws_cfg.home), name=args.corpus)
+    ws = Workspace(ws_cfg.home)
+    try:
+        corpus = open_corpus(ws, name=args.corpus)
+    except FileNotFoundError:
+        from funnelrag.corpus import list_corpora  # noqa: PLC0415
+
+        found = list_corpora(ws)
+        there = ", ".join(f"{n} (current {v})" for n, v in found.items()) or "none (run `funnelrag build-corpus`)"
+        print(f"funnelrag search: no published corpus {args.corpus!r} in {ws.home}; corpora there: {there}. "
+              "Choose one with --corpus NAME (and --home DIR).", file=sys.stderr)
+        return 2
     index = corpus.cluster_index()
     t0 = time.perf_counter()
     ids, scores = index.search([args.question], k=args.k)
@@ -115,7 +125,25 @@ def _search(args: argparse.Namespace) -> int:
         titles = [t for _, t, _ in members[cid]]
         shown = ", ".join(titles[:6]) + (f", … (+{len(titles) - 6})" if len(titles) > 6 else "")
         print(f"{rank:>3}. cluster {cid:<6} score {score:7.3f}  [{len(titles)} articles] {shown}")
+    if args.passages:
+        _print_passages(corpus, args.question, args.passages)
     return 0
+
+
+def _print_passages(corpus, question: str, n: int, width: int = 300) -> None:
+    """The top ``n`` passages by BM25 (flat index) with their title and text (cut to ``width``)."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    ids, scores = corpus.passage_index().search([question], k=n)
+    rows = corpus.passages.filter(pc.is_in(corpus.passages["passage_id"], pa.array(ids[0], pa.string())))
+    by_id = {pid: (title, text) for pid, title, text in zip(rows["passage_id"].to_pylist(), rows["title"].to_pylist(),
+                                                            rows["text"].to_pylist())}
+    print(f"top {len(ids[0])} passages:")
+    for rank, (pid, score) in enumerate(zip(ids[0], scores[0].tolist()), 1):
+        title, text = by_id[pid]
+        text = " ".join(text.split())
+        print(f"{rank:>3}. {title} [{pid}] score {score:.3f}\n     {text[:width]}{'…' if len(text) > width else ''}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--corpus", default="wikispeedia", help="corpus name (store under home/stores/corpus/)")
     s.add_argument("--home", default=None, help="funnelrag home (default: ./funnelrag-home)")
+    s.add_argument("--passages", type=int, default=3, help="also print the top N passages with their text (0: none)")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

@@ -106,8 +106,15 @@ def compare_table(columns: Sequence[Column], metrics: Sequence[str] = (), params
     return rows
 
 
-def format_rows(rows: list[list[str]]) -> str:
-    """Aligned text: first column left-aligned, value columns right-aligned."""
+def format_rows(rows: list[list[str]], max_cell: int = 40) -> str:
+    """Aligned text: first column left-aligned, value columns right-aligned.
+
+    A value longer than ``max_cell`` characters (a whole config as JSON, a long list) is cut to
+    its first ``max_cell - 1`` characters and ``…``, so a line stays readable on a terminal;
+    ``max_cell=0`` prints every value whole.
+    """
+    if max_cell > 0:
+        rows = [r[:2] + [c if len(c) <= max_cell else c[:max_cell - 1] + "…" for c in r[2:]] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for j, r in enumerate(rows):
@@ -131,6 +138,8 @@ def compare_main(argv: Sequence[str] | None = None, out: TextIO | None = None) -
     p.add_argument("--metrics", action="append", default=[], metavar="GLOB", help="only metrics matching (repeatable)")
     p.add_argument("--no-params", action="store_true", help="leave out the params")
     p.add_argument("--diff", action="store_true", help="only rows whose values differ")
+    p.add_argument("--width", type=int, default=40, metavar="N",
+                   help="cut values longer than N characters (default 40; 0 = print whole values)")
     args = p.parse_args(list(argv) if argv is not None else None)
     if len(args.refs) < 2:
         p.error("give at least two runs or model versions to compare")
@@ -143,7 +152,7 @@ def compare_main(argv: Sequence[str] | None = None, out: TextIO | None = None) -
     except ValueError as exc:
         print(f"funnelrag compare: {exc}", file=sys.stderr)
         return 2
-    print(format_rows(compare_table(columns, args.metrics, not args.no_params, args.diff)), file=out)
+    print(format_rows(compare_table(columns, args.metrics, not args.no_params, args.diff), args.width), file=out)
     return 0
 
 

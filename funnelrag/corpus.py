@@ -105,3 +105,12 @@ def open_corpus(ws: Workspace, name: str = DEFAULT_CORPUS, version: str | None =
     if not (path / "manifest.json").exists():
         raise FileNotFoundError(f"corpus version {version} not found in {store.versions_dir}")
     return CorpusVersion(path=path, version=path.name, manifest=store.read_manifest(path.name))
+
+
+def list_corpora(ws: Workspace) -> dict[str, str]:
+    """``{corpus name: current version}`` of every corpus published under ``ws`` (sorted)."""
+    root = ws.store_dir(CORPUS_STORE)
+    if not root.is_dir():
+        return {}
+    found = {p.name: ArtifactStore(p).current_version() for p in sorted(root.iterdir()) if p.is_dir()}
+    return {name: version for name, version in found.items() if version}

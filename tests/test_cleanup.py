@@ -45,8 +45,9 @@ def test_kill_9_of_a_build_does_not_leave_the_ephemeral_prefect_server_running(t
     cli = subprocess.Popen([sys.executable, "-m", "funnelrag.cli", "build-corpus", "--set", f"workspace.home={tmp_path / 'home'}",
                             "--set", f"workspace.data_mirror={data_mirror}"], cwd=ROOT, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = None
     try:
-        deadline, server = time.monotonic() + 180, None
+        deadline = time.monotonic() + 180
         while server is None and time.monotonic() < deadline and cli.poll() is None:
             server = next((p for p in psutil.Process(cli.pid).children(recursive=True)
                            if "uvicorn" in " ".join(p.cmdline())), None)
@@ -60,3 +61,5 @@ def test_kill_9_of_a_build_does_not_leave_the_ephemeral_prefect_server_running(t
     finally:
         if cli.poll() is None:
             cli.kill()
+        if server is not None and server.is_running():  # do not leak it when the assertion fails
+            server.kill()

@@ -86,3 +86,14 @@ def test_table_core_without_mlflow():
     text = format_rows(rows)
     assert text.splitlines()[2].startswith("metric.x") and len({len(x) for x in text.splitlines()[:2]}) == 1
     assert mlflow.active_run() is None
+
+
+def test_long_values_are_cut_unless_asked_for_whole():
+    """A config logged as one param printed 1,100-character lines."""
+    long_value = json.dumps({"progressive": [{"n_clusters": i, "n_units": 8} for i in range(40)]})
+    cols = [Column("a", "A", "r" * 32, {"param.config": long_value}), Column("b", "B", "s" * 32, {"param.config": "{}"})]
+    rows = compare_table(cols)
+    short = format_rows(rows)
+    assert max(len(line) for line in short.splitlines()) <= 100
+    assert long_value[:39] + "…" in short
+    assert long_value in format_rows(rows, max_cell=0)

@@ -7,7 +7,7 @@ import json
 import mlflow
 import pytest
 
-from flows.corpus_build import corpus_build_flow, enwiki_sample_config
+from flows.corpus_build import corpus_build_flow, enwiki_sample_config, summary_markdown
 from funnelrag.corpus import corpus_store
 from funnelrag.workspace import Workspace
 from infra.faults import corrupt_dump
@@ -70,3 +70,12 @@ def test_gate_refuses_a_build_from_a_dump_with_20_percent_of_pages_corrupted(
     assert again["gate"]["passed"] and store.current_version() == again["version"]
     summary = json.loads((Workspace(workspace_home).run_dir("corpus-build", again["mlflow_run_id"]) / "summary.json").read_text())
     assert summary["gate"]["current"]["version"] == good["version"]
+
+    # Prefect <-> MLflow: the MLflow run names the Prefect flow run, the Prefect artifact names
+    # the MLflow run, the store and S, and shows cache hits as cached (not the original seconds)
+    tags = client.get_run(again["mlflow_run_id"]).data.tags
+    assert again["prefect_flow_run_id"] and tags["prefect.flow_run_id"] == again["prefect_flow_run_id"]
+    md = summary_markdown(again)
+    assert again["mlflow_run_id"] in md and again["store"] in md and "S (max cluster tokens): 4,096" in md
+    assert "| ingest | cached | hit |" in md and "quality gate: passed" in md
+    assert again["stages"]["ingest"]["seconds"] == again["stages"]["ingest"]["wall_seconds"]
