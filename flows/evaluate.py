@@ -44,6 +44,7 @@ class EvalQuestions(DataSource):
     """Questions: a registered data set and/or files; ``limit`` sampled by hash of (seed, id)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-test"])
+    format: Literal["auto", "tsv", "jsonl", "dpr-csv"] = "auto"   # auto: by file suffix
     limit: int | None = 200
     seed: int = 0
 
@@ -118,7 +119,7 @@ def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bo
     from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
     files = cfg.questions.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "questions.paths")
-    table, report = load_questions([p for p, _ in files], QuestionsConfig())
+    table, report = load_questions([p for p, _ in files], QuestionsConfig(format=cfg.questions.format))
     table = sample_questions(table, cfg.questions.limit, cfg.questions.seed)
     in_corpus, seconds = answerability(passages["text"].to_pylist(), table)
     return table, in_corpus, {"load": report.as_dict(), "answerability_seconds": seconds}

@@ -43,6 +43,8 @@ def test_gate_refuses_a_build_from_a_dump_with_20_percent_of_pages_corrupted(
     assert good["gate"]["passed"] and good["gate"]["current"] is None  # the first version
     store = corpus_store(Workspace(workspace_home), "enwiki-sample")
     assert store.current_version() == good["version"]
+    published = [p for p in (store.versions_dir / good["version"]).rglob("*") if p.is_file()]
+    assert len(published) > 10 and {oct(p.stat().st_mode & 0o777) for p in published} == {"0o644"}  # shared homes
 
     corrupt = tmp_path / "enwiki-corrupt-20.xml.bz2"
     corrupted, pages = corrupt_dump(data_mirror / DUMP, corrupt, 0.2)

@@ -8,6 +8,10 @@ Formats read
 ``jsonl``
     One JSON object per line with ``question`` and ``answers`` (plain or ``.gz``); this covers
     the lost-in-the-middle files (``nq-open-oracle.jsonl.gz``), whose ``ctxs`` are ignored.
+``dpr-csv``
+    DPR's own ``*.qa.csv`` files (as DPR and pyserini ship NQ and TriviaQA): tab-separated
+    with CSV quoting (``"[""Sinclair Lewis"", ...]"``), read as DPR does with
+    ``csv.reader(delimiter="\t")`` and the answers column parsed as a Python list literal.
 
 Answer matching follows the reference implementations: :func:`has_answer` is DPR's
 ``has_answer`` with its ``SimpleTokenizer`` (NFD, token-sequence match on lower-cased tokens,
@@ -16,6 +20,7 @@ used for answer recall), :func:`exact_match` is the SQuAD v1.1 evaluation script
 from __future__ import annotations
 
 import ast
+import csv
 import gzip
 import hashlib
 import json
@@ -124,8 +129,8 @@ def split_of(question: str, seed: int, dev_fraction: float) -> str:
 class QuestionsConfig:
     """How questions are read and split.
 
-    format : ``"auto"`` (by suffix: ``.tsv`` → tsv, ``.jsonl``/``.jsonl.gz`` → jsonl), ``"tsv"``
-        or ``"jsonl"``.
+    format : ``"auto"`` (by suffix: ``.tsv`` → tsv, ``.jsonl``/``.jsonl.gz`` → jsonl, ``.csv`` →
+        dpr-csv), ``"tsv"``, ``"jsonl"`` or ``"dpr-csv"``.
     dev_fraction : share of questions (by hash) in the ``dev`` split.
     seed : seed of the split hash.
     limit : keep only the first ``limit`` valid records of each file (``None`` = all).
@@ -157,7 +162,7 @@ class LoadReport:
 
 def _stem(path: Path) -> str:
     name = path.name
-    for suffix in (".gz", ".jsonl", ".json", ".tsv", ".txt"):
+    for suffix in (".gz", ".jsonl", ".json", ".tsv", ".txt", ".csv", ".qa"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name
@@ -165,15 +170,21 @@ def _stem(path: Path) -> str:
 
 def _format_of(path: Path, fmt: str) -> str:
     if fmt != "auto":
-        if fmt not in ("tsv", "jsonl"):
-            raise ValueError(f"unknown questions format {fmt!r} (tsv | jsonl | auto)")
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown questions format {fmt!r} ({' | '.join(FORMATS)} | auto)")
         return fmt
     name = path.name.removesuffix(".gz")
     if name.endswith((".tsv", ".txt")):
         return "tsv"
     if name.endswith((".jsonl", ".json")):
         return "jsonl"
-    raise ValueError(f"{path}: cannot infer the questions format from the file name; set format")
+    if name.endswith(".csv"):
+        return "dpr-csv"
+    raise ValueError(f"{path}: cannot infer the questions format from the file name (.tsv, .jsonl, .qa.csv); "
+                     f"set it, e.g. --set questions.format=tsv ({' | '.join(FORMATS)})")
+
+
+FORMATS = ("tsv", "jsonl", "dpr-csv")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -181,6 +192,30 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
     with opener(path, "rt", encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             yield lineno, line.rstrip("\n")
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, row)`` of a DPR ``.qa.csv`` (csv module, tab delimiter, CSV quoting)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", newline="") as fh:
+        reader = csv.reader(fh, delimiter="\t")
+        try:
+            for row in reader:
+                yield reader.line_num, row
+        except csv.Error as exc:
+            raise ValueError(f"{path}:{reader.line_num}: not DPR qa.csv ({exc})") from exc
+
+
+def _parse_dpr_csv(path: Path, lineno: int, row: list[str]) -> tuple[str, list]:
+    if len(row) < 2:
+        raise ValueError(f"{path}:{lineno}: expected 'question<TAB>[answers]' (DPR qa.csv), found {len(row)} field(s)")
+    try:
+        answers = ast.literal_eval(row[1].strip())
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"{path}:{lineno}: answers are not a Python list literal ({exc}): {row[1][:80]!r}") from exc
+    if not isinstance(answers, list):
+        raise ValueError(f"{path}:{lineno}: answers must be a list, got {type(answers).__name__}")
+    return row[0], answers
 
 
 def _parse_tsv(path: Path, lineno: int, line: str) -> tuple[str, list]:
@@ -230,13 +265,14 @@ def read_questions(path: Path, cfg: QuestionsConfig = QuestionsConfig(),
     if not path.exists():
         raise FileNotFoundError(f"questions file {path} does not exist")
     fmt = _format_of(path, cfg.format)
-    parse = _parse_tsv if fmt == "tsv" else _parse_jsonl
+    parse = {"tsv": _parse_tsv, "jsonl": _parse_jsonl, "dpr-csv": _parse_dpr_csv}[fmt]
+    records = _csv_rows(path) if fmt == "dpr-csv" else _lines(path)
     report = report if report is not None else LoadReport()
     stem, rows = _stem(path), []
-    for lineno, line in _lines(path):
+    for lineno, line in records:
         if cfg.limit is not None and len(rows) >= cfg.limit:
             break
-        if not line.strip():
+        if not "".join(line).strip():
             report.skip("blank_line", f"{path}:{lineno}")
             continue
         report.read += 1
@@ -269,7 +305,8 @@ def load_questions(paths: Sequence[Path], cfg: QuestionsConfig = QuestionsConfig
     Raises
     ------
     ValueError
-        A malformed record (see :func:`read_questions`).
+        A malformed record (see :func:`read_questions`), or no question at all (empty files,
+        only blank lines or records without answers): the message names the files.
     ContractViolation
         Duplicate question ids (the same file given twice).
     """
@@ -277,6 +314,10 @@ def load_questions(paths: Sequence[Path], cfg: QuestionsConfig = QuestionsConfig
     rows: list[dict] = []
     for path in paths:
         rows.extend(read_questions(Path(path), cfg, report))
+    if not rows:
+        raise ValueError(f"questions: no question in {', '.join(str(p) for p in paths) or 'no file'} "
+                         f"({report.read:,} records read, skipped: {dict(report.skipped) or 'none'}); "
+                         "an evaluation or training run needs at least one")
     rows.sort(key=lambda r: r["question_id"])
     cols = {name: [r[name] for r in rows] for name in QUESTIONS.schema.names}
     table = QUESTIONS.validate(pa.table(cols, schema=QUESTIONS.schema))

@@ -58,6 +58,8 @@ class MediaWikiReader:
         """
         source = self.path.name
         position, last = 0, "none (failure before the first page)"
+        if self.path.stat().st_size == 0:
+            raise IngestError(f"{self.path}: the file is empty (0 bytes), not a MediaWiki XML dump")
         with open_input(self.path) as raw:
             guard = Utf8Guard(raw)
             parser = etree.iterparse(guard, events=("end",), tag=("{*}page", "{*}siteinfo"),
@@ -78,6 +80,13 @@ class MediaWikiReader:
                         while elem.getprevious() is not None:
                             del parent[0]
             except etree.XMLSyntaxError as exc:
+                if guard.bytes_read == 0:
+                    raise IngestError(f"{self.path}: decompresses to 0 bytes: no XML in it") from exc
+                damaged = _compression_error(raw)
+                if damaged:
+                    raise IngestError(f"{self.path}: compressed data is corrupt ({damaged}) near decompressed byte "
+                                      f"{guard.bytes_read}; the XML parser read garbage ({exc.msg}); re-fetch the "
+                                      f"file and check its checksum; last complete page: {last}") from exc
                 line, col = exc.position if exc.position else (exc.lineno, 0)
                 raise IngestError(f"{self.path}: malformed XML at line {line}, column {col}: {exc.msg}; "
                                   f"last complete page: {last}") from exc
@@ -138,6 +147,24 @@ def _page(elem, source: str, position: int) -> RawPage:
     elif redirect is not None or text.lstrip()[:9].upper() == "#REDIRECT":
         page.redirect = redirect_target(text) or ""
     return page
+
+
+def _compression_error(raw, limit: int = 32 << 20) -> str | None:
+    """After an XML error: read on (at most ``limit`` decompressed bytes, more than a bz2 block
+    holds) to see whether the compressed stream itself is damaged. A corrupt bz2 block yields
+    garbage bytes before its CRC check fails, so the XML parser fails first."""
+    if type(raw).__module__ not in ("bz2", "gzip"):
+        return None  # plain XML: the file is what the parser saw
+    try:
+        read = 0
+        while read < limit:
+            block = raw.read(1 << 20)
+            if not block:
+                return None
+            read += len(block)
+    except (OSError, EOFError) as exc:
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def _local(tag: str) -> str:
