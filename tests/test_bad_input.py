@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import bz2
 import csv
+import functools
 import stat
 
 import pytest
@@ -99,7 +100,12 @@ def test_bad_dump_fails_once_with_a_clear_error(prefect_harness, workspace_home,
     dump.write_text(content)
     calls = []
     real = corpus_stages.run_ingest
-    monkeypatch.setattr(corpus_stages, "run_ingest", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    @functools.wraps(real)  # keeps the @stage declaration the cache reads
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(corpus_stages, "run_ingest", counting)
     cfg = CorpusBuildConfig.model_validate({
         "name": "broken", "source": {"datasets": [], "paths": [str(dump)]}, "ingest": {"format": "mediawiki"},
         "workspace": {"home": workspace_home, "data_mirror": data_mirror}})
