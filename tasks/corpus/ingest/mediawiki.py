@@ -14,7 +14,7 @@ does not grow with the dump. Decisions on bad input (documented in ``tasks/corpu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from lxml import etree
 
@@ -40,12 +40,17 @@ class MediaWikiReader:
         declared in the dump's ``<siteinfo>`` (available once the first page is yielded).
     bytes_read : int
         Decompressed bytes read so far.
+    opener : callable, optional
+        ``() -> binary file`` of the XML to parse instead of ``open_input(path)`` (a byte range
+        of a multistream dump, see :mod:`tasks.corpus.ingest.multistream`); ``path`` still names
+        the source in records and errors.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, opener: Callable[[], BinaryIO] | None = None):
         self.path = Path(path)
         self.namespaces: frozenset[str] = DEFAULT_NAMESPACES
         self.bytes_read = 0
+        self._opener = opener or (lambda: open_input(self.path))
 
     def pages(self) -> Iterator[RawPage]:
         """Yield one :class:`RawPage` per ``<page>`` element, in dump order.
@@ -60,7 +65,7 @@ class MediaWikiReader:
         position, last = 0, "none (failure before the first page)"
         if self.path.stat().st_size == 0:
             raise IngestError(f"{self.path}: the file is empty (0 bytes), not a MediaWiki XML dump")
-        with open_input(self.path) as raw:
+        with self._opener() as raw:
             guard = Utf8Guard(raw)
             parser = etree.iterparse(guard, events=("end",), tag=("{*}page", "{*}siteinfo"),
                                      huge_tree=True, remove_comments=True, remove_pis=True)

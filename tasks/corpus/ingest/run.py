@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any, Callable
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
@@ -27,6 +28,8 @@ from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_T
                                  IngestSummary, LinkCounts)
 from tasks.corpus.ingest.jsonl import JsonlReader
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
+from tasks.corpus.ingest.multistream import plan_layout
+from tasks.corpus.ingest.parallel import run_pieces
 from tasks.corpus.ingest.records import WIKITEXT, RawPage
 from tasks.corpus.ingest.redirects import resolve_redirects
 from tasks.corpus.ingest.shards import ShardWriter, merge_shards
@@ -45,7 +48,8 @@ _LINK_CACHE = 500_000  # distinct raw link targets remembered (cleared when full
 _REPORT_FIELDS = [f.name for f in INGEST_REPORT.schema]
 
 
-def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> IngestSummary:
+def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Callable[..., Any] | None = None,
+           streams_per_piece: int = 100, window: int = 8) -> IngestSummary:
     """Ingest raw article dumps into the corpus tables.
 
     Writes, atomically and validated against their contracts, into ``out_dir``:
@@ -67,6 +71,13 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> IngestSu
         hidden sub-directory that is removed afterwards.
     cfg : IngestConfig
         Format, shard size, size limits and disambiguation handling.
+    submit : callable, optional
+        ``submit(fn, *args) -> future`` (``concurrent.futures`` executor ``submit``, or a task
+        runner's): multistream ``.xml.bz2`` MediaWiki inputs are then cut into pieces of
+        ``streams_per_piece`` bz2 streams (offsets from the ``-index.txt.bz2`` beside the dump,
+        else a scan for stream headers) parsed in parallel, at most ``window`` pieces at a time
+        (:mod:`tasks.corpus.ingest.parallel`). Other inputs, and every input without ``submit``,
+        are read serially. The artifacts are the same either way.
 
     Returns
     -------
@@ -99,6 +110,8 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> IngestSu
     with tempfile.TemporaryDirectory(prefix=".ingest-shards-", dir=out_dir) as tmp, ExitStack() as stack:
         report = stack.enter_context(INGEST_REPORT.open_writer(out_dir))
         state = _FirstPass(cfg, ShardWriter(Path(tmp), cfg.shard_size), report)
+        if submit is not None:
+            state.parallel = (submit, streams_per_piece, window)
         uncompressed = state.run(inputs)
         title_to_id = {t: i for i, t in enumerate(sorted(t for t, s in state.titles.items() if s == KEPT))}
         rows, resolved = resolve_redirects(state.redirects, title_to_id, state.titles)
@@ -142,6 +155,7 @@ class _FirstPass:
         self._rows: list[tuple] = []
         self._link_cache: dict[str, tuple[str, str | None]] = {}   # raw link target -> classify_link
         self._cache_namespaces: frozenset[str] | None = None
+        self.parallel: tuple[Callable[..., Any], int, int] | None = None   # (submit, streams per piece, window)
 
     def run(self, inputs: list[Path]) -> int:
         """Read all inputs; returns the uncompressed bytes read."""
@@ -156,6 +170,10 @@ class _FirstPass:
             self.links.unknown_source += stats["unknown_source"]
             total = reader.bytes_read
         for path in inputs if fmt != "wikispeedia" else ():
+            layout = plan_layout(path, self.parallel[1]) if self.parallel and fmt == "mediawiki" else None
+            if layout is not None:
+                total += run_pieces(self, layout, self.parallel[0], self.shards.directory, self.parallel[2])
+                continue
             reader = MediaWikiReader(path) if fmt == "mediawiki" else JsonlReader(path, self.cfg.max_page_bytes)
             for page in reader.pages():
                 self.process(page, getattr(reader, "namespaces", DEFAULT_NAMESPACES))

@@ -1,0 +1,289 @@
+"""Synthetic MediaWiki dump generator: a ``pages-articles-multistream.xml.bz2`` and its
+``-index.txt.bz2``, shaped like the English Wikipedia dump, to measure the corpus build at scale.
+
+Layout, as Wikimedia ships it: stream 0 holds ``<mediawiki>`` and ``<siteinfo>``; then one bz2
+stream per :data:`PAGES_PER_STREAM` pages (bare ``<page>`` elements); a last stream holds
+``</mediawiki>``. The index has one line ``offset:page_id:title`` per page, ``offset`` being the
+byte offset of the page's stream in the ``.bz2`` file.
+
+Proportions (enwiki pages-articles, 2024: ~6.9M articles, ~11M main-namespace redirects, ~6M
+pages of other namespaces, ~5% of articles are disambiguation pages):
+:data:`KIND_SHARES`. Article wikitext lengths are log-normal; the spread (sigma of log bytes) is
+fitted to the articles of the shared enwiki sample (``fit_lengths``: 1.32), the location is set
+so that the mean is enwiki's ~11.7 KB per article (95 GB of XML over ~24M pages, most of it in
+articles), since the sample holds the first, longest articles of the dump (median 41.7 KB).
+Words are drawn with the word frequencies of the sample's cleaned text (Zipf-like); link
+targets follow a power law (article of popularity rank ``n * u**3``), one link per ~200 bytes
+as in the sample, 8% of links through a redirect title, 4% to missing pages; infoboxes,
+references, headings and categories as in real wikitext.
+
+Deterministic from ``seed``: every stream is generated from its own ``(seed, stream)`` random
+generator, so the bytes do not depend on ``workers``.
+
+Run: ``python benchmarks/synth_dump.py OUT_DIR --pages 1000000 [--seed 0] [--workers 2]``.
+"""
+from __future__ import annotations
+
+import argparse
+import bz2
+import hashlib
+import multiprocessing as mp
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+import numpy as np
+
+PAGES_PER_STREAM = 100
+ARTICLE, REDIRECT, DISAMBIGUATION, OTHER = 0, 1, 2, 3
+KIND_SHARES = (0.275, 0.46, 0.015, 0.25)
+"""Share of pages per kind: articles, main-namespace redirects, disambiguation pages, other namespaces."""
+OTHER_NAMESPACES = ((14, "Category", 0.42), (6, "File", 0.16), (10, "Template", 0.14), (4, "Wikipedia", 0.22),
+                    (100, "Portal", 0.03), (118, "Draft", 0.02), (828, "Module", 0.01))
+LENGTH_SIGMA = 1.32                            # fitted to the enwiki sample's articles (log bytes)
+LENGTH_MU = float(np.log(11_700) - LENGTH_SIGMA ** 2 / 2)   # mean article = 11.7 KB
+BYTES_PER_LINK = 200
+SAMPLE = "enwiki-sample/enwiki-20160501-pages-articles-shortened.xml.bz2"
+HEADER = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">
+  <siteinfo>
+    <sitename>Wikipedia</sitename>
+    <dbname>enwiki</dbname>
+    <case>first-letter</case>
+    <namespaces>
+      <namespace key="0" case="first-letter" />
+{namespaces}
+    </namespaces>
+  </siteinfo>
+"""
+FOOTER = "</mediawiki>\n"
+
+
+@dataclass
+class Plan:
+    """Everything shared by the streams: page kinds, titles and the word distribution."""
+
+    seed: int
+    kinds: np.ndarray          # (n_pages,) int8
+    namespaces: np.ndarray     # (n_pages,) int16 namespace id (0 for main)
+    title_words: np.ndarray    # (n_pages, 2) int32 word ids
+    articles: np.ndarray       # page indices of the articles, in popularity order
+    redirects: np.ndarray      # page indices of the main-namespace redirects
+    vocab: np.ndarray          # (V,) object: words
+    cum: np.ndarray            # (V,) cumulative word probabilities
+
+    def title(self, i: int) -> str:
+        a, b = self.title_words[i]
+        base = f"{self.vocab[a].capitalize()} {self.vocab[b]} {np.base_repr(i, 36).lower()}"
+        if self.kinds[i] == DISAMBIGUATION:
+            return f"{base} (disambiguation)"
+        ns = int(self.namespaces[i])
+        return f"{_NS_NAMES[ns]}:{base}" if ns else base
+
+
+_NS_NAMES = {ns: name for ns, name, _ in OTHER_NAMESPACES}
+
+
+def sample_words(sample: Path, max_words: int = 30_000) -> tuple[np.ndarray, np.ndarray]:
+    """Words and frequencies of the cleaned article text of a real dump (the shared sample)."""
+    from tasks.corpus.ingest import clean_wikitext  # noqa: PLC0415
+
+    text = bz2.open(sample).read().decode("utf-8")
+    counts: Counter[str] = Counter()
+    for body in re.findall(r"<text[^>]*>(.*?)</text>", text, re.S):
+        if not body.lstrip().upper().startswith("#REDIRECT"):
+            counts.update(w for w in clean_wikitext(_unescape(body)).split() if w.isalpha())
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:max_words]
+    words = np.array([w for w, _ in top], dtype=object)
+    freq = np.array([c for _, c in top], dtype=np.float64)
+    return words, freq / freq.sum()
+
+
+def fit_lengths(sample: Path) -> tuple[float, float]:
+    """``(mu, sigma)`` of log wikitext bytes of the sample's main-namespace articles."""
+    text = bz2.open(sample).read().decode("utf-8")
+    sizes = [len(_unescape(m.group(2)).encode()) for m in re.finditer(r"<ns>(\d+)</ns>.*?<text[^>]*>(.*?)</text>", text, re.S)
+             if m.group(1) == "0" and not m.group(2).lstrip().upper().startswith("#REDIRECT")]
+    logs = np.log(np.array(sizes, dtype=np.float64))
+    return float(logs.mean()), float(logs.std())
+
+
+def _unescape(s: str) -> str:
+    return s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"').replace("&amp;", "&")
+
+
+def make_plan(n_pages: int, seed: int, words: np.ndarray, freq: np.ndarray) -> Plan:
+    """Page kinds, namespaces, titles and article popularity order for ``n_pages`` pages."""
+    rng = np.random.default_rng([seed, 0xD0])
+    kinds = rng.choice(4, size=n_pages, p=KIND_SHARES).astype(np.int8)
+    if n_pages and not (kinds == ARTICLE).any():
+        kinds[0] = ARTICLE
+    ns_ids = np.array([ns for ns, _, _ in OTHER_NAMESPACES], dtype=np.int16)
+    ns_p = np.array([p for _, _, p in OTHER_NAMESPACES])
+    namespaces = np.where(kinds == OTHER, rng.choice(ns_ids, size=n_pages, p=ns_p / ns_p.sum()), 0).astype(np.int16)
+    title_words = rng.choice(len(words), size=(n_pages, 2), p=freq).astype(np.int32)
+    articles = rng.permutation(np.flatnonzero(kinds == ARTICLE))
+    return Plan(seed, kinds, namespaces, title_words, articles, np.flatnonzero(kinds == REDIRECT), words, np.cumsum(freq))
+
+
+def _popular(plan: Plan, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` article page indices drawn from a power law over popularity ranks."""
+    ranks = (plan.articles.size * rng.random(n) ** 3).astype(np.int64)
+    return plan.articles[np.minimum(ranks, plan.articles.size - 1)]
+
+
+def _words(plan: Plan, rng: np.random.Generator, n: int) -> list[str]:
+    idx = np.minimum(np.searchsorted(plan.cum, rng.random(n)), plan.vocab.size - 1)
+    return plan.vocab[idx].tolist()
+
+
+def article_text(plan: Plan, rng: np.random.Generator, i: int, n_bytes: int) -> str:
+    """Wikitext of about ``n_bytes`` bytes: infobox, lead, sections, links, references, categories."""
+    n_words = max(20, n_bytes // 7)
+    words = _words(plan, rng, n_words)
+    n_links = max(1, n_bytes // BYTES_PER_LINK)
+    pos = rng.choice(n_words, size=min(n_links, n_words), replace=False)
+    targets = _popular(plan, rng, pos.size)
+    fate = rng.random(pos.size)
+    for p, t, f in zip(pos.tolist(), targets.tolist(), fate.tolist()):
+        if f < 0.04:
+            words[p] = f"[[{plan.vocab[int(t) % plan.vocab.size].capitalize()} missing {t}]]"
+        elif f < 0.12 and plan.redirects.size:
+            words[p] = f"[[{plan.title(int(plan.redirects[int(t) % plan.redirects.size]))}|{words[p]}]]"
+        elif f < 0.55:
+            words[p] = f"[[{plan.title(int(t))}|{words[p]}]]"
+        else:
+            words[p] = f"[[{plan.title(int(t))}]]"
+    for p in range(150, n_words, 150):
+        words[p] += f"<ref>{{{{cite web |title={words[p - 1]} |url=https://example.org/{i}/{p}}}}}</ref>"
+    for p in range(300, n_words, 300):
+        words[p] = f"\n\n== {words[p].capitalize()} {words[p - 1]} ==\n{words[p]}"
+    title = plan.title(i)
+    infobox = f"{{{{Infobox thing\n| name = {title}\n| field = {words[0]}\n}}}}\n" if i % 2 else ""
+    cats = "\n".join(f"[[Category:{w.capitalize()}]]" for w in _words(plan, rng, 1 + i % 4))
+    return f"{infobox}'''{title}''' {' '.join(words)}.\n\n{cats}\n"
+
+
+def page_xml(plan: Plan, rng: np.random.Generator, i: int) -> str:
+    """One ``<page>`` element (4-space indented like the real dump)."""
+    kind, title = int(plan.kinds[i]), plan.title(i)
+    redirect = ""
+    if kind == REDIRECT:
+        target = plan.title(int(_popular(plan, rng, 1)[0]))
+        text, redirect = f"#REDIRECT [[{target}]]\n\n{{{{R from alternative name}}}}", f"\n    <redirect title={quoteattr(target)} />"
+    elif kind == DISAMBIGUATION:
+        items = "\n".join(f"* [[{plan.title(int(t))}]]" for t in _popular(plan, rng, 2 + int(rng.integers(8))))
+        text = f"'''{title[:-17]}''' may refer to:\n{items}\n\n{{{{disambiguation}}}}"
+    elif kind == OTHER:
+        text = " ".join(_words(plan, rng, max(5, int(rng.lognormal(6.0, 1.2)) // 7)))
+    else:
+        size = int(np.clip(rng.lognormal(LENGTH_MU, LENGTH_SIGMA), 300, 2_000_000))
+        text = article_text(plan, rng, i, size)
+    sha = hashlib.sha1(text.encode()).hexdigest()
+    return (f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{int(plan.namespaces[i])}</ns>\n"
+            f"    <id>{i + 10}</id>{redirect}\n    <revision>\n      <id>{1_000_000 + i}</id>\n"
+            f"      <timestamp>2026-01-01T00:00:00Z</timestamp>\n      <contributor>\n        <username>Synth</username>\n"
+            f"        <id>1</id>\n      </contributor>\n      <model>wikitext</model>\n      <format>text/x-wiki</format>\n"
+            f"      <text bytes=\"{len(text.encode())}\" xml:space=\"preserve\">{escape(text)}</text>\n"
+            f"      <sha1>{sha}</sha1>\n    </revision>\n  </page>\n")
+
+
+_PLAN: Plan | None = None
+
+
+def _init(plan: Plan) -> None:
+    global _PLAN
+    _PLAN = plan
+
+
+def stream_block(stream: int) -> tuple[bytes, int, list[tuple[int, str]]]:
+    """``(bz2 stream, XML bytes, [(page_id, title)])`` of pages ``stream*100 .. +99``."""
+    plan = _PLAN
+    rng = np.random.default_rng([plan.seed, stream])
+    lo, hi = stream * PAGES_PER_STREAM, min((stream + 1) * PAGES_PER_STREAM, plan.kinds.size)
+    xml = "".join(page_xml(plan, rng, i) for i in range(lo, hi)).encode("utf-8")
+    return bz2.compress(xml, 9), len(xml), [(i + 10, plan.title(i)) for i in range(lo, hi)]
+
+
+def write_dump(out_dir: Path, n_pages: int, seed: int = 0, workers: int = 1, sample: Path | None = None,
+               name: str = "synwiki-20260101-pages-articles-multistream") -> dict:
+    """Write ``<name>.xml.bz2`` and ``<name>-index.txt.bz2`` into ``out_dir``.
+
+    Returns ``{"dump", "index", "pages", "streams", "xml_bytes", "bz2_bytes", "seconds"}``.
+    Raises ``FileNotFoundError`` when the word sample (the shared enwiki sample) is missing.
+    """
+    from funnelrag.datasets import default_mirror  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    sample = Path(sample) if sample else Path(default_mirror()) / SAMPLE
+    if not sample.is_file():
+        raise FileNotFoundError(f"synthetic dump: word sample {sample} not found")
+    words, freq = sample_words(sample)
+    plan = make_plan(n_pages, seed, words, freq)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dump, index = out_dir / f"{name}.xml.bz2", out_dir / f"{name}-index.txt.bz2"
+    ns_lines = "\n".join(f'      <namespace key="{ns}" case="first-letter">{nm}</namespace>' for ns, nm, _ in OTHER_NAMESPACES)
+    head = HEADER.format(namespaces=ns_lines).encode()
+    n_streams = -(-n_pages // PAGES_PER_STREAM)
+    xml_bytes = len(head) + len(FOOTER)
+    with open(dump, "wb") as fh, bz2.open(index, "wt", encoding="utf-8") as ix:
+        fh.write(bz2.compress(head, 9))
+        ctx = mp.get_context("fork")
+        pool = ctx.Pool(workers, initializer=_init, initargs=(plan,)) if workers > 1 else None
+        _init(plan)
+        blocks = pool.imap(stream_block, range(n_streams), chunksize=4) if pool else map(stream_block, range(n_streams))
+        try:
+            for data, n_xml, pages in blocks:
+                offset = fh.tell()
+                fh.write(data)
+                xml_bytes += n_xml
+                ix.writelines(f"{offset}:{pid}:{title}\n" for pid, title in pages)
+        finally:
+            if pool:
+                pool.close()
+                pool.join()
+        fh.write(bz2.compress(FOOTER.encode(), 9))
+    return {"dump": str(dump), "index": str(index), "pages": n_pages, "streams": n_streams, "xml_bytes": xml_bytes,
+            "bz2_bytes": dump.stat().st_size, "seconds": time.perf_counter() - t0}
+
+
+def repack(xml: bytes, dump: Path, pages_per_stream: int = PAGES_PER_STREAM, index: bool = True) -> int:
+    """Re-pack a single-stream dump's XML as a multistream ``.xml.bz2`` (+ index unless ``index``
+    is False); returns the number of page streams. Pages are cut at ``<page>`` lines."""
+    start, end = xml.index(b"  <page>"), xml.rindex(b"</mediawiki>")
+    pages = [b"  <page>" + p for p in xml[start:end].split(b"  <page>")[1:]]
+    dump = Path(dump)
+    lines: list[str] = []
+    with open(dump, "wb") as fh:
+        fh.write(bz2.compress(xml[:start], 9))
+        for k in range(0, len(pages), pages_per_stream):
+            offset = fh.tell()
+            block = pages[k:k + pages_per_stream]
+            fh.write(bz2.compress(b"".join(block), 9))
+            for p in block:
+                m = re.search(rb"<title>(.*?)</title>.*?<id>(\d+)</id>", p, re.S)
+                lines.append(f"{offset}:{m.group(2).decode() if m else 0}:{m.group(1).decode() if m else ''}\n")
+        fh.write(bz2.compress(xml[end:], 9))
+    if index:
+        with bz2.open(dump.with_name(dump.name[: -len(".xml.bz2")] + "-index.txt.bz2"), "wt", encoding="utf-8") as ix:
+            ix.writelines(lines)
+    return -(-len(pages) // pages_per_stream)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--pages", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=1)
+    args = ap.parse_args()
+    info = write_dump(args.out_dir, args.pages, args.seed, args.workers)
+    print(f"{info['pages']:,} pages, {info['streams']:,} streams: {info['xml_bytes'] / 1e6:.1f} MB XML, "
+          f"{info['bz2_bytes'] / 1e6:.1f} MB bz2 in {info['seconds']:.1f} s -> {info['dump']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Splitting a MediaWiki *multistream* ``.xml.bz2`` dump into independently parsable pieces.
+
+Wikimedia's ``pages-articles-multistream.xml.bz2`` is a concatenation of bz2 streams: the first
+holds ``<mediawiki>`` and ``<siteinfo>``, each following one holds 100 ``<page>`` elements, the
+last ``</mediawiki>``. The companion ``…-multistream-index.txt.bz2`` lists ``offset:page_id:title``
+per page, ``offset`` being the byte offset of the page's stream. Stream offsets come from that
+index or, when it is absent, from a scan for byte-aligned stream headers (``BZh[1-9]`` followed
+by the block magic ``1AY&SY``; every stream starts byte-aligned, blocks inside a stream do not).
+
+A :class:`Piece` is a run of whole page streams; :func:`open_piece` decompresses one and wraps
+it in a root element so that lxml parses it alone.
+"""
+from __future__ import annotations
+
+import bz2
+import io
+import mmap
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+STREAM_HEADER = re.compile(rb"BZh[1-9]1AY&SY")
+PIECE_OPEN, PIECE_CLOSE = b"<pieces>", b"</pieces>"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes ``[start, end)`` of the ``.bz2`` file: ``n_streams`` whole page streams."""
+
+    index: int
+    start: int
+    end: int
+    n_streams: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A multistream dump cut into header stream, pieces of page streams and footer stream."""
+
+    path: Path
+    header: tuple[int, int]
+    pieces: tuple[Piece, ...]
+    footer: tuple[int, int]
+    source: str          # "index" or "scan"
+
+
+def index_path(dump: Path) -> Path:
+    """``X-index.txt.bz2`` beside ``X.xml.bz2`` (Wikimedia's naming)."""
+    name = dump.name
+    stem = name[: -len(".xml.bz2")] if name.endswith(".xml.bz2") else name.rsplit(".", 1)[0]
+    return dump.with_name(f"{stem}-index.txt.bz2")
+
+
+def index_offsets(index: Path) -> list[int]:
+    """Distinct stream offsets of an index file (``offset:page_id:title`` lines), ascending.
+
+    Raises ``ValueError`` naming the file and line of a line without an integer offset.
+    """
+    offsets: set[int] = set()
+    opener = bz2.open if index.read_bytes()[:3] == b"BZh" else open
+    with opener(index, "rt", encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            head = line.split(":", 1)[0]
+            if not head.strip().isdigit():
+                raise ValueError(f"{index}: line {n} does not start with a byte offset: {line[:80]!r}")
+            offsets.add(int(head))
+    return sorted(offsets)
+
+
+def scan_offsets(path: Path, start: int = 0) -> list[int]:
+    """Byte offsets ``>= start`` of the bz2 stream headers in ``path`` (memory-mapped scan)."""
+    with open(path, "rb") as fh:
+        if fh.seek(0, 2) <= start:
+            return []
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return [m.start() for m in STREAM_HEADER.finditer(mm, start)]
+
+
+def _decompress(path: Path, start: int, end: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        return bz2.decompress(fh.read(end - start))
+
+
+def plan_layout(path: Path, streams_per_piece: int, use_index: bool = True) -> Layout | None:
+    """Cut ``path`` into pieces of ``streams_per_piece`` page streams, or None if it is not a
+    multistream dump with the header/pages/footer layout (then it is read serially).
+
+    Offsets come from :func:`index_path` when it exists (``use_index``), plus a scan of the bytes
+    after the last indexed stream for the footer; otherwise from a scan of the whole file.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        if fh.read(3) != b"BZh":
+            return None
+        size = fh.seek(0, 2)
+    ix = index_path(path)
+    if use_index and ix.is_file():
+        offsets = index_offsets(ix)
+        bounds, source = sorted({0, *offsets, *scan_offsets(path, offsets[-1] + 1 if offsets else 0)}), "index"
+    else:
+        bounds, source = scan_offsets(path), "scan"
+    bounds = [b for b in bounds if b < size] + [size]
+    if len(bounds) < 4 or bounds[0] != 0:
+        return None
+    head = _decompress(path, bounds[0], bounds[1])
+    foot = _decompress(path, bounds[-2], bounds[-1])
+    if b"<page>" in head or b"<page>" in foot or b"<mediawiki" not in head or foot.strip() != b"</mediawiki>":
+        return None
+    pages = bounds[1:-1]
+    pieces = tuple(Piece(k, pages[i], pages[min(i + streams_per_piece, len(pages) - 1)],
+                         min(streams_per_piece, len(pages) - 1 - i))
+                   for k, i in enumerate(range(0, len(pages) - 1, streams_per_piece)))
+    return Layout(path, (bounds[0], bounds[1]), pieces, (bounds[-2], bounds[-1]), source)
+
+
+class _Range(io.RawIOBase):
+    """Read-only view of bytes ``[start, end)`` of a file."""
+
+    def __init__(self, path: Path, start: int, end: int):
+        self._fh = open(path, "rb")
+        self._fh.seek(start)
+        self._left = end - start
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self._left)
+        data = self._fh.read(n)
+        buffer[: len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+class _Streams(io.RawIOBase):
+    """Decompress concatenated bz2 streams strictly: unlike :class:`bz2.BZ2File`, which stops
+    silently at bytes that do not start a valid stream, any corrupt or truncated stream raises
+    (``OSError`` / ``EOFError``), so a damaged piece is never read as a shorter one."""
+
+    def __init__(self, raw: BinaryIO, chunk: int = 1 << 20):
+        self._raw, self._chunk = raw, chunk
+        self._dec = bz2.BZ2Decompressor()
+        self._pending = b""
+        self._buf = memoryview(b"")
+        self._in_stream = False
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._buf and not self._done:
+            self._fill()
+        n = min(len(buffer), len(self._buf))
+        buffer[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def _fill(self) -> None:
+        dec = self._dec
+        if dec.eof:
+            self._pending, self._in_stream = dec.unused_data, False
+            dec = self._dec = bz2.BZ2Decompressor()
+        if dec.needs_input and not self._pending:
+            self._pending = self._raw.read(self._chunk)
+            if not self._pending:
+                if self._in_stream:
+                    raise EOFError("compressed data ends inside a bz2 stream")
+                self._done = True
+                return
+        data, self._pending = (self._pending, b"") if dec.needs_input else (b"", self._pending)
+        self._in_stream = True
+        self._buf = memoryview(dec.decompress(data, max_length=self._chunk))
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _Wrapped(io.RawIOBase):
+    """``prefix`` + the bytes of ``inner`` + ``suffix``; ``inner_bytes`` counts those of ``inner``."""
+
+    def __init__(self, inner: BinaryIO, prefix: bytes, suffix: bytes):
+        self._parts = [io.BytesIO(prefix), inner, io.BytesIO(suffix)]
+        self._inner = inner
+        self.inner_bytes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self._parts:
+            data = self._parts[0].read(len(buffer))
+            if data:
+                if self._parts[0] is self._inner:
+                    self.inner_bytes += len(data)
+                buffer[: len(data)] = data
+                return len(data)
+            self._parts.pop(0)
+        return 0
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
+
+
+def open_piece(path: Path, start: int, end: int) -> _Wrapped:
+    """The decompressed pages of bytes ``[start, end)`` of ``path`` inside ``<pieces>…</pieces>``."""
+    return _Wrapped(_Streams(_Range(path, start, end)), PIECE_OPEN, PIECE_CLOSE)
+
+
+def open_header_footer(layout: Layout) -> _Wrapped:
+    """Header stream + footer stream: a complete ``<mediawiki><siteinfo/></mediawiki>`` document."""
+    (h0, h1), (f0, f1) = layout.header, layout.footer
+    return _Wrapped(io.BytesIO(_decompress(layout.path, h0, h1) + _decompress(layout.path, f0, f1)), b"", b"")

@@ -1,0 +1,116 @@
+"""Parallel ingest of multistream dumps: same artifacts as the serial path.
+
+Inputs: the real enwiki sample re-packed as a multistream dump (with and without its index,
+with duplicate titles across pieces and an untitled page), and a small synthetic dump.
+"""
+from __future__ import annotations
+
+import bz2
+import re
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from benchmarks.synth_dump import repack, write_dump
+from data_contracts.base import sha256_file
+from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
+from funnelrag.datasets import resolve
+from tasks.corpus.ingest import IngestConfig, IngestError, ingest
+from tasks.corpus.ingest.multistream import index_offsets, plan_layout, scan_offsets
+
+NAMES = [c.name for c in (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)]
+MW = IngestConfig(format="mediawiki")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPoolExecutor(2) as ex:
+        yield ex
+
+
+@pytest.fixture(scope="module")
+def enwiki_xml(data_mirror) -> bytes:
+    return bz2.decompress(resolve("enwiki-sample", data_mirror).read_bytes())
+
+
+def _digests(out: Path) -> dict[str, str]:
+    return {n: sha256_file(out / f"{n}.parquet") for n in NAMES}
+
+
+def _same_as_serial(dump: Path, tmp: Path, pool, cfg: IngestConfig = MW, **kw) -> dict:
+    serial = ingest([dump], tmp / "serial", cfg).to_dict()
+    par = ingest([dump], tmp / "parallel", cfg, submit=pool.submit, **kw).to_dict()
+    assert _digests(tmp / "serial") == _digests(tmp / "parallel")
+    for key in ("documents", "redirects", "links", "records", "by_status", "skipped", "redirect_status",
+                "link_counts", "uncompressed_bytes"):
+        assert serial[key] == par[key], key
+    return par
+
+
+def test_repacked_enwiki_sample_parallel_equals_serial(enwiki_xml, tmp_path, pool):
+    dump = tmp_path / "enwiki-multistream.xml.bz2"
+    assert repack(enwiki_xml, dump, pages_per_stream=7) == 30
+    layout = plan_layout(dump, streams_per_piece=4)
+    assert layout.source == "index" and len(layout.pieces) == 8
+    assert sum(p.n_streams for p in layout.pieces) == 30
+    par = _same_as_serial(dump, tmp_path, pool, streams_per_piece=4)
+    assert par["records"] == 206 and par["uncompressed_bytes"] == len(enwiki_xml)
+
+
+def test_duplicates_across_pieces_and_untitled_page(enwiki_xml, tmp_path, pool):
+    """A title seen in an earlier piece makes a later kept page, redirect or skip a
+    ``duplicate_title``, exactly as in the serial pass; positions and ``page #N`` records match."""
+    start, end = enwiki_xml.index(b"  <page>"), enwiki_xml.rindex(b"</mediawiki>")
+    pages = [b"  <page>" + p for p in enwiki_xml[start:end].split(b"  <page>")[1:]]
+    copies = [re.sub(rb"</text>", b" changed</text>", p, count=1) for p in pages[3:200:25]]
+    untitled = re.sub(rb"<title>.*?</title>", b"", pages[5], count=1)
+    xml = enwiki_xml[:start] + b"".join(pages + copies + [untitled] + pages[:4]) + enwiki_xml[end:]
+    dump = tmp_path / "dups-multistream.xml.bz2"
+    repack(xml, dump, pages_per_stream=5)
+    par = _same_as_serial(dump, tmp_path, pool, cfg=IngestConfig(format="mediawiki", shard_size=16),
+                          streams_per_piece=3)
+    assert par["skipped"]["duplicate_title"] == len(copies) + 4
+    report = INGEST_REPORT.read(tmp_path / "parallel")
+    assert report["position"].to_pylist() == list(range(len(pages) + len(copies) + 5))
+    assert f"page #{len(pages) + len(copies)}" in report["record"].to_pylist()
+
+
+def test_offsets_by_scan_when_the_index_is_missing(enwiki_xml, tmp_path, pool):
+    dump = tmp_path / "noindex-multistream.xml.bz2"
+    repack(enwiki_xml, dump, pages_per_stream=10, index=False)
+    layout = plan_layout(dump, streams_per_piece=5)
+    assert layout.source == "scan" and sum(p.n_streams for p in layout.pieces) == 21
+    _same_as_serial(dump, tmp_path, pool, streams_per_piece=5)
+
+
+def test_single_stream_and_plain_xml_are_read_serially(enwiki_xml, data_mirror, tmp_path, pool):
+    dump = resolve("enwiki-sample", data_mirror)
+    assert plan_layout(dump, 10) is None
+    _same_as_serial(dump, tmp_path, pool)
+    plain = tmp_path / "plain.xml"
+    plain.write_bytes(enwiki_xml)
+    assert plan_layout(plain, 10) is None
+
+
+def test_synthetic_dump_parallel_equals_serial(tmp_path, pool, data_mirror):
+    info = write_dump(tmp_path / "dump", 1_500, seed=3, sample=resolve("enwiki-sample", data_mirror))
+    dump = Path(info["dump"])
+    offsets = index_offsets(Path(info["index"]))
+    assert len(offsets) == 15 and scan_offsets(dump)[1:-1] == offsets
+    par = _same_as_serial(dump, tmp_path, pool, cfg=IngestConfig(format="mediawiki", shard_size=100),
+                          streams_per_piece=2)
+    assert par["records"] == 1_500 and par["by_status"]["redirect"] > 0
+    assert par["skipped"]["other_namespace"] > 0 and par["skipped"]["disambiguation"] > 0
+
+
+def test_corrupt_piece_names_the_piece(enwiki_xml, tmp_path, pool):
+    dump = tmp_path / "bad-multistream.xml.bz2"
+    repack(enwiki_xml, dump, pages_per_stream=20)
+    offsets = index_offsets(dump.with_name("bad-multistream-index.txt.bz2"))
+    data = bytearray(dump.read_bytes())
+    data[offsets[3] + 200: offsets[3] + 260] = b"\x00" * 60
+    dump.write_bytes(bytes(data))
+    with pytest.raises(IngestError, match=r"piece 1 \(bytes"):
+        ingest([dump], tmp_path / "out", MW, submit=pool.submit, streams_per_piece=2)
+    assert not (tmp_path / "out" / "documents.parquet").exists()
