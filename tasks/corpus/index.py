@@ -166,9 +166,14 @@ class BM25Index:
         ids : list of lists of str, ``(n_queries, k')`` with ``k' = min(k, n_docs)``
         scores : float32 array ``(n_queries, k')``, descending per row; ties broken by row id.
         """
+        rows, scores = self.search_rows(queries, k)
+        return [[self.doc_ids[r] for r in row] for row in rows], scores
+
+    def search_rows(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`search` but with row numbers: int ``(n_queries, k')`` and float32 scores."""
         k = min(k, len(self.doc_ids))
         if not queries or k == 0:
-            return [[] for _ in queries], np.zeros((len(queries), 0), dtype=np.float32)
+            return np.zeros((len(queries), 0), dtype=np.int64), np.zeros((len(queries), 0), dtype=np.float32)
         vocab = self.retriever.vocab_dict
         # Out-of-vocabulary tokens cannot match; a query left with no token scores every
         # document 0 and returns the first k rows (deterministic).
@@ -179,9 +184,7 @@ class BM25Index:
         if live:
             r, sc = self.retriever.retrieve([tokens[i] for i in live], k=k, show_progress=False, n_threads=1)
             rows[live], scores[live] = np.asarray(r), np.asarray(sc, dtype=np.float32)
-        rows, scores = _stable_order(rows, scores)
-        ids = [[self.doc_ids[r] for r in row] for row in rows]
-        return ids, scores
+        return _stable_order(rows, scores)
 
     def __len__(self) -> int:
         return len(self.doc_ids)
