@@ -21,6 +21,7 @@ from funnelrag.corpus import corpus_store
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
 from funnelrag.workspace import Workspace
+from flows.runners import RunnerConfig, build_task_runner, submitter
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.gate import GateConfig, GateDecision, GateRefused
@@ -54,6 +55,7 @@ class CorpusBuildConfig(FlowConfig):
     segment: SegmentConfig = SegmentConfig()
     bm25: BM25Config = BM25Config()
     gate: GateConfig = GateConfig()
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)   # where per-shard tasks run; no output byte depends on it
 
     @model_validator(mode="after")
     def _same_tokenizer(self) -> "CorpusBuildConfig":
@@ -78,17 +80,22 @@ def resolve_inputs(cfg: CorpusBuildConfig, ws: Workspace) -> list[tuple[Path, st
     return cfg.source.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "source.paths")
 
 
-@stage_task("ingest")
-def ingest_task(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig) -> StageResult:
-    return run_cached(cache, S.run_ingest, cfg, input_digests(inputs),
-                      lambda out, _: S.run_ingest([p for p, _ in inputs], out, cfg))
+def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig, runner: RunnerConfig) -> StageResult:
+    """Ingest with multistream pieces as ``corpus-shard`` tasks on the flow's task runner (flow body only)."""
+    return run_cached(cache, S.run_ingest, cfg, input_digests(inputs), lambda out, _: S.run_ingest(
+        [p for p, _ in inputs], out, cfg, submit=submitter(), streams_per_piece=runner.streams_per_piece,
+        window=2 * runner.n_workers() + 2))
 
 
-@stage_task("tokens")
-def tokens_task(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None) -> StageResult:
+def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None,
+                   runner: RunnerConfig) -> StageResult:
+    """Window token counts by document shards as ``corpus-shard`` tasks (flow body only); same key and bytes as :func:`tasks.corpus.stages.run_tokens`."""
+    from tasks.corpus.shards import run_tokens_sharded  # noqa: PLC0415
+
     inputs = {"documents": ingest.files["documents.parquet"]}
     key_cfg = {"tokenizer": cfg.tokenizer, "passage_words": cfg.passage_words}
-    return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: S.run_tokens(ingest.path, out, cfg, mirror))
+    return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: run_tokens_sharded(
+        ingest.path, out, cfg, mirror, submitter(), runner.docs_per_shard, window=2 * runner.n_workers() + 2))
 
 
 @stage_task("cluster")
@@ -130,7 +137,7 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
     counts = {k: v for k, v in stages["cluster"].summary.items() if not k.endswith("seconds")}
     manifest_extra = {
         "corpus": cfg.name, "content_digest": digest, "code_version": code_version(),
-        "config": to_jsonable(cfg.model_dump(exclude={"workspace"})),
+        "config": to_jsonable(cfg.model_dump(exclude={"workspace", "runner"})),
         "schema_versions": {c.name: c.version for c in S.C.CORPUS_CONTRACTS},
         "counts": {"documents": stages["ingest"].summary["documents"], "links": stages["ingest"].summary["links"],
                    "redirects": stages["ingest"].summary["redirects"], **counts,
@@ -248,8 +255,8 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
         stages: dict[str, StageResult] = {}
         walls: dict[str, float] = {}
         for name, call in (
-            ("ingest", lambda: ingest_task(cache, inputs, config.ingest)),
-            ("tokens", lambda: tokens_task(cache, stages["ingest"], config.segment, mirror)),
+            ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner)),
+            ("tokens", lambda: tokens_sharded(cache, stages["ingest"], config.segment, mirror, config.runner)),
             ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering)),
             ("segment", lambda: segment_task(cache, stages["ingest"], stages["tokens"], stages["cluster"], config.segment, mirror)),
             ("index", lambda: index_task(cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25)),
@@ -315,7 +322,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
 
 def run_corpus_build(cfg: CorpusBuildConfig) -> dict[str, Any]:
     """CLI entry: run the flow (ephemeral Prefect API unless PREFECT_API_URL is set)."""
-    return corpus_build_flow(cfg)
+    return corpus_build_flow.with_options(task_runner=build_task_runner(cfg.runner))(cfg)
 
 
 COMMANDS = [

@@ -33,11 +33,13 @@ PASSAGE_INDEX_DIR = "index/passages.bm25"
 
 
 @stage("ingest", version="1")
-def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> dict[str, Any]:
+def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, **parallel: Any) -> dict[str, Any]:
     """Ingest stage: raw dump files → documents, redirects, links, ingest report.
 
-    Returns the :class:`tasks.corpus.ingest.IngestSummary` as a dict (paths dropped) plus
-    ``mb_per_s`` (uncompressed MB per wall-clock second).
+    ``parallel``: ``submit``, ``streams_per_piece``, ``window`` of :func:`tasks.corpus.ingest.ingest`
+    (multistream dumps parsed in pieces; same artifacts). Returns the
+    :class:`tasks.corpus.ingest.IngestSummary` as a dict (paths dropped) plus ``mb_per_s``
+    (uncompressed MB per wall-clock second).
 
     Raises
     ------
@@ -45,7 +47,7 @@ def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig) -> dict
         The inputs hold 0 documents (no page, or every page skipped): there is nothing to
         cluster; the message names the inputs and what their records were.
     """
-    summary = ingest(list(inputs), out_dir, cfg).to_dict()
+    summary = ingest(list(inputs), out_dir, cfg, **parallel).to_dict()
     if summary["documents"] == 0:
         names = ", ".join(str(p) for p in inputs)
         what = (f"{summary['records']:,} records ({summary['by_status']}, skipped: {summary['skipped']})"

@@ -1,0 +1,67 @@
+"""Parallel ingest of a (synthetic) multistream dump with 1 and 2 worker processes: seconds, peak
+RSS of the coordinator and of the largest worker, parallel efficiency, MB of XML per core-second
+(bz2 decompression included), and the artifacts' digests (identical for every worker count).
+
+Each run is a fresh process (so ``ru_maxrss`` is that run's own); workers come from a
+``ProcessPoolExecutor``. Dump: ``python benchmarks/synth_dump.py DIR --pages N``.
+
+Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+
+def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path) -> dict:
+    from data_contracts.base import sha256_file  # noqa: PLC0415
+    from tasks.corpus.ingest import IngestConfig, ingest  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(workers) as pool:
+        summary = ingest([dump], out, IngestConfig(format="mediawiki"), submit=pool.submit,
+                         streams_per_piece=streams_per_piece, window=2 * workers + 2)
+    wall = time.perf_counter() - t0
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    mb = summary.uncompressed_bytes / 1e6
+    return {"workers": workers, "pages": summary.records, "documents": summary.documents, "xml_mb": mb,
+            "wall_s": wall, "cpu_s": cpu, "coordinator_cpu_s": own.ru_utime + own.ru_stime,
+            "mb_per_wall_s": mb / wall, "mb_per_core_s": mb / wall / workers, "mb_per_cpu_s": mb / cpu,
+            "coordinator_peak_rss_mb": own.ru_maxrss / 1024, "worker_peak_rss_mb": kids.ru_maxrss / 1024,
+            "digests": {p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dump", type=Path)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--streams-per-piece", type=int, default=100)
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        with tempfile.TemporaryDirectory(dir=args.dump.parent) as tmp:
+            print(json.dumps(one_run(args.dump, args.one, args.streams_per_piece, Path(tmp))))
+        return
+    runs = []
+    for w in args.workers:
+        res = subprocess.run([sys.executable, __file__, str(args.dump), "--one", str(w),
+                              "--streams-per-piece", str(args.streams_per_piece)], capture_output=True, text=True, check=True)
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        print(json.dumps({k: v for k, v in runs[-1].items() if k != "digests"}), flush=True)
+    base = runs[0]
+    for r in runs[1:]:
+        speedup = base["wall_s"] / r["wall_s"]
+        print(f"{r['workers']} workers: speed-up {speedup:.2f} over {base['workers']}, parallel efficiency "
+              f"{speedup * base['workers'] / r['workers']:.0%}; artifacts identical: {r['digests'] == base['digests']}")
+
+
+if __name__ == "__main__":
+    main()

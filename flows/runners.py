@@ -1,0 +1,71 @@
+"""The runner switch of the corpus build: where per-shard stages run.
+
+``runner.kind: local`` (default) runs the per-shard Prefect tasks in processes on this box
+(Prefect's ``ProcessPoolTaskRunner``); ``runner.kind: dask`` submits them to a Dask cluster through
+``prefect-dask``'s ``DaskTaskRunner``: the scheduler at ``runner.address``
+(e.g. ``tcp://scheduler:8786``), or a ``LocalCluster`` of ``runner.workers`` single-threaded worker
+processes when no address is given. Shard outputs go to the stage cache under the workspace home,
+which must be on storage shared by the workers (NFS, or the same disk for a LocalCluster).
+
+The pure stage cores take ``submit(fn, *args) -> future``; :func:`submitter` makes one that runs
+``fn(*args)`` as the Prefect task ``corpus-shard`` on the flow's task runner. It must be called in
+the flow body (not inside a task), so the submissions reach the flow's runner.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Literal
+
+from prefect import task
+from prefect.cache_policies import NONE as NO_CACHE
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunnerConfig(BaseModel):
+    """Where and how wide the per-shard stages run (none of it changes an artifact byte).
+
+    kind : ``local`` (processes on this box) or ``dask`` (a Dask cluster via prefect-dask).
+    workers : worker processes (local, or the LocalCluster's); None = every core of the box.
+    address : Dask scheduler address (``tcp://host:8786``); None = start a LocalCluster.
+    streams_per_piece : bz2 streams (100 pages each) per ingest piece of a multistream dump.
+    docs_per_shard : documents per token-counting shard.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["local", "dask"] = "local"
+    workers: int | None = Field(default=None, ge=1)
+    address: str | None = None
+    streams_per_piece: int = Field(default=100, ge=1)
+    docs_per_shard: int = Field(default=20_000, ge=1)
+
+    def n_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+
+def build_task_runner(cfg: RunnerConfig):
+    """The Prefect task runner for ``cfg``: ``ProcessPoolTaskRunner`` or prefect-dask's ``DaskTaskRunner``."""
+    if cfg.kind == "dask":
+        from prefect_dask import DaskTaskRunner  # noqa: PLC0415
+
+        if cfg.address:
+            return DaskTaskRunner(address=cfg.address)
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster",
+                              cluster_kwargs={"n_workers": cfg.n_workers(), "threads_per_worker": 1,
+                                              "processes": True, "dashboard_address": None})
+    from prefect.task_runners import ProcessPoolTaskRunner  # noqa: PLC0415
+
+    return ProcessPoolTaskRunner(max_workers=cfg.n_workers())
+
+
+@task(name="corpus-shard", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=2)
+def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
+    """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...)."""
+    return fn(*args)
+
+
+def submitter() -> Callable[..., Any]:
+    """``submit(fn, *args) -> PrefectFuture`` on the current flow's task runner."""
+    def submit(fn: Callable[..., Any], *args: Any):
+        return shard_call.submit(fn, list(args))
+
+    return submit
