@@ -114,3 +114,28 @@ def test_corrupt_piece_names_the_piece(enwiki_xml, tmp_path, pool):
     with pytest.raises(IngestError, match=r"piece 1 \(bytes"):
         ingest([dump], tmp_path / "out", MW, submit=pool.submit, streams_per_piece=2)
     assert not (tmp_path / "out" / "documents.parquet").exists()
+
+
+def test_nightly_rebuild_reuses_unchanged_pieces(tmp_path, pool, data_mirror):
+    """Second ingest of the same dump reuses every piece; tonight's dump (new name) with one
+    changed page re-parses one piece and gives the artifacts of a from-scratch ingest."""
+    info = write_dump(tmp_path / "night1", 1_500, seed=5, sample=resolve("enwiki-sample", data_mirror))
+    dump, cache = Path(info["dump"]), tmp_path / "pieces"
+    kw = {"submit": pool.submit, "streams_per_piece": 2, "piece_cache": cache}
+    first = ingest([dump], tmp_path / "a", MW, **kw)
+    assert first.pieces == {"built": 8}
+    second = ingest([dump], tmp_path / "b", MW, **kw)
+    assert second.pieces == {"reused": 8}
+    assert _digests(tmp_path / "a") == _digests(tmp_path / "b")
+
+    xml = bz2.decompress(dump.read_bytes())
+    at = xml.index(b"</text>", len(xml) // 2)
+    changed = xml[:at] + b" One more sentence tonight." + xml[at:]
+    tonight = tmp_path / "night2" / "synwiki-20260102-pages-articles-multistream.xml.bz2"
+    tonight.parent.mkdir()
+    repack(changed, tonight, pages_per_stream=100)
+    third = ingest([tonight], tmp_path / "c", MW, **kw)
+    assert third.pieces == {"built": 1, "reused": 7}
+    ingest([tonight], tmp_path / "scratch", MW)
+    assert _digests(tmp_path / "c") == _digests(tmp_path / "scratch")
+    assert _digests(tmp_path / "c")["documents"] != _digests(tmp_path / "a")["documents"]

@@ -142,6 +142,9 @@ class IngestSummary:
         Wall-clock and process CPU time of the call.
     outputs : dict
         ``{artifact name: path}`` of the written files.
+    pieces : dict
+        Multistream pieces parsed in parallel: ``{"built": n, "reused": m}`` (reused = taken
+        from the piece cache because the piece's bytes were unchanged); empty when serial.
     """
 
     documents: int
@@ -158,6 +161,7 @@ class IngestSummary:
     seconds: float
     cpu_seconds: float
     outputs: dict[str, Path] = field(default_factory=dict)
+    pieces: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (paths as strings), e.g. for ``summary.json`` or MLflow params."""

@@ -16,9 +16,13 @@ Workers are submitted through any executor with ``submit(fn, *args) -> future`` 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import shutil
 from collections import deque
-from dataclasses import astuple, dataclass, fields
+from dataclasses import asdict, astuple, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,6 +52,7 @@ class PieceResult:
         fields, or None) and whether its record name is the ``page #N`` placeholder.
     shards : title-sorted Parquet shards of the piece's kept pages.
     xml_bytes : decompressed bytes of the piece.
+    reused : taken from the piece cache (bytes unchanged since a previous build).
     """
 
     index: int
@@ -55,6 +60,7 @@ class PieceResult:
     effects: list[tuple]
     shards: list[str]
     xml_bytes: int
+    reused: bool = False
 
 
 def _pass_class():
@@ -87,8 +93,81 @@ def _pass_class():
     return _PiecePass
 
 
-def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: IngestConfig, shard_dir: str) -> PieceResult:
+PIECE_VERSION = "1"   # bump when parse_piece's output changes for the same bytes
+_ROW_NAMES = ("source", "position", "record", "page_id", "title", "status", "reason", "n_bytes", "detail")
+_EFFECT_NAMES = ("checked", "mark", "redirect", "link_delta", "untitled")
+
+
+def piece_key(path: Path, piece: Piece, namespaces: frozenset[str], cfg: IngestConfig) -> str:
+    """sha256 over the piece's compressed bytes, the namespaces, the config and :data:`PIECE_VERSION`.
+    Not the file name (tonight's dump has a new one): a reused piece gets it in its ``source``."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        fh.seek(piece.start)
+        left = piece.end - piece.start
+        while left:
+            block = fh.read(min(left, 1 << 22))
+            if not block:
+                raise IngestError(f"{path}: piece {piece.index} ends after the end of the file")
+            h.update(block)
+            left -= len(block)
+    meta = json.dumps([PIECE_VERSION, sorted(namespaces), asdict(cfg)], sort_keys=True, default=str)
+    h.update(meta.encode())
+    return h.hexdigest()
+
+
+def _save_piece(result: PieceResult, directory: Path) -> None:
+    """Keep a piece's pass-1 output: rows + effects as Parquet, shards copied; atomic rename."""
+    tmp = directory.with_name(f".tmp-{directory.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    columns = list(zip(*result.rows)) if result.rows else [[] for _ in _ROW_NAMES]
+    effects = list(zip(*result.effects)) if result.effects else [[] for _ in _EFFECT_NAMES]
+    table = pa.table({**{n: pa.array(list(c), t) for n, c, t in zip(_ROW_NAMES, columns, _ROW_TYPES)},
+                      **{n: pa.array(list(c), t) for n, c, t in zip(_EFFECT_NAMES, effects, _EFFECT_TYPES)}})
+    pq.write_table(table, tmp / "rows.parquet")
+    for k, shard in enumerate(result.shards):
+        shutil.copyfile(shard, tmp / f"shard-{k:05d}.parquet")
+    (tmp / "piece.json").write_text(json.dumps({"xml_bytes": result.xml_bytes, "shards": len(result.shards)}))
+    try:
+        os.replace(tmp, directory)
+    except OSError:   # another worker kept the same piece first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, group_rows: int) -> PieceResult:
+    """A kept piece, its ``source`` set to the current file name; shards are copies (the
+    coordinator may rewrite or delete them)."""
+    meta = json.loads((directory / "piece.json").read_text())
+    table = pq.read_table(directory / "rows.parquet")
+    rows = [(source, *r[1:]) for r in zip(*(table.column(n).to_pylist() for n in _ROW_NAMES))]
+    effects = [(c, m, r, tuple(d) if d is not None else None, u)
+               for c, m, r, d, u in zip(*(table.column(n).to_pylist() for n in _EFFECT_NAMES))]
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for k in range(meta["shards"]):
+        shards.append(str(shard_dir / f"shard-{k:05d}.parquet"))
+        kept = pq.read_table(directory / f"shard-{k:05d}.parquet")
+        if set(kept.column("source").unique().to_pylist()) == {source}:
+            shutil.copyfile(directory / f"shard-{k:05d}.parquet", shards[-1])
+        else:
+            kept = kept.set_column(kept.schema.get_field_index("source"), kept.schema.field("source"),
+                                   pa.array([source] * kept.num_rows, pa.string()))
+            pq.write_table(kept, shards[-1], compression="lz4", row_group_size=group_rows)
+    return PieceResult(piece.index, rows, effects, shards, meta["xml_bytes"], reused=True)
+
+
+_ROW_TYPES = (pa.string(), pa.int64(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64(),
+              pa.string())
+_EFFECT_TYPES = (pa.bool_(), pa.string(), pa.string(), pa.list_(pa.int64()), pa.bool_())
+
+
+def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: IngestConfig, shard_dir: str,
+                cache_dir: str | None = None) -> PieceResult:
     """Pass 1 over one piece of a multistream dump (runs in a worker process).
+
+    With ``cache_dir``, a piece whose key (:func:`piece_key`) is there is loaded instead of parsed,
+    and a parsed piece is kept there.
 
     Raises
     ------
@@ -96,13 +175,16 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
         The piece does not decompress or parse; names the file, the piece's byte range and,
         from the reader, the position within the piece and the last complete page.
     """
+    cached = Path(cache_dir) / piece_key(Path(path), piece, namespaces, cfg) if cache_dir else None
+    state = _pass_class()(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
+    if cached is not None and (cached / "piece.json").exists():
+        return _load_piece(piece, cached, Path(shard_dir), Path(path).name, state.shards.group_rows)
     wrapped = []
 
     def opener():
         wrapped.append(open_piece(Path(path), piece.start, piece.end))
         return wrapped[-1]
 
-    state = _pass_class()(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
     Path(shard_dir).mkdir(parents=True, exist_ok=True)
     reader = MediaWikiReader(Path(path), opener)
     reader.namespaces = namespaces
@@ -112,8 +194,11 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     except IngestError as exc:
         raise IngestError(f"piece {piece.index} (bytes {piece.start}-{piece.end}): {exc}") from exc
     state.shards.flush()
-    return PieceResult(piece.index, state.out_rows, state.effects, [str(p) for p in state.shards.paths],
-                       wrapped[-1].inner_bytes)
+    result = PieceResult(piece.index, state.out_rows, state.effects, [str(p) for p in state.shards.paths],
+                         wrapped[-1].inner_bytes)
+    if cached is not None:
+        _save_piece(result, cached)
+    return result
 
 
 def read_siteinfo(layout: Layout) -> tuple[frozenset[str], int]:
@@ -170,7 +255,8 @@ def _drop_titles(path: Path, titles: set[str], group_rows: int) -> None:
         path.unlink()
 
 
-def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Path, window: int) -> int:
+def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Path, window: int,
+               piece_cache: Path | None = None) -> int:
     """Pass 1 over a multistream dump: pieces parsed through ``submit``, replayed in order.
 
     Returns the decompressed bytes of the whole file (header, pages, footer).
@@ -187,10 +273,12 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
             if piece is None:
                 break
             pending.append(submit(parse_piece, str(layout.path), piece, namespaces, state.cfg,
-                                  str(shard_root / f"{layout.path.name}.piece-{piece.index:06d}")))
+                                  str(shard_root / f"{layout.path.name}.piece-{piece.index:06d}"),
+                                  str(piece_cache) if piece_cache else None))
         if not pending:
             return total
         result = pending.popleft().result()
         replay_piece(state, result, position)
+        state.pieces["reused" if result.reused else "built"] += 1
         position += len(result.rows)
         total += result.xml_bytes

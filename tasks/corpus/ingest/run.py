@@ -49,7 +49,7 @@ _REPORT_FIELDS = [f.name for f in INGEST_REPORT.schema]
 
 
 def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Callable[..., Any] | None = None,
-           streams_per_piece: int = 100, window: int = 8) -> IngestSummary:
+           streams_per_piece: int = 100, window: int = 8, piece_cache: Path | None = None) -> IngestSummary:
     """Ingest raw article dumps into the corpus tables.
 
     Writes, atomically and validated against their contracts, into ``out_dir``:
@@ -78,6 +78,10 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         else a scan for stream headers) parsed in parallel, at most ``window`` pieces at a time
         (:mod:`tasks.corpus.ingest.parallel`). Other inputs, and every input without ``submit``,
         are read serially. The artifacts are the same either way.
+    piece_cache : Path, optional
+        Directory (shared by the workers) where each piece's pass-1 output is kept under the
+        sha256 of its compressed bytes and the config: a nightly rebuild re-parses only the
+        pieces whose bytes changed (``IngestSummary.pieces`` counts built and reused ones).
 
     Returns
     -------
@@ -111,7 +115,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         report = stack.enter_context(INGEST_REPORT.open_writer(out_dir))
         state = _FirstPass(cfg, ShardWriter(Path(tmp), cfg.shard_size), report)
         if submit is not None:
-            state.parallel = (submit, streams_per_piece, window)
+            state.parallel = (submit, streams_per_piece, window, piece_cache)
         uncompressed = state.run(inputs)
         title_to_id = {t: i for i, t in enumerate(sorted(t for t, s in state.titles.items() if s == KEPT))}
         rows, resolved = resolve_redirects(state.redirects, title_to_id, state.titles)
@@ -134,7 +138,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         redirect_status=dict(sorted(Counter(r[2] for r in rows).items())), link_counts=counts,
         input_bytes=sum(p.stat().st_size for p in inputs), uncompressed_bytes=uncompressed,
         shards=len(state.shards.paths), seconds=time.perf_counter() - wall0,
-        cpu_seconds=time.process_time() - cpu0, outputs=outputs)
+        cpu_seconds=time.process_time() - cpu0, outputs=outputs, pieces=dict(sorted(state.pieces.items())))
     logger.info("ingest %s: %d documents, %d redirects, %d links, skipped %s (%.1f s)", cfg.format,
                 summary.documents, summary.redirects, summary.links, summary.skipped, summary.seconds)
     return summary
@@ -155,7 +159,8 @@ class _FirstPass:
         self._rows: list[tuple] = []
         self._link_cache: dict[str, tuple[str, str | None]] = {}   # raw link target -> classify_link
         self._cache_namespaces: frozenset[str] | None = None
-        self.parallel: tuple[Callable[..., Any], int, int] | None = None   # (submit, streams per piece, window)
+        self.parallel: tuple | None = None   # (submit, streams per piece, window, piece cache)
+        self.pieces: Counter[str] = Counter()  # multistream pieces built / reused
 
     def run(self, inputs: list[Path]) -> int:
         """Read all inputs; returns the uncompressed bytes read."""
@@ -172,7 +177,8 @@ class _FirstPass:
         for path in inputs if fmt != "wikispeedia" else ():
             layout = plan_layout(path, self.parallel[1]) if self.parallel and fmt == "mediawiki" else None
             if layout is not None:
-                total += run_pieces(self, layout, self.parallel[0], self.shards.directory, self.parallel[2])
+                total += run_pieces(self, layout, self.parallel[0], self.shards.directory, self.parallel[2],
+                                    self.parallel[3])
                 continue
             reader = MediaWikiReader(path) if fmt == "mediawiki" else JsonlReader(path, self.cfg.max_page_bytes)
             for page in reader.pages():
