@@ -5,7 +5,11 @@ RSS of the coordinator and of the largest worker, parallel efficiency, MB of XML
 Each run is a fresh process (so ``ru_maxrss`` is that run's own); workers come from a
 ``ProcessPoolExecutor``. Dump: ``python benchmarks/synth_dump.py DIR --pages N``.
 
-Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100]``.
+``--stages``: the whole build (ingest, tokens, cluster, segment, index: the pure stage cores, the
+per-shard ones through a fresh pool per stage) with seconds per stage, the coordinator's peak RSS
+so far after each stage and the largest worker's peak RSS of that stage.
+
+Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100] [--stages]``.
 """
 from __future__ import annotations
 
@@ -39,25 +43,63 @@ def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path) -> dict
             "digests": {p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))}}
 
 
+def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path) -> dict:
+    from funnelrag.datasets import default_mirror  # noqa: PLC0415
+    from tasks.corpus import stages as S  # noqa: PLC0415
+    from tasks.corpus.clustering import ClusteringConfig  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.ingest import IngestConfig  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.shards import run_tokens_sharded  # noqa: PLC0415
+
+    mirror, seg = default_mirror(), SegmentConfig()
+    dirs = {k: out / k for k in ("ingest", "tokens", "cluster", "segment", "index")}
+    calls = {
+        "ingest": lambda submit: S.run_ingest([dump], dirs["ingest"], IngestConfig(format="mediawiki"), submit=submit,
+                                              streams_per_piece=streams_per_piece, window=2 * workers + 2),
+        "tokens": lambda submit: run_tokens_sharded(dirs["ingest"], dirs["tokens"], seg, mirror, submit, 20_000,
+                                                    window=2 * workers + 2),
+        "cluster": lambda _: S.run_cluster(dirs["ingest"], dirs["tokens"], dirs["cluster"], ClusteringConfig(max_tokens=4096)),
+        "segment": lambda _: S.run_segment(dirs["ingest"], dirs["tokens"], dirs["cluster"], dirs["segment"], seg, mirror),
+        "index": lambda _: S.run_index(dirs["ingest"], dirs["cluster"], dirs["segment"], dirs["index"], BM25Config()),
+    }
+    rows = {}
+    for name, call in calls.items():
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(workers) as pool:
+            summary = call(pool.submit)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        rows[name] = {"seconds": time.perf_counter() - t0,
+                      "coordinator_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "worker_peak_rss_mb_so_far": kids,
+                      **{k: summary[k] for k in ("documents", "passages", "clusters", "uncompressed_bytes") if k in summary}}
+    return {"workers": workers, "stages": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dump", type=Path)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--streams-per-piece", type=int, default=100)
+    ap.add_argument("--stages", action="store_true")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory(dir=args.dump.parent) as tmp:
-            print(json.dumps(one_run(args.dump, args.one, args.streams_per_piece, Path(tmp))))
+            fn = stages_run if args.stages else one_run
+            print(json.dumps(fn(args.dump, args.one, args.streams_per_piece, Path(tmp))))
         return
     runs = []
     for w in args.workers:
-        res = subprocess.run([sys.executable, __file__, str(args.dump), "--one", str(w),
+        res = subprocess.run([sys.executable, __file__, str(args.dump), "--one", str(w), *(["--stages"] if args.stages else []),
                               "--streams-per-piece", str(args.streams_per_piece)], capture_output=True, text=True, check=True)
+        if args.stages:
+            print(res.stdout.strip().splitlines()[-1], flush=True)
+            continue
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps({k: v for k, v in runs[-1].items() if k != "digests"}), flush=True)
-    base = runs[0]
     for r in runs[1:]:
+        base = runs[0]
         speedup = base["wall_s"] / r["wall_s"]
         print(f"{r['workers']} workers: speed-up {speedup:.2f} over {base['workers']}, parallel efficiency "
               f"{speedup * base['workers'] / r['workers']:.0%}; artifacts identical: {r['digests'] == base['digests']}")

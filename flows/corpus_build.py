@@ -84,7 +84,7 @@ def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: Inges
     """Ingest with multistream pieces as ``corpus-shard`` tasks on the flow's task runner (flow body only)."""
     return run_cached(cache, S.run_ingest, cfg, input_digests(inputs), lambda out, _: S.run_ingest(
         [p for p, _ in inputs], out, cfg, submit=submitter(), streams_per_piece=runner.streams_per_piece,
-        window=2 * runner.n_workers() + 2))
+        window=2 * runner.n_workers() + 2, piece_cache=cache.root / "ingest-pieces"))
 
 
 def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None,
@@ -95,7 +95,8 @@ def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, m
     inputs = {"documents": ingest.files["documents.parquet"]}
     key_cfg = {"tokenizer": cfg.tokenizer, "passage_words": cfg.passage_words}
     return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: run_tokens_sharded(
-        ingest.path, out, cfg, mirror, submitter(), runner.docs_per_shard, window=2 * runner.n_workers() + 2))
+        ingest.path, out, cfg, mirror, submitter(), runner.docs_per_shard, window=2 * runner.n_workers() + 2,
+        cache_dir=cache.root / "tokens-shards"))
 
 
 @stage_task("cluster")
@@ -209,6 +210,19 @@ def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> Non
     plt.close(fig)
 
 
+def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
+    """Per-shard stages: ``{"ingest_pieces": {"built", "reused"}, "token_shards": {...}}`` of this
+    build (a stage-cache hit reuses all of its shards)."""
+    ingest, tokens = stages["ingest"], stages["tokens"]
+    counts = {"ingest_pieces": dict(ingest.summary.get("pieces", {})),
+              "token_shards": {k: tokens.summary.get(f"shards_{k}", 0) for k in ("built", "reused")}}
+    for name, res in (("ingest_pieces", ingest), ("token_shards", tokens)):
+        total = sum(counts[name].values())
+        counts[name] = {"built": 0, "reused": total} if res.cache_hit else {"built": counts[name].get("built", 0),
+                                                                            "reused": counts[name].get("reused", 0)}
+    return counts
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The Prefect artifact: counts and seconds per stage as markdown tables."""
     lines = [f"# corpus-build `{summary['corpus']}` → version `{summary['version']}`", "",
@@ -282,6 +296,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
                        "document_units": man["counts"]["document_units"], "passages": man["counts"]["passages"]},
             "ingest": {"records": stages["ingest"].summary["records"], "skipped": stages["ingest"].summary["skipped"],
                        "mb_per_s": stages["ingest"].summary["mb_per_s"]},
+            "shards": shard_report(stages),
             # seconds spent in this run; a cache hit's original build time is not spent now
             "stages": {k: {"seconds": (walls[k] if k not in stages or stages[k].cache_hit
                                        else stages[k].summary.get("seconds", walls[k])),

@@ -46,3 +46,34 @@ def test_dask_local_cluster_build_equals_local_processes(prefect_harness, tmp_pa
     assert local["files"] == dask["files"]
     assert summaries["local"]["counts"] == summaries["dask"]["counts"]
     assert summaries["local"]["counts"]["documents"] > 50
+
+
+def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data_mirror):
+    """Unchanged dump: every shard reused. Tonight's dump with one changed page: one ingest piece
+    and one token shard rebuilt, and the same content digest as a from-scratch build."""
+    xml = bz2.decompress(resolve("enwiki-sample", data_mirror).read_bytes())
+    night1 = tmp_path / "n1" / "enwiki-20260101-pages-articles-multistream.xml.bz2"
+    night2 = tmp_path / "n2" / "enwiki-20260102-pages-articles-multistream.xml.bz2"
+    night1.parent.mkdir()
+    night2.parent.mkdir()
+    repack(xml, night1, pages_per_stream=10)
+    at = xml.index(b"</text>", xml.index(b"<title>Alabama</title>"))
+    repack(xml[:at] + b" One more sentence tonight." + xml[at:], night2, pages_per_stream=10)
+    runner = {"kind": "local", "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30}
+
+    def build(home, dump):
+        home.mkdir(exist_ok=True)
+        return corpus_build_nightly(enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
+                                                         source={"datasets": [], "paths": [dump]}, runner=runner))
+
+    first = build(tmp_path / "home", night1)
+    assert first["shards"]["ingest_pieces"] == {"built": 7, "reused": 0}
+    assert first["shards"]["token_shards"]["reused"] == 0
+    again = build(tmp_path / "home", night1)
+    assert again["shards"]["ingest_pieces"] == {"built": 0, "reused": 7}
+    assert again["shards"]["token_shards"] == {"built": 0, "reused": first["shards"]["token_shards"]["built"]}
+    tonight = build(tmp_path / "home", night2)
+    assert tonight["shards"]["ingest_pieces"] == {"built": 1, "reused": 6}
+    assert tonight["shards"]["token_shards"]["built"] == 1
+    scratch = build(tmp_path / "scratch", night2)
+    assert _manifest(tonight)["content_digest"] == _manifest(scratch)["content_digest"] != _manifest(first)["content_digest"]

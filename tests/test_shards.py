@@ -39,3 +39,13 @@ def test_sharded_tokens_are_byte_identical(ingested, data_mirror, tmp_path, docs
 def test_missing_documents_in_a_range_are_an_error(ingested):
     with pytest.raises(ValueError, match="are not all present"):
         read_doc_range(ingested, 100, 200, ["doc_id"])
+
+
+def test_token_shards_with_unchanged_texts_are_reused(ingested, data_mirror, tmp_path):
+    cfg, cache = SegmentConfig(tokenizer="whitespace"), tmp_path / "cache"
+    with ProcessPoolExecutor(2) as pool:
+        first = run_tokens_sharded(ingested, tmp_path / "a", cfg, data_mirror, pool.submit, 20, cache_dir=cache)
+        again = run_tokens_sharded(ingested, tmp_path / "b", cfg, data_mirror, pool.submit, 20, cache_dir=cache)
+    assert (first["shards_built"], first["shards_reused"]) == (first["shards"], 0)
+    assert (again["shards_built"], again["shards_reused"]) == (0, first["shards"])
+    assert sha256_file(tmp_path / "a" / "window_tokens.parquet") == sha256_file(tmp_path / "b" / "window_tokens.parquet")
