@@ -98,8 +98,10 @@ def main() -> None:
             continue
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps({k: v for k, v in runs[-1].items() if k != "digests"}), flush=True)
-    for r in runs[1:]:
-        base = runs[0]
+    base = min(runs, key=lambda r: r["workers"]) if runs else None
+    for r in runs:
+        if r is base:
+            continue
         speedup = base["wall_s"] / r["wall_s"]
         print(f"{r['workers']} workers: speed-up {speedup:.2f} over {base['workers']}, parallel efficiency "
               f"{speedup * base['workers'] / r['workers']:.0%}; artifacts identical: {r['digests'] == base['digests']}")

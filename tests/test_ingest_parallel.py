@@ -139,3 +139,31 @@ def test_nightly_rebuild_reuses_unchanged_pieces(tmp_path, pool, data_mirror):
     ingest([tonight], tmp_path / "scratch", MW)
     assert _digests(tmp_path / "c") == _digests(tmp_path / "scratch")
     assert _digests(tmp_path / "c")["documents"] != _digests(tmp_path / "a")["documents"]
+
+
+class _Outstanding:
+    """``submit`` that records how many results were submitted and not yet taken (the bound on
+    what the coordinator holds)."""
+
+    def __init__(self, pool):
+        self.pool, self.live, self.peak, self.calls = pool, 0, 0, 0
+
+    def __call__(self, fn, *args):
+        future, self.live, self.calls = self.pool.submit(fn, *args), self.live + 1, self.calls + 1
+        self.peak = max(self.peak, self.live)
+        outer = self
+
+        class _Taken:
+            def result(self):
+                outer.live -= 1
+                return future.result()
+
+        return _Taken()
+
+
+def test_coordinator_holds_at_most_window_pieces(enwiki_xml, tmp_path, pool):
+    dump = tmp_path / "window-multistream.xml.bz2"
+    repack(enwiki_xml, dump, pages_per_stream=3)
+    submit = _Outstanding(pool)
+    ingest([dump], tmp_path / "out", MW, submit=submit, streams_per_piece=2, window=3)
+    assert submit.calls == 35 and submit.peak == 3
