@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bz2
 import json
+from pathlib import Path
 
 from benchmarks.synth_dump import repack
 from flows.corpus_build import enwiki_sample_config
@@ -14,8 +15,6 @@ from funnelrag.datasets import resolve
 
 
 def _manifest(summary) -> dict:
-    from pathlib import Path  # noqa: PLC0415
-
     return json.loads((Path(summary["path"]) / "manifest.json").read_text())
 
 

@@ -4,6 +4,8 @@ Real data: ~100-word passages of the enwiki sample's articles, NQ-open dev quest
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -44,7 +46,7 @@ def _sharded(texts, ids, cuts, cfg, directory=None) -> ShardedBM25:
     names = [f"shard-{k:05d}" for k in range(len(shards))]
     for s, n in zip(shards, names):
         s.save(directory / n)
-    (directory / SHARDS_FILE).write_text(__import__("json").dumps(names))
+    (directory / SHARDS_FILE).write_text(json.dumps(names))
     save_stats(stats, directory)
     return ShardedBM25.load(directory)
 
