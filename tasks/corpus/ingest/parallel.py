@@ -272,18 +272,35 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
     position = 0
     logger.info("ingest %s: %d pieces of <= %d streams (offsets from %s)", layout.path.name, len(layout.pieces),
                 max((p.n_streams for p in layout.pieces), default=0), layout.source)
-    while True:
-        while len(pending) < window:
-            piece = next(pieces, None)
-            if piece is None:
-                break
-            pending.append(submit(parse_piece, str(layout.path), piece, namespaces, state.cfg,
-                                  str(shard_root / f"{layout.path.name}.piece-{piece.index:06d}"),
-                                  str(piece_cache) if piece_cache else None))
-        if not pending:
-            return total
-        result = pending.popleft().result()
-        replay_piece(state, result, position)
-        state.pieces["reused" if result.reused else "built"] += 1
-        position += len(result.rows)
-        total += result.xml_bytes
+    try:
+        while True:
+            while len(pending) < window:
+                piece = next(pieces, None)
+                if piece is None:
+                    break
+                pending.append(submit(parse_piece, str(layout.path), piece, namespaces, state.cfg,
+                                      str(shard_root / f"{layout.path.name}.piece-{piece.index:06d}"),
+                                      str(piece_cache) if piece_cache else None))
+            if not pending:
+                return total
+            result = pending.popleft().result()
+            replay_piece(state, result, position)
+            state.pieces["reused" if result.reused else "built"] += 1
+            position += len(result.rows)
+            total += result.xml_bytes
+    except BaseException:
+        _drain(pending)   # workers still writing into the shard directory must stop first
+        raise
+
+
+def _drain(pending: deque) -> None:
+    """Cancel what has not started and wait for the rest (their errors are not the first one)."""
+    for future in pending:
+        cancel = getattr(future, "cancel", None)
+        if cancel is not None:
+            cancel()
+    for future in pending:
+        try:
+            future.result()
+        except BaseException:  # noqa: BLE001 - the first failure is the one re-raised
+            pass
