@@ -85,9 +85,12 @@ class EvaluateConfig(FlowConfig):
     prerankers : label → reference (:mod:`tasks.evaluate.models`): ``minilm`` (the untrained
         baseline, "before distillation"), ``models:/funnelrag-preranker@champion`` (the distilled
         one, "after"), or a saved pre-ranker directory.
-    embeddings : ``build`` — embed the corpus with a bi-encoder pre-ranker when no matching
-        embedding index is published (then published and reused: a lazily filled, persisted
-        index), or ``require`` one published by ``funnelrag embed-corpus``.
+    embeddings : where stored passage vectors come from when no matching embedding index is
+        published: ``build`` — embed the whole corpus now (then published and reused);
+        ``require`` — fail (publish one with ``funnelrag embed-corpus``); ``lazy`` — a lazily
+        filled, persisted cache (:mod:`tasks.funnel.lazy_embeddings`): the passages each block
+        of questions needs are embedded before the block runs (outside the timed stages, as
+        an offline index would be), and flat dense, which needs every vector, is skipped.
     reader : FiD post-ranker and EM generator (``models:/...``, a saved reader directory,
         ``scratch`` for an untrained one, or None).
     on_missing_model : ``skip`` (report it in ``skipped``) or ``error`` when a reference cannot
@@ -105,7 +108,7 @@ class EvaluateConfig(FlowConfig):
     progressive: list[ProgressiveSetting] = Field(default_factory=lambda: [ProgressiveSetting()])
     prerankers: dict[str, str] = Field(default_factory=lambda: {"minilm": "minilm"})
     preranker_batch_size: int = 32
-    embeddings: Literal["build", "require"] = "build"
+    embeddings: Literal["build", "require", "lazy"] = "build"
     embedding: EmbeddingConfig = EmbeddingConfig()
     reader: str | None = f"models:/{READER_MODEL}@champion"
     post_rank: bool = True
@@ -173,11 +176,22 @@ def embeddings_task(cfg: EvaluateConfig, ws, corpus, preranker) -> tuple[Any, di
     """The published embedding index of (corpus, pre-ranker weights), embedded first when
     ``cfg.embeddings == "build"`` and none is published."""
     from flows.embed import corpus_digest  # noqa: PLC0415
-    from tasks.funnel.embeddings import ensure_embedding_index  # noqa: PLC0415
+    from tasks.funnel.embeddings import EmbeddingIndexMismatch, ensure_embedding_index, model_version  # noqa: PLC0415
+    from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex, lazy_root  # noqa: PLC0415
 
-    return ensure_embedding_index(ws.home / "stores", ws.cache_dir, cfg.corpus, corpus_digest(corpus),
-                                  corpus.passages, preranker.model, preranker.tokenizer, cfg.embedding,
-                                  build=cfg.embeddings == "build")
+    digest = corpus_digest(corpus)
+    try:
+        return ensure_embedding_index(ws.home / "stores", ws.cache_dir, cfg.corpus, digest, corpus.passages,
+                                      preranker.model, preranker.tokenizer, cfg.embedding,
+                                      build=cfg.embeddings == "build")
+    except (FileNotFoundError, EmbeddingIndexMismatch):
+        if cfg.embeddings != "lazy":
+            raise
+    version = model_version(preranker.model)
+    enc = preranker.model.encoder
+    index = LazyEmbeddingIndex.open(lazy_root(ws.cache_dir, digest, version), corpus.passages, digest, version,
+                                    enc.backbone.config.hidden_size, enc.cfg.max_length)
+    return index, {"lazy": True, "model_version": version, "filled_before": index.n_filled, "fill_seconds": 0.0}
 
 
 @task(name="evaluate-progressive-stored", cache_policy=NO_CACHE)
@@ -334,10 +348,11 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                 vectors[pr.label], info["embeddings"][pr.label] = embeddings_task(config, ws, corpus, pr)
             return vectors[pr.label]
 
-        retrievers = {}
+        retrievers, bm25_passages = {}, None
         for name in config.flat.retrievers:
             if name == "bm25":
-                retrievers[name] = bm25_retriever(corpus.passage_index())
+                bm25_passages = corpus.passage_index()
+                retrievers[name] = bm25_retriever(bm25_passages)
             elif config.flat.dense_preranker not in by_label:
                 skipped[f"flat {name}"] = f"pre-ranker {config.flat.dense_preranker!r} not loaded"
             else:
@@ -346,6 +361,9 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                 pr = by_label[config.flat.dense_preranker]
                 t0 = time.perf_counter()
                 emb = stored_vectors(pr)
+                if hasattr(emb, "ensure"):
+                    skipped[f"flat {name}"] = "needs every passage vector: publish the index with `funnelrag embed-corpus`"
+                    continue
                 faiss_index = build_faiss_index(emb.vectors, config.flat.dense)
                 info["flat_dense"] = {"preranker": pr.label, "kind": config.flat.dense.kind, "vectors": len(emb),
                                       "seconds": time.perf_counter() - t0}
@@ -356,8 +374,26 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
 
             rerankers = [StoredPreRanker(pr, stored_vectors(pr)) if pr.model.kind == "bi" else pr for pr in prerankers]
         cluster_index = corpus.cluster_index() if config.progressive else None
+        for setting in config.progressive:
+            if setting.vectors == "stored":
+                for pr in prerankers:
+                    if pr.model.kind == "bi":
+                        stored_vectors(pr)
         specs: dict[str, SettingSpec] = {}
         by_setting: dict[str, list] = {}
+
+        def fill_stored_vectors(block) -> None:
+            """Lazily filled indexes: embed what this block's stored-vector settings read, untimed."""
+            from tasks.evaluate.stored_retrieval import fill_lazy_rows  # noqa: PLC0415
+
+            ks = [s.n_clusters for s in config.progressive if s.vectors == "stored"]
+            for pr in prerankers:
+                if pr.label in vectors:
+                    n, sec = fill_lazy_rows(vectors[pr.label], [q.question for q in block], pr, cluster_index, ks,
+                                            bm25_passages if rerankers is not prerankers else None, flat.n_retrieve)
+                    emb_info = info["embeddings"][pr.label]
+                    emb_info["filled"], emb_info["fill_seconds"] = emb_info.get("filled", 0) + n, emb_info.get(
+                        "fill_seconds", 0.0) + sec
 
         def add(spec: SettingSpec, results: list) -> None:
             specs.setdefault(spec.name, spec)
@@ -367,6 +403,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
         # affects every setting alike instead of biasing the one that happened to run then.
         for start in range(0, len(questions), config.block_questions):
             block, block_table = questions[start:start + config.block_questions], qtable.slice(start, config.block_questions)
+            fill_stored_vectors(block)
             for name, retrieve in retrievers.items():
                 out = flat_task(block, retrieve, lookup, FlatSetting(name, flat.n_retrieve, flat.n_final),
                                 rerankers if config.flat.rerank else [], tokens)

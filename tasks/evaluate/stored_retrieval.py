@@ -31,7 +31,7 @@ class StoredPreRanker:
 
     def __init__(self, preranker: PreRanker, index: EmbeddingIndex):
         self.label, self.preranker, self.index = preranker.label, preranker, index
-        self._row = {p: i for i, p in enumerate(index.passage_ids)}
+        self._row = index.row_of()
 
     def score_passages(self, question: str, passages: Sequence[tuple[str, str, str]]):
         """Scores of ``[(passage_id, title, text)]``, float32 ``(len(passages),)``.
@@ -136,3 +136,28 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
         out[True].append(QueryResult(q.question_id, post, post_hits, [
             *stages, StageOutcome("postranking", "p", cands.num_rows, len(post), clock["postranking"], any(post_hits))]))
     return out
+
+
+def fill_lazy_rows(index, questions: Sequence[str], preranker: PreRanker, cluster_index=None,
+                   cluster_ks: Sequence[int] = (), passage_index=None, n_retrieve: int = 0) -> tuple[int, float]:
+    """Embed, into a lazily filled index (:class:`tasks.funnel.lazy_embeddings.LazyEmbeddingIndex`),
+    every passage the stored-vector settings will read for ``questions``: those of their top-K
+    clusters for each K in ``cluster_ks`` and their BM25 top ``n_retrieve`` passages (flat
+    re-ranking). Returns ``(passages embedded, seconds)``; a no-op on a full index."""
+    import time  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    if not hasattr(index, "ensure") or not questions:
+        return 0, 0.0
+    t0 = time.perf_counter()
+    rows = []
+    for k in sorted(set(cluster_ks)):
+        ids, _ = cluster_index.search(list(questions), k)
+        rows += [index.rows_of_clusters([int(c) for c in r]) for r in ids]
+    if passage_index is not None and n_retrieve:
+        row_of = index.row_of()
+        ids, _ = passage_index.search(list(questions), n_retrieve)
+        rows.append(np.asarray([row_of[p] for r in ids for p in r], np.int64))
+    n = index.ensure(np.concatenate(rows), preranker.model, preranker.tokenizer, preranker.batch_size) if rows else 0
+    return n, time.perf_counter() - t0

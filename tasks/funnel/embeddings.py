@@ -188,6 +188,12 @@ class EmbeddingIndex:
                 raise EmbeddingIndexMismatch(f"embedding index {key} is {have!r}, expected {want!r}: "
                                              f"re-embed with `funnelrag embed-corpus`")
 
+    def row_of(self) -> dict[str, int]:
+        """``passage_id → row`` (built once, then cached)."""
+        if getattr(self, "_row_of", None) is None:
+            self._row_of = {p: i for i, p in enumerate(self.passage_ids)}
+        return self._row_of
+
     def rows_of_clusters(self, cluster_ids: Sequence[int]) -> np.ndarray:
         """Row indices of every passage of ``cluster_ids``, int64, cluster by cluster in the
         order given, corpus order inside a cluster."""
