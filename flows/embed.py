@@ -65,35 +65,36 @@ def corpus_digest(corpus) -> str:
 
 
 @flow(name="embed-corpus", log_prints=True)
-def embed_flow(config: EmbedConfig) -> dict[str, Any]:
-    """Embed every passage of the corpus with the pre-ranker (or reuse the published index)."""
-    import torch  # noqa: PLC0415
+def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None,
+               overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
+    """Embed every passage of the corpus with the pre-ranker (or reuse the published index).
 
+    ``config_file``, ``home`` and dotted ``overrides`` merge key by key
+    (:func:`funnelrag.config.resolve_flow_config`): the ``embed-champion`` automation passes the
+    home and the corpus version a build just made current this way.
+    """
+    import mlflow  # noqa: PLC0415
+
+    from funnelrag.config import resolve_flow_config  # noqa: PLC0415
     from funnelrag.corpus import open_corpus  # noqa: PLC0415
+    from funnelrag.threads import torch_threads  # noqa: PLC0415
     from funnelrag.tracking import flow_run, log_metrics  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
     from tasks.evaluate.models import load_preranker_ref  # noqa: PLC0415
 
-    threads = torch.get_num_threads()
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    try:
-        ws = Workspace(config.workspace.home)
-        corpus = open_corpus(ws, config.corpus, config.corpus_version)
-        with flow_run(ws, config.experiment, f"embed-{config.corpus}", config.model_dump(exclude={"workspace"}),
-                      tracking_uri=config.workspace.tracking_uri,
-                      tags={"corpus": config.corpus, "corpus_version": corpus.version}) as run:
-            model, tok, resolved = load_preranker_ref(config.preranker, ws.run_dir("embed", run.info.run_id) / "models")
-            info = embed_task(config, ws, corpus, model, tok)
-            import mlflow  # noqa: PLC0415
-
-            mlflow.log_params({**resolved.as_params("preranker"), "model_version": info["model_version"][:16]})
-            mlflow.set_tags({"corpus_digest": corpus_digest(corpus), "embedding_version": info["version"]})
-            log_metrics({k: float(info[k]) for k in ("passages", "seconds", "passages_per_s") if k in info}
-                        | {"cache_hit": float(info["cache_hit"])})
-        return {"corpus": config.corpus, "corpus_version": corpus.version, "preranker": config.preranker, **info}
-    finally:
-        torch.set_num_threads(threads)
+    config = resolve_flow_config(EmbedConfig, config, config_file, overrides, home)
+    ws = Workspace(config.workspace.home)
+    corpus = open_corpus(ws, config.corpus, config.corpus_version)
+    with torch_threads(config.torch_threads), flow_run(
+            ws, config.experiment, f"embed-{config.corpus}", config.model_dump(exclude={"workspace"}),
+            tracking_uri=config.workspace.tracking_uri, tags={"corpus": config.corpus, "corpus_version": corpus.version}) as run:
+        model, tok, resolved = load_preranker_ref(config.preranker, ws.run_dir("embed", run.info.run_id) / "models")
+        info = embed_task(config, ws, corpus, model, tok)
+        mlflow.log_params({**resolved.as_params("preranker"), "model_version": info["model_version"][:16]})
+        mlflow.set_tags({"corpus_digest": corpus_digest(corpus), "embedding_version": info["version"]})
+        log_metrics({k: float(info[k]) for k in ("passages", "seconds", "passages_per_s") if k in info}
+                    | {"cache_hit": float(info["cache_hit"])})
+    return {"corpus": config.corpus, "corpus_version": corpus.version, "preranker": config.preranker, **info}
 
 
 def run_embed(cfg: EmbedConfig) -> dict[str, Any]:

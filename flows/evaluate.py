@@ -282,19 +282,12 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
     (:func:`funnelrag.config.resolve_flow_config`); the ``evaluate-champion`` automation
     passes the home and the corpus version a build just made current this way.
     """
-    import torch  # noqa: PLC0415
-
     from funnelrag.config import resolve_flow_config  # noqa: PLC0415
+    from funnelrag.threads import torch_threads  # noqa: PLC0415
 
     config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
-
-    threads = torch.get_num_threads()
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    try:
+    with torch_threads(config.torch_threads):
         return _evaluate(config)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
