@@ -31,7 +31,6 @@ from models.preranker import PreRankerConfig, build_preranker  # noqa: E402
 from tasks.funnel.embeddings import embed_texts, passage_texts, with_precision  # noqa: E402
 
 DPR_PASSAGES = 21_015_324
-H100_SPEEDUP_NOTE = "assumed ≈ 5,000 passages/s for MiniLM-L6 fp16 on one H100-class GPU (not measured here)"
 
 
 def main() -> None:
@@ -42,6 +41,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--precisions", nargs="+", default=["fp32", "int8", "bf16"])
+    ap.add_argument("--gpu-tflops", type=float, default=100.0,
+                    help="sustained GPU TFLOP/s assumed for the 21M projection (H100 bf16 dense peak ≈ 990)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     corpus = open_corpus(Workspace(args.home), args.corpus)
@@ -63,7 +64,7 @@ def main() -> None:
                 f"{len(texts) / cpu * args.threads:7.1f} passages/s per {args.threads} thread(s) of CPU  "
                 f"corpus {passages.num_rows / (len(texts) / wall) / 60:6.1f} min wall")
         if ref is None:
-            ref, q_ref = emb, embed_texts(fast, tok, queries)
+            ref, q_ref, ref_wall, ref_rate = emb, embed_texts(fast, tok, queries), wall, len(texts) / wall
         else:
             q = embed_texts(fast, tok, queries)
             cos = np.sum(emb * ref, axis=1)
@@ -71,7 +72,15 @@ def main() -> None:
             same = np.mean([set(a) == set(b) for a, b in zip(top(emb, q), top(ref, q_ref))])
             line += f"  min cos vs fp32 {cos.min():.4f}  max |Δ| {np.abs(emb - ref).max():.4f}  top-10 same {same:.2f}"
         print(line, flush=True)
-    print(f"# 21M-passage projection on a GPU: {H100_SPEEDUP_NOTE} → {DPR_PASSAGES / 5000 / 3600:.1f} h")
+    n_tokens = sum(len(x) for x in tok(texts, truncation=True, max_length=model.cfg.max_length)["input_ids"])
+    params = sum(p.numel() for n, p in model.encoder.named_parameters() if "embeddings" not in n)
+    flops = 2 * params * n_tokens / len(texts)                       # matmul FLOPs per passage (attention excluded)
+    gpu_rate = args.gpu_tflops * 1e12 / flops
+    print(f"# {n_tokens / len(texts):.0f} tokens and {flops / 1e9:.2f} GFLOP per passage ({params / 1e6:.1f}M "
+          f"non-embedding parameters); fp32 CPU reached {flops * len(texts) / ref_wall / 1e9:.1f} GFLOP/s wall")
+    print(f"# projection (not measured): at {args.gpu_tflops:.0f} sustained TFLOP/s a GPU embeds {gpu_rate:,.0f} "
+          f"passages/s: {passages.num_rows / gpu_rate:.0f} s for this corpus, {DPR_PASSAGES / gpu_rate / 60:.1f} min "
+          f"for the 21M DPR passages; fp32 on this CPU: {DPR_PASSAGES / ref_rate / 3600:.0f} h")
 
 
 if __name__ == "__main__":
