@@ -149,3 +149,27 @@ def test_lazy_index_fills_on_demand_and_persists(mini, tmp_path, one_torch_threa
     np.testing.assert_array_equal(reopened.vectors[rows], lazy.vectors[rows])
     with pytest.raises(EmbeddingIndexMismatch, match="corpus_digest"):
         LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-b", version, full.dim, 64)
+
+
+def test_faiss_flat_dense_is_exact_and_approximate_kinds_recall(mini, one_torch_thread):
+    from tasks.evaluate.flat_dense import FlatDenseConfig, build_faiss_index, faiss_retriever  # noqa: PLC0415
+    from tasks.evaluate.retrieval import PreRanker  # noqa: PLC0415
+
+    model, tok = mini["model"], mini["tok"]
+    index, _ = build_embedding_index(mini["passages"], model, tok, "digest-a")
+    retrieve = faiss_retriever(index, build_faiss_index(index.vectors), PreRanker("minilm", model, tok))
+    for text in mini["questions"]["question"].to_pylist():
+        scores = index.vectors @ embed_texts(model, tok, [text])[0]                     # (n,)
+        expected = [index.passage_ids[i] for i in np.argsort(-scores, kind="stable")[:5]]
+        assert retrieve(text, 5) == expected
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = x[:50] + 0.1 * rng.normal(size=(50, 32)).astype(np.float32)
+    truth = np.argsort(-(q @ x.T), axis=1)[:, :10]
+    for cfg in (FlatDenseConfig(kind="hnsw"), FlatDenseConfig(kind="ivf", n_probe=32)):
+        _, rows = build_faiss_index(x, cfg).search(q, 10)
+        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, truth)])
+        assert recall >= 0.9, (cfg.kind, recall)
+    with pytest.raises(ValueError, match="kind"):
+        FlatDenseConfig(kind="lsh")
