@@ -33,11 +33,10 @@ import pyarrow as pa
 
 from data_contracts.base import atomic_write, sha256_file
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
+from funnelrag.stages import stage, stage_of
 
 log = logging.getLogger(__name__)
 
-STAGE = "passage-embeddings"
-STAGE_VERSION = "1"
 TEXT_FORMAT = "{title}. {text}"
 MANIFEST_KEYS = ("corpus_digest", "model_version")
 
@@ -221,6 +220,7 @@ class EmbeddingIndex:
                    flat.reshape(n, dim).astype(np.float32, copy=False), dict(meta))
 
 
+@stage("passage-embeddings", version="1")
 def build_embedding_index(passages: pa.Table, model, tokenizer, corpus_digest: str,
                           cfg: EmbeddingConfig = EmbeddingConfig(), shard_dir: Path | None = None,
                           progress: Callable[[int, int], None] | None = None) -> tuple[EmbeddingIndex, dict]:
@@ -258,10 +258,8 @@ def build_embedding_index(passages: pa.Table, model, tokenizer, corpus_digest: s
 # ---------------------------------------------------------------------------- store
 def shard_key(corpus_digest: str, version: str, cfg: EmbeddingConfig) -> str:
     """Cache key of the shards of one (corpus, model, shard size) embedding run."""
-    from funnelrag.store import StageCache  # noqa: PLC0415
-
-    return StageCache.key(STAGE, STAGE_VERSION, {"shard_rows": cfg.shard_rows, "text": TEXT_FORMAT},
-                          {"corpus": corpus_digest, "model": version})
+    return stage_of(build_embedding_index).key({"shard_rows": cfg.shard_rows, "text": TEXT_FORMAT},
+                                               {"corpus": corpus_digest, "model": version})
 
 
 def store_root(stores_dir: Path, corpus: str, version: str) -> Path:
