@@ -56,6 +56,7 @@ class CorpusBuildConfig(FlowConfig):
     bm25: BM25Config = BM25Config()
     gate: GateConfig = GateConfig()
     runner: RunnerConfig = Field(default_factory=RunnerConfig)   # where per-shard tasks run; no output byte depends on it
+    embed_preranker: str | None = None   # a bi-encoder pre-ranker ref: embed the published passages (flows/embed.py)
 
     @model_validator(mode="after")
     def _same_tokenizer(self) -> "CorpusBuildConfig":
@@ -332,6 +333,11 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
         create_markdown_artifact(key=f"corpus-build-{config.name}".lower().replace("_", "-"), markdown=md,
                                  description="corpus-build summary")
         promote(config, ws, version_dir, decision)
+    if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
+        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415
+
+        summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=version_dir.name,
+                                                       preranker=config.embed_preranker, workspace=config.workspace))
     return summary
 
 

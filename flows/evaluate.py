@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from funnelrag.config import FlowCommand, FlowConfig
 from funnelrag.stages import DataSource
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
-from tasks.evaluate.dense import DenseIndexConfig
+from tasks.evaluate.flat_dense import FlatDenseConfig
+from tasks.funnel.embeddings import EmbeddingConfig
 from tasks.evaluate.generation import GenerationConfig
 from tasks.evaluate.retrieval import FlatSetting, ProgressiveSetting
 
@@ -56,6 +57,9 @@ class FlatConfig(BaseModel):
     retrievers: list[Literal["bm25", "dense"]] = Field(default_factory=lambda: ["bm25", "dense"])
     n_retrieve: int = 400
     rerank: bool = True
+    dense_preranker: str = "minilm"   # label in ``prerankers`` whose stored passage vectors flat dense searches
+    rerank_vectors: Literal["on-the-fly", "stored"] = "on-the-fly"   # bi-encoder re-ranking from stored vectors
+    dense: FlatDenseConfig = FlatDenseConfig()
 
 
 class GeneratorConfig(BaseModel):
@@ -81,7 +85,12 @@ class EvaluateConfig(FlowConfig):
     prerankers : label → reference (:mod:`tasks.evaluate.models`): ``minilm`` (the untrained
         baseline, "before distillation"), ``models:/funnelrag-preranker@champion`` (the distilled
         one, "after"), or a saved pre-ranker directory.
-    preranker_max_length : tokens per input of the ``minilm`` baseline (None = its 256).
+    embeddings : where stored passage vectors come from when no matching embedding index is
+        published: ``build`` — embed the whole corpus now (then published and reused);
+        ``require`` — fail (publish one with ``funnelrag embed-corpus``); ``lazy`` — a lazily
+        filled, persisted cache (:mod:`tasks.funnel.lazy_embeddings`): the passages each block
+        of questions needs are embedded before the block runs (outside the timed stages, as
+        an offline index would be), and flat dense, which needs every vector, is skipped.
     reader : FiD post-ranker and EM generator (``models:/...``, a saved reader directory,
         ``scratch`` for an untrained one, or None).
     on_missing_model : ``skip`` (report it in ``skipped``) or ``error`` when a reference cannot
@@ -99,11 +108,11 @@ class EvaluateConfig(FlowConfig):
     progressive: list[ProgressiveSetting] = Field(default_factory=lambda: [ProgressiveSetting()])
     prerankers: dict[str, str] = Field(default_factory=lambda: {"minilm": "minilm"})
     preranker_batch_size: int = 32
-    preranker_max_length: int | None = None
+    embeddings: Literal["build", "require", "lazy"] = "build"
+    embedding: EmbeddingConfig = EmbeddingConfig()
     reader: str | None = f"models:/{READER_MODEL}@champion"
     post_rank: bool = True
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
-    dense: DenseIndexConfig = DenseIndexConfig()
     attention: AttentionScoreConfig = AttentionScoreConfig()
     attention_run: AttentionRunConfig = AttentionRunConfig()
     on_missing_model: Literal["skip", "error"] = "skip"
@@ -139,14 +148,15 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
     prerankers, provenance, skipped = [], {}, {}
     for label, ref in sorted(cfg.prerankers.items()):
         try:
-            model, tok, resolved = load_preranker_ref(ref, download_dir, cfg.preranker_max_length)
+            model, tok, resolved = load_preranker_ref(ref, download_dir)
         except missing as exc:
             if cfg.on_missing_model == "error":
                 raise
             skipped[f"preranker {label}"] = f"{ref}: {type(exc).__name__}: {exc}"
             continue
         prerankers.append(PreRanker(label, model, tok, cfg.preranker_batch_size))
-        provenance[f"preranker.{label}"] = resolved.as_params(f"preranker.{label}")
+        provenance[f"preranker.{label}"] = {**resolved.as_params(f"preranker.{label}"),
+                                            f"preranker.{label}.max_length": str(model.cfg.max_length)}
     reader = None
     if cfg.reader is not None and (cfg.post_rank or cfg.generator.kind == "fid"):
         try:
@@ -161,19 +171,36 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
     return prerankers, reader, provenance, skipped
 
 
-@task(name="evaluate-dense-index", cache_policy=NO_CACHE)
-def dense_task(cfg: EvaluateConfig, ws, corpus) -> tuple[Any, Any, Any, dict]:
-    from funnelrag.store import StageCache  # noqa: PLC0415
-    from models.encoders import BiEncoder, resolve_model_path  # noqa: PLC0415
-    from tasks.evaluate.dense import model_fingerprint  # noqa: PLC0415
-    from tasks.evaluate.stages import dense_index  # noqa: PLC0415
+@task(name="evaluate-embeddings", cache_policy=NO_CACHE)
+def embeddings_task(cfg: EvaluateConfig, ws, corpus, preranker) -> tuple[Any, dict]:
+    """The published embedding index of (corpus, pre-ranker weights), embedded first when
+    ``cfg.embeddings == "build"`` and none is published."""
+    from flows.embed import corpus_digest  # noqa: PLC0415
+    from tasks.funnel.embeddings import EmbeddingIndexMismatch, ensure_embedding_index, model_version  # noqa: PLC0415
+    from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex, lazy_root  # noqa: PLC0415
 
-    encoder, tok = BiEncoder.from_pretrained(cfg.dense.encoder)
-    model_id = model_fingerprint(resolve_model_path(cfg.dense.encoder.name_or_path))
-    content = corpus.manifest.get("content_digest", corpus.digest)   # same passages ⇒ same index
-    index, info = dense_index(StageCache(ws.cache_dir / "evaluate"), content, corpus.passages,
-                              encoder, tok, model_id, cfg.dense)
-    return index, encoder, tok, info
+    digest = corpus_digest(corpus)
+    try:
+        return ensure_embedding_index(ws.home / "stores", ws.cache_dir, cfg.corpus, digest, corpus.passages,
+                                      preranker.model, preranker.tokenizer, cfg.embedding,
+                                      build=cfg.embeddings == "build")
+    except (FileNotFoundError, EmbeddingIndexMismatch):
+        if cfg.embeddings != "lazy":
+            raise
+    version = model_version(preranker.model)
+    enc = preranker.model.encoder
+    index = LazyEmbeddingIndex.open(lazy_root(ws.cache_dir, digest, version), corpus.passages, digest, version,
+                                    enc.backbone.config.hidden_size, enc.cfg.max_length)
+    return index, {"lazy": True, "model_version": version, "filled_before": index.n_filled, "fill_seconds": 0.0}
+
+
+@task(name="evaluate-progressive-stored", cache_policy=NO_CACHE)
+def progressive_stored_task(questions, cluster_index, index, lookup, setting: ProgressiveSetting, preranker,
+                            tokens, reader, cfg: EvaluateConfig) -> dict:
+    from tasks.evaluate.stored_retrieval import run_progressive_stored  # noqa: PLC0415
+
+    return run_progressive_stored(questions, cluster_index, index, lookup, setting, preranker, tokens, reader,
+                                  cfg.attention, cfg.attention_run)
 
 
 @task(name="evaluate-flat", cache_policy=NO_CACHE)
@@ -255,19 +282,12 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
     (:func:`funnelrag.config.resolve_flow_config`); the ``evaluate-champion`` automation
     passes the home and the corpus version a build just made current this way.
     """
-    import torch  # noqa: PLC0415
-
     from funnelrag.config import resolve_flow_config  # noqa: PLC0415
+    from funnelrag.threads import torch_threads  # noqa: PLC0415
 
     config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
-
-    threads = torch.get_num_threads()
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    try:
+    with torch_threads(config.torch_threads):
         return _evaluate(config)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
@@ -276,7 +296,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
     from funnelrag.workspace import Workspace  # noqa: PLC0415
     from tasks.evaluate.generation import CausalLMGenerator, FiDGenerator  # noqa: PLC0415
     from tasks.evaluate.metrics import TokenCache  # noqa: PLC0415
-    from tasks.evaluate.stages import bm25_retriever, dense_retriever  # noqa: PLC0415
+    from tasks.evaluate.stages import bm25_retriever  # noqa: PLC0415
     from tasks.evaluate.report import SettingSpec, summarize  # noqa: PLC0415
     from tasks.evaluate.retrieval import PassageLookup, questions_from_table  # noqa: PLC0415
     from tasks.evaluate.timing import machine_info  # noqa: PLC0415
@@ -311,16 +331,62 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                                 "machine": machine_info()}
         lookup = PassageLookup(passages)
         flat = FlatSetting(n_retrieve=config.flat.n_retrieve, n_final=config.n_final)
-        retrievers = {}
+        by_label = {pr.label: pr for pr in prerankers}
+        vectors: dict[str, Any] = {}
+        info["embeddings"] = {}
+
+        def stored_vectors(pr) -> Any:
+            """The embedding index of a bi-encoder pre-ranker (built or loaded once per run)."""
+            if pr.label not in vectors:
+                vectors[pr.label], info["embeddings"][pr.label] = embeddings_task(config, ws, corpus, pr)
+            return vectors[pr.label]
+
+        retrievers, bm25_passages = {}, None
         for name in config.flat.retrievers:
             if name == "bm25":
-                retrievers[name] = bm25_retriever(corpus.passage_index())
+                bm25_passages = corpus.passage_index()
+                retrievers[name] = bm25_retriever(bm25_passages)
+            elif config.flat.dense_preranker not in by_label:
+                skipped[f"flat {name}"] = f"pre-ranker {config.flat.dense_preranker!r} not loaded"
             else:
-                index, encoder, etok, info["dense_index"] = dense_task(config, ws, corpus)
-                retrievers[name] = dense_retriever(index, encoder, etok)
+                from tasks.evaluate.flat_dense import build_faiss_index, faiss_retriever  # noqa: PLC0415
+
+                pr = by_label[config.flat.dense_preranker]
+                t0 = time.perf_counter()
+                emb = stored_vectors(pr)
+                if hasattr(emb, "ensure"):
+                    skipped[f"flat {name}"] = "needs every passage vector: publish the index with `funnelrag embed-corpus`"
+                    continue
+                faiss_index = build_faiss_index(emb.vectors, config.flat.dense)
+                info["flat_dense"] = {"preranker": pr.label, "kind": config.flat.dense.kind, "vectors": len(emb),
+                                      "seconds": time.perf_counter() - t0}
+                retrievers[name] = faiss_retriever(emb, faiss_index, pr)
+        rerankers = prerankers
+        if config.flat.rerank and config.flat.rerank_vectors == "stored":
+            from tasks.evaluate.stored_retrieval import StoredPreRanker  # noqa: PLC0415
+
+            rerankers = [StoredPreRanker(pr, stored_vectors(pr)) if pr.model.kind == "bi" else pr for pr in prerankers]
         cluster_index = corpus.cluster_index() if config.progressive else None
+        for setting in config.progressive:
+            if setting.vectors == "stored":
+                for pr in prerankers:
+                    if pr.model.kind == "bi":
+                        stored_vectors(pr)
         specs: dict[str, SettingSpec] = {}
         by_setting: dict[str, list] = {}
+
+        def fill_stored_vectors(block) -> None:
+            """Lazily filled indexes: embed what this block's stored-vector settings read, untimed."""
+            from tasks.evaluate.stored_retrieval import fill_lazy_rows  # noqa: PLC0415
+
+            ks = [s.n_clusters for s in config.progressive if s.vectors == "stored"]
+            for pr in prerankers:
+                if pr.label in vectors:
+                    n, sec = fill_lazy_rows(vectors[pr.label], [q.question for q in block], pr, cluster_index, ks,
+                                            bm25_passages if rerankers is not prerankers else None, flat.n_retrieve)
+                    emb_info = info["embeddings"][pr.label]
+                    emb_info["filled"], emb_info["fill_seconds"] = emb_info.get("filled", 0) + n, emb_info.get(
+                        "fill_seconds", 0.0) + sec
 
         def add(spec: SettingSpec, results: list) -> None:
             specs.setdefault(spec.name, spec)
@@ -330,18 +396,29 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
         # affects every setting alike instead of biasing the one that happened to run then.
         for start in range(0, len(questions), config.block_questions):
             block, block_table = questions[start:start + config.block_questions], qtable.slice(start, config.block_questions)
+            fill_stored_vectors(block)
             for name, retrieve in retrievers.items():
                 out = flat_task(block, retrieve, lookup, FlatSetting(name, flat.n_retrieve, flat.n_final),
-                                prerankers if config.flat.rerank else [], tokens)
+                                rerankers if config.flat.rerank else [], tokens)
                 for label, results in out.items():
                     add(SettingSpec(_slug(f"flat-{name}-{flat.n_retrieve}p-{label + '-' if label else ''}{flat.n_final}p"),
                                     "flat", name, label, "", flat.n_final), results)
             for setting in config.progressive:
                 for pr in prerankers:
-                    out = progressive_task(block_table, cluster_index, corpus.members_of, seg_cfg, counter, setting, pr,
-                                           reader if config.post_rank else None, config)
+                    post_reader = reader if config.post_rank else None
+                    if setting.vectors == "stored" and pr.model.kind != "bi":
+                        skipped[f"stored vectors {pr.label}"] = "a cross-encoder has no passage vectors"
+                        continue
+                    if setting.vectors == "stored":
+                        out = progressive_stored_task(block, cluster_index, stored_vectors(pr), lookup, setting, pr,
+                                                      tokens, post_reader, config)
+                    else:
+                        out = progressive_task(block_table, cluster_index, corpus.members_of, seg_cfg, counter, setting,
+                                               pr, post_reader, config)
                     for post, results in sorted(out.items()):
-                        base = f"prog-{setting.n_clusters}c-{setting.n_units}d-{pr.label}"
+                        base = (f"prog-{setting.n_clusters}c-{setting.n_units}d-{pr.label}"
+                                f"{'-first' if setting.unit_scoring == 'first' else ''}"
+                                f"{'-stored' if setting.vectors == 'stored' else ''}")
                         add(SettingSpec(_slug(f"{base}{'-fid' if post else ''}-{setting.n_final}p"), "progressive",
                                         "bm25-clusters", pr.label, reader_label if post else "", setting.n_final), results)
             logger.info("evaluated %d/%d questions", min(start + config.block_questions, len(questions)), len(questions))

@@ -85,7 +85,7 @@ class DistillationConfig(FlowConfig):
     n_train: int | None = 150
     n_eval: int | None = 100
     candidates: CandidatesConfig = CandidatesConfig(n_clusters=3, n_units=8, batch_size=32)
-    preranker: PreRankerConfig = PreRankerConfig(kind="bi", max_length=128)
+    preranker: PreRankerConfig = PreRankerConfig(kind="bi")   # the model's own input length (one source)
     reader: ReaderSection = Field(default_factory=ReaderSection)
     attention: AttentionScoreConfig = AttentionScoreConfig()
     attention_run: AttentionRunConfig = AttentionRunConfig(max_passage_tokens=160, batch_size=1)

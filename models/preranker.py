@@ -35,13 +35,17 @@ class PreRankerConfig:
     kind : ``"bi"`` (bi-encoder, cosine) or ``"cross"`` (cross-encoder, one logit).
     name_or_path : ``"minilm"`` (offline weights), a local directory, or a hub name
         (``BAAI/bge-reranker-v2-m3`` for ``kind="cross"`` where a hub is reachable).
-    max_length : tokens per input (bi: per query and per document; cross: per pair).
+    max_length : tokens per input (bi: per query and per document; cross: per pair). None
+        (default): the model's own input length (:func:`native_max_length`, 256 for MiniLM).
+        :func:`build_preranker` resolves it and :func:`save_preranker` stores the number with
+        the weights, so every later load (registry versions included) runs at the length the
+        model was trained with: the one source of a pre-ranker's input length.
     seed : seed of the initialisation of weights missing from the checkpoint (cross head).
     """
 
     kind: str = "bi"
     name_or_path: str = "minilm"
-    max_length: int = 256
+    max_length: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -124,6 +128,21 @@ def _init_missing(model: nn.Module, missing: set[str], seed: int, std: float) ->
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
 
 
+def native_max_length(model_dir: str, cap: int = 512) -> int:
+    """A model's own input length: sentence-transformers' ``max_seq_length``
+    (``sentence_bert_config.json``, 256 for all-MiniLM-L6-v2), else the tokenizer's
+    ``model_max_length``, else the position embeddings, capped at ``cap``."""
+    path = Path(model_dir)
+    st = path / "sentence_bert_config.json"
+    if st.exists():
+        return int(json.loads(st.read_text())["max_seq_length"])
+    for name, key in (("tokenizer_config.json", "model_max_length"), ("config.json", "max_position_embeddings")):
+        f = path / name
+        if f.exists() and isinstance(json.loads(f.read_text()).get(key), int):
+            return min(int(json.loads(f.read_text())[key]), cap)
+    return cap
+
+
 def build_preranker(cfg: PreRankerConfig = PreRankerConfig()) -> tuple[PreRanker, object]:
     """Load a pre-ranker and its tokenizer (eval mode). Returns ``(model, tokenizer)``.
 
@@ -134,6 +153,8 @@ def build_preranker(cfg: PreRankerConfig = PreRankerConfig()) -> tuple[PreRanker
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
 
+    if cfg.max_length is None:
+        cfg = replace(cfg, max_length=native_max_length(resolve_model_path(cfg.name_or_path)))
     if cfg.kind == "bi":
         encoder, tok = BiEncoder.from_pretrained(EncoderConfig(name_or_path=cfg.name_or_path, max_length=cfg.max_length))
         model: PreRanker = BiEncoderPreRanker(encoder, cfg)

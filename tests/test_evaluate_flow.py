@@ -75,11 +75,9 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
         "workspace": ws_cfg, "corpus": "oracle-mini",
         "questions": {"datasets": [], "paths": [str(tmp / "questions.jsonl")], "limit": None},
         "flat": {"retrievers": ["bm25", "dense"], "n_retrieve": 8},
-        "progressive": [{"n_clusters": 3, "n_units": 2}],
+        "progressive": [{"n_clusters": 3, "n_units": 2}, {"n_clusters": 3, "n_units": 2, "vectors": "stored"}],
         "prerankers": {"minilm": "minilm", "ghost": "models:/no-such-preranker@champion"},
-        "preranker_max_length": 48,
         "reader": "models:/funnelrag-reader@champion",
-        "dense": {"encoder": {"max_length": 48}, "batch_size": 32},
         "generator": {"settings": {"max_answer_tokens": 3}},
         "attention_run": {"max_passage_tokens": 64}, "torch_threads": 1, "block_questions": 4})
     summary = evaluate_flow(cfg)
@@ -97,7 +95,8 @@ def test_settings_subsets_and_answerability(evaluated):
     results, stages, per_q = _tables(evaluated)
     names = {r["setting"] for r in s["table"]}
     assert names == {"flat-bm25-8p-4p", "flat-bm25-8p-minilm-4p", "flat-dense-8p-4p", "flat-dense-8p-minilm-4p",
-                     "prog-3c-2d-minilm-4p", "prog-3c-2d-minilm-fid-4p"}
+                     "prog-3c-2d-minilm-4p", "prog-3c-2d-minilm-fid-4p", "prog-3c-2d-minilm-stored-4p",
+                     "prog-3c-2d-minilm-stored-fid-4p"}
     assert "preranker ghost" in s["skipped"] and "reader" not in s["skipped"]
     assert s["models"]["reader"]["reader.registry_version"] == "1"
     # answerability = DPR has_answer against every corpus passage, computed here directly
@@ -161,7 +160,7 @@ def test_mlflow_run_and_artifacts(evaluated):
     md = (client.download_artifacts(run.info.run_id, "evaluation/results.evaluation.md"))
     text = open(md, encoding="utf-8").read()
     assert "| flat-bm25-8p-4p |" in text and "## answer_in_corpus" in text
-    assert pq.read_metadata(f"{s['artifacts']}/per_question.evaluation.parquet").num_rows == 6 * s["questions"]
+    assert pq.read_metadata(f"{s['artifacts']}/per_question.evaluation.parquet").num_rows == 8 * s["questions"]
 
 
 def test_prefect_markdown_artifact(evaluated):
@@ -172,3 +171,25 @@ def test_prefect_markdown_artifact(evaluated):
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["evaluate-oracle-mini"])))
     assert arts and arts[-1].type == "markdown"
     assert "| prog-3c-2d-minilm-fid-4p |" in arts[-1].data and "## stages" in arts[-1].data
+
+
+def test_stored_vectors_rank_as_on_the_fly_and_embed_flow_reuses_them(evaluated):
+    """Progressive retrieval from the published embedding index returns the on-the-fly MaxP
+    ranking; ``embed-corpus`` finds the index the evaluation published (same corpus digest and
+    model version) and does not re-embed."""
+    from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415
+
+    s = evaluated["summary"]
+    _, stages, per_q = _tables(evaluated)
+    rows = per_q.to_pylist()
+    fly = {r["question_id"]: r["passage_ids"] for r in rows if r["setting"] == "prog-3c-2d-minilm-4p"}
+    stored = {r["question_id"]: r["passage_ids"] for r in rows if r["setting"] == "prog-3c-2d-minilm-stored-4p"}
+    assert fly == stored and len(fly) == s["questions"]
+    st = [r["stage"] for r in stages.to_pylist() if r["setting"] == "prog-3c-2d-minilm-stored-fid-4p" and r["subset"] == "all"]
+    assert st == ["retrieval", "preranking", "postranking"]
+    assert s["models"]["preranker.minilm"]["preranker.minilm.max_length"] == "256"
+    emb = s["embeddings"]["minilm"]
+    assert emb["cache_hit"] is False and emb["passages"] == evaluated["corpus"].passages.num_rows
+    out = embed_flow(EmbedConfig.model_validate({"workspace": evaluated["cfg"].workspace.model_dump(),
+                                                 "corpus": "oracle-mini", "torch_threads": 1}))
+    assert out["cache_hit"] is True and out["model_version"] == emb["model_version"] and out["version"] == emb["version"]

@@ -113,16 +113,17 @@ def resolve(ref: str, marker: str, download_dir: Path) -> ResolvedRef:
     return ResolvedRef(ref, find_model_dir(path, marker))
 
 
-def load_preranker_ref(ref: str, download_dir: Path, max_length: int | None = None):
+def load_preranker_ref(ref: str, download_dir: Path):
     """``(model, tokenizer, ResolvedRef)`` of a pre-ranker reference (model in eval mode).
 
-    ``max_length`` overrides the tokens per input of the baseline ``"minilm"`` only; a saved
-    pre-ranker keeps the length it was trained with.
+    The input length is the model's own: MiniLM's 256 for the baseline, the length stored in
+    ``preranker.json`` for a saved or registered pre-ranker (no override: before/after
+    comparisons run both at the lengths they were built with, reported per model).
     """
     from models.preranker import PreRankerConfig, build_preranker, load_preranker  # noqa: PLC0415
 
     if ref == MINILM:
-        cfg = PreRankerConfig(kind="bi", name_or_path=MINILM, **({"max_length": max_length} if max_length else {}))
+        cfg = PreRankerConfig(kind="bi", name_or_path=MINILM)
         model, tok = build_preranker(cfg)
         return model, tok, ResolvedRef(ref, None)
     resolved = resolve(ref, PRERANKER_FILE, download_dir)

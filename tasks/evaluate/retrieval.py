@@ -9,8 +9,9 @@ Progressive (Table 2, "progressive"; Tables 11–13 vary K and N): BM25 over clu
 clusters (600K → 80c); later chunking into document units and pre-ranking → top-N units
 (80c → 8d), :func:`tasks.funnel.candidates.build_candidates`; then either the FiD post-ranker ranks
 the passages of those units by their Eq. 3 cross-attention score (:mod:`tasks.funnel.attention`) and
-the top ``n_final`` are kept (8d → 4p), or, without post-ranking, the first ``n_final``
-passages in pre-ranker order (unit rank, then position inside the unit) are kept.
+the top ``n_final`` are kept (8d → 4p), or, without post-ranking, the ``n_final`` passages with
+the best pre-ranker passage scores (whole-unit MaxP scoring), or with ``unit_scoring="first"``
+the first ones in pre-ranker order (unit rank, then position inside the unit).
 
 Every question is run on its own and timed per stage (:mod:`tasks.evaluate.timing`).
 """
@@ -29,6 +30,7 @@ from tasks.evaluate.timing import StageClock, StageOutcome
 log = logging.getLogger(__name__)
 
 RETRIEVERS = ("bm25", "dense")
+VECTORS = ("on-the-fly", "stored")   # pre-ranker passage vectors: encoded per query, or the embedding index
 
 
 @dataclass(frozen=True)
@@ -50,15 +52,32 @@ class FlatSetting:
 @dataclass(frozen=True)
 class ProgressiveSetting:
     """A progressive setting: K clusters → N document units → H passages (``n_final``); the
-    last step is run both ways, in pre-ranker order and by the FiD post-ranker (with a reader)."""
+    last step is run both ways, in pre-ranker order and by the FiD post-ranker (with a reader).
+
+    unit_scoring : ``"maxp"`` (a unit scores as its best passage; the final passages without
+        post-ranking are the best-scoring ones) or ``"first"`` (the unit text, truncated by the
+        pre-ranker; the final passages are the first ones of the best units).
+    vectors : ``"on-the-fly"`` (the pre-ranker encodes the units' passages per query) or
+        ``"stored"`` (bi-encoder only: the published embedding index,
+        :mod:`tasks.evaluate.stored_retrieval`).
+    """
 
     n_clusters: int = 80
     n_units: int = 8
     n_final: int = 4
+    unit_scoring: str = "maxp"
+    vectors: str = "on-the-fly"
 
     def __post_init__(self) -> None:
+        from tasks.funnel.unit_scoring import UNIT_SCORING  # noqa: PLC0415
+
         if min(self.n_clusters, self.n_units, self.n_final) < 1:
             raise ValueError(f"ProgressiveSetting sizes must be >= 1, got {self}")
+        if self.unit_scoring not in UNIT_SCORING or self.vectors not in VECTORS:
+            raise ValueError(f"ProgressiveSetting: unit_scoring must be one of {UNIT_SCORING} and vectors one of "
+                             f"{VECTORS}, got {self.unit_scoring!r}, {self.vectors!r}")
+        if self.vectors == "stored" and self.unit_scoring != "maxp":
+            raise ValueError("ProgressiveSetting: stored vectors are passage vectors, so unit_scoring must be 'maxp'")
 
 
 @dataclass(frozen=True)
@@ -133,6 +152,10 @@ class PreRanker:
         return score_grouped(self.model, self.tokenizer, [question], list(docs),
                              [(0, j) for j in range(len(docs))], self.batch_size)
 
+    def score_passages(self, question: str, passages: Sequence[tuple[str, str, str]]) -> np.ndarray:
+        """``f(q, p)`` of ``[(passage_id, title, text)]`` from their texts, float32 ``(len(passages),)``."""
+        return self.score(question, [t for _, _, t in passages])
+
 
 Retrieve = Callable[[str, int], list[str]]  # (question, k) -> passage ids, best first
 
@@ -180,7 +203,7 @@ def run_flat(questions: Sequence[Question], retrieve: Retrieve, lookup: PassageL
         for ranker in prerankers:
             clock = StageClock()
             with clock.stage("reranking"):
-                scores = ranker.score(q.question, [t for _, _, t in retrieved])    # (n_retrieve,)
+                scores = ranker.score_passages(q.question, retrieved)              # (n_retrieve,)
                 order = sorted(range(len(retrieved)), key=lambda j: (-float(scores[j]), j))[:setting.n_final]
             top_hits = [hits[j] for j in order]
             rerank = StageOutcome("reranking", "p", len(retrieved), len(order), clock["reranking"], any(top_hits))
@@ -221,7 +244,8 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
     from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: PLC0415
     from tasks.funnel.candidates import CandidatesConfig, build_candidates  # noqa: PLC0415
 
-    cand_cfg = CandidatesConfig(n_clusters=setting.n_clusters, n_units=setting.n_units, batch_size=preranker.batch_size)
+    cand_cfg = CandidatesConfig(n_clusters=setting.n_clusters, n_units=setting.n_units, batch_size=preranker.batch_size,
+                                unit_scoring=setting.unit_scoring)
     attention_cfg = attention_cfg or AttentionScoreConfig()
     attention_run = attention_run or AttentionRunConfig()
     n_clusters_total = len(cluster_index)
@@ -246,6 +270,8 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
             StageOutcome("chunking", "d", n_clusters, len(pool["unit_id"]), t["chunking"], any_unit),
             StageOutcome("preranking", "d", len(pool["unit_id"]), len(top_units), t["preranking"], any(top_units)),
         ]
+        if cs.passage_scores:            # MaxP: the best passages of the top-N units
+            cands.sort(key=lambda r: (-cs.passage_scores[(qid, r[2])], r[0], r[1]))
         plain = cands[:setting.n_final]
         out[False].append(QueryResult(qid, [(r[2], r[3], r[4]) for r in plain], [bool(r[5]) for r in plain], stages))
         if reader is None:

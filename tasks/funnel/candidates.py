@@ -6,8 +6,9 @@
    passages with :func:`tasks.corpus.segment.segment_cluster` — the very function the corpus build
    uses, so ids equal the corpus ``document_units``/``passages`` ids. A cluster retrieved by
    several questions is chunked once.
-3. Pre-ranking stage: the pre-ranker ``f(q, d)`` (Eq. 1) scores every unit of the K clusters;
-   the top-N units (FunnelRAG: N = 8) go on.
+3. Pre-ranking stage: the pre-ranker ``f(q, d)`` (Eq. 1) scores every unit of the K clusters
+   (from its text, or from all of its passages: ``unit_scoring="maxp"``); the top-N units
+   (FunnelRAG: N = 8) go on.
 4. Their passages form the post-ranker's input (the candidates table).
 
 Answer recall uses DPR ``has_answer`` (:mod:`tasks.funnel.questions`) on unit and passage texts.
@@ -25,7 +26,9 @@ import pyarrow as pa
 
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from models.preranker import score_grouped
+from tasks.funnel.embeddings import passage_text
 from tasks.funnel.questions import AnswerMatcher, dpr_tokens
+from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores
 from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
 
 log = logging.getLogger(__name__)
@@ -40,15 +43,21 @@ class CandidatesConfig:
     n_clusters : K, BM25 clusters per question (FunnelRAG: 80).
     n_units : N, pre-ranked document units kept per question (FunnelRAG: 8).
     batch_size : pre-ranker pairs (or texts) per forward pass.
+    unit_scoring : ``"first"`` — the pre-ranker reads the unit text (truncated to its
+        ``max_length``); ``"maxp"`` — whole-unit scoring, the best of its passages' scores
+        (:mod:`tasks.funnel.unit_scoring`), which also scores every candidate passage.
     """
 
     n_clusters: int = 80
     n_units: int = 8
     batch_size: int = 32
+    unit_scoring: str = "first"
 
     def __post_init__(self) -> None:
         if self.n_clusters < 1 or self.n_units < 1 or self.batch_size < 1:
             raise ValueError(f"CandidatesConfig sizes must be >= 1, got {self}")
+        if self.unit_scoring not in UNIT_SCORING:
+            raise ValueError(f"unit_scoring must be one of {UNIT_SCORING}, got {self.unit_scoring!r}")
 
 
 @dataclass
@@ -59,12 +68,15 @@ class CandidateSet:
     candidates : passages of each question's top-N units.
     units : text of every unit in the pool (for re-ranking and distillation).
     timings : seconds per stage (``retrieval``, ``chunking``, ``answer_matching``, ``preranking``).
+    passage_scores : ``{(question_id, passage_id): f(q, p)}`` of every passage of the pool's
+        units (``unit_scoring="maxp"`` only; empty otherwise).
     """
 
     unit_pool: pa.Table
     candidates: pa.Table
     units: pa.Table
     timings: dict[str, float] = field(default_factory=dict)
+    passage_scores: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def chunk_clusters(cluster_ids: Sequence[int], members_of: MembersOf, seg_cfg: SegmentConfig,
@@ -146,8 +158,15 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     t0 = time.perf_counter()
     unit_order = sorted(units)
     unit_row = {uid: j for j, uid in enumerate(unit_order)}
-    scores = score_grouped(model, tokenizer, texts, [units[u].text for u in unit_order],
-                           [(qi, unit_row[uid]) for qi, _, _, _, uid in pool], cfg.batch_size)  # (n_pool,)
+    passage_scores: dict[tuple[str, str], float] = {}
+    if cfg.unit_scoring == "maxp":
+        passages_of = {uid: [(p.passage_id, passage_text(p.title, p.text)) for p in units[uid].passages] for uid in units}
+        scores, by_qi = maxp_pool_scores(model, tokenizer, texts, [(qi, uid) for qi, _, _, _, uid in pool],
+                                         passages_of, cfg.batch_size)                   # (n_pool,)
+        passage_scores = {(qids[qi], pid): s for (qi, pid), s in by_qi.items()}
+    else:
+        scores = score_grouped(model, tokenizer, texts, [units[u].text for u in unit_order],
+                               [(qi, unit_row[uid]) for qi, _, _, _, uid in pool], cfg.batch_size)  # (n_pool,)
     timings["preranking"] = time.perf_counter() - t0
 
     by_q: dict[int, list[int]] = {}
@@ -177,7 +196,7 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     timings["answer_matching"] += time.perf_counter() - t0
     return CandidateSet(unit_pool=UNIT_POOL.validate(pa.table(pool_cols, schema=UNIT_POOL.schema)),
                         candidates=CANDIDATES.validate(pa.table(cand_cols, schema=CANDIDATES.schema)),
-                        units=_units_table(segments), timings=timings)
+                        units=_units_table(segments), timings=timings, passage_scores=passage_scores)
 
 
 def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tokenizer,

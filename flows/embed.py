@@ -1,0 +1,108 @@
+"""Prefect flow ``embed-corpus``: the passage embedding index of a published corpus version for
+one bi-encoder pre-ranker version (:mod:`tasks.funnel.embeddings`).
+
+It resolves the pre-ranker (``minilm`` or a registry reference such as
+``models:/funnelrag-preranker@champion``), fingerprints its weights, and publishes
+``stores/embeddings/<corpus>/<model version>/`` unless an index of the same corpus content
+digest and model version is already published (then it is a no-op). The ``embed-champion``
+deployment runs it after every nightly corpus build and after every distillation run, so a
+newly promoted champion (or a new corpus) is re-embedded, and an unchanged one is not.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE as NO_CACHE
+
+from funnelrag.config import FlowCommand, FlowConfig
+from tasks.funnel.embeddings import EmbeddingConfig
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "embed"
+
+
+class EmbedConfig(FlowConfig):
+    """Configuration of ``embed-corpus``.
+
+    corpus, corpus_version : the published corpus (None: its current version).
+    preranker : reference of a bi-encoder pre-ranker (:mod:`tasks.evaluate.models`).
+    embedding : batch and shard sizes.
+    torch_threads : intra-op threads (None: torch's default).
+    """
+
+    corpus: str = "wikispeedia"
+    corpus_version: str | None = None
+    preranker: str = "minilm"
+    embedding: EmbeddingConfig = EmbeddingConfig()
+    torch_threads: int | None = None
+    experiment: str = EXPERIMENT
+
+
+@task(name="embed-passages", cache_policy=NO_CACHE)
+def embed_task(cfg: EmbedConfig, ws, corpus, model, tok) -> dict:
+    from tasks.funnel.embeddings import ensure_embedding_index  # noqa: PLC0415
+
+    logger = get_run_logger()
+    last = [time.perf_counter()]
+
+    def progress(done: int, total: int) -> None:
+        if time.perf_counter() - last[0] > 30 or done == total:
+            logger.info("embedded %d/%d passages", done, total)
+            last[0] = time.perf_counter()
+
+    _, info = ensure_embedding_index(ws.home / "stores", ws.cache_dir, cfg.corpus, corpus_digest(corpus),
+                                     corpus.passages, model, tok, cfg.embedding, progress=progress)
+    return info
+
+
+def corpus_digest(corpus) -> str:
+    """The corpus version's content digest (the same passages give the same digest)."""
+    return corpus.manifest.get("content_digest", corpus.digest)
+
+
+@flow(name="embed-corpus", log_prints=True)
+def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None,
+               overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
+    """Embed every passage of the corpus with the pre-ranker (or reuse the published index).
+
+    ``config_file``, ``home`` and dotted ``overrides`` merge key by key
+    (:func:`funnelrag.config.resolve_flow_config`): the ``embed-champion`` automation passes the
+    home and the corpus version a build just made current this way.
+    """
+    import mlflow  # noqa: PLC0415
+
+    from funnelrag.config import resolve_flow_config  # noqa: PLC0415
+    from funnelrag.corpus import open_corpus  # noqa: PLC0415
+    from funnelrag.threads import torch_threads  # noqa: PLC0415
+    from funnelrag.tracking import flow_run, log_metrics  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+    from tasks.evaluate.models import load_preranker_ref  # noqa: PLC0415
+
+    config = resolve_flow_config(EmbedConfig, config, config_file, overrides, home)
+    ws = Workspace(config.workspace.home)
+    corpus = open_corpus(ws, config.corpus, config.corpus_version)
+    with torch_threads(config.torch_threads), flow_run(
+            ws, config.experiment, f"embed-{config.corpus}", config.model_dump(exclude={"workspace"}),
+            tracking_uri=config.workspace.tracking_uri, tags={"corpus": config.corpus, "corpus_version": corpus.version}) as run:
+        model, tok, resolved = load_preranker_ref(config.preranker, ws.run_dir("embed", run.info.run_id) / "models")
+        info = embed_task(config, ws, corpus, model, tok)
+        mlflow.log_params({**resolved.as_params("preranker"), "model_version": info["model_version"][:16]})
+        mlflow.set_tags({"corpus_digest": corpus_digest(corpus), "embedding_version": info["version"]})
+        log_metrics({k: float(info[k]) for k in ("passages", "seconds", "passages_per_s") if k in info}
+                    | {"cache_hit": float(info["cache_hit"])})
+    return {"corpus": config.corpus, "corpus_version": corpus.version, "preranker": config.preranker, **info}
+
+
+def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
+    """CLI entry: run the flow (ephemeral Prefect API unless PREFECT_API_URL is set)."""
+    return embed_flow(cfg)
+
+
+COMMANDS = [
+    FlowCommand("embed-corpus", "embed every passage of a published corpus with a bi-encoder pre-ranker version "
+                "and publish the vectors (reused when corpus digest and model version match)", EmbedConfig, run_embed),
+]

@@ -1,0 +1,395 @@
+"""The passage embedding index: every corpus passage embedded once, offline, by a bi-encoder
+pre-ranker version, and published as a versioned artifact.
+
+A bi-encoder pre-ranker scores ``f(q, d) = cos(E(q), E(d))`` (FunnelRAG Eq. 1). ``E(d)`` depends
+only on the corpus version and the pre-ranker's weights, so it is computed once per
+(corpus content digest, model version) and stored; query time then only embeds the question
+and takes dot products (:mod:`tasks.funnel.stored`). The same vectors serve flat dense retrieval
+(:mod:`tasks.evaluate.flat_dense`).
+
+What is embedded per passage is ``"{title}. {text}"`` (DPR encodes title and text), truncated to
+the pre-ranker's own ``max_length``; the rows are L2-normalised float32.
+
+Layout (``home/stores/embeddings/<corpus>/<model version[:16]>/``, an
+:class:`funnelrag.store.ArtifactStore`): ``versions/<id>/passage_embeddings.parquet``
+(:data:`data_contracts.embeddings.PASSAGE_EMBEDDINGS`) and ``manifest.json`` with
+``corpus_digest``, ``model_version``, ``dim``, ``max_length``, ``text`` and the file hashes;
+``current`` names the published version. Embedding runs in shards cached under
+``home/cache/embed/<key>/`` so that a killed nightly run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from data_contracts.base import atomic_write, sha256_file
+from data_contracts.embeddings import PASSAGE_EMBEDDINGS
+from funnelrag.stages import stage, stage_of
+
+log = logging.getLogger(__name__)
+
+TEXT_FORMAT = "{title}. {text}"
+MANIFEST_KEYS = ("corpus_digest", "model_version")
+
+
+class EmbeddingIndexMismatch(ValueError):
+    """A stored embedding index was built from another corpus version or another model version."""
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """Embedding stage settings.
+
+    batch_size : passages per forward pass.
+    shard_rows : passages per resumable shard (each shard is cached on its own).
+    """
+
+    batch_size: int = 64
+    shard_rows: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.shard_rows < 1:
+            raise ValueError(f"EmbeddingConfig sizes must be >= 1, got {self}")
+
+
+def passage_text(title: str, text: str) -> str:
+    """What a passage is embedded and scored as: ``"{title}. {text}"``."""
+    return TEXT_FORMAT.format(title=title, text=text)
+
+
+def passage_texts(passages: pa.Table) -> list[str]:
+    """:func:`passage_text` of every row of a ``passages`` table (table order)."""
+    return [passage_text(t, x) for t, x in zip(passages["title"].to_pylist(), passages["text"].to_pylist())]
+
+
+def model_version(model) -> str:
+    """sha256 of a bi-encoder pre-ranker's weights and input length: the "model version" that
+    keys the index (content, not the place the weights were loaded from).
+
+    Parameters
+    ----------
+    model : models.preranker.BiEncoderPreRanker
+
+    Raises
+    ------
+    ValueError
+        ``model`` is not a bi-encoder (a cross-encoder has no passage vectors).
+    """
+    if getattr(model, "kind", None) != "bi":
+        raise ValueError(f"an embedding index needs a bi-encoder pre-ranker, got kind {getattr(model, 'kind', None)!r}")
+    h = hashlib.sha256(f"max_length={model.encoder.cfg.max_length}\0normalize={model.encoder.cfg.normalize}\n".encode())
+    for name, tensor in sorted(model.encoder.state_dict().items()):
+        h.update(name.encode() + b"\0")
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    """L2-normalised embeddings ``E(d)`` of a bi-encoder pre-ranker, float32 ``(len(texts), dim)``."""
+    from tasks.evaluate.dense import encode_texts  # noqa: PLC0415
+
+    return encode_texts(model.encoder, tokenizer, texts, batch_size)
+
+
+def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(),
+                   shard_dir: Path | None = None, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """Embed passages shard by shard; finished shards are reused from ``shard_dir``.
+
+    Parameters
+    ----------
+    texts : passage texts (:func:`passage_texts`), corpus order.
+    model, tokenizer : the bi-encoder pre-ranker (:class:`models.preranker.BiEncoderPreRanker`).
+    cfg : EmbeddingConfig
+    shard_dir : where shard ``i`` is kept as ``shard-{i:05d}.npy`` (written atomically); the
+        caller keys it by corpus digest, model version and shard size. None: no resume.
+    progress : ``progress(done, total)`` after each shard.
+
+    Returns
+    -------
+    np.ndarray
+        float32 ``(len(texts), dim)``, rows L2-normalised, in input order.
+    """
+    n = len(texts)
+    shards = []
+    for i, start in enumerate(range(0, n, cfg.shard_rows)):
+        path = None if shard_dir is None else Path(shard_dir) / f"shard-{i:05d}.npy"
+        part = texts[start:start + cfg.shard_rows]
+        if path is not None and path.exists():
+            emb = np.load(path)
+            if emb.shape[0] != len(part):
+                raise ValueError(f"{path}: {emb.shape[0]} rows cached for a shard of {len(part)} passages")
+        else:
+            emb = embed_texts(model, tokenizer, part, cfg.batch_size)            # (shard, dim)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, lambda p, e=emb: np.save(open(p, "wb"), e))
+        shards.append(emb)
+        if progress is not None:
+            progress(min(start + cfg.shard_rows, n), n)
+    if not shards:
+        dim = model.encoder.backbone.config.hidden_size
+        return np.zeros((0, dim), np.float32)
+    return np.concatenate(shards).astype(np.float32, copy=False)
+
+
+@dataclass
+class EmbeddingIndex:
+    """Passage vectors with their ids and the (corpus, model) they were built from.
+
+    passage_ids, unit_ids : ``(n,)`` corpus ids of each row.
+    cluster_ids : int32 ``(n,)``.
+    vectors : float32 ``(n, dim)``, rows L2-normalised.
+    meta : ``corpus_digest``, ``model_version``, ``dim``, ``max_length``, ``text``.
+    """
+
+    passage_ids: list[str]
+    unit_ids: list[str]
+    cluster_ids: np.ndarray
+    vectors: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.passage_ids)
+        if self.vectors.ndim != 2 or self.vectors.shape[0] != n or len(self.unit_ids) != n or len(self.cluster_ids) != n:
+            raise ValueError(f"embedding index: {n} passage ids, {len(self.unit_ids)} unit ids, "
+                             f"{len(self.cluster_ids)} cluster ids, vectors {self.vectors.shape}")
+        self.cluster_ids = np.asarray(self.cluster_ids, dtype=np.int32)
+        self._order = np.argsort(self.cluster_ids, kind="stable")                # rows grouped by cluster
+        self._sorted = self.cluster_ids[self._order]
+
+    def __len__(self) -> int:
+        return len(self.passage_ids)
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def check(self, corpus_digest: str, version: str) -> None:
+        """Refuse an index of another corpus version or model version.
+
+        Raises
+        ------
+        EmbeddingIndexMismatch
+            ``meta["corpus_digest"]`` or ``meta["model_version"]`` differs (names both values).
+        """
+        for key, want in (("corpus_digest", corpus_digest), ("model_version", version)):
+            have = self.meta.get(key)
+            if have != want:
+                raise EmbeddingIndexMismatch(f"embedding index {key} is {have!r}, expected {want!r}: "
+                                             f"re-embed with `funnelrag embed-corpus`")
+
+    def row_of(self) -> dict[str, int]:
+        """``passage_id → row`` (built once, then cached)."""
+        if getattr(self, "_row_of", None) is None:
+            self._row_of = {p: i for i, p in enumerate(self.passage_ids)}
+        return self._row_of
+
+    def rows_of_clusters(self, cluster_ids: Sequence[int]) -> np.ndarray:
+        """Row indices of every passage of ``cluster_ids``, int64, cluster by cluster in the
+        order given, corpus order inside a cluster."""
+        parts = []
+        for c in cluster_ids:
+            lo, hi = np.searchsorted(self._sorted, [c, c + 1])
+            parts.append(self._order[lo:hi])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def to_table(self) -> pa.Table:
+        """The contract table (:data:`PASSAGE_EMBEDDINGS`)."""
+        flat = pa.array(np.ascontiguousarray(self.vectors, dtype=np.float32).reshape(-1))
+        offsets = pa.array(np.arange(0, (len(self) + 1) * self.dim, self.dim, dtype=np.int32))
+        return PASSAGE_EMBEDDINGS.validate(pa.table({
+            "passage_id": pa.array(self.passage_ids, pa.string()), "unit_id": pa.array(self.unit_ids, pa.string()),
+            "cluster_id": pa.array(self.cluster_ids, pa.int32()),
+            "embedding": pa.ListArray.from_arrays(offsets, flat)}, schema=PASSAGE_EMBEDDINGS.schema))
+
+    @classmethod
+    def from_table(cls, table: pa.Table, meta: dict) -> "EmbeddingIndex":
+        n = table.num_rows
+        flat = table["embedding"].combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        dim = flat.size // n if n else int(meta.get("dim", 0))
+        return cls(table["passage_id"].to_pylist(), table["unit_id"].to_pylist(), table["cluster_id"].to_numpy(),
+                   flat.reshape(n, dim).astype(np.float32, copy=False), dict(meta))
+
+
+@stage("passage-embeddings", version="1")
+def build_embedding_index(passages: pa.Table, model, tokenizer, corpus_digest: str,
+                          cfg: EmbeddingConfig = EmbeddingConfig(), shard_dir: Path | None = None,
+                          progress: Callable[[int, int], None] | None = None) -> tuple[EmbeddingIndex, dict]:
+    """Embed every passage of a published corpus with a bi-encoder pre-ranker (the stage core).
+
+    Parameters
+    ----------
+    passages : the corpus ``passages`` table (passage_id, unit_id, cluster_id, title, text).
+    model, tokenizer : bi-encoder pre-ranker and its tokenizer.
+    corpus_digest : the corpus content digest (manifest ``content_digest``).
+    cfg, shard_dir, progress : see :func:`embed_passages`.
+
+    Returns
+    -------
+    (EmbeddingIndex, info)
+        ``info`` = ``{"passages", "seconds", "passages_per_s"}`` (seconds of this call; shards
+        reused from ``shard_dir`` make it shorter).
+
+    Raises
+    ------
+    ValueError
+        ``model`` is not a bi-encoder.
+    """
+    version = model_version(model)
+    t0 = time.perf_counter()
+    vectors = embed_passages(passage_texts(passages), model, tokenizer, cfg, shard_dir, progress)   # (n, dim)
+    seconds = time.perf_counter() - t0
+    meta = {"corpus_digest": corpus_digest, "model_version": version, "dim": int(vectors.shape[1]),
+            "max_length": int(model.encoder.cfg.max_length), "text": TEXT_FORMAT}
+    index = EmbeddingIndex(passages["passage_id"].to_pylist(), passages["unit_id"].to_pylist(),
+                           passages["cluster_id"].to_numpy(), vectors, meta)
+    return index, {"passages": len(index), "seconds": seconds, "passages_per_s": len(index) / max(seconds, 1e-9)}
+
+
+# ---------------------------------------------------------------------------- store
+def shard_key(corpus_digest: str, version: str, cfg: EmbeddingConfig) -> str:
+    """Cache key of the shards of one (corpus, model, shard size) embedding run."""
+    return stage_of(build_embedding_index).key({"shard_rows": cfg.shard_rows, "text": TEXT_FORMAT},
+                                               {"corpus": corpus_digest, "model": version})
+
+
+def store_root(stores_dir: Path, corpus: str, version: str) -> Path:
+    """``<stores>/embeddings/<corpus>/<model version[:16]>``: one versioned store per model."""
+    return Path(stores_dir) / "embeddings" / corpus / version[:16]
+
+
+def publish_embedding_index(root: Path, index: EmbeddingIndex, extra: dict | None = None) -> Path:
+    """Publish ``index`` atomically as a new version of the store at ``root`` and move ``current``.
+
+    The table is written and read back through its contract (row count, ids and vectors
+    checked) before ``current`` moves; a failure leaves the previous version current.
+
+    Returns
+    -------
+    Path
+        The published version directory.
+    """
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+
+    store = ArtifactStore(root)
+    staging = Path(root) / f".build-{os.getpid()}"
+    path = PASSAGE_EMBEDDINGS.write(index.to_table(), staging)
+    digest = sha256_file(path)
+
+    def validate(version_dir: Path) -> None:
+        back = PASSAGE_EMBEDDINGS.read(version_dir)
+        if back.num_rows != len(index) or back["passage_id"].to_pylist() != index.passage_ids:
+            raise ValueError(f"{version_dir}: passage ids differ from the embedded passages")
+
+    try:
+        return store.publish(store.new_version_id(digest), {PASSAGE_EMBEDDINGS.filename: path},
+                             {**index.meta, "passages": len(index), **dict(extra or {})}, validate)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def open_embedding_index(root: Path, corpus_digest: str, version: str) -> EmbeddingIndex:
+    """The current embedding index of the store at ``root``, checked against the corpus and model.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing published at ``root``.
+    EmbeddingIndexMismatch
+        The current version was built from another corpus digest or model version.
+    """
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+
+    store = ArtifactStore(root)
+    manifest = store.read_manifest()
+    meta = {k: manifest.get(k) for k in (*MANIFEST_KEYS, "dim", "max_length", "text")}
+    probe = EmbeddingIndex([], [], np.zeros(0, np.int32), np.zeros((0, 1), np.float32), meta)
+    probe.check(corpus_digest, version)                       # before reading 200+ MB of vectors
+    index = EmbeddingIndex.from_table(PASSAGE_EMBEDDINGS.read(store.current_dir()), meta)
+    return index
+
+
+def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpus_digest: str, passages: pa.Table,
+                           model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(), build: bool = True,
+                           progress: Callable[[int, int], None] | None = None) -> tuple[EmbeddingIndex, dict]:
+    """The published index of (corpus digest, model version), embedding and publishing it first
+    when there is none (the stage the ``embed-corpus`` flow and the nightly build run).
+
+    Parameters
+    ----------
+    stores_dir, cache_dir : ``Workspace.home / "stores"`` and ``Workspace.cache_dir``.
+    corpus : corpus name (``wikispeedia``).
+    corpus_digest, passages : the published corpus version's content digest and passages.
+    model, tokenizer : the bi-encoder pre-ranker.
+    build : False: never embed (raise instead when no matching index is published).
+
+    Returns
+    -------
+    (EmbeddingIndex, info)
+        ``info`` = ``{"cache_hit", "model_version", "store", "version", ...}`` plus the build
+        figures of :func:`build_embedding_index` when it embedded.
+
+    Raises
+    ------
+    FileNotFoundError, EmbeddingIndexMismatch
+        ``build`` is False and no index of this corpus and model is published.
+    """
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+
+    version = model_version(model)
+    root = store_root(stores_dir, corpus, version)
+    try:
+        index = open_embedding_index(root, corpus_digest, version)
+        return index, {"cache_hit": True, "model_version": version, "store": str(root),
+                       "version": ArtifactStore(root).current_version(), "passages": len(index)}
+    except (FileNotFoundError, EmbeddingIndexMismatch):
+        if not build:
+            raise
+    shards = Path(cache_dir) / "embed" / shard_key(corpus_digest, version, cfg)
+    index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, shards, progress)
+    path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
+    shutil.rmtree(shards, ignore_errors=True)
+    return index, {"cache_hit": False, "model_version": version, "store": str(root), "version": path.name, **info}
+
+
+PRECISIONS = ("fp32", "int8", "bf16")
+
+
+def with_precision(model, precision: str):
+    """A copy of a bi-encoder pre-ranker for faster CPU inference, or ``model`` itself for fp32.
+
+    ``int8``: ``torch.ao.quantization.quantize_dynamic`` of every ``nn.Linear`` (int8 weights,
+    activations quantised per batch; fbgemm uses AVX-512 VNNI where the CPU has it).
+    ``bf16``: weights and activations in bfloat16 (AVX-512 BF16 / AMX where present); the
+    pooled embeddings are returned as float32 by :func:`models.encoders.encode`.
+    A non-fp32 copy computes other vectors: its :func:`model_version` differs, so its index
+    is a different artifact.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``precision``.
+    """
+    import copy  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp32":
+        return model
+    fast = copy.deepcopy(model).eval()
+    if precision == "int8":
+        fast.encoder = torch.ao.quantization.quantize_dynamic(fast.encoder, {torch.nn.Linear}, dtype=torch.qint8)
+    else:
+        fast.encoder = fast.encoder.to(torch.bfloat16)
+    return fast

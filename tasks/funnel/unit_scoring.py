@@ -1,0 +1,82 @@
+"""Whole-unit pre-ranking: a ~1K-token document unit scored from all of its passages (MaxP).
+
+A transformer pre-ranker reads at most ``max_length`` tokens (256 for MiniLM), so scoring a
+~1K-token unit from its text alone shows the pre-ranker its first quarter. As for long
+documents in neural IR (Dai & Callan 2019, "MaxP"), the unit is instead cut into windows that
+together cover all of it — its own ~100-word passages, each well under 256 tokens — every
+window is scored by the pre-ranker, and the unit's score is the best window's:
+
+    f(q, u) = max_{p ∈ u} f(q, p)          (FunnelRAG Eq. 1 applied per passage, then max)
+
+This works for the bi-encoder (passage embeddings, computable offline) and the cross-encoder
+(one pair per passage) alike, and yields passage scores for free: without a post-ranker, the
+final passages are the best-scoring passages of the top-N units instead of their first ones.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+UNIT_SCORING = ("first", "maxp")
+
+
+def group_max(scores: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """Maximum of ``scores`` per group, float32 ``(n_groups,)`` (``-inf`` for an empty group).
+
+    Parameters
+    ----------
+    scores : float ``(n,)`` passage scores.
+    groups : int ``(n,)`` group (unit) index of each score, in ``[0, n_groups)``.
+    n_groups : number of groups.
+    """
+    out = np.full(n_groups, -np.inf, dtype=np.float32)
+    np.maximum.at(out, np.asarray(groups, dtype=np.int64), np.asarray(scores, dtype=np.float32))
+    return out
+
+
+def maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Sequence[tuple[int, str]],
+                     passages_of: dict[str, list[tuple[str, str]]], batch_size: int = 32
+                     ) -> tuple[np.ndarray, dict[tuple[int, str], float]]:
+    """MaxP scores of (question, unit) pool rows, and the score of every passage behind them.
+
+    Parameters
+    ----------
+    model, tokenizer : a pre-ranker (:mod:`models.preranker`, bi- or cross-encoder).
+    questions : question texts.
+    pool : ``[(question index, unit_id)]`` rows to score.
+    passages_of : ``unit_id → [(passage_id, text)]``, the unit's passages in order; ``text``
+        is what the pre-ranker reads (:func:`tasks.funnel.embeddings.passage_text`).
+    batch_size : pairs (or texts) per forward pass.
+
+    Returns
+    -------
+    unit_scores : float32 ``(len(pool),)``, ``max`` over each unit's passage scores.
+    passage_scores : ``{(question index, passage_id): f(q, p)}`` for every passage of every
+        pool unit.
+
+    Raises
+    ------
+    ValueError
+        A pool unit has no passages.
+    """
+    from models.preranker import score_grouped  # noqa: PLC0415
+
+    p_row: dict[str, int] = {}
+    texts: list[str] = []
+    for uid in sorted({u for _, u in pool}):
+        if not passages_of.get(uid):
+            raise ValueError(f"unit {uid!r} has no passages to score")
+        for pid, text in passages_of[uid]:
+            p_row[pid] = len(texts)
+            texts.append(text)
+    pairs, owner = [], []
+    for r, (qi, uid) in enumerate(pool):
+        for pid, _ in passages_of[uid]:
+            pairs.append((qi, p_row[pid]))
+            owner.append(r)
+    scores = score_grouped(model, tokenizer, list(questions), texts, pairs, batch_size)   # (n_pairs,)
+    unit_scores = group_max(scores, np.asarray(owner), len(pool))                        # (len(pool),)
+    pids = list(p_row)
+    passage_scores = {(qi, pids[j]): float(s) for (qi, j), s in zip(pairs, scores)}
+    return unit_scores, passage_scores

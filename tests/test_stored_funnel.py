@@ -1,0 +1,175 @@
+"""Whole-unit (MaxP) pre-ranking, the passage embedding index, and progressive retrieval from
+stored vectors, on a real mini corpus (NQ-open oracle gold passages, 3 articles per cluster)."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from funnelrag.datasets import resolve
+from models.preranker import PreRankerConfig, build_preranker, score
+from tasks.corpus.index import BM25Index
+from tasks.corpus.segment import SegmentConfig, segment_cluster, segments_to_tables
+from tasks.corpus.tokenize import WhitespaceCounter
+from tasks.funnel.candidates import CandidatesConfig, build_candidates
+from tasks.funnel.embeddings import (EmbeddingConfig, EmbeddingIndexMismatch, build_embedding_index, embed_texts,
+                                     ensure_embedding_index, model_version, open_embedding_index, passage_text,
+                                     publish_embedding_index, store_root)
+from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex
+from tasks.funnel.questions import QuestionsConfig, load_questions
+from tasks.funnel.stored import rank_units_stored
+from tasks.funnel.unit_scoring import group_max
+
+N_RECORDS = 24
+SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace")
+N_Q = 6
+
+
+@pytest.fixture(scope="module")
+def mini(data_mirror):
+    path = resolve("nq-open-oracle", data_mirror)
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        records = [json.loads(line) for _, line in zip(range(N_RECORDS), fh)]
+    docs = [(i, r["ctxs"][0]["title"], r["ctxs"][0]["text"]) for i, r in enumerate(records)]
+    clusters = {c: docs[3 * c:3 * c + 3] for c in range(len(docs) // 3)}
+    index = BM25Index.build([" ".join(f"{t} {x}" for _, t, x in m) for m in clusters.values()], list(clusters))
+    questions, _ = load_questions([path], QuestionsConfig(limit=N_Q))
+    segs = [segment_cluster(c, clusters[c], SEG, WhitespaceCounter()) for c in sorted(clusters)]
+    _, passages = segments_to_tables(segs)
+    model, tok = build_preranker(PreRankerConfig(kind="bi", max_length=64))
+    return {"questions": questions, "clusters": clusters, "index": index, "passages": passages,
+            "members_of": lambda ids: {c: clusters[c] for c in ids}, "model": model, "tok": tok}
+
+
+def _maxp_candidates(mini, model, tok, n_clusters=3):
+    cfg = CandidatesConfig(n_clusters=n_clusters, n_units=2, batch_size=8, unit_scoring="maxp")
+    return build_candidates(mini["questions"], mini["index"], mini["members_of"], SEG, WhitespaceCounter(),
+                            model, tok, cfg)
+
+
+def test_group_max_is_the_maximum_per_group():
+    rng = np.random.default_rng(0)
+    scores, groups = rng.normal(size=50).astype(np.float32), rng.integers(0, 7, size=50)
+    expected = [max((s for s, g in zip(scores, groups) if g == k), default=-np.inf) for k in range(8)]
+    np.testing.assert_array_equal(group_max(scores, groups, 8), np.asarray(expected, np.float32))
+
+
+@pytest.mark.parametrize("kind", ["bi", "cross"])
+def test_maxp_scores_equal_a_brute_force_reference(mini, kind, one_torch_thread):
+    model, tok = (mini["model"], mini["tok"]) if kind == "bi" else build_preranker(PreRankerConfig(kind="cross", max_length=64))
+    cs = _maxp_candidates(mini, model, tok, n_clusters=2)
+    text = {q: t for q, t in zip(mini["questions"]["question_id"].to_pylist(), mini["questions"]["question"].to_pylist())}
+    passages = {}
+    for seg in (segment_cluster(c, mini["clusters"][c], SEG, WhitespaceCounter()) for c in mini["clusters"]):
+        for u in seg.units:
+            passages[u.unit_id] = [(p.passage_id, passage_text(p.title, p.text)) for p in u.passages]
+    pool = cs.unit_pool.to_pylist()
+    assert pool and all(len(passages[r["unit_id"]]) >= 1 for r in pool)
+    tol = 1e-5 if kind == "bi" else 1e-4
+    for r in pool:
+        one_by_one = [float(score(model, tok, text[r["question_id"]], [t])[0]) for _, t in passages[r["unit_id"]]]
+        assert r["prerank_score"] == pytest.approx(max(one_by_one), abs=tol)        # MaxP = max over its passages
+        for (pid, _), s in zip(passages[r["unit_id"]], one_by_one):
+            assert cs.passage_scores[(r["question_id"], pid)] == pytest.approx(s, abs=tol)
+
+
+def test_stored_vectors_equal_on_the_fly_encoding(mini, one_torch_thread):
+    model, tok, passages = mini["model"], mini["tok"], mini["passages"]
+    index, info = build_embedding_index(passages, model, tok, "digest-a", EmbeddingConfig(batch_size=5, shard_rows=7))
+    assert info["passages"] == passages.num_rows and index.meta["max_length"] == 64
+    with torch.no_grad():
+        for j in range(0, passages.num_rows, 5):
+            text = passage_text(passages["title"][j].as_py(), passages["text"][j].as_py())
+            enc = tok([text], truncation=True, max_length=64, return_tensors="pt")
+            one = model.encoder(enc["input_ids"], enc["attention_mask"]).embeddings[0].numpy()   # (dim,)
+            np.testing.assert_allclose(index.vectors[j], one, atol=1e-5)
+
+
+def test_index_is_published_reused_and_rejected_on_mismatch(mini, tmp_path, one_torch_thread):
+    model, tok, passages = mini["model"], mini["tok"], mini["passages"]
+    index, info = ensure_embedding_index(tmp_path / "stores", tmp_path / "cache", "mini", "digest-a", passages,
+                                         model, tok, EmbeddingConfig(batch_size=16, shard_rows=10))
+    assert not info["cache_hit"] and not list((tmp_path / "cache" / "embed").glob("*/shard-*.npy"))
+    again, info2 = ensure_embedding_index(tmp_path / "stores", tmp_path / "cache", "mini", "digest-a", passages,
+                                          model, tok, build=False)
+    assert info2["cache_hit"] and info2["version"] == info["version"]
+    np.testing.assert_array_equal(again.vectors, index.vectors)
+    assert again.passage_ids == passages["passage_id"].to_pylist()
+    root = store_root(tmp_path / "stores", "mini", model_version(model))
+    with pytest.raises(EmbeddingIndexMismatch, match="corpus_digest"):
+        open_embedding_index(root, "digest-b", model_version(model))
+    with pytest.raises(EmbeddingIndexMismatch, match="model_version"):
+        open_embedding_index(root, "digest-a", "0" * 64)
+    other, _ = build_preranker(PreRankerConfig(kind="bi", max_length=32))   # same weights, other input length
+    assert model_version(other) != model_version(model)
+    with torch.no_grad():
+        changed, _ = build_preranker(PreRankerConfig(kind="bi", max_length=64))
+        next(changed.parameters()).add_(1e-3)
+    assert model_version(changed) != model_version(model)
+    with pytest.raises(FileNotFoundError):
+        ensure_embedding_index(tmp_path / "stores", tmp_path / "cache", "mini", "digest-a", passages, changed, tok,
+                               build=False)
+    publish_embedding_index(root, index)                                     # a second version: current moves
+    assert len(list((root / "versions").iterdir())) == 2
+
+
+def test_progressive_from_stored_vectors_ranks_as_on_the_fly(mini, one_torch_thread):
+    model, tok = mini["model"], mini["tok"]
+    cs = _maxp_candidates(mini, model, tok)
+    index, _ = build_embedding_index(mini["passages"], model, tok, "digest-a")
+    q_ids, q_text = mini["questions"]["question_id"].to_pylist(), mini["questions"]["question"].to_pylist()
+    pool = cs.unit_pool.to_pylist()
+    ids, _ = mini["index"].search(q_text, 3)
+    for qid, text, clusters in zip(q_ids, q_text, ids):
+        ranking = rank_units_stored(embed_texts(model, tok, [text])[0], index, [int(c) for c in clusters])
+        mine = sorted((r for r in pool if r["question_id"] == qid), key=lambda r: r["prerank_rank"])
+        assert ranking.unit_ids == [r["unit_id"] for r in mine]
+        np.testing.assert_allclose(ranking.unit_scores, [r["prerank_score"] for r in mine], atol=1e-5)
+        for row, s in zip(ranking.passage_rows, ranking.passage_scores):
+            assert cs.passage_scores[(qid, index.passage_ids[row])] == pytest.approx(float(s), abs=1e-5)
+        top = ranking.top_passages(index, 2, 4)
+        expected = sorted(((-s, pid) for (q, pid), s in cs.passage_scores.items()
+                           if q == qid and pid.rsplit(".p", 1)[0] in {r["unit_id"] for r in mine[:2]}))[:4]
+        assert [index.passage_ids[r] for r, _ in top] == [pid for _, pid in expected]
+
+
+def test_lazy_index_fills_on_demand_and_persists(mini, tmp_path, one_torch_thread):
+    model, tok, passages = mini["model"], mini["tok"], mini["passages"]
+    full, _ = build_embedding_index(passages, model, tok, "digest-a")
+    version = model_version(model)
+    lazy = LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-a", version, full.dim, 64)
+    rows = lazy.rows_of_clusters([1, 3])
+    assert lazy.ensure(rows, model, tok) == len(rows) and lazy.ensure(rows, model, tok) == 0
+    np.testing.assert_allclose(lazy.vectors[rows], full.vectors[rows], atol=1e-5)
+    reopened = LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-a", version, full.dim, 64)
+    assert reopened.n_filled == len(rows) and reopened.filled[rows].all()
+    np.testing.assert_array_equal(reopened.vectors[rows], lazy.vectors[rows])
+    with pytest.raises(EmbeddingIndexMismatch, match="corpus_digest"):
+        LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-b", version, full.dim, 64)
+
+
+def test_faiss_flat_dense_is_exact_and_approximate_kinds_recall(mini, one_torch_thread):
+    from tasks.evaluate.flat_dense import FlatDenseConfig, build_faiss_index, faiss_retriever  # noqa: PLC0415
+    from tasks.evaluate.retrieval import PreRanker  # noqa: PLC0415
+
+    model, tok = mini["model"], mini["tok"]
+    index, _ = build_embedding_index(mini["passages"], model, tok, "digest-a")
+    retrieve = faiss_retriever(index, build_faiss_index(index.vectors), PreRanker("minilm", model, tok))
+    for text in mini["questions"]["question"].to_pylist():
+        scores = index.vectors @ embed_texts(model, tok, [text])[0]                     # (n,)
+        expected = [index.passage_ids[i] for i in np.argsort(-scores, kind="stable")[:5]]
+        assert retrieve(text, 5) == expected
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = x[:50] + 0.1 * rng.normal(size=(50, 32)).astype(np.float32)
+    truth = np.argsort(-(q @ x.T), axis=1)[:, :10]
+    for cfg in (FlatDenseConfig(kind="hnsw"), FlatDenseConfig(kind="ivf", n_probe=32)):
+        _, rows = build_faiss_index(x, cfg).search(q, 10)
+        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, truth)])
+        assert recall >= 0.9, (cfg.kind, recall)
+    with pytest.raises(ValueError, match="kind"):
+        FlatDenseConfig(kind="lsh")
