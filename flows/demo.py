@@ -33,24 +33,33 @@ DEFAULT_STEPS = ["corpus-wikispeedia", "corpus-enwiki-sample", "distillation", "
 
 
 class DemoConfig(FlowConfig):
-    """Which steps to run (default: all, in order)."""
+    """Which steps to run, in order, and per-step settings over their YAML files.
+
+    steps : step names (default: the FunnelRAG pipeline; ``dr-rag`` and ``r2ag`` on request).
+    overrides : ``{step: {key: value}}`` merged over the step's YAML config, e.g.
+        ``--set overrides.distillation.n_train=8``.
+    """
 
     steps: list[str] = Field(default_factory=lambda: list(DEFAULT_STEPS))
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the selected steps; return ``{step: summary}`` plus seconds per step."""
     import yaml  # noqa: PLC0415
 
-    unknown = [s for s in cfg.steps if s not in STEPS]
+    unknown = [s for s in [*cfg.steps, *cfg.overrides] if s not in STEPS]
     if unknown:
         raise ValueError(f"demo: unknown step(s) {unknown}; known: {list(STEPS)}")
+    missing = [f for _, _, f in (STEPS[s] for s in cfg.steps) if not (CONFIG_DIR / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"demo: step config(s) {missing} missing in {CONFIG_DIR}")
     out: dict[str, Any] = {}
     for step in cfg.steps:
         module, command, config_file = STEPS[step]
         cmd = next(c for c in importlib.import_module(module).COMMANDS if c.name == command)
         data = yaml.safe_load((CONFIG_DIR / config_file).read_text()) or {}
-        data = deep_merge(data, {"workspace": cfg.workspace.model_dump()})
+        data = deep_merge(deep_merge(data, cfg.overrides.get(step, {})), {"workspace": cfg.workspace.model_dump()})
         step_cfg = cmd.config_model.model_validate(data)
         log.info("demo: step %s (%s, %s)", step, command, config_file)
         t0 = time.perf_counter()

@@ -3,9 +3,11 @@
 Examples::
 
     funnelrag demo                                   # the whole job on the embedded defaults
-    funnelrag build-corpus --set corpus.name=enwiki-sample --set source.format=mediawiki
+    funnelrag demo --set 'steps=[dr-rag, r2ag]'      # the other two systems
+    funnelrag build-corpus --config configs/corpus_enwiki_sample.yaml --set clustering.max_tokens=2048
     funnelrag search "who wrote the origin of species"
-    funnelrag distill --config configs/distillation.yaml
+    funnelrag distill --config configs/distillation_wikispeedia_cpu.yaml --set n_train=150
+    funnelrag evaluate --config configs/evaluate_demo.yaml --print-config
 """
 from __future__ import annotations
 

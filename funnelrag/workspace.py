@@ -12,10 +12,11 @@ class Workspace:
     Layout::
 
         home/
-          stores/<name>/versions/<version_id>/...   published, versioned artifact sets
-          stores/<name>/current                     text file naming the current version
-          cache/<stage>/<key>/...                   content-keyed stage outputs
-          runs/<flow>/<run_id>/...                  scratch of one flow run (checkpoints)
+          stores/corpus/<name>/versions/<version_id>/   published corpus versions (funnelrag.corpus)
+          stores/corpus/<name>/current                  text file naming the current version
+          cache/<pipeline>/<stage>/<key>/...            content-keyed stage outputs (funnelrag.stages);
+                                                        pipeline: corpus, distillation, evaluate, dr_rag, r2ag
+          runs/<flow>/<run_id or key>/...               scratch of one flow run (checkpoints, tables)
           mlflow.db, mlruns/                        MLflow tracking (SQLite + artifacts)
           downloads/                                data fetched from canonical URLs
     """

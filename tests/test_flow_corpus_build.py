@@ -1,14 +1,18 @@
 """The corpus-build flow on the real samples under the Prefect harness."""
 import json
+from pathlib import Path
 
 import mlflow
 import pyarrow.parquet as pq
 import pytest
 
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow, enwiki_sample_config
+from funnelrag.config import load_config
 from funnelrag.corpus import corpus_store, open_corpus
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as corpus_stages
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def _ws(home, mirror):
@@ -85,14 +89,46 @@ def test_changed_input_content_at_same_path_rebuilds(prefect_harness, workspace_
     assert second["counts"]["documents"] == 3 and second["counts"]["clusters"] == 2
 
 
+# README "Measured here": documents, links, clusters, units, passages of both real samples with
+# the shipped configs, and the content digest (sha256 over every published file). A change means
+# the published corpus changed: if intended, bump the stage version (``@stage`` in
+# tasks/corpus/stages.py) and update these figures and the README.
+FIGURES = {
+    "wikispeedia": {"config": "corpus_wikispeedia.yaml", "documents": 4_598, "links": 119_879, "clusters": 1_573,
+                    "document_units": 23_397, "passages": 146_402, "max_cluster_tokens": 25_793,
+                    "content_digest": "4162f3f79a5dcb68e3c25d9a126af50bc09b521419b0d71ebeaf2278c1399617"},
+    "enwiki-sample": {"config": "corpus_enwiki_sample.yaml", "documents": 98, "links": 93, "clusters": 98,
+                      "document_units": 757, "passages": 4_568, "max_cluster_tokens": 21_999,
+                      "content_digest": "81a58125f5d8a7854dd6bfaf8179af887a1be55cca9f2c46ceafa603e08ecfbf"},
+}
+
+
+@pytest.fixture(scope="module")
+def shipped_builds(prefect_harness, data_mirror, tmp_path_factory) -> Workspace:
+    """Both real samples built once, with the shipped ``configs/corpus_*.yaml``, into one workspace."""
+    home = tmp_path_factory.mktemp("shipped-corpora")
+    for name, fig in FIGURES.items():
+        cfg = load_config(CorpusBuildConfig, CONFIGS / fig["config"],
+                          [f"workspace.home={home}", f"workspace.data_mirror={data_mirror}"])
+        assert cfg.name == name and corpus_build_flow(cfg)["corpus"] == name
+    return Workspace(home)
+
+
 @pytest.mark.slow
-def test_wikispeedia_full_build(prefect_harness, workspace_home, data_mirror):
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_corpus_figures_match_the_readme(shipped_builds, name):
+    fig, manifest = FIGURES[name], open_corpus(shipped_builds, name).manifest
+    for key in ("documents", "links", "clusters", "document_units", "passages", "max_cluster_tokens"):
+        assert manifest["counts"][key] == fig[key], f"{name}: {key} {manifest['counts'][key]:,} != README {fig[key]:,}"
+    assert manifest["content_digest"] == fig["content_digest"]
+
+
+@pytest.mark.slow
+def test_wikispeedia_full_build(shipped_builds):
     """The README's main job on all 4,598 real Wikispeedia articles."""
-    out = corpus_build_flow(CorpusBuildConfig(workspace=_ws(workspace_home, data_mirror)))
-    assert out["counts"]["documents"] == 4598
-    corpus = open_corpus(Workspace(workspace_home))
+    corpus = open_corpus(shipped_builds)
     clusters = corpus.clusters
-    assert clusters.column("n_members").to_numpy().sum() == 4598
+    assert clusters.column("n_members").to_numpy().sum() == corpus.documents.num_rows == 4598
     big = clusters.filter(clusters["n_tokens"].to_numpy() > 16384)
     assert (big.column("n_members").to_numpy() == 1).all()  # only single over-size documents exceed S
     index = corpus.cluster_index()
