@@ -8,6 +8,10 @@ query time ("later chunking") carry the same ids as the passage table built offl
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
 import numpy as np
 import pyarrow as pa
 
@@ -183,3 +187,51 @@ WINDOW_TOKENS = Contract(
     ]),
     unique=("doc_id",),
 )
+
+
+@dataclass(frozen=True)
+class BuildConfigContract:
+    """Contract of the build config a published corpus records in ``manifest.json``
+    (``manifest["config"]``, version ``manifest["config_version"]``): the sections later flows
+    rely on and the keys each must have. Bump ``version`` when a key changes meaning."""
+
+    version: int
+    sections: Mapping[str, tuple[str, ...]]
+
+    def stamp(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Manifest fields for ``config`` (a JSON-able dict): ``{"config", "config_version"}``.
+
+        Raises
+        ------
+        ValueError
+            A required section or key is missing.
+        """
+        for name in self.sections:
+            self.section({"config": config, "config_version": self.version}, name, Path("<new manifest>"))
+        return {"config": dict(config), "config_version": self.version}
+
+    def section(self, manifest: Mapping[str, Any], name: str, source: Path) -> dict[str, Any]:
+        """``manifest["config"][name]`` after checking version and required keys (``source``
+        names the manifest in errors). Manifests written before the version was recorded are version 1."""
+        version = manifest.get("config_version", 1)
+        if version != self.version:
+            raise ValueError(f"{source}: build config version {version}, this code reads {self.version}")
+        if name not in self.sections:
+            raise ValueError(f"{source}: no build-config section {name!r} in the contract ({sorted(self.sections)})")
+        section = manifest.get("config", {}).get(name)
+        if not isinstance(section, Mapping):
+            raise ValueError(f"{source}: manifest has no config.{name}")
+        missing = [k for k in self.sections[name] if k not in section]
+        if missing:
+            raise ValueError(f"{source}: config.{name} lacks {missing}")
+        return dict(section)
+
+
+BUILD_CONFIG = BuildConfigContract(version=1, sections={
+    "ingest": ("format",),
+    "clustering": ("max_tokens", "tokenizer"),
+    "segment": ("passage_words", "unit_max_tokens", "tokenizer"),
+    "bm25": ("k1", "b"),
+})
+"""Later chunking (:meth:`funnelrag.corpus.CorpusVersion.segment_config`) must cut units and
+passages exactly as the build did, so ``segment`` is read back through this contract."""

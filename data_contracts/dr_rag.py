@@ -34,7 +34,7 @@ PARAGRAPHS = Contract(
     unique=("paragraph_id",),
 )
 
-QUESTIONS = Contract(
+HOTPOTQA_QUESTIONS = Contract(
     name="dr_rag_questions",
     filename="questions.hotpotqa.parquet",
     schema=pa.schema([
@@ -128,4 +128,4 @@ TABLE5 = Contract(
     unique=("method", "k"),
 )
 
-ALL = (PARAGRAPHS, QUESTIONS, QRELS, EMBEDDINGS, RANKINGS, CLASSIFIER_PAIRS, SELECTIONS, TABLE5)
+ALL = (PARAGRAPHS, HOTPOTQA_QUESTIONS, QRELS, EMBEDDINGS, RANKINGS, CLASSIFIER_PAIRS, SELECTIONS, TABLE5)

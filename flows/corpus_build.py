@@ -139,7 +139,7 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
     counts = {k: v for k, v in stages["cluster"].summary.items() if not k.endswith("seconds")}
     manifest_extra = {
         "corpus": cfg.name, "content_digest": digest, "code_version": code_version(),
-        "config": to_jsonable(cfg.model_dump(exclude={"workspace", "runner"})),
+        **S.C.BUILD_CONFIG.stamp(to_jsonable(cfg.model_dump(exclude={"workspace", "runner"}))),
         "schema_versions": {c.name: c.version for c in S.C.CORPUS_CONTRACTS},
         "counts": {"documents": stages["ingest"].summary["documents"], "links": stages["ingest"].summary["links"],
                    "redirects": stages["ingest"].summary["redirects"], **counts,

@@ -50,10 +50,10 @@ class DRRAGConfig(FlowConfig):
     epoch over the balanced pairs of the train questions.
     """
 
-    data: S.DataConfig = S.DataConfig()
+    data: S.HotpotQADataConfig = S.HotpotQADataConfig()
     pairs: PairSamplingConfig = PairSamplingConfig()
     classifier: ClassifierConfig = ClassifierConfig(max_length=128, max_query_tokens=48)
-    train: S.TrainSettings = S.TrainSettings(lr=1e-4, warmup_steps=10, trainable_layers=3)
+    train: S.ClassifierTrainConfig = S.ClassifierTrainConfig(lr=1e-4, warmup_steps=10, trainable_layers=3)
     sm: SMConfig = SMConfig()
     bm25: BM25Config = BM25Config()
     eval: EvalConfig = EvalConfig()
@@ -69,7 +69,7 @@ def _data_file(cfg: DRRAGConfig, ws: Workspace) -> tuple[Path, str]:
 
 
 @stage_task("dr-rag-collection")
-def collection_task(cache: StageCache, path: Path, sha: str, cfg: S.DataConfig) -> StageResult:
+def collection_task(cache: StageCache, path: Path, sha: str, cfg: S.HotpotQADataConfig) -> StageResult:
     return run_cached(cache, S.run_collection, cfg, {"data": sha}, lambda out, _: S.run_collection(path, cfg, out))
 
 

@@ -142,7 +142,7 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
 
     from funnelrag import datasets  # noqa: PLC0415
     from tasks.evaluate.models import load_preranker_ref, load_reader_ref  # noqa: PLC0415
-    from tasks.evaluate.retrieval import PreRanker  # noqa: PLC0415
+    from tasks.evaluate.retrieval import LabeledPreRanker  # noqa: PLC0415
 
     missing = (OSError, ValueError, KeyError, MlflowException)  # no such file / version / alias
     prerankers, provenance, skipped = [], {}, {}
@@ -154,7 +154,7 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
                 raise
             skipped[f"preranker {label}"] = f"{ref}: {type(exc).__name__}: {exc}"
             continue
-        prerankers.append(PreRanker(label, model, tok, cfg.preranker_batch_size))
+        prerankers.append(LabeledPreRanker(label, model, tok, cfg.preranker_batch_size))
         provenance[f"preranker.{label}"] = {**resolved.as_params(f"preranker.{label}"),
                                             f"preranker.{label}.max_length": str(model.cfg.max_length)}
     reader = None
@@ -300,14 +300,13 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
     from tasks.evaluate.report import SettingSpec, summarize  # noqa: PLC0415
     from tasks.evaluate.retrieval import PassageLookup, questions_from_table  # noqa: PLC0415
     from tasks.evaluate.timing import machine_info  # noqa: PLC0415
-    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
     from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
 
     logger = get_run_logger()
     t_flow = time.perf_counter()
     ws = Workspace(config.workspace.home)
     corpus = open_corpus(ws, config.corpus, config.corpus_version)
-    seg_cfg = SegmentConfig(**corpus.manifest["config"]["segment"])   # later chunking = the corpus build's
+    seg_cfg = corpus.segment_config()   # later chunking = the corpus build's
     counter = load_token_counter(seg_cfg.tokenizer, config.workspace.data_mirror)
     with flow_run(ws, config.experiment, f"evaluate-{config.corpus}", config.model_dump(exclude={"workspace"}),
                   tracking_uri=config.workspace.tracking_uri,

@@ -25,10 +25,10 @@ from typing import Annotated, Any, Iterator
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, Field
 
 from funnelrag import datasets
-from funnelrag.config import FlowCommand, FlowConfig, flatten_params
+from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, to_jsonable
 from funnelrag.corpus import CorpusVersion, open_corpus
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
@@ -42,18 +42,11 @@ from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
 from tasks.funnel.labels import LabelConfig
 from tasks.funnel.questions import QuestionsConfig
+from tasks.funnel.reader import ReaderTrainConfig
 
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "distillation"
-
-
-def _with_output_dir(value: Any) -> Any:
-    """TrainConfig sections: the flow sets ``output_dir`` itself, so YAML may leave it out."""
-    return {"output_dir": "", **value} if isinstance(value, dict) else value
-
-
-TrainSection = Annotated[TrainConfig, BeforeValidator(_with_output_dir)]
 
 
 class TrainQuestions(DataSource):
@@ -62,15 +55,17 @@ class TrainQuestions(DataSource):
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-dev"])
 
 
-class ReaderSection(BaseModel):
-    """FiD reader (a tiny scratch T5 by default: no pretrained T5 weights offline)."""
+# A tiny scratch T5 reader: no pretrained T5 weights offline.
+DEFAULT_READER = ReaderTrainConfig(
+    fid=FiDConfig(d_model=64, n_layers=2, n_heads=4, d_ff=256, dropout=0.1, max_answer_tokens=16),
+    train=TrainConfig(epochs=2, batch_size=4, lr=1e-3, warmup_steps=5, log_every=5),
+    n_passages=8, max_passage_tokens=160, max_answer_tokens=16)
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    fid: FiDConfig = FiDConfig(d_model=64, n_layers=2, n_heads=4, d_ff=256, dropout=0.1, max_answer_tokens=16)
-    train: TrainSection = TrainConfig(output_dir="", epochs=2, batch_size=4, lr=1e-3, warmup_steps=5, log_every=5)
-    n_passages: int = 8
-    max_passage_tokens: int = 160
-    max_answer_tokens: int = 16
+
+def _over(default: Any):
+    """A partial section (``reader: {train: {max_steps: 3}}``) fills in from ``default``."""
+    base = to_jsonable(default)
+    return lambda value: deep_merge(base, value) if isinstance(value, dict) else value
 
 
 class DistillationConfig(FlowConfig):
@@ -86,13 +81,12 @@ class DistillationConfig(FlowConfig):
     n_eval: int | None = 100
     candidates: CandidatesConfig = CandidatesConfig(n_clusters=3, n_units=8, batch_size=32)
     preranker: PreRankerConfig = PreRankerConfig(kind="bi")   # the model's own input length (one source)
-    reader: ReaderSection = Field(default_factory=ReaderSection)
+    reader: Annotated[ReaderTrainConfig, BeforeValidator(_over(DEFAULT_READER))] = DEFAULT_READER
     attention: AttentionScoreConfig = AttentionScoreConfig()
     attention_run: AttentionRunConfig = AttentionRunConfig(max_passage_tokens=160, batch_size=1)
     labels: LabelConfig = LabelConfig(alpha=0.75, top_k=1)
     distill: DistillConfig = DistillConfig(epochs=1, max_pairs_per_question=8, score_scale=20.0)
-    distill_train: TrainSection = TrainConfig(output_dir="", batch_size=4, grad_accum=2, lr=2e-5, warmup_steps=2,
-                                              log_every=5)
+    distill_train: TrainConfig = TrainConfig(batch_size=4, grad_accum=2, lr=2e-5, warmup_steps=2, log_every=5)
     recall_at: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
     registry_name: str = "funnelrag-preranker"
     reader_registry_name: str = "funnelrag-reader"
@@ -123,22 +117,16 @@ class Context:
         return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent)
 
     def segment(self):
-        from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
         from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
 
-        seg = self.corpus.manifest.get("config", {}).get("segment")
-        if seg is None:
-            raise ValueError(f"corpus {self.corpus.path}: manifest has no config.segment (needed for later chunking)")
-        seg_cfg = SegmentConfig(**seg)
+        seg_cfg = self.corpus.segment_config()
         return seg_cfg, load_token_counter(seg_cfg.tokenizer, self.cfg.workspace.data_mirror)
 
     def reader_config(self):
-        from tasks.funnel.reader import ReaderTrainConfig  # noqa: PLC0415
-
+        """``cfg.reader`` with a scratch reader's tokenizer set to the real T5 tokenizer."""
         r = self.cfg.reader
-        fid = r.fid if r.fid.tokenizer or r.fid.base != "scratch" else replace(r.fid, tokenizer=str(self.tokenizer_dir))
-        return ReaderTrainConfig(fid=fid, train=r.train, n_passages=r.n_passages,
-                                 max_passage_tokens=r.max_passage_tokens, max_answer_tokens=r.max_answer_tokens)
+        return r if r.fid.tokenizer or r.fid.base != "scratch" else replace(
+            r, fid=replace(r.fid, tokenizer=str(self.tokenizer_dir)))
 
     def run(self, core, config: Any, inputs: dict[str, str], build) -> StageResult:
         """:func:`funnelrag.stages.run_cached` of ``core`` in this flow's cache, logged."""

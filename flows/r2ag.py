@@ -34,9 +34,9 @@ from funnelrag.workspace import Workspace
 from models.encoders import EncoderConfig
 from models.r2former import R2FormerConfig
 from tasks.r2ag.features import FeatureConfig
-from tasks.r2ag.generation import GeneratorConfig, JointConfig
+from tasks.r2ag.generation import R2AGGeneratorConfig, JointConfig
 from tasks.r2ag.lists import ListConfig
-from tasks.r2ag.stages import DataConfig, QDMTrainConfig
+from tasks.r2ag.stages import R2AGDataConfig, QDMTrainConfig
 from tasks.r2ag.prompting import PromptConfig
 
 log = logging.getLogger(__name__)
@@ -47,20 +47,26 @@ GATE_METRIC = "qdm_full/map"  # held-out lists
 LATEST_POINTER = "LATEST-{dataset}"  # model dir of the latest train-r2former run per dataset
 
 
-class TrainR2FormerConfig(FlowConfig):
-    """``train-r2former``: data, lists, features, encoder, R²-Former, QDM training, joint stage."""
+class R2AGListsConfig(FlowConfig):
+    """What both R²AG flows read: questions, ranked lists, retrieval features and their encoder
+    (``evaluate-r2ag`` must use the settings the model was trained on)."""
 
-    data: DataConfig = Field(default_factory=DataConfig)
+    data: R2AGDataConfig = Field(default_factory=R2AGDataConfig)
     lists: ListConfig = Field(default_factory=ListConfig)
     features: FeatureConfig = Field(default_factory=FeatureConfig)
     encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+
+
+class TrainR2FormerConfig(R2AGListsConfig):
+    """``train-r2former``: the lists, then R²-Former, QDM training and the joint stage."""
+
     model: R2FormerConfig = Field(default_factory=R2FormerConfig)
     train: QDMTrainConfig = Field(default_factory=QDMTrainConfig)
     joint: JointConfig = Field(default_factory=JointConfig)
 
 
 @dataclass(frozen=True)
-class GenerationConfig:
+class R2AGGenerationConfig:
     """Answer generation in ``evaluate-r2ag`` (only for models trained with a generator).
 
     enabled : generate when the model directory holds a generator.
@@ -74,7 +80,7 @@ class GenerationConfig:
     max_new_tokens: int = 16
 
 
-class EvaluateR2AGConfig(FlowConfig):
+class EvaluateR2AGConfig(R2AGListsConfig):
     """``evaluate-r2ag``: which trained model, on which data (must match its training features).
 
     model_dir : a model directory written by ``train-r2former``.
@@ -84,17 +90,13 @@ class EvaluateR2AGConfig(FlowConfig):
 
     model_dir: Path | None = None
     model_uri: str | None = None
-    data: DataConfig = Field(default_factory=DataConfig)
-    lists: ListConfig = Field(default_factory=ListConfig)
-    features: FeatureConfig = Field(default_factory=FeatureConfig)
-    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
-    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    generation: R2AGGenerationConfig = Field(default_factory=R2AGGenerationConfig)
 
 
 # ---------------------------------------------------------------------------- tasks
 @task(name="r2ag-features", cache_policy=NO_CACHE)
-def features_task(ws: Workspace, mirror: Path | None, data: DataConfig, lists_cfg: ListConfig,
+def features_task(ws: Workspace, mirror: Path | None, data: R2AGDataConfig, lists_cfg: ListConfig,
                   feat_cfg: FeatureConfig, enc_cfg: EncoderConfig):
     """Ranked lists + retrieval features, cached on content; returns (lists, features, report)."""
     from funnelrag.stages import resolve_dataset, run_cached  # noqa: PLC0415
@@ -161,7 +163,7 @@ def joint_task(retrieval, train, lists, joint: JointConfig, mirror: Path | None,
 
 
 # ---------------------------------------------------------------------------- helpers
-def _resolve_tokenizer(gcfg: GeneratorConfig, mirror: Path | None, ws: Workspace) -> GeneratorConfig:
+def _resolve_tokenizer(gcfg: R2AGGeneratorConfig, mirror: Path | None, ws: Workspace) -> R2AGGeneratorConfig:
     """Resolve the tokenizer aliases ``"t5"`` (data mirror) and ``"minilm"`` to directories."""
     if gcfg.tokenizer == "t5":
         from funnelrag.datasets import resolve  # noqa: PLC0415
@@ -212,7 +214,8 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
 
     from data_contracts.base import atomic_write_bytes  # noqa: PLC0415
     from funnelrag.store import write_json  # noqa: PLC0415
-    from tasks.r2ag.checkpoint import save_projection, save_r2former  # noqa: PLC0415
+    from models.r2ag_generator import save_r2ag  # noqa: PLC0415
+    from models.r2former import save_r2former  # noqa: PLC0415
     from tasks.r2ag.stages import (compare_rankings, mlflow_key, split_examples, test_query_ids,  # noqa: PLC0415
                                      variants)
     from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
@@ -239,18 +242,16 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
             seconds[f"train {name}"] = time.perf_counter() - t0
         model_dir = run_dir / "model"
         full_features = variants(cfg.train)["full"]
-        save_r2former(models["full"], full_features, model_dir)
         joint_report = None
         if cfg.joint.enabled:
             t0 = time.perf_counter()
             r2ag, tokenizer, joint_report = joint_task(models["full"], train, lists, cfg.joint, mirror, ws,
                                                        run_dir / "train" / "joint", run_id)
             scores["full after joint"] = score_lists(r2ag.retrieval, test, full_features)
-            save_r2former(r2ag.retrieval, full_features, model_dir)
-            save_projection(r2ag.projection, model_dir)
-            r2ag.generator.save_pretrained(model_dir / "generator")
-            tokenizer.save_pretrained(model_dir / "tokenizer")
+            save_r2ag(r2ag, full_features, tokenizer, model_dir)
             seconds["joint"] = time.perf_counter() - t0
+        else:
+            save_r2former(models["full"], full_features, model_dir)
         metrics_table, rows = compare_rankings(test, scores)
         R.RANKING_METRICS.write(metrics_table, run_dir)
         R.QDM_SCORES.write(_concat([qdm_score_table(n, test, s) for n, s in scores.items()]), run_dir)
@@ -278,8 +279,8 @@ def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig) -> dict:
     import mlflow  # noqa: PLC0415
 
     from funnelrag.store import write_json  # noqa: PLC0415
-    from models.r2ag_generator import R2AGModel  # noqa: PLC0415
-    from tasks.r2ag import checkpoint as ckpt  # noqa: PLC0415
+    from models.r2ag_generator import has_generator, load_r2ag  # noqa: PLC0415
+    from models.r2former import load_r2former  # noqa: PLC0415
     from tasks.r2ag.generation import answer_accuracy, generate_answers, prompted_lists  # noqa: PLC0415
     from tasks.r2ag.stages import compare_rankings, mlflow_key, split_examples, test_query_ids  # noqa: PLC0415
     from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
@@ -287,7 +288,7 @@ def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig) -> dict:
     ws = Workspace(cfg.workspace.home)
     run_dir = ws.run_dir("evaluate-r2ag", config_hash(cfg.model_dump(exclude={"workspace"}))[:16])
     model_dir = _model_dir(cfg, ws, run_dir)
-    retrieval, feats = ckpt.load_r2former(model_dir)
+    retrieval, feats = load_r2former(model_dir)
     lists, features, feat_report = features_task(ws, cfg.workspace.data_mirror, cfg.data, cfg.lists,
                                                  cfg.features, cfg.encoder)
     _, test = split_examples(features, test_query_ids(lists, cfg.data))
@@ -299,13 +300,9 @@ def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig) -> dict:
     R.QDM_SCORES.write(qdm_score_table("full", test, scores["full"]), run_dir)
     summary = {"dataset": cfg.data.dataset, "model_dir": str(model_dir), "lists": feat_report,
                "test_lists": len(test), "ranking (test lists, MAP / recall@k)": rows}
-    if cfg.generation.enabled and ckpt.has_generator(model_dir):
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
-
-        tokenizer = AutoTokenizer.from_pretrained(model_dir / ckpt.TOKENIZER_DIR)
-        generator = AutoModelForCausalLM.from_pretrained(model_dir / ckpt.GENERATOR_DIR)
-        r_id = tokenizer.convert_tokens_to_ids("<R>")
-        model = R2AGModel(retrieval, ckpt.load_projection(model_dir), generator, r_id).eval()
+    if cfg.generation.enabled and has_generator(model_dir):
+        model, tokenizer, _ = load_r2ag(model_dir)
+        r_id = model.r_token_id
         items, report = prompted_lists(test[:cfg.generation.max_lists], _list_texts(lists), tokenizer, r_id,
                                        cfg.prompt, with_answer=False)
         preds = generate_answers(model, items, tokenizer, feats, cfg.generation.batch_size,

@@ -7,7 +7,11 @@ Layout of a version directory (``home/stores/corpus/<name>/versions/<version>/``
     document_units.parquet  passages.parquet
     index/clusters.bm25/   BM25 over cluster texts (progressive path; ids = cluster_id as str)
     index/passages.bm25/   BM25 over passages (flat baseline; ids = passage_id)
-    build_config.json  summary.json  manifest.json (written last)
+    manifest.json          written last: every file's sha256/rows/contract, ``content_digest``,
+                           ``counts``, the build ``config`` and the code and schema versions
+
+Later flows read the build's ``segment`` settings (later chunking must cut units and passages
+exactly as the build did) with :meth:`CorpusVersion.segment_config`.
 """
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ CLUSTER_INDEX = "index/clusters.bm25"
 PASSAGE_INDEX = "index/passages.bm25"
 
 
+def _lazy_table(contract) -> cached_property:
+    return cached_property(lambda self: self.table(contract))
+
+
 @dataclass
 class CorpusVersion:
     """One published corpus version; tables are read (and contract-checked) lazily."""
@@ -45,23 +53,33 @@ class CorpusVersion:
         return sha256_file(self.path / "manifest.json")
 
     def table(self, contract) -> pa.Table:
+        """The version's artifact ``contract`` (read and checked against its schema)."""
         return contract.read(self.path)
 
-    @cached_property
-    def documents(self) -> pa.Table:
-        return self.table(C.DOCUMENTS)
+    # Tables read once per CorpusVersion object, on first access.
+    documents = _lazy_table(C.DOCUMENTS)
+    cluster_members = _lazy_table(C.CLUSTER_MEMBERS)
+    clusters = _lazy_table(C.CLUSTERS)
+    passages = _lazy_table(C.PASSAGES)
 
-    @cached_property
-    def cluster_members(self) -> pa.Table:
-        return self.table(C.CLUSTER_MEMBERS)
+    def build_config(self, section: str) -> dict[str, Any]:
+        """Section ``section`` (``ingest``, ``clustering``, ``segment``, ``bm25``) of the build config
+        recorded in the manifest, checked against :data:`data_contracts.corpus.BUILD_CONFIG`.
 
-    @cached_property
-    def clusters(self) -> pa.Table:
-        return self.table(C.CLUSTERS)
+        Raises
+        ------
+        ValueError
+            The manifest's config version is not the one this code reads, or the section is
+            missing or lacks a required key (the message names the manifest).
+        """
+        return C.BUILD_CONFIG.section(self.manifest, section, self.path / "manifest.json")
 
-    @cached_property
-    def passages(self) -> pa.Table:
-        return self.table(C.PASSAGES)
+    def segment_config(self):
+        """The :class:`tasks.corpus.segment.SegmentConfig` the version was built with: later
+        chunking at query time must cut clusters exactly as the build did."""
+        from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+
+        return SegmentConfig(**self.build_config("segment"))
 
     def cluster_index(self):
         from tasks.corpus.index import BM25Index  # noqa: PLC0415

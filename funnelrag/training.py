@@ -68,7 +68,8 @@ _FINGERPRINT_FIELDS = ("seed", "epochs", "max_steps", "batch_size", "grad_accum"
 class TrainConfig:
     """Settings of :func:`train`.
 
-    output_dir : run directory; checkpoints go to ``output_dir/checkpoints``.
+    output_dir : run directory; checkpoints go to ``output_dir/checkpoints``. Left empty in
+        configs (stages set it with ``dataclasses.replace``); :func:`train` refuses an empty one.
     seed : seeds parameters' RNG use (dropout) and the data order, with ``epoch``.
     epochs : passes over the data; ignored when ``max_steps`` is set.
     max_steps : total optimizer steps (overrides ``epochs``).
@@ -86,7 +87,7 @@ class TrainConfig:
     cpu : force CPU even where an accelerator exists (``ACCELERATE_USE_CPU`` semantics).
     """
 
-    output_dir: str
+    output_dir: str = ""
     seed: int = 0
     epochs: int = 1
     max_steps: int | None = None
@@ -231,7 +232,7 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
     Raises
     ------
     ValueError
-        Empty ``train_data``; a checkpoint written with a different data order / schedule
+        Empty ``train_data`` or ``cfg.output_dir``; a checkpoint written with a different data order / schedule
         (seed, batch size, accumulation, LR settings, data size or number of processes).
     RuntimeError
         Launched as several processes but accelerate sees one (CPU without ``cpu=True``).
@@ -242,6 +243,8 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
 
     if len(train_data) == 0:
         raise ValueError("train_data is empty")
+    if not cfg.output_dir:
+        raise ValueError("TrainConfig.output_dir is empty: set the run directory before training")
     accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=cfg.mixed_precision,
                               gradient_accumulation_steps=cfg.grad_accum,
                               step_scheduler_with_optimizer=False)

@@ -10,11 +10,16 @@ trained with cross-entropy (``P = softmax[..., 1]``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from models.saving import read_config, save_pretrained_dir
+
+CONFIG_FILE = "classifier_config.json"
 
 
 @dataclass(frozen=True)
@@ -162,3 +167,29 @@ def encode_triples(tokenizer, triples: Sequence[tuple[str, str, str]], cfg: Clas
         attention_mask[i, :len(r)] = 1
         token_type_ids[i, :len(t)] = torch.tensor(t)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+
+# ---------------------------------------------------------------------------- save / load
+def save_classifier(model: DRRAGClassifier, tokenizer, directory: Path) -> Path:
+    """Write weights (safetensors), backbone config, tokenizer and :class:`ClassifierConfig`
+    into a temporary sibling directory, then rename it onto ``directory``."""
+    return save_pretrained_dir(directory, model.backbone, tokenizer, CONFIG_FILE, model.cfg)
+
+
+def load_classifier(directory: Path) -> tuple[DRRAGClassifier, object]:
+    """Load a classifier written by :func:`save_classifier`. Returns ``(model, tokenizer)`` in eval mode.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``directory`` has no ``classifier_config.json``.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
+
+    directory = Path(directory)
+    saved = read_config(directory, CONFIG_FILE, "DR-RAG classifier")
+    cfg = ClassifierConfig(**saved)  # name_or_path: the base weights it was fine-tuned from
+    backbone = AutoModelForSequenceClassification.from_pretrained(str(directory))
+    model = DRRAGClassifier(backbone, cfg)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(str(directory))

@@ -13,7 +13,7 @@ Two real implementations behind one interface (``forward(**batch) -> PreRankerOu
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.encoders import BiEncoder, EncoderConfig, resolve_model_path
+from models.saving import read_config, save_pretrained_dir
 
 CONFIG_FILE = "preranker.json"
 KINDS = ("bi", "cross")
@@ -171,15 +172,11 @@ def build_preranker(cfg: PreRankerConfig = PreRankerConfig()) -> tuple[PreRanker
 def save_preranker(model: PreRanker, tokenizer, directory: Path) -> Path:
     """Write weights (safetensors), tokenizer and ``preranker.json`` into ``directory``.
 
-    The directory then loads with :func:`load_preranker` and is what the model registry logs.
+    The directory then loads with :func:`load_preranker` and is what the model registry logs; it
+    appears complete or not at all (:func:`data_contracts.base.atomic_directory`).
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.backbone_module().save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    cfg = replace(model.cfg, name_or_path=".")
-    (directory / CONFIG_FILE).write_text(json.dumps(asdict(cfg), sort_keys=True, indent=1) + "\n")
-    return directory
+    return save_pretrained_dir(directory, model.backbone_module(), tokenizer, CONFIG_FILE,
+                               replace(model.cfg, name_or_path="."))
 
 
 def load_preranker(directory: Path) -> tuple[PreRanker, object]:
@@ -190,10 +187,7 @@ def load_preranker(directory: Path) -> tuple[PreRanker, object]:
     FileNotFoundError
         ``directory`` has no ``preranker.json``.
     """
-    directory = Path(directory)
-    if not (directory / CONFIG_FILE).exists():
-        raise FileNotFoundError(f"{directory} is not a saved pre-ranker (no {CONFIG_FILE})")
-    saved = json.loads((directory / CONFIG_FILE).read_text())
+    saved = read_config(directory, CONFIG_FILE, "pre-ranker")
     return build_preranker(PreRankerConfig(**{**saved, "name_or_path": str(directory)}))
 
 

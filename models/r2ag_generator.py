@@ -9,16 +9,30 @@
   projection learn) and can be trained too.
 
 The generator is any ``transformers`` causal LM passed in (built by
-:func:`tasks.r2ag.generation.build_generator`); this module does no file I/O.
+:func:`tasks.r2ag.generation.build_generator`); the modules do no file I/O. :func:`save_r2ag`
+and :func:`load_r2ag` write and read a whole trained model directory::
+
+    r2former.config.json, r2former.weights.safetensors   R²-Former + QDM head (models.r2former)
+    projection.config.json, projection.weights.safetensors
+    generator/                                            transformers save_pretrained
+    tokenizer/                                            tokenizer with the <R> token
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from models.r2former import R2FormerQDM
+from models.r2former import R2FormerQDM, load_r2former, load_weights, save_weights, write_r2former
+from models.saving import atomic_directory, read_config, write_config
+
+PROJECTION_CONFIG = "projection.config.json"
+PROJECTION_WEIGHTS = "projection.weights.safetensors"
+GENERATOR_DIR = "generator"
+TOKENIZER_DIR = "tokenizer"
+R_TOKEN = "<R>"
 
 
 @dataclass(frozen=True)
@@ -173,3 +187,42 @@ class R2AGModel(nn.Module):
         return self.generator.generate(inputs_embeds=embeds, attention_mask=attention_mask,
                                        max_new_tokens=max_new_tokens, do_sample=False, **generate_kwargs)
 
+
+# ---------------------------------------------------------------------------- save / load
+def save_r2ag(model: R2AGModel, features: tuple[str, ...], tokenizer, directory: Path) -> Path:
+    """Save R²-Former, projection, generator and tokenizer into ``directory``, which appears
+    complete or not at all (:func:`data_contracts.base.atomic_directory`)."""
+    with atomic_directory(Path(directory)) as tmp:
+        write_r2former(model.retrieval, features, tmp)
+        write_config(tmp / PROJECTION_CONFIG, model.projection.cfg)
+        save_weights(model.projection, tmp / PROJECTION_WEIGHTS)
+        model.generator.save_pretrained(tmp / GENERATOR_DIR)
+        tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
+    return Path(directory)
+
+
+def has_generator(directory: Path) -> bool:
+    """Whether ``directory`` holds a full R²AG model (:func:`save_r2ag`), not only an R²-Former."""
+    return (Path(directory) / GENERATOR_DIR / "config.json").exists()
+
+
+def load_r2ag(directory: Path) -> tuple[R2AGModel, object, tuple[str, ...]]:
+    """Inverse of :func:`save_r2ag`: ``(model in eval mode, tokenizer, feature names)``.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``directory`` lacks the R²-Former, the projection or the generator.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    directory = Path(directory)
+    retrieval, features = load_r2former(directory)
+    if not has_generator(directory):
+        raise FileNotFoundError(f"{directory} holds an R²-Former but no generator (train with joint.enabled)")
+    projection = RetrievalProjection(ProjectionConfig(**read_config(directory, PROJECTION_CONFIG, "R²AG projection")))
+    load_weights(projection, directory / PROJECTION_WEIGHTS)
+    tokenizer = AutoTokenizer.from_pretrained(directory / TOKENIZER_DIR)
+    generator = AutoModelForCausalLM.from_pretrained(directory / GENERATOR_DIR)
+    model = R2AGModel(retrieval, projection, generator, tokenizer.convert_tokens_to_ids(R_TOKEN))
+    return model.eval(), tokenizer, features

@@ -10,11 +10,17 @@ per document, or a subset for the feature ablations), padded to ``n_docs`` with 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from models.saving import atomic_directory, read_config, write_config
+
+R2FORMER_CONFIG = "r2former.config.json"
+R2FORMER_WEIGHTS = "r2former.weights.safetensors"
 
 
 @dataclass(frozen=True)
@@ -158,3 +164,57 @@ class R2FormerQDM(nn.Module):
         logits = logits.masked_fill(~mask, float("-inf"))
         scores = torch.sigmoid(logits)  # padding: sigmoid(-inf) = 0
         return QDMOutput(hidden=hidden, logits=logits, scores=scores, loss=loss)
+
+
+# ---------------------------------------------------------------------------- save / load
+def save_weights(module: nn.Module, path: Path) -> None:
+    """``module``'s state dict as safetensors at ``path`` (inside a directory being built)."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, str(path))
+
+
+def load_weights(module: nn.Module, path: Path) -> None:
+    """Load safetensors weights into ``module``.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    """
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    if not path.exists():
+        raise FileNotFoundError(f"no weights at {path}")
+    module.load_state_dict(load_file(str(path)))
+
+
+def write_r2former(model: R2FormerQDM, features: tuple[str, ...], directory: Path) -> None:
+    """Write ``r2former.config.json`` (config + feature names) and the weights into ``directory``
+    (a directory under construction: see :func:`save_r2former`)."""
+    write_config(directory / R2FORMER_CONFIG, {"config": asdict(model.cfg), "features": list(features)})
+    save_weights(model, directory / R2FORMER_WEIGHTS)
+
+
+def save_r2former(model: R2FormerQDM, features: tuple[str, ...], directory: Path) -> Path:
+    """Save the R²-Former + QDM head and the feature names it reads; the directory appears
+    complete or not at all (:func:`data_contracts.base.atomic_directory`)."""
+    with atomic_directory(Path(directory)) as tmp:
+        write_r2former(model, features, tmp)
+    return Path(directory)
+
+
+def load_r2former(directory: Path) -> tuple[R2FormerQDM, tuple[str, ...]]:
+    """Inverse of :func:`save_r2former`: ``(model in eval mode, feature names)``.
+
+    Raises
+    ------
+    FileNotFoundError
+        The directory lacks the config or weights file.
+    """
+    directory = Path(directory)
+    meta = read_config(directory, R2FORMER_CONFIG, "R²-Former")
+    model = R2FormerQDM(R2FormerConfig(**meta["config"]))
+    load_weights(model, directory / R2FORMER_WEIGHTS)
+    model.eval()
+    return model, tuple(meta["features"])

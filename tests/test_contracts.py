@@ -82,3 +82,25 @@ def test_writes_are_byte_identical(tmp_path):
     a = DOCUMENTS.write(_docs(), tmp_path / "a").read_bytes()
     b = DOCUMENTS.write(_docs(), tmp_path / "b").read_bytes()
     assert a == b
+
+
+def test_corpus_build_config_contract_reads_segment_back(tmp_path):
+    from data_contracts.corpus import BUILD_CONFIG
+    from flows.corpus_build import CorpusBuildConfig
+    from funnelrag.config import to_jsonable
+    from funnelrag.corpus import CorpusVersion
+    from tasks.corpus.segment import SegmentConfig
+
+    cfg = CorpusBuildConfig.model_validate({"segment": {"passage_words": 50, "unit_max_tokens": 300}})
+    manifest = BUILD_CONFIG.stamp(to_jsonable(cfg.model_dump(exclude={"workspace"})))
+    assert manifest["config_version"] == BUILD_CONFIG.version
+    version = CorpusVersion(path=tmp_path, version="v", manifest=manifest)
+    assert version.segment_config() == SegmentConfig(passage_words=50, unit_max_tokens=300, tokenizer="t5")
+
+    broken = {**manifest, "config": {**manifest["config"], "segment": {"passage_words": 50}}}
+    with pytest.raises(ValueError, match=r"manifest.json: config.segment lacks \['unit_max_tokens', 'tokenizer'\]"):
+        CorpusVersion(path=tmp_path, version="v", manifest=broken).segment_config()
+    with pytest.raises(ValueError, match="build config version 99"):
+        CorpusVersion(path=tmp_path, version="v", manifest={**manifest, "config_version": 99}).segment_config()
+    with pytest.raises(ValueError, match="lacks"):
+        BUILD_CONFIG.stamp({**manifest["config"], "bm25": {"k1": 0.9}})

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.dr_rag import ClassifierConfig, DRRAGClassifier, encode_triples
-from tasks.dr_rag.classifier import ClassifierHooks, load_classifier, save_classifier, score_triples
+from models.dr_rag import ClassifierConfig, DRRAGClassifier, encode_triples, load_classifier, save_classifier
+from tasks.dr_rag.classifier import ClassifierHooks, score_triples
 from tasks.dr_rag.pairs import ClassifierPair
 
 

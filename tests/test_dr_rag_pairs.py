@@ -113,11 +113,11 @@ def test_pairs_report_questions_without_enough_data():
 
 def test_collection_and_pair_stages_are_byte_identical(data_mirror, tmp_path):
     from data_contracts.base import sha256_file
-    from tasks.dr_rag.stages import DataConfig, read_collection, run_collection, run_pairs
+    from tasks.dr_rag.stages import HotpotQADataConfig, read_collection, run_collection, run_pairs
     from tasks.dr_rag.hotpotqa import SplitConfig
 
     path = resolve("hotpotqa-dev-subsampled", data_mirror)
-    cfg = DataConfig(max_questions=40, split=SplitConfig(seed=0, dev_fraction=0.25))
+    cfg = HotpotQADataConfig(max_questions=40, split=SplitConfig(seed=0, dev_fraction=0.25))
     for run in ("a", "b"):
         summary = run_collection(path, cfg, tmp_path / run / "c")
         run_pairs(tmp_path / run / "c", PairSamplingConfig(), tmp_path / run / "p")
@@ -130,4 +130,4 @@ def test_collection_and_pair_stages_are_byte_identical(data_mirror, tmp_path):
     assert [len(coll.questions["train"]), len(coll.questions["dev"])] == [summary["train_questions"], summary["dev_questions"]]
     assert all(len(q.supporting) == 2 for qs in coll.questions.values() for q in qs)
     with pytest.raises(ValueError, match="leaves train="):
-        run_collection(path, DataConfig(max_questions=5, split=SplitConfig(dev_fraction=0.0)), tmp_path / "x")
+        run_collection(path, HotpotQADataConfig(max_questions=5, split=SplitConfig(dev_fraction=0.0)), tmp_path / "x")

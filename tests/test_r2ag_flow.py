@@ -46,7 +46,8 @@ def test_train_r2former_compares_every_variant_with_the_retriever(trained):
 
 
 def test_train_r2former_writes_contract_checked_artifacts(trained):
-    from tasks.r2ag.checkpoint import has_generator, load_r2former
+    from models.r2ag_generator import has_generator
+    from models.r2former import load_r2former
 
     _, _, summary = trained
     run_dir = Path(summary["run_dir"])

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from funnelrag.datasets import resolve
 from models.r2ag_generator import ProjectionConfig, R2AGModel, RetrievalProjection, assemble_inputs_embeds
 from models.r2former import R2FormerConfig, R2FormerQDM
-from tasks.r2ag.generation import (GeneratorConfig, JointHooks, PromptedList, build_generator, collate_prompted,
+from tasks.r2ag.generation import (R2AGGeneratorConfig, JointHooks, PromptedList, build_generator, collate_prompted,
                                    generate_answers)
 from tasks.r2ag.prompting import IGNORE_INDEX, PromptConfig, PromptTooLong, encode_prompt, fit_lengths
 from tasks.r2ag.qdm import ListExample
@@ -19,7 +19,7 @@ from tasks.r2ag.qdm import ListExample
 @pytest.fixture(scope="module")
 def generator(data_mirror):
     tok_dir = resolve("t5-tokenizer", data_mirror).parent
-    return build_generator(GeneratorConfig(tokenizer=str(tok_dir), hidden_size=64, n_layers=1, n_heads=2,
+    return build_generator(R2AGGeneratorConfig(tokenizer=str(tok_dir), hidden_size=64, n_layers=1, n_heads=2,
                                            intermediate_size=128), max_positions=512)
 
 

@@ -153,11 +153,11 @@ def test_lazy_index_fills_on_demand_and_persists(mini, tmp_path, one_torch_threa
 
 def test_faiss_flat_dense_is_exact_and_approximate_kinds_recall(mini, one_torch_thread):
     from tasks.evaluate.flat_dense import FlatDenseConfig, build_faiss_index, faiss_retriever  # noqa: PLC0415
-    from tasks.evaluate.retrieval import PreRanker  # noqa: PLC0415
+    from tasks.evaluate.retrieval import LabeledPreRanker  # noqa: PLC0415
 
     model, tok = mini["model"], mini["tok"]
     index, _ = build_embedding_index(mini["passages"], model, tok, "digest-a")
-    retrieve = faiss_retriever(index, build_faiss_index(index.vectors), PreRanker("minilm", model, tok))
+    retrieve = faiss_retriever(index, build_faiss_index(index.vectors), LabeledPreRanker("minilm", model, tok))
     for text in mini["questions"]["question"].to_pylist():
         scores = index.vectors @ embed_texts(model, tok, [text])[0]                     # (n,)
         expected = [index.passage_ids[i] for i in np.argsort(-scores, kind="stable")[:5]]

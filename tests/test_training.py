@@ -76,6 +76,13 @@ def test_fp16_refused_with_reason():
         TrainConfig(output_dir="x", mixed_precision="fp8")
 
 
+def test_config_sections_leave_output_dir_to_the_stage_but_train_requires_it():
+    cfg = TrainConfig(max_steps=1)   # as a flow's config section writes it
+    assert cfg.output_dir == ""
+    with pytest.raises(ValueError, match="output_dir is empty"):
+        train(_model(), _data(), RegressionHooks(), cfg)
+
+
 def test_sampler_is_a_function_of_seed_and_epoch():
     a, b = EpochSeededSampler(50, seed=1), EpochSeededSampler(50, seed=1)
     a.set_epoch(3)

@@ -7,23 +7,17 @@ for and caches it (CFS usually examines only a few of its candidates).
 """
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict
-from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from data_contracts.base import atomic_directory
 from models.dr_rag import ClassifierConfig, DRRAGClassifier, encode_triples
 from tasks.dr_rag.pairs import ClassifierPair
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE = "classifier_config.json"
 
 
 class ClassifierHooks:
@@ -105,35 +99,3 @@ def question_scorer(model: DRRAGClassifier, tokenizer, question: str, texts: Map
     def score(pairs: list[tuple[str, str]]) -> np.ndarray:
         return score_triples(model, tokenizer, [(question, texts[a], texts[d]) for a, d in pairs], batch_size)
     return score
-
-
-def save_classifier(model: DRRAGClassifier, tokenizer, directory: Path) -> Path:
-    """Write weights (safetensors), backbone config, tokenizer and :class:`ClassifierConfig`
-    into a temporary sibling directory, then rename it onto ``directory``."""
-    directory = Path(directory)
-    with atomic_directory(directory) as tmp:
-        model.backbone.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / CONFIG_FILE).write_text(json.dumps(asdict(model.cfg), indent=1, sort_keys=True))
-    return directory
-
-
-def load_classifier(directory: Path) -> tuple[DRRAGClassifier, object]:
-    """Load a classifier written by :func:`save_classifier`. Returns ``(model, tokenizer)`` in eval mode.
-
-    Raises
-    ------
-    FileNotFoundError
-        ``directory`` has no ``classifier_config.json``.
-    """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
-
-    directory = Path(directory)
-    if not (directory / CONFIG_FILE).exists():
-        raise FileNotFoundError(f"{directory} holds no DR-RAG classifier ({CONFIG_FILE} missing)")
-    saved = json.loads((directory / CONFIG_FILE).read_text())
-    cfg = ClassifierConfig(**saved)  # name_or_path: the base weights it was fine-tuned from
-    backbone = AutoModelForSequenceClassification.from_pretrained(str(directory))
-    model = DRRAGClassifier(backbone, cfg)
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(str(directory))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -19,9 +19,9 @@ import torch
 
 from data_contracts import dr_rag as C
 from funnelrag.stages import stage
-from models.dr_rag import ClassifierConfig, DRRAGClassifier
-from tasks.dr_rag.classifier import (ClassifierHooks, PairProbs, load_classifier, question_scorer, save_classifier,
-                                     score_triples)
+from funnelrag.training import TrainConfig
+from models.dr_rag import ClassifierConfig, DRRAGClassifier, load_classifier, save_classifier
+from tasks.dr_rag.classifier import ClassifierHooks, PairProbs, question_scorer, score_triples
 from tasks.dr_rag.collection import ParagraphCollection, Question, build_collection, paragraph_text, qrels_table
 from tasks.dr_rag.evaluate import (EvalConfig, compute_rankings, rankings_from_table, rankings_table, select_all,
                                    selections_table, table5)
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class HotpotQADataConfig:
     """Questions and collection.
 
     dataset : registered data set name (:mod:`funnelrag.datasets`), used when ``path`` is None.
@@ -53,34 +53,20 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class TrainSettings:
-    """Classifier training (:class:`funnelrag.training.TrainConfig` without ``output_dir``).
+class ClassifierTrainConfig(TrainConfig):
+    """Classifier training: the shared loop's :class:`funnelrag.training.TrainConfig` (defaults
+    for fine-tuning MiniLM) plus
 
     trainable_layers : fine-tune only the top N transformer layers (None = all); cheaper on CPU.
-    cpu : force CPU even where an accelerator exists (else accelerate picks the device).
+    score_batch_size : pairs per batch when scoring the dev pairs.
     """
 
-    seed: int = 0
-    epochs: int = 1
-    max_steps: int | None = None
     batch_size: int = 16
-    grad_accum: int = 1
     lr: float = 5e-5
     weight_decay: float = 0.01
     warmup_steps: int = 5
-    log_every: int = 10
-    checkpoint_every: int = 0
     trainable_layers: int | None = None
     score_batch_size: int = 32
-    cpu: bool = False
-
-    def to_train_config(self, output_dir: Path):
-        from funnelrag.training import TrainConfig  # noqa: PLC0415
-
-        return TrainConfig(output_dir=str(output_dir), seed=self.seed, epochs=self.epochs, max_steps=self.max_steps,
-                           batch_size=self.batch_size, grad_accum=self.grad_accum, lr=self.lr,
-                           weight_decay=self.weight_decay, warmup_steps=self.warmup_steps, log_every=self.log_every,
-                           checkpoint_every=self.checkpoint_every, cpu=self.cpu)
 
 
 @dataclass(frozen=True)
@@ -98,7 +84,7 @@ class Collection:
 
 # ---------------------------------------------------------------------- collection
 @stage("collection", version="1")
-def run_collection(path: Path, cfg: DataConfig, out: Path) -> dict:
+def run_collection(path: Path, cfg: HotpotQADataConfig, out: Path) -> dict:
     """Load the questions, split them, build the de-duplicated collection; write
     ``questions.hotpotqa.parquet``, ``qrels.hotpotqa.parquet``, ``paragraphs.hotpotqa.parquet``.
 
@@ -116,7 +102,7 @@ def run_collection(path: Path, cfg: DataConfig, out: Path) -> dict:
         raise ValueError(f"{path}: split {cfg.split} of {len(records)} questions leaves train={len(train)}, dev={len(dev)}")
     split_of = {r.question_id: "train" for r in train} | {r.question_id: "dev" for r in dev}
     coll, questions = build_collection(records)
-    C.QUESTIONS.write(pa.table({
+    C.HOTPOTQA_QUESTIONS.write(pa.table({
         "question_id": [r.question_id for r in records], "split": [split_of[r.question_id] for r in records],
         "question": [r.question for r in records],
         "answers": pa.array([list(r.answers) for r in records], pa.list_(pa.string()))}), out)
@@ -129,7 +115,7 @@ def run_collection(path: Path, cfg: DataConfig, out: Path) -> dict:
 def read_collection(directory: Path) -> Collection:
     """Load a collection stage written by :func:`run_collection` (questions in file order)."""
     paragraphs = ParagraphCollection.from_table(C.PARAGRAPHS.read(directory))
-    qt = C.QUESTIONS.read(directory)
+    qt = C.HOTPOTQA_QUESTIONS.read(directory)
     qrels = C.QRELS.read(directory)
     cands: dict[str, list[str]] = {}
     sup: dict[str, list[str]] = {}
@@ -222,7 +208,7 @@ def pair_metrics(probs: np.ndarray, labels: np.ndarray, threshold: float) -> dic
     return {"accuracy": acc, "auc": float(auc)}
 
 
-def run_train(collection_dir: Path, pairs_dir: Path, clf: ClassifierConfig, settings: TrainSettings,
+def run_train(collection_dir: Path, pairs_dir: Path, clf: ClassifierConfig, settings: ClassifierTrainConfig,
               threshold: float, out: Path, log_metrics: Callable[[dict, int], None] | None = None) -> dict:
     """Fine-tune C(q, d1, d2) on the train pairs with the shared accelerate loop, score the dev
     pairs, and save the model to ``out / "classifier"``."""
@@ -240,7 +226,7 @@ def run_train(collection_dir: Path, pairs_dir: Path, clf: ClassifierConfig, sett
                    else sum(p.numel() for p in model.parameters()))
     t0 = time.perf_counter()
     result = train(model, train_pairs, ClassifierHooks(tok, clf, questions, texts),
-                   settings.to_train_config(out / "run"), log_metrics=log_metrics, resume=False)
+                   replace(settings, output_dir=str(out / "run")), log_metrics=log_metrics, resume=False)
     train_seconds = time.perf_counter() - t0
     model = model.cpu()
     save_classifier(model, tok, out / "classifier")

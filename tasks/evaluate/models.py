@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from funnelrag.registry import find_model_dir
+from models.encoders import MINILM
+from models.preranker import CONFIG_FILE as PRERANKER_FILE  # the file that marks a saved pre-ranker
+from tasks.funnel.reader import READER_CONFIG as READER_FILE  # ... and a saved FiD reader
 
 log = logging.getLogger(__name__)
 
-MINILM = "minilm"
 SCRATCH = "scratch"
-PRERANKER_FILE = "preranker.json"
-READER_FILE = "reader_config.json"
 
 
 @dataclass(frozen=True)

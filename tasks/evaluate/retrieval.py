@@ -139,7 +139,7 @@ class PassageLookup:
         return list(zip(passage_ids, self._titles.take(rows).to_pylist(), self._texts.take(rows).to_pylist()))
 
 
-class PreRanker:
+class LabeledPreRanker:
     """A loaded pre-ranker (:mod:`models.preranker`) with a label; ``score(q, docs)`` is Eq. 1."""
 
     def __init__(self, label: str, model, tokenizer, batch_size: int = 32):
@@ -161,7 +161,7 @@ Retrieve = Callable[[str, int], list[str]]  # (question, k) -> passage ids, best
 
 
 def run_flat(questions: Sequence[Question], retrieve: Retrieve, lookup: PassageLookup, setting: FlatSetting,
-             prerankers: Sequence[PreRanker], tokens: TokenCache) -> dict[str, list[QueryResult]]:
+             prerankers: Sequence[LabeledPreRanker], tokens: TokenCache) -> dict[str, list[QueryResult]]:
     """Evaluate one flat setting question by question, without and with re-ranking.
 
     The retrieval stage runs once per question and is shared by the plain variant and by one
@@ -212,7 +212,7 @@ def run_flat(questions: Sequence[Question], retrieve: Retrieve, lookup: PassageL
 
 
 def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, token_counter,
-                    setting: ProgressiveSetting, preranker: PreRanker, reader=None, attention_cfg=None,
+                    setting: ProgressiveSetting, preranker: LabeledPreRanker, reader=None, attention_cfg=None,
                     attention_run=None) -> dict[bool, list[QueryResult]]:
     """Evaluate one progressive setting question by question (FunnelRAG's funnel).
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from data_contracts.funnel import CANDIDATES
 from tasks.evaluate.metrics import TokenCache, passage_hits
-from tasks.evaluate.retrieval import PassageLookup, PreRanker, ProgressiveSetting, Question, QueryResult
+from tasks.evaluate.retrieval import PassageLookup, LabeledPreRanker, ProgressiveSetting, Question, QueryResult
 from tasks.evaluate.timing import StageClock, StageOutcome
 from tasks.funnel.embeddings import EmbeddingIndex, embed_texts
 from tasks.funnel.stored import rank_units_stored
@@ -27,9 +27,9 @@ from tasks.funnel.stored import rank_units_stored
 class StoredPreRanker:
     """A bi-encoder pre-ranker that re-ranks passages from the embedding index: ``f(q, p) =
     E(q) · E(p)`` with ``E(p)`` read, not computed (same interface as
-    :class:`tasks.evaluate.retrieval.PreRanker` for :func:`tasks.evaluate.retrieval.run_flat`)."""
+    :class:`tasks.evaluate.retrieval.LabeledPreRanker` for :func:`tasks.evaluate.retrieval.run_flat`)."""
 
-    def __init__(self, preranker: PreRanker, index: EmbeddingIndex):
+    def __init__(self, preranker: LabeledPreRanker, index: EmbeddingIndex):
         self.label, self.preranker, self.index = preranker.label, preranker, index
         self._row = index.row_of()
 
@@ -71,7 +71,7 @@ def _candidates(qid: str, index: EmbeddingIndex, ranking, top_units: list[str], 
 
 
 def run_progressive_stored(questions: Sequence[Question], cluster_index, index: EmbeddingIndex, lookup: PassageLookup,
-                           setting: ProgressiveSetting, preranker: PreRanker, tokens: TokenCache, reader=None,
+                           setting: ProgressiveSetting, preranker: LabeledPreRanker, tokens: TokenCache, reader=None,
                            attention_cfg=None, attention_run=None) -> dict[bool, list[QueryResult]]:
     """Evaluate one progressive setting from stored vectors, question by question.
 
@@ -138,7 +138,7 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
     return out
 
 
-def fill_lazy_rows(index, questions: Sequence[str], preranker: PreRanker, cluster_index=None,
+def fill_lazy_rows(index, questions: Sequence[str], preranker: LabeledPreRanker, cluster_index=None,
                    cluster_ks: Sequence[int] = (), passage_index=None, n_retrieve: int = 0) -> tuple[int, float]:
     """Embed, into a lazily filled index (:class:`tasks.funnel.lazy_embeddings.LazyEmbeddingIndex`),
     every passage the stored-vector settings will read for ``questions``: those of their top-K

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from data_contracts.base import atomic_directory
 from funnelrag.training import TrainConfig, TrainResult, train
 from models.fid import FiDConfig, FiDReader, encode_fid_inputs
 
@@ -154,26 +153,14 @@ def train_reader(examples: Sequence[ReaderExample], cfg: ReaderTrainConfig, *,
 
 
 def save_reader(model: FiDReader, tokenizer, cfg: ReaderTrainConfig, out_dir: Path) -> Path:
-    """Write weights (safetensors), T5 config, tokenizer and ``reader_config.json`` into a
-    temporary sibling directory, then rename it onto ``out_dir`` (an old ``out_dir`` is replaced)."""
+    """Write weights (safetensors), T5 config, tokenizer and ``reader_config.json`` into
+    ``out_dir``, which appears complete or not at all (:func:`data_contracts.base.atomic_directory`;
+    an old ``out_dir`` is replaced)."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
+    with atomic_directory(out_dir) as tmp:
         model.t5.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / READER_CONFIG).write_text(cfg.to_json())
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out_dir.rename(old)
-            tmp.rename(out_dir)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     logger.info("saved FiD reader to %s", out_dir)
     return out_dir
 

@@ -3,7 +3,7 @@
 Offline there are no pretrained decoder weights, so the default generator is a small Llama
 configuration initialised from scratch with a real tokenizer (the T5 SentencePiece vocabulary
 or the MiniLM WordPiece one) plus the ``<R>`` special token. Where a hub or a local checkpoint
-is reachable, ``GeneratorConfig.name_or_path`` loads a pretrained causal LM instead.
+is reachable, ``R2AGGeneratorConfig.name_or_path`` loads a pretrained causal LM instead.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class GeneratorConfig:
+class R2AGGeneratorConfig:
     """The decoder-only generator.
 
     name_or_path : pretrained causal LM (hub name or directory); ``None`` = build from scratch.
@@ -44,7 +44,7 @@ class GeneratorConfig:
     freeze: bool = True
 
 
-def build_generator(cfg: GeneratorConfig, max_positions: int):
+def build_generator(cfg: R2AGGeneratorConfig, max_positions: int):
     """``(generator, tokenizer, r_token_id)`` with ``<R>`` added to the tokenizer and vocabulary.
 
     Raises
@@ -56,7 +56,7 @@ def build_generator(cfg: GeneratorConfig, max_positions: int):
 
     tok_src = cfg.tokenizer or cfg.name_or_path
     if tok_src is None:
-        raise ValueError("GeneratorConfig needs a tokenizer (directory or hub name) or a pretrained model")
+        raise ValueError("R2AGGeneratorConfig needs a tokenizer (directory or hub name) or a pretrained model")
     tokenizer = AutoTokenizer.from_pretrained(tok_src)
     r_id = add_r_token(tokenizer)
     if tokenizer.pad_token_id is None:
@@ -98,7 +98,7 @@ class JointConfig:
     lr: float = 2e-4
     use_qdm_loss: bool = True
     max_lists: int | None = 256
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    generator: R2AGGeneratorConfig = field(default_factory=R2AGGeneratorConfig)
     prompt: PromptConfig = field(default_factory=lambda: PromptConfig(max_length=1024))
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-R_TOKEN = "<R>"
+from models.r2ag_generator import R_TOKEN
+
 IGNORE_INDEX = -100
 
 INSTRUCTION = ("Write a high-quality answer for the given question using only the provided search "

@@ -15,6 +15,7 @@ import torch
 
 from data_contracts import r2ag as R
 from funnelrag.stages import stage
+from funnelrag.training import TrainConfig
 from models.r2former import R2FormerConfig, R2FormerQDM
 from tasks.r2ag.features import FeatureConfig, feature_table
 from tasks.r2ag.lists import (ListConfig, embed_lists, hotpotqa_candidates, nq_bm25_lists, rank_by_relevance,
@@ -28,7 +29,7 @@ DATASETS = ("hotpotqa", "nq")
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class R2AGDataConfig:
     """Which questions and retriever lists R²AG is trained and evaluated on.
 
     dataset : ``"hotpotqa"`` (context paragraphs, supporting = relevant) or ``"nq"`` (BM25 over
@@ -51,13 +52,13 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
-            raise ValueError(f"DataConfig.dataset must be one of {DATASETS}, got {self.dataset!r}")
+            raise ValueError(f"R2AGDataConfig.dataset must be one of {DATASETS}, got {self.dataset!r}")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must lie in (0, 1), got {self.test_fraction}")
 
 
 @stage("r2ag-features", version="1")
-def build_lists_and_features(data: DataConfig, lists_cfg: ListConfig, feat_cfg: FeatureConfig, encoder,
+def build_lists_and_features(data: R2AGDataConfig, lists_cfg: ListConfig, feat_cfg: FeatureConfig, encoder,
                              tokenizer, *, data_path: Path, corpus=None) -> tuple[pa.Table, pa.Table, dict]:
     """Ranked lists of every question and their retrieval features (Eqs. 10–12).
 
@@ -98,7 +99,7 @@ def build_lists_and_features(data: DataConfig, lists_cfg: ListConfig, feat_cfg: 
     return lists, features, report
 
 
-def test_query_ids(lists: pa.Table, data: DataConfig) -> set[str]:
+def test_query_ids(lists: pa.Table, data: R2AGDataConfig) -> set[str]:
     """Held-out questions: hash of ``(split_seed, question_id)`` (HotpotQA, as
     :func:`tasks.dr_rag.hotpotqa.split_train_dev`) or of the question text (NQ, as
     :func:`tasks.funnel.questions.split_of`, so the split agrees with the other flows')."""
@@ -120,22 +121,18 @@ def split_examples(features: pa.Table, test_ids: set[str]) -> tuple[list[ListExa
 
 
 @dataclass(frozen=True)
-class QDMTrainConfig:
-    """R²-Former training (Appendix D: Adam, lr 2e-4; AdamW with weight decay 0 is Adam).
+class QDMTrainConfig(TrainConfig):
+    """R²-Former training: the shared loop's :class:`funnelrag.training.TrainConfig` with the
+    paper's Appendix D defaults (Adam, lr 2e-4; AdamW with weight decay 0 is Adam;
+    ``batch_size`` = lists per step) plus
 
-    epochs, batch_size (lists per step), lr, weight_decay, warmup_steps, scheduler, max_grad_norm,
-    seed, log_every : as in :class:`funnelrag.training.TrainConfig`.
     ablations : also train one R²-Former without each retrieval feature (Table 3).
     """
 
     epochs: int = 40
     batch_size: int = 32
     lr: float = 2e-4
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
     scheduler: str = "constant"
-    max_grad_norm: float = 1.0
-    seed: int = 0
     log_every: int = 20
     ablations: bool = True
 
@@ -147,17 +144,14 @@ def train_qdm(train: Sequence[ListExample], features: tuple[str, ...], model_cfg
 
     Returns the trained model (eval mode, CPU) and the loss of every step.
     """
-    from funnelrag.training import TrainConfig, train as run_training  # noqa: PLC0415
+    from funnelrag.training import train as run_training  # noqa: PLC0415
 
     max_k = max(len(e.labels) for e in train)
     mcfg = replace(model_cfg, n_features=len(features), max_docs=max(model_cfg.max_docs, max_k))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = R2FormerQDM(mcfg)
-    tcfg = TrainConfig(output_dir=str(output_dir), seed=cfg.seed, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                       lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
-                       scheduler=cfg.scheduler, max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every,
-                       checkpoint_every=0, cpu=not torch.cuda.is_available())
+    tcfg = replace(cfg, output_dir=str(output_dir), checkpoint_every=0, cpu=cfg.cpu or not torch.cuda.is_available())
     result = run_training(model, list(train), QDMHooks(features), tcfg, log_metrics=log_metrics, resume=False)
     model = model.cpu().eval()
     return model, result.losses
