@@ -33,12 +33,16 @@ import torch
 from torch import nn
 
 SCRATCH = "scratch"
+KIND = "t5"
+IGNORE_INDEX = -100  # label positions ignored by the LM loss
 
 
 @dataclass(frozen=True)
 class FiDConfig:
     """FiD reader settings.
 
+    kind : always ``"t5"`` (stored in ``reader_config.json`` to pick the reader class; see
+        :mod:`models.readers`).
     base : a hub name or local directory of T5 weights (e.g. ``google-t5/t5-base``), or
         ``"scratch"`` for a T5 of the sizes below, initialised from ``seed``.
     tokenizer : directory of the T5 tokenizer (``resolve("t5-tokenizer", mirror).parent``);
@@ -50,6 +54,7 @@ class FiDConfig:
     max_answer_tokens : generation length limit (tokens).
     """
 
+    kind: str = KIND
     base: str = SCRATCH
     tokenizer: str | None = None
     d_model: int = 256
@@ -59,6 +64,10 @@ class FiDConfig:
     dropout: float = 0.1
     seed: int = 0
     max_answer_tokens: int = 20
+
+    def __post_init__(self) -> None:
+        if self.kind != KIND:
+            raise ValueError(f"FiDConfig.kind must be {KIND!r}, got {self.kind!r}")
 
 
 @dataclass
@@ -182,6 +191,21 @@ class FiDReader(nn.Module):
     @property
     def n_layers(self) -> int:
         return self.t5.config.num_decoder_layers
+
+    @property
+    def attn_implementation(self) -> str:
+        """Attention backend (must be ``"eager"`` for Eq. 3)."""
+        return self.t5.config._attn_implementation
+
+    def save(self, directory) -> None:
+        """``save_pretrained`` of the T5 (safetensors + config)."""
+        self.t5.save_pretrained(directory, safe_serialization=True)
+
+    def answer_labels(self, tokenizer, answers: Sequence[str], max_answer_tokens: int) -> torch.Tensor:
+        """``(batch, tgt_len)`` labels: the answer's T5 tokens + EOS, ``-100`` on padding."""
+        target = tokenizer(list(answers), max_length=max_answer_tokens, truncation=True, padding="longest",
+                           return_tensors="pt")
+        return target["input_ids"].masked_fill(target["attention_mask"] == 0, IGNORE_INDEX)  # (batch, tgt_len)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Activation checkpointing of the T5 blocks (used by ``TrainConfig.gradient_checkpointing``)."""
