@@ -149,6 +149,14 @@ def encode_fid_inputs(tokenizer, questions: Sequence[str],
                     passage_token_mask=passage.view(shape))
 
 
+def t5_answer_labels(tokenizer, answers: Sequence[str], max_answer_tokens: int) -> torch.Tensor:
+    """``(batch, tgt_len)`` labels: the answers' T5 tokens + EOS, ``-100`` on padding;
+    ``tgt_len <= max_answer_tokens``."""
+    target = tokenizer(list(answers), max_length=max_answer_tokens, truncation=True, padding="longest",
+                       return_tensors="pt")
+    return target["input_ids"].masked_fill(target["attention_mask"] == 0, IGNORE_INDEX)  # (batch, tgt_len)
+
+
 class FiDReader(nn.Module):
     """Fusion-in-Decoder around a ``T5ForConditionalGeneration`` (eager attention)."""
 
@@ -202,10 +210,8 @@ class FiDReader(nn.Module):
         self.t5.save_pretrained(directory, safe_serialization=True)
 
     def answer_labels(self, tokenizer, answers: Sequence[str], max_answer_tokens: int) -> torch.Tensor:
-        """``(batch, tgt_len)`` labels: the answer's T5 tokens + EOS, ``-100`` on padding."""
-        target = tokenizer(list(answers), max_length=max_answer_tokens, truncation=True, padding="longest",
-                           return_tensors="pt")
-        return target["input_ids"].masked_fill(target["attention_mask"] == 0, IGNORE_INDEX)  # (batch, tgt_len)
+        """:func:`t5_answer_labels`."""
+        return t5_answer_labels(tokenizer, answers, max_answer_tokens)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Activation checkpointing of the T5 blocks (used by ``TrainConfig.gradient_checkpointing``)."""

@@ -138,3 +138,96 @@ def test_answer_labels_end_with_sep_and_generation_starts_with_cls(tiny):
     assert ids[0, 0] == tok.cls_token_id and 2 <= ids.shape[1] <= 6
     with pytest.raises(ValueError, match="labels or decoder_input_ids"):
         model(enc.input_ids, enc.attention_mask)
+
+
+# ---------------------------------------------------------------------------- training, resume, registry
+def _examples(n=6):
+    from tasks.funnel.reader import ReaderExample
+
+    answers = ["paris", "seine", "berlin"]
+    return [ReaderExample(f"question number {i} about {answers[i % 3]}", (answers[i % 3],),
+                          tuple((f"p{i}.{j}", t, x) for j, (t, x) in enumerate(PASSAGES))) for i in range(n)]
+
+
+def _reader_cfg(base: Path, out: Path, freeze: bool, **train_kw):
+    from funnelrag.training import TrainConfig
+    from tasks.funnel.reader import ReaderTrainConfig
+
+    train = dict(output_dir=str(out), seed=2, epochs=2, batch_size=2, lr=1e-3, warmup_steps=1, log_every=1, cpu=True)
+    return ReaderTrainConfig(fid=Bert2BertFiDConfig(base=str(base), seed=3, freeze_encoder=freeze, max_answer_tokens=4),
+                             train=TrainConfig(**{**train, **train_kw}), n_passages=3, max_passage_tokens=24,
+                             max_answer_tokens=4)
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+class Crash(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_killed_reader_run_resumes_to_the_same_final_weights(tiny_bert_dir, tmp_path, freeze):
+    from tasks.funnel.reader import load_reader, train_reader
+
+    straight = train_reader(_examples(), _reader_cfg(tiny_bert_dir, tmp_path / "a", freeze))
+    assert straight.train.global_step == 6 and straight.train.losses[-1] < straight.train.losses[0]
+
+    def crash(metrics, step):
+        if step == 4:
+            raise Crash("killed at step 4")
+
+    cfg = _reader_cfg(tiny_bert_dir, tmp_path / "b", freeze, checkpoint_every=3)
+    with pytest.raises(Crash):
+        train_reader(_examples(), cfg, log_metrics=crash)
+    resumed = train_reader(_examples(), cfg)
+    assert resumed.train.global_step == 6
+    torch.testing.assert_close(torch.tensor(resumed.train.losses), torch.tensor(straight.train.losses))
+    a, b = _weights(straight.model_dir), _weights(resumed.model_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], msg=name)
+    model, tok, loaded_cfg = load_reader(resumed.model_dir)
+    assert loaded_cfg.fid.kind == "minilm-bert2bert" and model.attn_implementation == "eager"
+    src = _weights(tiny_bert_dir)
+    enc_name = next(k for k in a if k.endswith("encoder.encoder.layer.0.attention.self.query.weight"))
+    src_name = next(k for k in src if k.endswith("encoder.layer.0.attention.self.query.weight"))
+    assert torch.equal(a[enc_name], src[src_name]) == freeze   # a frozen encoder stays the warm start
+
+
+def test_both_reader_kinds_register_and_load_from_the_registry(tiny_bert_dir, tmp_path, data_mirror):
+    from funnelrag.datasets import resolve
+    from funnelrag.registry import model_uri, register_model
+    from funnelrag.tracking import flow_run
+    from funnelrag.training import TrainConfig
+    from funnelrag.workspace import Workspace
+    from models.fid import FiDConfig, FiDReader
+    from tasks.evaluate.models import load_reader_ref
+    from tasks.funnel.reader import ReaderTrainConfig, save_reader
+
+    tok_dir = resolve("t5-tokenizer", data_mirror).parent
+    t5_cfg = ReaderTrainConfig(fid=FiDConfig(tokenizer=str(tok_dir), d_model=32, n_layers=2, n_heads=2, d_ff=64),
+                               train=TrainConfig(output_dir=""), n_passages=3, max_passage_tokens=24)
+    b2b_cfg = _reader_cfg(tiny_bert_dir, tmp_path, freeze=True)
+    ws = Workspace(tmp_path / "home")
+    enc_inputs = {}
+    for name, cfg in (("t5", t5_cfg), ("minilm-bert2bert", b2b_cfg)):
+        from models.readers import build_reader
+
+        model, tok = build_reader(cfg.fid)
+        saved = save_reader(model, tok, cfg, tmp_path / f"saved-{name}")
+        with flow_run(ws, "reader-registry-test", f"run-{name}", {"kind": name}):
+            decision = register_model(saved, f"reader-{name}", config={"kind": name}, data_version="d",
+                                      metrics={"dev_em": 0.1}, gate_metric="dev_em")
+        assert decision.promoted
+        loaded, ltok, resolved = load_reader_ref(model_uri(f"reader-{name}"), tmp_path / "dl", tok_dir)
+        assert type(loaded) is type(model) and loaded.attn_implementation == "eager"
+        enc = encode_fid_inputs(ltok, ["capital of france"], [PASSAGES], 24)
+        torch.testing.assert_close(loaded.first_token_cross_attention(enc.input_ids, enc.attention_mask),
+                                   model.eval().first_token_cross_attention(enc.input_ids, enc.attention_mask))
+        enc_inputs[name] = enc.input_ids
+    assert isinstance(build_reader(t5_cfg.fid)[0], FiDReader)
+    assert not torch.equal(enc_inputs["t5"][..., :3], enc_inputs["minilm-bert2bert"][..., :3])  # two tokenizers

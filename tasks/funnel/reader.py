@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from funnelrag.training import TrainConfig, TrainResult, train
-from models.fid import encode_fid_inputs
+from models.fid import encode_fid_inputs, t5_answer_labels
 from models.readers import ReaderConfig, build_reader, reader_config_from_dict
 
 logger = logging.getLogger(__name__)
@@ -87,9 +87,10 @@ class ReaderTrainResult:
 
 class ReaderHooks:
     """:class:`funnelrag.training.TrainHooks` for FiD: collate = :func:`encode_fid_inputs` +
-    first-answer labels (the reader's ``answer_labels``, padding → -100); loss = the model's LM loss."""
+    first-answer labels (the reader's ``answer_labels``, default T5's; padding → -100); loss = the
+    model's LM loss."""
 
-    def __init__(self, tokenizer, cfg: ReaderTrainConfig, answer_labels: Callable):
+    def __init__(self, tokenizer, cfg: ReaderTrainConfig, answer_labels: Callable = t5_answer_labels):
         self.tokenizer, self.cfg, self.answer_labels = tokenizer, cfg, answer_labels
 
     def collate(self, examples: list[ReaderExample]) -> dict[str, torch.Tensor]:
