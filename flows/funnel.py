@@ -221,11 +221,13 @@ def reader_eval_task(ctx: Context, dev: StageResult, reader: StageResult) -> Sta
 
 
 def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str, metrics: dict[str, float],
-                    gate_metric: str, measure_champion) -> dict[str, Any]:
+                    gate_metric: str, measure_champion, dev: StageResult) -> dict[str, Any]:
     """Register ``model_dir`` under ``name`` once per distinct model (tag ``model_digest``) and
     run the champion gate, re-measuring the current champion with ``measure_champion(dir)`` on
-    the same dev pool so that both numbers come from the same questions."""
-    from funnelrag.registry import champion_version, download_model, find_version, model_uri, register_model  # noqa: PLC0415
+    the same fixed dev question set (``dev``), whose digest is recorded with the decision."""
+    from data_contracts.funnel import QUESTIONS  # noqa: PLC0415
+    from funnelrag.registry import (champion_version, download_model, find_version, model_uri,  # noqa: PLC0415
+                                    question_set_digest, register_model)
 
     existing = find_version(name, "model_digest", model_digest)
     if existing is not None:
@@ -238,7 +240,8 @@ def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str,
     decision = register_model(model_dir, name, config=ctx.cfg.model_dump(exclude={"workspace"}),
                               data_version=ctx.data_version, metrics=metrics, gate_metric=gate_metric,
                               champion_value=champion_value, tags={"model_digest": model_digest,
-                                                                   "corpus_version": ctx.corpus.version})
+                                                                   "corpus_version": ctx.corpus.version},
+                              eval_set=question_set_digest(QUESTIONS.read(dev.path)["question_id"].to_pylist()))
     return {"registered": True, **asdict(decision)}
 
 
@@ -249,7 +252,7 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     n = ctx.cfg.candidates.n_units
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
     return _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
-                           f"dev_prerank_ar_at_{n}", lambda d: S.evaluate_preranker(dev.path, d, [n])[n])
+                           f"dev_prerank_ar_at_{n}", lambda d: S.evaluate_preranker(dev.path, d, [n])[n], dev)
 
 
 @task(name="register-reader", cache_policy=NO_CACHE)
@@ -266,7 +269,7 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
     if reader.summary.get("last_loss") is not None:
         metrics["train_last_loss"] = reader.summary["last_loss"]
     return _register_gated(ctx, ctx.cfg.reader_registry_name, reader.path / S.READER_DIR, reader.digest, metrics,
-                           "dev_reader_em", champion_em)
+                           "dev_reader_em", champion_em, dev)
 
 
 # ---------------------------------------------------------------------------- tracking
