@@ -21,7 +21,7 @@ import logging
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Any, Iterator, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
@@ -35,6 +35,7 @@ from funnelrag.store import StageCache, StageResult
 from funnelrag.workspace import Workspace
 from funnelrag.training import TrainConfig
 from models.fid import FiDConfig
+from models.fid_bert2bert import Bert2BertFiDConfig
 from models.preranker import PreRankerConfig
 from tasks.funnel import stages as S
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
@@ -63,9 +64,12 @@ class TrainQuestions(DataSource):
 
 
 class ReaderSection(BaseModel):
-    """FiD reader (a tiny scratch T5 by default: no pretrained T5 weights offline)."""
+    """FiD reader: ``kind`` ``t5`` (``fid``: a tiny scratch T5 by default, no pretrained T5 weights
+    offline) or ``minilm-bert2bert`` (``bert2bert``: warm-started from the MiniLM checkpoint)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["t5", "minilm-bert2bert"] = "t5"
+    bert2bert: Bert2BertFiDConfig = Bert2BertFiDConfig(freeze_encoder=True)
     fid: FiDConfig = FiDConfig(d_model=64, n_layers=2, n_heads=4, d_ff=256, dropout=0.1, max_answer_tokens=16)
     train: TrainSection = TrainConfig(output_dir="", epochs=2, batch_size=4, lr=1e-3, warmup_steps=5, log_every=5)
     n_passages: int = 8
@@ -137,6 +141,7 @@ class Context:
 
         r = self.cfg.reader
         fid = r.fid if r.fid.tokenizer or r.fid.base != "scratch" else replace(r.fid, tokenizer=str(self.tokenizer_dir))
+        fid = fid if r.kind == "t5" else r.bert2bert
         return ReaderTrainConfig(fid=fid, train=r.train, n_passages=r.n_passages,
                                  max_passage_tokens=r.max_passage_tokens, max_answer_tokens=r.max_answer_tokens)
 
@@ -177,7 +182,8 @@ def reader_task(ctx: Context, train: StageResult) -> StageResult:
     from data_contracts.base import sha256_file  # noqa: PLC0415
 
     reader_cfg = ctx.reader_config()
-    key_cfg = asdict(replace(reader_cfg, fid=replace(reader_cfg.fid, tokenizer=None)))
+    fid = replace(reader_cfg.fid, tokenizer=None) if hasattr(reader_cfg.fid, "tokenizer") else reader_cfg.fid
+    key_cfg = asdict(replace(reader_cfg, fid=fid))
     inputs = {"candidates": train.digest, "tokenizer": sha256_file(ctx.tokenizer_dir / "tokenizer.json")}
     return ctx.run(S.run_reader, key_cfg, inputs, lambda out, key: S.run_reader(
         train.path, reader_cfg, ctx.ws.run_dir("train-reader", key[:16]), out, _metrics("reader")))

@@ -231,3 +231,17 @@ def test_both_reader_kinds_register_and_load_from_the_registry(tiny_bert_dir, tm
         enc_inputs[name] = enc.input_ids
     assert isinstance(build_reader(t5_cfg.fid)[0], FiDReader)
     assert not torch.equal(enc_inputs["t5"][..., :3], enc_inputs["minilm-bert2bert"][..., :3])  # two tokenizers
+
+
+def test_reader_kind_in_the_distillation_config_picks_the_reader():
+    from flows.funnel import Context, DistillationConfig
+
+    def reader_cfg(over):
+        cfg = DistillationConfig.model_validate(over)
+        return Context(cfg, None, None, None, "", Path("/t5-tokenizer")).reader_config()
+
+    assert reader_cfg({}).fid.kind == "t5" and reader_cfg({}).fid.tokenizer == "/t5-tokenizer"
+    b2b = reader_cfg({"reader": {"kind": "minilm-bert2bert", "bert2bert": {"seed": 4, "freeze_encoder": True}}}).fid
+    assert isinstance(b2b, Bert2BertFiDConfig) and b2b.seed == 4 and b2b.freeze_encoder
+    with pytest.raises(ValueError):
+        DistillationConfig.model_validate({"reader": {"kind": "gpt"}})
