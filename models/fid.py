@@ -157,7 +157,60 @@ def t5_answer_labels(tokenizer, answers: Sequence[str], max_answer_tokens: int) 
     return target["input_ids"].masked_fill(target["attention_mask"] == 0, IGNORE_INDEX)  # (batch, tgt_len)
 
 
-class FiDReader(nn.Module):
+class FusionInDecoder(nn.Module):
+    """What every FiD reader shares: passages encoded separately and fused, the first decoder
+    token's cross-attention (Eq. 3's input). Subclasses set ``encoder_module`` (the encoder stack),
+    ``start_token_id`` (the decoder start token) and ``n_layers``, and implement ``forward``
+    returning :class:`FiDOutput`."""
+
+    encoder_module: nn.Module
+    start_token_id: int
+    n_layers: int
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode passages separately, fuse them: ``(batch, n_passages * seq_len, d_model)`` hidden
+        states and the ``(batch, n_passages * seq_len)`` mask."""
+        batch, n_passages, seq_len = input_ids.shape
+        hidden = self.encoder_module(input_ids=input_ids.view(batch * n_passages, seq_len),
+                                     attention_mask=attention_mask.view(batch * n_passages, seq_len),
+                                     ).last_hidden_state              # (batch * n_passages, seq_len, d_model)
+        hidden = hidden.view(batch, n_passages * seq_len, -1)           # (batch, n_passages * seq_len, d_model)
+        return hidden, attention_mask.view(batch, n_passages * seq_len)
+
+    def checked_cross_attentions(self, cross_attentions) -> tuple[torch.Tensor, ...]:
+        """The ``n_layers`` cross-attention tensors of a model output.
+
+        Raises
+        ------
+        RuntimeError
+            The backend returned none (or not one per layer).
+        """
+        cross = tuple(cross_attentions or ())
+        if len(cross) != self.n_layers or any(a is None for a in cross):
+            raise RuntimeError(f"expected {self.n_layers} cross-attention tensors, got {len(cross)} "
+                               f"(attn_implementation={self.attn_implementation!r})")
+        return cross
+
+    @torch.no_grad()
+    def first_token_cross_attention(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Cross-attention of the first decoder token, one decoder step only (memory does not
+        grow with answer length). Call in eval mode (no attention dropout).
+
+        Returns
+        -------
+        torch.Tensor
+            ``(n_layers, batch, n_heads, n_passages, seq_len)``, float; for each layer, example
+            and head it sums to 1 over ``(n_passages, seq_len)``.
+        """
+        batch, n_passages, seq_len = input_ids.shape
+        start = torch.full((batch, 1), self.start_token_id, dtype=torch.long, device=input_ids.device)  # (batch, 1)
+        out = self.forward(input_ids, attention_mask, decoder_input_ids=start, output_attentions=True)
+        att = torch.stack(out.cross_attentions)                         # (n_layers, batch, n_heads, 1, n_passages * seq_len)
+        n_layers, _, n_heads = att.shape[:3]
+        return att.view(n_layers, batch, n_heads, n_passages, seq_len).float()
+
+
+class FiDReader(FusionInDecoder):
     """Fusion-in-Decoder around a ``T5ForConditionalGeneration`` (eager attention)."""
 
     def __init__(self, t5: nn.Module, cfg: FiDConfig):
@@ -201,6 +254,14 @@ class FiDReader(nn.Module):
         return self.t5.config.num_decoder_layers
 
     @property
+    def encoder_module(self) -> nn.Module:
+        return self.t5.encoder
+
+    @property
+    def start_token_id(self) -> int:
+        return self.t5.config.decoder_start_token_id
+
+    @property
     def attn_implementation(self) -> str:
         """Attention backend (must be ``"eager"`` for Eq. 3)."""
         return self.t5.config._attn_implementation
@@ -216,16 +277,6 @@ class FiDReader(nn.Module):
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Activation checkpointing of the T5 blocks (used by ``TrainConfig.gradient_checkpointing``)."""
         self.t5.activation_checkpointing_enable(activation_checkpointing_kwargs=gradient_checkpointing_kwargs)
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode passages separately, fuse them: ``(batch, n_passages * seq_len, d_model)`` hidden
-        states and the ``(batch, n_passages * seq_len)`` mask."""
-        batch, n_passages, seq_len = input_ids.shape
-        hidden = self.t5.encoder(input_ids=input_ids.view(batch * n_passages, seq_len),
-                                 attention_mask=attention_mask.view(batch * n_passages, seq_len),
-                                 ).last_hidden_state                  # (batch * n_passages, seq_len, d_model)
-        hidden = hidden.view(batch, n_passages * seq_len, -1)           # (batch, n_passages * seq_len, d_model)
-        return hidden, attention_mask.view(batch, n_passages * seq_len)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 labels: torch.Tensor | None = None, output_attentions: bool = False,
@@ -251,30 +302,8 @@ class FiDReader(nn.Module):
                       use_cache=False, return_dict=True)
         cross = None
         if output_attentions:
-            cross = tuple(out.cross_attentions or ())
-            if len(cross) != self.n_layers or any(a is None for a in cross):
-                raise RuntimeError(f"expected {self.n_layers} cross-attention tensors, got {len(cross)} "
-                                   f"(attn_implementation={self.t5.config._attn_implementation!r})")
+            cross = self.checked_cross_attentions(out.cross_attentions)
         return FiDOutput(loss=out.loss, logits=out.logits, cross_attentions=cross)
-
-    @torch.no_grad()
-    def first_token_cross_attention(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Cross-attention of the first decoder token, one decoder step only (memory does not
-        grow with answer length). Call in eval mode (no attention dropout).
-
-        Returns
-        -------
-        torch.Tensor
-            ``(n_layers, batch, n_heads, n_passages, seq_len)``, float; for each layer, example
-            and head it sums to 1 over ``(n_passages, seq_len)``.
-        """
-        batch, n_passages, seq_len = input_ids.shape
-        start = torch.full((batch, 1), self.t5.config.decoder_start_token_id, dtype=torch.long,
-                           device=input_ids.device)                     # (batch, 1)
-        out = self.forward(input_ids, attention_mask, decoder_input_ids=start, output_attentions=True)
-        att = torch.stack(out.cross_attentions)                         # (n_layers, batch, n_heads, 1, n_passages * seq_len)
-        n_layers, _, n_heads = att.shape[:3]
-        return att.view(n_layers, batch, n_heads, n_passages, seq_len).float()
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,

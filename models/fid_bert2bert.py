@@ -17,8 +17,9 @@ reader unchanged:
 * ``input_ids``, ``attention_mask`` : ``(batch, n_passages, seq_len)``, ``[CLS] ... [SEP]``.
 * ``cross_attentions`` : ``n_layers`` tensors ``(batch, n_heads, tgt_len, n_passages * seq_len)``,
   post-softmax weights of each decoder layer's cross-attention.
-* :meth:`first_token_cross_attention` : ``(n_layers, batch, n_heads, n_passages, seq_len)`` for
-  the first decoder position (the decoder start token ``[CLS]``), FunnelRAG Eq. 3's input.
+* ``first_token_cross_attention`` (:class:`models.fid.FusionInDecoder`, shared with the T5 reader):
+  ``(n_layers, batch, n_heads, n_passages, seq_len)`` for the first decoder position (the decoder
+  start token ``[CLS]``), FunnelRAG Eq. 3's input.
 
 Answers are decoded from ``[CLS]`` and end with ``[SEP]`` (the decoder's EOS); labels are the
 answer's word pieces followed by ``[SEP]``. Both sides use ``attn_implementation="eager"`` (SDPA
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.encoders import MINILM, resolve_model_path
-from models.fid import FiDOutput
+from models.fid import FiDOutput, FusionInDecoder
 
 KIND = "minilm-bert2bert"
 IGNORE_INDEX = -100
@@ -71,7 +72,7 @@ def _is_saved_encoder_decoder(path: str) -> bool:
     return cfg.exists() and '"encoder-decoder"' in cfg.read_text()
 
 
-class Bert2BertFiDReader(nn.Module):
+class Bert2BertFiDReader(FusionInDecoder):
     """FiD around a BERT2BERT ``EncoderDecoderModel`` (eager attention on both sides)."""
 
     def __init__(self, model: nn.Module, cfg: Bert2BertFiDConfig, decoder_start_token_id: int,
@@ -127,6 +128,14 @@ class Bert2BertFiDReader(nn.Module):
     def n_layers(self) -> int:
         return self.model.config.decoder.num_hidden_layers
 
+    @property
+    def encoder_module(self) -> nn.Module:
+        return self.model.encoder
+
+    @property
+    def start_token_id(self) -> int:
+        return self.decoder_start_token_id
+
     def save(self, directory: Path) -> None:
         """``save_pretrained`` of the encoder-decoder (safetensors + config)."""
         self.model.save_pretrained(directory, safe_serialization=True)
@@ -145,16 +154,6 @@ class Bert2BertFiDReader(nn.Module):
         for i, r in enumerate(rows):
             labels[i, : len(r)] = torch.tensor(r)
         return labels
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode passages separately, fuse them: ``(batch, n_passages * seq_len, hidden)`` states
-        and the ``(batch, n_passages * seq_len)`` mask."""
-        batch, n_passages, seq_len = input_ids.shape
-        hidden = self.model.encoder(input_ids=input_ids.view(batch * n_passages, seq_len),
-                                    attention_mask=attention_mask.view(batch * n_passages, seq_len),
-                                    ).last_hidden_state              # (batch * n_passages, seq_len, hidden)
-        hidden = hidden.view(batch, n_passages * seq_len, -1)        # (batch, n_passages * seq_len, hidden)
-        return hidden, attention_mask.view(batch, n_passages * seq_len)
 
     def _decode(self, hidden: torch.Tensor, mask: torch.Tensor, decoder_input_ids: torch.Tensor,
                 output_attentions: bool):
@@ -204,28 +203,8 @@ class Bert2BertFiDReader(nn.Module):
             loss = F.cross_entropy(out.logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
         cross = None
         if output_attentions:
-            cross = tuple(out.cross_attentions or ())
-            if len(cross) != self.n_layers or any(a is None for a in cross):
-                raise RuntimeError(f"expected {self.n_layers} cross-attention tensors, got {len(cross)} "
-                                   f"(attn_implementation={self.attn_implementation!r})")
+            cross = self.checked_cross_attentions(out.cross_attentions)
         return FiDOutput(loss=loss, logits=out.logits, cross_attentions=cross)
-
-    @torch.no_grad()
-    def first_token_cross_attention(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Cross-attention of the first decoder token (one decoder step); call in eval mode.
-
-        Returns
-        -------
-        torch.Tensor
-            ``(n_layers, batch, n_heads, n_passages, seq_len)`` float; sums to 1 over
-            ``(n_passages, seq_len)`` for each layer, example and head.
-        """
-        batch, n_passages, seq_len = input_ids.shape
-        start = torch.full((batch, 1), self.decoder_start_token_id, dtype=torch.long, device=input_ids.device)
-        out = self.forward(input_ids, attention_mask, decoder_input_ids=start, output_attentions=True)
-        att = torch.stack(out.cross_attentions)            # (n_layers, batch, n_heads, 1, n_passages * seq_len)
-        n_layers, _, n_heads = att.shape[:3]
-        return att.view(n_layers, batch, n_heads, n_passages, seq_len).float()
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
