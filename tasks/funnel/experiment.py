@@ -338,14 +338,10 @@ PARTS = ("candidates", "reader", "answer_only", "l2g", "postrank", "report")
 def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     """Run the requested parts (each reuses every cached step) and, with ``"report"``, return
     the tables (text) and figures (JSON-ready) of the experiment."""
-    from data_contracts.funnel import ATTENTION_SCORES, READER_PREDICTIONS  # noqa: PLC0415
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
     c = exp.cfg
     q = exp.questions()
     done: dict[str, StageResult] = {}
-    if {"candidates", "postrank", "report"} & set(parts):
+    if {"candidates", "answer_only", "postrank", "report"} & set(parts):
         heldout = exp.candidates(q, "dev")
     if {"candidates", "answer_only", "l2g", "report"} & set(parts):
         data = exp.distill_data(exp.candidates(q, "train"))
@@ -361,21 +357,50 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
         ids = sorted(answerable(heldout.path, None))[: c.n_postrank]
         post_data = exp.subset("postrank_data", heldout, set(ids))
         done["postrank"] = exp.attention("attention_postrank", post_data, done["reader"])
-    if "report" not in parts:
+    texts, figures = [], {}
+    if "answer_only" in done:
+        t, f = distillation_report(exp, heldout, done)
+        texts.append(t)
+        figures.update(f)
+    if {"postrank", "reader_eval"} <= set(done):
+        t, f = postranker_report(exp, done)
+        texts.append(t)
+        figures.update(f)
+    if not texts:
         return {k: v.summary for k, v in done.items()}
+    return {"text": "\n\n".join(texts), "figures": figures}
 
+
+def distillation_report(exp: Experiment, heldout: StageResult, done: dict[str, StageResult]) -> tuple[str, dict]:
+    """Pre-ranker AR@k before / after answer-only (and, when done, L2G) distillation on the held-out pool."""
+    from funnelrag.registry import question_set_digest  # noqa: PLC0415
+    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
+
+    c = exp.cfg
     recalls = {name: exp.preranker_recall(f"recall_{name}", heldout, d) for name, d in
-               (("before", None), ("answer_only", done["answer_only"]), ("l2g", done["l2g"]))}
+               (("before", None), ("answer_only", done["answer_only"]), ("l2g", done.get("l2g"))) if d or name == "before"}
     per = {n: json.loads((r.path / "recall.json").read_text()) for n, r in recalls.items()}
     qids = per["before"]["question_ids"]
     ks = [k for k in per["before"] if k != "question_ids"]
     idx = E.bootstrap_indices(len(qids), c.n_bootstrap, c.bootstrap_seed)
     rows = {"before distillation": {int(k): np.asarray(per["before"][k]) for k in ks},
-            "BPR, answer-only (K=0)": {int(k): np.asarray(per["answer_only"][k]) for k in ks},
-            f"BPR, L2G (K={c.l2g_top_k})": {int(k): np.asarray(per["l2g"][k]) for k in ks}}
-    t1, f1 = E.recall_table(f"Pre-ranker answer recall (%), {len(qids)} held-out NQ-open dev questions, "
-                            f"same pool and input length ({c.preranker.max_length} tokens); 95% bootstrap intervals",
-                            rows, idx, baseline="before distillation")
+            "BPR, answer-only (K=0)": {int(k): np.asarray(per["answer_only"][k]) for k in ks}}
+    if "l2g" in per:
+        rows[f"BPR, L2G (K={c.l2g_top_k})"] = {int(k): np.asarray(per["l2g"][k]) for k in ks}
+    text, fig = E.recall_table(f"Pre-ranker answer recall (%), {len(qids)} held-out NQ-open dev questions, "
+                               f"same pool and input length ({c.preranker.max_length} tokens); 95% bootstrap intervals",
+                               rows, idx, baseline="before distillation")
+    return text, {"preranker": fig, "n_heldout": len(qids), "heldout_digest": question_set_digest(qids),
+                  **{n: done[n].summary for n in ("answer_only", "l2g") if n in done}}
+
+
+def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
+    """Eq. 3 post-ranking vs pre-ranker passage order (same N units), and the reader's EM."""
+    from data_contracts.funnel import ATTENTION_SCORES, READER_PREDICTIONS  # noqa: PLC0415
+    from funnelrag.registry import question_set_digest  # noqa: PLC0415
+    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
+
+    c = exp.cfg
     cands = CANDIDATES.read(done["postrank"].path)
     pq = sorted(set(cands["question_id"].to_pylist()))
     att = ATTENTION_SCORES.read(done["postrank"].path)
@@ -391,11 +416,8 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     em_ci = E.interval(em, E.bootstrap_indices(len(em), c.n_bootstrap, c.bootstrap_seed))
     t3 = (f"Reader ({c.reader.fid.kind}) EM (%) on {len(em)} held-out questions whose reader input "
           f"(top {c.reader.n_passages} passages) holds an answer: {E.fmt(em_ci)}")
-    figures = {"preranker": f1, "postranker": f2, "reader_em": em_ci, "n_heldout": len(qids),
-               "heldout_digest": question_set_digest(qids), "reader": done["reader"].summary,
-               "answer_only": done["answer_only"].summary, "l2g": done["l2g"].summary,
-               "reader_eval": done["reader_eval"].summary}
-    return {"text": "\n\n".join([t1, t2, t3]), "figures": figures}
+    return f"{t2}\n\n{t3}", {"postranker": f2, "postrank_digest": question_set_digest(pq), "reader_em": em_ci,
+                              "reader": done["reader"].summary, "reader_eval": done["reader_eval"].summary}
 
 
 def main(argv: list[str] | None = None) -> int:
