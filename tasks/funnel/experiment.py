@@ -355,8 +355,8 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     if {"postrank", "report"} & set(parts):
         done["reader_eval"] = exp.reader_eval(heldout, done["reader"])
         ids = sorted(answerable(heldout.path, None))[: c.n_postrank]
-        post_data = exp.subset("postrank_data", heldout, set(ids))
-        done["postrank"] = exp.attention("attention_postrank", post_data, done["reader"])
+        done["postrank_data"] = exp.subset("postrank_data", heldout, set(ids))
+        done["postrank"] = exp.attention("attention_postrank", done["postrank_data"], done["reader"])
     texts, figures = [], {}
     if "answer_only" in done:
         t, f = distillation_report(exp, heldout, done)
@@ -401,7 +401,7 @@ def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[st
     from tasks.funnel import experiment_eval as E  # noqa: PLC0415
 
     c = exp.cfg
-    cands = CANDIDATES.read(done["postrank"].path)
+    cands = CANDIDATES.read(done["postrank_data"].path)
     pq = sorted(set(cands["question_id"].to_pylist()))
     att = ATTENTION_SCORES.read(done["postrank"].path)
     scores = dict(zip(zip(att["question_id"].to_pylist(), att["passage_id"].to_pylist()), att["score"].to_pylist()))
