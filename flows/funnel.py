@@ -21,11 +21,11 @@ import logging
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Any, Iterator, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
-from pydantic import BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, to_jsonable
@@ -35,6 +35,7 @@ from funnelrag.store import StageCache, StageResult
 from funnelrag.workspace import Workspace
 from funnelrag.training import TrainConfig
 from models.fid import FiDConfig
+from models.fid_bert2bert import Bert2BertFiDConfig
 from models.preranker import PreRankerConfig
 from tasks.funnel import stages as S
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
@@ -55,11 +56,21 @@ class TrainQuestions(DataSource):
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-dev"])
 
 
-# A tiny scratch T5 reader: no pretrained T5 weights offline.
-DEFAULT_READER = ReaderTrainConfig(
-    fid=FiDConfig(d_model=64, n_layers=2, n_heads=4, d_ff=256, dropout=0.1, max_answer_tokens=16),
-    train=TrainConfig(epochs=2, batch_size=4, lr=1e-3, warmup_steps=5, log_every=5),
-    n_passages=8, max_passage_tokens=160, max_answer_tokens=16)
+class ReaderSection(BaseModel):
+    """FiD reader: ``kind`` ``t5`` (``fid``: a tiny scratch T5 by default, no pretrained T5 weights
+    offline) or ``minilm-bert2bert`` (``bert2bert``: warm-started from the MiniLM checkpoint)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["t5", "minilm-bert2bert"] = "t5"
+    bert2bert: Bert2BertFiDConfig = Bert2BertFiDConfig(freeze_encoder=True)
+    fid: FiDConfig = FiDConfig(d_model=64, n_layers=2, n_heads=4, d_ff=256, dropout=0.1, max_answer_tokens=16)
+    train: TrainConfig = TrainConfig(epochs=2, batch_size=4, lr=1e-3, warmup_steps=5, log_every=5)
+    n_passages: int = 8
+    max_passage_tokens: int = 160
+    max_answer_tokens: int = 16
+
+
+DEFAULT_READER = ReaderSection()
 
 
 def _over(default: Any):
@@ -81,7 +92,7 @@ class DistillationConfig(FlowConfig):
     n_eval: int | None = 100
     candidates: CandidatesConfig = CandidatesConfig(n_clusters=3, n_units=8, batch_size=32)
     preranker: PreRankerConfig = PreRankerConfig(kind="bi")   # the model's own input length (one source)
-    reader: Annotated[ReaderTrainConfig, BeforeValidator(_over(DEFAULT_READER))] = DEFAULT_READER
+    reader: Annotated[ReaderSection, BeforeValidator(_over(DEFAULT_READER))] = DEFAULT_READER
     attention: AttentionScoreConfig = AttentionScoreConfig()
     attention_run: AttentionRunConfig = AttentionRunConfig(max_passage_tokens=160, batch_size=1)
     labels: LabelConfig = LabelConfig(alpha=0.75, top_k=1)
@@ -125,8 +136,10 @@ class Context:
     def reader_config(self):
         """``cfg.reader`` with a scratch reader's tokenizer set to the real T5 tokenizer."""
         r = self.cfg.reader
-        return r if r.fid.tokenizer or r.fid.base != "scratch" else replace(
-            r, fid=replace(r.fid, tokenizer=str(self.tokenizer_dir)))
+        fid = r.fid if r.fid.tokenizer or r.fid.base != "scratch" else replace(r.fid, tokenizer=str(self.tokenizer_dir))
+        fid = fid if r.kind == "t5" else r.bert2bert
+        return ReaderTrainConfig(fid=fid, train=r.train, n_passages=r.n_passages,
+                                 max_passage_tokens=r.max_passage_tokens, max_answer_tokens=r.max_answer_tokens)
 
     def run(self, core, config: Any, inputs: dict[str, str], build) -> StageResult:
         """:func:`funnelrag.stages.run_cached` of ``core`` in this flow's cache, logged."""
@@ -165,7 +178,8 @@ def reader_task(ctx: Context, train: StageResult) -> StageResult:
     from data_contracts.base import sha256_file  # noqa: PLC0415
 
     reader_cfg = ctx.reader_config()
-    key_cfg = asdict(replace(reader_cfg, fid=replace(reader_cfg.fid, tokenizer=None)))
+    fid = replace(reader_cfg.fid, tokenizer=None) if hasattr(reader_cfg.fid, "tokenizer") else reader_cfg.fid
+    key_cfg = asdict(replace(reader_cfg, fid=fid))
     inputs = {"candidates": train.digest, "tokenizer": sha256_file(ctx.tokenizer_dir / "tokenizer.json")}
     return ctx.run(S.run_reader, key_cfg, inputs, lambda out, key: S.run_reader(
         train.path, reader_cfg, ctx.ws.run_dir("train-reader", key[:16]), out, _metrics("reader")))
@@ -209,11 +223,13 @@ def reader_eval_task(ctx: Context, dev: StageResult, reader: StageResult) -> Sta
 
 
 def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str, metrics: dict[str, float],
-                    gate_metric: str, measure_champion) -> dict[str, Any]:
+                    gate_metric: str, measure_champion, dev: StageResult) -> dict[str, Any]:
     """Register ``model_dir`` under ``name`` once per distinct model (tag ``model_digest``) and
     run the champion gate, re-measuring the current champion with ``measure_champion(dir)`` on
-    the same dev pool so that both numbers come from the same questions."""
-    from funnelrag.registry import champion_version, download_model, find_version, model_uri, register_model  # noqa: PLC0415
+    the same fixed dev question set (``dev``), whose digest is recorded with the decision."""
+    from data_contracts.funnel import QUESTIONS  # noqa: PLC0415
+    from funnelrag.registry import (champion_version, download_model, find_version, model_uri,  # noqa: PLC0415
+                                    question_set_digest, register_model)
 
     existing = find_version(name, "model_digest", model_digest)
     if existing is not None:
@@ -226,7 +242,8 @@ def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str,
     decision = register_model(model_dir, name, config=ctx.cfg.model_dump(exclude={"workspace"}),
                               data_version=ctx.data_version, metrics=metrics, gate_metric=gate_metric,
                               champion_value=champion_value, tags={"model_digest": model_digest,
-                                                                   "corpus_version": ctx.corpus.version})
+                                                                   "corpus_version": ctx.corpus.version},
+                              eval_set=question_set_digest(QUESTIONS.read(dev.path)["question_id"].to_pylist()))
     return {"registered": True, **asdict(decision)}
 
 
@@ -237,7 +254,7 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     n = ctx.cfg.candidates.n_units
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
     return _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
-                           f"dev_prerank_ar_at_{n}", lambda d: S.evaluate_preranker(dev.path, d, [n])[n])
+                           f"dev_prerank_ar_at_{n}", lambda d: S.evaluate_preranker(dev.path, d, [n])[n], dev)
 
 
 @task(name="register-reader", cache_policy=NO_CACHE)
@@ -254,7 +271,7 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
     if reader.summary.get("last_loss") is not None:
         metrics["train_last_loss"] = reader.summary["last_loss"]
     return _register_gated(ctx, ctx.cfg.reader_registry_name, reader.path / S.READER_DIR, reader.digest, metrics,
-                           "dev_reader_em", champion_em)
+                           "dev_reader_em", champion_em, dev)
 
 
 # ---------------------------------------------------------------------------- tracking

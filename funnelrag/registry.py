@@ -26,6 +26,7 @@ CHAMPION = "champion"
 CHALLENGER = "challenger"
 MODEL_ARTIFACT = "model"
 METRIC_TAG = "metric."
+EVAL_SET_TAG = "eval_set_digest"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class GateDecision:
     champion_version, champion_value : the champion before the gate (None if there was none).
     promoted : the new version is now the champion.
     reason : ``no_champion`` | ``not_worse`` | ``worse``.
+    eval_set : sha256 of the held-out question set both values were measured on (None if not given).
     """
 
     name: str
@@ -49,6 +51,14 @@ class GateDecision:
     champion_value: float | None
     promoted: bool
     reason: str
+    eval_set: str | None = None
+
+
+def question_set_digest(question_ids) -> str:
+    """sha256 of the sorted question ids joined by newlines: the identity of a fixed held-out set."""
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256("\n".join(sorted(question_ids)).encode()).hexdigest()
 
 
 def _client():
@@ -97,7 +107,7 @@ def is_not_worse(challenger: float, champion: float, higher_is_better: bool = Tr
 
 def register_model(model_dir: Path, name: str, *, config: Any, data_version: str, metrics: Mapping[str, float],
                    gate_metric: str, higher_is_better: bool = True, champion_value: float | None = None,
-                   tags: Mapping[str, str] | None = None) -> GateDecision:
+                   tags: Mapping[str, str] | None = None, eval_set: str | None = None) -> GateDecision:
     """Log ``model_dir`` to the active MLflow run, register it as a version of ``name`` and gate it.
 
     Parameters
@@ -111,6 +121,10 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     champion_value : the current champion's value of ``gate_metric`` measured on the same
         evaluation data now; default: the value recorded when the champion was registered.
     tags : extra version tags.
+    eval_set : digest of the fixed held-out question set ``metrics`` were measured on (e.g.
+        :func:`question_set_digest`); stored as the version tag
+        ``eval_set_digest`` and in the decision. When given, a champion value recorded on a
+        different set is never compared: ``champion_value`` (re-measured on this set) is required.
 
     Returns
     -------
@@ -123,6 +137,8 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
         No active MLflow run.
     KeyError
         ``gate_metric`` is not in ``metrics``.
+    ValueError
+        ``eval_set`` differs from the champion's and no ``champion_value`` was given.
     FileNotFoundError
         ``model_dir`` is not a directory.
     """
@@ -137,6 +153,11 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
+    champion = champion_version(name)
+    if (champion is not None and eval_set is not None and champion_value is None
+            and champion.tags.get(EVAL_SET_TAG) != eval_set):
+        raise ValueError(f"{name} champion v{champion.version} was measured on question set "
+                         f"{champion.tags.get(EVAL_SET_TAG)}, not {eval_set}: re-measure it (champion_value)")
     client = _client()
     mlflow.log_artifacts(str(model_dir), artifact_path=MODEL_ARTIFACT)
     cfg_json = to_jsonable(config)
@@ -147,22 +168,22 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    champion = champion_version(name)
-    version_tags = {"data_version": data_version, "config_sha256": config_hash(cfg_json),
+    version_tags = {**({EVAL_SET_TAG: eval_set} if eval_set else {}),"data_version": data_version, "config_sha256": config_hash(cfg_json),
                     **{METRIC_TAG + k: repr(float(v)) for k, v in metrics.items()}, **dict(tags or {})}
     mv = client.create_model_version(name, source=f"runs:/{run.info.run_id}/{MODEL_ARTIFACT}",
                                      run_id=run.info.run_id, tags=version_tags)
     client.set_registered_model_alias(name, CHALLENGER, mv.version)
     value = float(metrics[gate_metric])
     if champion is None:
-        decision = GateDecision(name, str(mv.version), gate_metric, higher_is_better, value, None, None, True, "no_champion")
+        decision = GateDecision(name, str(mv.version), gate_metric, higher_is_better, value, None, None, True,
+                                "no_champion", eval_set)
     else:
         best = champion_value if champion_value is not None else version_metric(champion, gate_metric)
         if best is None:
             raise KeyError(f"champion {name} v{champion.version} has no recorded {gate_metric!r}; pass champion_value")
         ok = is_not_worse(value, best, higher_is_better)
         decision = GateDecision(name, str(mv.version), gate_metric, higher_is_better, value, str(champion.version),
-                                float(best), ok, "not_worse" if ok else "worse")
+                                float(best), ok, "not_worse" if ok else "worse", eval_set)
     if decision.promoted:
         client.set_registered_model_alias(name, CHAMPION, mv.version)
     client.set_model_version_tag(name, mv.version, "gate", json.dumps(asdict(decision), sort_keys=True))

@@ -33,12 +33,16 @@ import torch
 from torch import nn
 
 SCRATCH = "scratch"
+KIND = "t5"
+IGNORE_INDEX = -100  # label positions ignored by the LM loss
 
 
 @dataclass(frozen=True)
 class FiDConfig:
     """FiD reader settings.
 
+    kind : always ``"t5"`` (stored in ``reader_config.json`` to pick the reader class; see
+        :mod:`models.readers`).
     base : a hub name or local directory of T5 weights (e.g. ``google-t5/t5-base``), or
         ``"scratch"`` for a T5 of the sizes below, initialised from ``seed``.
     tokenizer : directory of the T5 tokenizer (``resolve("t5-tokenizer", mirror).parent``);
@@ -50,6 +54,7 @@ class FiDConfig:
     max_answer_tokens : generation length limit (tokens).
     """
 
+    kind: str = KIND
     base: str = SCRATCH
     tokenizer: str | None = None
     d_model: int = 256
@@ -59,6 +64,10 @@ class FiDConfig:
     dropout: float = 0.1
     seed: int = 0
     max_answer_tokens: int = 20
+
+    def __post_init__(self) -> None:
+        if self.kind != KIND:
+            raise ValueError(f"FiDConfig.kind must be {KIND!r}, got {self.kind!r}")
 
 
 @dataclass
@@ -140,7 +149,68 @@ def encode_fid_inputs(tokenizer, questions: Sequence[str],
                     passage_token_mask=passage.view(shape))
 
 
-class FiDReader(nn.Module):
+def t5_answer_labels(tokenizer, answers: Sequence[str], max_answer_tokens: int) -> torch.Tensor:
+    """``(batch, tgt_len)`` labels: the answers' T5 tokens + EOS, ``-100`` on padding;
+    ``tgt_len <= max_answer_tokens``."""
+    target = tokenizer(list(answers), max_length=max_answer_tokens, truncation=True, padding="longest",
+                       return_tensors="pt")
+    return target["input_ids"].masked_fill(target["attention_mask"] == 0, IGNORE_INDEX)  # (batch, tgt_len)
+
+
+class FusionInDecoder(nn.Module):
+    """What every FiD reader shares: passages encoded separately and fused, the first decoder
+    token's cross-attention (Eq. 3's input). Subclasses set ``encoder_module`` (the encoder stack),
+    ``start_token_id`` (the decoder start token) and ``n_layers``, and implement ``forward``
+    returning :class:`FiDOutput`."""
+
+    encoder_module: nn.Module
+    start_token_id: int
+    n_layers: int
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode passages separately, fuse them: ``(batch, n_passages * seq_len, d_model)`` hidden
+        states and the ``(batch, n_passages * seq_len)`` mask."""
+        batch, n_passages, seq_len = input_ids.shape
+        hidden = self.encoder_module(input_ids=input_ids.view(batch * n_passages, seq_len),
+                                     attention_mask=attention_mask.view(batch * n_passages, seq_len),
+                                     ).last_hidden_state              # (batch * n_passages, seq_len, d_model)
+        hidden = hidden.view(batch, n_passages * seq_len, -1)           # (batch, n_passages * seq_len, d_model)
+        return hidden, attention_mask.view(batch, n_passages * seq_len)
+
+    def checked_cross_attentions(self, cross_attentions) -> tuple[torch.Tensor, ...]:
+        """The ``n_layers`` cross-attention tensors of a model output.
+
+        Raises
+        ------
+        RuntimeError
+            The backend returned none (or not one per layer).
+        """
+        cross = tuple(cross_attentions or ())
+        if len(cross) != self.n_layers or any(a is None for a in cross):
+            raise RuntimeError(f"expected {self.n_layers} cross-attention tensors, got {len(cross)} "
+                               f"(attn_implementation={self.attn_implementation!r})")
+        return cross
+
+    @torch.no_grad()
+    def first_token_cross_attention(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Cross-attention of the first decoder token, one decoder step only (memory does not
+        grow with answer length). Call in eval mode (no attention dropout).
+
+        Returns
+        -------
+        torch.Tensor
+            ``(n_layers, batch, n_heads, n_passages, seq_len)``, float; for each layer, example
+            and head it sums to 1 over ``(n_passages, seq_len)``.
+        """
+        batch, n_passages, seq_len = input_ids.shape
+        start = torch.full((batch, 1), self.start_token_id, dtype=torch.long, device=input_ids.device)  # (batch, 1)
+        out = self.forward(input_ids, attention_mask, decoder_input_ids=start, output_attentions=True)
+        att = torch.stack(out.cross_attentions)                         # (n_layers, batch, n_heads, 1, n_passages * seq_len)
+        n_layers, _, n_heads = att.shape[:3]
+        return att.view(n_layers, batch, n_heads, n_passages, seq_len).float()
+
+
+class FiDReader(FusionInDecoder):
     """Fusion-in-Decoder around a ``T5ForConditionalGeneration`` (eager attention)."""
 
     def __init__(self, t5: nn.Module, cfg: FiDConfig):
@@ -183,19 +253,30 @@ class FiDReader(nn.Module):
     def n_layers(self) -> int:
         return self.t5.config.num_decoder_layers
 
+    @property
+    def encoder_module(self) -> nn.Module:
+        return self.t5.encoder
+
+    @property
+    def start_token_id(self) -> int:
+        return self.t5.config.decoder_start_token_id
+
+    @property
+    def attn_implementation(self) -> str:
+        """Attention backend (must be ``"eager"`` for Eq. 3)."""
+        return self.t5.config._attn_implementation
+
+    def save(self, directory) -> None:
+        """``save_pretrained`` of the T5 (safetensors + config)."""
+        self.t5.save_pretrained(directory, safe_serialization=True)
+
+    def answer_labels(self, tokenizer, answers: Sequence[str], max_answer_tokens: int) -> torch.Tensor:
+        """:func:`t5_answer_labels`."""
+        return t5_answer_labels(tokenizer, answers, max_answer_tokens)
+
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Activation checkpointing of the T5 blocks (used by ``TrainConfig.gradient_checkpointing``)."""
         self.t5.activation_checkpointing_enable(activation_checkpointing_kwargs=gradient_checkpointing_kwargs)
-
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode passages separately, fuse them: ``(batch, n_passages * seq_len, d_model)`` hidden
-        states and the ``(batch, n_passages * seq_len)`` mask."""
-        batch, n_passages, seq_len = input_ids.shape
-        hidden = self.t5.encoder(input_ids=input_ids.view(batch * n_passages, seq_len),
-                                 attention_mask=attention_mask.view(batch * n_passages, seq_len),
-                                 ).last_hidden_state                  # (batch * n_passages, seq_len, d_model)
-        hidden = hidden.view(batch, n_passages * seq_len, -1)           # (batch, n_passages * seq_len, d_model)
-        return hidden, attention_mask.view(batch, n_passages * seq_len)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 labels: torch.Tensor | None = None, output_attentions: bool = False,
@@ -221,30 +302,8 @@ class FiDReader(nn.Module):
                       use_cache=False, return_dict=True)
         cross = None
         if output_attentions:
-            cross = tuple(out.cross_attentions or ())
-            if len(cross) != self.n_layers or any(a is None for a in cross):
-                raise RuntimeError(f"expected {self.n_layers} cross-attention tensors, got {len(cross)} "
-                                   f"(attn_implementation={self.t5.config._attn_implementation!r})")
+            cross = self.checked_cross_attentions(out.cross_attentions)
         return FiDOutput(loss=out.loss, logits=out.logits, cross_attentions=cross)
-
-    @torch.no_grad()
-    def first_token_cross_attention(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Cross-attention of the first decoder token, one decoder step only (memory does not
-        grow with answer length). Call in eval mode (no attention dropout).
-
-        Returns
-        -------
-        torch.Tensor
-            ``(n_layers, batch, n_heads, n_passages, seq_len)``, float; for each layer, example
-            and head it sums to 1 over ``(n_passages, seq_len)``.
-        """
-        batch, n_passages, seq_len = input_ids.shape
-        start = torch.full((batch, 1), self.t5.config.decoder_start_token_id, dtype=torch.long,
-                           device=input_ids.device)                     # (batch, 1)
-        out = self.forward(input_ids, attention_mask, decoder_input_ids=start, output_attentions=True)
-        att = torch.stack(out.cross_attentions)                         # (n_layers, batch, n_heads, 1, n_passages * seq_len)
-        n_layers, _, n_heads = att.shape[:3]
-        return att.view(n_layers, batch, n_heads, n_passages, seq_len).float()
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -89,3 +89,21 @@ def test_find_version_by_tag(ws, tmp_path):
     assert found is not None and str(found.version) == "1" and "champion" in found.aliases
     assert find_version(name, "model_digest", "zzz") is None
     assert find_version("no-such-model", "model_digest", "abc") is None
+
+
+def test_gate_compares_on_one_fixed_question_set_and_records_its_digest(ws, tmp_path):
+    from funnelrag.registry import question_set_digest
+
+    name = "test-fixed-set"
+    fixed = question_set_digest(["q2", "q1", "q3"])
+    assert fixed == question_set_digest(["q1", "q2", "q3"]) != question_set_digest(["q1", "q2"])
+    first = _register(ws, tmp_path, "f1", 0.30, name=name, eval_set=fixed)
+    assert first.eval_set == fixed and champion_version(name).tags["eval_set_digest"] == fixed
+    same = _register(ws, tmp_path, "f2", 0.35, name=name, eval_set=fixed)   # recorded value, same set: comparable
+    assert same.promoted and same.champion_value == 0.30 and json.loads(
+        champion_version(name).tags["gate"])["eval_set"] == fixed
+    other = question_set_digest(["q9"])
+    with pytest.raises(ValueError, match="re-measure"):
+        _register(ws, tmp_path, "f3", 0.90, name=name, eval_set=other)
+    remeasured = _register(ws, tmp_path, "f4", 0.20, name=name, eval_set=other, champion_value=0.25)
+    assert not remeasured.promoted and remeasured.eval_set == other

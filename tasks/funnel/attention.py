@@ -156,7 +156,7 @@ def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer
         order, i.e. the pre-ranker's order.
     questions : pa.Table
         ``questions`` rows (question_id, question).
-    model, tokenizer : :class:`models.fid.FiDReader` (eager attention) and its T5 tokenizer.
+    model, tokenizer : a FiD reader of :mod:`models.readers` (eager attention) and its tokenizer.
     cfg, run : score variant and batching.
 
     Returns
@@ -173,7 +173,7 @@ def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer
     """
     from models.fid import encode_fid_inputs  # noqa: PLC0415
 
-    impl = model.t5.config._attn_implementation
+    impl = model.attn_implementation
     if impl != "eager":
         raise ValueError(f"attention scores need the reader built with attn_implementation='eager', got {impl!r}")
     q_text = dict(zip(questions["question_id"].to_pylist(), questions["question"].to_pylist()))

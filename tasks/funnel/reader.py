@@ -7,9 +7,10 @@ the first gold answer given the top ``n_passages`` retrieved passages) and saves
 
 Saved directory (``<train.output_dir>/reader``)::
 
-    model.safetensors, config.json, generation_config.json   T5 weights + config (save_pretrained)
-    tokenizer.json, tokenizer_config.json                    the tokenizer used in training
-    reader_config.json                                       ReaderTrainConfig (FiDConfig, TrainConfig, lengths)
+    model.safetensors, config.json, ...   weights + config (save_pretrained of the T5 or the
+                                          BERT2BERT encoder-decoder, by ``fid.kind``)
+    tokenizer.json, tokenizer_config.json the tokenizer used in training
+    reader_config.json                    ReaderTrainConfig (reader config with its kind, TrainConfig, lengths)
 """
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ import torch
 
 from data_contracts.base import atomic_directory
 from funnelrag.training import TrainConfig, TrainResult, train
-from models.fid import FiDConfig, FiDReader, encode_fid_inputs
+from models.fid import encode_fid_inputs, t5_answer_labels
+from models.readers import ReaderConfig, build_reader, reader_config_from_dict
 
 logger = logging.getLogger(__name__)
 
 READER_DIR = "reader"
 READER_CONFIG = "reader_config.json"
-IGNORE_INDEX = -100  # label positions ignored by the LM loss
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,13 @@ class ReaderExample:
 class ReaderTrainConfig:
     """Reader stage settings.
 
-    fid : model settings. train : the shared loop's settings (``output_dir`` = run directory).
+    fid : reader settings; its ``kind`` (``"t5"`` or ``"minilm-bert2bert"``) picks the class. train : the shared loop's settings (``output_dir`` = run directory).
     n_passages : passages per question fed to FiD (the top ones; questions with fewer are skipped).
     max_passage_tokens : tokens per ``question: q title: t context: p`` pair, EOS included.
     max_answer_tokens : target tokens per answer, EOS included (longer answers are truncated).
     """
 
-    fid: FiDConfig
+    fid: ReaderConfig
     train: TrainConfig
     n_passages: int = 10
     max_passage_tokens: int = 200
@@ -63,7 +64,7 @@ class ReaderTrainConfig:
     @classmethod
     def from_json(cls, text: str) -> "ReaderTrainConfig":
         d = json.loads(text)
-        return cls(fid=FiDConfig(**d.pop("fid")), train=TrainConfig(**d.pop("train")), **d)
+        return cls(fid=reader_config_from_dict(d.pop("fid")), train=TrainConfig(**d.pop("train")), **d)
 
 
 @dataclass
@@ -85,23 +86,74 @@ class ReaderTrainResult:
 
 class ReaderHooks:
     """:class:`funnelrag.training.TrainHooks` for FiD: collate = :func:`encode_fid_inputs` +
-    first-answer labels (padding → -100); loss = the model's LM loss."""
+    first-answer labels (the reader's ``answer_labels``, default T5's; padding → -100); loss = the
+    model's LM loss."""
 
-    def __init__(self, tokenizer, cfg: ReaderTrainConfig):
-        self.tokenizer, self.cfg = tokenizer, cfg
+    def __init__(self, tokenizer, cfg: ReaderTrainConfig, answer_labels: Callable = t5_answer_labels):
+        self.tokenizer, self.cfg, self.answer_labels = tokenizer, cfg, answer_labels
 
     def collate(self, examples: list[ReaderExample]) -> dict[str, torch.Tensor]:
         enc = encode_fid_inputs(self.tokenizer, [e.question for e in examples],
                                 [[(t, x) for _, t, x in e.passages[:self.cfg.n_passages]] for e in examples],
                                 self.cfg.max_passage_tokens)
-        target = self.tokenizer([e.answers[0] for e in examples], max_length=self.cfg.max_answer_tokens,
-                                truncation=True, padding="longest", return_tensors="pt")
-        labels = target["input_ids"].masked_fill(target["attention_mask"] == 0, IGNORE_INDEX)  # (batch, tgt_len)
+        labels = self.answer_labels(self.tokenizer, [e.answers[0] for e in examples],
+                                    self.cfg.max_answer_tokens)  # (batch, tgt_len)
         return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "labels": labels}
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-        return out.loss, {"answer_tokens": float((batch["labels"] != IGNORE_INDEX).sum())}
+        return out.loss, {"answer_tokens": float((batch["labels"] >= 0).sum())}
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    """A reader example whose passages went through the frozen encoder once: ``hidden``
+    ``(n_passages * seq_len, hidden)`` float16, ``mask`` ``(n_passages * seq_len,)`` long."""
+
+    hidden: torch.Tensor
+    mask: torch.Tensor
+    answer: str
+
+
+@torch.no_grad()
+def encode_examples(model, tokenizer, examples: Sequence[ReaderExample], cfg: ReaderTrainConfig,
+                    batch_size: int = 8) -> list[EncodedExample]:
+    """Run the (frozen) encoder once over every example's ``n_passages`` passages (FiD fusion)."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        enc = encode_fid_inputs(tokenizer, [e.question for e in chunk],
+                                [[(t, x) for _, t, x in e.passages[:cfg.n_passages]] for e in chunk],
+                                cfg.max_passage_tokens)
+        hidden, mask = model.encode(enc.input_ids, enc.attention_mask)  # (batch, n_passages * seq_len, hidden)
+        out += [EncodedExample(h.half().clone(), m.clone(), e.answers[0]) for h, m, e in zip(hidden, mask, chunk)]
+    model.train(was_training)
+    return out
+
+
+class EncodedReaderHooks:
+    """Training hooks over :class:`EncodedExample` (frozen encoder): collate pads the fused
+    encodings to the longest of the batch (mask 0), loss = the decoder's LM loss."""
+
+    def __init__(self, tokenizer, cfg: ReaderTrainConfig, answer_labels: Callable):
+        self.tokenizer, self.cfg, self.answer_labels = tokenizer, cfg, answer_labels
+
+    def collate(self, examples: list[EncodedExample]) -> dict[str, torch.Tensor]:
+        length = max(e.mask.shape[0] for e in examples)
+        hidden = torch.zeros(len(examples), length, examples[0].hidden.shape[-1])  # (batch, length, hidden)
+        mask = torch.zeros(len(examples), length, dtype=torch.long)                 # (batch, length)
+        for i, e in enumerate(examples):
+            hidden[i, : e.mask.shape[0]] = e.hidden.float()
+            mask[i, : e.mask.shape[0]] = e.mask
+        labels = self.answer_labels(self.tokenizer, [e.answer for e in examples], self.cfg.max_answer_tokens)
+        return {"encoder_hidden_states": hidden, "encoder_attention_mask": mask, "labels": labels}
+
+    def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        out = model(None, None, labels=batch["labels"], encoder_hidden_states=batch["encoder_hidden_states"],
+                    encoder_attention_mask=batch["encoder_attention_mask"])
+        return out.loss, {"answer_tokens": float((batch["labels"] >= 0).sum())}
 
 
 def select_examples(examples: Sequence[ReaderExample], n_passages: int) -> tuple[list[ReaderExample], ReaderDataReport]:
@@ -138,8 +190,12 @@ def train_reader(examples: Sequence[ReaderExample], cfg: ReaderTrainConfig, *,
     kept, report = select_examples(examples, cfg.n_passages)
     if not kept:
         raise ValueError(f"no usable reader example out of {len(examples)}: {report}")
-    model, tokenizer = FiDReader.from_config(cfg.fid)
-    result = train(model, kept, ReaderHooks(tokenizer, cfg), cfg.train, log_metrics=log_metrics, resume=resume)
+    model, tokenizer = build_reader(cfg.fid)
+    if getattr(cfg.fid, "freeze_encoder", False):  # encoder outputs never change: compute them once
+        data, hooks = encode_examples(model, tokenizer, kept, cfg), EncodedReaderHooks(tokenizer, cfg, model.answer_labels)
+    else:
+        data, hooks = kept, ReaderHooks(tokenizer, cfg, model.answer_labels)
+    result = train(model, data, hooks, cfg.train, log_metrics=log_metrics, resume=resume)
     model_dir = None
     from accelerate import PartialState  # noqa: PLC0415
 
@@ -152,20 +208,20 @@ def train_reader(examples: Sequence[ReaderExample], cfg: ReaderTrainConfig, *,
     return ReaderTrainResult(model_dir=model_dir, train=result, report=report)
 
 
-def save_reader(model: FiDReader, tokenizer, cfg: ReaderTrainConfig, out_dir: Path) -> Path:
-    """Write weights (safetensors), T5 config, tokenizer and ``reader_config.json`` into
+def save_reader(model, tokenizer, cfg: ReaderTrainConfig, out_dir: Path) -> Path:
+    """Write weights (safetensors), model config, tokenizer and ``reader_config.json`` into
     ``out_dir``, which appears complete or not at all (:func:`data_contracts.base.atomic_directory`;
     an old ``out_dir`` is replaced)."""
     out_dir = Path(out_dir)
     with atomic_directory(out_dir) as tmp:
-        model.t5.save_pretrained(tmp, safe_serialization=True)
+        model.save(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / READER_CONFIG).write_text(cfg.to_json())
     logger.info("saved FiD reader to %s", out_dir)
     return out_dir
 
 
-def load_reader(model_dir: str | Path) -> tuple[FiDReader, object, ReaderTrainConfig]:
+def load_reader(model_dir: str | Path) -> tuple[torch.nn.Module, object, ReaderTrainConfig]:
     """Load a reader saved by :func:`save_reader`: ``(model in eval mode, tokenizer, config)``;
     the returned config's ``fid.base`` / ``fid.tokenizer`` point at ``model_dir``.
 
@@ -179,7 +235,10 @@ def load_reader(model_dir: str | Path) -> tuple[FiDReader, object, ReaderTrainCo
     if not cfg_file.exists():
         raise FileNotFoundError(f"{cfg_file} not found: {model_dir} is not a saved FiD reader")
     cfg = ReaderTrainConfig.from_json(cfg_file.read_text())
-    cfg = replace(cfg, fid=replace(cfg.fid, base=str(model_dir), tokenizer=str(model_dir)))
-    model, tokenizer = FiDReader.from_config(cfg.fid)
+    fid = replace(cfg.fid, base=str(model_dir))
+    if hasattr(fid, "tokenizer"):
+        fid = replace(fid, tokenizer=str(model_dir))
+    cfg = replace(cfg, fid=fid)
+    model, tokenizer = build_reader(cfg.fid)
     model.eval()
     return model, tokenizer, cfg

@@ -1,0 +1,456 @@
+"""The distillation experiment in one command: does L2G distillation help, and is the post-ranker any good?
+
+Pure stage functions of :mod:`tasks.funnel.stages` chained under the content-keyed
+:class:`funnelrag.store.StageCache` (no Prefect: a killed run resumes from the last complete stage,
+the reader from its last checkpoint):
+
+1. NQ-open dev questions, hashed split (``split``): the ``train`` part trains, the ``dev`` part is
+   held out (never NQ-open test).
+2. Funnel candidates of both parts (BM25 top-K clusters → ~1K-token units → pre-ranker top-N units
+   → passages), one candidate pool and one pre-ranker input length for every row below.
+3. The FiD reader (``reader.fid.kind``) trained on the train questions whose reader input (the top
+   ``n_passages`` passages in pre-ranker order) contains an answer.
+4. Eq. 3 scores of the distillation questions' candidates; labels with answer documents only
+   (𝒦 = 0) and with L2G labels (Eqs. 4–5, 𝒦 = ``l2g_top_k``); one BPR run (Eq. 6) per label set.
+5. Held-out evaluation (:mod:`tasks.funnel.experiment_eval`): pre-ranker AR@k before / after each
+   distillation with bootstrap 95% intervals (and paired intervals of the differences), FiD Eq. 3
+   post-ranking vs pre-ranker passage order over the same N units, and reader EM.
+
+Run: ``python -m tasks.funnel.experiment --config configs/distillation_experiment_cpu.yaml``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_contracts.funnel import CANDIDATES, QUESTIONS, UNIT_POOL, UNITS
+from funnelrag.store import StageCache, StageResult
+from funnelrag.training import TrainConfig
+from models.fid_bert2bert import Bert2BertFiDConfig
+from models.preranker import PreRankerConfig
+from tasks.funnel import stages as S
+from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
+from tasks.funnel.candidates import CandidatesConfig
+from tasks.funnel.distill import DistillConfig
+from tasks.funnel.labels import LabelConfig
+from tasks.funnel.questions import QuestionsConfig
+from tasks.funnel.reader import ReaderTrainConfig
+
+log = logging.getLogger(__name__)
+
+VERSION = "1"  # bump when a step's output bytes change for the same inputs
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Sizes of the experiment (defaults: the 2-core CPU run reported in the README).
+
+    n_train : train-split questions run through the funnel (the distillation questions).
+    n_reader : train-split questions whose flat BM25 passages train the reader (None = all);
+        those with an answer passage among their BM25 top ``reader_search_k`` are kept
+        (:func:`bm25_passage_candidates`).
+    n_heldout : held-out (dev-split) questions, the first ones in question-id order.
+    n_distill : train questions (first in id order) scored by Eq. 3 and used for BPR.
+    n_postrank : held-out questions (first in id order among those whose N units hold an answer)
+        on which Eq. 3 post-ranking is compared with pre-ranker passage order.
+    l2g_top_k : 𝒦 of the L2G labels (Eq. 5); the answer-only row uses 𝒦 = 0.
+    n_bootstrap, bootstrap_seed : bootstrap resamples of the held-out questions.
+    """
+
+    split: QuestionsConfig = QuestionsConfig(dev_fraction=0.2, seed=0)
+    n_train: int | None = 300
+    n_reader: int | None = None
+    reader_search_k: int = 20
+    n_heldout: int | None = 400
+    n_distill: int = 300
+    n_postrank: int = 100
+    candidates: CandidatesConfig = CandidatesConfig(n_clusters=3, n_units=8, batch_size=64)
+    preranker: PreRankerConfig = PreRankerConfig(kind="bi", max_length=128)
+    reader: ReaderTrainConfig = ReaderTrainConfig(
+        fid=Bert2BertFiDConfig(freeze_encoder=True, max_answer_tokens=16),
+        train=TrainConfig(output_dir="", epochs=6, batch_size=8, lr=3e-4, warmup_steps=30, log_every=10,
+                          checkpoint_every=50),
+        n_passages=4, max_passage_tokens=128, max_answer_tokens=16)
+    attention: AttentionScoreConfig = AttentionScoreConfig()
+    attention_run: AttentionRunConfig = AttentionRunConfig(max_passage_tokens=128, batch_size=1)
+    l2g_alpha: float = 0.75
+    l2g_top_k: int = 1
+    distill: DistillConfig = DistillConfig(epochs=1, max_pairs_per_question=4, score_scale=20.0)
+    distill_train: TrainConfig = TrainConfig(output_dir="", batch_size=8, lr=2e-5, warmup_steps=10, log_every=10,
+                                             checkpoint_every=50)
+    recall_at: tuple[int, ...] = (1, 2, 3, 4)
+    n_bootstrap: int = 1000
+    bootstrap_seed: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ExperimentConfig":
+        """Nested dict (e.g. YAML) → config; unknown keys raise ``TypeError``."""
+        from models.readers import reader_config_from_dict  # noqa: PLC0415
+
+        d = dict(d)
+        sub = {"split": QuestionsConfig, "candidates": CandidatesConfig, "preranker": PreRankerConfig,
+               "attention": AttentionScoreConfig, "attention_run": AttentionRunConfig, "distill": DistillConfig}
+        out: dict[str, Any] = {k: sub[k](**v) for k, v in d.items() if k in sub}
+        if "distill_train" in d:
+            out["distill_train"] = TrainConfig(**{"output_dir": "", **d["distill_train"]})
+        if "reader" in d:
+            r = dict(d["reader"])
+            base = cls.reader
+            fid = reader_config_from_dict({**asdict(base.fid), **r.pop("fid", {})})
+            train = replace(base.train, **r.pop("train", {}))
+            out["reader"] = replace(base, fid=fid, train=train, **r)
+        if "recall_at" in d:
+            out["recall_at"] = tuple(d["recall_at"])
+        rest = {k: v for k, v in d.items() if k not in out and k not in ("distill_train", "reader", "recall_at")}
+        return cls(**out, **rest)
+
+
+@dataclass
+class Paths:
+    """Where the experiment reads and writes."""
+
+    home: Path               # funnelrag workspace (published corpus, caches)
+    questions_file: Path     # NQ-open dev TSV
+    tokenizer_mirror: Path | None = None
+    steps: dict[str, StageResult] = field(default_factory=dict)
+
+
+def subset(stage_dir: Path, question_ids: set[str], out_dir: Path) -> dict[str, Any]:
+    """Copy a candidates stage directory restricted to ``question_ids`` (all four tables)."""
+    n = 0
+    for contract in (UNIT_POOL, CANDIDATES, QUESTIONS):
+        t = contract.read(stage_dir)
+        t = t.filter(pc.is_in(t["question_id"], pa.array(sorted(question_ids), pa.string())))
+        contract.write(t, out_dir)
+        n = t.num_rows if contract is QUESTIONS else n
+    UNITS.write(UNITS.read(stage_dir), out_dir)
+    return {"questions": n}
+
+
+def answerable(stage_dir: Path, n_passages: int | None) -> set[str]:
+    """Question ids with an answer-bearing passage among their first ``n_passages`` candidate
+    passages in pre-ranker order (``None`` = any candidate passage, i.e. the top-N units)."""
+    c = CANDIDATES.read(stage_dir)
+    rows = sorted(zip(c["question_id"].to_pylist(), c["unit_rank"].to_pylist(),
+                      c["passage_position"].to_pylist(), c["has_answer"].to_pylist()))
+    seen: dict[str, int] = {}
+    hit: set[str] = set()
+    for q, _, _, has in rows:
+        i = seen[q] = seen.get(q, -1) + 1
+        if has and (n_passages is None or i < n_passages):
+            hit.add(q)
+    return hit
+
+
+def bm25_passage_candidates(corpus, questions: pa.Table, n_passages: int, search_k: int) -> pa.Table:
+    """Reader training input from flat BM25: per question with an answer passage among its BM25
+    top-``search_k`` corpus passages, the best-ranked answer passage and the ``n_passages - 1``
+    best-ranked other passages, in BM25 order, as a ``candidates`` table (each passage its own
+    slot: ``unit_rank`` = rank among the kept, ``passage_position`` = 0, ``bm25_score`` =
+    ``prerank_score`` = its BM25 score). Questions without an answer passage are left out.
+
+    Flat BM25 costs ~0.03 s per question; the funnel's pre-ranking of ~1K-token units costs
+    seconds per question, which 2 shared CPU cores cannot spend on thousands of questions.
+    """
+    from tasks.funnel.questions import AnswerMatcher  # noqa: PLC0415
+
+    passages = corpus.passages
+    row_of = {p: i for i, p in enumerate(passages["passage_id"].to_pylist())}
+    ids, scores = corpus.passage_index().search(questions["question"].to_pylist(), search_k)
+    rows = []
+    for qid, answers, pids, ss in zip(questions["question_id"].to_pylist(), questions["answers"].to_pylist(), ids, scores):
+        match = AnswerMatcher(answers)
+        hits = [match(passages["text"][row_of[str(p)]].as_py()) for p in pids]
+        if not any(hits):
+            continue
+        first = hits.index(True)
+        keep = sorted([first] + [i for i in range(len(pids)) if i != first][: n_passages - 1])
+        for rank, i in enumerate(keep):
+            r = row_of[str(pids[i])]
+            rows.append({"question_id": qid, "cluster_id": passages["cluster_id"][r].as_py(),
+                         "bm25_score": float(ss[i]), "unit_id": passages["unit_id"][r].as_py(), "unit_rank": rank,
+                         "prerank_score": float(ss[i]), "unit_has_answer": hits[i], "passage_id": str(pids[i]),
+                         "passage_position": 0, "title": passages["title"][r].as_py(),
+                         "text": passages["text"][r].as_py(), "has_answer": hits[i]})
+    return CANDIDATES.validate(pa.Table.from_pylist(rows, schema=CANDIDATES.schema))
+
+
+def first_questions(stage_dir: Path, n: int) -> set[str]:
+    """The first ``n`` question ids (id order) of a candidates stage directory."""
+    return set(sorted(QUESTIONS.read(stage_dir)["question_id"].to_pylist())[:n])
+
+
+def config_json(cfg: ExperimentConfig) -> str:
+    return json.dumps(asdict(cfg), indent=1, sort_keys=True, default=str)
+
+
+class Experiment:
+    """The experiment's steps over one workspace; each step is cached by content key.
+
+    Parameters
+    ----------
+    cfg : ExperimentConfig
+    home : funnelrag workspace with a published ``corpus`` version.
+    questions_file : NQ-open dev TSV (e.g. ``datasets.resolve("nq-open-dev", mirror)``).
+    mirror : data mirror (the T5 tokenizer of the corpus' token counter).
+    """
+
+    def __init__(self, cfg: ExperimentConfig, home: Path, questions_file: Path, mirror: Path | None,
+                 corpus: str = "wikispeedia"):
+        from funnelrag.corpus import open_corpus  # noqa: PLC0415
+        from funnelrag.workspace import Workspace  # noqa: PLC0415
+
+        self.cfg, self.mirror, self.questions_file = cfg, mirror, Path(questions_file)
+        self.ws = Workspace(home)
+        self.corpus = open_corpus(self.ws, corpus)
+        self.cache = StageCache(self.ws.cache_dir / "experiment")
+
+    def step(self, name: str, config: Any, inputs: dict[str, str], build) -> StageResult:
+        key = StageCache.key(name, VERSION, config, inputs)
+        result = self.cache.run(name, key, lambda out: build(out, key))
+        log.info("step %-16s %s %s", name, "cache hit" if result.cache_hit else "built", key[:12])
+        return result
+
+    def questions(self) -> StageResult:
+        from data_contracts.base import sha256_file  # noqa: PLC0415
+
+        return self.step("questions", self.cfg.split, {"file": sha256_file(self.questions_file)},
+                         lambda out, _: S.run_questions([self.questions_file], self.cfg.split, out))
+
+    def candidates(self, questions: StageResult, split: str) -> StageResult:
+        from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+        from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
+
+        limit = self.cfg.n_train if split == "train" else self.cfg.n_heldout
+        seg_cfg = SegmentConfig(**self.corpus.manifest["config"]["segment"])
+        key_cfg = {"split": split, "limit": limit, "candidates": self.cfg.candidates,
+                   "preranker": self.cfg.preranker, "segment": seg_cfg}
+        inputs = {"questions": questions.files["questions.parquet"], "corpus": self.corpus.digest}
+        return self.step(f"candidates_{split}", key_cfg, inputs, lambda out, _: S.run_candidates(
+            questions.path, split, limit, self.corpus, seg_cfg, load_token_counter(seg_cfg.tokenizer, self.mirror),
+            self.cfg.preranker, self.cfg.candidates, out))
+
+    def subset(self, name: str, stage: StageResult, ids: set[str]) -> StageResult:
+        inputs = {"stage": stage.digest, "ids": json.dumps(sorted(ids))}
+        return self.step(name, {}, inputs, lambda out, _: subset(stage.path, ids, out))
+
+    def reader_data(self, questions: StageResult) -> StageResult:
+        """Reader input of the train-split questions (:func:`bm25_passage_candidates`)."""
+        r, c = self.cfg.reader, self.cfg
+
+        def build(out: Path, _key: str) -> dict[str, Any]:
+            qs = S.select_questions(QUESTIONS.read(questions.path), "train", c.n_reader)
+            cands = bm25_passage_candidates(self.corpus, qs, r.n_passages, c.reader_search_k)
+            keep = pa.array(sorted(set(cands["question_id"].to_pylist())), pa.string())
+            CANDIDATES.write(cands, out)
+            QUESTIONS.write(qs.filter(pc.is_in(qs["question_id"], keep)), out)
+            return {"questions": qs.num_rows, "with_answer": len(keep)}
+
+        inputs = {"questions": questions.files["questions.parquet"], "corpus": self.corpus.digest}
+        key_cfg = {"n_reader": c.n_reader, "n_passages": r.n_passages, "search_k": c.reader_search_k}
+        return self.step("reader_data", key_cfg, inputs, build)
+
+    def reader(self, questions: StageResult) -> tuple[StageResult, StageResult]:
+        """Reader data (:meth:`reader_data`) and the trained reader."""
+        r = self.cfg.reader
+        data = self.reader_data(questions)
+        key_cfg = asdict(r)
+        return data, self.step("reader", key_cfg, {"data": data.digest}, lambda out, key: S.run_reader(
+            data.path, r, self.ws.run_dir("experiment-reader", key[:16]), out))
+
+    def reader_eval(self, heldout: StageResult, reader: StageResult) -> StageResult:
+        """Reader EM on the held-out questions whose reader input holds an answer."""
+        data = self.subset("reader_eval_data", heldout, answerable(heldout.path, self.cfg.reader.n_passages))
+        return self.step("reader_eval", {}, {"data": data.digest, "reader": reader.digest},
+                         lambda out, _: S.run_reader_eval(data.path, reader.path, out))
+
+    def attention(self, name: str, data: StageResult, reader: StageResult) -> StageResult:
+        key_cfg = {"score": self.cfg.attention, "run": self.cfg.attention_run}
+        return self.step(name, key_cfg, {"data": data.digest, "reader": reader.digest}, lambda out, _: S.run_attention(
+            data.path, reader.path, self.cfg.attention, self.cfg.attention_run, out))
+
+    def distill_data(self, train: StageResult) -> StageResult:
+        return self.subset("distill_data", train, first_questions(train.path, self.cfg.n_distill))
+
+    def labels(self, name: str, data: StageResult, attention: StageResult | None) -> StageResult:
+        """L2G labels from Eq. 3 scores, or (``attention=None``) answer-only labels (𝒦 = 0)."""
+        from tasks.funnel.labels import LabelConfig, make_labels  # noqa: PLC0415
+        from data_contracts.funnel import LABELS, ATTENTION_SCORES  # noqa: PLC0415
+
+        if attention is not None:
+            cfg = LabelConfig(alpha=self.cfg.l2g_alpha, top_k=self.cfg.l2g_top_k)
+            return self.step(name, cfg, {"data": data.digest, "attention": attention.digest},
+                             lambda out, _: S.run_labels(data.path, attention.path, cfg, out))
+        cfg = LabelConfig(alpha=self.cfg.l2g_alpha, top_k=0)
+
+        def build(out: Path, _key: str) -> dict[str, Any]:
+            cands = CANDIDATES.read(data.path)   # 𝒦 = 0: D+ = answer units, attention scores unused
+            zero = pa.table({"question_id": cands["question_id"], "unit_id": cands["unit_id"],
+                             "passage_id": cands["passage_id"], "score": pa.array([0.0] * cands.num_rows, pa.float32()),
+                             "attention": pa.array(["none"] * cands.num_rows)})
+            labels = make_labels(zero.cast(ATTENTION_SCORES.schema), cands, cfg)
+            LABELS.write(labels, out)
+            return {"documents": labels.num_rows, "positives": sum(labels["positive"].to_pylist())}
+
+        return self.step(name, cfg, {"data": data.digest}, build)
+
+    def distill(self, name: str, data: StageResult, labels: StageResult) -> StageResult:
+        c = self.cfg
+        key_cfg = {"preranker": c.preranker, "distill": c.distill, "train": c.distill_train}
+        return self.step(name, key_cfg, {"data": data.digest, "labels": labels.digest}, lambda out, key: S.run_distill(
+            data.path, labels.path, c.preranker, c.distill, c.distill_train,
+            self.ws.run_dir(f"experiment-{name}", key[:16]), out))
+
+    def preranker_recall(self, name: str, heldout: StageResult, distilled: StageResult | None) -> StageResult:
+        """Per-question AR@k of the held-out unit pool, re-ranked by a distilled pre-ranker
+        (``distilled=None``: the pool's own pre-ranker order, i.e. before distillation)."""
+        from models.preranker import load_preranker  # noqa: PLC0415
+        from tasks.funnel.candidates import rerank_pool  # noqa: PLC0415
+        from tasks.funnel.experiment_eval import per_question_unit_recall  # noqa: PLC0415
+
+        ks = sorted({*self.cfg.recall_at, self.cfg.candidates.n_units})
+
+        def build(out: Path, _key: str) -> dict[str, Any]:
+            pool, questions = UNIT_POOL.read(heldout.path), QUESTIONS.read(heldout.path)
+            if distilled is not None:
+                model, tok = load_preranker(distilled.path / S.PRERANKER_DIR)
+                pool = rerank_pool(pool, UNITS.read(heldout.path), questions, model, tok,
+                                   self.cfg.candidates.batch_size)
+            qids = sorted(questions["question_id"].to_pylist())
+            per_q = per_question_unit_recall(pool, ks, qids)
+            (out / "recall.json").write_text(json.dumps({"question_ids": qids, **{str(k): v.tolist() for k, v in per_q.items()}}))
+            return {str(k): float(v.mean()) for k, v in per_q.items()}
+
+        inputs = {"heldout": heldout.digest, "distilled": distilled.digest if distilled else "base"}
+        return self.step(name, {"ks": ks}, inputs, build)
+
+
+PARTS = ("candidates", "reader", "answer_only", "l2g", "postrank", "report")
+
+
+def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+    """Run the requested parts (each reuses every cached step) and, with ``"report"``, return
+    the tables (text) and figures (JSON-ready) of the experiment."""
+    c = exp.cfg
+    q = exp.questions()
+    done: dict[str, StageResult] = {}
+    if {"candidates", "answer_only", "postrank", "report"} & set(parts):
+        heldout = exp.candidates(q, "dev")
+    if {"candidates", "answer_only", "l2g", "report"} & set(parts):
+        data = exp.distill_data(exp.candidates(q, "train"))
+    if {"answer_only", "l2g", "report"} & set(parts):
+        done["answer_only"] = exp.distill("distill_answer_only", data, exp.labels("labels_answer_only", data, None))
+    if {"reader", "l2g", "postrank", "report"} & set(parts):
+        reader_data, done["reader"] = exp.reader(q)
+    if {"l2g", "report"} & set(parts):
+        att = exp.attention("attention_distill", data, done["reader"])
+        done["l2g"] = exp.distill("distill_l2g", data, exp.labels("labels_l2g", data, att))
+    if {"postrank", "report"} & set(parts):
+        done["reader_eval"] = exp.reader_eval(heldout, done["reader"])
+        ids = sorted(answerable(heldout.path, None))[: c.n_postrank]
+        done["postrank_data"] = exp.subset("postrank_data", heldout, set(ids))
+        done["postrank"] = exp.attention("attention_postrank", done["postrank_data"], done["reader"])
+    texts, figures = [], {}
+    if "answer_only" in done:
+        t, f = distillation_report(exp, heldout, done)
+        texts.append(t)
+        figures.update(f)
+    if {"postrank", "reader_eval"} <= set(done):
+        t, f = postranker_report(exp, done)
+        texts.append(t)
+        figures.update(f)
+    if not texts:
+        return {k: v.summary for k, v in done.items()}
+    return {"text": "\n\n".join(texts), "figures": figures}
+
+
+def distillation_report(exp: Experiment, heldout: StageResult, done: dict[str, StageResult]) -> tuple[str, dict]:
+    """Pre-ranker AR@k before / after answer-only (and, when done, L2G) distillation on the held-out pool."""
+    from funnelrag.registry import question_set_digest  # noqa: PLC0415
+    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
+
+    c = exp.cfg
+    recalls = {name: exp.preranker_recall(f"recall_{name}", heldout, d) for name, d in
+               (("before", None), ("answer_only", done["answer_only"]), ("l2g", done.get("l2g"))) if d or name == "before"}
+    per = {n: json.loads((r.path / "recall.json").read_text()) for n, r in recalls.items()}
+    qids = per["before"]["question_ids"]
+    ks = [k for k in per["before"] if k != "question_ids"]
+    idx = E.bootstrap_indices(len(qids), c.n_bootstrap, c.bootstrap_seed)
+    rows = {"before distillation": {int(k): np.asarray(per["before"][k]) for k in ks},
+            "BPR, answer-only (K=0)": {int(k): np.asarray(per["answer_only"][k]) for k in ks}}
+    if "l2g" in per:
+        rows[f"BPR, L2G (K={c.l2g_top_k})"] = {int(k): np.asarray(per["l2g"][k]) for k in ks}
+    text, fig = E.recall_table(f"Pre-ranker answer recall (%), {len(qids)} held-out NQ-open dev questions, "
+                               f"same pool and input length ({c.preranker.max_length} tokens); 95% bootstrap intervals",
+                               rows, idx, baseline="before distillation")
+    return text, {"preranker": fig, "n_heldout": len(qids), "heldout_digest": question_set_digest(qids),
+                  **{n: done[n].summary for n in ("answer_only", "l2g") if n in done}}
+
+
+def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
+    """Eq. 3 post-ranking vs pre-ranker passage order (same N units), and the reader's EM."""
+    from data_contracts.funnel import ATTENTION_SCORES, READER_PREDICTIONS  # noqa: PLC0415
+    from funnelrag.registry import question_set_digest  # noqa: PLC0415
+    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
+
+    c = exp.cfg
+    cands = CANDIDATES.read(done["postrank_data"].path)
+    pq = sorted(set(cands["question_id"].to_pylist()))
+    att = ATTENTION_SCORES.read(done["postrank"].path)
+    scores = dict(zip(zip(att["question_id"].to_pylist(), att["passage_id"].to_pylist()), att["score"].to_pylist()))
+    pks = list(c.recall_at)
+    prows = {"pre-ranker passage order": E.per_question_passage_recall(cands, pks, pq),
+             "FiD Eq. 3 post-ranking": E.per_question_passage_recall(cands, pks, pq, scores)}
+    t2, f2 = E.recall_table(f"Passage answer recall (%) over the same {c.candidates.n_units} units, {len(pq)} held-out "
+                            "questions whose units hold an answer", prows,
+                            E.bootstrap_indices(len(pq), c.n_bootstrap, c.bootstrap_seed), baseline="pre-ranker passage order")
+    preds = READER_PREDICTIONS.read(done["reader_eval"].path)
+    em = np.asarray(preds["exact_match"].to_pylist(), dtype=float)
+    em_ci = E.interval(em, E.bootstrap_indices(len(em), c.n_bootstrap, c.bootstrap_seed))
+    t3 = (f"Reader ({c.reader.fid.kind}) EM (%) on {len(em)} held-out questions whose reader input "
+          f"(top {c.reader.n_passages} passages) holds an answer: {E.fmt(em_ci)}")
+    return f"{t2}\n\n{t3}", {"postranker": f2, "postrank_digest": question_set_digest(pq), "reader_em": em_ci,
+                              "reader": done["reader"].summary, "reader_eval": done["reader_eval"].summary}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tasks.funnel.experiment --config C [--home H] [--parts reader,answer_only]``."""
+    import argparse  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    import yaml  # noqa: PLC0415
+
+    from funnelrag import datasets  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, help="YAML of ExperimentConfig fields")
+    ap.add_argument("--home", type=Path, default=Path("funnelrag-home"))
+    ap.add_argument("--mirror", type=Path, default=Path("../shared/data"))
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    cfg = ExperimentConfig.from_dict(yaml.safe_load(args.config.read_text()) or {}) if args.config else ExperimentConfig()
+    mirror = args.mirror.resolve()
+    exp = Experiment(cfg, args.home, datasets.resolve("nq-open-dev", mirror), mirror)
+    result = run(exp, tuple(p for p in args.parts.split(",") if p))
+    if "text" in result:
+        print(result["text"])
+        out = exp.ws.home / "experiment_results.json"
+        out.write_text(json.dumps({"config": json.loads(config_json(cfg)), **result["figures"]}, indent=1))
+        print(f"\nfigures: {out}")
+    else:
+        print(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
