@@ -20,7 +20,7 @@ TINY = {
         "distill={epochs: 1, max_pairs_per_question: 2, score_scale: 20.0}",
         "distill_train={batch_size: 4, max_steps: 2, lr: 0.00005, cpu: true}"],
     "evaluate": [
-        "corpus=enwiki-sample", "questions.limit=3", "flat.n_retrieve=6", "preranker_max_length=48",
+        "corpus=enwiki-sample", "questions.limit=3", "flat.n_retrieve=6",
         "progressive=[{n_clusters: 2, n_units: 2}]", "attention_run.max_passage_tokens=48",
         "generator.settings.max_answer_tokens=3", "block_questions=3"],
     "dr-rag": [

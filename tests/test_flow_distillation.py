@@ -117,8 +117,8 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     assert again["gate"] == {"registered": False, "version": out["gate"]["version"], "reason": "already_registered",
                              "aliases": ["challenger", "champion"]}
     # a different reader (one more step) is a new version gated against the champion re-measured now
-    cfg3 = cfg.model_copy(update={"reader": dataclasses.replace(
-        cfg.reader, train=dataclasses.replace(cfg.reader.train, max_steps=3))})
+    cfg3 = cfg.model_copy(update={"reader": cfg.reader.model_copy(
+        update={"train": dataclasses.replace(cfg.reader.train, max_steps=3)})})
     third = train_reader_flow(cfg3)
     gate = third["reader_gate"]
     assert gate["registered"] and gate["champion_version"] == out["reader_gate"]["version"]

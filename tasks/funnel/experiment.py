@@ -39,7 +39,6 @@ from tasks.funnel import stages as S
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
-from tasks.funnel.labels import LabelConfig
 from tasks.funnel.questions import QuestionsConfig
 from tasks.funnel.reader import ReaderTrainConfig
 
