@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import Field
 
-from funnelrag.config import FlowCommand, FlowConfig
+from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
 from funnelrag.stages import hash_path, resolve_dataset, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, write_json
 from funnelrag.workspace import Workspace
@@ -113,8 +113,10 @@ def _prepare(cfg: DRRAGConfig) -> tuple[Workspace, StageCache, StageResult]:
 
 
 @flow(name="train-dr-rag-classifier")
-def train_dr_rag_classifier_flow(config: DRRAGConfig) -> dict[str, Any]:
+def train_dr_rag_classifier_flow(config: DRRAGConfig | None = None, config_file: str | None = None,
+                                 overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """Train, evaluate on dev pairs, and register the DR-RAG classifier; returns the summary."""
+    config = resolve_flow_config(DRRAGConfig, config, config_file, overrides, home)
     from funnelrag.registry import register_model  # noqa: PLC0415
     from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
 
@@ -156,8 +158,10 @@ def resolve_classifier(cfg: DRRAGConfig, ws: Workspace, dst: Path) -> Path:
 
 
 @flow(name="evaluate-dr-rag")
-def evaluate_dr_rag_flow(config: DRRAGConfig, classifier_dir: str | None = None) -> dict[str, Any]:
+def evaluate_dr_rag_flow(config: DRRAGConfig | None = None, config_file: str | None = None,
+                         overrides: list[str] | None = None, home: str | None = None, classifier_dir: str | None = None) -> dict[str, Any]:
     """BM25 / SM / QDC / CIS / CFS on the dev questions: the paper's Table 5 for ``eval.top_ks``."""
+    config = resolve_flow_config(DRRAGConfig, config, config_file, overrides, home)
     from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
 
     from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
@@ -204,8 +208,10 @@ def table5_markdown(rows: list[dict]) -> str:
 
 
 @flow(name="dr-rag")
-def dr_rag_flow(config: DRRAGConfig) -> dict[str, Any]:
+def dr_rag_flow(config: DRRAGConfig | None = None, config_file: str | None = None,
+                overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """Train the classifier, then evaluate Table 5 with it (two MLflow runs)."""
+    config = resolve_flow_config(DRRAGConfig, config, config_file, overrides, home)
     trained = train_dr_rag_classifier_flow(config)
     evaluated = evaluate_dr_rag_flow(config, classifier_dir=trained["classifier_dir"])
     return {"train": trained["train"], "registry": trained.get("registry", {}), **evaluated}

@@ -28,7 +28,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from funnelrag import datasets
-from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, to_jsonable
+from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
 from funnelrag.corpus import CorpusVersion, open_corpus
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
@@ -312,9 +312,11 @@ def _log_stage(name: str, result: StageResult) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- flows
 @flow(name="train-reader", log_prints=True)
-def train_reader_flow(config: DistillationConfig) -> dict[str, Any]:
+def train_reader_flow(config: DistillationConfig | None = None, config_file: str | None = None,
+                      overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """Questions → funnel candidates (train, dev) → FiD reader → dev exact match → registry
     (``reader_registry_name``, champion gate on dev EM)."""
+    config = resolve_flow_config(DistillationConfig, config, config_file, overrides, home)
     ctx = Context.open(config)
     with tracked(ctx, "train-reader") as run:
         questions = questions_task(ctx)
@@ -330,8 +332,10 @@ def train_reader_flow(config: DistillationConfig) -> dict[str, Any]:
 
 
 @flow(name="score-passages", log_prints=True)
-def score_passages_flow(config: DistillationConfig) -> dict[str, Any]:
+def score_passages_flow(config: DistillationConfig | None = None, config_file: str | None = None,
+                        overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """FiD attention scores of the train candidates (Eq. 3) and L2G labels (Eq. 4, 5)."""
+    config = resolve_flow_config(DistillationConfig, config, config_file, overrides, home)
     ctx = Context.open(config)
     with tracked(ctx, "score-passages") as run:
         train = candidates_task(ctx, questions_task(ctx), "train")
@@ -343,8 +347,10 @@ def score_passages_flow(config: DistillationConfig) -> dict[str, Any]:
 
 
 @flow(name="distill-preranker", log_prints=True)
-def distill_preranker_flow(config: DistillationConfig) -> dict[str, Any]:
+def distill_preranker_flow(config: DistillationConfig | None = None, config_file: str | None = None,
+                           overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """BPR distillation (Eq. 6), dev answer recall before/after, registry gate."""
+    config = resolve_flow_config(DistillationConfig, config, config_file, overrides, home)
     ctx = Context.open(config)
     with tracked(ctx, "distill-preranker") as run:
         questions = questions_task(ctx)
@@ -361,9 +367,11 @@ def distill_preranker_flow(config: DistillationConfig) -> dict[str, Any]:
 
 
 @flow(name="distillation-run", log_prints=True)
-def distillation_run_flow(config: DistillationConfig) -> dict[str, Any]:
+def distillation_run_flow(config: DistillationConfig | None = None, config_file: str | None = None,
+                          overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """train-reader → score-passages → distill-preranker on the current corpus version; prints
     the pre-ranker's answer recall on held-out questions before and after distillation."""
+    config = resolve_flow_config(DistillationConfig, config, config_file, overrides, home)
     ctx = Context.open(config)
     with tracked(ctx, "distillation-run") as run:
         reader = train_reader_flow(config)

@@ -29,7 +29,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
 from data_contracts import r2ag as R
-from funnelrag.config import FlowCommand, FlowConfig, config_hash
+from funnelrag.config import FlowCommand, FlowConfig, config_hash, resolve_flow_config
 from funnelrag.workspace import Workspace
 from models.encoders import EncoderConfig
 from models.r2former import R2FormerConfig
@@ -208,8 +208,10 @@ def _register(model_dir: Path, cfg, data_version: str, rows: list[dict]):
 
 # ---------------------------------------------------------------------------- flows
 @flow(name="train-r2former")
-def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
+def train_r2former_flow(cfg: TrainR2FormerConfig | None = None, config_file: str | None = None,
+                        overrides: list[str] | None = None, home: str | None = None) -> dict:
     """Train the R²-Former (QDM, Eqs. 7–8) and its feature ablations; compare rankings."""
+    cfg = resolve_flow_config(TrainR2FormerConfig, cfg, config_file, overrides, home)
     import mlflow  # noqa: PLC0415
 
     from data_contracts.base import atomic_write_bytes  # noqa: PLC0415
@@ -274,8 +276,10 @@ def train_r2former_flow(cfg: TrainR2FormerConfig) -> dict:
 
 
 @flow(name="evaluate-r2ag")
-def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig) -> dict:
+def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig | None = None, config_file: str | None = None,
+                       overrides: list[str] | None = None, home: str | None = None) -> dict:
     """QDM ranking vs the retriever on held-out lists, and answers generated through <R> prompts."""
+    cfg = resolve_flow_config(EvaluateR2AGConfig, cfg, config_file, overrides, home)
     import mlflow  # noqa: PLC0415
 
     from funnelrag.store import write_json  # noqa: PLC0415

@@ -92,3 +92,29 @@ def test_evaluate_champion_follows_every_corpus_build_with_its_home_and_version(
     assert cfg.corpus_version == "20261123T020000.000000Z-abcdef12"
     assert cfg.prerankers["champion"] == "models:/funnelrag-preranker@champion"
     assert dep["parameters"]["config_file"] == params["config_file"]
+
+
+def _entrypoint(dep: dict):
+    import importlib  # noqa: PLC0415
+    path, func = dep["entrypoint"].split(":")
+    return getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), func)
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_every_deployment_merges_one_overridden_field_into_its_config(name, monkeypatch, tmp_path):
+    """Every deployment's flow takes ``config_file | config``, ``overrides`` and ``home`` and merges them
+    key by key: overriding one field (here the home) keeps everything else of the deployment's config."""
+    import inspect  # noqa: PLC0415
+    monkeypatch.chdir(ROOT)
+    dep = DEPLOYMENTS[name]
+    fn = _entrypoint(dep).fn
+    params = list(inspect.signature(fn).parameters)
+    assert params[1:4] == ["config_file", "overrides", "home"], (name, params)
+    model = inspect.get_annotations(fn, eval_str=True)[params[0]].__args__[0]
+    given = dict(dep["parameters"])
+    base_cfg, config_file = given.get(params[0]), given.get("config_file")
+    base = resolve_flow_config(model, base_cfg, config_file, given.get("overrides"), home="/srv/a")
+    changed = resolve_flow_config(model, base_cfg, config_file, [*given.get("overrides", []), f"workspace.home={tmp_path}"],
+                                  home="/srv/a")
+    assert changed.workspace.home == tmp_path
+    assert changed.model_dump(exclude={"workspace"}) == base.model_dump(exclude={"workspace"})
