@@ -41,6 +41,12 @@ def test_questions_format_named_in_the_error_is_accepted(tmp_path):
     cfg = load_config(EvaluateConfig, None, ["questions.format=tsv", f"questions.paths=[{path}]", "questions.datasets=[]"])
     table, _ = load_questions(cfg.questions.paths, QuestionsConfig(format=cfg.questions.format))
     assert table["answers"].to_pylist() == [["Charles Darwin"]]
+    with pytest.raises(ValueError, match=r"distill --set split\.format=tsv"):
+        load_questions([path])
+    from flows.funnel import DistillationConfig  # noqa: PLC0415
+    distill = load_config(DistillationConfig, None, ["split.format=tsv"])
+    table, _ = load_questions([path], distill.split)
+    assert table["question"].to_pylist() == ["who wrote the origin of species"]
 
 
 # ---- 6. DPR's own qa.csv

@@ -181,7 +181,8 @@ def _format_of(path: Path, fmt: str) -> str:
     if name.endswith(".csv"):
         return "dpr-csv"
     raise ValueError(f"{path}: cannot infer the questions format from the file name (.tsv, .jsonl, .qa.csv); "
-                     f"set it, e.g. --set questions.format=tsv ({' | '.join(FORMATS)})")
+                     f"set it ({' | '.join(FORMATS)}): evaluate --set questions.format=tsv, "
+                     f"distill --set split.format=tsv")
 
 
 FORMATS = ("tsv", "jsonl", "dpr-csv")
