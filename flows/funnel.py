@@ -316,8 +316,7 @@ def train_reader_flow(config: DistillationConfig | None = None, config_file: str
                       overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """Questions → funnel candidates (train, dev) → FiD reader → dev exact match → registry
     (``reader_registry_name``, champion gate on dev EM)."""
-    config = resolve_flow_config(DistillationConfig, config, config_file, overrides, home)
-    ctx = Context.open(config)
+    ctx = Context.open(resolve_flow_config(DistillationConfig, config, config_file, overrides, home))
     with tracked(ctx, "train-reader") as run:
         questions = questions_task(ctx)
         train = candidates_task(ctx, questions, "train")
@@ -335,8 +334,7 @@ def train_reader_flow(config: DistillationConfig | None = None, config_file: str
 def score_passages_flow(config: DistillationConfig | None = None, config_file: str | None = None,
                         overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """FiD attention scores of the train candidates (Eq. 3) and L2G labels (Eq. 4, 5)."""
-    config = resolve_flow_config(DistillationConfig, config, config_file, overrides, home)
-    ctx = Context.open(config)
+    ctx = Context.open(resolve_flow_config(DistillationConfig, config, config_file, overrides, home))
     with tracked(ctx, "score-passages") as run:
         train = candidates_task(ctx, questions_task(ctx), "train")
         reader = reader_task(ctx, train)
@@ -350,8 +348,7 @@ def score_passages_flow(config: DistillationConfig | None = None, config_file: s
 def distill_preranker_flow(config: DistillationConfig | None = None, config_file: str | None = None,
                            overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """BPR distillation (Eq. 6), dev answer recall before/after, registry gate."""
-    config = resolve_flow_config(DistillationConfig, config, config_file, overrides, home)
-    ctx = Context.open(config)
+    ctx = Context.open(resolve_flow_config(DistillationConfig, config, config_file, overrides, home))
     with tracked(ctx, "distill-preranker") as run:
         questions = questions_task(ctx)
         train = candidates_task(ctx, questions, "train")
@@ -371,12 +368,11 @@ def distillation_run_flow(config: DistillationConfig | None = None, config_file:
                           overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """train-reader → score-passages → distill-preranker on the current corpus version; prints
     the pre-ranker's answer recall on held-out questions before and after distillation."""
-    config = resolve_flow_config(DistillationConfig, config, config_file, overrides, home)
-    ctx = Context.open(config)
+    ctx = Context.open(resolve_flow_config(DistillationConfig, config, config_file, overrides, home))
     with tracked(ctx, "distillation-run") as run:
-        reader = train_reader_flow(config)
-        scored = score_passages_flow(config)
-        distilled = distill_preranker_flow(config)
+        reader = train_reader_flow(ctx.cfg)
+        scored = score_passages_flow(ctx.cfg)
+        distilled = distill_preranker_flow(ctx.cfg)
         n_dev = distilled["evaluate"]["questions"]
         r_eval, r_gate = reader["reader_eval"], reader["reader_gate"]
         print(f"FiD reader: dev exact match {r_eval['em']:.3f} on {r_eval['questions']} held-out questions; "
