@@ -1,8 +1,6 @@
 """The funnel (BM25 clusters → later chunking → pre-ranking → passages) on real NQ gold passages."""
 from __future__ import annotations
 
-import gzip
-import json
 
 import numpy as np
 import pyarrow as pa
@@ -10,10 +8,9 @@ import pyarrow.compute as pc
 import pytest
 
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
-from funnelrag.datasets import resolve
+from oracle_corpus import oracle_clusters
 from models.preranker import PreRankerConfig, build_preranker
 from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, chunk_clusters, rerank_pool
-from tasks.corpus.index import BM25Index
 from tasks.funnel.questions import QuestionsConfig, has_answer, load_questions
 from tasks.corpus.segment import SegmentConfig, segment_cluster
 from tasks.corpus.tokenize import WhitespaceCounter
@@ -25,12 +22,7 @@ SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace"
 @pytest.fixture(scope="module")
 def mini(data_mirror):
     """A real mini corpus: the oracle file's gold Wikipedia passages, 3 per cluster."""
-    path = resolve("nq-open-oracle", data_mirror)
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        records = [json.loads(line) for _, line in zip(range(N_RECORDS), fh)]
-    docs = [(i, r["ctxs"][0]["title"], r["ctxs"][0]["text"]) for i, r in enumerate(records)]
-    clusters = {c: docs[3 * c:3 * c + 3] for c in range(len(docs) // 3)}
-    index = BM25Index.build([" ".join(f"{t} {x}" for _, t, x in m) for m in clusters.values()], list(clusters))
+    path, clusters, index = oracle_clusters(data_mirror, N_RECORDS)
     questions, _ = load_questions([path], QuestionsConfig(limit=N_RECORDS))
     model, tok = build_preranker(PreRankerConfig(kind="bi", max_length=128))
     members_of = lambda ids: {c: clusters[c] for c in ids}  # noqa: E731

@@ -2,16 +2,13 @@
 stored vectors, on a real mini corpus (NQ-open oracle gold passages, 3 articles per cluster)."""
 from __future__ import annotations
 
-import gzip
-import json
 
 import numpy as np
 import pytest
 import torch
 
-from funnelrag.datasets import resolve
+from oracle_corpus import oracle_clusters
 from models.preranker import PreRankerConfig, build_preranker, score
-from tasks.corpus.index import BM25Index
 from tasks.corpus.segment import SegmentConfig, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import WhitespaceCounter
 from tasks.funnel.candidates import CandidatesConfig, build_candidates
@@ -30,12 +27,7 @@ N_Q = 6
 
 @pytest.fixture(scope="module")
 def mini(data_mirror):
-    path = resolve("nq-open-oracle", data_mirror)
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        records = [json.loads(line) for _, line in zip(range(N_RECORDS), fh)]
-    docs = [(i, r["ctxs"][0]["title"], r["ctxs"][0]["text"]) for i, r in enumerate(records)]
-    clusters = {c: docs[3 * c:3 * c + 3] for c in range(len(docs) // 3)}
-    index = BM25Index.build([" ".join(f"{t} {x}" for _, t, x in m) for m in clusters.values()], list(clusters))
+    path, clusters, index = oracle_clusters(data_mirror, N_RECORDS)
     questions, _ = load_questions([path], QuestionsConfig(limit=N_Q))
     segs = [segment_cluster(c, clusters[c], SEG, WhitespaceCounter()) for c in sorted(clusters)]
     _, passages = segments_to_tables(segs)
