@@ -326,7 +326,9 @@ def build_passage_shards(segment_dir: Path, n_clusters: int, out_dir: Path, cfg:
     keyed by content. What a rebuild reuses: the statistics of every shard whose passages are
     unchanged; shard indexes only when the global statistics are equal too (a changed page
     changes ``df``/``N``/``avgdl`` and with them every stored score). Shards without passages
-    (clusters whose articles have no words) are left out. Summary: shard counts, reuse, seconds.
+    (clusters whose articles have no words) are left out. Each shard's passages are read and
+    tokenized twice (statistics, then index): on small corpora the shards cost more than one
+    index. Summary: shard counts, reuse, seconds.
     """
     t0 = time.perf_counter()
     ranges = passage_ranges(n_clusters, n_shards)
