@@ -3,7 +3,8 @@
 Stages (pure cores in :mod:`tasks.corpus.stages`, each cached on the content of its inputs):
 ingest → tokens → cluster (graph, local clustering coefficients, Algorithm 1) → segment
 (document units, passages) → index (bm25s; passages in ``index.passage_shards`` shards) →
-validate + publish (manifest last, then the ``current`` pointer). One MLflow run per flow run; a markdown summary artifact in Prefect.
+validate + publish (manifest last, then the ``current`` pointer). One MLflow run per flow run; a
+markdown summary artifact in Prefect.
 """
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def cluster_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cf
 
 def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult,
                     cfg: SegmentConfig, mirror: Path | None, runner: RunnerConfig) -> StageResult:
-    """Units and passages by cluster ranges as ``corpus-shard`` tasks (flow body only); same key and bytes as :func:`tasks.corpus.stages.run_segment`."""
+    """Units and passages by cluster ranges as ``corpus-shard`` tasks (flow body only); same key
+    and bytes as :func:`tasks.corpus.stages.run_segment`."""
     from tasks.corpus.shards import run_segment_sharded  # noqa: PLC0415
 
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
