@@ -6,10 +6,13 @@ Each run is a fresh process (so ``ru_maxrss`` is that run's own); workers come f
 ``ProcessPoolExecutor``. Dump: ``python benchmarks/synth_dump.py DIR --pages N``.
 
 ``--stages``: the whole build (ingest, tokens, cluster, segment, index: the pure stage cores, the
-per-shard ones through a fresh pool per stage) with seconds per stage, the coordinator's peak RSS
-so far after each stage and the largest worker's peak RSS of that stage.
+per-shard ones — ingest pieces, token shards, segment cluster ranges, and with
+``--passage-shards N`` > 1 the passage index shards — through a fresh pool per stage) with seconds
+per stage, the coordinator's peak RSS so far after each stage and the largest worker's peak RSS of
+that stage.
 
-Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100] [--stages]``.
+Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100] [--stages]
+[--docs-per-shard 20000] [--passage-shards 1]``.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 
-def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path) -> dict:
+def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path, **_: int) -> dict:
     from data_contracts.base import sha256_file  # noqa: PLC0415
     from tasks.corpus.ingest import IngestConfig, ingest  # noqa: PLC0415
 
@@ -43,25 +46,28 @@ def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path) -> dict
             "digests": {p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))}}
 
 
-def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path) -> dict:
+def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs_per_shard: int = 20_000,
+               passage_shards: int = 1) -> dict:
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
     from tasks.corpus import stages as S  # noqa: PLC0415
     from tasks.corpus.clustering import ClusteringConfig  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.ingest import IngestConfig  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.corpus.shards import run_tokens_sharded  # noqa: PLC0415
+    from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded  # noqa: PLC0415
 
     mirror, seg = default_mirror(), SegmentConfig()
     dirs = {k: out / k for k in ("ingest", "tokens", "cluster", "segment", "index")}
     calls = {
         "ingest": lambda submit: S.run_ingest([dump], dirs["ingest"], IngestConfig(format="mediawiki"), submit=submit,
                                               streams_per_piece=streams_per_piece, window=2 * workers + 2),
-        "tokens": lambda submit: run_tokens_sharded(dirs["ingest"], dirs["tokens"], seg, mirror, submit, 20_000,
+        "tokens": lambda submit: run_tokens_sharded(dirs["ingest"], dirs["tokens"], seg, mirror, submit, docs_per_shard,
                                                     window=2 * workers + 2),
         "cluster": lambda _: S.run_cluster(dirs["ingest"], dirs["tokens"], dirs["cluster"], ClusteringConfig(max_tokens=4096)),
-        "segment": lambda _: S.run_segment(dirs["ingest"], dirs["tokens"], dirs["cluster"], dirs["segment"], seg, mirror),
-        "index": lambda _: S.run_index(dirs["ingest"], dirs["cluster"], dirs["segment"], dirs["index"], BM25Config()),
+        "segment": lambda submit: run_segment_sharded(dirs["ingest"], dirs["tokens"], dirs["cluster"], dirs["segment"],
+                                                      seg, mirror, submit, docs_per_shard, window=2 * workers + 2),
+        "index": lambda submit: S.run_index(dirs["ingest"], dirs["cluster"], dirs["segment"], dirs["index"], BM25Config(),
+                                            passage_shards=passage_shards, submit=submit, window=2 * workers + 2),
     }
     rows = {}
     for name, call in calls.items():
@@ -72,8 +78,10 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path) -> d
         rows[name] = {"seconds": time.perf_counter() - t0,
                       "coordinator_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "worker_peak_rss_mb_so_far": kids,
-                      **{k: summary[k] for k in ("documents", "passages", "clusters", "uncompressed_bytes") if k in summary}}
-    return {"workers": workers, "stages": rows}
+                      **{k: summary[k] for k in ("documents", "passages", "clusters", "uncompressed_bytes", "shards",
+                                                 "passage_shards", "cluster_index_seconds", "passage_index_seconds")
+                         if k in summary}}
+    return {"workers": workers, "passage_shards": passage_shards, "stages": rows}
 
 
 def main() -> None:
@@ -82,17 +90,21 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--streams-per-piece", type=int, default=100)
     ap.add_argument("--stages", action="store_true")
+    ap.add_argument("--docs-per-shard", type=int, default=20_000, help="documents per token / segment shard (--stages)")
+    ap.add_argument("--passage-shards", type=int, default=1, help="passage BM25 shards (--stages)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory(dir=args.dump.parent) as tmp:
             fn = stages_run if args.stages else one_run
-            print(json.dumps(fn(args.dump, args.one, args.streams_per_piece, Path(tmp))))
+            print(json.dumps(fn(args.dump, args.one, args.streams_per_piece, Path(tmp),
+                                docs_per_shard=args.docs_per_shard, passage_shards=args.passage_shards)))
         return
     runs = []
     for w in args.workers:
         res = subprocess.run([sys.executable, __file__, str(args.dump), "--one", str(w), *(["--stages"] if args.stages else []),
-                              "--streams-per-piece", str(args.streams_per_piece)], capture_output=True, text=True, check=True)
+                              "--streams-per-piece", str(args.streams_per_piece), "--docs-per-shard", str(args.docs_per_shard),
+                              "--passage-shards", str(args.passage_shards)], capture_output=True, text=True, check=True)
         if args.stages:
             print(res.stdout.strip().splitlines()[-1], flush=True)
             continue

@@ -2,8 +2,9 @@
 
 Stages (pure cores in :mod:`tasks.corpus.stages`, each cached on the content of its inputs):
 ingest → tokens → cluster (graph, local clustering coefficients, Algorithm 1) → segment
-(document units, passages) → index (bm25s) → validate + publish (manifest last, then the
-``current`` pointer). One MLflow run per flow run; a markdown summary artifact in Prefect.
+(document units, passages) → index (bm25s; passages in ``index.passage_shards`` shards) →
+validate + publish (manifest last, then the ``current`` pointer). One MLflow run per flow run; a
+markdown summary artifact in Prefect.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tasks.corpus.gate import GateConfig, GateDecision, GateRefused
 from tasks.corpus.index import BM25Config
 from tasks.corpus.ingest import IngestConfig
 from tasks.corpus.segment import SegmentConfig
+from tasks.corpus.sharded_index import IndexLayout
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ class CorpusBuildConfig(FlowConfig):
     clustering: ClusteringConfig = ClusteringConfig(max_tokens=WIKISPEEDIA_MAX_CLUSTER_TOKENS)
     segment: SegmentConfig = SegmentConfig()
     bm25: BM25Config = BM25Config()
+    index: IndexLayout = IndexLayout()   # passage_shards: 1 = one passage index; n > 1 = n shards (corpus-shard tasks)
     gate: GateConfig = GateConfig()
     runner: RunnerConfig = Field(default_factory=RunnerConfig)   # where per-shard tasks run; no output byte depends on it
     embed_preranker: str | None = None   # a bi-encoder pre-ranker ref: embed the published passages (flows/embed.py)
@@ -106,13 +109,17 @@ def cluster_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cf
     return run_cached(cache, S.run_cluster, cfg, inputs, lambda out, _: S.run_cluster(ingest.path, tokens.path, out, cfg))
 
 
-@stage_task("segment")
-def segment_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult,
-                 cfg: SegmentConfig, mirror: Path | None) -> StageResult:
+def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult,
+                    cfg: SegmentConfig, mirror: Path | None, runner: RunnerConfig) -> StageResult:
+    """Units and passages by cluster ranges as ``corpus-shard`` tasks (flow body only); same key
+    and bytes as :func:`tasks.corpus.stages.run_segment`."""
+    from tasks.corpus.shards import run_segment_sharded  # noqa: PLC0415
+
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
               "members": cluster.files["cluster_members.parquet"]}
-    return run_cached(cache, S.run_segment, cfg, inputs,
-                      lambda out, _: S.run_segment(ingest.path, tokens.path, cluster.path, out, cfg, mirror))
+    return run_cached(cache, S.run_segment, cfg, inputs, lambda out, _: run_segment_sharded(
+        ingest.path, tokens.path, cluster.path, out, cfg, mirror, submitter(), runner.docs_per_shard,
+        window=2 * runner.n_workers() + 2, cache_dir=cache.root / "segment-shards"))
 
 
 @stage_task("index")
@@ -122,6 +129,18 @@ def index_task(cache: StageCache, ingest: StageResult, cluster: StageResult, seg
               "passages": segment.files["passages.parquet"]}
     return run_cached(cache, S.run_index, cfg, inputs,
                       lambda out, _: S.run_index(ingest.path, cluster.path, segment.path, out, cfg))
+
+
+def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
+                  cfg: BM25Config, layout: IndexLayout, runner: RunnerConfig) -> StageResult:
+    """The index stage with ``layout.passage_shards`` > 1 passage shards as ``corpus-shard`` tasks
+    (flow body only); shard statistics and indexes kept under the stage cache for reuse."""
+    inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
+              "passages": segment.files["passages.parquet"]}
+    key_cfg = {"bm25": cfg, "passage_shards": layout.passage_shards}
+    return run_cached(cache, S.run_index, key_cfg, inputs, lambda out, _: S.run_index(
+        ingest.path, cluster.path, segment.path, out, cfg, passage_shards=layout.passage_shards,
+        submit=submitter(), window=2 * runner.n_workers() + 2, work_dir=cache.root))
 
 
 @task(name="publish", cache_policy=NO_CACHE)
@@ -212,16 +231,20 @@ def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> Non
 
 
 def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
-    """Per-shard stages: ``{"ingest_pieces": {"built", "reused"}, "token_shards": {...}}`` of this
-    build (a stage-cache hit reuses all of its shards)."""
-    ingest, tokens = stages["ingest"], stages["tokens"]
-    counts = {"ingest_pieces": dict(ingest.summary.get("pieces", {})),
-              "token_shards": {k: tokens.summary.get(f"shards_{k}", 0) for k in ("built", "reused")}}
-    for name, res in (("ingest_pieces", ingest), ("token_shards", tokens)):
-        total = sum(counts[name].values())
-        counts[name] = {"built": 0, "reused": total} if res.cache_hit else {"built": counts[name].get("built", 0),
-                                                                            "reused": counts[name].get("reused", 0)}
-    return counts
+    """Per-shard stages: ``{"ingest_pieces": {"built", "reused"}, "token_shards": {...},
+    "segment_shards": {...}}`` of this build, plus ``passage_stats_shards`` and
+    ``passage_index_shards`` with a sharded passage index (a stage-cache hit reuses all of a
+    stage's shards)."""
+    pieces = stages["ingest"].summary.get("pieces", {})
+    found = {"ingest_pieces": (stages["ingest"], pieces.get("built", 0), pieces.get("reused", 0))}
+    for name, stage, prefix in (("token_shards", "tokens", "shards"), ("segment_shards", "segment", "shards"),
+                                ("passage_stats_shards", "index", "passage_stats_shards"),
+                                ("passage_index_shards", "index", "passage_index_shards")):
+        summary = stages[stage].summary
+        if f"{prefix}_built" in summary or name in ("token_shards", "segment_shards"):
+            found[name] = (stages[stage], summary.get(f"{prefix}_built", 0), summary.get(f"{prefix}_reused", 0))
+    return {name: {"built": 0, "reused": built + reused} if res.cache_hit else {"built": built, "reused": reused}
+            for name, (res, built, reused) in found.items()}
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
@@ -273,8 +296,11 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
             ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner)),
             ("tokens", lambda: tokens_sharded(cache, stages["ingest"], config.segment, mirror, config.runner)),
             ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering)),
-            ("segment", lambda: segment_task(cache, stages["ingest"], stages["tokens"], stages["cluster"], config.segment, mirror)),
-            ("index", lambda: index_task(cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25)),
+            ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
+                                                config.segment, mirror, config.runner)),
+            ("index", lambda: index_task(cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25)
+             if config.index.passage_shards == 1 else index_sharded(
+                 cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25, config.index, config.runner)),
         ):
             t0 = time.perf_counter()
             stages[name] = call()

@@ -28,7 +28,7 @@ class RunnerConfig(BaseModel):
     workers : worker processes (local, or the LocalCluster's); None = every core of the box.
     address : Dask scheduler address (``tcp://host:8786``); None = start a LocalCluster.
     streams_per_piece : bz2 streams (100 pages each) per ingest piece of a multistream dump.
-    docs_per_shard : documents per token-counting shard.
+    docs_per_shard : documents per token-counting shard, and members per segment shard (whole clusters).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -1,4 +1,5 @@
 """The corpus-build flow on the real samples under the Prefect harness."""
+import ast
 import json
 from pathlib import Path
 
@@ -87,6 +88,33 @@ def test_changed_input_content_at_same_path_rebuilds(prefect_harness, workspace_
     second = corpus_build_flow(cfg)
     assert not second["stages"]["ingest"]["cache_hit"]
     assert second["counts"]["documents"] == 3 and second["counts"]["clusters"] == 2
+
+
+def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspace_home, data_mirror):
+    """``index.passage_shards: 3`` publishes shards that answer 20 real NQ questions with the ids
+    and scores of the one-index build, and the quality gate's figures are the same."""
+    from same_search import assert_same_search  # noqa: PLC0415
+    from tasks.corpus.gate import version_figures  # noqa: PLC0415
+    from tasks.corpus.index import BM25Index  # noqa: PLC0415
+    from tasks.corpus.sharded_index import ShardedBM25  # noqa: PLC0415
+
+    ws = Workspace(workspace_home)
+    one = corpus_build_flow(enwiki_sample_config(workspace=_ws(workspace_home, data_mirror)))
+    three = corpus_build_flow(enwiki_sample_config(workspace=_ws(workspace_home, data_mirror), index={"passage_shards": 3}))
+    assert not three["stages"]["index"]["cache_hit"] and three["stages"]["segment"]["cache_hit"]
+    assert three["shards"]["passage_stats_shards"] == three["shards"]["passage_index_shards"] == {"built": 3, "reused": 0}
+    single, sharded = (open_corpus(ws, "enwiki-sample", s["version"]) for s in (one, three))
+    assert (sharded.path / "index/passages.bm25/shards.json").exists()
+    assert sorted(p.name for p in (sharded.path / "index/passages.bm25").iterdir()) == [
+        "global_stats.json", "shard-00000", "shard-00001", "shard-00002", "shards.json"]
+    assert isinstance(single.passage_index(), BM25Index) and isinstance(sharded.passage_index(), ShardedBM25)
+    lines = (data_mirror / "nq-open" / "nq-open-dev.tsv").read_text().splitlines()[:20]
+    questions = [line.split("\t")[0] for line in lines]
+    assert_same_search(single.passage_index(), sharded.passage_index(), questions, ks=(1, 10, 100))
+    qa = [(line.split("\t")[0], ast.literal_eval(line.split("\t")[1])) for line in lines]
+    a, b = (version_figures(c.path, qa, 20) for c in (single, sharded))
+    assert (a.answer_recall, a.documents, a.pages) == (b.answer_recall, b.documents, b.pages)
+    assert _manifest(sharded.path)["content_digest"] != _manifest(single.path)["content_digest"]
 
 
 # README "Measured here": documents, links, clusters, units, passages of both real samples with

@@ -1,6 +1,7 @@
 """The runner switch: corpus-build through local processes and through prefect-dask's
 DaskTaskRunner on a 2-worker LocalCluster publishes byte-identical artifacts (real enwiki sample,
-re-packed as a multistream dump so that ingest runs in pieces)."""
+re-packed as a multistream dump so that ingest runs in pieces; segment by cluster ranges and a
+3-shard passage index, so every per-shard stage runs on the runner)."""
 from __future__ import annotations
 
 import bz2
@@ -38,18 +39,23 @@ def test_dask_local_cluster_build_equals_local_processes(prefect_harness, tmp_pa
         home.mkdir()
         cfg = enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
                                    source={"datasets": [], "paths": [dump]},
-                                   runner={"kind": kind, "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30})
+                                   runner={"kind": kind, "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30},
+                                   index={"passage_shards": 3})
         summaries[kind] = corpus_build_nightly(cfg)
     local, dask = (_manifest(summaries[k]) for k in ("local", "dask"))
     assert local["content_digest"] == dask["content_digest"]
     assert local["files"] == dask["files"]
+    assert "index/passages.bm25/shard-00002/data.csc.index.npy" in local["files"]
+    assert summaries["dask"]["shards"]["segment_shards"]["built"] > 1
     assert summaries["local"]["counts"] == summaries["dask"]["counts"]
     assert summaries["local"]["counts"]["documents"] > 50
 
 
 def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data_mirror):
-    """Unchanged dump: every shard reused. Tonight's dump with one changed page: one ingest piece
-    and one token shard rebuilt, and the same content digest as a from-scratch build."""
+    """Unchanged dump: every shard reused. Tonight's dump with one changed page: one ingest piece,
+    one token shard, one segment shard and the statistics of one passage shard rebuilt (every
+    passage shard re-indexed: the global statistics changed), and the same content digest as a
+    from-scratch build."""
     xml = bz2.decompress(resolve("enwiki-sample", data_mirror).read_bytes())
     night1 = tmp_path / "n1" / "enwiki-20260101-pages-articles-multistream.xml.bz2"
     night2 = tmp_path / "n2" / "enwiki-20260102-pages-articles-multistream.xml.bz2"
@@ -63,16 +69,21 @@ def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data
     def build(home, dump):
         home.mkdir(exist_ok=True)
         return corpus_build_nightly(enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
-                                                         source={"datasets": [], "paths": [dump]}, runner=runner))
+                                                         source={"datasets": [], "paths": [dump]}, runner=runner,
+                                                         index={"passage_shards": 3}))
 
     first = build(tmp_path / "home", night1)
     assert first["shards"]["ingest_pieces"] == {"built": 7, "reused": 0}
-    assert first["shards"]["token_shards"]["reused"] == 0
+    assert first["shards"]["token_shards"]["reused"] == first["shards"]["segment_shards"]["reused"] == 0
     again = build(tmp_path / "home", night1)
     assert again["shards"]["ingest_pieces"] == {"built": 0, "reused": 7}
     assert again["shards"]["token_shards"] == {"built": 0, "reused": first["shards"]["token_shards"]["built"]}
+    assert again["shards"]["passage_stats_shards"] == again["shards"]["passage_index_shards"] == {"built": 0, "reused": 3}
     tonight = build(tmp_path / "home", night2)
     assert tonight["shards"]["ingest_pieces"] == {"built": 1, "reused": 6}
     assert tonight["shards"]["token_shards"]["built"] == 1
+    assert tonight["shards"]["segment_shards"]["built"] == 1
+    assert tonight["shards"]["passage_stats_shards"] == {"built": 1, "reused": 2}     # the shard of Alabama's cluster
+    assert tonight["shards"]["passage_index_shards"] == {"built": 3, "reused": 0}     # global df/N/avgdl changed
     scratch = build(tmp_path / "scratch", night2)
     assert _manifest(tonight)["content_digest"] == _manifest(scratch)["content_digest"] != _manifest(first)["content_digest"]

@@ -5,17 +5,24 @@ Real data: ~100-word passages of the enwiki sample's articles, NQ-open dev quest
 from __future__ import annotations
 
 import json
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from data_contracts.corpus import DOCUMENTS
+from data_contracts.base import sha256_file
+from data_contracts.corpus import CLUSTERS, DOCUMENTS, PASSAGES
 from funnelrag.datasets import resolve
+from same_search import assert_same_search
+from tasks.corpus import stages as S
+from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
-from tasks.corpus.segment import article_windows
-from tasks.corpus.sharded_index import (SHARDS_FILE, ShardedBM25, build_shard, merge_stats, save_stats,
-                                        shard_stats)
+from tasks.corpus.segment import SegmentConfig, article_windows
+from tasks.corpus.sharded_index import (SHARDS_FILE, ShardedBM25, build_passage_shards, build_shard,
+                                        load_passage_index, merge_stats, passage_ranges, save_stats, shard_stats)
+from tasks.corpus.shards import run_here
 
 
 @pytest.fixture(scope="module")
@@ -59,20 +66,11 @@ def test_sharded_search_equals_single_index(passages, questions, cfg, tmp_path):
     single = BM25Index.build(texts, ids, cfg)
     sharded = _sharded(texts, ids, [len(texts) // 5, len(texts) // 5 + 7, len(texts) * 3 // 4], cfg, tmp_path)
     assert sharded.doc_ids == single.doc_ids
-    for k in (1, 10, 100):
-        want_ids, want = single.search(questions, k)
-        got_ids, got = sharded.search(questions, k)
-        assert got.shape == want.shape == (len(questions), k)
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
-        assert (want[:, -1] > 0).mean() > 0.9
-        for q in range(len(questions)):
-            # bm25s picks any of the rows tied at the k-th score (argpartition): compare the ids
-            # above that score, and the tied ones as sets within their score
-            above = want[q] > want[q, -1]
-            assert [i for i, a in zip(got_ids[q], above) if a] == [i for i, a in zip(want_ids[q], above) if a]
-            tied = sharded.search([questions[q]], 3 * k)
-            tied_ids = {i for i, sc in zip(tied[0][0], tied[1][0]) if sc == want[q, -1]}
-            assert {i for i, a in zip(want_ids[q], above) if not a} <= tied_ids
+    assert (single.search(questions, 100)[1][:, -1] > 0).mean() > 0.9
+    assert_same_search(single, sharded, questions)
+    rows, scores = sharded.search_rows(questions[:3], 5)
+    ids, same = sharded.search(questions[:3], 5)
+    assert [[sharded.doc_ids[r] for r in row] for row in rows] == ids and np.array_equal(scores, same)
 
 
 def test_shard_scores_are_not_local_scores(passages, questions):
@@ -93,3 +91,61 @@ def test_shard_terms_missing_from_stats_are_an_error(passages):
     stats = shard_stats(texts[:50], cfg)
     with pytest.raises(ValueError, match="not in the corpus statistics"):
         build_shard(texts[50:100], ids[50:100], cfg, stats)
+
+
+def test_passage_ranges_split_cluster_ids_evenly():
+    assert passage_ranges(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert passage_ranges(2, 5) == [(0, 1), (1, 2)]
+    assert passage_ranges(0, 3) == [(0, 0)]
+
+
+@pytest.fixture(scope="module")
+def segmented(data_mirror, tmp_path_factory):
+    """The enwiki sample ingested, clustered and segmented (whitespace token counts: fast)."""
+    root = tmp_path_factory.mktemp("segmented")
+    ingest([resolve("enwiki-sample", data_mirror)], root / "ingest", IngestConfig(format="mediawiki"))
+    seg = SegmentConfig(tokenizer="whitespace")
+    S.run_tokens(root / "ingest", root / "tokens", seg, None)
+    S.run_cluster(root / "ingest", root / "tokens", root / "cluster", ClusteringConfig(tokenizer="whitespace"))
+    S.run_segment(root / "ingest", root / "tokens", root / "cluster", root / "segment", seg, None)
+    return root
+
+
+def _single(segment_dir, cfg) -> BM25Index:
+    p = PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
+    return BM25Index.build([f"{t}\n{x}" for t, x in zip(p["title"].to_pylist(), p["text"].to_pylist())],
+                           p["passage_id"].to_pylist(), cfg)
+
+
+def _files(directory):
+    return {p.relative_to(directory).as_posix(): sha256_file(p) for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_built_passage_shards_equal_one_index_and_are_reused(segmented, questions, tmp_path):
+    """The corpus build's shards (cluster ranges, stats then index per shard through ``submit``)
+    search like one index; a rebuild reuses stats and indexes; a changed passage re-counts the
+    stats of its shard only and re-indexes every shard (the global statistics changed)."""
+    cfg, seg, work = BM25Config(), segmented / "segment", tmp_path / "work"
+    n_clusters = CLUSTERS.read(segmented / "cluster").num_rows
+    with ProcessPoolExecutor(2) as pool:
+        first = build_passage_shards(seg, n_clusters, tmp_path / "a", cfg, 3, pool.submit, work)
+        again = build_passage_shards(seg, n_clusters, tmp_path / "b", cfg, 3, pool.submit, work)
+    sharded = load_passage_index(tmp_path / "a")
+    single = _single(seg, cfg)
+    assert isinstance(sharded, ShardedBM25) and len(sharded.shards) == first["passage_shards"] == 3
+    assert sharded.doc_ids == single.doc_ids
+    assert_same_search(single, sharded, questions[:20], ks=(10, 100))
+    assert (first["passage_stats_shards_built"], first["passage_index_shards_built"]) == (3, 3)
+    assert (again["passage_stats_shards_reused"], again["passage_index_shards_reused"]) == (3, 3)
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+
+    passages = PASSAGES.read(seg)
+    last = passages.num_rows - 1
+    text = passages["text"].to_pylist()
+    text[last] += " tonight"
+    changed = tmp_path / "changed"
+    PASSAGES.write(passages.set_column(passages.schema.get_field_index("text"), "text", pa.array(text)), changed)
+    tonight = build_passage_shards(changed, n_clusters, tmp_path / "c", cfg, 3, run_here, work)
+    assert (tonight["passage_stats_shards_built"], tonight["passage_stats_shards_reused"]) == (1, 2)
+    assert (tonight["passage_index_shards_built"], tonight["passage_index_shards_reused"]) == (3, 0)
+    assert_same_search(_single(changed, cfg), load_passage_index(tmp_path / "c"), questions[:20], ks=(10,))

@@ -1,16 +1,19 @@
-"""Document-sharded token counting == the one-process stage (real enwiki sample, real T5 tokenizer)."""
+"""Document-sharded token counting and cluster-sharded segmentation == the one-process stages
+(real enwiki sample, real T5 tokenizer)."""
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 import pytest
 
 from data_contracts.base import sha256_file
 from funnelrag.datasets import resolve
 from tasks.corpus import stages as S
 from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import doc_shards, read_doc_range, run_tokens_sharded
+from tasks.corpus.shards import cluster_ranges, doc_shards, read_doc_range, run_segment_sharded, run_tokens_sharded
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +52,38 @@ def test_token_shards_with_unchanged_texts_are_reused(ingested, data_mirror, tmp
     assert (first["shards_built"], first["shards_reused"]) == (first["shards"], 0)
     assert (again["shards_built"], again["shards_reused"]) == (0, first["shards"])
     assert sha256_file(tmp_path / "a" / "window_tokens.parquet") == sha256_file(tmp_path / "b" / "window_tokens.parquet")
+
+
+def test_cluster_ranges_hold_whole_clusters():
+    members = np.array([0, 0, 0, 1, 2, 2, 3, 5, 5, 5, 5])   # cluster id per member, sorted
+    assert cluster_ranges(members, 4) == [(0, 2), (2, 6)]   # cut once a range reaches 4, 8, ... members
+    assert cluster_ranges(members, 100) == [(0, 6)]
+    assert cluster_ranges(members, 1) == [(0, 1), (1, 2), (2, 3), (3, 4), (5, 6)]
+    assert cluster_ranges(np.zeros(0, np.int32), 4) == []
+
+
+@pytest.fixture(scope="module")
+def clustered(ingested, data_mirror, tmp_path_factory):
+    """Tokens and Algorithm 1 over the enwiki sample (S = 32K T5 tokens: clusters of several articles)."""
+    root = tmp_path_factory.mktemp("clustered")
+    S.run_tokens(ingested, root / "tokens", SegmentConfig(), data_mirror)
+    S.run_cluster(ingested, root / "tokens", root / "cluster", ClusteringConfig(max_tokens=32_768))
+    return root
+
+
+@pytest.mark.parametrize("docs_per_shard", [7, 1000])
+def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp_path, docs_per_shard):
+    cfg = SegmentConfig()
+    one = S.run_segment(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "one", cfg, data_mirror)
+    with ProcessPoolExecutor(2) as pool:
+        many = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "many", cfg,
+                                   data_mirror, pool.submit, docs_per_shard, window=3, cache_dir=tmp_path / "cache")
+        again = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "again", cfg,
+                                    data_mirror, pool.submit, docs_per_shard, cache_dir=tmp_path / "cache")
+    assert (many["shards"] > 1) == (docs_per_shard == 7)
+    for key in ("document_units", "passages", "mean_unit_tokens", "articles_without_passages"):
+        assert many[key] == one[key], key
+    assert (many["shards_built"], again["shards_reused"]) == (many["shards"], many["shards"])
+    for name in ("document_units.parquet", "passages.parquet"):
+        digest = sha256_file(tmp_path / "one" / name)
+        assert sha256_file(tmp_path / "many" / name) == digest == sha256_file(tmp_path / "again" / name)

@@ -113,12 +113,12 @@ def version_figures(version_dir: Path, questions: Sequence[tuple[str, Sequence[s
     Parameters
     ----------
     version_dir : Path
-        A published corpus version (``index/passages.bm25``, ``passages.parquet``,
+        A published corpus version (``index/passages.bm25``, one index or shards, ``passages.parquet``,
         ``ingest_report.parquet``, ``documents.parquet`` row count in the manifest).
     questions : ``[(question, answers)]``, ``(n_questions,)``
     k : cut-off in passages.
     """
-    from tasks.corpus.index import BM25Index  # noqa: PLC0415
+    from tasks.corpus.sharded_index import load_passage_index  # noqa: PLC0415
 
     report = INGEST_REPORT.read(version_dir, columns=["status"])
     skipped = int(pc.sum(pc.equal(report["status"], SKIPPED)).as_py() or 0)
@@ -126,7 +126,7 @@ def version_figures(version_dir: Path, questions: Sequence[tuple[str, Sequence[s
     text_of = dict(zip(passages["passage_id"].to_pylist(), passages["text"].to_pylist()))
     hits: list[list[bool]] = []
     if questions:
-        ids, _ = BM25Index.load(version_dir / PASSAGE_INDEX).search([q for q, _ in questions], k=k)
+        ids, _ = load_passage_index(version_dir / PASSAGE_INDEX).search([q for q, _ in questions], k=k)
         for (_, answers), ranked in zip(questions, ids):
             matcher = AnswerMatcher(answers)
             hits.append([matcher(text_of[pid]) for pid in ranked])

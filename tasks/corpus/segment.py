@@ -325,6 +325,18 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
     return WindowTokens(indptr=indptr, n_tokens=n_tokens.astype(np.int32), tokenizer=tokenizer.name)
 
 
+def check_members(cids: np.ndarray, dids: np.ndarray, n_docs: int) -> None:
+    """Raise ``ValueError`` unless every member ``dids[i]`` (of cluster ``cids[i]``) is a document
+    ``0..n_docs-1`` and every document is in exactly one cluster."""
+    out_of_range = np.flatnonzero((dids < 0) | (dids >= n_docs))
+    if out_of_range.size:
+        raise ValueError(f"cluster_members: doc_id {int(dids[out_of_range[0]])} (cluster {int(cids[out_of_range[0]])}) is not a document")
+    times = np.bincount(dids, minlength=n_docs)
+    if (times != 1).any():
+        bad = int(np.flatnonzero(times != 1)[0])
+        raise ValueError(f"cluster_members: document {bad} is in {int(times[bad])} clusters; every document must be in exactly one")
+
+
 @dataclass(frozen=True, eq=False)
 class CorpusSegments:
     """Output of :func:`segment_corpus`.
@@ -379,13 +391,7 @@ def segment_corpus(documents: pa.Table, cluster_members: pa.Table, cfg: SegmentC
     members = cluster_members.sort_by([("cluster_id", "ascending"), ("position", "ascending")])
     cids = members.column("cluster_id").to_numpy()
     dids = members.column("doc_id").to_numpy()
-    out_of_range = np.flatnonzero((dids < 0) | (dids >= n_docs))
-    if out_of_range.size:
-        raise ValueError(f"cluster_members: doc_id {int(dids[out_of_range[0]])} (cluster {int(cids[out_of_range[0]])}) is not a document")
-    times = np.bincount(dids, minlength=n_docs)
-    if (times != 1).any():
-        bad = int(np.flatnonzero(times != 1)[0])
-        raise ValueError(f"cluster_members: document {bad} is in {int(times[bad])} clusters; every document must be in exactly one")
+    check_members(cids, dids, n_docs)
     titles = documents.column("title").to_pylist()
     texts = documents.column("text").to_pylist()
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)

@@ -9,22 +9,57 @@ them (:func:`merge_stats`); :func:`build_shard` then indexes the shard's passage
 *global* ``N``, ``df`` and ``avgdl``, so each stored score ``idf(t) * tfc(t, d)`` is exactly the one
 a single index over all passages would store. A query scores each shard, keeps its top ``k``, and
 :class:`ShardedBM25` merges them by (score desc, global row asc) — the single index's order.
+
+In the corpus build (``index.passage_shards`` > 1, :func:`build_passage_shards`) a shard is a
+range of whole clusters of ``passages.parquet``; both steps run per shard through
+``submit(fn, *args) -> future`` (the flow's ``corpus-shard`` tasks) and the published
+``index/passages.bm25/`` holds ``shards.json``, ``global_stats.json`` and ``shard-00000/``, ….
+:func:`load_passage_index` opens either layout.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from data_contracts.base import atomic_write_bytes
+from data_contracts.base import atomic_write_bytes, sha256_file
+from data_contracts.corpus import PASSAGES
 from tasks.corpus.index import BM25Config, BM25Index, _stemmer, tokenize_ids
+from tasks.corpus.shards import ordered_results, put_cached
 
 STATS_FILE = "global_stats.json"
 SHARDS_FILE = "shards.json"
+
+
+@dataclass(frozen=True)
+class IndexLayout:
+    """Layout of the published passage index (config section ``index``).
+
+    passage_shards : number of passage BM25 shards. 1 (default): one bm25s index in
+        ``index/passages.bm25/``, the layout and bytes of an unsharded build. ``n > 1``: ``n``
+        ranges of whole clusters (``n_clusters / n`` clusters each), indexed with corpus-wide
+        statistics as ``corpus-shard`` tasks; search results equal the single index's. An explicit
+        setting rather than one derived from ``runner``: it changes the published files (and the
+        content digest), which no runner setting may.
+    """
+
+    passage_shards: int = 1
+
+    def __post_init__(self) -> None:
+        if self.passage_shards < 1:
+            raise ValueError(f"index.passage_shards must be >= 1, got {self.passage_shards}")
 
 
 @dataclass
@@ -128,8 +163,9 @@ class ShardedBM25:
         names = json.loads((Path(directory) / SHARDS_FILE).read_text())
         return cls([BM25Index.load(Path(directory) / n, mmap=mmap) for n in names])
 
-    @property
+    @cached_property
     def doc_ids(self) -> list[str]:
+        """Row → external id over all shards (shard order, then row within the shard)."""
         return [i for s in self.shards for i in s.doc_ids]
 
     def __len__(self) -> int:
@@ -138,15 +174,183 @@ class ShardedBM25:
     def search(self, queries: Sequence[str], k: int) -> tuple[list[list[str]], np.ndarray]:
         """Top-``k`` ids and scores per query over all shards: ``(n_queries, min(k, N))``,
         ordered by score descending then global row (shard order, row within shard)."""
+        rows, scores = self.search_rows(queries, k)
+        ids = self.doc_ids
+        return [[ids[r] for r in row] for row in rows], scores
+
+    def search_rows(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`search` with global row numbers: int ``(n_queries, k')`` and float32 scores."""
         k = min(k, len(self))
         if not queries or k == 0:
-            return [[] for _ in queries], np.zeros((len(queries), 0), dtype=np.float32)
+            return np.zeros((len(queries), 0), dtype=np.int64), np.zeros((len(queries), 0), dtype=np.float32)
         parts = [s.search_rows(queries, k) for s in self.shards]
         rows = np.concatenate([r + base for (r, _), base in zip(parts, self.offsets)], axis=1)
         scores = np.concatenate([sc for _, sc in parts], axis=1)
         order = np.lexsort((rows, -scores), axis=-1)[:, :k]
-        top_rows = np.take_along_axis(rows, order, -1)
-        shard_of = np.searchsorted(self.offsets, top_rows, side="right") - 1
-        ids = [[self.shards[s].doc_ids[r - self.offsets[s]] for s, r in zip(srow, row)]
-               for srow, row in zip(shard_of, top_rows)]
-        return ids, np.take_along_axis(scores, order, -1)
+        return np.take_along_axis(rows, order, -1), np.take_along_axis(scores, order, -1)
+
+
+def load_passage_index(directory: Path, mmap: bool = True) -> "BM25Index | ShardedBM25":
+    """The passage index in ``directory``: a :class:`ShardedBM25` when it holds ``shards.json``,
+    else a :class:`tasks.corpus.index.BM25Index` (same ``search`` / ``search_rows`` / ``doc_ids``)."""
+    if (Path(directory) / SHARDS_FILE).exists():
+        return ShardedBM25.load(directory, mmap=mmap)
+    return BM25Index.load(directory, mmap=mmap)
+
+
+# --------------------------------------------------------------------- the corpus build's shards
+PASSAGE_SHARD_VERSION = "1"
+DF_FILE = "df.parquet"
+
+
+def passage_ranges(n_clusters: int, n_shards: int) -> list[tuple[int, int]]:
+    """``[(lo, hi)]``: ``n_shards`` cluster-id ranges of ``n_clusters // n_shards`` (+1) clusters.
+
+    Ranges of cluster ids rather than of passage rows, so that a changed page moves the passages
+    of its own shard only and the other shards' texts (and their cached statistics) stay."""
+    n = max(1, min(n_shards, n_clusters))
+    return [(k * n_clusters // n, (k + 1) * n_clusters // n) for k in range(n)]
+
+
+def read_passage_range(segment_dir: Path, lo: int, hi: int) -> tuple[list[str], list[str]]:
+    """``(texts, passage ids)`` of clusters ``lo <= cluster_id < hi`` in ``passages.parquet`` order;
+    a text is ``title\\ntext``, as the single index indexes it."""
+    table = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id", "title", "text"],
+                          filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by("passage_id")
+    texts = [f"{t}\n{x}" for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
+    return texts, table.column("passage_id").to_pylist()
+
+
+def _passages_key(texts: list[str], ids: list[str], cfg: BM25Config) -> str:
+    h = hashlib.sha256(json.dumps([PASSAGE_SHARD_VERSION, asdict(cfg), len(texts)], sort_keys=True).encode())
+    for s in (*ids, *texts):
+        h.update(len(s).to_bytes(8, "little"))
+        h.update(s.encode("utf-8"))
+    return h.hexdigest()
+
+
+def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str) -> tuple[str, int, int, bool]:
+    """Step 1 of a passage shard (a worker-process call): :func:`shard_stats` of clusters
+    ``[lo, hi)``, kept in ``work_dir/passage-stats/<sha256 of the shard's ids and texts>/``.
+
+    Returns ``(key, n_docs, total_len, reused)``; ``reused`` when the shard's passages are
+    unchanged since a build that kept them."""
+    texts, ids = read_passage_range(Path(segment_dir), lo, hi)
+    key = _passages_key(texts, ids, cfg)
+    cached = Path(work_dir) / "passage-stats" / key
+    if (cached / "COMPLETE").exists():
+        meta = json.loads((cached / "COMPLETE").read_text())
+        return key, meta["n_docs"], meta["total_len"], True
+    stats = shard_stats(texts, cfg) if texts else CorpusStats(0, 0, {})
+    terms = sorted(stats.df)
+
+    def write(tmp: Path) -> None:
+        pq.write_table(pa.table({"term": pa.array(terms, pa.string()),
+                                 "df": pa.array([stats.df[t] for t in terms], pa.int64())}), tmp / DF_FILE)
+        (tmp / "COMPLETE").write_text(json.dumps({"n_docs": stats.n_docs, "total_len": stats.total_len}) + "\n")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    put_cached(cached, write)
+    return key, stats.n_docs, stats.total_len, False
+
+
+def merge_stats_files(work_dir: Path, keys: Sequence[str], n_docs: int, total_len: int) -> tuple[Path, str]:
+    """:func:`merge_stats` of the shards' kept statistics (coordinator): the corpus-wide ``df``
+    table written to ``work_dir/passage-stats/global-<sha256>.parquet`` (term-sorted, so equal
+    statistics give equal bytes). Returns its path and the key of the global statistics
+    (sha256 over the file, ``N`` and the total length). Memory: the global vocabulary plus one
+    shard's."""
+    merged: pa.Table | None = None
+    for key in keys:
+        part = pq.read_table(Path(work_dir) / "passage-stats" / key / DF_FILE)
+        if merged is not None:
+            summed = pa.concat_tables([merged, part]).group_by("term").aggregate([("df", "sum")])
+            part = pa.table({"term": summed.column("term"), "df": summed.column("df_sum")})
+        merged = part
+    merged = (merged if merged is not None else pa.table({"term": pa.array([], pa.string()),
+                                                          "df": pa.array([], pa.int64())})).sort_by("term")
+    tmp = Path(work_dir) / "passage-stats" / f".tmp-global-{os.getpid()}.parquet"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(merged.select(["term", "df"]), tmp)
+    digest = sha256_file(tmp)
+    final = tmp.with_name(f"global-{digest}.parquet")
+    os.replace(tmp, final)
+    global_key = hashlib.sha256(json.dumps([digest, n_docs, total_len]).encode()).hexdigest()
+    return final, global_key
+
+
+def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str, stats_key: str,
+                        global_df: str, n_docs: int, total_len: int, global_key: str) -> tuple[str, bool]:
+    """Step 2 of a passage shard (a worker-process call): :func:`build_shard` of clusters
+    ``[lo, hi)`` with the corpus-wide statistics, saved in
+    ``work_dir/passage-shards/<sha256 of (shard passages, global statistics)>/``.
+
+    Returns ``(index directory, reused)``. A shard index is reused only when its passages *and*
+    the global ``N``, ``df`` and ``avgdl`` are unchanged: any changed page changes the global
+    statistics, so then every shard is re-indexed (only the statistics of unchanged shards,
+    :func:`passage_stats_shard`, are reused)."""
+    cached = Path(work_dir) / "passage-shards" / hashlib.sha256(f"{stats_key}:{global_key}".encode()).hexdigest()
+    if (cached / "params.index.json").exists():
+        return str(cached), True
+    texts, ids = read_passage_range(Path(segment_dir), lo, hi)
+    terms = pq.read_table(Path(work_dir) / "passage-stats" / stats_key / DF_FILE, columns=["term"]).column("term")
+    table = pq.read_table(global_df)
+    at = pc.index_in(terms, value_set=table.column("term"))
+    if at.null_count:
+        raise ValueError(f"BM25 shard {lo}..{hi - 1}: terms missing from the global statistics {global_df}")
+    df = dict(zip(terms.to_pylist(), table.column("df").take(at).to_pylist()))
+    build_shard(texts, ids, cfg, CorpusStats(n_docs, total_len, df)).save(cached)
+    return str(cached), False
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Hard-link (or copy across devices) every file of ``src`` into ``dst``."""
+    for path in sorted(src.rglob("*")):
+        target = dst / path.relative_to(src)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+
+
+def build_passage_shards(segment_dir: Path, n_clusters: int, out_dir: Path, cfg: BM25Config, n_shards: int,
+                         submit: Callable[..., Any], work_dir: Path, window: int = 8) -> dict[str, Any]:
+    """The sharded passage index of a corpus build in ``out_dir`` (``shards.json``,
+    ``global_stats.json``, ``shard-00000/``, …): :func:`passage_stats_shard` per shard through
+    ``submit`` → :func:`merge_stats_files` → :func:`passage_index_shard` per shard through ``submit``.
+
+    ``work_dir`` (shared by the workers: the stage cache) keeps shard statistics and shard indexes
+    keyed by content. What a rebuild reuses: the statistics of every shard whose passages are
+    unchanged; shard indexes only when the global statistics are equal too (a changed page
+    changes ``df``/``N``/``avgdl`` and with them every stored score). Shards without passages
+    (clusters whose articles have no words) are left out. Each shard's passages are read and
+    tokenized twice (statistics, then index): on small corpora the shards cost more than one
+    index. Summary: shard counts, reuse, seconds.
+    """
+    t0 = time.perf_counter()
+    ranges = passage_ranges(n_clusters, n_shards)
+    calls = [(passage_stats_shard, str(segment_dir), lo, hi, cfg, str(work_dir)) for lo, hi in ranges]
+    stats = list(ordered_results(submit, calls, window))
+    kept = [(r, s) for r, s in zip(ranges, stats) if s[1] > 0]
+    n_docs, total_len = sum(s[1] for _, s in kept), sum(s[2] for _, s in kept)
+    global_df, global_key = merge_stats_files(work_dir, [s[0] for _, s in kept], n_docs, total_len)
+    t1 = time.perf_counter()
+    calls = [(passage_index_shard, str(segment_dir), lo, hi, cfg, str(work_dir), s[0], str(global_df), n_docs,
+              total_len, global_key) for (lo, hi), s in kept]
+    names = [f"shard-{k:05d}" for k in range(len(kept))]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reused = 0
+    for name, (path, hit) in zip(names, ordered_results(submit, calls, window)):
+        _link_tree(Path(path), out_dir / name)
+        reused += hit
+    (out_dir / SHARDS_FILE).write_text(json.dumps(names) + "\n")
+    save_stats(CorpusStats(n_docs, total_len, {}), out_dir)
+    stats_reused = sum(s[3] for s in stats)
+    return {"passage_shards": len(kept), "passage_index_docs": n_docs,
+            "passage_stats_shards_built": len(stats) - stats_reused, "passage_stats_shards_reused": stats_reused,
+            "passage_index_shards_built": len(kept) - reused, "passage_index_shards_reused": reused,
+            "passage_stats_seconds": t1 - t0, "passage_shard_index_seconds": time.perf_counter() - t1}

@@ -1,4 +1,4 @@
-"""Per-shard execution of the corpus build's document-parallel stages.
+"""Per-shard execution of the corpus build's document-parallel stages (tokens, segment).
 
 A *shard* is a contiguous ``doc_id`` range ``[lo, hi)`` of ``documents.parquet`` (sorted by
 ``doc_id``, so a range is read through the row-group statistics without the rest of the file).
@@ -6,24 +6,33 @@ Token counting of the ~100-word windows (the article lengths of Algorithm 1, and
 segmentation) is independent per document, so shards are counted in worker processes through
 ``submit(fn, *args) -> future`` and concatenated in ``doc_id`` order: ``window_tokens.parquet`` is
 byte-identical to :func:`tasks.corpus.stages.run_tokens`' whatever the shard size or worker count.
+Segmentation is independent per cluster, so its shards are ranges of whole clusters
+(:func:`cluster_ranges`), concatenated in cluster order (:func:`run_segment_sharded`). The passage
+BM25 index in shards: :mod:`tasks.corpus.sharded_index`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from tasks.corpus.segment import SegmentConfig, count_window_tokens
+from tasks.corpus.segment import (SegmentConfig, check_members, count_window_tokens, segment_cluster,
+                                  segments_to_tables)
 from tasks.corpus.tokenize import load_token_counter
+
+log = logging.getLogger(__name__)
 
 
 def doc_shards(n_docs: int, docs_per_shard: int) -> list[tuple[int, int]]:
@@ -121,3 +130,167 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     seconds = time.perf_counter() - t0
     return {"documents": n_docs, "windows": int(n_tokens.size), "tokens": int(n_tokens.sum()), "tokenizer": tokenizer,
             "shards": len(shards), "shards_reused": reused, "shards_built": len(shards) - reused, "seconds": seconds, "tokens_per_s": float(n_tokens.sum()) / max(seconds, 1e-9)}
+
+
+# ---------------------------------------------------------------------------------- helpers
+class Done:
+    """The future of a call already run (:func:`run_here`)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+def run_here(fn: Callable[..., Any], *args: Any) -> Done:
+    """``submit(fn, *args)`` that runs the call in this process (no runner)."""
+    return Done(fn(*args))
+
+
+def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int) -> Iterator[Any]:
+    """Results of ``submit(*call)`` for each call, in call order, with at most ``window`` calls
+    submitted and not yet consumed (bounds the coordinator's memory)."""
+    pending: list = []
+    for call in calls:
+        pending.append(submit(*call))
+        if len(pending) >= max(window, 1):
+            yield pending.pop(0).result()
+    while pending:
+        yield pending.pop(0).result()
+
+
+def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
+    """Write a cache entry: ``write(tmp_dir)`` then rename onto ``cached`` (a concurrent writer of
+    the same key wins; both wrote the same bytes)."""
+    tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}-{threading.get_ident()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    try:
+        os.replace(tmp, cached)
+    except OSError:   # kept by another worker meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------- segment
+SEGMENT_SHARD_VERSION = "1"
+
+
+def cluster_ranges(cluster_ids: np.ndarray, docs_per_shard: int) -> list[tuple[int, int]]:
+    """``[(lo, hi)]`` cluster-id ranges covering the sorted member column ``cluster_ids`` (one
+    entry per member), each holding about ``docs_per_shard`` members (whole clusters)."""
+    if cluster_ids.size == 0:
+        return []
+    ids, counts = np.unique(cluster_ids, return_counts=True)
+    cum = np.cumsum(counts)
+    cuts = np.unique(np.searchsorted(cum, np.arange(docs_per_shard, cum[-1], docs_per_shard), side="left") + 1)
+    cuts = cuts[(cuts > 0) & (cuts < ids.size)].tolist()
+    return [(int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip([0, *cuts], [*cuts, ids.size])]
+
+
+def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: SegmentConfig) -> str:
+    h = hashlib.sha256(json.dumps([SEGMENT_SHARD_VERSION, cfg.passage_words, cfg.unit_max_tokens, cfg.tokenizer,
+                                   members.num_rows]).encode())
+    for name in ("cluster_id", "position", "doc_id"):
+        h.update(members.column(name).to_numpy().astype(np.int64).tobytes())
+    for title, text in zip(docs.column("title").to_pylist(), docs.column("text").to_pylist()):
+        for s in (title, text):
+            h.update(len(s).to_bytes(8, "little"))
+            h.update(s.encode("utf-8"))
+    h.update(pc.list_value_length(tokens.column("n_tokens")).to_numpy().astype(np.int64).tobytes())
+    h.update(pc.list_flatten(tokens.column("n_tokens")).to_numpy().astype(np.int32).tobytes())
+    h.update(json.dumps(sorted(set(tokens.column("tokenizer").to_pylist()))).encode())
+    return h.hexdigest()
+
+
+def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
+                  mirror: str | None, cache_dir: str | None = None) -> tuple[pa.Table, pa.Table, int, bool]:
+    """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call):
+    ``(document_units rows, passages rows, articles without words, reused)``, rows in cluster
+    order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them.
+
+    Reads only the shard's members, their documents and their window token counts (Parquet
+    filters). With ``cache_dir``, outputs are kept under the sha256 of those inputs and reused
+    when they are unchanged.
+    """
+    members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename,
+                            filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by(
+                                [("cluster_id", "ascending"), ("position", "ascending")])
+    wanted = sorted(set(members.column("doc_id").to_pylist()))
+    docs = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id", "title", "text"],
+                         filters=[("doc_id", "in", wanted)]).sort_by("doc_id")
+    tokens = pq.read_table(Path(tokens_dir) / C.WINDOW_TOKENS.filename,
+                           filters=[("doc_id", "in", wanted)]).sort_by("doc_id")
+    doc_ids = docs.column("doc_id").to_numpy()
+    if doc_ids.tolist() != wanted or tokens.column("doc_id").to_pylist() != wanted:
+        raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
+    cached = Path(cache_dir) / _segment_key(members, docs, tokens, cfg) if cache_dir else None
+    if cached is not None and (cached / "COMPLETE").exists():
+        return (pq.read_table(cached / "units.parquet"), pq.read_table(cached / "passages.parquet"),
+                int((cached / "COMPLETE").read_text()), True)
+    titles, texts = docs.column("title").to_pylist(), docs.column("text").to_pylist()
+    col = tokens.column("n_tokens").combine_chunks()
+    offsets, values = col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(np.int32)
+    counter = load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None)
+    names = set(tokens.column("tokenizer").to_pylist())
+    if names and names != {counter.name}:
+        raise ValueError(f"window tokens were counted with {sorted(names)}, segment.tokenizer is {counter.name!r}")
+    cids, dids = members.column("cluster_id").to_numpy(), members.column("doc_id").to_numpy()
+    rows = np.searchsorted(doc_ids, dids)
+    starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], cids.size]
+    segs = []
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        rs = rows[s:e].tolist()
+        segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[r]), titles[r], texts[r]) for r in rs], cfg, counter,
+                                    [values[offsets[r]:offsets[r + 1]] for r in rs]))
+    units, passages = segments_to_tables(segs)
+    n_empty = sum(1 for t in texts if not t.strip())
+    if cached is not None:
+        def write(tmp: Path) -> None:
+            pq.write_table(units, tmp / "units.parquet")
+            pq.write_table(passages, tmp / "passages.parquet")
+            (tmp / "COMPLETE").write_text(f"{n_empty}\n")
+        put_cached(cached, write)
+    return units, passages, n_empty, False
+
+
+def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
+                        mirror: Path | None, submit: Callable[..., Any], docs_per_shard: int, window: int = 8,
+                        cache_dir: Path | None = None) -> dict[str, Any]:
+    """:func:`tasks.corpus.stages.run_segment` over cluster-id ranges segmented through ``submit``.
+
+    Shards are ranges of whole clusters with about ``docs_per_shard`` members
+    (:func:`cluster_ranges`); their rows are written in cluster order, so ``document_units.parquet``
+    and ``passages.parquet`` are byte-identical to the one-process stage's. The coordinator checks
+    the members (every document in exactly one cluster) and holds at most ``window`` shards'
+    rows. Each shard reads its documents by id; with clusters spread over the doc ids that reads
+    most row groups of ``documents.parquet`` once per shard, so at full scale shards should be
+    large (tens of thousands of documents). With ``cache_dir`` (shared by the workers) a shard
+    whose members, texts and token counts are unchanged reuses its rows; the summary's
+    ``shards_reused`` / ``shards_built`` say how many.
+    """
+    t0 = time.perf_counter()
+    n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
+    members = C.CLUSTER_MEMBERS.read(cluster_dir, columns=["cluster_id", "position", "doc_id"]).sort_by(
+        [("cluster_id", "ascending"), ("position", "ascending")])
+    cids = members.column("cluster_id").to_numpy()
+    check_members(cids, members.column("doc_id").to_numpy(), n_docs)
+    ranges = cluster_ranges(cids, docs_per_shard)
+    calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
+              str(mirror) if mirror else None, str(cache_dir) if cache_dir else None) for lo, hi in ranges]
+    n_units = n_passages = unit_tokens = n_empty = reused = 0
+    with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
+        for units, passages, empty, hit in ordered_results(submit, calls, window):
+            units_out.write(units)
+            passages_out.write(passages)
+            n_units, n_passages = n_units + units.num_rows, n_passages + passages.num_rows
+            unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
+            n_empty, reused = n_empty + empty, reused + hit
+    if n_empty:
+        log.warning("segmentation: %d article(s) have no words and contribute no passage", n_empty)
+    return {"document_units": n_units, "passages": n_passages,
+            "mean_unit_tokens": unit_tokens / n_units if n_units else 0.0,
+            "articles_without_passages": n_empty, "shards": len(ranges), "shards_reused": reused,
+            "shards_built": len(ranges) - reused, "seconds": time.perf_counter() - t0}

@@ -6,11 +6,13 @@ seconds). :mod:`flows.corpus_build` wraps each in a Prefect task and a content-k
 """
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +26,8 @@ from tasks.corpus.graph import graph_from_links, graph_metrics
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
+from tasks.corpus.sharded_index import STATS_FILE, load_passage_index
+from tasks.corpus.shards import run_here
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -164,24 +168,47 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
 
 
 @stage("index", version="2")  # 2: stems numbered in sorted order (bytes independent of PYTHONHASHSEED)
-def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config) -> dict[str, Any]:
-    """bm25s indexes over cluster texts (progressive) and passages (flat baseline)."""
+def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config,
+              passage_shards: int = 1, submit: Callable[..., Any] | None = None, window: int = 8,
+              work_dir: Path | None = None) -> dict[str, Any]:
+    """bm25s indexes over cluster texts (progressive) and passages (flat baseline).
+
+    ``passage_shards`` > 1: the passage index is built in that many shards of whole clusters
+    with corpus-wide statistics (:func:`tasks.corpus.sharded_index.build_passage_shards`), the
+    per-shard steps through ``submit`` (default: in this process), shard statistics and indexes
+    kept in ``work_dir`` (default: ``out_dir/.work``, removed after). 1: one index, as before.
+    """
     t0 = time.perf_counter()
     docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "title", "text"])
     members = C.CLUSTER_MEMBERS.read(cluster_dir)
     ids, texts = cluster_texts(docs, members)
+    del docs
     cluster_index = BM25Index.build(texts, ids, cfg)
     cluster_index.save(out_dir / CLUSTER_INDEX_DIR)
     t1 = time.perf_counter()
-    passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
-    ptexts = [f"{t}\n{x}" for t, x in zip(passages.column("title").to_pylist(), passages.column("text").to_pylist())]
-    passage_index = BM25Index.build(ptexts, passages.column("passage_id").to_pylist(), cfg)
-    passage_index.save(out_dir / PASSAGE_INDEX_DIR)
+    sharded: dict[str, Any] = {}
+    if passage_shards > 1:
+        from tasks.corpus.sharded_index import build_passage_shards  # noqa: PLC0415
+
+        scratch = work_dir is None
+        work = Path(out_dir) / ".work" if scratch else Path(work_dir)
+        sharded = build_passage_shards(segment_dir, len(ids), out_dir / PASSAGE_INDEX_DIR, cfg, passage_shards,
+                                       submit or run_here, work, window=window)
+        if scratch:
+            shutil.rmtree(work)
+        n_passages = sharded["passage_index_docs"]
+    else:
+        passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
+        ptexts = [f"{t}\n{x}" for t, x in zip(passages.column("title").to_pylist(), passages.column("text").to_pylist())]
+        passage_index = BM25Index.build(ptexts, passages.column("passage_id").to_pylist(), cfg)
+        passage_index.save(out_dir / PASSAGE_INDEX_DIR)
+        n_passages = len(ptexts)
     t2 = time.perf_counter()
-    return {"cluster_index_docs": len(ids), "passage_index_docs": len(ptexts), "bm25": asdict(cfg),
+    return {"cluster_index_docs": len(ids), "passage_index_docs": n_passages, "bm25": asdict(cfg),
             "cluster_index_seconds": t1 - t0, "passage_index_seconds": t2 - t1,
-            "cluster_docs_per_s": len(ids) / max(t1 - t0, 1e-9), "passage_docs_per_s": len(ptexts) / max(t2 - t1, 1e-9),
-            "seconds": t2 - t0}
+            "cluster_docs_per_s": len(ids) / max(t1 - t0, 1e-9), "passage_docs_per_s": n_passages / max(t2 - t1, 1e-9),
+            **sharded, "seconds": t2 - t0}
+
 
 
 def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int]:
@@ -189,8 +216,9 @@ def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int
     artifact and the first offending ids. Also re-reads every table through its contract.
 
     Checks: every document in exactly one cluster; no cluster over S tokens unless it is a
-    single document; cluster and passage indexes cover exactly the clusters and passages;
-    every passage's document exists.
+    single document; cluster and passage indexes (either passage layout) cover exactly the
+    clusters and passages, a sharded one's global ``N`` is the passage count; every passage's
+    document exists.
     """
     tables = {c.name: c.read(version_dir) for c in C.CORPUS_CONTRACTS}
     n_docs = tables["documents"].num_rows
@@ -206,10 +234,13 @@ def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int
         bad = clusters.filter(over).column("cluster_id").to_pylist()[:5]
         raise ValueError(f"clusters: {bad} exceed {max_cluster_tokens} tokens with more than one member")
     for sub, table, key in ((CLUSTER_INDEX_DIR, clusters, "cluster_id"), (PASSAGE_INDEX_DIR, tables["passages"], "passage_id")):
-        index = BM25Index.load(version_dir / sub)
+        index = BM25Index.load(version_dir / sub) if sub == CLUSTER_INDEX_DIR else load_passage_index(version_dir / sub)
         expected = [str(v) for v in table.column(key).to_pylist()]
         if sorted(index.doc_ids) != sorted(expected):
             raise ValueError(f"{sub}: index ids do not match the {key}s of the published tables")
+    stats_file = version_dir / PASSAGE_INDEX_DIR / STATS_FILE
+    if stats_file.exists() and json.loads(stats_file.read_text())["n_docs"] != tables["passages"].num_rows:
+        raise ValueError(f"{stats_file}: N differs from the {tables['passages'].num_rows} passages (shards built with other statistics)")
     pdocs = tables["passages"].column("doc_id").to_numpy()
     if pdocs.size and (pdocs.min() < 0 or pdocs.max() >= n_docs):
         raise ValueError("passages: a passage refers to a document that does not exist")
