@@ -118,8 +118,11 @@ class PassageLookup:
     def __init__(self, passages: pa.Table):
         ids = passages["passage_id"].to_pylist()
         self._row = {p: i for i, p in enumerate(ids)}
-        self._titles = passages["title"]
-        self._texts = passages["text"]
+        # one contiguous array each: ``take`` on a ChunkedArray costs ~14 ms per call on
+        # the 146K Wikispeedia passages (3 chunks), ~0.2 ms on one array (measured here);
+        # large_string so that one array may hold more than 2 GiB of text (full Wikipedia)
+        self._titles = passages["title"].cast(pa.large_string()).combine_chunks()
+        self._texts = passages["text"].cast(pa.large_string()).combine_chunks()
 
     def __len__(self) -> int:
         return len(self._row)
