@@ -19,6 +19,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -35,6 +36,48 @@ from tasks.corpus.tokenize import load_token_counter
 log = logging.getLogger(__name__)
 
 
+# ---------------------------------------------------------------------------------- helpers
+class Done:
+    """The future of a call already run (:func:`run_here`)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+def run_here(fn: Callable[..., Any], *args: Any) -> Done:
+    """``submit(fn, *args)`` that runs the call in this process (no runner)."""
+    return Done(fn(*args))
+
+
+def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int) -> Iterator[Any]:
+    """Results of ``submit(*call)`` for each call, in call order, with at most ``window`` calls
+    submitted and not yet consumed (bounds the coordinator's memory)."""
+    pending: deque = deque()
+    for call in calls:
+        pending.append(submit(*call))
+        if len(pending) >= max(window, 1):
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
+    """Write a cache entry: ``write(tmp_dir)`` then rename onto ``cached`` (a concurrent writer of
+    the same key wins; both wrote the same bytes)."""
+    tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}-{threading.get_ident()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    try:
+        os.replace(tmp, cached)
+    except OSError:   # kept by another worker meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------- tokens
 def doc_shards(n_docs: int, docs_per_shard: int) -> list[tuple[int, int]]:
     """``[(lo, hi)]`` covering ``0..n_docs`` in ranges of ``docs_per_shard`` documents."""
     return [(lo, min(lo + docs_per_shard, n_docs)) for lo in range(0, n_docs, docs_per_shard)]
@@ -74,15 +117,11 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
     wt = count_window_tokens(texts, cfg, load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None))
     windows = np.diff(wt.indptr).astype(np.int32)
     if cached is not None:
-        tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}")
-        tmp.mkdir(parents=True, exist_ok=True)
-        np.save(tmp / "windows.npy", windows)
-        np.save(tmp / "tokens.npy", wt.n_tokens)
-        (tmp / "COMPLETE").write_text(wt.tokenizer + "\n")
-        try:
-            os.replace(tmp, cached)
-        except OSError:   # kept by another worker meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
+        def write(tmp: Path) -> None:
+            np.save(tmp / "windows.npy", windows)
+            np.save(tmp / "tokens.npy", wt.n_tokens)
+            (tmp / "COMPLETE").write_text(wt.tokenizer + "\n")
+        put_cached(cached, write)
     return windows, wt.n_tokens, wt.tokenizer, False
 
 
@@ -101,21 +140,14 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     per_doc: list[np.ndarray] = []
     tokens: list[np.ndarray] = []
     names: set[str] = set()
-    futures: list = []
     reused = 0
-    for k in range(len(shards) + window):
-        if k < len(shards):
-            lo, hi = shards[k]
-            futures.append(submit(count_shard, str(ingest_dir), lo, hi, cfg, str(mirror) if mirror else None,
-                                  str(cache_dir) if cache_dir else None))
-        if k >= window or k >= len(shards):
-            if not futures:
-                break
-            windows, n_tokens, name, hit = futures.pop(0).result()
-            reused += hit
-            per_doc.append(windows)
-            tokens.append(n_tokens)
-            names.add(name)
+    calls = [(count_shard, str(ingest_dir), lo, hi, cfg, str(mirror) if mirror else None,
+              str(cache_dir) if cache_dir else None) for lo, hi in shards]
+    for windows, n_tokens, name, hit in ordered_results(submit, calls, window):
+        reused += hit
+        per_doc.append(windows)
+        tokens.append(n_tokens)
+        names.add(name)
     counts = np.concatenate(per_doc) if per_doc else np.zeros(0, np.int32)
     n_tokens = np.concatenate(tokens) if tokens else np.zeros(0, np.int32)
     offsets = np.zeros(n_docs + 1, dtype=np.int32)
@@ -130,47 +162,6 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     seconds = time.perf_counter() - t0
     return {"documents": n_docs, "windows": int(n_tokens.size), "tokens": int(n_tokens.sum()), "tokenizer": tokenizer,
             "shards": len(shards), "shards_reused": reused, "shards_built": len(shards) - reused, "seconds": seconds, "tokens_per_s": float(n_tokens.sum()) / max(seconds, 1e-9)}
-
-
-# ---------------------------------------------------------------------------------- helpers
-class Done:
-    """The future of a call already run (:func:`run_here`)."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def result(self) -> Any:
-        return self.value
-
-
-def run_here(fn: Callable[..., Any], *args: Any) -> Done:
-    """``submit(fn, *args)`` that runs the call in this process (no runner)."""
-    return Done(fn(*args))
-
-
-def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int) -> Iterator[Any]:
-    """Results of ``submit(*call)`` for each call, in call order, with at most ``window`` calls
-    submitted and not yet consumed (bounds the coordinator's memory)."""
-    pending: list = []
-    for call in calls:
-        pending.append(submit(*call))
-        if len(pending) >= max(window, 1):
-            yield pending.pop(0).result()
-    while pending:
-        yield pending.pop(0).result()
-
-
-def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
-    """Write a cache entry: ``write(tmp_dir)`` then rename onto ``cached`` (a concurrent writer of
-    the same key wins; both wrote the same bytes)."""
-    tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}-{threading.get_ident()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    try:
-        os.replace(tmp, cached)
-    except OSError:   # kept by another worker meanwhile
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------- segment
