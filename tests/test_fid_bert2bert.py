@@ -245,3 +245,25 @@ def test_reader_kind_in_the_distillation_config_picks_the_reader():
     assert isinstance(b2b, Bert2BertFiDConfig) and b2b.seed == 4 and b2b.freeze_encoder
     with pytest.raises(ValueError):
         DistillationConfig.model_validate({"reader": {"kind": "gpt"}})
+
+
+def test_reader_from_checkpoint_rebuilds_the_final_reader_and_an_earlier_one(tiny_bert_dir, tmp_path):
+    """The learning curve's readers: the last checkpoint equals the saved reader; an earlier one differs."""
+    from funnelrag.training import checkpoint_dirs
+    from tasks.funnel.reader import reader_from_checkpoint
+
+    cfg = _reader_cfg(tiny_bert_dir, tmp_path / "run", True, checkpoint_every=3, keep_checkpoints=5)
+    from tasks.funnel.reader import train_reader
+
+    final = train_reader(_examples(), cfg)
+    ckpts = checkpoint_dirs(tmp_path / "run")
+    assert [c.name for c in ckpts] == ["step_00000003", "step_00000006"]
+    last = _weights(reader_from_checkpoint(ckpts[-1], cfg, tmp_path / "last"))
+    saved = _weights(final.model_dir)
+    assert last.keys() == saved.keys()
+    for name in saved:
+        torch.testing.assert_close(last[name], saved[name], msg=name)
+    first = _weights(reader_from_checkpoint(ckpts[0], cfg, tmp_path / "first"))
+    assert any(not torch.equal(first[n], saved[n]) for n in saved)
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        reader_from_checkpoint(tmp_path, cfg, tmp_path / "none")

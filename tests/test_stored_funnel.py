@@ -165,3 +165,29 @@ def test_faiss_flat_dense_is_exact_and_approximate_kinds_recall(mini, one_torch_
         assert recall >= 0.9, (cfg.kind, recall)
     with pytest.raises(ValueError, match="kind"):
         FlatDenseConfig(kind="lsh")
+
+
+def test_candidates_from_stored_vectors_equal_on_the_fly_maxp(mini, one_torch_thread):
+    """``build_candidates(index=...)`` (the experiment's train pool) ranks units, keeps candidates
+    and scores passages as the on-the-fly MaxP funnel, up to float rounding."""
+    model, tok = mini["model"], mini["tok"]
+    on_the_fly = _maxp_candidates(mini, model, tok)
+    index, _ = build_embedding_index(mini["passages"], model, tok, "digest-a")
+    cfg = CandidatesConfig(n_clusters=3, n_units=2, batch_size=8, unit_scoring="maxp")
+    stored = build_candidates(mini["questions"], mini["index"], mini["members_of"], SEG, WhitespaceCounter(),
+                              model, tok, cfg, index=index)
+    for name in ("question_id", "unit_id", "prerank_rank", "has_answer", "cluster_id"):
+        assert stored.unit_pool[name].to_pylist() == on_the_fly.unit_pool[name].to_pylist(), name
+    np.testing.assert_allclose(stored.unit_pool["prerank_score"].to_numpy(),
+                               on_the_fly.unit_pool["prerank_score"].to_numpy(), atol=1e-5)
+    assert stored.candidates["passage_id"].to_pylist() == on_the_fly.candidates["passage_id"].to_pylist()
+    assert stored.passage_scores.keys() == on_the_fly.passage_scores.keys()
+    for key, s in on_the_fly.passage_scores.items():
+        assert stored.passage_scores[key] == pytest.approx(s, abs=1e-5)
+    with pytest.raises(ValueError, match="unit_scoring='maxp'"):
+        build_candidates(mini["questions"], mini["index"], mini["members_of"], SEG, WhitespaceCounter(), model, tok,
+                         CandidatesConfig(n_clusters=3, n_units=2, unit_scoring="first"), index=index)
+    partial = build_embedding_index(mini["passages"].slice(1), model, tok, "digest-a")[0]
+    with pytest.raises(KeyError, match="not in the embedding index"):
+        build_candidates(mini["questions"], mini["index"], mini["members_of"], SEG, WhitespaceCounter(), model, tok,
+                         cfg, index=partial)

@@ -28,7 +28,7 @@ from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from models.preranker import score_grouped
 from tasks.funnel.embeddings import passage_text
 from tasks.funnel.questions import AnswerMatcher, dpr_tokens
-from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores
+from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores, stored_maxp_pool_scores
 from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ def _units_table(segments: dict[int, ClusterSegments]) -> pa.Table:
 
 
 def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, seg_cfg: SegmentConfig,
-                     token_counter, model, tokenizer, cfg: CandidatesConfig = CandidatesConfig()) -> CandidateSet:
+                     token_counter, model, tokenizer, cfg: CandidatesConfig = CandidatesConfig(),
+                     index=None) -> CandidateSet:
     """Run the funnel for every question.
 
     Parameters
@@ -110,6 +111,10 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     seg_cfg, token_counter : the corpus build's segmentation config and its token counter.
     model, tokenizer : the pre-ranker (:mod:`models.preranker`).
     cfg : CandidatesConfig
+    index : optional :class:`tasks.funnel.embeddings.EmbeddingIndex` of ``model``'s weights over
+        this corpus (checked by the caller): with ``unit_scoring="maxp"``, passage vectors are read
+        from it instead of computed (:func:`tasks.funnel.unit_scoring.stored_maxp_pool_scores`;
+        same ranking up to float rounding).
 
     Returns
     -------
@@ -120,8 +125,12 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     Raises
     ------
     ValueError
-        The index returns an id that is not an integer cluster id.
+        The index returns an id that is not an integer cluster id, or ``index`` is given with
+        ``unit_scoring="first"`` (stored vectors are passage vectors).
     """
+    if index is not None and cfg.unit_scoring != "maxp":
+        raise ValueError("stored passage vectors (index=...) need unit_scoring='maxp', "
+                         f"got {cfg.unit_scoring!r}")
     timings: dict[str, float] = {}
     qids = questions["question_id"].to_pylist()
     texts = questions["question"].to_pylist()
@@ -161,8 +170,12 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     passage_scores: dict[tuple[str, str], float] = {}
     if cfg.unit_scoring == "maxp":
         passages_of = {uid: [(p.passage_id, passage_text(p.title, p.text)) for p in units[uid].passages] for uid in units}
-        scores, by_qi = maxp_pool_scores(model, tokenizer, texts, [(qi, uid) for qi, _, _, _, uid in pool],
-                                         passages_of, cfg.batch_size)                   # (n_pool,)
+        rows = [(qi, uid) for qi, _, _, _, uid in pool]
+        if index is not None:
+            scores, by_qi = stored_maxp_pool_scores(model, tokenizer, texts, rows, passages_of, index,
+                                                    cfg.batch_size)                    # (n_pool,)
+        else:
+            scores, by_qi = maxp_pool_scores(model, tokenizer, texts, rows, passages_of, cfg.batch_size)
         passage_scores = {(qids[qi], pid): s for (qi, pid), s in by_qi.items()}
     else:
         scores = score_grouped(model, tokenizer, texts, [units[u].text for u in unit_order],

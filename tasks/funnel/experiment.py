@@ -61,6 +61,17 @@ class ExperimentConfig:
         on which Eq. 3 post-ranking is compared with pre-ranker passage order.
     l2g_top_k : 𝒦 of the L2G labels (Eq. 5); the answer-only row uses 𝒦 = 0.
     n_bootstrap, bootstrap_seed : bootstrap resamples of the held-out questions.
+    train_vectors : ``"computed"`` — the train split runs the same funnel as the held-out one;
+        ``"stored"`` — its pre-ranking reads the passage vectors of the published embedding index
+        (``funnelrag embed-corpus``) of ``train_preranker`` with ``train_candidates`` (MaxP unit
+        scoring): ~15 ms per question instead of ~1.75 s, so every train-split question can give
+        distillation pairs. The held-out pool, and every row of the table, are unaffected.
+    train_candidates, train_preranker : funnel sizes and pre-ranker of the train split (None: the
+        held-out ones).
+    distill_answerable : distil on train questions whose top-N units hold an answer only (the
+        questions that give answer-only pairs; L2G's attention-only questions are then left out).
+    n_reader_dev : held-out questions (first in id order) whose flat BM25 reader input (built like
+        the reader's training input) measures reader EM per checkpoint.
     """
 
     split: QuestionsConfig = QuestionsConfig(dev_fraction=0.2, seed=0)
@@ -87,6 +98,17 @@ class ExperimentConfig:
     recall_at: tuple[int, ...] = (1, 2, 3, 4)
     n_bootstrap: int = 1000
     bootstrap_seed: int = 0
+    train_vectors: str = "computed"
+    train_candidates: CandidatesConfig | None = None
+    train_preranker: PreRankerConfig | None = None
+    n_reader_dev: int | None = 400
+    distill_answerable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.train_vectors not in ("computed", "stored"):
+            raise ValueError(f"train_vectors must be 'computed' or 'stored', got {self.train_vectors!r}")
+        if self.train_vectors == "stored" and (self.train_candidates or self.candidates).unit_scoring != "maxp":
+            raise ValueError("train_vectors='stored' reads passage vectors: train_candidates.unit_scoring must be 'maxp'")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ExperimentConfig":
@@ -95,7 +117,7 @@ class ExperimentConfig:
 
         d = dict(d)
         sub = {"split": QuestionsConfig, "candidates": CandidatesConfig, "preranker": PreRankerConfig,
-               "attention": AttentionScoreConfig, "attention_run": AttentionRunConfig, "distill": DistillConfig}
+               "train_candidates": CandidatesConfig, "train_preranker": PreRankerConfig, "attention": AttentionScoreConfig, "attention_run": AttentionRunConfig, "distill": DistillConfig}
         out: dict[str, Any] = {k: sub[k](**v) for k, v in d.items() if k in sub}
         if "distill_train" in d:
             out["distill_train"] = TrainConfig(**{"output_dir": "", **d["distill_train"]})
@@ -207,12 +229,15 @@ class Experiment:
         from funnelrag.workspace import Workspace  # noqa: PLC0415
 
         self.cfg, self.mirror, self.questions_file = cfg, mirror, Path(questions_file)
+        self.corpus_name = corpus
+        self.keys: dict[str, str] = {}   # step name -> its cache key (run directories are named by it)
         self.ws = Workspace(home)
         self.corpus = open_corpus(self.ws, corpus)
         self.cache = StageCache(self.ws.cache_dir / "experiment")
 
     def step(self, name: str, config: Any, inputs: dict[str, str], build) -> StageResult:
         key = StageCache.key(name, VERSION, config, inputs)
+        self.keys[name] = key
         result = self.cache.run(name, key, lambda out: build(out, key))
         log.info("step %-16s %s %s", name, "cache hit" if result.cache_hit else "built", key[:12])
         return result
@@ -224,28 +249,36 @@ class Experiment:
                          lambda out, _: S.run_questions([self.questions_file], self.cfg.split, out))
 
     def candidates(self, questions: StageResult, split: str) -> StageResult:
+        """Funnel candidates of one split (``train``: :attr:`ExperimentConfig.train_vectors`)."""
         from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
         from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
 
-        limit = self.cfg.n_train if split == "train" else self.cfg.n_heldout
+        c = self.cfg
+        limit = c.n_train if split == "train" else c.n_heldout
+        stored = split == "train" and c.train_vectors == "stored"
+        cand_cfg = (c.train_candidates or c.candidates) if split == "train" else c.candidates
+        pre_cfg = (c.train_preranker or c.preranker) if split == "train" else c.preranker
         seg_cfg = SegmentConfig(**self.corpus.manifest["config"]["segment"])
-        key_cfg = {"split": split, "limit": limit, "candidates": self.cfg.candidates,
-                   "preranker": self.cfg.preranker, "segment": seg_cfg}
+        key_cfg = {"split": split, "limit": limit, "candidates": cand_cfg, "preranker": pre_cfg, "segment": seg_cfg,
+                   **({"vectors": "stored"} if stored else {})}
         inputs = {"questions": questions.files["questions.parquet"], "corpus": self.corpus.digest}
+        extra = {"stores_dir": self.ws.home / "stores", "corpus_name": self.corpus_name} if stored else {}
         return self.step(f"candidates_{split}", key_cfg, inputs, lambda out, _: S.run_candidates(
             questions.path, split, limit, self.corpus, seg_cfg, load_token_counter(seg_cfg.tokenizer, self.mirror),
-            self.cfg.preranker, self.cfg.candidates, out))
+            pre_cfg, cand_cfg, out, **extra))
 
     def subset(self, name: str, stage: StageResult, ids: set[str]) -> StageResult:
         inputs = {"stage": stage.digest, "ids": json.dumps(sorted(ids))}
         return self.step(name, {}, inputs, lambda out, _: subset(stage.path, ids, out))
 
-    def reader_data(self, questions: StageResult) -> StageResult:
-        """Reader input of the train-split questions (:func:`bm25_passage_candidates`)."""
+    def reader_data(self, questions: StageResult, split: str = "train") -> StageResult:
+        """Flat-BM25 reader input (:func:`bm25_passage_candidates`) of the train-split questions
+        (``n_reader``), or of the first ``n_reader_dev`` held-out ones (``split="dev"``)."""
         r, c = self.cfg.reader, self.cfg
+        limit = c.n_reader if split == "train" else c.n_reader_dev
 
         def build(out: Path, _key: str) -> dict[str, Any]:
-            qs = S.select_questions(QUESTIONS.read(questions.path), "train", c.n_reader)
+            qs = S.select_questions(QUESTIONS.read(questions.path), split, limit)
             cands = bm25_passage_candidates(self.corpus, qs, r.n_passages, c.reader_search_k)
             keep = pa.array(sorted(set(cands["question_id"].to_pylist())), pa.string())
             CANDIDATES.write(cands, out)
@@ -253,16 +286,50 @@ class Experiment:
             return {"questions": qs.num_rows, "with_answer": len(keep)}
 
         inputs = {"questions": questions.files["questions.parquet"], "corpus": self.corpus.digest}
-        key_cfg = {"n_reader": c.n_reader, "n_passages": r.n_passages, "search_k": c.reader_search_k}
-        return self.step("reader_data", key_cfg, inputs, build)
+        key_cfg = {"n_reader": limit, "n_passages": r.n_passages, "search_k": c.reader_search_k,
+                   **({"split": split} if split != "train" else {})}
+        return self.step("reader_data" if split == "train" else "reader_dev_data", key_cfg, inputs, build)
 
     def reader(self, questions: StageResult) -> tuple[StageResult, StageResult]:
-        """Reader data (:meth:`reader_data`) and the trained reader."""
+        """Reader data (:meth:`reader_data`) and the trained reader (checkpoints in its run directory)."""
         r = self.cfg.reader
         data = self.reader_data(questions)
         key_cfg = asdict(r)
         return data, self.step("reader", key_cfg, {"data": data.digest}, lambda out, key: S.run_reader(
-            data.path, r, self.ws.run_dir("experiment-reader", key[:16]), out))
+            data.path, r, self.reader_run_dir(key), out))
+
+    def reader_run_dir(self, key: str) -> Path:
+        return self.ws.run_dir("experiment-reader", key[:16])
+
+    def reader_curve(self, questions: StageResult, reader: StageResult) -> StageResult:
+        """Held-out EM of every kept checkpoint of the reader run (:meth:`reader_data`, ``dev``):
+        the learning curve, ``curve.json`` = ``[{step, epoch, em, per_question}]``."""
+        from tasks.funnel.reader import reader_from_checkpoint  # noqa: PLC0415
+        from funnelrag.training import checkpoint_dirs  # noqa: PLC0415
+
+        dev = self.reader_data(questions, "dev")
+        run_dir = self.reader_run_dir(self.keys["reader"])
+        r = self.cfg.reader
+
+        def build(out: Path, _key: str) -> dict[str, Any]:
+            import tempfile  # noqa: PLC0415
+
+            kept = QUESTIONS.read(self.reader_data(questions).path).num_rows
+            steps_per_epoch = -(-kept // r.train.batch_size)
+            curve = []
+            for ckpt in checkpoint_dirs(run_dir):
+                step = int(ckpt.name.split("_")[1])
+                with tempfile.TemporaryDirectory(dir=out) as tmp:
+                    reader_dir = reader_from_checkpoint(ckpt, r, Path(tmp) / "reader")
+                    preds, summary = S.evaluate_reader(dev.path, reader_dir)
+                curve.append({"step": step, "epoch": round(step / steps_per_epoch, 2), "em": summary["em"],
+                              "per_question": [int(x) for x in preds["exact_match"].to_pylist()]})
+                log.info("reader checkpoint step %d: held-out EM %.3f", step, summary["em"])
+            (out / "curve.json").write_text(json.dumps(curve))
+            return {"checkpoints": len(curve), "questions": QUESTIONS.read(dev.path).num_rows,
+                    "em": {c["step"]: c["em"] for c in curve}}
+
+        return self.step("reader_curve", {}, {"reader": reader.digest, "dev": dev.digest}, build)
 
     def reader_eval(self, heldout: StageResult, reader: StageResult) -> StageResult:
         """Reader EM on the held-out questions whose reader input holds an answer."""
@@ -276,6 +343,11 @@ class Experiment:
             data.path, reader.path, self.cfg.attention, self.cfg.attention_run, out))
 
     def distill_data(self, train: StageResult) -> StageResult:
+        """The first ``n_distill`` train questions (id order), or with ``distill_answerable`` the
+        first ``n_distill`` of those whose top-N units hold an answer."""
+        if self.cfg.distill_answerable:
+            ids = set(sorted(answerable(train.path, None))[: self.cfg.n_distill])
+            return self.subset("distill_data_answerable", train, ids)
         return self.subset("distill_data", train, first_questions(train.path, self.cfg.n_distill))
 
     def labels(self, name: str, data: StageResult, attention: StageResult | None) -> StageResult:
@@ -348,6 +420,8 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
         done["answer_only"] = exp.distill("distill_answer_only", data, exp.labels("labels_answer_only", data, None))
     if {"reader", "l2g", "postrank", "report"} & set(parts):
         reader_data, done["reader"] = exp.reader(q)
+    if {"reader", "report"} & set(parts):
+        done["reader_curve"] = exp.reader_curve(q, done["reader"])
     if {"l2g", "report"} & set(parts):
         att = exp.attention("attention_distill", data, done["reader"])
         done["l2g"] = exp.distill("distill_l2g", data, exp.labels("labels_l2g", data, att))
@@ -359,6 +433,10 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     texts, figures = [], {}
     if "answer_only" in done:
         t, f = distillation_report(exp, heldout, done)
+        texts.append(t)
+        figures.update(f)
+    if "reader_curve" in done:
+        t, f = reader_curve_report(exp, done)
         texts.append(t)
         figures.update(f)
     if {"postrank", "reader_eval"} <= set(done):
@@ -391,6 +469,30 @@ def distillation_report(exp: Experiment, heldout: StageResult, done: dict[str, S
                                rows, idx, baseline="before distillation")
     return text, {"preranker": fig, "n_heldout": len(qids), "heldout_digest": question_set_digest(qids),
                   **{n: done[n].summary for n in ("answer_only", "l2g") if n in done}}
+
+
+def reader_curve_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
+    """The reader's learning curve: training loss (mean over the steps up to each checkpoint
+    since the previous one) and held-out EM with its 95% bootstrap interval per checkpoint."""
+    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
+
+    c = exp.cfg
+    curve = json.loads((done["reader_curve"].path / "curve.json").read_text())
+    losses = json.loads((done["reader"].path / "losses.json").read_text())
+    n = len(curve[0]["per_question"]) if curve else 0
+    idx = E.bootstrap_indices(n, c.n_bootstrap, c.bootstrap_seed) if n else None
+    lines = [f"Reader ({c.reader.fid.kind}) learning curve: held-out EM (%) on {n} dev-split questions whose flat "
+             f"BM25 top {c.reader_search_k} holds an answer (reader input built like the training input), 95% "
+             "bootstrap intervals", "", "| step | epoch | train loss (since previous) | held-out EM |", "|---|---|---|---|"]
+    rows, prev = [], 0
+    for point in curve:
+        window = losses[prev:point["step"]]
+        loss = sum(window) / len(window) if window else float("nan")
+        em = E.interval(np.asarray(point["per_question"], float), idx)
+        lines.append(f"| {point['step']} | {point['epoch']} | {loss:.3f} | {E.fmt(em)} |")
+        rows.append({"step": point["step"], "epoch": point["epoch"], "train_loss": loss, "em": em})
+        prev = point["step"]
+    return "\n".join(lines), {"reader_curve": rows}
 
 
 def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:

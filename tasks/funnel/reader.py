@@ -242,3 +242,34 @@ def load_reader(model_dir: str | Path) -> tuple[torch.nn.Module, object, ReaderT
     model, tokenizer = build_reader(cfg.fid)
     model.eval()
     return model, tokenizer, cfg
+
+
+def reader_from_checkpoint(checkpoint_dir: str | Path, cfg: ReaderTrainConfig, out_dir: Path) -> Path:
+    """A saved reader (:func:`save_reader` layout) with the weights of a training checkpoint of
+    :func:`train_reader` (``<output_dir>/checkpoints/step_N``), e.g. to measure a learning curve.
+
+    Parameters
+    ----------
+    checkpoint_dir : a complete checkpoint directory (``model.safetensors`` of the FiD module).
+    cfg : the run's ReaderTrainConfig (builds the module the weights belong to).
+    out_dir : where the reader is written (atomically).
+
+    Raises
+    ------
+    FileNotFoundError
+        The checkpoint has no ``model.safetensors``.
+    RuntimeError
+        The weights do not fit the module (a key missing other than a tied one, or unexpected).
+    """
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    weights = Path(checkpoint_dir) / "model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"{weights} not found: not a complete reader checkpoint")
+    model, tokenizer = build_reader(cfg.fid)
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    tied = {name for name, p in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"{weights}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+    model.eval()
+    return save_reader(model, tokenizer, cfg, Path(out_dir))

@@ -80,3 +80,54 @@ def maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Sequence[
     pids = list(p_row)
     passage_scores = {(qi, pids[j]): float(s) for (qi, j), s in zip(pairs, scores)}
     return unit_scores, passage_scores
+
+
+def stored_maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Sequence[tuple[int, str]],
+                            passages_of: dict[str, list[tuple[str, str]]], index, batch_size: int = 32
+                            ) -> tuple[np.ndarray, dict[tuple[int, str], float]]:
+    """:func:`maxp_pool_scores` of a bi-encoder with the passage vectors read from an embedding
+    index: ``f(q, p) = E(q) · E(p)`` (FunnelRAG Eq. 1), ``E(q)`` computed once per question,
+    ``E(p)`` the stored row of passage ``p``; a unit scores the max over its passages (MaxP).
+
+    Costs one question encoding (~10 ms on CPU) plus dot products per question, instead of a
+    transformer pass over every passage of every pool unit (seconds per question on CPU).
+
+    Parameters
+    ----------
+    model, tokenizer : the bi-encoder pre-ranker whose weights built ``index`` (the caller checks
+        the model version with :meth:`tasks.funnel.embeddings.EmbeddingIndex.check`).
+    questions, pool, passages_of, batch_size : as :func:`maxp_pool_scores` (texts are unused).
+    index : :class:`tasks.funnel.embeddings.EmbeddingIndex` of the corpus the units come from.
+
+    Returns
+    -------
+    unit_scores : float32 ``(len(pool),)``.
+    passage_scores : ``{(question index, passage_id): f(q, p)}``.
+
+    Raises
+    ------
+    ValueError
+        A pool unit has no passages.
+    KeyError
+        A passage of a pool unit is not in the embedding index (names it).
+    """
+    from tasks.funnel.embeddings import embed_texts  # noqa: PLC0415
+
+    row_of = index.row_of()
+    rows_of: dict[str, np.ndarray] = {}
+    for uid in sorted({u for _, u in pool}):
+        if not passages_of.get(uid):
+            raise ValueError(f"unit {uid!r} has no passages to score")
+        try:
+            rows_of[uid] = np.asarray([row_of[pid] for pid, _ in passages_of[uid]], np.int64)
+        except KeyError as exc:
+            raise KeyError(f"passage {exc.args[0]!r} of unit {uid!r} is not in the embedding index") from exc
+    qvec = embed_texts(model, tokenizer, list(questions), batch_size)          # (n_questions, dim)
+    unit_scores = np.zeros(len(pool), np.float32)
+    passage_scores: dict[tuple[int, str], float] = {}
+    for r, (qi, uid) in enumerate(pool):
+        s = index.vectors[rows_of[uid]] @ qvec[qi]                              # (n_passages_of_unit,)
+        unit_scores[r] = s.max()
+        for (pid, _), v in zip(passages_of[uid], s.tolist()):
+            passage_scores[(qi, pid)] = v
+    return unit_scores, passage_scores
