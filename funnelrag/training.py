@@ -47,6 +47,7 @@ import logging
 import math
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -236,6 +237,8 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
         (seed, batch size, accumulation, LR settings, data size or number of processes).
     RuntimeError
         Launched as several processes but accelerate sees one (CPU without ``cpu=True``).
+    RunDirLocked
+        Another live process is training into ``cfg.output_dir`` (:func:`run_dir_lock`).
     """
     from accelerate import Accelerator  # noqa: PLC0415 - heavy import kept off module import
     from accelerate.state import AcceleratorState  # noqa: PLC0415
@@ -254,11 +257,47 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
             raise RuntimeError(f"launched as {launched} processes but accelerate sees 1 (every rank would "
                                "train alone as rank 0); on a CPU-only machine set TrainConfig(cpu=True) or "
                                "ACCELERATE_USE_CPU=1 (accelerate runs DeepSpeed on GPUs only)")
-        return _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_seed)
+        with run_dir_lock(Path(cfg.output_dir), accelerator.is_main_process):
+            return _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_seed)
     finally:
         accelerator.free_memory()
         # Leave no global accelerate state behind (another run may use other precision).
         AcceleratorState._reset_state(reset_partial_state=False)
+
+
+class RunDirLocked(RuntimeError):
+    """Another process holds the run directory's training lock."""
+
+
+@contextmanager
+def run_dir_lock(output_dir: Path, enabled: bool = True):
+    """Exclusive, non-blocking ``flock`` on ``output_dir/.train.lock`` for the duration of a run.
+
+    Two processes training into one run directory would interleave their checkpoints (each
+    resumes from the other's); the second one is refused instead. The lock is released when the
+    holder exits, killed or not (the kernel drops ``flock`` locks with the file descriptor), so a
+    killed run never blocks its resumption. Only the main process of a multi-process run locks.
+
+    Raises
+    ------
+    RunDirLocked
+        The lock is held by another live process (names the directory).
+    """
+    if not enabled:
+        yield
+        return
+    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of the run-directory handling
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(output_dir / ".train.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise RunDirLocked(f"{output_dir}: another process is training into this run directory") from exc
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_seed) -> TrainResult:

@@ -62,3 +62,37 @@ def test_bootstrap_interval_contains_the_mean_and_paired_difference_of_equal_row
     assert mean == pytest.approx(0.3) and lo < 0.3 < hi and hi - lo == pytest.approx(0.18, abs=0.05)
     text, figures = recall_table("t", {"a": {1: values}, "b": {1: values}}, idx, baseline="a")
     assert figures["b"]["diff@1"] == (0.0, 0.0, 0.0) and "minus a" in text
+
+
+def test_experiment_config_reads_the_shipped_yaml_and_refuses_stored_vectors_without_maxp():
+    from pathlib import Path
+
+    import yaml
+
+    from tasks.funnel.experiment import ExperimentConfig
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = ExperimentConfig.from_dict(yaml.safe_load((root / "configs/distillation_experiment_cpu.yaml").read_text()))
+    assert cfg.train_vectors == "stored" and cfg.train_candidates.unit_scoring == "maxp"
+    assert cfg.candidates.unit_scoring == "first"             # the held-out pool: the rows' common input
+    assert cfg.train_preranker.max_length == 256 and cfg.preranker.max_length == 128
+    assert cfg.reader.fid.kind == "minilm-bert2bert" and cfg.reader.train.keep_checkpoints >= cfg.reader.train.epochs
+    with pytest.raises(ValueError, match="unit_scoring must be 'maxp'"):
+        ExperimentConfig.from_dict({"train_vectors": "stored"})
+    with pytest.raises(ValueError, match="train_vectors"):
+        ExperimentConfig.from_dict({"train_vectors": "cached"})
+
+
+def test_answerable_counts_answer_passages_within_the_reader_input(tmp_path):
+    from tasks.funnel.experiment import answerable
+
+    rows = []
+    for q, hits in (("q1", [False, False, True]), ("q2", [True, False, False]), ("q3", [False, False, False])):
+        for pos, hit in enumerate(hits):
+            rows.append({"question_id": q, "cluster_id": 1, "bm25_score": 1.0, "unit_id": "c0000001.u000",
+                         "unit_rank": 0, "prerank_score": 0.0, "unit_has_answer": any(hits),
+                         "passage_id": f"c0000001.u000.p{pos:03d}", "passage_position": pos, "title": "t",
+                         "text": "x", "has_answer": hit})
+    CANDIDATES.write(pa.Table.from_pylist(rows, schema=CANDIDATES.schema), tmp_path)
+    assert answerable(tmp_path, None) == {"q1", "q2"}
+    assert answerable(tmp_path, 2) == {"q2"}

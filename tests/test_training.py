@@ -187,3 +187,33 @@ def test_bf16_trains_on_cpu_and_leaves_an_fp32_model(tmp_path):
     manual = torch.relu(x @ lin1.weight.T + lin1.bias) @ lin2.weight.T + lin2.bias
     with torch.no_grad():
         torch.testing.assert_close(model(x), manual)  # no autocast left on the returned model
+
+
+def test_a_second_process_training_into_the_same_run_directory_is_refused(tmp_path):
+    """The lock is held while a run trains; a crashed run's lock is gone, so it resumes."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from funnelrag.training import RunDirLocked, run_dir_lock
+
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from funnelrag.training import run_dir_lock
+        with run_dir_lock(Path({str(tmp_path)!r})):
+            print("locked", flush=True)
+            sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirLocked, match=str(tmp_path)):
+            train(_model(), _data(), RegressionHooks(), _cfg(tmp_path, checkpoint_every=5))
+        assert checkpoint_dirs(tmp_path) == []
+    finally:
+        holder.kill()                                     # killed, not released: the kernel drops the lock
+        holder.wait()
+    result = train(_model(), _data(), RegressionHooks(), _cfg(tmp_path, checkpoint_every=5))
+    assert result.global_step == 12
+    with run_dir_lock(tmp_path):                          # released after the run
+        pass

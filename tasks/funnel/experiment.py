@@ -416,7 +416,7 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
         heldout = exp.candidates(q, "dev")
     if {"candidates", "answer_only", "l2g", "report"} & set(parts):
         data = exp.distill_data(exp.candidates(q, "train"))
-    if {"answer_only", "l2g", "report"} & set(parts):
+    if {"answer_only", "report"} & set(parts):
         done["answer_only"] = exp.distill("distill_answer_only", data, exp.labels("labels_answer_only", data, None))
     if {"reader", "l2g", "postrank", "report"} & set(parts):
         reader_data, done["reader"] = exp.reader(q)
