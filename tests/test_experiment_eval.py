@@ -77,6 +77,11 @@ def test_experiment_config_reads_the_shipped_yaml_and_refuses_stored_vectors_wit
     assert cfg.candidates.unit_scoring == "first"             # the held-out pool: the rows' common input
     assert cfg.train_preranker.max_length == 256 and cfg.preranker.max_length == 128
     assert cfg.reader.fid.kind == "minilm-bert2bert" and cfg.reader.train.keep_checkpoints >= cfg.reader.train.epochs
+    from funnelrag.config import deep_merge, parse_overrides
+
+    raw = yaml.safe_load((root / "configs/distillation_experiment_cpu.yaml").read_text())
+    one = ExperimentConfig.from_dict(deep_merge(raw, parse_overrides(["distill.epochs=1"])))   # what --set does
+    assert one.distill.epochs == 1 and one.distill.score_scale == cfg.distill.score_scale and one.reader == cfg.reader
     with pytest.raises(ValueError, match="unit_scoring must be 'maxp'"):
         ExperimentConfig.from_dict({"train_vectors": "stored"})
     with pytest.raises(ValueError, match="train_vectors"):

@@ -522,7 +522,7 @@ def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tasks.funnel.experiment --config C [--home H] [--parts reader,answer_only]``."""
+    """``python -m tasks.funnel.experiment --config C [--home H] [--parts reader,answer_only] [--set k=v]``."""
     import argparse  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
@@ -536,10 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mirror", type=Path, default=Path("../shared/data"))
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config field, dotted keys, YAML values (e.g. --set distill.epochs=1)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
-    cfg = ExperimentConfig.from_dict(yaml.safe_load(args.config.read_text()) or {}) if args.config else ExperimentConfig()
+    from funnelrag.config import deep_merge, parse_overrides  # noqa: PLC0415
+
+    raw = (yaml.safe_load(args.config.read_text()) or {}) if args.config else {}
+    cfg = ExperimentConfig.from_dict(deep_merge(raw, parse_overrides(args.overrides)))
     mirror = args.mirror.resolve()
     exp = Experiment(cfg, args.home, datasets.resolve("nq-open-dev", mirror), mirror)
     result = run(exp, tuple(p for p in args.parts.split(",") if p))
