@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, bm25_from_token_ids, tokenize_ids
 from tasks.corpus.shards import cluster_ranges, ordered_results, put_cached
 
 CLUSTER_TOKENS_VERSION = "1"
@@ -144,8 +144,6 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     shard's texts are unchanged. Returns the index and a summary: shard counts, reuse, seconds of
     the tokenization shards and of the coordinator's merge + bm25s index.
     """
-    import bm25s  # noqa: PLC0415
-
     t0 = time.perf_counter()
     cids = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id"]).column("cluster_id")
     ranges = cluster_ranges(np.sort(cids.to_numpy()), docs_per_shard)
@@ -176,9 +174,7 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
         raise ValueError(f"cluster index: {len(doc_ids)} clusters but {len(tokens)} token id lists")
     if len(set(doc_ids)) != len(doc_ids):
         raise ValueError("cluster index: cluster ids are not unique")
-    retriever = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
-    retriever.index(tokens.tokenized(), show_progress=False)
-    index = BM25Index(retriever, doc_ids, cfg)
+    index = BM25Index(bm25_from_token_ids(tokens, cfg), doc_ids, cfg)
     return index, {"cluster_token_shards": len(ranges), "cluster_token_shards_built": len(ranges) - reused,
                    "cluster_token_shards_reused": reused, "cluster_tokens": int(token_ids.size),
                    "cluster_vocabulary": len(terms), "cluster_tokenize_seconds": t1 - t0,

@@ -155,6 +155,62 @@ class _IdLists(abc.Sequence):
             yield self.ids[a:b].tolist()
 
 
+def bm25_from_token_ids(tokens: TokenIds, cfg: BM25Config, chunk_tokens: int = 1 << 24):
+    """``bm25s.BM25(k1, b, method).index(tokens)`` computed with NumPy over the flat arrays: the
+    same retriever (same ``data``/``indices``/``indptr``/vocabulary, so the same saved bytes) as
+    indexing :func:`tokenize_ids`' lists, without bm25s's per-document Python loops (``Counter`` and
+    set intersections per text) and without the lists.
+
+    Per-document term frequencies come from ``np.unique`` over ``(doc, term)`` keys, ``chunk_tokens``
+    tokens at a time; the scores use bm25s's own operations in its order and precision (float64
+    term-frequency component, float32 idf from its idf function, a float32 result) and its CSC
+    builder. Methods ``lucene`` and ``robertson`` (bm25s's numpy CSC backend); any other method is
+    indexed by bm25s itself. Memory: the ``(doc, term, tf)`` triples of the index (12 bytes each)
+    and bm25s's CSC sort, plus one chunk's keys.
+    """
+    import bm25s  # noqa: PLC0415
+    from bm25s.scoring import _build_idf_array, _select_idf_scorer  # noqa: PLC0415
+
+    class FlatIdsBM25(bm25s.BM25):
+        def build_index_from_ids(self, unique_token_ids, corpus_token_ids, show_progress=True, leave_progress=False):
+            if not isinstance(corpus_token_ids, _IdLists) or self.method not in ("lucene", "robertson") \
+                    or self.csc_backend != "numpy":
+                return super().build_index_from_ids(unique_token_ids, corpus_token_ids, show_progress, leave_progress)
+            ids, offsets = corpus_token_ids.ids, corpus_token_ids.offsets
+            n_docs, n_vocab = offsets.size - 1, len(unique_token_ids)
+            lengths = np.diff(offsets)
+            avg_doc_len = lengths.mean()                                  # as bm25s: mean of the int lengths
+            rows, cols, tfs = [], [], []
+            lo = 0
+            while lo < n_docs:                                            # documents [lo, hi): about chunk_tokens tokens
+                hi = max(lo + 1, int(np.searchsorted(offsets, offsets[lo] + chunk_tokens, side="right")) - 1)
+                hi = min(hi, n_docs)
+                doc = np.repeat(np.arange(hi - lo, dtype=np.int64), lengths[lo:hi])
+                keys, tf = np.unique(doc * n_vocab + ids[offsets[lo]:offsets[hi]], return_counts=True)
+                rows.append((keys // n_vocab + lo).astype(self.int_dtype))
+                cols.append((keys % n_vocab).astype(self.int_dtype))
+                tfs.append(tf.astype(self.dtype))
+                lo = hi
+            rows, cols, tf = (np.concatenate(a) if a else np.zeros(0, t) for a, t in
+                              ((rows, self.int_dtype), (cols, self.int_dtype), (tfs, self.dtype)))
+            df = np.bincount(cols, minlength=n_vocab)
+            idf = _build_idf_array(doc_frequencies=dict(enumerate(df.tolist())), n_docs=n_docs,
+                                   compute_idf_fn=_select_idf_scorer(self.idf_method), dtype=self.dtype)
+            # bm25s (_score_tfc_robertson with a Python int l_d): tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf)
+            l_d = lengths[rows]
+            tfc = tf / (self.k1 * ((1 - self.b) + self.b * l_d / avg_doc_len) + tf)
+            del l_d
+            scores = (idf[cols] * tfc).astype(self.dtype)
+            del tfc
+            data, indices, indptr = self._np_csc(data=scores, rows=rows, cols=cols, shape=(n_docs, n_vocab))
+            self.nonoccurrence_array = None
+            return {"data": data.astype(self.dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
+
+    retriever = FlatIdsBM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
+    retriever.index(tokens.tokenized(), show_progress=False)
+    return retriever
+
+
 class BM25Index:
     """A bm25s retriever plus the tokenizer settings and external ids it was built with."""
 
