@@ -9,8 +9,8 @@ Each run is a fresh process (so ``ru_maxrss`` is that run's own); workers come f
 per-shard ones — ingest pieces, token shards, segment cluster ranges, and with
 ``--passage-shards N`` > 1 the passage index shards, and the cluster index's tokenization by cluster
 ranges of ``--docs-per-shard`` documents — through a fresh pool per stage) with seconds
-per stage, the coordinator's peak RSS so far after each stage and during that stage alone (Linux
-``VmHWM``, reset before the stage), and the largest worker's peak RSS so far.
+per stage, the coordinator's peak RSS during that stage (Linux ``VmHWM``, reset before each stage —
+which resets ``ru_maxrss`` too; elsewhere the peak so far) and the largest worker's peak RSS so far.
 
 Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100] [--stages]
 [--docs-per-shard 20000] [--passage-shards 1] [--keep DIR]``.
@@ -91,8 +91,7 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
             summary = call(pool.submit)
         kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         rows[name] = {"seconds": time.perf_counter() - t0,
-                      "coordinator_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "coordinator_stage_peak_rss_mb": _stage_peak_rss_mb(),
+                      "coordinator_peak_rss_mb": _stage_peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "worker_peak_rss_mb_so_far": kids,
                       **{k: summary[k] for k in ("documents", "passages", "clusters", "uncompressed_bytes", "shards",
                                                  "passage_shards", "cluster_token_shards", "cluster_index_seconds",
