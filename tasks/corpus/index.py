@@ -155,7 +155,7 @@ class _IdLists(abc.Sequence):
             yield self.ids[a:b].tolist()
 
 
-def bm25_from_token_ids(tokens: TokenIds, cfg: BM25Config, chunk_tokens: int = 1 << 24):
+def bm25_from_token_ids(tokens: TokenIds, cfg: BM25Config, chunk_tokens: int = 1 << 22):
     """``bm25s.BM25(k1, b, method).index(tokens)`` computed with NumPy over the flat arrays: the
     same retriever (same ``data``/``indices``/``indptr``/vocabulary, so the same saved bytes) as
     indexing :func:`tokenize_ids`' lists, without bm25s's per-document Python loops (``Counter`` and
@@ -165,8 +165,9 @@ def bm25_from_token_ids(tokens: TokenIds, cfg: BM25Config, chunk_tokens: int = 1
     tokens at a time; the scores use bm25s's own operations in its order and precision (float64
     term-frequency component, float32 idf from its idf function, a float32 result) and its CSC
     builder. Methods ``lucene`` and ``robertson`` (bm25s's numpy CSC backend); any other method is
-    indexed by bm25s itself. Memory: the ``(doc, term, tf)`` triples of the index (12 bytes each)
-    and bm25s's CSC sort, plus one chunk's keys.
+    indexed by bm25s itself. Memory besides the token ids: the ``(doc, term, tf)`` triples of the
+    index (12 bytes each), one float64 per triple for the scores, then bm25s's CSC sort (~24 bytes a
+    triple), plus one chunk's keys (~16 bytes a token of the chunk).
     """
     import bm25s  # noqa: PLC0415
     from bm25s.scoring import _build_idf_array, _select_idf_scorer  # noqa: PLC0415
@@ -196,12 +197,18 @@ def bm25_from_token_ids(tokens: TokenIds, cfg: BM25Config, chunk_tokens: int = 1
             df = np.bincount(cols, minlength=n_vocab)
             idf = _build_idf_array(doc_frequencies=dict(enumerate(df.tolist())), n_docs=n_docs,
                                    compute_idf_fn=_select_idf_scorer(self.idf_method), dtype=self.dtype)
-            # bm25s (_score_tfc_robertson with a Python int l_d): tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf)
-            l_d = lengths[rows]
-            tfc = tf / (self.k1 * ((1 - self.b) + self.b * l_d / avg_doc_len) + tf)
-            del l_d
-            scores = (idf[cols] * tfc).astype(self.dtype)
-            del tfc
+            # bm25s (_score_tfc_robertson with a Python int l_d): tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf),
+            # the same float64 operations in the same order, in place in one array
+            x = lengths[rows].astype(np.float64)
+            x *= self.b
+            x /= avg_doc_len
+            x += 1 - self.b
+            x *= self.k1
+            x += tf
+            np.divide(tf, x, out=x)
+            np.multiply(idf[cols], x, out=x)                              # float32 idf * float64 tfc, as bm25s
+            scores = x.astype(self.dtype)
+            del x
             data, indices, indptr = self._np_csc(data=scores, rows=rows, cols=cols, shape=(n_docs, n_vocab))
             self.nonoccurrence_array = None
             return {"data": data.astype(self.dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
