@@ -7,12 +7,13 @@ Each run is a fresh process (so ``ru_maxrss`` is that run's own); workers come f
 
 ``--stages``: the whole build (ingest, tokens, cluster, segment, index: the pure stage cores, the
 per-shard ones — ingest pieces, token shards, segment cluster ranges, and with
-``--passage-shards N`` > 1 the passage index shards — through a fresh pool per stage) with seconds
-per stage, the coordinator's peak RSS so far after each stage and the largest worker's peak RSS of
-that stage.
+``--passage-shards N`` > 1 the passage index shards, and the cluster index's tokenization by cluster
+ranges of ``--docs-per-shard`` documents — through a fresh pool per stage) with seconds
+per stage, the coordinator's peak RSS during that stage (Linux ``VmHWM``, reset before each stage —
+which resets ``ru_maxrss`` too; elsewhere the peak so far) and the largest worker's peak RSS so far.
 
 Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100] [--stages]
-[--docs-per-shard 20000] [--passage-shards 1]``.
+[--docs-per-shard 20000] [--passage-shards 1] [--keep DIR]``.
 """
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path, **_: in
             "digests": {p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))}}
 
 
+def _stage_peak_rss_mb(reset: bool = False) -> float | None:
+    """This process's peak RSS since the last reset (Linux ``VmHWM``, reset through
+    ``/proc/self/clear_refs``); None where that is not available."""
+    try:
+        if reset:
+            Path("/proc/self/clear_refs").write_text("5")
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
+
+
 def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs_per_shard: int = 20_000,
                passage_shards: int = 1) -> dict:
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
@@ -67,19 +80,23 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
         "segment": lambda submit: run_segment_sharded(dirs["ingest"], dirs["tokens"], dirs["cluster"], dirs["segment"],
                                                       seg, mirror, submit, docs_per_shard, window=2 * workers + 2),
         "index": lambda submit: S.run_index(dirs["ingest"], dirs["cluster"], dirs["segment"], dirs["index"], BM25Config(),
-                                            passage_shards=passage_shards, submit=submit, window=2 * workers + 2),
+                                            passage_shards=passage_shards, submit=submit, window=2 * workers + 2,
+                                            docs_per_shard=docs_per_shard),
     }
     rows = {}
     for name, call in calls.items():
+        _stage_peak_rss_mb(reset=True)
         t0 = time.perf_counter()
         with ProcessPoolExecutor(workers) as pool:
             summary = call(pool.submit)
         kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         rows[name] = {"seconds": time.perf_counter() - t0,
-                      "coordinator_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "coordinator_peak_rss_mb": _stage_peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "worker_peak_rss_mb_so_far": kids,
                       **{k: summary[k] for k in ("documents", "passages", "clusters", "uncompressed_bytes", "shards",
-                                                 "passage_shards", "cluster_index_seconds", "passage_index_seconds")
+                                                 "passage_shards", "cluster_token_shards", "cluster_index_seconds",
+                                                 "cluster_tokenize_seconds", "cluster_merge_index_seconds",
+                                                 "passage_index_seconds")
                          if k in summary}}
     return {"workers": workers, "passage_shards": passage_shards, "stages": rows}
 
@@ -90,21 +107,28 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--streams-per-piece", type=int, default=100)
     ap.add_argument("--stages", action="store_true")
-    ap.add_argument("--docs-per-shard", type=int, default=20_000, help="documents per token / segment shard (--stages)")
+    ap.add_argument("--docs-per-shard", type=int, default=20_000, help="documents per token / segment / cluster-index shard (--stages)")
     ap.add_argument("--passage-shards", type=int, default=1, help="passage BM25 shards (--stages)")
+    ap.add_argument("--keep", type=Path, help="keep each run's stage directories in KEEP/workers-N (--stages)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
+        fn = stages_run if args.stages else one_run
+        kw = {"docs_per_shard": args.docs_per_shard, "passage_shards": args.passage_shards}
+        if args.keep:
+            out = args.keep / f"workers-{args.one}"
+            out.mkdir(parents=True, exist_ok=False)
+            print(json.dumps(fn(args.dump, args.one, args.streams_per_piece, out, **kw)))
+            return
         with tempfile.TemporaryDirectory(dir=args.dump.parent) as tmp:
-            fn = stages_run if args.stages else one_run
-            print(json.dumps(fn(args.dump, args.one, args.streams_per_piece, Path(tmp),
-                                docs_per_shard=args.docs_per_shard, passage_shards=args.passage_shards)))
+            print(json.dumps(fn(args.dump, args.one, args.streams_per_piece, Path(tmp), **kw)))
         return
     runs = []
     for w in args.workers:
         res = subprocess.run([sys.executable, __file__, str(args.dump), "--one", str(w), *(["--stages"] if args.stages else []),
                               "--streams-per-piece", str(args.streams_per_piece), "--docs-per-shard", str(args.docs_per_shard),
-                              "--passage-shards", str(args.passage_shards)], capture_output=True, text=True, check=True)
+                              "--passage-shards", str(args.passage_shards), *(["--keep", str(args.keep)] if args.keep else [])],
+                             capture_output=True, text=True, check=True)
         if args.stages:
             print(res.stdout.strip().splitlines()[-1], flush=True)
             continue

@@ -122,25 +122,20 @@ def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult,
         window=2 * runner.n_workers() + 2, cache_dir=cache.root / "segment-shards"))
 
 
-@stage_task("index")
-def index_task(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
-               cfg: BM25Config) -> StageResult:
-    inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
-              "passages": segment.files["passages.parquet"]}
-    return run_cached(cache, S.run_index, cfg, inputs,
-                      lambda out, _: S.run_index(ingest.path, cluster.path, segment.path, out, cfg))
-
-
 def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
                   cfg: BM25Config, layout: IndexLayout, runner: RunnerConfig) -> StageResult:
-    """The index stage with ``layout.passage_shards`` > 1 passage shards as ``corpus-shard`` tasks
-    (flow body only); shard statistics and indexes kept under the stage cache for reuse."""
+    """The index stage with its per-shard steps as ``corpus-shard`` tasks (flow body only): the
+    cluster index's tokenization by cluster ranges of ``runner.docs_per_shard`` documents, and
+    with ``layout.passage_shards`` > 1 the passage shards. Shard token ids, statistics and
+    indexes kept under the stage cache for reuse. The cache key of a one-index build is the one
+    it always had (the cluster index's bytes do not depend on the shards)."""
     inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
               "passages": segment.files["passages.parquet"]}
-    key_cfg = {"bm25": cfg, "passage_shards": layout.passage_shards}
+    key_cfg = cfg if layout.passage_shards == 1 else {"bm25": cfg, "passage_shards": layout.passage_shards}
     return run_cached(cache, S.run_index, key_cfg, inputs, lambda out, _: S.run_index(
         ingest.path, cluster.path, segment.path, out, cfg, passage_shards=layout.passage_shards,
-        submit=submitter(), window=2 * runner.n_workers() + 2, work_dir=cache.root))
+        submit=submitter(), window=2 * runner.n_workers() + 2, work_dir=cache.root,
+        docs_per_shard=runner.docs_per_shard))
 
 
 @task(name="publish", cache_policy=NO_CACHE)
@@ -232,12 +227,13 @@ def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> Non
 
 def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     """Per-shard stages: ``{"ingest_pieces": {"built", "reused"}, "token_shards": {...},
-    "segment_shards": {...}}`` of this build, plus ``passage_stats_shards`` and
+    "segment_shards": {...}, "cluster_token_shards": {...}}`` of this build, plus ``passage_stats_shards`` and
     ``passage_index_shards`` with a sharded passage index (a stage-cache hit reuses all of a
     stage's shards)."""
     pieces = stages["ingest"].summary.get("pieces", {})
     found = {"ingest_pieces": (stages["ingest"], pieces.get("built", 0), pieces.get("reused", 0))}
     for name, stage, prefix in (("token_shards", "tokens", "shards"), ("segment_shards", "segment", "shards"),
+                                ("cluster_token_shards", "index", "cluster_token_shards"),
                                 ("passage_stats_shards", "index", "passage_stats_shards"),
                                 ("passage_index_shards", "index", "passage_index_shards")):
         summary = stages[stage].summary
@@ -298,9 +294,8 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
             ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering)),
             ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
                                                 config.segment, mirror, config.runner)),
-            ("index", lambda: index_task(cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25)
-             if config.index.passage_shards == 1 else index_sharded(
-                 cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25, config.index, config.runner)),
+            ("index", lambda: index_sharded(cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25,
+                                            config.index, config.runner)),
         ):
             t0 = time.perf_counter()
             stages[name] = call()

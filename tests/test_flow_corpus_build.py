@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -122,10 +123,10 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
 # the published corpus changed: if intended, bump the stage version (``@stage`` in
 # tasks/corpus/stages.py) and update these figures and the README.
 FIGURES = {
-    "wikispeedia": {"config": "corpus_wikispeedia.yaml", "documents": 4_598, "links": 119_879, "clusters": 1_573,
+    "wikispeedia": {"config": "corpus_wikispeedia.yaml", "docs_per_shard": 1_000, "documents": 4_598, "links": 119_879, "clusters": 1_573,
                     "document_units": 23_397, "passages": 146_402, "max_cluster_tokens": 25_793,
                     "content_digest": "4162f3f79a5dcb68e3c25d9a126af50bc09b521419b0d71ebeaf2278c1399617"},
-    "enwiki-sample": {"config": "corpus_enwiki_sample.yaml", "documents": 98, "links": 93, "clusters": 98,
+    "enwiki-sample": {"config": "corpus_enwiki_sample.yaml", "docs_per_shard": 25, "documents": 98, "links": 93, "clusters": 98,
                       "document_units": 757, "passages": 4_568, "max_cluster_tokens": 21_999,
                       "content_digest": "81a58125f5d8a7854dd6bfaf8179af887a1be55cca9f2c46ceafa603e08ecfbf"},
 }
@@ -133,11 +134,14 @@ FIGURES = {
 
 @pytest.fixture(scope="module")
 def shipped_builds(prefect_harness, data_mirror, tmp_path_factory) -> Workspace:
-    """Both real samples built once, with the shipped ``configs/corpus_*.yaml``, into one workspace."""
+    """Both real samples built once, with the shipped ``configs/corpus_*.yaml``, into one workspace;
+    shards of ``docs_per_shard`` documents (no artifact byte depends on it), so the pinned digests
+    also say that several token, segment and cluster-index shards give the one-process bytes."""
     home = tmp_path_factory.mktemp("shipped-corpora")
     for name, fig in FIGURES.items():
         cfg = load_config(CorpusBuildConfig, CONFIGS / fig["config"],
-                          [f"workspace.home={home}", f"workspace.data_mirror={data_mirror}"])
+                          [f"workspace.home={home}", f"workspace.data_mirror={data_mirror}",
+                           f"runner.docs_per_shard={fig['docs_per_shard']}"])
         assert cfg.name == name and corpus_build_flow(cfg)["corpus"] == name
     return Workspace(home)
 
@@ -149,6 +153,26 @@ def test_corpus_figures_match_the_readme(shipped_builds, name):
     for key in ("documents", "links", "clusters", "document_units", "passages", "max_cluster_tokens"):
         assert manifest["counts"][key] == fig[key], f"{name}: {key} {manifest['counts'][key]:,} != README {fig[key]:,}"
     assert manifest["content_digest"] == fig["content_digest"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_cluster_index_is_the_one_process_index(shipped_builds, name, tmp_path):
+    """The published cluster index (tokenized in cluster-range shards, vocabularies merged) has
+    the bytes of one ``BM25Index.build`` over all cluster texts of the published tables."""
+    from data_contracts.base import sha256_file  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config, BM25Index  # noqa: PLC0415
+
+    from tasks.corpus.shards import cluster_ranges  # noqa: PLC0415
+
+    corpus = open_corpus(shipped_builds, name)
+    members = pq.read_table(corpus.path / "cluster_members.parquet")
+    assert len(cluster_ranges(np.sort(members.column("cluster_id").to_numpy()), FIGURES[name]["docs_per_shard"])) > 3
+    ids, texts = corpus_stages.cluster_texts(pq.read_table(corpus.path / "documents.parquet"), members)
+    cfg = BM25Config(**json.loads((corpus.path / corpus_stages.CLUSTER_INDEX_DIR / "tokenizer.index.json").read_text()))
+    one = BM25Index.build(texts, ids, cfg).save(tmp_path / "one")
+    published = corpus.path / corpus_stages.CLUSTER_INDEX_DIR
+    assert {p.name: sha256_file(p) for p in sorted(published.iterdir())} == {p.name: sha256_file(p) for p in sorted(one.iterdir())}
 
 
 @pytest.mark.slow

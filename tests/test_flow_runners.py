@@ -47,13 +47,14 @@ def test_dask_local_cluster_build_equals_local_processes(prefect_harness, tmp_pa
     assert local["files"] == dask["files"]
     assert "index/passages.bm25/shard-00002/data.csc.index.npy" in local["files"]
     assert summaries["dask"]["shards"]["segment_shards"]["built"] > 1
+    assert summaries["dask"]["shards"]["cluster_token_shards"]["built"] > 1
     assert summaries["local"]["counts"] == summaries["dask"]["counts"]
     assert summaries["local"]["counts"]["documents"] > 50
 
 
 def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data_mirror):
     """Unchanged dump: every shard reused. Tonight's dump with one changed page: one ingest piece,
-    one token shard, one segment shard and the statistics of one passage shard rebuilt (every
+    one token shard, one segment shard, one cluster-index token shard and the statistics of one passage shard rebuilt (every
     passage shard re-indexed: the global statistics changed), and the same content digest as a
     from-scratch build."""
     xml = bz2.decompress(resolve("enwiki-sample", data_mirror).read_bytes())
@@ -83,6 +84,8 @@ def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data
     assert tonight["shards"]["ingest_pieces"] == {"built": 1, "reused": 6}
     assert tonight["shards"]["token_shards"]["built"] == 1
     assert tonight["shards"]["segment_shards"]["built"] == 1
+    n = first["shards"]["cluster_token_shards"]["built"]
+    assert n > 1 and tonight["shards"]["cluster_token_shards"] == {"built": 1, "reused": n - 1}
     assert tonight["shards"]["passage_stats_shards"] == {"built": 1, "reused": 2}     # the shard of Alabama's cluster
     assert tonight["shards"]["passage_index_shards"] == {"built": 3, "reused": 0}     # global df/N/avgdl changed
     scratch = build(tmp_path / "scratch", night2)

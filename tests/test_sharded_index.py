@@ -4,6 +4,7 @@ Real data: ~100-word passages of the enwiki sample's articles, NQ-open dev quest
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from concurrent.futures import ProcessPoolExecutor
 
@@ -119,6 +120,32 @@ def _single(segment_dir, cfg) -> BM25Index:
 
 def _files(directory):
     return {p.relative_to(directory).as_posix(): sha256_file(p) for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _files_digest(directory) -> str:
+    return hashlib.sha256(json.dumps(_files(directory), sort_keys=True).encode()).hexdigest()
+
+
+# sha256 over the files of the 3-shard build of ``segmented`` by the code that tokenized every
+# shard twice (statistics, then index): keeping the token ids must not move a byte.
+TWICE_TOKENIZED = {"default": "fa15c4aacf9b7e643252b4eb4e8e278e998580ef51c8e82a26d584f525bd589c",
+                   "unstemmed": "a8287bccab7ec73edb6133fea34aa03f363040371ca980229396862c15ac3080"}
+
+
+@pytest.mark.parametrize("name,cfg", [("default", BM25Config()),
+                                      ("unstemmed", BM25Config(stemmer=None, stopwords=None, k1=1.2, b=0.75))])
+def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatch, name, cfg):
+    """Step 1 keeps each shard's token ids, step 2 indexes them: one tokenization per shard, and
+    the published files are those of the build that tokenized twice."""
+    import tasks.corpus.sharded_index as SI  # noqa: PLC0415
+
+    calls = []
+    real = SI.tokenize_ids
+    monkeypatch.setattr(SI, "tokenize_ids", lambda texts, *a: calls.append(len(texts)) or real(texts, *a))
+    n_clusters = CLUSTERS.read(segmented / "cluster").num_rows
+    summary = build_passage_shards(segmented / "segment", n_clusters, tmp_path / "out", cfg, 3, run_here, tmp_path / "work")
+    assert len(calls) == summary["passage_shards"] == 3 and sum(calls) == summary["passage_index_docs"]
+    assert _files_digest(tmp_path / "out") == TWICE_TOKENIZED[name]
 
 
 def test_built_passage_shards_equal_one_index_and_are_reused(segmented, questions, tmp_path):

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections import abc
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_directory
 
@@ -82,6 +85,137 @@ def tokenize_ids(texts: Sequence[str], cfg: BM25Config, stem=None):
     vocab = {t: i for i, t in enumerate(sorted(set(stems)))}
     lookup = [vocab[t] for t in stems]                        # raw id -> stem id
     return Tokenized(ids=[[lookup[t] for t in doc] for doc in raw.ids], vocab=vocab)
+
+
+@dataclass
+class TokenIds:
+    """Token ids of ``n`` texts in flat arrays (4 bytes a token instead of a Python list's 8 plus
+    the list headers), with their vocabulary.
+
+    ids : int32 ``(n_tokens,)``, the texts' token ids one after the other.
+    offsets : int64 ``(n + 1,)``; text ``i`` is ``ids[offsets[i]:offsets[i + 1]]``.
+    terms : ``V`` tokens (stems), ``terms[j]`` is id ``j``.
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    terms: list[str]
+
+    IDS_FILE = "token_ids.npy"
+    OFFSETS_FILE = "token_offsets.npy"
+    TERMS_FILE = "vocab.parquet"
+
+    @classmethod
+    def from_tokenized(cls, tokens) -> "TokenIds":
+        """From a bm25s ``Tokenized`` (:func:`tokenize_ids`)."""
+        lengths = np.fromiter((len(d) for d in tokens.ids), dtype=np.int64, count=len(tokens.ids))
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.fromiter((t for d in tokens.ids for t in d), dtype=np.int32, count=int(offsets[-1]))
+        return cls(ids, offsets, sorted(tokens.vocab, key=tokens.vocab.__getitem__))
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    def tokenized(self):
+        """A bm25s ``Tokenized`` over these arrays (ids per text made as lists when read) for
+        ``bm25s.BM25.index``: the index of :func:`tokenize_ids`' output, same bytes."""
+        from bm25s.tokenization import Tokenized  # noqa: PLC0415
+
+        return Tokenized(ids=_IdLists(self.ids, self.offsets), vocab={t: i for i, t in enumerate(self.terms)})
+
+    def save(self, directory: Path) -> None:
+        """``token_ids.npy``, ``token_offsets.npy``, ``vocab.parquet`` (one ``term`` per id) in ``directory``."""
+        np.save(Path(directory) / self.IDS_FILE, self.ids)
+        np.save(Path(directory) / self.OFFSETS_FILE, self.offsets)
+        pq.write_table(pa.table({"term": pa.array(self.terms, pa.string())}), Path(directory) / self.TERMS_FILE)
+
+    @classmethod
+    def load(cls, directory: Path) -> "TokenIds":
+        """Read what :meth:`save` wrote. Raises ``FileNotFoundError`` if a file is missing."""
+        return cls(np.load(Path(directory) / cls.IDS_FILE), np.load(Path(directory) / cls.OFFSETS_FILE),
+                   pq.read_table(Path(directory) / cls.TERMS_FILE).column("term").to_pylist())
+
+
+class _IdLists(abc.Sequence):
+    """``list[list[int]]`` view of flat token ids: text ``i`` becomes a list when it is read."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
+        self.ids, self.offsets = ids, offsets
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        bounds = self.offsets.tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            yield self.ids[a:b].tolist()
+
+
+def bm25_from_token_ids(tokens: TokenIds, cfg: BM25Config, chunk_tokens: int = 1 << 22):
+    """``bm25s.BM25(k1, b, method).index(tokens)`` computed with NumPy over the flat arrays: the
+    same retriever (same ``data``/``indices``/``indptr``/vocabulary, so the same saved bytes) as
+    indexing :func:`tokenize_ids`' lists, without bm25s's per-document Python loops (``Counter`` and
+    set intersections per text) and without the lists.
+
+    Per-document term frequencies come from ``np.unique`` over ``(doc, term)`` keys, ``chunk_tokens``
+    tokens at a time; the scores use bm25s's own operations in its order and precision (float64
+    term-frequency component, float32 idf from its idf function, a float32 result) and its CSC
+    builder. Methods ``lucene`` and ``robertson`` (bm25s's numpy CSC backend); any other method is
+    indexed by bm25s itself. Memory besides the token ids: the ``(doc, term, tf)`` triples of the
+    index (12 bytes each), one float64 per triple for the scores, then bm25s's CSC sort (~24 bytes a
+    triple), plus one chunk's keys (~16 bytes a token of the chunk).
+    """
+    import bm25s  # noqa: PLC0415
+    from bm25s.scoring import _build_idf_array, _select_idf_scorer  # noqa: PLC0415
+
+    class FlatIdsBM25(bm25s.BM25):
+        def build_index_from_ids(self, unique_token_ids, corpus_token_ids, show_progress=True, leave_progress=False):
+            if not isinstance(corpus_token_ids, _IdLists) or self.method not in ("lucene", "robertson") \
+                    or self.csc_backend != "numpy":
+                return super().build_index_from_ids(unique_token_ids, corpus_token_ids, show_progress, leave_progress)
+            ids, offsets = corpus_token_ids.ids, corpus_token_ids.offsets
+            n_docs, n_vocab = offsets.size - 1, len(unique_token_ids)
+            lengths = np.diff(offsets)
+            avg_doc_len = lengths.mean()                                  # as bm25s: mean of the int lengths
+            rows, cols, tfs = [], [], []
+            lo = 0
+            while lo < n_docs:                                            # documents [lo, hi): about chunk_tokens tokens
+                hi = max(lo + 1, int(np.searchsorted(offsets, offsets[lo] + chunk_tokens, side="right")) - 1)
+                hi = min(hi, n_docs)
+                doc = np.repeat(np.arange(hi - lo, dtype=np.int64), lengths[lo:hi])
+                keys, tf = np.unique(doc * n_vocab + ids[offsets[lo]:offsets[hi]], return_counts=True)
+                rows.append((keys // n_vocab + lo).astype(self.int_dtype))
+                cols.append((keys % n_vocab).astype(self.int_dtype))
+                tfs.append(tf.astype(self.dtype))
+                lo = hi
+            rows, cols, tf = (np.concatenate(a) if a else np.zeros(0, t) for a, t in
+                              ((rows, self.int_dtype), (cols, self.int_dtype), (tfs, self.dtype)))
+            df = np.bincount(cols, minlength=n_vocab)
+            idf = _build_idf_array(doc_frequencies=dict(enumerate(df.tolist())), n_docs=n_docs,
+                                   compute_idf_fn=_select_idf_scorer(self.idf_method), dtype=self.dtype)
+            # bm25s (_score_tfc_robertson with a Python int l_d): tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf),
+            # the same float64 operations in the same order, in place in one array
+            x = lengths[rows].astype(np.float64)
+            x *= self.b
+            x /= avg_doc_len
+            x += 1 - self.b
+            x *= self.k1
+            x += tf
+            np.divide(tf, x, out=x)
+            np.multiply(idf[cols], x, out=x)                              # float32 idf * float64 tfc, as bm25s
+            scores = x.astype(self.dtype)
+            del x
+            data, indices, indptr = self._np_csc(data=scores, rows=rows, cols=cols, shape=(n_docs, n_vocab))
+            self.nonoccurrence_array = None
+            return {"data": data.astype(self.dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
+
+    retriever = FlatIdsBM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
+    retriever.index(tokens.tokenized(), show_progress=False)
+    return retriever
 
 
 class BM25Index:

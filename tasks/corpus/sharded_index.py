@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_write_bytes, sha256_file
 from data_contracts.corpus import PASSAGES
-from tasks.corpus.index import BM25Config, BM25Index, _stemmer, tokenize_ids
+from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.shards import ordered_results, put_cached
 
 STATS_FILE = "global_stats.json"
@@ -78,7 +78,11 @@ class CorpusStats:
 
 def shard_stats(texts: Sequence[str], cfg: BM25Config) -> CorpusStats:
     """``N``, total length and ``df`` of one shard's passages (tokenized as the index will be)."""
-    tokens = tokenize_ids(texts, cfg, _stemmer(cfg.stemmer))
+    return tokens_stats(tokenize_ids(texts, cfg, _stemmer(cfg.stemmer)))
+
+
+def tokens_stats(tokens) -> CorpusStats:
+    """:func:`shard_stats` of already tokenized passages (a bm25s ``Tokenized``)."""
     inverse = sorted(tokens.vocab, key=tokens.vocab.__getitem__)
     df: Counter[int] = Counter()
     total = 0
@@ -131,11 +135,17 @@ def build_shard(texts: Sequence[str], doc_ids: Sequence[str], cfg: BM25Config, s
 
     Raises ``ValueError`` if a shard term is missing from ``stats`` (stats of other passages).
     """
-    texts, ids = list(texts), [str(i) for i in doc_ids]
-    if len(texts) != len(ids):
-        raise ValueError(f"BM25 shard: {len(texts)} texts but {len(ids)} ids")
+    texts = list(texts)
+    return build_shard_from_ids(tokenize_ids(texts, cfg, _stemmer(cfg.stemmer)), doc_ids, cfg, stats)
+
+
+def build_shard_from_ids(tokens, doc_ids: Sequence[str], cfg: BM25Config, stats: CorpusStats) -> BM25Index:
+    """:func:`build_shard` of passages already tokenized by :func:`tasks.corpus.index.tokenize_ids`
+    (a bm25s ``Tokenized``: ids per passage and the shard's vocabulary); same index."""
+    ids = [str(i) for i in doc_ids]
+    if len(tokens.ids) != len(ids):
+        raise ValueError(f"BM25 shard: {len(tokens.ids)} texts but {len(ids)} ids")
     index = BM25Index(None, ids, cfg)
-    tokens = tokenize_ids(texts, cfg, index._stem)
     missing = [t for t in tokens.vocab if t not in stats.df]
     if missing:
         raise ValueError(f"BM25 shard: terms {missing[:5]} are not in the corpus statistics (stats of other passages?)")
@@ -199,7 +209,7 @@ def load_passage_index(directory: Path, mmap: bool = True) -> "BM25Index | Shard
 
 
 # --------------------------------------------------------------------- the corpus build's shards
-PASSAGE_SHARD_VERSION = "1"
+PASSAGE_SHARD_VERSION = "2"   # 2: the stats step keeps the token ids for the index step
 DF_FILE = "df.parquet"
 
 
@@ -231,7 +241,9 @@ def _passages_key(texts: list[str], ids: list[str], cfg: BM25Config) -> str:
 
 def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str) -> tuple[str, int, int, bool]:
     """Step 1 of a passage shard (a worker-process call): :func:`shard_stats` of clusters
-    ``[lo, hi)``, kept in ``work_dir/passage-stats/<sha256 of the shard's ids and texts>/``.
+    ``[lo, hi)``, kept in ``work_dir/passage-stats/<sha256 of the shard's ids and texts>/`` with
+    the shard's token ids (:class:`tasks.corpus.index.TokenIds`), which step 2 indexes without
+    tokenizing again.
 
     Returns ``(key, n_docs, total_len, reused)``; ``reused`` when the shard's passages are
     unchanged since a build that kept them."""
@@ -241,12 +253,17 @@ def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     if (cached / "COMPLETE").exists():
         meta = json.loads((cached / "COMPLETE").read_text())
         return key, meta["n_docs"], meta["total_len"], True
-    stats = shard_stats(texts, cfg) if texts else CorpusStats(0, 0, {})
+    tokens = tokenize_ids(texts, cfg, _stemmer(cfg.stemmer))
+    del texts
+    stats = tokens_stats(tokens) if tokens.ids else CorpusStats(0, 0, {})
+    token_ids = TokenIds.from_tokenized(tokens)
+    del tokens
     terms = sorted(stats.df)
 
     def write(tmp: Path) -> None:
         pq.write_table(pa.table({"term": pa.array(terms, pa.string()),
                                  "df": pa.array([stats.df[t] for t in terms], pa.int64())}), tmp / DF_FILE)
+        token_ids.save(tmp)
         (tmp / "COMPLETE").write_text(json.dumps({"n_docs": stats.n_docs, "total_len": stats.total_len}) + "\n")
     cached.parent.mkdir(parents=True, exist_ok=True)
     put_cached(cached, write)
@@ -280,8 +297,8 @@ def merge_stats_files(work_dir: Path, keys: Sequence[str], n_docs: int, total_le
 
 def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str, stats_key: str,
                         global_df: str, n_docs: int, total_len: int, global_key: str) -> tuple[str, bool]:
-    """Step 2 of a passage shard (a worker-process call): :func:`build_shard` of clusters
-    ``[lo, hi)`` with the corpus-wide statistics, saved in
+    """Step 2 of a passage shard (a worker-process call): :func:`build_shard_from_ids` of clusters
+    ``[lo, hi)`` (the token ids step 1 kept under ``stats_key``) with the corpus-wide statistics, saved in
     ``work_dir/passage-shards/<sha256 of (shard passages, global statistics)>/``.
 
     Returns ``(index directory, reused)``. A shard index is reused only when its passages *and*
@@ -291,14 +308,20 @@ def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     cached = Path(work_dir) / "passage-shards" / hashlib.sha256(f"{stats_key}:{global_key}".encode()).hexdigest()
     if (cached / "params.index.json").exists():
         return str(cached), True
-    texts, ids = read_passage_range(Path(segment_dir), lo, hi)
-    terms = pq.read_table(Path(work_dir) / "passage-stats" / stats_key / DF_FILE, columns=["term"]).column("term")
+    ids = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id"],
+                        filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by("passage_id")
+    kept = Path(work_dir) / "passage-stats" / stats_key
+    tokens = TokenIds.load(kept)
+    if len(tokens) != ids.num_rows:
+        raise ValueError(f"BM25 shard {lo}..{hi - 1}: {ids.num_rows} passages but {len(tokens)} kept token id lists in {kept}")
+    terms = pq.read_table(kept / DF_FILE, columns=["term"]).column("term")
     table = pq.read_table(global_df)
     at = pc.index_in(terms, value_set=table.column("term"))
     if at.null_count:
         raise ValueError(f"BM25 shard {lo}..{hi - 1}: terms missing from the global statistics {global_df}")
     df = dict(zip(terms.to_pylist(), table.column("df").take(at).to_pylist()))
-    build_shard(texts, ids, cfg, CorpusStats(n_docs, total_len, df)).save(cached)
+    build_shard_from_ids(tokens.tokenized(), ids.column("passage_id").to_pylist(), cfg,
+                         CorpusStats(n_docs, total_len, df)).save(cached)
     return str(cached), False
 
 
@@ -327,8 +350,8 @@ def build_passage_shards(segment_dir: Path, n_clusters: int, out_dir: Path, cfg:
     unchanged; shard indexes only when the global statistics are equal too (a changed page
     changes ``df``/``N``/``avgdl`` and with them every stored score). Shards without passages
     (clusters whose articles have no words) are left out. Each shard's passages are read and
-    tokenized twice (statistics, then index): on small corpora the shards cost more than one
-    index. Summary: shard counts, reuse, seconds.
+    tokenized once (step 1 keeps the token ids, step 2 reads them). Summary: shard counts, reuse,
+    seconds.
     """
     t0 = time.perf_counter()
     ranges = passage_ranges(n_clusters, n_shards)

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from data_contracts import corpus as C
 from funnelrag.stages import stage
+from tasks.corpus.cluster_index import build_cluster_index, cluster_texts  # noqa: F401 - cluster_texts re-exported
 from tasks.corpus.clustering import (ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
                               clusters_table, graph_metrics_table)
 from tasks.corpus.graph import graph_from_links, graph_metrics
@@ -147,55 +148,37 @@ def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: 
             "articles_without_passages": seg.n_articles_without_passages, "seconds": time.perf_counter() - t0}
 
 
-def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], list[str]]:
-    """``(cluster ids as str, texts)``: each cluster's members' ``title\\ntext`` joined in
-    cluster order — the coarse retrieval units of the progressive path."""
-    members = cluster_members.sort_by([("cluster_id", "ascending"), ("position", "ascending")])
-    docs = documents.sort_by("doc_id")
-    doc_ids = pa.array(members.column("doc_id").to_numpy())
-    titles = docs.column("title").take(doc_ids).to_pylist()
-    texts = docs.column("text").take(doc_ids).to_pylist()
-    cids = members.column("cluster_id").to_numpy()
-    out_ids: list[str] = []
-    out_texts: list[str] = []
-    start = 0
-    for end in list(np.flatnonzero(cids[1:] != cids[:-1]) + 1) + [cids.size]:
-        if end > start:
-            out_ids.append(str(int(cids[start])))
-            out_texts.append("\n\n".join(f"{t}\n{x}" for t, x in zip(titles[start:end], texts[start:end])))
-        start = end
-    return out_ids, out_texts
-
-
 @stage("index", version="2")  # 2: stems numbered in sorted order (bytes independent of PYTHONHASHSEED)
 def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config,
               passage_shards: int = 1, submit: Callable[..., Any] | None = None, window: int = 8,
-              work_dir: Path | None = None) -> dict[str, Any]:
+              work_dir: Path | None = None, docs_per_shard: int = 20_000) -> dict[str, Any]:
     """bm25s indexes over cluster texts (progressive) and passages (flat baseline).
 
+    The cluster index is one index; its texts are tokenized in ranges of whole clusters of about
+    ``docs_per_shard`` member documents through ``submit`` (default: in this process) and merged
+    into the one-process vocabulary and ids (:func:`tasks.corpus.cluster_index.build_cluster_index`:
+    same bytes as ``BM25Index.build`` over all cluster texts, without holding them all).
     ``passage_shards`` > 1: the passage index is built in that many shards of whole clusters
     with corpus-wide statistics (:func:`tasks.corpus.sharded_index.build_passage_shards`), the
-    per-shard steps through ``submit`` (default: in this process), shard statistics and indexes
-    kept in ``work_dir`` (default: ``out_dir/.work``, removed after). 1: one index, as before.
+    per-shard steps through ``submit``; 1: one index, as before. Shard token ids, statistics and
+    indexes are kept in ``work_dir`` (default: ``out_dir/.work``, removed after).
     """
     t0 = time.perf_counter()
-    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "title", "text"])
-    members = C.CLUSTER_MEMBERS.read(cluster_dir)
-    ids, texts = cluster_texts(docs, members)
-    del docs
-    cluster_index = BM25Index.build(texts, ids, cfg)
+    submit = submit or run_here
+    scratch = work_dir is None
+    work = Path(out_dir) / ".work" if scratch else Path(work_dir)
+    cluster_index, clusters = build_cluster_index(ingest_dir, cluster_dir, cfg, submit, docs_per_shard, work,
+                                                  window=window)
     cluster_index.save(out_dir / CLUSTER_INDEX_DIR)
+    n_clusters = len(cluster_index)
+    del cluster_index
     t1 = time.perf_counter()
     sharded: dict[str, Any] = {}
     if passage_shards > 1:
         from tasks.corpus.sharded_index import build_passage_shards  # noqa: PLC0415
 
-        scratch = work_dir is None
-        work = Path(out_dir) / ".work" if scratch else Path(work_dir)
-        sharded = build_passage_shards(segment_dir, len(ids), out_dir / PASSAGE_INDEX_DIR, cfg, passage_shards,
-                                       submit or run_here, work, window=window)
-        if scratch:
-            shutil.rmtree(work)
+        sharded = build_passage_shards(segment_dir, n_clusters, out_dir / PASSAGE_INDEX_DIR, cfg, passage_shards,
+                                       submit, work, window=window)
         n_passages = sharded["passage_index_docs"]
     else:
         passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
@@ -203,12 +186,13 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
         passage_index = BM25Index.build(ptexts, passages.column("passage_id").to_pylist(), cfg)
         passage_index.save(out_dir / PASSAGE_INDEX_DIR)
         n_passages = len(ptexts)
+    if scratch:
+        shutil.rmtree(work, ignore_errors=True)
     t2 = time.perf_counter()
-    return {"cluster_index_docs": len(ids), "passage_index_docs": n_passages, "bm25": asdict(cfg),
+    return {"cluster_index_docs": n_clusters, "passage_index_docs": n_passages, "bm25": asdict(cfg),
             "cluster_index_seconds": t1 - t0, "passage_index_seconds": t2 - t1,
-            "cluster_docs_per_s": len(ids) / max(t1 - t0, 1e-9), "passage_docs_per_s": n_passages / max(t2 - t1, 1e-9),
-            **sharded, "seconds": t2 - t0}
-
+            "cluster_docs_per_s": n_clusters / max(t1 - t0, 1e-9), "passage_docs_per_s": n_passages / max(t2 - t1, 1e-9),
+            **clusters, **sharded, "seconds": t2 - t0}
 
 
 def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int]:
