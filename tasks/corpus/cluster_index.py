@@ -24,10 +24,7 @@ no article text (one shard's at a time when ``submit`` runs in this process).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -37,7 +34,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, bm25_from_token_ids, tokenize_ids
-from tasks.corpus.shards import cluster_ranges, ordered_results, put_cached
+from tasks.corpus.shards import texts_key, cluster_ranges, ordered_results, put_cached
 
 CLUSTER_TOKENS_VERSION = "1"
 
@@ -69,14 +66,6 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
     return out_ids, out_texts
 
 
-def _texts_key(ids: list[str], texts: list[str], cfg: BM25Config) -> str:
-    h = hashlib.sha256(json.dumps([CLUSTER_TOKENS_VERSION, asdict(cfg), len(texts)], sort_keys=True).encode())
-    for s in (*ids, *texts):
-        h.update(len(s).to_bytes(8, "little"))
-        h.update(s.encode("utf-8"))
-    return h.hexdigest()
-
-
 def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg: BM25Config,
                         work_dir: str) -> tuple[list[str], list[str], str, bool]:
     """Token ids of the cluster texts of clusters ``lo <= cluster_id < hi`` (a worker-process
@@ -93,7 +82,7 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
                          filters=[("doc_id", "in", wanted)])
     ids, texts = cluster_texts(docs, members)
     del docs
-    key = _texts_key(ids, texts, cfg)
+    key = texts_key(CLUSTER_TOKENS_VERSION, cfg, ids, texts)
     cached = Path(work_dir) / "cluster-tokens" / key
     if (cached / "COMPLETE").exists():
         return ids, pq.read_table(cached / TokenIds.TERMS_FILE).column("term").to_pylist(), key, True

@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from data_contracts.base import atomic_write_bytes, sha256_file
 from data_contracts.corpus import PASSAGES
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.shards import ordered_results, put_cached
+from tasks.corpus.shards import texts_key, ordered_results, put_cached
 
 STATS_FILE = "global_stats.json"
 SHARDS_FILE = "shards.json"
@@ -231,14 +231,6 @@ def read_passage_range(segment_dir: Path, lo: int, hi: int) -> tuple[list[str], 
     return texts, table.column("passage_id").to_pylist()
 
 
-def _passages_key(texts: list[str], ids: list[str], cfg: BM25Config) -> str:
-    h = hashlib.sha256(json.dumps([PASSAGE_SHARD_VERSION, asdict(cfg), len(texts)], sort_keys=True).encode())
-    for s in (*ids, *texts):
-        h.update(len(s).to_bytes(8, "little"))
-        h.update(s.encode("utf-8"))
-    return h.hexdigest()
-
-
 def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str) -> tuple[str, int, int, bool]:
     """Step 1 of a passage shard (a worker-process call): :func:`shard_stats` of clusters
     ``[lo, hi)``, kept in ``work_dir/passage-stats/<sha256 of the shard's ids and texts>/`` with
@@ -248,7 +240,7 @@ def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     Returns ``(key, n_docs, total_len, reused)``; ``reused`` when the shard's passages are
     unchanged since a build that kept them."""
     texts, ids = read_passage_range(Path(segment_dir), lo, hi)
-    key = _passages_key(texts, ids, cfg)
+    key = texts_key(PASSAGE_SHARD_VERSION, cfg, ids, texts)
     cached = Path(work_dir) / "passage-stats" / key
     if (cached / "COMPLETE").exists():
         meta = json.loads((cached / "COMPLETE").read_text())

@@ -64,6 +64,18 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int)
         yield pending.popleft().result()
 
 
+def texts_key(version: str, cfg: Any, ids: list[str], texts: list[str]) -> str:
+    """sha256 cache key of a shard's input: ``version``, the settings ``cfg`` (a dataclass), and
+    every id and text, each length-prefixed (no two inputs collide by concatenation)."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    h = hashlib.sha256(json.dumps([version, asdict(cfg), len(texts)], sort_keys=True).encode())
+    for s in (*ids, *texts):
+        h.update(len(s).to_bytes(8, "little"))
+        h.update(s.encode("utf-8"))
+    return h.hexdigest()
+
+
 def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
     """Write a cache entry: ``write(tmp_dir)`` then rename onto ``cached`` (a concurrent writer of
     the same key wins; both wrote the same bytes)."""
