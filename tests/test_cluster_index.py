@@ -8,14 +8,12 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
+from corpus_stages import enwiki_sample_stages
 from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENTS
-from funnelrag.datasets import resolve
 from tasks.corpus import stages as S
 from tasks.corpus.cluster_index import build_cluster_index, cluster_texts, merge_vocabularies
-from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.shards import run_here
 
@@ -24,12 +22,7 @@ CONFIGS = [BM25Config(), BM25Config(stemmer=None, stopwords=None, k1=1.2, b=0.75
 
 @pytest.fixture(scope="module")
 def clustered(data_mirror, tmp_path_factory):
-    root = tmp_path_factory.mktemp("clustered")
-    ingest([resolve("enwiki-sample", data_mirror)], root / "ingest", IngestConfig(format="mediawiki"))
-    seg = SegmentConfig(tokenizer="whitespace")
-    S.run_tokens(root / "ingest", root / "tokens", seg, None)
-    S.run_cluster(root / "ingest", root / "tokens", root / "cluster", ClusteringConfig(tokenizer="whitespace"))
-    return root
+    return enwiki_sample_stages(tmp_path_factory.mktemp("clustered"), data_mirror)
 
 
 def _files(directory):

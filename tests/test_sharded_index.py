@@ -12,15 +12,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from corpus_stages import enwiki_sample_stages
 from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTERS, DOCUMENTS, PASSAGES
 from funnelrag.datasets import resolve
 from same_search import assert_same_search
 from tasks.corpus import stages as S
-from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
-from tasks.corpus.segment import SegmentConfig, article_windows
+from tasks.corpus.segment import article_windows
 from tasks.corpus.sharded_index import (SHARDS_FILE, ShardedBM25, build_passage_shards, build_shard,
                                         load_passage_index, merge_stats, passage_ranges, save_stats, shard_stats)
 from tasks.corpus.shards import run_here
@@ -103,13 +103,7 @@ def test_passage_ranges_split_cluster_ids_evenly():
 @pytest.fixture(scope="module")
 def segmented(data_mirror, tmp_path_factory):
     """The enwiki sample ingested, clustered and segmented (whitespace token counts: fast)."""
-    root = tmp_path_factory.mktemp("segmented")
-    ingest([resolve("enwiki-sample", data_mirror)], root / "ingest", IngestConfig(format="mediawiki"))
-    seg = SegmentConfig(tokenizer="whitespace")
-    S.run_tokens(root / "ingest", root / "tokens", seg, None)
-    S.run_cluster(root / "ingest", root / "tokens", root / "cluster", ClusteringConfig(tokenizer="whitespace"))
-    S.run_segment(root / "ingest", root / "tokens", root / "cluster", root / "segment", seg, None)
-    return root
+    return enwiki_sample_stages(tmp_path_factory.mktemp("segmented"), data_mirror, segment=True)
 
 
 def _single(segment_dir, cfg) -> BM25Index:
