@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from funnelrag.corpus import open_corpus  # noqa: E402
 from funnelrag.workspace import Workspace  # noqa: E402
 from models.preranker import PreRankerConfig, build_preranker  # noqa: E402
-from tasks.funnel.embeddings import embed_texts, passage_texts, with_precision  # noqa: E402
+from tasks.funnel.embeddings import embed_queries, embed_texts, passage_texts, with_precision  # noqa: E402
 
 DPR_PASSAGES = 21_015_324
 
@@ -64,9 +64,9 @@ def main() -> None:
                 f"{len(texts) / cpu * args.threads:7.1f} passages/s per {args.threads} thread(s) of CPU  "
                 f"corpus {passages.num_rows / (len(texts) / wall) / 60:6.1f} min wall")
         if ref is None:
-            ref, q_ref, ref_wall, ref_rate = emb, embed_texts(fast, tok, queries), wall, len(texts) / wall
+            ref, q_ref, ref_wall, ref_rate = emb, embed_queries(fast, tok, queries), wall, len(texts) / wall
         else:
-            q = embed_texts(fast, tok, queries)
+            q = embed_queries(fast, tok, queries)
             cos = np.sum(emb * ref, axis=1)
             top = lambda e, qq: np.argsort(-(qq @ e.T), axis=1)[:, :10]  # noqa: E731
             same = np.mean([set(a) == set(b) for a, b in zip(top(emb, q), top(ref, q_ref))])

@@ -141,6 +141,13 @@ class Context:
         return ReaderTrainConfig(fid=fid, train=r.train, n_passages=r.n_passages,
                                  max_passage_tokens=r.max_passage_tokens, max_answer_tokens=r.max_answer_tokens)
 
+    def maxp_passages(self):
+        """The corpus passages when the dev pool ranks units by MaxP (re-rank them the same way), else None."""
+        return self.corpus.passages if self.cfg.candidates.unit_scoring == "maxp" else None
+
+    def maxp_key(self) -> dict[str, str]:
+        return {"unit_scoring": "maxp"} if self.cfg.candidates.unit_scoring == "maxp" else {}
+
     def run(self, core, config: Any, inputs: dict[str, str], build) -> StageResult:
         """:func:`funnelrag.stages.run_cached` of ``core`` in this flow's cache, logged."""
         result = run_cached(self.cache, core, config, inputs, build)
@@ -204,16 +211,27 @@ def labels_task(ctx: Context, train: StageResult, attention: StageResult) -> Sta
 def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> StageResult:
     key_cfg = {"preranker": ctx.cfg.preranker, "distill": ctx.cfg.distill, "train": ctx.cfg.distill_train}
     inputs = {"candidates": train.digest, "labels": labels.digest}
-    return ctx.run(S.run_distill, key_cfg, inputs, lambda out, key: S.run_distill(
-        train.path, labels.path, ctx.cfg.preranker, ctx.cfg.distill, ctx.cfg.distill_train,
-        ctx.ws.run_dir("distill-preranker", key[:16]), out, _metrics("distill")))
+
+    def build(out: Path, key: str) -> dict[str, Any]:
+        index = None
+        d = ctx.cfg.distill
+        if d.unit_scoring == "maxp" and d.towers == "query" and ctx.cfg.preranker.kind == "bi":
+            from models.preranker import build_preranker  # noqa: PLC0415
+            from tasks.funnel.embeddings import find_embedding_index  # noqa: PLC0415
+
+            index = find_embedding_index(ctx.ws.home / "stores", ctx.cfg.corpus, ctx.corpus.manifest.get(
+                "content_digest", ctx.corpus.digest), build_preranker(ctx.cfg.preranker)[0])
+        return S.run_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train,
+                             ctx.ws.run_dir("distill-preranker", key[:16]), out, _metrics("distill"), index=index)
+
+    return ctx.run(S.run_distill, key_cfg, inputs, build)
 
 
 @stage_task("evaluate")
 def eval_task(ctx: Context, dev: StageResult, distilled: StageResult) -> StageResult:
     inputs = {"dev": dev.digest, "distilled": distilled.digest}
-    return ctx.run(S.run_eval, {"ks": ctx.cfg.recall_ks}, inputs,
-                   lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out))
+    return ctx.run(S.run_eval, {"ks": ctx.cfg.recall_ks, **ctx.maxp_key()}, inputs,
+                   lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out, ctx.maxp_passages()))
 
 
 @stage_task("reader-eval")
@@ -254,7 +272,8 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     n = ctx.cfg.candidates.n_units
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
     return _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
-                           f"dev_prerank_ar_at_{n}", lambda d: S.evaluate_preranker(dev.path, d, [n])[n], dev)
+                           f"dev_prerank_ar_at_{n}",
+                           lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
 
 
 @task(name="register-reader", cache_policy=NO_CACHE)

@@ -4,7 +4,10 @@ Two real implementations behind one interface (``forward(**batch) -> PreRankerOu
 ``scores`` of shape ``(batch,)``, plus ``tokenize(tokenizer, queries, docs)``):
 
 * :class:`BiEncoderPreRanker` — :class:`models.encoders.BiEncoder`, score = cosine similarity
-  of the mean-pooled, L2-normalised embeddings.
+  of the mean-pooled, L2-normalised embeddings. One shared encoder (``towers="shared"``, the
+  sentence-transformers recipe) or a query tower beside the document tower
+  (``towers="separate"``): query-side fine-tuning trains the query tower only, so the document
+  tower — and every stored passage vector (:mod:`tasks.funnel.embeddings`) — stays valid.
 * :class:`CrossEncoderPreRanker` — ``AutoModelForSequenceClassification(num_labels=1)`` over the
   concatenated pair, score = the single logit. From the offline MiniLM weights only the
   classification head is new; it is initialised from an explicit seed. Where a hub is
@@ -27,6 +30,8 @@ from models.saving import read_config, save_pretrained_dir
 
 CONFIG_FILE = "preranker.json"
 KINDS = ("bi", "cross")
+TOWERS = ("shared", "separate")
+QUERY_ENCODER_DIR = "query_encoder"
 
 
 @dataclass(frozen=True)
@@ -42,16 +47,27 @@ class PreRankerConfig:
         the weights, so every later load (registry versions included) runs at the length the
         model was trained with: the one source of a pre-ranker's input length.
     seed : seed of the initialisation of weights missing from the checkpoint (cross head).
+    towers : bi-encoder only. ``"shared"``: one encoder ``E`` for questions and documents;
+        ``"separate"``: a query tower ``E_q`` beside the document tower ``E_d``,
+        ``f(q, d) = cos(E_q(q), E_d(d))``. The document tower loads from ``name_or_path``.
+    query_name_or_path : the query tower's weights with ``towers="separate"`` (None: a copy of
+        the document tower's, the start of query-side fine-tuning).
     """
 
     kind: str = "bi"
     name_or_path: str = "minilm"
     max_length: int | None = None
     seed: int = 0
+    towers: str = "shared"
+    query_name_or_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"pre-ranker kind must be one of {KINDS}, got {self.kind!r}")
+        if self.towers not in TOWERS:
+            raise ValueError(f"pre-ranker towers must be one of {TOWERS}, got {self.towers!r}")
+        if self.kind != "bi" and self.towers != "shared":
+            raise ValueError(f"towers={self.towers!r} needs a bi-encoder, got kind {self.kind!r}")
 
 
 @dataclass
@@ -60,14 +76,33 @@ class PreRankerOutput:
 
 
 class BiEncoderPreRanker(nn.Module):
-    """Bi-encoder pre-ranker: ``f(q, d) = cos(E(q), E(d))`` (FunnelRAG Eq. 1 with a dual encoder)."""
+    """Bi-encoder pre-ranker: ``f(q, d) = cos(E_q(q), E_d(d))`` (FunnelRAG Eq. 1 with a dual
+    encoder); ``E_q`` is ``E_d`` unless a separate ``query_encoder`` is given.
+
+    ``encoder`` is the document tower: its weights alone define the stored passage vectors
+    (:func:`tasks.funnel.embeddings.model_version`).
+    """
 
     kind = "bi"
 
-    def __init__(self, encoder: BiEncoder, cfg: PreRankerConfig):
+    def __init__(self, encoder: BiEncoder, cfg: PreRankerConfig, query_encoder: BiEncoder | None = None):
         super().__init__()
         self.encoder = encoder
+        self.query_encoder = query_encoder
         self.cfg = cfg
+
+    def query_tower(self) -> BiEncoder:
+        """``E_q``: the query encoder, or the shared encoder."""
+        return self.encoder if self.query_encoder is None else self.query_encoder
+
+    def separate_towers(self) -> None:
+        """Give the model its own query tower, a copy of the document tower (same scores until
+        one of them is trained); a no-op when it has one already."""
+        import copy  # noqa: PLC0415
+
+        if self.query_encoder is None:
+            self.query_encoder = copy.deepcopy(self.encoder)
+            self.cfg = replace(self.cfg, towers="separate")
 
     def tokenize(self, tokenizer, queries: Sequence[str], docs: Sequence[str]) -> dict[str, torch.Tensor]:
         """Tensors for :meth:`forward`: ``query_*`` and ``doc_*`` ids/masks, each ``(batch, seq_len)``."""
@@ -77,12 +112,44 @@ class BiEncoderPreRanker(nn.Module):
                 "doc_input_ids": d["input_ids"], "doc_attention_mask": d["attention_mask"]}
 
     def forward(self, query_input_ids: torch.Tensor, query_attention_mask: torch.Tensor,
-                doc_input_ids: torch.Tensor, doc_attention_mask: torch.Tensor) -> PreRankerOutput:
-        q = self.encoder(query_input_ids, query_attention_mask).embeddings  # (batch, dim)
-        d = self.encoder(doc_input_ids, doc_attention_mask).embeddings      # (batch, dim)
-        if not self.encoder.cfg.normalize:
-            q, d = F.normalize(q, dim=-1), F.normalize(d, dim=-1)
-        return PreRankerOutput(scores=(q * d).sum(-1))  # (batch,)
+                doc_input_ids: torch.Tensor | None = None, doc_attention_mask: torch.Tensor | None = None,
+                doc_vectors: torch.Tensor | None = None, doc_query: torch.Tensor | None = None) -> PreRankerOutput:
+        """Scores of (query, document) rows.
+
+        Parameters
+        ----------
+        query_input_ids, query_attention_mask : ``(n_queries, seq_len)``.
+        doc_input_ids, doc_attention_mask : ``(n_docs, seq_len)``, encoded by the document tower;
+            or instead
+        doc_vectors : ``(n_docs, dim)`` precomputed L2-normalised document-tower vectors (stored
+            passage vectors; no gradient reaches the document tower).
+        doc_query : ``(n_docs,)`` int, the query row of each document; None: row ``i`` pairs
+            query ``i`` with document ``i`` (``n_queries == n_docs``).
+
+        Returns
+        -------
+        PreRankerOutput
+            ``scores`` ``(n_docs,)``.
+
+        Raises
+        ------
+        ValueError
+            Neither or both of ``doc_input_ids`` and ``doc_vectors`` are given.
+        """
+        if (doc_input_ids is None) == (doc_vectors is None):
+            raise ValueError("BiEncoderPreRanker.forward needs exactly one of doc_input_ids and doc_vectors")
+        q = self.query_tower()(query_input_ids, query_attention_mask).embeddings  # (n_queries, dim)
+        if doc_vectors is None:
+            d = self.encoder(doc_input_ids, doc_attention_mask).embeddings        # (n_docs, dim)
+            if not self.encoder.cfg.normalize:
+                d = F.normalize(d, dim=-1)
+        else:
+            d = doc_vectors.to(q.dtype)                                           # (n_docs, dim)
+        if not self.query_tower().cfg.normalize:
+            q = F.normalize(q, dim=-1)
+        if doc_query is not None:
+            q = q[doc_query]                                                      # (n_docs, dim)
+        return PreRankerOutput(scores=(q * d).sum(-1))  # (n_docs,)
 
     def backbone_module(self) -> nn.Module:
         return self.encoder.backbone
@@ -159,6 +226,12 @@ def build_preranker(cfg: PreRankerConfig = PreRankerConfig()) -> tuple[PreRanker
     if cfg.kind == "bi":
         encoder, tok = BiEncoder.from_pretrained(EncoderConfig(name_or_path=cfg.name_or_path, max_length=cfg.max_length))
         model: PreRanker = BiEncoderPreRanker(encoder, cfg)
+        if cfg.towers == "separate":
+            if cfg.query_name_or_path is None:
+                model.separate_towers()
+            else:
+                model.query_encoder, _ = BiEncoder.from_pretrained(
+                    EncoderConfig(name_or_path=cfg.query_name_or_path, max_length=cfg.max_length))
     else:
         path = resolve_model_path(cfg.name_or_path)
         tok = AutoTokenizer.from_pretrained(path)
@@ -172,11 +245,18 @@ def build_preranker(cfg: PreRankerConfig = PreRankerConfig()) -> tuple[PreRanker
 def save_preranker(model: PreRanker, tokenizer, directory: Path) -> Path:
     """Write weights (safetensors), tokenizer and ``preranker.json`` into ``directory``.
 
-    The directory then loads with :func:`load_preranker` and is what the model registry logs; it
-    appears complete or not at all (:func:`data_contracts.base.atomic_directory`).
+    A separate query tower goes to ``directory/query_encoder``. The directory then loads with
+    :func:`load_preranker` and is what the model registry logs; it appears complete or not at all
+    (:func:`data_contracts.base.atomic_directory`).
     """
+    query = getattr(model, "query_encoder", None)
+    if query is None:
+        return save_pretrained_dir(directory, model.backbone_module(), tokenizer, CONFIG_FILE,
+                                   replace(model.cfg, name_or_path="."))
     return save_pretrained_dir(directory, model.backbone_module(), tokenizer, CONFIG_FILE,
-                               replace(model.cfg, name_or_path="."))
+                               replace(model.cfg, name_or_path=".", towers="separate",
+                                       query_name_or_path=QUERY_ENCODER_DIR),
+                               extra={QUERY_ENCODER_DIR: query.backbone})
 
 
 def load_preranker(directory: Path) -> tuple[PreRanker, object]:
@@ -188,6 +268,8 @@ def load_preranker(directory: Path) -> tuple[PreRanker, object]:
         ``directory`` has no ``preranker.json``.
     """
     saved = read_config(directory, CONFIG_FILE, "pre-ranker")
+    if saved.get("query_name_or_path"):
+        saved["query_name_or_path"] = str(Path(directory) / saved["query_name_or_path"])
     return build_preranker(PreRankerConfig(**{**saved, "name_or_path": str(directory)}))
 
 
@@ -240,10 +322,12 @@ def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seq
     model.eval()
     q_idx = sorted({i for i, _ in pairs})
     d_idx = sorted({j for _, j in pairs})
-    q_emb = encode(model.encoder, tokenizer, [queries[i] for i in q_idx], batch_size)  # (n_q, dim)
-    d_emb = encode(model.encoder, tokenizer, [docs[j] for j in d_idx], batch_size)     # (n_d, dim)
+    q_emb = encode(model.query_tower(), tokenizer, [queries[i] for i in q_idx], batch_size)  # (n_q, dim)
+    d_emb = encode(model.encoder, tokenizer, [docs[j] for j in d_idx], batch_size)           # (n_d, dim)
+    if not model.query_tower().cfg.normalize:
+        q_emb = F.normalize(q_emb, dim=-1)
     if not model.encoder.cfg.normalize:
-        q_emb, d_emb = F.normalize(q_emb, dim=-1), F.normalize(d_emb, dim=-1)
+        d_emb = F.normalize(d_emb, dim=-1)
     q_row = {i: r for r, i in enumerate(q_idx)}
     d_row = {j: r for r, j in enumerate(d_idx)}
     qi = torch.tensor([q_row[i] for i, _ in pairs])

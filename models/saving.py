@@ -37,12 +37,17 @@ def read_config(directory: Path, filename: str, what: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def save_pretrained_dir(directory: Path, backbone, tokenizer, config_file: str, config: Any) -> Path:
+def save_pretrained_dir(directory: Path, backbone, tokenizer, config_file: str, config: Any,
+                        extra: dict[str, Any] | None = None) -> Path:
     """Save a ``transformers`` ``backbone`` (safetensors), its ``tokenizer`` and the model's
-    ``config`` (as ``config_file``) into ``directory``, atomically."""
+    ``config`` (as ``config_file``) into ``directory``, atomically; each ``extra`` backbone
+    (``{subdirectory: backbone}``, e.g. a second tower) into its subdirectory, in the same
+    atomic write."""
     directory = Path(directory)
     with atomic_directory(directory) as tmp:
         backbone.save_pretrained(tmp)
+        for name, other in sorted((extra or {}).items()):
+            other.save_pretrained(tmp / name)
         tokenizer.save_pretrained(tmp)
         write_config(tmp / config_file, config)
     return directory

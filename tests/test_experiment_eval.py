@@ -74,8 +74,9 @@ def test_experiment_config_reads_the_shipped_yaml_and_refuses_stored_vectors_wit
     root = Path(__file__).resolve().parents[1]
     cfg = ExperimentConfig.from_dict(yaml.safe_load((root / "configs/distillation_experiment_cpu.yaml").read_text()))
     assert cfg.train_vectors == "stored" and cfg.train_candidates.unit_scoring == "maxp"
-    assert cfg.candidates.unit_scoring == "first"             # the held-out pool: the rows' common input
-    assert cfg.train_preranker.max_length == 256 and cfg.preranker.max_length == 128
+    assert cfg.heldout_vectors == "stored" and cfg.candidates.unit_scoring == "maxp"   # the funnel of issue 10
+    assert cfg.train_preranker.max_length is None and cfg.preranker.max_length is None   # the model's own length
+    assert cfg.distill.unit_scoring == "maxp" and cfg.distill.towers == "query"
     assert cfg.reader.fid.kind == "minilm-bert2bert" and cfg.reader.train.keep_checkpoints >= cfg.reader.train.epochs
     from funnelrag.config import deep_merge, parse_overrides
 
@@ -86,6 +87,10 @@ def test_experiment_config_reads_the_shipped_yaml_and_refuses_stored_vectors_wit
         ExperimentConfig.from_dict({"train_vectors": "stored"})
     with pytest.raises(ValueError, match="train_vectors"):
         ExperimentConfig.from_dict({"train_vectors": "cached"})
+    with pytest.raises(ValueError, match="heldout_vectors='stored'"):
+        ExperimentConfig.from_dict({"heldout_vectors": "stored"})   # the default held-out pool scores unit texts
+    with pytest.raises(ValueError, match="towers"):
+        ExperimentConfig.from_dict({"distill": {"towers": "document"}})
 
 
 def test_answerable_counts_answer_passages_within_the_reader_input(tmp_path):

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from tasks.funnel.embeddings import EmbeddingIndex, embed_texts
+from tasks.funnel.embeddings import EmbeddingIndex, embed_queries
 
 KINDS = ("flat", "hnsw", "ivf")
 
@@ -84,7 +84,7 @@ def faiss_retriever(index: EmbeddingIndex, faiss_index, preranker) -> Callable[[
     """``retrieve(question, k) -> passage ids``: embed the question with the pre-ranker whose
     vectors ``index`` holds, search ``faiss_index`` (built over ``index.vectors``)."""
     def retrieve(question: str, k: int) -> list[str]:
-        q = embed_texts(preranker.model, preranker.tokenizer, [question])             # (1, dim)
+        q = embed_queries(preranker.model, preranker.tokenizer, [question])             # (1, dim)
         _, rows = faiss_index.search(np.ascontiguousarray(q, dtype=np.float32), k)    # (1, k)
         return [index.passage_ids[r] for r in rows[0] if r >= 0]
     return retrieve

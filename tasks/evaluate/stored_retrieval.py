@@ -20,7 +20,7 @@ from data_contracts.funnel import CANDIDATES
 from tasks.evaluate.metrics import TokenCache, passage_hits
 from tasks.evaluate.retrieval import PassageLookup, LabeledPreRanker, ProgressiveSetting, Question, QueryResult
 from tasks.evaluate.timing import StageClock, StageOutcome
-from tasks.funnel.embeddings import EmbeddingIndex, embed_texts
+from tasks.funnel.embeddings import EmbeddingIndex, embed_queries
 from tasks.funnel.stored import rank_units_stored
 
 
@@ -45,7 +45,7 @@ class StoredPreRanker:
             rows = [self._row[p] for p, _, _ in passages]
         except KeyError as exc:
             raise KeyError(f"passage {exc.args[0]!r} is not in the embedding index") from exc
-        query = embed_texts(self.preranker.model, self.preranker.tokenizer, [question])[0]   # (dim,)
+        query = embed_queries(self.preranker.model, self.preranker.tokenizer, [question])[0]   # (dim,)
         return self.index.vectors[rows] @ query                                             # (n,)
 
 
@@ -107,7 +107,7 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
             ids, bm25 = cluster_index.search([q.question], setting.n_clusters)
             cids = [int(c) for c in ids[0]]
         with clock.stage("preranking"):
-            query = embed_texts(preranker.model, preranker.tokenizer, [q.question])[0]     # (dim,)
+            query = embed_queries(preranker.model, preranker.tokenizer, [q.question])[0]     # (dim,)
             ranking = rank_units_stored(query, index, cids)
             top_units = ranking.unit_ids[:setting.n_units]
             final = lookup.get([index.passage_ids[r] for r, _ in ranking.top_passages(index, setting.n_units,

@@ -213,8 +213,19 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
 
 
 def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tokenizer,
-                batch_size: int = 32) -> pa.Table:
+                batch_size: int = 32, passages_of: dict[str, list[tuple[str, str]]] | None = None,
+                index=None) -> pa.Table:
     """The same unit pool re-scored and re-ranked by another pre-ranker (e.g. after distillation).
+
+    Parameters
+    ----------
+    pool, units, questions : ``unit_pool``, ``units`` and ``questions`` tables.
+    model, tokenizer : the pre-ranker (:mod:`models.preranker`).
+    batch_size : pairs (or texts) per forward pass.
+    passages_of : ``unit_id → [(passage_id, text)]`` of every pool unit: units score by MaxP
+        (:mod:`tasks.funnel.unit_scoring`); None: from the unit text (``unit_scoring="first"``).
+    index : with ``passages_of``, an :class:`tasks.funnel.embeddings.EmbeddingIndex` of the
+        model's document tower (checked by the caller): passage vectors are read, not computed.
 
     Raises
     ------
@@ -227,8 +238,16 @@ def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tok
     for q, u in zip(qids, uids):
         if q not in q_row or u not in u_row:
             raise KeyError(f"unit pool row ({q}, {u}) has no question or unit text")
-    scores = score_grouped(model, tokenizer, questions["question"].to_pylist(), units["text"].to_pylist(),
-                           [(q_row[q], u_row[u]) for q, u in zip(qids, uids)], batch_size)  # (n_pool,)
+    texts = questions["question"].to_pylist()
+    if passages_of is None:
+        scores = score_grouped(model, tokenizer, texts, units["text"].to_pylist(),
+                               [(q_row[q], u_row[u]) for q, u in zip(qids, uids)], batch_size)  # (n_pool,)
+    else:
+        rows = [(q_row[q], u) for q, u in zip(qids, uids)]
+        if index is not None:
+            scores, _ = stored_maxp_pool_scores(model, tokenizer, texts, rows, passages_of, index, batch_size)
+        else:
+            scores, _ = maxp_pool_scores(model, tokenizer, texts, rows, passages_of, batch_size)   # (n_pool,)
     order = sorted(range(len(qids)), key=lambda r: (qids[r], -scores[r], uids[r]))
     ranks = np.zeros(len(qids), dtype=np.int64)
     prev, k = None, 0
@@ -238,6 +257,21 @@ def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tok
     out = pool.set_column(pool.schema.get_field_index("prerank_score"), "prerank_score", pa.array(scores, pa.float32()))
     out = out.set_column(out.schema.get_field_index("prerank_rank"), "prerank_rank", pa.array(ranks, pa.int16()))
     return UNIT_POOL.validate(out.take(pa.array(order)))
+
+
+def unit_passages(passages: pa.Table, unit_ids) -> dict[str, list[tuple[str, str]]]:
+    """``unit_id → [(passage_id, passage_text)]`` of ``unit_ids`` from a corpus ``passages``
+    table, passages in table (= position) order; the text is what a pre-ranker reads
+    (:func:`tasks.funnel.embeddings.passage_text`)."""
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    wanted = sorted(set(unit_ids))
+    sub = passages.filter(pc.is_in(passages["unit_id"], pa.array(wanted, pa.string())))
+    out: dict[str, list[tuple[str, str]]] = {}
+    for uid, pid, title, text in zip(sub["unit_id"].to_pylist(), sub["passage_id"].to_pylist(),
+                                     sub["title"].to_pylist(), sub["text"].to_pylist()):
+        out.setdefault(uid, []).append((pid, passage_text(title, text)))
+    return out
 
 
 def answer_recall(pool: pa.Table, ks: Sequence[int], questions: Sequence[str] | None = None) -> dict[int, float]:

@@ -6,7 +6,15 @@ For every question, every pair of a positive document ``d+ ∈ D+`` and a negati
     L = − log σ( S(q, d+) − S(q, d−) )                                         (Eq. 6)
 
 computed as ``−logsigmoid(·)`` (stable for large differences), averaged over the pairs of a
-question and then over the questions of a batch. When a question has more than
+question and then over the questions of a batch.
+
+``S(q, d)`` is the pre-ranker's score of the document unit: from its text (``unit_scoring="first"``,
+the first ``max_length`` tokens, :class:`BPRHooks`) or, as the funnel ranks units, the best of its
+passages' scores ``S(q, d) = max_{p ∈ d} f(q, p)`` (``"maxp"``, :class:`MaxPBPRHooks`; the
+gradient reaches the best passage of each unit). With ``towers="query"`` only the query tower of
+a bi-encoder is trained (query-side fine-tuning): the document tower is frozen, so its passage
+vectors are read from the published embedding index (or computed once) and stay valid after
+distillation. When a question has more than
 ``max_pairs_per_question`` pairs, a subset is drawn from a hash of
 ``(seed, epoch, question, pair)``, so a resumed or repeated run sees the same pairs. Training
 uses the shared loop :func:`funnelrag.training.train` through :class:`BPRHooks`.
@@ -15,8 +23,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import torch
 import torch.nn.functional as F
@@ -31,8 +40,13 @@ class DistillConfig:
     score_scale : multiplies ``S(q, d+) − S(q, d−)`` inside σ; 1 for a cross-encoder's logits,
         ~20 for a bi-encoder's cosine in [−1, 1] (the sentence-transformers scale).
     seed : seed of the pair sampling.
-    freeze_embeddings : keep the backbone's input embeddings fixed (half of MiniLM's 22.7M
+    freeze_embeddings : keep the trained encoder's input embeddings fixed (half of MiniLM's 22.7M
         parameters; a few hundred questions do not need them and AdamW then updates half as much).
+    unit_scoring : ``"first"`` — ``S(q, d)`` from the unit text (truncated to ``max_length``);
+        ``"maxp"`` — ``max`` over the unit's passages (:mod:`tasks.funnel.unit_scoring`).
+    towers : ``"both"`` — the whole pre-ranker is trained (a bi-encoder's shared encoder);
+        ``"query"`` — bi-encoder query-side fine-tuning: a separate query tower is trained, the
+        document tower and its stored passage vectors stay as they are.
     """
 
     epochs: int = 1
@@ -40,15 +54,37 @@ class DistillConfig:
     score_scale: float = 1.0
     seed: int = 0
     freeze_embeddings: bool = True
+    unit_scoring: str = "first"
+    towers: str = "both"
+
+    def __post_init__(self) -> None:
+        if self.unit_scoring not in ("first", "maxp"):
+            raise ValueError(f"DistillConfig.unit_scoring must be 'first' or 'maxp', got {self.unit_scoring!r}")
+        if self.towers not in ("both", "query"):
+            raise ValueError(f"DistillConfig.towers must be 'both' or 'query', got {self.towers!r}")
 
 
 def prepare_for_distillation(model: torch.nn.Module, cfg: DistillConfig) -> int:
-    """Freeze the pre-ranker's input embeddings if configured; returns the trainable parameter count.
+    """Set what BPR trains; returns the trainable parameter count.
 
-    ``model`` must have ``backbone_module()`` (:mod:`models.preranker`).
+    ``towers="query"``: the bi-encoder gets a separate query tower (a copy of the document tower,
+    :meth:`models.preranker.BiEncoderPreRanker.separate_towers`) and the document tower is
+    frozen. ``freeze_embeddings``: the trained encoder's input embeddings are frozen.
+
+    Raises
+    ------
+    ValueError
+        ``towers="query"`` with a pre-ranker that is not a bi-encoder.
     """
+    trained = model.backbone_module()
+    if cfg.towers == "query":
+        if getattr(model, "kind", None) != "bi":
+            raise ValueError(f"towers='query' needs a bi-encoder pre-ranker, got kind {getattr(model, 'kind', None)!r}")
+        model.separate_towers()
+        model.encoder.requires_grad_(False)
+        trained = model.query_encoder.backbone
     if cfg.freeze_embeddings:
-        for p in model.backbone_module().get_input_embeddings().parameters():
+        for p in trained.get_input_embeddings().parameters():
             p.requires_grad_(False)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -60,12 +96,14 @@ def bpr_loss(pos_scores: torch.Tensor, neg_scores: torch.Tensor, scale: float = 
 
 @dataclass(frozen=True)
 class DistillExample:
-    """One question's documents for Eq. 6: texts of D+ and D− (sorted by unit id)."""
+    """One question's documents for Eq. 6: D+ and D− (sorted by unit id), each unit as
+    ``(unit_id, payload)``: its text (``unit_scoring="first"``) or the tuple of its passages
+    (``"maxp"``: passage texts, or rows of stored passage vectors)."""
 
     question_id: str
     question: str
-    positives: tuple[tuple[str, str], ...]   # (unit_id, text)
-    negatives: tuple[tuple[str, str], ...]
+    positives: tuple[tuple[str, Any], ...]   # (unit_id, text or passages)
+    negatives: tuple[tuple[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -73,14 +111,17 @@ class PairItem:
     """A question's (d+, d−) pairs for one epoch, as indices into ``docs``."""
 
     question: str
-    docs: tuple[str, ...]                    # texts, positives first
+    docs: tuple[Any, ...]                    # unit payloads (texts or passages), positives first
     pairs: tuple[tuple[int, int], ...]       # (index of d+, index of d−)
 
 
-def build_examples(labels: pa.Table, questions: pa.Table, units: pa.Table) -> tuple[list[DistillExample], dict]:
+def build_examples(labels: pa.Table, questions: pa.Table, units: pa.Table,
+                   passages_of: dict[str, tuple] | None = None) -> tuple[list[DistillExample], dict]:
     """Distillation examples from the labels, questions and units tables.
 
     Questions with an empty D+ or D− give no pair and are skipped (counted in the report).
+    With ``passages_of`` (``unit_id → tuple of the unit's passages``, for MaxP), a unit's payload
+    is its passages instead of its text.
 
     Returns
     -------
@@ -90,9 +131,15 @@ def build_examples(labels: pa.Table, questions: pa.Table, units: pa.Table) -> tu
     Raises
     ------
     KeyError
-        A labelled question or unit is missing from ``questions`` / ``units`` (names it).
+        A labelled question or unit is missing from ``questions`` / ``units`` / ``passages_of``
+        (names it).
     """
     text_of = dict(zip(units["unit_id"].to_pylist(), units["text"].to_pylist()))
+    if passages_of is not None:
+        missing = sorted(set(labels["unit_id"].to_pylist()) - set(passages_of))
+        if missing:
+            raise KeyError(f"labels: unit {missing[0]} has no passages ({len(missing)} units without)")
+        text_of = {u: passages_of[u] for u in text_of if u in passages_of}
     q_text = dict(zip(questions["question_id"].to_pylist(), questions["question"].to_pylist()))
     per_q: dict[str, tuple[list, list]] = {}
     for q, u, pos in zip(labels["question_id"].to_pylist(), labels["unit_id"].to_pylist(),
@@ -189,11 +236,87 @@ class BPRHooks:
         """Eq. 6 averaged over each question's pairs, then over questions; extra: pair accuracy."""
         inputs = {k: v for k, v in batch.items() if not k.startswith("pair_")}
         scores = model(**inputs).scores                                   # (n_docs,)
-        pos, neg = scores[batch["pair_pos"]], scores[batch["pair_neg"]]   # (n_pairs,)
-        per_pair = bpr_loss(pos, neg, self.scale)                          # (n_pairs,)
-        owner = batch["pair_question"]
-        n_q = int(owner.max().item()) + 1
-        sums = torch.zeros(n_q, dtype=per_pair.dtype, device=per_pair.device).index_add(0, owner, per_pair)
-        counts = torch.bincount(owner, minlength=n_q).clamp(min=1).to(per_pair.dtype)
-        loss = (sums / counts).mean()
-        return loss, {"pair_accuracy": float((pos > neg).float().mean().item())}
+        return question_mean_bpr(scores, batch, self.scale)
+
+
+def question_mean_bpr(doc_scores: torch.Tensor, batch: dict, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Eq. 6 over the batch's pairs, averaged over each question's pairs, then over questions.
+
+    Parameters
+    ----------
+    doc_scores : ``(n_docs,)`` S(q, d) of every document of the batch.
+    batch : ``pair_pos``, ``pair_neg`` (indices into ``doc_scores``) and ``pair_question``
+        (question index), each ``(n_pairs,)``.
+    scale : :attr:`DistillConfig.score_scale`.
+
+    Returns
+    -------
+    (loss, extras) : scalar loss and ``{"pair_accuracy": share of pairs with S(q, d+) > S(q, d−)}``.
+    """
+    pos, neg = doc_scores[batch["pair_pos"]], doc_scores[batch["pair_neg"]]   # (n_pairs,)
+    per_pair = bpr_loss(pos, neg, scale)                                      # (n_pairs,)
+    owner = batch["pair_question"]
+    n_q = int(owner.max().item()) + 1
+    sums = torch.zeros(n_q, dtype=per_pair.dtype, device=per_pair.device).index_add(0, owner, per_pair)
+    counts = torch.bincount(owner, minlength=n_q).clamp(min=1).to(per_pair.dtype)
+    return (sums / counts).mean(), {"pair_accuracy": float((pos > neg).float().mean().item())}
+
+
+class MaxPBPRHooks:
+    """:class:`funnelrag.training.TrainHooks` for Eq. 6 with MaxP document scores
+    ``S(q, d) = max_{p ∈ d} f(q, p)`` of a bi-encoder pre-ranker.
+
+    Each unit's payload (:class:`PairItem` ``docs``) is the tuple of its passages: texts, encoded
+    by the document tower with the gradient (``vectors=None``), or rows of ``vectors``, the
+    stored passage vectors of the frozen document tower (query-side fine-tuning).
+
+    Parameters
+    ----------
+    tokenizer : the pre-ranker's tokenizer.
+    max_length : tokens per question and per passage (the pre-ranker's own).
+    scale : :attr:`DistillConfig.score_scale`.
+    vectors : float32 ``(n_rows, dim)`` L2-normalised passage vectors, or None.
+    """
+
+    def __init__(self, tokenizer, max_length: int, scale: float = 1.0, vectors: np.ndarray | None = None):
+        self.tokenizer, self.max_length, self.scale = tokenizer, max_length, scale
+        self.vectors = vectors
+
+    def collate(self, items: list[PairItem]) -> dict[str, torch.Tensor]:
+        """``query_*`` ``(n_questions, seq_len)``; the passages of every unit of the batch as
+        ``doc_vectors`` ``(n_passages, dim)`` or ``doc_*`` ``(n_passages, seq_len)``;
+        ``doc_query`` and ``passage_unit`` ``(n_passages,)``; ``pair_*`` ``(n_pairs,)`` with
+        ``pair_pos``/``pair_neg`` indexing the batch's units."""
+        queries = [item.question for item in items]
+        passages, doc_query, passage_unit, pos, neg, owner = [], [], [], [], [], []
+        n_units = 0
+        for qi, item in enumerate(items):
+            for j, unit in enumerate(item.docs):
+                for p in unit:
+                    passages.append(p), doc_query.append(qi), passage_unit.append(n_units + j)
+            for a, b in item.pairs:
+                pos.append(n_units + a), neg.append(n_units + b), owner.append(qi)
+            n_units += len(item.docs)
+        q = self.tokenizer(queries, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        batch = {"query_input_ids": q["input_ids"], "query_attention_mask": q["attention_mask"]}
+        if self.vectors is None:
+            d = self.tokenizer(passages, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+            batch.update(doc_input_ids=d["input_ids"], doc_attention_mask=d["attention_mask"])
+        else:
+            batch["doc_vectors"] = torch.from_numpy(self.vectors[np.asarray(passages, dtype=np.int64)])
+        batch["doc_query"] = torch.tensor(doc_query, dtype=torch.long)
+        batch["passage_unit"] = torch.tensor(passage_unit, dtype=torch.long)
+        batch["pair_pos"] = torch.tensor(pos, dtype=torch.long)
+        batch["pair_neg"] = torch.tensor(neg, dtype=torch.long)
+        batch["pair_question"] = torch.tensor(owner, dtype=torch.long)
+        return batch
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        """Passage scores → unit scores (max per unit) → Eq. 6 per question, then mean."""
+        inputs = {k: v for k, v in batch.items() if not k.startswith(("pair_", "passage_"))}
+        scores = model(**inputs).scores                                            # (n_passages,)
+        unit = batch["passage_unit"]
+        n_units = int(unit.max().item()) + 1
+        unit_scores = torch.full((n_units,), float("-inf"), dtype=scores.dtype, device=scores.device)
+        unit_scores = unit_scores.scatter_reduce(0, unit, scores, reduce="amax")     # (n_units,)
+        return question_mean_bpr(unit_scores, batch, self.scale)

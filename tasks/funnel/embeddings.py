@@ -72,8 +72,11 @@ def passage_texts(passages: pa.Table) -> list[str]:
 
 
 def model_version(model) -> str:
-    """sha256 of a bi-encoder pre-ranker's weights and input length: the "model version" that
-    keys the index (content, not the place the weights were loaded from).
+    """sha256 of a bi-encoder pre-ranker's document-tower weights and input length: the "model
+    version" that keys the index (content, not the place the weights were loaded from). A
+    separate query tower is not part of it: a pre-ranker fine-tuned on the query side only
+    (:class:`models.preranker.BiEncoderPreRanker` with ``towers="separate"``) reads the index of
+    its base model, and nothing needs re-embedding after such a distillation.
 
     Parameters
     ----------
@@ -94,10 +97,19 @@ def model_version(model) -> str:
 
 
 def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-    """L2-normalised embeddings ``E(d)`` of a bi-encoder pre-ranker, float32 ``(len(texts), dim)``."""
+    """L2-normalised document-tower embeddings ``E_d(d)`` of a bi-encoder pre-ranker, float32
+    ``(len(texts), dim)``: what the embedding index stores."""
     from tasks.evaluate.dense import encode_texts  # noqa: PLC0415
 
     return encode_texts(model.encoder, tokenizer, texts, batch_size)
+
+
+def embed_queries(model, tokenizer, questions: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    """L2-normalised query-tower embeddings ``E_q(q)`` of a bi-encoder pre-ranker, float32
+    ``(len(questions), dim)`` (the shared encoder's when the model has no separate query tower)."""
+    from tasks.evaluate.dense import encode_texts  # noqa: PLC0415
+
+    return encode_texts(model.query_tower(), tokenizer, questions, batch_size)
 
 
 def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(),
@@ -316,6 +328,22 @@ def open_embedding_index(root: Path, corpus_digest: str, version: str) -> Embedd
     probe.check(corpus_digest, version)                       # before reading 200+ MB of vectors
     index = EmbeddingIndex.from_table(PASSAGE_EMBEDDINGS.read(store.current_dir()), meta)
     return index
+
+
+def find_embedding_index(stores_dir: Path, corpus: str, corpus_digest: str, model) -> EmbeddingIndex | None:
+    """The published embedding index of ``model``'s document tower over this corpus version, or
+    None when none is published (query-side distillation and re-ranking read it when it exists).
+
+    Raises
+    ------
+    EmbeddingIndexMismatch
+        The store's current index was built from another corpus version.
+    """
+    version = model_version(model)
+    try:
+        return open_embedding_index(store_root(stores_dir, corpus, version), corpus_digest, version)
+    except FileNotFoundError:
+        return None
 
 
 def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpus_digest: str, passages: pa.Table,

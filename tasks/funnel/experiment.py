@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -70,6 +69,11 @@ class ExperimentConfig:
         held-out ones).
     distill_answerable : distil on train questions whose top-N units hold an answer only (the
         questions that give answer-only pairs; L2G's attention-only questions are then left out).
+    heldout_vectors : ``"computed"`` or ``"stored"``: the held-out pool's pre-ranking (and the
+        re-ranking of that pool by each distilled pre-ranker) reads the passage vectors of the
+        published embedding index, as :attr:`train_vectors` does for the train split
+        (``candidates.unit_scoring`` must be ``"maxp"``). A distilled pre-ranker whose document
+        tower differs from the index's (``distill.towers="both"``) is scored on the fly.
     n_reader_dev : held-out questions (first in id order) whose flat BM25 reader input (built like
         the reader's training input) measures reader EM per checkpoint.
     """
@@ -103,10 +107,14 @@ class ExperimentConfig:
     train_preranker: PreRankerConfig | None = None
     n_reader_dev: int | None = 400
     distill_answerable: bool = False
+    heldout_vectors: str = "computed"
 
     def __post_init__(self) -> None:
-        if self.train_vectors not in ("computed", "stored"):
-            raise ValueError(f"train_vectors must be 'computed' or 'stored', got {self.train_vectors!r}")
+        for name in ("train_vectors", "heldout_vectors"):
+            if getattr(self, name) not in ("computed", "stored"):
+                raise ValueError(f"{name} must be 'computed' or 'stored', got {getattr(self, name)!r}")
+        if self.heldout_vectors == "stored" and self.candidates.unit_scoring != "maxp":
+            raise ValueError("heldout_vectors='stored' reads passage vectors: candidates.unit_scoring must be 'maxp'")
         if self.train_vectors == "stored" and (self.train_candidates or self.candidates).unit_scoring != "maxp":
             raise ValueError("train_vectors='stored' reads passage vectors: train_candidates.unit_scoring must be 'maxp'")
 
@@ -234,6 +242,25 @@ class Experiment:
         self.ws = Workspace(home)
         self.corpus = open_corpus(self.ws, corpus)
         self.cache = StageCache(self.ws.cache_dir / "experiment")
+        self._indexes: dict[str, Any] = {}
+
+    def embedding_index(self, model):
+        """The published embedding index of ``model``'s document tower over this corpus (loaded
+        once per document tower), or None when none is published.
+
+        Raises
+        ------
+        tasks.funnel.embeddings.EmbeddingIndexMismatch
+            The store's current index was built from another corpus version.
+        """
+        from tasks.funnel.embeddings import find_embedding_index, model_version  # noqa: PLC0415
+
+        version = model_version(model)
+        if version not in self._indexes:
+            self._indexes[version] = find_embedding_index(
+                self.ws.home / "stores", self.corpus_name,
+                self.corpus.manifest.get("content_digest", self.corpus.digest), model)
+        return self._indexes[version]
 
     def step(self, name: str, config: Any, inputs: dict[str, str], build) -> StageResult:
         key = StageCache.key(name, VERSION, config, inputs)
@@ -255,7 +282,7 @@ class Experiment:
 
         c = self.cfg
         limit = c.n_train if split == "train" else c.n_heldout
-        stored = split == "train" and c.train_vectors == "stored"
+        stored = (c.train_vectors if split == "train" else c.heldout_vectors) == "stored"
         cand_cfg = (c.train_candidates or c.candidates) if split == "train" else c.candidates
         pre_cfg = (c.train_preranker or c.preranker) if split == "train" else c.preranker
         seg_cfg = SegmentConfig(**self.corpus.manifest["config"]["segment"])
@@ -373,17 +400,64 @@ class Experiment:
         return self.step(name, cfg, {"data": data.digest}, build)
 
     def distill(self, name: str, data: StageResult, labels: StageResult) -> StageResult:
+        """BPR (Eq. 6) of ``preranker`` on ``labels``; query-side MaxP distillation reads the
+        frozen document tower's stored passage vectors when they are published."""
+        from models.preranker import build_preranker  # noqa: PLC0415
+
         c = self.cfg
         key_cfg = {"preranker": c.preranker, "distill": c.distill, "train": c.distill_train}
-        return self.step(name, key_cfg, {"data": data.digest, "labels": labels.digest}, lambda out, key: S.run_distill(
-            data.path, labels.path, c.preranker, c.distill, c.distill_train,
-            self.ws.run_dir(f"experiment-{name}", key[:16]), out))
+
+        def build(out: Path, key: str) -> dict[str, Any]:
+            index = None
+            if c.distill.unit_scoring == "maxp" and c.distill.towers == "query" and c.preranker.kind == "bi":
+                index = self.embedding_index(build_preranker(c.preranker)[0])
+            return S.run_distill(data.path, labels.path, c.preranker, c.distill, c.distill_train,
+                                 self.ws.run_dir(f"experiment-{name}", key[:16]), out, index=index)
+
+        return self.step(name, key_cfg, {"data": data.digest, "labels": labels.digest}, build)
+
+    def prerank_passage_scores(self, name: str, data: StageResult) -> StageResult:
+        """The pre-ranker's own score ``f(q, p)`` of every candidate passage of ``data`` (MaxP
+        funnels order a unit's passages by it): ``passage_scores.json`` = ``[[question_id,
+        passage_id, score], ...]``; stored vectors when published, else computed."""
+        from models.preranker import build_preranker  # noqa: PLC0415
+        from tasks.funnel.embeddings import passage_text  # noqa: PLC0415
+        from tasks.funnel.unit_scoring import maxp_pool_scores, stored_maxp_pool_scores  # noqa: PLC0415
+
+        c = self.cfg
+
+        def build(out: Path, _key: str) -> dict[str, Any]:
+            model, tok = build_preranker(c.preranker)
+            cands, questions = CANDIDATES.read(data.path), QUESTIONS.read(data.path)
+            qids = questions["question_id"].to_pylist()
+            q_row = {q: i for i, q in enumerate(qids)}
+            passages_of: dict[str, list[tuple[str, str]]] = {}
+            pool, seen = set(), set()
+            for q, u, _, pid, title, text in sorted(zip(
+                    cands["question_id"].to_pylist(), cands["unit_id"].to_pylist(), cands["passage_position"].to_pylist(),
+                    cands["passage_id"].to_pylist(), cands["title"].to_pylist(), cands["text"].to_pylist())):
+                pool.add((q_row[q], u))
+                if pid not in seen:
+                    seen.add(pid)
+                    passages_of.setdefault(u, []).append((pid, passage_text(title, text)))
+            rows = sorted(pool)
+            index = self.embedding_index(model) if c.heldout_vectors == "stored" else None
+            texts = questions["question"].to_pylist()
+            if index is not None:
+                _, scores = stored_maxp_pool_scores(model, tok, texts, rows, passages_of, index, c.candidates.batch_size)
+            else:
+                _, scores = maxp_pool_scores(model, tok, texts, rows, passages_of, c.candidates.batch_size)
+            triples = sorted([qids[qi], pid, float(v)] for (qi, pid), v in scores.items())
+            (out / "passage_scores.json").write_text(json.dumps(triples))
+            return {"passages": len(triples), "stored_vectors": index is not None}
+
+        return self.step(name, {"preranker": c.preranker, "vectors": c.heldout_vectors}, {"data": data.digest}, build)
 
     def preranker_recall(self, name: str, heldout: StageResult, distilled: StageResult | None) -> StageResult:
         """Per-question AR@k of the held-out unit pool, re-ranked by a distilled pre-ranker
         (``distilled=None``: the pool's own pre-ranker order, i.e. before distillation)."""
         from models.preranker import load_preranker  # noqa: PLC0415
-        from tasks.funnel.candidates import rerank_pool  # noqa: PLC0415
+        from tasks.funnel.candidates import rerank_pool, unit_passages  # noqa: PLC0415
         from tasks.funnel.experiment_eval import per_question_unit_recall  # noqa: PLC0415
 
         ks = sorted({*self.cfg.recall_at, self.cfg.candidates.n_units})
@@ -392,8 +466,13 @@ class Experiment:
             pool, questions = UNIT_POOL.read(heldout.path), QUESTIONS.read(heldout.path)
             if distilled is not None:
                 model, tok = load_preranker(distilled.path / S.PRERANKER_DIR)
+                passages_of = index = None
+                if self.cfg.candidates.unit_scoring == "maxp":     # rank units as the pool was ranked
+                    passages_of = unit_passages(self.corpus.passages, pool["unit_id"].to_pylist())
+                    if self.cfg.heldout_vectors == "stored" and model.kind == "bi":
+                        index = self.embedding_index(model)
                 pool = rerank_pool(pool, UNITS.read(heldout.path), questions, model, tok,
-                                   self.cfg.candidates.batch_size)
+                                   self.cfg.candidates.batch_size, passages_of, index)
             qids = sorted(questions["question_id"].to_pylist())
             per_q = per_question_unit_recall(pool, ks, qids)
             (out / "recall.json").write_text(json.dumps({"question_ids": qids, **{str(k): v.tolist() for k, v in per_q.items()}}))
@@ -430,6 +509,10 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
         ids = sorted(answerable(heldout.path, None))[: c.n_postrank]
         done["postrank_data"] = exp.subset("postrank_data", heldout, set(ids))
         done["postrank"] = exp.attention("attention_postrank", done["postrank_data"], done["reader"])
+        if c.candidates.unit_scoring == "maxp":
+            done["postrank_prerank"] = exp.prerank_passage_scores("prerank_passage_scores", done["postrank_data"])
+    from tasks.funnel.experiment_report import distillation_report, postranker_report, reader_curve_report  # noqa: PLC0415
+
     texts, figures = [], {}
     if "answer_only" in done:
         t, f = distillation_report(exp, heldout, done)
@@ -446,79 +529,6 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     if not texts:
         return {k: v.summary for k, v in done.items()}
     return {"text": "\n\n".join(texts), "figures": figures}
-
-
-def distillation_report(exp: Experiment, heldout: StageResult, done: dict[str, StageResult]) -> tuple[str, dict]:
-    """Pre-ranker AR@k before / after answer-only (and, when done, L2G) distillation on the held-out pool."""
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
-    c = exp.cfg
-    recalls = {name: exp.preranker_recall(f"recall_{name}", heldout, d) for name, d in
-               (("before", None), ("answer_only", done["answer_only"]), ("l2g", done.get("l2g"))) if d or name == "before"}
-    per = {n: json.loads((r.path / "recall.json").read_text()) for n, r in recalls.items()}
-    qids = per["before"]["question_ids"]
-    ks = [k for k in per["before"] if k != "question_ids"]
-    idx = E.bootstrap_indices(len(qids), c.n_bootstrap, c.bootstrap_seed)
-    rows = {"before distillation": {int(k): np.asarray(per["before"][k]) for k in ks},
-            "BPR, answer-only (K=0)": {int(k): np.asarray(per["answer_only"][k]) for k in ks}}
-    if "l2g" in per:
-        rows[f"BPR, L2G (K={c.l2g_top_k})"] = {int(k): np.asarray(per["l2g"][k]) for k in ks}
-    text, fig = E.recall_table(f"Pre-ranker answer recall (%), {len(qids)} held-out NQ-open dev questions, "
-                               f"same pool and input length ({c.preranker.max_length} tokens); 95% bootstrap intervals",
-                               rows, idx, baseline="before distillation")
-    return text, {"preranker": fig, "n_heldout": len(qids), "heldout_digest": question_set_digest(qids),
-                  **{n: done[n].summary for n in ("answer_only", "l2g") if n in done}}
-
-
-def reader_curve_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
-    """The reader's learning curve: training loss (mean over the steps up to each checkpoint
-    since the previous one) and held-out EM with its 95% bootstrap interval per checkpoint."""
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
-    c = exp.cfg
-    curve = json.loads((done["reader_curve"].path / "curve.json").read_text())
-    losses = json.loads((done["reader"].path / "losses.json").read_text())
-    n = len(curve[0]["per_question"]) if curve else 0
-    idx = E.bootstrap_indices(n, c.n_bootstrap, c.bootstrap_seed) if n else None
-    lines = [f"Reader ({c.reader.fid.kind}) learning curve: held-out EM (%) on {n} dev-split questions whose flat "
-             f"BM25 top {c.reader_search_k} holds an answer (reader input built like the training input), 95% "
-             "bootstrap intervals", "", "| step | epoch | train loss (since previous) | held-out EM |", "|---|---|---|---|"]
-    rows, prev = [], 0
-    for point in curve:
-        window = losses[prev:point["step"]]
-        loss = sum(window) / len(window) if window else float("nan")
-        em = E.interval(np.asarray(point["per_question"], float), idx)
-        lines.append(f"| {point['step']} | {point['epoch']} | {loss:.3f} | {E.fmt(em)} |")
-        rows.append({"step": point["step"], "epoch": point["epoch"], "train_loss": loss, "em": em})
-        prev = point["step"]
-    return "\n".join(lines), {"reader_curve": rows}
-
-
-def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
-    """Eq. 3 post-ranking vs pre-ranker passage order (same N units), and the reader's EM."""
-    from data_contracts.funnel import ATTENTION_SCORES, READER_PREDICTIONS  # noqa: PLC0415
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
-    c = exp.cfg
-    cands = CANDIDATES.read(done["postrank_data"].path)
-    pq = sorted(set(cands["question_id"].to_pylist()))
-    att = ATTENTION_SCORES.read(done["postrank"].path)
-    scores = dict(zip(zip(att["question_id"].to_pylist(), att["passage_id"].to_pylist()), att["score"].to_pylist()))
-    pks = list(c.recall_at)
-    prows = {"pre-ranker passage order": E.per_question_passage_recall(cands, pks, pq),
-             "FiD Eq. 3 post-ranking": E.per_question_passage_recall(cands, pks, pq, scores)}
-    t2, f2 = E.recall_table(f"Passage answer recall (%) over the same {c.candidates.n_units} units, {len(pq)} held-out "
-                            "questions whose units hold an answer", prows,
-                            E.bootstrap_indices(len(pq), c.n_bootstrap, c.bootstrap_seed), baseline="pre-ranker passage order")
-    preds = READER_PREDICTIONS.read(done["reader_eval"].path)
-    em = np.asarray(preds["exact_match"].to_pylist(), dtype=float)
-    em_ci = E.interval(em, E.bootstrap_indices(len(em), c.n_bootstrap, c.bootstrap_seed))
-    t3 = (f"Reader ({c.reader.fid.kind}) EM (%) on {len(em)} held-out questions whose reader input "
-          f"(top {c.reader.n_passages} passages) holds an answer: {E.fmt(em_ci)}")
-    return f"{t2}\n\n{t3}", {"postranker": f2, "postrank_digest": question_set_digest(pq), "reader_em": em_ci,
-                              "reader": done["reader"].summary, "reader_eval": done["reader_eval"].summary}
 
 
 def main(argv: list[str] | None = None) -> int:

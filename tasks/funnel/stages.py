@@ -219,42 +219,99 @@ def run_labels(candidates_dir: Path, attention_dir: Path, cfg: LabelConfig, out_
             **{f"reason_{r}": reasons.count(r) for r in sorted(set(reasons))}}
 
 
-@stage("distill", version="1")
+@stage("distill", version="2")
 def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig,
-                train_cfg: TrainConfig, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None) -> dict[str, Any]:
-    """Eq. 6 BPR training of the pre-ranker through the shared loop → ``out_dir/preranker``."""
+                train_cfg: TrainConfig, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None,
+                index=None) -> dict[str, Any]:
+    """Eq. 6 BPR training of the pre-ranker through the shared loop → ``out_dir/preranker``.
+
+    With ``cfg.unit_scoring="maxp"`` a unit scores as its best passage (the candidates table
+    gives each unit's passages). With ``cfg.towers="query"`` only a query tower is trained; the
+    frozen document tower's passage vectors are read from ``index`` (a
+    :class:`tasks.funnel.embeddings.EmbeddingIndex` of the same document tower, checked here) or,
+    without one, computed once before training.
+
+    Raises
+    ------
+    tasks.funnel.embeddings.EmbeddingIndexMismatch
+        ``index`` was built by another document tower.
+    KeyError
+        A candidate passage is not in ``index``.
+    """
+    from tasks.funnel.distill import MaxPBPRHooks  # noqa: PLC0415
+    from tasks.funnel.embeddings import embed_texts, model_version, passage_text  # noqa: PLC0415
+
     t0 = time.perf_counter()
-    examples, report = build_examples(LABELS.read(labels_dir), QUESTIONS.read(candidates_dir), UNITS.read(candidates_dir))
     model, tok = build_preranker(preranker)
     trainable = prepare_for_distillation(model, cfg)
-    result = train(model, PairDataset(examples, cfg), BPRHooks(model.tokenize, tok, cfg.score_scale),
-                   replace(train_cfg, output_dir=str(work_dir)), log_metrics=log_metrics)
+    labels, questions, units = LABELS.read(labels_dir), QUESTIONS.read(candidates_dir), UNITS.read(candidates_dir)
+    if cfg.unit_scoring == "first":
+        examples, report = build_examples(labels, questions, units)
+        hooks = BPRHooks(model.tokenize, tok, cfg.score_scale)
+    else:
+        cands = CANDIDATES.read(candidates_dir)
+        rows = sorted(zip(cands["unit_id"].to_pylist(), cands["passage_position"].to_pylist(),
+                          cands["passage_id"].to_pylist(), cands["title"].to_pylist(), cands["text"].to_pylist()))
+        passages: dict[str, dict[str, str]] = {}
+        for uid, _, pid, title, text in rows:
+            passages.setdefault(uid, {})[pid] = passage_text(title, text)
+        vectors = None
+        if cfg.towers == "query":
+            pids = sorted({pid for ps in passages.values() for pid in ps})
+            if index is not None:
+                index.check(index.meta.get("corpus_digest"), model_version(model))
+                row_of = index.row_of()
+                missing = [pid for pid in pids if pid not in row_of]
+                if missing:
+                    raise KeyError(f"passage {missing[0]!r} is not in the embedding index ({len(missing)} missing)")
+                vectors = index.vectors
+            else:   # the frozen document tower, once
+                text_of = {pid: t for ps in passages.values() for pid, t in ps.items()}
+                vectors = embed_texts(model, tok, [text_of[pid] for pid in pids])      # (n_passages, dim)
+                row_of = {pid: i for i, pid in enumerate(pids)}
+            passages_of = {u: tuple(row_of[pid] for pid in ps) for u, ps in passages.items()}
+        else:
+            passages_of = {u: tuple(ps.values()) for u, ps in passages.items()}
+        examples, report = build_examples(labels, questions, units, passages_of)
+        hooks = MaxPBPRHooks(tok, model.cfg.max_length, cfg.score_scale, vectors)
+    result = train(model, PairDataset(examples, cfg), hooks, replace(train_cfg, output_dir=str(work_dir)),
+                   log_metrics=log_metrics)
     save_preranker(model, tok, Path(out_dir) / PRERANKER_DIR)
     losses = result.losses
     return {**report, "trainable_parameters": trainable, "steps": result.global_step,
+            "unit_scoring": cfg.unit_scoring, "towers": cfg.towers,
             "first_loss": losses[0], "last_loss": losses[-1], "seconds": time.perf_counter() - t0}
 
 
 def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int],
-                       batch_size: int = 32) -> dict[int, float]:
+                       batch_size: int = 32, passages: pa.Table | None = None) -> dict[int, float]:
     """AR@k of the pre-ranking stage on the dev unit pool for a saved pre-ranker (or, with
-    ``preranker_dir=None``, the base one the pool was ranked with)."""
+    ``preranker_dir=None``, the base one the pool was ranked with).
+
+    With ``passages`` (the corpus ``passages`` table) units are re-scored by MaxP over their
+    passages, as a pool built with ``unit_scoring="maxp"`` was ranked; else from their text.
+    """
+    from tasks.funnel.candidates import unit_passages  # noqa: PLC0415
+
     pool = UNIT_POOL.read(dev_dir)
     questions = QUESTIONS.read(dev_dir)
     if preranker_dir is not None:
         model, tok = load_preranker(preranker_dir)
-        pool = rerank_pool(pool, UNITS.read(dev_dir), questions, model, tok, batch_size)
+        passages_of = None if passages is None else unit_passages(passages, pool["unit_id"].to_pylist())
+        pool = rerank_pool(pool, UNITS.read(dev_dir), questions, model, tok, batch_size, passages_of)
     return answer_recall(pool, ks, questions["question_id"].to_pylist())
 
 
 @stage("eval", version="1")
-def run_eval(dev_dir: Path, distill_dir: Path, ks: Sequence[int], out_dir: Path) -> dict[str, Any]:
-    """Answer recall of the pre-ranking stage before (base) and after distillation → ``answer_recall``."""
+def run_eval(dev_dir: Path, distill_dir: Path, ks: Sequence[int], out_dir: Path,
+             passages: pa.Table | None = None) -> dict[str, Any]:
+    """Answer recall of the pre-ranking stage before (base) and after distillation → ``answer_recall``
+    (``passages``: MaxP re-ranking, :func:`evaluate_preranker`)."""
     t0 = time.perf_counter()
     n = QUESTIONS.read(dev_dir).num_rows
     rows = []
     for name, directory in (("before", None), ("after", Path(distill_dir) / PRERANKER_DIR)):
-        for k, v in evaluate_preranker(dev_dir, directory, ks).items():
+        for k, v in evaluate_preranker(dev_dir, directory, ks, passages=passages).items():
             rows.append({"model": name, "k": k, "answer_recall": v, "n_questions": n})
     ANSWER_RECALL.write(pa.Table.from_pylist(rows, schema=ANSWER_RECALL.schema), out_dir)
     out: dict[str, Any] = {"questions": n, "seconds": time.perf_counter() - t0}

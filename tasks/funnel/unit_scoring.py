@@ -111,7 +111,7 @@ def stored_maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Se
     KeyError
         A passage of a pool unit is not in the embedding index (names it).
     """
-    from tasks.funnel.embeddings import embed_texts  # noqa: PLC0415
+    from tasks.funnel.embeddings import embed_queries  # noqa: PLC0415
 
     row_of = index.row_of()
     rows_of: dict[str, np.ndarray] = {}
@@ -122,7 +122,7 @@ def stored_maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Se
             rows_of[uid] = np.asarray([row_of[pid] for pid, _ in passages_of[uid]], np.int64)
         except KeyError as exc:
             raise KeyError(f"passage {exc.args[0]!r} of unit {uid!r} is not in the embedding index") from exc
-    qvec = embed_texts(model, tokenizer, list(questions), batch_size)          # (n_questions, dim)
+    qvec = embed_queries(model, tokenizer, list(questions), batch_size)          # (n_questions, dim)
     unit_scores = np.zeros(len(pool), np.float32)
     passage_scores: dict[tuple[int, str], float] = {}
     for r, (qi, uid) in enumerate(pool):
