@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, bm25_from_token_chunks, tokenize_ids
-from tasks.corpus.shards import texts_key, cluster_ranges, ordered_results, put_cached
+from tasks.corpus.shards import cluster_ranges, ordered_results, put_cached, read_rows_by_id, texts_key
 
 CLUSTER_TOKENS_VERSION = "1"
 
@@ -75,14 +75,14 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and texts>/``
     (:meth:`tasks.corpus.index.TokenIds.save`).
 
-    Reads only the shard's members and their documents (Parquet filters). Returns
+    Reads only the shard's members (Parquet filters) and their documents
+    (:func:`tasks.corpus.shards.read_rows_by_id`, one row group at a time). Returns
     ``(cluster ids as str, the shard's vocabulary in id order, key, reused)``; ``reused`` when
     the shard's texts are unchanged since a build that kept them."""
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "position", "doc_id"],
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
     wanted = sorted(set(members.column("doc_id").to_pylist()))
-    docs = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id", "title", "text"],
-                         filters=[("doc_id", "in", wanted)])
+    docs = read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted, ["doc_id", "title", "text"])
     ids, texts = cluster_texts(docs, members)
     del docs
     key = texts_key(CLUSTER_TOKENS_VERSION, cfg, ids, texts)
