@@ -83,13 +83,17 @@ def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp
                                    data_mirror, pool.submit, docs_per_shard, window=3, cache_dir=tmp_path / "cache")
         again = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "again", cfg,
                                     data_mirror, pool.submit, docs_per_shard, cache_dir=tmp_path / "cache")
+        scratch = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "scratch", cfg,
+                                      data_mirror, pool.submit, docs_per_shard)
     assert (many["shards"] > 1) == (docs_per_shard == 7)
+    assert scratch["shards_built"] == many["shards"] and not (tmp_path / "scratch" / ".segment-shards").exists()
     for key in ("document_units", "passages", "mean_unit_tokens", "articles_without_passages"):
         assert many[key] == one[key], key
     assert (many["shards_built"], again["shards_reused"]) == (many["shards"], many["shards"])
     for name in ("document_units.parquet", "passages.parquet"):
         digest = sha256_file(tmp_path / "one" / name)
         assert sha256_file(tmp_path / "many" / name) == digest == sha256_file(tmp_path / "again" / name)
+        assert sha256_file(tmp_path / "scratch" / name) == digest
 
 
 @pytest.mark.parametrize("statistics", [True, False])
