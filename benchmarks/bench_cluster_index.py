@@ -1,7 +1,9 @@
 """The BM25 cluster index built in one process (all cluster texts, ``BM25Index.build``) against its
 tokenization in cluster-range shards (``build_cluster_index``, 1 and 2 worker processes): seconds,
 CPU seconds and peak RSS of the building process (each variant a fresh process), and whether the
-saved files are byte-identical.
+saved files are byte-identical. Also the building process's RSS before the build (imports; the
+peak's base) and the index's size: cluster tokens, (cluster, term) pairs and vocabulary, the units
+of the bytes-per-unit memory figures.
 
 Input: the stage directories of a build (``ingest/``, ``cluster/``), e.g. kept by
 ``bench_nightly.py DUMP --stages --keep DIR`` (then ``DIR/workers-1``).
@@ -28,7 +30,12 @@ def one(stages: Path, variant: str, docs_per_shard: int, out: Path) -> dict:
     from tasks.corpus.index import BM25Config, BM25Index  # noqa: PLC0415
     from tasks.corpus.shards import run_here  # noqa: PLC0415
 
+    import bm25s  # noqa: F401, PLC0415 - imported before the base RSS is taken
+    import numba  # noqa: F401, PLC0415
+
     cfg = BM25Config()
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    summary: dict = {}
     t0 = time.perf_counter()
     if variant == "one-process":
         docs = C.DOCUMENTS.read(stages / "ingest", columns=["doc_id", "title", "text"])
@@ -39,18 +46,23 @@ def one(stages: Path, variant: str, docs_per_shard: int, out: Path) -> dict:
     else:
         workers = int(variant.split("-")[1])
         if workers == 0:
-            index, _ = build_cluster_index(stages / "ingest", stages / "cluster", cfg, run_here, docs_per_shard, out / "work")
+            index, summary = build_cluster_index(stages / "ingest", stages / "cluster", cfg, run_here, docs_per_shard,
+                                                 out / "work")
         else:
             with ProcessPoolExecutor(workers) as pool:
-                index, _ = build_cluster_index(stages / "ingest", stages / "cluster", cfg, pool.submit, docs_per_shard,
-                                               out / "work", window=2 * workers + 2)
+                index, summary = build_cluster_index(stages / "ingest", stages / "cluster", cfg, pool.submit,
+                                                     docs_per_shard, out / "work", window=2 * workers + 2)
     index.save(out / "index")
     wall = time.perf_counter() - t0
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"variant": variant, "clusters": len(index), "wall_s": wall,
+    scores = index.retriever.scores
+    return {"variant": variant, "clusters": len(index), "cluster_tokens": summary.get("cluster_tokens"),
+            "pairs": int(scores["data"].size), "vocabulary": int(scores["indptr"].size - 1), "wall_s": wall,
+            "merge_index_s": summary.get("cluster_merge_index_seconds"),
             "cpu_s": own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime,
             "coordinator_cpu_s": own.ru_utime + own.ru_stime,
-            "coordinator_peak_rss_mb": own.ru_maxrss / 1024, "worker_peak_rss_mb": kids.ru_maxrss / 1024,
+            "coordinator_start_rss_mb": start_rss, "coordinator_peak_rss_mb": own.ru_maxrss / 1024,
+            "worker_peak_rss_mb": kids.ru_maxrss / 1024,
             "files": {p.name: sha256_file(p) for p in sorted((out / "index").iterdir())}}
 
 

@@ -9,8 +9,10 @@ Each run is a fresh process (so ``ru_maxrss`` is that run's own); workers come f
 per-shard ones — ingest pieces, token shards, segment cluster ranges, and with
 ``--passage-shards N`` > 1 the passage index shards, and the cluster index's tokenization by cluster
 ranges of ``--docs-per-shard`` documents — through a fresh pool per stage) with seconds
-per stage, the coordinator's peak RSS during that stage (Linux ``VmHWM``, reset before each stage —
-which resets ``ru_maxrss`` too; elsewhere the peak so far) and the largest worker's peak RSS so far.
+per stage, CPU seconds per stage (coordinator, and coordinator + workers), the coordinator's RSS at
+the start of the stage and its peak RSS during that stage (Linux ``VmHWM``, reset before each stage —
+which resets ``ru_maxrss`` too; elsewhere the peak so far), and the largest worker task's peak RSS in
+that stage (each task's ``VmHWM``, reset when the task starts; Linux only).
 
 Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100] [--stages]
 [--docs-per-shard 20000] [--passage-shards 1] [--keep DIR]``.
@@ -50,13 +52,52 @@ def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path, **_: in
 def _stage_peak_rss_mb(reset: bool = False) -> float | None:
     """This process's peak RSS since the last reset (Linux ``VmHWM``, reset through
     ``/proc/self/clear_refs``); None where that is not available."""
-    try:
-        if reset:
+    if reset:
+        try:
             Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            return None
+    return _rss_mb("VmHWM")
+
+
+def _rss_mb(field: str) -> float | None:
+    """``field`` (``VmRSS``, ``VmHWM``) of ``/proc/self/status`` in MB; None where that is not available."""
+    try:
         status = Path("/proc/self/status").read_text()
     except OSError:
         return None
-    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
+    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith(field + ":"))
+
+
+def _peak_call(fn, *args):
+    """``fn(*args)`` in a worker, with the worker's peak RSS (MB) during the call."""
+    _stage_peak_rss_mb(reset=True)
+    return fn(*args), _stage_peak_rss_mb()
+
+
+class _PeakFuture:
+    def __init__(self, future, peaks: "_WorkerPeaks"):
+        self.future, self.peaks = future, peaks
+
+    def result(self):
+        value, peak = self.future.result()
+        self.peaks.max_mb = max(self.peaks.max_mb, peak or 0.0)
+        return value
+
+
+class _WorkerPeaks:
+    """``submit`` over a pool that records the largest peak RSS of any task (:func:`_peak_call`)."""
+
+    def __init__(self, pool: ProcessPoolExecutor):
+        self.pool, self.max_mb = pool, 0.0
+
+    def submit(self, fn, *args) -> _PeakFuture:
+        return _PeakFuture(self.pool.submit(_peak_call, fn, *args), self)
+
+
+def _cpu_s() -> tuple[float, float]:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
 
 def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs_per_shard: int = 20_000,
@@ -86,18 +127,17 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
     rows = {}
     for name, call in calls.items():
         _stage_peak_rss_mb(reset=True)
-        t0 = time.perf_counter()
+        start_rss = _rss_mb("VmRSS")
+        t0, (own0, kids0) = time.perf_counter(), _cpu_s()
         with ProcessPoolExecutor(workers) as pool:
-            summary = call(pool.submit)
-        kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        rows[name] = {"seconds": time.perf_counter() - t0,
+            peaks = _WorkerPeaks(pool)
+            summary = call(peaks.submit)
+        own1, kids1 = _cpu_s()
+        rows[name] = {"seconds": time.perf_counter() - t0, "coordinator_cpu_s": own1 - own0,
+                      "cpu_s": own1 - own0 + kids1 - kids0, "coordinator_start_rss_mb": start_rss,
                       "coordinator_peak_rss_mb": _stage_peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "worker_peak_rss_mb_so_far": kids,
-                      **{k: summary[k] for k in ("documents", "passages", "clusters", "uncompressed_bytes", "shards",
-                                                 "passage_shards", "cluster_token_shards", "cluster_index_seconds",
-                                                 "cluster_tokenize_seconds", "cluster_merge_index_seconds",
-                                                 "passage_index_seconds")
-                         if k in summary}}
+                      "worker_task_peak_rss_mb": peaks.max_mb,
+                      **{k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "seconds"}}
     return {"workers": workers, "passage_shards": passage_shards, "stages": rows}
 
 

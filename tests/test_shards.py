@@ -5,6 +5,8 @@ from __future__ import annotations
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from data_contracts.base import sha256_file
@@ -13,7 +15,8 @@ from tasks.corpus import stages as S
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import cluster_ranges, doc_shards, read_doc_range, run_segment_sharded, run_tokens_sharded
+from tasks.corpus.shards import (cluster_ranges, doc_shards, read_doc_range, read_rows_by_id, run_segment_sharded,
+                                 run_tokens_sharded)
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +83,32 @@ def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp
                                    data_mirror, pool.submit, docs_per_shard, window=3, cache_dir=tmp_path / "cache")
         again = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "again", cfg,
                                     data_mirror, pool.submit, docs_per_shard, cache_dir=tmp_path / "cache")
+        scratch = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "scratch", cfg,
+                                      data_mirror, pool.submit, docs_per_shard)
     assert (many["shards"] > 1) == (docs_per_shard == 7)
+    assert scratch["shards_built"] == many["shards"] and not (tmp_path / "scratch" / ".segment-shards").exists()
     for key in ("document_units", "passages", "mean_unit_tokens", "articles_without_passages"):
         assert many[key] == one[key], key
     assert (many["shards_built"], again["shards_reused"]) == (many["shards"], many["shards"])
     for name in ("document_units.parquet", "passages.parquet"):
         digest = sha256_file(tmp_path / "one" / name)
         assert sha256_file(tmp_path / "many" / name) == digest == sha256_file(tmp_path / "again" / name)
+        assert sha256_file(tmp_path / "scratch" / name) == digest
+
+
+@pytest.mark.parametrize("statistics", [True, False])
+def test_rows_by_id_are_the_filtered_read(tmp_path, statistics):
+    """Row group by row group (7 rows each, with and without min/max statistics): the rows and
+    order of ``pq.read_table(filters=[(key, "in", ids)])``, for spread, repeated and absent ids."""
+    n = 100
+    table = pa.table({"doc_id": pa.array(np.arange(n, dtype=np.int32)), "text": [f"t{i}" * (i % 5) for i in range(n)],
+                      "n": pa.array(np.arange(n, dtype=np.int64) * 3)})
+    path = tmp_path / "docs.parquet"
+    pq.write_table(table, path, row_group_size=7, write_statistics=statistics)
+    for ids in ([3, 99, 50, 3, 0, 51, 52, 200, -1], list(range(0, n, 13)), [7], list(range(n)), []):
+        got = read_rows_by_id(path, "doc_id", ids, ["text", "doc_id"])
+        want = pq.read_table(path, columns=["text", "doc_id"], filters=[("doc_id", "in", ids)]) if ids else table.slice(0, 0)
+        assert got.column_names == ["text", "doc_id"]
+        assert got.to_pydict() == want.select(["text", "doc_id"]).to_pydict()
+    with pytest.raises(ValueError, match="key column"):
+        read_rows_by_id(path, "doc_id", [1], ["text"])

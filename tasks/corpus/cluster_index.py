@@ -17,10 +17,13 @@ stop words, stem), so remapping each shard's ids to the global vocabulary gives 
 the one-process path, and bm25s builds the same index from them: the saved files are
 byte-identical to ``BM25Index.build(cluster_texts(...))`` (``tests/test_cluster_index.py``).
 
-What the coordinator holds: the members table (3 integers a document), every shard's vocabulary
-while the shards come in, then the global vocabulary and all token ids as one int32 array
-(4 bytes a token, read back shard by shard from the work directory), and bm25s's index arrays;
-no article text (one shard's at a time when ``submit`` runs in this process).
+What the coordinator holds: the members table (3 integers a document), the union of the shards'
+vocabularies as they come in (:class:`VocabularyMerge`), then the global vocabulary, each shard's
+local → global id map (4 bytes a shard term) and the index arrays as they are built
+(:func:`tasks.corpus.index.bm25_from_token_chunks`: 8 bytes a (cluster, term) pair, ~40 bytes a
+term); the token ids are read back from the work directory one shard at a time, twice (document
+frequencies, then scores). No article text (one shard's at a time when ``submit`` runs in this
+process).
 """
 from __future__ import annotations
 
@@ -33,8 +36,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, bm25_from_token_ids, tokenize_ids
-from tasks.corpus.shards import texts_key, cluster_ranges, ordered_results, put_cached
+from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, bm25_from_token_chunks, tokenize_ids
+from tasks.corpus.shards import cluster_ranges, ordered_results, put_cached, read_rows_by_id, texts_key
 
 CLUSTER_TOKENS_VERSION = "1"
 
@@ -72,14 +75,14 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and texts>/``
     (:meth:`tasks.corpus.index.TokenIds.save`).
 
-    Reads only the shard's members and their documents (Parquet filters). Returns
+    Reads only the shard's members (Parquet filters) and their documents
+    (:func:`tasks.corpus.shards.read_rows_by_id`, one row group at a time). Returns
     ``(cluster ids as str, the shard's vocabulary in id order, key, reused)``; ``reused`` when
     the shard's texts are unchanged since a build that kept them."""
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "position", "doc_id"],
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
     wanted = sorted(set(members.column("doc_id").to_pylist()))
-    docs = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id", "title", "text"],
-                         filters=[("doc_id", "in", wanted)])
+    docs = read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted, ["doc_id", "title", "text"])
     ids, texts = cluster_texts(docs, members)
     del docs
     key = texts_key(CLUSTER_TOKENS_VERSION, cfg, ids, texts)
@@ -97,9 +100,47 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     return ids, tokens.terms, key, False
 
 
+class VocabularyMerge:
+    """The vocabulary :func:`tasks.corpus.index.tokenize_ids` gives all parts' texts in one call,
+    from the parts' own vocabularies added in text order; holds only the union, not the parts.
+
+    ``sorted_terms`` (stemming): ids in sorted term order, known once every part is added
+    (:meth:`finish`); else first-occurrence order (parts in text order, each part's terms in its
+    own id order, which is its first-occurrence order).
+    """
+
+    def __init__(self, sorted_terms: bool):
+        self.sorted_terms = sorted_terms
+        self._union: set[str] | None = set() if sorted_terms else None
+        self.vocab: dict[str, int] = {}
+
+    def add(self, part: Sequence[str]) -> None:
+        """Add one part's vocabulary (its terms in its id order). Raises ``RuntimeError`` after :meth:`finish`."""
+        if self.sorted_terms:
+            if self._union is None:
+                raise RuntimeError("VocabularyMerge.add after finish")
+            self._union.update(part)
+        else:
+            for t in part:
+                self.vocab.setdefault(t, len(self.vocab))
+
+    def finish(self) -> dict[str, int]:
+        """The global vocabulary, term → id (ids ``0..V-1`` in insertion order)."""
+        if self._union is not None:
+            self.vocab = {t: i for i, t in enumerate(sorted(self._union))}
+            self._union = None
+        return self.vocab
+
+    def lookup(self, part: Sequence[str]) -> np.ndarray:
+        """int32 ``(len(part),)``: a part's local id → global id (after :meth:`finish`).
+        Raises ``KeyError`` for a term that no added part holds."""
+        return np.fromiter((self.vocab[t] for t in part), dtype=np.int32, count=len(part))
+
+
 def merge_vocabularies(parts: Sequence[list[str]], sorted_terms: bool) -> tuple[list[str], list[np.ndarray]]:
     """The vocabulary of all parts' texts as :func:`tasks.corpus.index.tokenize_ids` numbers it
-    when tokenizing them in one call, and each part's map from its own ids to it.
+    when tokenizing them in one call, and each part's map from its own ids to it
+    (:class:`VocabularyMerge` over ``parts``).
 
     Parameters
     ----------
@@ -111,16 +152,44 @@ def merge_vocabularies(parts: Sequence[list[str]], sorted_terms: bool) -> tuple[
     terms : the global vocabulary in id order.
     lookups : per part, int32 ``(len(part),)``: local id → global id.
     """
-    if sorted_terms:
-        terms = sorted(set().union(*parts))
-        index = {t: i for i, t in enumerate(terms)}
-    else:
-        index = {}
-        for part in parts:
-            for t in part:
-                index.setdefault(t, len(index))
-        terms = list(index)
-    return terms, [np.fromiter((index[t] for t in part), dtype=np.int32, count=len(part)) for part in parts]
+    merge = VocabularyMerge(sorted_terms)
+    for part in parts:
+        merge.add(part)
+    return list(merge.finish()), [merge.lookup(part) for part in parts]
+
+
+def index_from_token_shards(shard_dirs: Sequence[Path], doc_ids: list[str], merge: VocabularyMerge,
+                            cfg: BM25Config) -> BM25Index:
+    """The cluster index from the shards' kept token ids (:meth:`tasks.corpus.index.TokenIds.save`,
+    shards in cluster order) and their merged vocabularies, reading one shard's ids at a time.
+
+    Parameters
+    ----------
+    shard_dirs : the shards' directories, in cluster order.
+    doc_ids : ``n_clusters`` cluster ids (as str), the index rows in order.
+    merge : every shard's vocabulary added, in shard order.
+    cfg : BM25 settings.
+
+    Raises
+    ------
+    ValueError
+        The shards hold another number of texts than ``doc_ids``, or cluster ids repeat.
+    KeyError
+        A shard's vocabulary was not added to ``merge``.
+    """
+    if len(set(doc_ids)) != len(doc_ids):
+        raise ValueError("cluster index: cluster ids are not unique")
+    vocab = merge.finish()
+    lookups = [merge.lookup(pq.read_table(Path(d) / TokenIds.TERMS_FILE).column("term").to_pylist()) for d in shard_dirs]
+
+    def chunks():
+        for d, lookup in zip(shard_dirs, lookups):
+            yield lookup[np.load(Path(d) / TokenIds.IDS_FILE)], np.load(Path(d) / TokenIds.OFFSETS_FILE)
+    try:
+        retriever = bm25_from_token_chunks(chunks, len(doc_ids), vocab, cfg)
+    except ValueError as err:
+        raise ValueError(f"cluster index: {err}") from err
+    return BM25Index(retriever, doc_ids, cfg)
 
 
 def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, submit: Callable[..., Any],
@@ -138,33 +207,20 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     ranges = cluster_ranges(np.sort(cids.to_numpy()), docs_per_shard)
     calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir)) for lo, hi in ranges]
     doc_ids: list[str] = []
-    parts: list[tuple[str, list[str]]] = []
+    keys: list[str] = []
+    merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
     reused = 0
     for ids, terms, key, hit in ordered_results(submit, calls, window):
         doc_ids.extend(ids)
-        parts.append((key, terms))
+        keys.append(key)
+        merge.add(terms)
         reused += hit
     t1 = time.perf_counter()
-    terms, lookups = merge_vocabularies([t for _, t in parts], sorted_terms=cfg.stemmer is not None)
-    sizes = []
-    for key, _ in parts:
-        sizes.append(np.load(Path(work_dir) / "cluster-tokens" / key / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1])
-    token_ids = np.empty(int(sum(sizes)), dtype=np.int32)
-    offsets = [np.zeros(1, dtype=np.int64)]
-    at = 0
-    for (key, _), lookup, size in zip(parts, lookups, sizes):
-        kept = Path(work_dir) / "cluster-tokens" / key
-        token_ids[at:at + size] = lookup[np.load(kept / TokenIds.IDS_FILE)]
-        offsets.append(np.load(kept / TokenIds.OFFSETS_FILE)[1:] + at)
-        at += int(size)
-    del parts, lookups
-    tokens = TokenIds(token_ids, np.concatenate(offsets), terms)
-    if len(tokens) != len(doc_ids):
-        raise ValueError(f"cluster index: {len(doc_ids)} clusters but {len(tokens)} token id lists")
-    if len(set(doc_ids)) != len(doc_ids):
-        raise ValueError("cluster index: cluster ids are not unique")
-    index = BM25Index(bm25_from_token_ids(tokens, cfg), doc_ids, cfg)
+    shard_dirs = [Path(work_dir) / "cluster-tokens" / key for key in keys]
+    n_tokens = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in shard_dirs)
+    n_terms = len(merge.finish())
+    index = index_from_token_shards(shard_dirs, doc_ids, merge, cfg)
     return index, {"cluster_token_shards": len(ranges), "cluster_token_shards_built": len(ranges) - reused,
-                   "cluster_token_shards_reused": reused, "cluster_tokens": int(token_ids.size),
-                   "cluster_vocabulary": len(terms), "cluster_tokenize_seconds": t1 - t0,
+                   "cluster_token_shards_reused": reused, "cluster_tokens": n_tokens,
+                   "cluster_vocabulary": n_terms, "cluster_tokenize_seconds": t1 - t0,
                    "cluster_merge_index_seconds": time.perf_counter() - t1}

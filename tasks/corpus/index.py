@@ -156,66 +156,82 @@ class _IdLists(abc.Sequence):
 
 
 def bm25_from_token_ids(tokens: TokenIds, cfg: BM25Config, chunk_tokens: int = 1 << 22):
-    """``bm25s.BM25(k1, b, method).index(tokens)`` computed with NumPy over the flat arrays: the
-    same retriever (same ``data``/``indices``/``indptr``/vocabulary, so the same saved bytes) as
-    indexing :func:`tokenize_ids`' lists, without bm25s's per-document Python loops (``Counter`` and
-    set intersections per text) and without the lists.
+    """``bm25s.BM25(k1, b, method).index(tokens)`` built from the flat arrays: the same retriever
+    (same ``data``/``indices``/``indptr``/vocabulary, so the same saved bytes) as indexing
+    :func:`tokenize_ids`' lists, without bm25s's per-document Python loops and without its
+    per-pair sort (:func:`tasks.corpus.bm25_csc.bm25_csc`: two passes over the ids, ``chunk_tokens``
+    tokens of whole texts at a time, a counting-sort CSC).
 
-    Per-document term frequencies come from ``np.unique`` over ``(doc, term)`` keys, ``chunk_tokens``
-    tokens at a time; the scores use bm25s's own operations in its order and precision (float64
-    term-frequency component, float32 idf from its idf function, a float32 result) and its CSC
-    builder. Methods ``lucene`` and ``robertson`` (bm25s's numpy CSC backend); any other method is
-    indexed by bm25s itself. Memory besides the token ids: the ``(doc, term, tf)`` triples of the
-    index (12 bytes each), one float64 per triple for the scores, then bm25s's CSC sort (~24 bytes a
-    triple), plus one chunk's keys (~16 bytes a token of the chunk).
+    Methods ``lucene``, ``robertson`` and ``atire``; any other method is indexed by bm25s itself
+    (its lists and loops). Memory besides the token ids: the index (8 bytes a (text, term) pair)
+    and ~40 bytes a vocabulary term.
+    """
+    from tasks.corpus.bm25_csc import array_chunks  # noqa: PLC0415
+
+    return bm25_from_token_chunks(lambda: array_chunks(tokens.ids, tokens.offsets, chunk_tokens), len(tokens),
+                                  {t: i for i, t in enumerate(tokens.terms)}, cfg)
+
+
+def bm25_from_token_chunks(chunks, n_texts: int, vocab: dict[str, int], cfg: BM25Config):
+    """:func:`bm25_from_token_ids` over token ids read chunk by chunk (twice) from ``chunks``
+    (:data:`tasks.corpus.bm25_csc.TokenChunks`), e.g. from files, so that they are never all
+    in memory at once.
+
+    Parameters
+    ----------
+    chunks : ``() -> iterable of (ids int32, offsets int64)`` covering ``n_texts`` texts in row order.
+    n_texts : number of texts (rows of the index).
+    vocab : the vocabulary, term → token id (ids ``0..V-1``); becomes the retriever's
+        ``vocab_dict`` (bm25s adds its empty token ``""`` to it).
+    cfg : BM25 settings (tokenizer fields unused here).
+
+    Returns
+    -------
+    bm25s.BM25
+        The retriever, as ``bm25s.BM25(k1, b, method).index(Tokenized(ids, vocab))`` would give.
+
+    Raises
+    ------
+    ValueError
+        The chunks do not hold ``n_texts`` texts, a token id is outside the vocabulary, or the
+        two passes differ.
     """
     import bm25s  # noqa: PLC0415
-    from bm25s.scoring import _build_idf_array, _select_idf_scorer  # noqa: PLC0415
+    from bm25s.scoring import _select_idf_scorer  # noqa: PLC0415
+    from bm25s.tokenization import Tokenized  # noqa: PLC0415
 
-    class FlatIdsBM25(bm25s.BM25):
+    from tasks.corpus.bm25_csc import METHODS, bm25_csc  # noqa: PLC0415
+
+    class ChunksBM25(bm25s.BM25):
         def build_index_from_ids(self, unique_token_ids, corpus_token_ids, show_progress=True, leave_progress=False):
-            if not isinstance(corpus_token_ids, _IdLists) or self.method not in ("lucene", "robertson") \
-                    or self.csc_backend != "numpy":
+            if self.method not in METHODS or self.csc_backend != "numpy" or (self.dtype, self.int_dtype) != ("float32", "int32"):
                 return super().build_index_from_ids(unique_token_ids, corpus_token_ids, show_progress, leave_progress)
-            ids, offsets = corpus_token_ids.ids, corpus_token_ids.offsets
-            n_docs, n_vocab = offsets.size - 1, len(unique_token_ids)
-            lengths = np.diff(offsets)
-            avg_doc_len = lengths.mean()                                  # as bm25s: mean of the int lengths
-            rows, cols, tfs = [], [], []
-            lo = 0
-            while lo < n_docs:                                            # documents [lo, hi): about chunk_tokens tokens
-                hi = max(lo + 1, int(np.searchsorted(offsets, offsets[lo] + chunk_tokens, side="right")) - 1)
-                hi = min(hi, n_docs)
-                doc = np.repeat(np.arange(hi - lo, dtype=np.int64), lengths[lo:hi])
-                keys, tf = np.unique(doc * n_vocab + ids[offsets[lo]:offsets[hi]], return_counts=True)
-                rows.append((keys // n_vocab + lo).astype(self.int_dtype))
-                cols.append((keys % n_vocab).astype(self.int_dtype))
-                tfs.append(tf.astype(self.dtype))
-                lo = hi
-            rows, cols, tf = (np.concatenate(a) if a else np.zeros(0, t) for a, t in
-                              ((rows, self.int_dtype), (cols, self.int_dtype), (tfs, self.dtype)))
-            df = np.bincount(cols, minlength=n_vocab)
-            idf = _build_idf_array(doc_frequencies=dict(enumerate(df.tolist())), n_docs=n_docs,
-                                   compute_idf_fn=_select_idf_scorer(self.idf_method), dtype=self.dtype)
-            # bm25s (_score_tfc_robertson with a Python int l_d): tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf),
-            # the same float64 operations in the same order, in place in one array
-            x = lengths[rows].astype(np.float64)
-            x *= self.b
-            x /= avg_doc_len
-            x += 1 - self.b
-            x *= self.k1
-            x += tf
-            np.divide(tf, x, out=x)
-            np.multiply(idf[cols], x, out=x)                              # float32 idf * float64 tfc, as bm25s
-            scores = x.astype(self.dtype)
-            del x
-            data, indices, indptr = self._np_csc(data=scores, rows=rows, cols=cols, shape=(n_docs, n_vocab))
+            data, indices, indptr, n_docs = bm25_csc(chunks, len(unique_token_ids), self.method, self.k1, self.b,
+                                                     _select_idf_scorer(self.idf_method))
+            if n_docs != n_texts:
+                raise ValueError(f"BM25 build: {n_texts} texts but the token id chunks hold {n_docs}")
             self.nonoccurrence_array = None
-            return {"data": data.astype(self.dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
+            return {"data": data, "indices": indices, "indptr": indptr, "num_docs": n_docs}
 
-    retriever = FlatIdsBM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
-    retriever.index(tokens.tokenized(), show_progress=False)
+    retriever = ChunksBM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
+    retriever.index(Tokenized(ids=_ChunkLists(chunks, n_texts), vocab=vocab), show_progress=False)
     return retriever
+
+
+class _ChunkLists:
+    """``list[list[int]]`` iteration over token id chunks, for bm25s's own build (other methods)."""
+
+    def __init__(self, chunks, n_texts: int):
+        self.chunks, self.n_texts = chunks, n_texts
+
+    def __len__(self) -> int:
+        return self.n_texts
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for ids, offsets in self.chunks():
+            bounds = offsets.tolist()
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                yield ids[a:b].tolist()
 
 
 class BM25Index:

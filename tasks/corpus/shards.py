@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -103,6 +103,48 @@ def read_doc_range(ingest_dir: Path, lo: int, hi: int, columns: list[str]) -> pa
     if ids.size != hi - lo or (ids.size and (ids[0] != lo or ids[-1] != hi - 1)):
         raise ValueError(f"{ingest_dir}: documents {lo}..{hi - 1} are not all present (got {ids.size})")
     return table
+
+
+def read_rows_by_id(path: Path, key: str, ids: Sequence[int], columns: list[str]) -> pa.Table:
+    """The rows of the Parquet file ``path`` whose integer column ``key`` is in ``ids``, in file
+    order, read one row group at a time.
+
+    ``pq.read_table(path, filters=[(key, "in", ids)])`` cannot skip row groups when the ids are
+    spread over the file (a shard's cluster members over ``documents.parquet``) and its peak
+    memory grows with the whole file (measured: ~1.5 bytes of Arrow memory per byte of document
+    text in the file, i.e. per worker ~1.5x all article text at full scale). Here a row group is
+    read only if its ``key`` statistics range holds a wanted id, and filtered before the next
+    one: memory is one row group plus the matching rows, whatever the file size.
+
+    Parameters
+    ----------
+    path : a Parquet file with an integer column ``key`` (min/max statistics are used when present).
+    key : the id column; it must be among ``columns``.
+    ids : the wanted ids (any order, repeats allowed).
+    columns : the columns to return.
+
+    Raises
+    ------
+    ValueError
+        ``key`` is not among ``columns``.
+    """
+    if key not in columns:
+        raise ValueError(f"read_rows_by_id: the key column {key!r} must be among the columns {columns}")
+    wanted = np.unique(np.asarray(ids, dtype=np.int64))
+    parquet = pq.ParquetFile(path)
+    leaf = next(i for i in range(parquet.metadata.num_columns) if parquet.metadata.schema.column(i).path == key)
+    parts = [parquet.schema_arrow.empty_table().select(columns)]
+    for rg in range(parquet.num_row_groups):
+        stats = parquet.metadata.row_group(rg).column(leaf).statistics
+        a, b = 0, wanted.size
+        if stats is not None and stats.has_min_max:
+            a = int(np.searchsorted(wanted, stats.min, side="left"))
+            b = int(np.searchsorted(wanted, stats.max, side="right"))
+        if a >= b:
+            continue
+        table = parquet.read_row_group(rg, columns=columns).select(columns)
+        parts.append(table.filter(pc.is_in(table.column(key), value_set=pa.array(wanted[a:b]))))
+    return pa.concat_tables(parts)
 
 
 TOKENS_SHARD_VERSION = "1"
@@ -208,30 +250,32 @@ def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: Segme
 
 
 def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
-                  mirror: str | None, cache_dir: str | None = None) -> tuple[pa.Table, pa.Table, int, bool]:
-    """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call):
-    ``(document_units rows, passages rows, articles without words, reused)``, rows in cluster
-    order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them.
+                  mirror: str | None, cache_dir: str) -> tuple[str, int, bool]:
+    """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
+    cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them, written to
+    ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.parquet``.
 
-    Reads only the shard's members, their documents and their window token counts (Parquet
-    filters). With ``cache_dir``, outputs are kept under the sha256 of those inputs and reused
-    when they are unchanged.
+    Returns ``(that directory, articles without words, reused)``; ``reused`` when the directory
+    was already complete (the shard's members, texts and token counts are unchanged). The rows go
+    back through the files rather than through ``submit``, so the coordinator reads one shard's
+    rows at a time however many shards are in flight. Reads only the shard's members (Parquet
+    filters), their documents and their window token counts (:func:`read_rows_by_id`: memory
+    bounded by a row group, not by the files).
     """
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename,
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by(
                                 [("cluster_id", "ascending"), ("position", "ascending")])
     wanted = sorted(set(members.column("doc_id").to_pylist()))
-    docs = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id", "title", "text"],
-                         filters=[("doc_id", "in", wanted)]).sort_by("doc_id")
-    tokens = pq.read_table(Path(tokens_dir) / C.WINDOW_TOKENS.filename,
-                           filters=[("doc_id", "in", wanted)]).sort_by("doc_id")
+    docs = read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted,
+                           ["doc_id", "title", "text"]).sort_by("doc_id")
+    tokens = read_rows_by_id(Path(tokens_dir) / C.WINDOW_TOKENS.filename, "doc_id", wanted,
+                             C.WINDOW_TOKENS.schema.names).sort_by("doc_id")
     doc_ids = docs.column("doc_id").to_numpy()
     if doc_ids.tolist() != wanted or tokens.column("doc_id").to_pylist() != wanted:
         raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
-    cached = Path(cache_dir) / _segment_key(members, docs, tokens, cfg) if cache_dir else None
-    if cached is not None and (cached / "COMPLETE").exists():
-        return (pq.read_table(cached / "units.parquet"), pq.read_table(cached / "passages.parquet"),
-                int((cached / "COMPLETE").read_text()), True)
+    cached = Path(cache_dir) / _segment_key(members, docs, tokens, cfg)
+    if (cached / "COMPLETE").exists():
+        return str(cached), int((cached / "COMPLETE").read_text()), True
     titles, texts = docs.column("title").to_pylist(), docs.column("text").to_pylist()
     col = tokens.column("n_tokens").combine_chunks()
     offsets, values = col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(np.int32)
@@ -250,13 +294,13 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
                                     [values[offsets[r]:offsets[r + 1]] for r in rs]))
     units, passages = segments_to_tables(segs)
     n_empty = sum(1 for t in texts if not t.strip())
-    if cached is not None:
-        def write(tmp: Path) -> None:
-            pq.write_table(units, tmp / "units.parquet")
-            pq.write_table(passages, tmp / "passages.parquet")
-            (tmp / "COMPLETE").write_text(f"{n_empty}\n")
-        put_cached(cached, write)
-    return units, passages, n_empty, False
+
+    def write(tmp: Path) -> None:
+        pq.write_table(units, tmp / "units.parquet")
+        pq.write_table(passages, tmp / "passages.parquet")
+        (tmp / "COMPLETE").write_text(f"{n_empty}\n")
+    put_cached(cached, write)
+    return str(cached), n_empty, False
 
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
@@ -267,12 +311,14 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     Shards are ranges of whole clusters with about ``docs_per_shard`` members
     (:func:`cluster_ranges`); their rows are written in cluster order, so ``document_units.parquet``
     and ``passages.parquet`` are byte-identical to the one-process stage's. The coordinator checks
-    the members (every document in exactly one cluster) and holds at most ``window`` shards'
-    rows. Each shard reads its documents by id; with clusters spread over the doc ids that reads
+    the members (every document in exactly one cluster) and reads the shards' rows back from
+    their files one shard at a time (at most ``window`` shards in flight). Each shard reads its documents by id (:func:`read_rows_by_id`, one row group at a time:
+    a worker's memory does not grow with the dump); with clusters spread over the doc ids that reads
     most row groups of ``documents.parquet`` once per shard, so at full scale shards should be
-    large (tens of thousands of documents). With ``cache_dir`` (shared by the workers) a shard
-    whose members, texts and token counts are unchanged reuses its rows; the summary's
-    ``shards_reused`` / ``shards_built`` say how many.
+    large (tens of thousands of documents) to keep that I/O down. With ``cache_dir`` (shared by the
+    workers) a shard whose members, texts and token counts are unchanged reuses its rows; the
+    summary's ``shards_reused`` / ``shards_built`` say how many. Without it the shards' rows pass
+    through ``out_dir/.segment-shards`` (removed after).
     """
     t0 = time.perf_counter()
     n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
@@ -281,16 +327,26 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     cids = members.column("cluster_id").to_numpy()
     check_members(cids, members.column("doc_id").to_numpy(), n_docs)
     ranges = cluster_ranges(cids, docs_per_shard)
+    rows_dir = Path(out_dir) / ".segment-shards" if cache_dir is None else Path(cache_dir)
     calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
-              str(mirror) if mirror else None, str(cache_dir) if cache_dir else None) for lo, hi in ranges]
+              str(mirror) if mirror else None, str(rows_dir)) for lo, hi in ranges]
     n_units = n_passages = unit_tokens = n_empty = reused = 0
-    with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-        for units, passages, empty, hit in ordered_results(submit, calls, window):
-            units_out.write(units)
-            passages_out.write(passages)
-            n_units, n_passages = n_units + units.num_rows, n_passages + passages.num_rows
-            unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
-            n_empty, reused = n_empty + empty, reused + hit
+    try:
+        with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
+            for kept, empty, hit in ordered_results(submit, calls, window):
+                units = pq.read_table(Path(kept) / "units.parquet")
+                units_out.write(units)
+                n_units += units.num_rows
+                unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
+                del units
+                passages = pq.read_table(Path(kept) / "passages.parquet")
+                passages_out.write(passages)
+                n_passages += passages.num_rows
+                del passages
+                n_empty, reused = n_empty + empty, reused + hit
+    finally:
+        if cache_dir is None:
+            shutil.rmtree(rows_dir, ignore_errors=True)
     if n_empty:
         log.warning("segmentation: %d article(s) have no words and contribute no passage", n_empty)
     return {"document_units": n_units, "passages": n_passages,

@@ -1,0 +1,230 @@
+"""Peak RSS of the corpus build's memory-bound steps, each in a fresh process, for the
+bytes-per-unit bounds of README *Memory at full scale*.
+
+Input: the stage directories of a build (``ingest/``, ``tokens/``, ``cluster/``, ``segment/``), kept by
+``bench_nightly.py DUMP --stages --keep DIR`` (then ``DIR/workers-2``). Every figure is the process's
+peak RSS (Linux ``VmHWM``) over its RSS just before the step, after the imports (bm25s, numba, pyarrow;
+the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope between two sizes.
+
+* ``tasks STAGES --kind K --sizes A B``: one worker task (the shard with the most member documents at
+  ``docs_per_shard`` = A, then B; for ``passage_stats`` / ``passage_index`` A and B are shard counts):
+  ``tokens`` (T5 window counts), ``segment``, ``cluster_tokens`` (the cluster index's tokenization),
+  ``passage_stats``, ``passage_index`` (after its statistics step, in the same process).
+* ``cluster-index STAGES --docs-per-shard N --tile 1 4 16``: the coordinator's cluster index
+  (:func:`tasks.corpus.cluster_index.index_from_token_shards`) over the kept token ids of the shards,
+  the shard list repeated K times (K x the tokens, pairs and clusters; same vocabulary).
+* ``vocabulary --terms 450000 1800000``: bytes a vocabulary term: 8 shards of random 9-letter terms
+  (each term in ~2 shards, 3 tokens each), merged, indexed and saved.
+
+Run: ``python benchmarks/bench_memory.py tasks /tmp/keep/workers-2 --kind segment --sizes 1000 4000``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _status_mb(field: str) -> float:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def _warm() -> None:
+    """Import the libraries and load the numba kernels, so that the base RSS holds them."""
+    import bm25s  # noqa: F401, PLC0415
+    import pyarrow.parquet  # noqa: F401, PLC0415
+
+    from tasks.corpus import bm25_csc  # noqa: PLC0415
+
+    i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
+    bm25_csc._doc_freqs(i32, np.array([0, 1]), np.zeros(1, np.int32), i64.copy())
+    bm25_csc._scatter_scores(i32[:0], np.array([0]), 0, np.zeros(1, np.int32), i64.copy(), i64.copy(),
+                             np.zeros(1, np.float32), 1.0, 0.9, 0.4, False, np.zeros(0, np.float32), i32[:0])
+
+
+def _measured(step) -> dict:
+    """Run ``step()``; its result dict plus the peak RSS over the start (MB) and CPU seconds."""
+    Path("/proc/self/clear_refs").write_text("5")
+    base, r0 = _status_mb("VmRSS"), resource.getrusage(resource.RUSAGE_SELF)
+    out = step()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {**out, "base_mb": base, "peak_over_base_mb": _status_mb("VmHWM") - base,
+            "cpu_s": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime}
+
+
+def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from funnelrag.datasets import default_mirror  # noqa: PLC0415
+    from tasks.corpus import cluster_index as CI  # noqa: PLC0415
+    from tasks.corpus import sharded_index as SI  # noqa: PLC0415
+    from tasks.corpus import shards as SH  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+
+    _warm()
+    seg, cfg, mirror = SegmentConfig(), BM25Config(), str(default_mirror())
+    cids = np.sort(pq.read_table(stages / "cluster" / "cluster_members.parquet", columns=["cluster_id"])
+                   .column("cluster_id").to_numpy())
+    units: dict = {"kind": kind, "size": size}
+    if kind == "tokens":
+        lo, hi = SH.doc_shards(int(cids.size), size)[0]
+        units["docs"] = hi - lo
+        call = (SH.count_shard, str(stages / "ingest"), lo, hi, seg, mirror, None)
+    elif kind in ("segment", "cluster_tokens"):
+        ranges = SH.cluster_ranges(cids, size)
+        members = [int(((cids >= a) & (cids < b)).sum()) for a, b in ranges]
+        lo, hi = ranges[int(np.argmax(members))]
+        units["docs"] = max(members)
+        call = ((SH.segment_shard, str(stages / "ingest"), str(stages / "tokens"), str(stages / "cluster"), lo, hi,
+                 seg, mirror, str(tmp)) if kind == "segment" else
+                (CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp)))
+    elif kind in ("passage_stats", "passage_index"):
+        lo, hi = SI.passage_ranges(int(cids.max()) + 1, size)[0]
+        units["passages"] = pq.read_table(stages / "segment" / "passages.parquet", columns=["cluster_id"],
+                                          filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).num_rows
+        call = (SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp))
+        if kind == "passage_index":
+            key, n_docs, total, _ = SI.passage_stats_shard(str(stages / "segment"), lo, hi, cfg, str(tmp))
+            global_df, global_key = SI.merge_stats_files(tmp, [key], n_docs, total)
+            call = (SI.passage_index_shard, str(stages / "segment"), lo, hi, cfg, str(tmp), key, str(global_df),
+                    n_docs, total, global_key)
+    else:
+        raise ValueError(f"unknown task kind {kind!r}")
+    return _measured(lambda: {**units, "reused": bool(call[0](*call[1:])[-1])})
+
+
+def shard_order(stages: Path, docs_per_shard: int, work: Path) -> list[str]:
+    """Tokenize the cluster index's shards once into ``work`` (kept) and return their keys in order."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from tasks.corpus.cluster_index import cluster_token_shard  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.shards import cluster_ranges  # noqa: PLC0415
+
+    cids = pq.read_table(stages / "cluster" / "cluster_members.parquet", columns=["cluster_id"]).column("cluster_id")
+    return [cluster_token_shard(str(stages / "ingest"), str(stages / "cluster"), lo, hi, BM25Config(), str(work))[2]
+            for lo, hi in cluster_ranges(np.sort(cids.to_numpy()), docs_per_shard)]
+
+
+def one_tiled_index(work: Path, keys: list[str], tile: int) -> dict:
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from tasks.corpus.cluster_index import VocabularyMerge, index_from_token_shards  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config, TokenIds  # noqa: PLC0415
+
+    _warm()
+    dirs = [work / "cluster-tokens" / key for key in keys] * tile
+    n_texts = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r").size - 1) for d in dirs)
+    n_tokens = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in dirs)
+
+    def step() -> dict:
+        merge = VocabularyMerge(sorted_terms=True)
+        for d in dirs:
+            merge.add(pq.read_table(d / TokenIds.TERMS_FILE).column("term").to_pylist())
+        index = index_from_token_shards(dirs, [str(i) for i in range(n_texts)], merge, BM25Config())
+        with tempfile.TemporaryDirectory(dir=work) as out:
+            index.save(Path(out) / "index")
+        scores = index.retriever.scores
+        return {"tile": tile, "clusters": n_texts, "tokens": n_tokens, "pairs": int(scores["data"].size),
+                "vocabulary": int(scores["indptr"].size - 1)}
+    return _measured(step)
+
+
+def one_vocabulary(n_terms: int, tmp: Path) -> dict:
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from tasks.corpus.cluster_index import VocabularyMerge, index_from_token_shards  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config, TokenIds  # noqa: PLC0415
+
+    _warm()
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    terms = sorted({"".join(rng.choice(letters, 9)) for _ in range(n_terms)})
+    dirs, n_shards, docs = [], 8, 2000
+    for s in range(n_shards):
+        local = np.sort(rng.choice(len(terms), len(terms) // 4, replace=False))
+        ids = rng.permutation(np.repeat(np.arange(local.size, dtype=np.int32), 3))
+        d = tmp / f"shard-{s}"
+        d.mkdir()
+        TokenIds(ids, np.linspace(0, ids.size, docs + 1).astype(np.int64), [terms[i] for i in local]).save(d)
+        dirs.append(d)
+    del terms
+
+    def step() -> dict:
+        merge = VocabularyMerge(sorted_terms=True)
+        for d in dirs:
+            merge.add(pq.read_table(d / TokenIds.TERMS_FILE).column("term").to_pylist())
+        index = index_from_token_shards(dirs, [str(i) for i in range(docs * n_shards)], merge, BM25Config())
+        index.save(tmp / "index")
+        scores = index.retriever.scores
+        return {"vocabulary": int(scores["indptr"].size - 1), "pairs": int(scores["data"].size)}
+    return _measured(step)
+
+
+def _child(args: list[str]) -> dict:
+    res = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("tasks")
+    t.add_argument("stages", type=Path)
+    t.add_argument("--kind", required=True, choices=["tokens", "segment", "cluster_tokens", "passage_stats", "passage_index"])
+    t.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000])
+    c = sub.add_parser("cluster-index")
+    c.add_argument("stages", type=Path)
+    c.add_argument("--docs-per-shard", type=int, default=1000)
+    c.add_argument("--tile", type=int, nargs="+", default=[1, 4, 16])
+    v = sub.add_parser("vocabulary")
+    v.add_argument("--terms", type=int, nargs="+", default=[450_000, 1_800_000])
+    for p in (t, c, v):
+        p.add_argument("--one", help=argparse.SUPPRESS)
+        p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.what == "tasks":
+                out = one_task(args.stages, args.kind, int(args.one), Path(tmp))
+            elif args.what == "cluster-index":
+                out = one_tiled_index(args.work, json.loads((args.work / "order.json").read_text()), int(args.one))
+            else:
+                out = one_vocabulary(int(args.one), Path(tmp))
+        print(json.dumps(out))
+        return
+    if args.what == "tasks":
+        rows = [_child(["tasks", str(args.stages), "--kind", args.kind, "--one", str(n)]) for n in args.sizes]
+        unit = "passages" if args.kind.startswith("passage") else "docs"
+    elif args.what == "cluster-index":
+        work = Path(tempfile.mkdtemp(dir=args.stages))
+        try:
+            (work / "order.json").write_text(json.dumps(shard_order(args.stages, args.docs_per_shard, work)))
+            rows = [_child(["cluster-index", str(args.stages), "--work", str(work), "--one", str(k)]) for k in args.tile]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        unit = "pairs"
+    else:
+        rows = [_child(["vocabulary", "--one", str(n)]) for n in args.terms]
+        unit = "vocabulary"
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    label = {"docs": "document", "passages": "passage", "pairs": "(cluster, term) pair", "vocabulary": "vocabulary term"}
+    for a, b in zip(rows[:-1], rows[1:]):
+        print(f"slope: {(b['peak_over_base_mb'] - a['peak_over_base_mb']) * 2**20 / max(b[unit] - a[unit], 1):.1f} "
+              f"bytes of peak RSS a {label[unit]}")
+
+
+if __name__ == "__main__":
+    main()
