@@ -84,10 +84,3 @@ def test_tidy_whitespace_equals_split_and_join_on_any_unicode(text):
 def test_other_white_space_table_is_complete():
     every = {c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace()} - {" ", "\n"}
     assert set(wikitext._OTHER_SPACES) == every
-
-
-def test_label_cache_does_not_change_labels():
-    wikitext._LABELS.clear()
-    first = clean_wikitext("[[a|b]] [[Foo (bar)|]] [[File:x|y]] [[c]]")
-    assert wikitext._LABELS  # labels were kept
-    assert clean_wikitext("[[a|b]] [[Foo (bar)|]] [[File:x|y]] [[c]]") == first == "b Foo c"

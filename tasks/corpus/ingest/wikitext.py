@@ -221,39 +221,30 @@ def is_disambiguation(title: str, text: str | None, templates: frozenset[str]) -
     return False
 
 
-_LABELS: dict[str, str] = {}   # link inner text -> rendered label (a pure function of it), short inners only
-_LABELS_MAX = 100_000
-_LABELS_KEY_CHARS = 200
-
-
 def _replace_links(text: str) -> str:
     """Replace every wikilink by its label, innermost first (file captions hold links), until none
-    is left: each round is ``_LINK.sub`` with :func:`_link_label`, done as a split and a list of
-    labels looked up in a cache (most links recur across pages)."""
-    labels = _LABELS
+    is left: each round is ``_LINK.sub`` with :func:`_link_label`, done as a split and one list of
+    labels (no match object or callback per link)."""
     while True:
         parts = _LINK.split(text)
         if len(parts) == 1:
             return text
-        if len(labels) > _LABELS_MAX:
-            labels.clear()
-        parts[1::2] = [labels[x] if x in labels else _new_label(x) for x in parts[1::2]]
+        parts[1::2] = [_link_label(inner) for inner in parts[1::2]]
         text = "".join(parts)
         if "[[" not in text:
             return text
-
-
-def _new_label(inner: str) -> str:
-    label = _link_label(inner)
-    if len(inner) <= _LABELS_KEY_CHARS:
-        _LABELS[inner] = label
-    return label
 
 
 def _link_label(inner: str) -> str:
     """What ``[[inner]]`` renders inline: the label, the target, or nothing (files, categories,
     interlanguage links)."""
     target, sep, label = inner.partition("|")
+    if ":" not in target:   # no namespace or language prefix: the two common cases first
+        if sep:
+            if label and not label.isspace():
+                return label
+        elif "#" not in target:
+            return target.strip()
     target = target.strip()
     leading_colon = target.startswith(":")
     colon = target.find(":", 1 if leading_colon else 0)
