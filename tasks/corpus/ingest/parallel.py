@@ -35,7 +35,7 @@ from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED,
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
 from tasks.corpus.ingest.multistream import Layout, Piece, open_header_footer, open_piece
 from tasks.corpus.ingest.records import RawPage
-from tasks.corpus.ingest.shards import ShardWriter
+from tasks.corpus.ingest.shards import ShardWriter, write_shard
 
 logger = logging.getLogger(__name__)
 _LINK_FIELDS = [f.name for f in fields(LinkCounts)]
@@ -158,7 +158,7 @@ def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, gro
         else:
             kept = kept.set_column(kept.schema.get_field_index("source"), kept.schema.field("source"),
                                    pa.array([source] * kept.num_rows, pa.string()))
-            pq.write_table(kept, shards[-1], compression="lz4", row_group_size=group_rows)
+            write_shard(kept, Path(shards[-1]), group_rows)
     return PieceResult(piece.index, rows, effects, shards, meta["xml_bytes"], reused=True)
 
 
@@ -255,7 +255,7 @@ def _drop_titles(path: Path, titles: set[str], group_rows: int) -> None:
     table = pq.read_table(path)
     table = table.filter(pc.invert(pc.is_in(table.column("title"), value_set=pa.array(sorted(titles), pa.string()))))
     if table.num_rows:
-        pq.write_table(table, path, compression="lz4", row_group_size=group_rows)
+        write_shard(table, path, group_rows)
     else:
         path.unlink()
 

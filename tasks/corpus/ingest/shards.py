@@ -27,6 +27,10 @@ SHARD_SCHEMA = pa.schema([
 ])
 FAN_IN = 64
 """Shards merged at once."""
+SHARD_WRITE_OPTIONS = {"compression": "lz4", "use_dictionary": ["source"], "write_statistics": False}
+"""Parquet settings of the temporary shards and merge runs: lz4, no dictionary for titles, texts
+and links (mostly distinct: the dictionary is built and dropped), no min/max statistics (never
+read). They change the temporary files only, not the artifacts."""
 
 
 class ShardWriter:
@@ -56,9 +60,14 @@ class ShardWriter:
             return
         self._rows.sort(key=lambda r: r[0])
         path = self.directory / f"shard-{len(self.paths):05d}.parquet"
-        pq.write_table(_table(self._rows), path, compression="lz4", row_group_size=self.group_rows)
+        write_shard(_table(self._rows), path, self.group_rows)
         self.paths.append(path)
         self._rows = []
+
+
+def write_shard(table: pa.Table, path: Path, group_rows: int) -> None:
+    """Write ``table`` (:data:`SHARD_SCHEMA`, sorted by title) as a shard of row groups of ``group_rows`` pages."""
+    pq.write_table(table, path, row_group_size=group_rows, **SHARD_WRITE_OPTIONS)
 
 
 def merge_shards(paths: list[Path], group_rows: int, fan_in: int = FAN_IN) -> Iterator[pa.Table]:
@@ -77,7 +86,7 @@ def merge_shards(paths: list[Path], group_rows: int, fan_in: int = FAN_IN) -> It
         for k in range(0, len(paths), fan_in):
             group = paths[k:k + fan_in]
             run = group[0].parent / f"run-{level:02d}-{k // fan_in:05d}.parquet"
-            with pq.ParquetWriter(run, SHARD_SCHEMA, compression="lz4") as writer:
+            with pq.ParquetWriter(run, SHARD_SCHEMA, **SHARD_WRITE_OPTIONS) as writer:
                 for table in _merge_sorted([_row_groups(p) for p in group]):
                     writer.write_table(table, row_group_size=group_rows)
             for p in group:
