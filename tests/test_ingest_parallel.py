@@ -17,7 +17,7 @@ from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
 from tasks.corpus.ingest import IngestConfig, IngestError, ingest
-from tasks.corpus.ingest import multistream
+from tasks.corpus.ingest import multistream, parallel
 from tasks.corpus.ingest.multistream import index_offsets, plan_layout, scan_offsets
 
 NAMES = [c.name for c in (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)]
@@ -75,6 +75,30 @@ def test_duplicates_across_pieces_and_untitled_page(enwiki_xml, tmp_path, pool):
     report = INGEST_REPORT.read(tmp_path / "parallel")
     assert report["position"].to_pylist() == list(range(len(pages) + len(copies) + 5))
     assert f"page #{len(pages) + len(copies)}" in report["record"].to_pylist()
+
+
+def test_pieces_without_duplicates_are_taken_in_bulk(enwiki_xml, tmp_path, pool, monkeypatch):
+    """A piece none of whose titles was seen before is replayed in bulk (an untitled page in it
+    too): the same artifacts as the serial pass, and as replaying every record one by one."""
+    start, end = enwiki_xml.index(b"  <page>"), enwiki_xml.rindex(b"</mediawiki>")
+    pages = [b"  <page>" + p for p in enwiki_xml[start:end].split(b"  <page>")[1:]]
+    pages[40] = re.sub(rb"<title>.*?</title>", b"", pages[40], count=1)
+    dump = tmp_path / "bulk-multistream.xml.bz2"
+    repack(enwiki_xml[:start] + b"".join(pages) + enwiki_xml[end:], dump, pages_per_stream=5)
+    calls = []
+    monkeypatch.setattr(parallel, "_replay_rows", lambda *a: calls.append(1) or set())
+    _same_as_serial(dump, tmp_path / "bulk", pool, streams_per_piece=3)
+    assert not calls
+    report = INGEST_REPORT.read(tmp_path / "bulk" / "parallel")
+    assert report["record"][40].as_py() == "page #40"
+    monkeypatch.undo()
+
+    def one_by_one(state, result, first_position):
+        parallel._take_shards(state, result, parallel._replay_rows(state, result, first_position))
+
+    monkeypatch.setattr(parallel, "replay_piece", one_by_one)
+    ingest([dump], tmp_path / "rows", MW, submit=pool.submit, streams_per_piece=3)
+    assert _digests(tmp_path / "rows") == _digests(tmp_path / "bulk" / "parallel")
 
 
 def test_offsets_by_scan_when_the_index_is_missing(enwiki_xml, tmp_path, pool):
