@@ -349,18 +349,25 @@ def _resolve_links(targets: pa.ChunkedArray, first_doc: int, title_to_id: dict[s
     counts = state.links
     targets = targets.combine_chunks()
     lengths = pc.list_value_length(targets).fill_null(0).to_numpy()
-    flat = targets.flatten().to_pylist()
-    dst = np.fromiter(map(title_to_id.get, flat, itertools.repeat(-1)), dtype=np.int64, count=len(flat))
-    via = np.zeros(len(flat), dtype=bool)
-    for i in np.flatnonzero(dst < 0).tolist():   # not a kept article: a redirect to one, or lost
-        target = flat[i]
-        end = resolved.get(target)
-        if end is not None:
-            dst[i], via[i] = end, True
-        elif target in state.titles:
-            counts.to_excluded += 1
-        else:
-            counts.unresolved += 1
+    encoded = pc.dictionary_encode(targets.flatten())   # each distinct target is looked up once
+    distinct = encoded.dictionary.to_pylist()
+    occurrences = encoded.indices.to_numpy()
+    ends = np.fromiter(map(title_to_id.get, distinct, itertools.repeat(-1)), dtype=np.int64, count=len(distinct))
+    via_redirect = np.zeros(len(distinct), dtype=bool)
+    missing = np.flatnonzero(ends < 0)
+    if missing.size:   # not a kept article: a redirect to one, or lost
+        names = [distinct[j] for j in missing.tolist()]
+        redirected = np.fromiter(map(resolved.get, names, itertools.repeat(-1)), dtype=np.int64, count=len(names))
+        hit = redirected >= 0
+        ends[missing[hit]], via_redirect[missing[hit]] = redirected[hit], True
+        lost = np.flatnonzero(~hit)
+        if lost.size:
+            times = np.bincount(occurrences, minlength=len(distinct))[missing[lost]]
+            exists = np.fromiter(map(state.titles.__contains__, [names[i] for i in lost.tolist()]), dtype=bool,
+                                 count=lost.size)
+            counts.to_excluded += int(times[exists].sum())
+            counts.unresolved += int(times[~exists].sum())
+    dst, via = ends[occurrences], via_redirect[occurrences]
     src = np.repeat(np.arange(first_doc, first_doc + len(lengths), dtype=np.int64), lengths)
     found = dst >= 0
     src, dst, via = src[found], dst[found], via[found]
@@ -368,13 +375,15 @@ def _resolve_links(targets: pa.ChunkedArray, first_doc: int, title_to_id: dict[s
         self_link = src == dst
         counts.self_link += int(self_link.sum())
         src, dst, via = src[~self_link], dst[~self_link], via[~self_link]
-    order = np.lexsort((dst, src))
-    src, dst, via = src[order], dst[order], via[order]
-    first = np.ones(len(src), dtype=bool)
-    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-    counts.duplicate += int(len(src) - first.sum())
-    src, dst, via = src[first], dst[first], via[first]
+    pairs = (src << 32) | dst                      # doc ids < 2**31: one key, ordered as (src, dst)
+    order = np.argsort(pairs, kind="stable")       # stable: the first occurrence of a pair comes first
+    pairs, via = pairs[order], via[order]
+    first = np.ones(len(pairs), dtype=bool)
+    first[1:] = pairs[1:] != pairs[:-1]
+    counts.duplicate += int(len(pairs) - first.sum())
+    pairs, via = pairs[first], via[first]
+    src, dst = pairs >> 32, pairs & 0xFFFFFFFF
     counts.via_redirect += int(via.sum())
     counts.self_kept += int((src == dst).sum())
-    counts.kept += len(src)
+    counts.kept += len(pairs)
     return src.astype(np.int32), dst.astype(np.int32)
