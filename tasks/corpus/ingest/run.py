@@ -231,15 +231,16 @@ class _FirstPass:
             if namespaces is not self._cache_namespaces or len(self._link_cache) > _LINK_CACHE:
                 self._link_cache, self._cache_namespaces = {}, namespaces
             cache = self._link_cache
-            found = []
-            for target in raw:
-                hit = cache.get(target)
-                if hit is None:
-                    hit = cache[target] = classify_link(target, namespaces)
-                if hit[0] == ARTICLE:
-                    found.append(hit[1])
-                else:
-                    setattr(counts, hit[0], getattr(counts, hit[0]) + 1)
+            hits = list(map(cache.get, raw))
+            if None in hits:
+                for i, hit in enumerate(hits):
+                    if hit is None:
+                        target = raw[i]
+                        hits[i] = cache.get(target) or cache.setdefault(target, classify_link(target, namespaces))
+            found = [title for kind, title in hits if kind == ARTICLE]
+            if len(found) < len(hits):
+                for kind, n in Counter(kind for kind, _ in hits if kind != ARTICLE).items():
+                    setattr(counts, kind, getattr(counts, kind) + n)
         else:
             raw = page.links or []
             found = [t for t in map(normalise_title, raw) if t is not None]
