@@ -74,9 +74,9 @@ def merge_shards(paths: list[Path], group_rows: int, fan_in: int = FAN_IN) -> It
     """Yield the pages of all shards as tables (:data:`SHARD_SCHEMA`) in ascending title order.
 
     Titles are unique across shards (duplicates are rejected in pass 1), so the order is total.
-    Each table holds at least one row group of one shard and at most one per shard (the rows
-    that can be ordered with what is read so far); texts stay in Arrow, never become Python
-    strings. With more than ``fan_in`` shards, groups of ``fan_in`` are first merged into run
+    Each table holds the rows that can be placed with what is read so far: at least the rest of
+    one shard's current row group, at most one row group per shard; texts stay in Arrow, never
+    become Python strings. With more than ``fan_in`` shards, groups of ``fan_in`` are first merged into run
     files (``run-<level>-<k>.parquet``, row groups of at most ``group_rows`` pages) beside the
     shards; inputs are deleted once merged.
     """
