@@ -9,8 +9,11 @@
 * ``--scale N``: peak RSS of ingesting the enwiki sample repeated N and 3N times (renamed
   copies, plain XML) with ``shard_size=200``, and 3N times with ``shard_size=50_000`` (all
   pages in one shard), each in a fresh process: memory follows the shard size, not the dump.
+* ``--piece DUMP`` (instead of the above): where a worker's time goes on one piece (``--piece-index``, 100 streams) of a
+  multistream dump: CPU seconds of bz2 decompression, XML parsing, ``clean_wikitext``, the rest
+  of pass 1 (titles, links, report rows) and the Parquet spill, and of the whole ``parse_piece``.
 
-Run: ``python benchmarks/bench_ingest.py [--repeats 3] [--scale 20]``.
+Run: ``python benchmarks/bench_ingest.py [--repeats 3] [--scale 20] [--piece DUMP.xml.bz2]``.
 """
 from __future__ import annotations
 
@@ -102,6 +105,53 @@ def bench_memory(dump: Path, scale: int) -> None:
                   f"{r['cpu']:.1f} CPU s ({size / r['cpu']:.2f} MB/s)")
 
 
+def bench_piece(dump: Path, index: int, repeats: int) -> None:
+    from tasks.corpus.ingest import parallel  # noqa: PLC0415
+    from tasks.corpus.ingest.multistream import open_piece, plan_layout  # noqa: PLC0415
+    from tasks.corpus.ingest.shards import ShardWriter  # noqa: PLC0415
+
+    layout = plan_layout(dump, 100)
+    namespaces, _ = parallel.read_siteinfo(layout)
+    piece = layout.pieces[index]
+    cfg = IngestConfig(format="mediawiki")
+    parts: dict[str, float] = {}
+
+    def best(name: str, fn):
+        times = []
+        for _ in range(repeats):
+            c0 = _cpu()
+            out = fn()
+            times.append(_cpu() - c0)
+        parts[name] = min(times)
+        return out
+
+    xml = best("bz2 decompression", lambda: open_piece(dump, piece.start, piece.end).read())
+    pages = best("bz2 + XML parse (MediaWikiReader)",
+                 lambda: list(MediaWikiReader(dump, lambda: open_piece(dump, piece.start, piece.end)).pages()))
+    texts = [p.text for p in pages if p.namespace == 0 and p.redirect is None and p.text]
+    best("clean_wikitext", lambda: [clean_wikitext(t) for t in texts])
+    with tempfile.TemporaryDirectory() as tmp:
+        def pass1():
+            state = parallel._pass_class()(cfg, ShardWriter(Path(tmp), cfg.shard_size))
+            for page in pages:
+                state.process(page, namespaces)
+            return state
+        state = best("pass 1 on parsed pages (clean, titles, links, rows)", pass1)
+        rows = list(state.shards._rows)
+
+        def spill():
+            state.shards._rows = list(rows)
+            state.shards.paths = []
+            state.shards.flush()
+        best("Parquet spill (sort, to Arrow, write)", spill)
+        best("parse_piece (all of it)", lambda: parallel.parse_piece(str(dump), piece, namespaces, cfg, tmp + "/p"))
+    mb = len(xml) / 1e6
+    print(f"piece {index} of {dump.name}: {mb:.1f} MB XML, {len(pages)} pages, {len(texts)} articles "
+          f"(CPU s, best of {repeats})")
+    for name, seconds in parts.items():
+        print(f"  {name:55s}: {seconds:6.3f} CPU s -> {mb / seconds:6.1f} MB XML/s")
+
+
 def _child(path: str, shard_size: str, out: str) -> None:
     s = ingest([Path(path)], Path(out), IngestConfig(format="mediawiki", shard_size=int(shard_size)))
     # VmHWM: peak RSS of this process image (ru_maxrss would carry the parent's over execve)
@@ -113,10 +163,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=int, default=0, help="also measure peak RSS on the sample repeated N times")
+    parser.add_argument("--piece", type=Path, help="also break down one piece of this multistream dump")
+    parser.add_argument("--piece-index", type=int, default=3)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(*args.child)
+        return
+    if args.piece:
+        bench_piece(args.piece, args.piece_index, args.repeats)
         return
     mirror = default_mirror()
     if mirror is None:

@@ -1,6 +1,7 @@
 """Parallel ingest of a (synthetic) multistream dump with 1 and 2 worker processes: seconds, peak
 RSS of the coordinator and of the largest worker, parallel efficiency, MB of XML per core-second
-(bz2 decompression included), and the artifacts' digests (identical for every worker count).
+(bz2 decompression included) of the whole run, of the workers and of the coordinator, and the
+artifacts' digests (identical for every worker count).
 
 Each run is a fresh process (so ``ru_maxrss`` is that run's own); workers come from a
 ``ProcessPoolExecutor``. Dump: ``python benchmarks/synth_dump.py DIR --pages N``.
@@ -42,9 +43,11 @@ def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path, **_: in
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
     mb = summary.uncompressed_bytes / 1e6
+    coordinator = own.ru_utime + own.ru_stime
     return {"workers": workers, "pages": summary.records, "documents": summary.documents, "xml_mb": mb,
-            "wall_s": wall, "cpu_s": cpu, "coordinator_cpu_s": own.ru_utime + own.ru_stime,
+            "wall_s": wall, "cpu_s": cpu, "coordinator_cpu_s": coordinator, "workers_cpu_s": cpu - coordinator,
             "mb_per_wall_s": mb / wall, "mb_per_core_s": mb / wall / workers, "mb_per_cpu_s": mb / cpu,
+            "mb_per_worker_cpu_s": mb / (cpu - coordinator), "mb_per_coordinator_cpu_s": mb / coordinator,
             "coordinator_peak_rss_mb": own.ru_maxrss / 1024, "worker_peak_rss_mb": kids.ru_maxrss / 1024,
             "digests": {p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))}}
 

@@ -17,6 +17,7 @@ from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
 from tasks.corpus.ingest import IngestConfig, IngestError, ingest
+from tasks.corpus.ingest import multistream, parallel
 from tasks.corpus.ingest.multistream import index_offsets, plan_layout, scan_offsets
 
 NAMES = [c.name for c in (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)]
@@ -76,6 +77,30 @@ def test_duplicates_across_pieces_and_untitled_page(enwiki_xml, tmp_path, pool):
     assert f"page #{len(pages) + len(copies)}" in report["record"].to_pylist()
 
 
+def test_pieces_without_duplicates_are_taken_in_bulk(enwiki_xml, tmp_path, pool, monkeypatch):
+    """A piece none of whose titles was seen before is replayed in bulk (an untitled page in it
+    too): the same artifacts as the serial pass, and as replaying every record one by one."""
+    start, end = enwiki_xml.index(b"  <page>"), enwiki_xml.rindex(b"</mediawiki>")
+    pages = [b"  <page>" + p for p in enwiki_xml[start:end].split(b"  <page>")[1:]]
+    pages[40] = re.sub(rb"<title>.*?</title>", b"", pages[40], count=1)
+    dump = tmp_path / "bulk-multistream.xml.bz2"
+    repack(enwiki_xml[:start] + b"".join(pages) + enwiki_xml[end:], dump, pages_per_stream=5)
+    calls = []
+    monkeypatch.setattr(parallel, "_replay_rows", lambda *a: calls.append(1) or set())
+    _same_as_serial(dump, tmp_path / "bulk", pool, streams_per_piece=3)
+    assert not calls
+    report = INGEST_REPORT.read(tmp_path / "bulk" / "parallel")
+    assert report["record"][40].as_py() == "page #40"
+    monkeypatch.undo()
+
+    def one_by_one(state, result, first_position):
+        parallel._take_shards(state, result, parallel._replay_rows(state, result, first_position))
+
+    monkeypatch.setattr(parallel, "replay_piece", one_by_one)
+    ingest([dump], tmp_path / "rows", MW, submit=pool.submit, streams_per_piece=3)
+    assert _digests(tmp_path / "rows") == _digests(tmp_path / "bulk" / "parallel")
+
+
 def test_offsets_by_scan_when_the_index_is_missing(enwiki_xml, tmp_path, pool):
     dump = tmp_path / "noindex-multistream.xml.bz2"
     repack(enwiki_xml, dump, pages_per_stream=10, index=False)
@@ -102,6 +127,31 @@ def test_synthetic_dump_parallel_equals_serial(tmp_path, pool, data_mirror):
                           streams_per_piece=2)
     assert par["records"] == 1_500 and par["by_status"]["redirect"] > 0
     assert par["skipped"]["other_namespace"] > 0 and par["skipped"]["disambiguation"] > 0
+
+
+@pytest.mark.parametrize("block", [5, 1 << 24])
+def test_index_offsets_by_block_equal_line_by_line(tmp_path, monkeypatch, block):
+    """The regex over whole blocks of lines gives the offsets (and errors) of reading line by line."""
+    monkeypatch.setattr(multistream, "_INDEX_BLOCK", block)
+    index = tmp_path / "x-index.txt.bz2"
+    cases = [
+        (b"10:1:A\n10:2:B\n7:3:C\n", [7, 10]),
+        (b"10:1:A\r\n12:2:B", [10, 12]),                          # CRLF, no final newline
+        (b" 12 :1:A\n\xd9\xa1\xd9\xa2:2:B\n", [12]),                # white space; Arabic-Indic "12"
+        (b"10:1:A\n" * 40 + b"9:2:B\n11:3:C\rD\n", "line 43"),     # a lone CR starts a line
+        (b"10:1:A\n\n", "line 2"),
+        (b"10:1:A\nno offset\n", "line 2"),
+    ]
+    for data, expected in cases:
+        index.write_bytes(bz2.compress(data))
+        if isinstance(expected, str):
+            with pytest.raises(ValueError, match=expected):
+                index_offsets(index)
+        else:
+            assert index_offsets(index) == expected
+    index.write_bytes(b"10:1:A\n3:2:B\xff\n")
+    with pytest.raises(UnicodeDecodeError):
+        index_offsets(index)
 
 
 def test_corrupt_piece_names_the_piece(enwiki_xml, tmp_path, pool):

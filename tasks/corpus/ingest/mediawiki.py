@@ -120,7 +120,7 @@ def _page(elem, source: str, position: int) -> RawPage:
     text = None if text_elem is None else (text_elem.text or "")
     page = RawPage(source=source, position=position, record=title or f"page #{position}", title=title,
                    text=text, markup=WIKITEXT)
-    page.n_bytes = len(text.encode("utf-8")) if text else 0
+    page.n_bytes = (len(text) if text.isascii() else len(text.encode("utf-8"))) if text else 0
     problems = []
     try:
         page.page_id = int(id_text) if id_text is not None else None

@@ -55,17 +55,59 @@ def index_path(dump: Path) -> Path:
 def index_offsets(index: Path) -> list[int]:
     """Distinct stream offsets of an index file (``offset:page_id:title`` lines), ascending.
 
-    Raises ``ValueError`` naming the file and line of a line without an integer offset.
+    Read in blocks of whole lines; a block of ``digits:`` lines (the normal case) is taken with one
+    regex, any other block line by line as text (the error below names the line).
+
+    Raises ``ValueError`` naming the file and line of a line without an integer offset, and
+    ``UnicodeDecodeError`` on bytes that are not UTF-8.
     """
+    with open(index, "rb") as fh:
+        opener = bz2.open if fh.read(3) == b"BZh" else open
+    heads: set[bytes] = set()
     offsets: set[int] = set()
-    opener = bz2.open if index.read_bytes()[:3] == b"BZh" else open
-    with opener(index, "rt", encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            head = line.split(":", 1)[0]
-            if not head.strip().isdigit():
-                raise ValueError(f"{index}: line {n} does not start with a byte offset: {line[:80]!r}")
-            offsets.add(int(head))
+    line_no, carry = 0, b""
+    with opener(index, "rb") as fh:
+        while True:
+            block = fh.read(_INDEX_BLOCK)
+            data = carry + block
+            if block:
+                cut = data.rfind(b"\n") + 1
+                data, carry = data[:cut], data[cut:]
+            if data:
+                n_lines = data.count(b"\n") + (not data.endswith(b"\n"))
+                found = _OFFSET_HEAD.findall(data)
+                if len(found) == n_lines and b"\r" not in data and _is_utf8(data):
+                    heads.update(found)
+                else:
+                    offsets.update(_offsets_by_line(index, data, line_no))
+                line_no += n_lines
+            if not block:
+                break
+    offsets.update(map(int, heads))
     return sorted(offsets)
+
+
+_INDEX_BLOCK = 1 << 24
+_OFFSET_HEAD = re.compile(rb"^(\d+):", re.M)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _offsets_by_line(index: Path, data: bytes, line_no: int) -> set[int]:
+    """Offsets of whole index lines read as text (universal newlines), lines numbered after ``line_no``."""
+    offsets = set()
+    for n, line in enumerate(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"), line_no + 1):
+        head = line.split(":", 1)[0]
+        if not head.strip().isdigit():
+            raise ValueError(f"{index}: line {n} does not start with a byte offset: {line[:80]!r}")
+        offsets.add(int(head))
+    return offsets
 
 
 def scan_offsets(path: Path, start: int = 0) -> list[int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import operator
 import os
 import shutil
 from collections import deque
@@ -34,7 +35,7 @@ from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED,
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
 from tasks.corpus.ingest.multistream import Layout, Piece, open_header_footer, open_piece
 from tasks.corpus.ingest.records import RawPage
-from tasks.corpus.ingest.shards import ShardWriter
+from tasks.corpus.ingest.shards import ShardWriter, write_shard
 
 logger = logging.getLogger(__name__)
 _LINK_FIELDS = [f.name for f in fields(LinkCounts)]
@@ -44,8 +45,8 @@ _LINK_FIELDS = [f.name for f in fields(LinkCounts)]
 class PieceResult:
     """What one piece contributes to pass 1.
 
-    rows : report rows ``(source, position-in-piece, record, page_id, title, status, reason,
-        n_bytes, detail)`` in piece order.
+    report : the piece's ingest-report rows (columns of ``ingest_report``) in piece order, with
+        ``position`` counted from the piece's first record.
     effects : per row ``(checked, mark, redirect, link_delta, untitled)``: whether the record
         reached the duplicate-title check, the title status it sets (kept/redirect/skipped or
         None), its redirect target, its link-count increments (tuple over ``LinkCounts``
@@ -56,16 +57,15 @@ class PieceResult:
     """
 
     index: int
-    rows: list[tuple]
+    report: pa.Table
     effects: list[tuple]
     shards: list[str]
     xml_bytes: int
     reused: bool = False
 
 
-def _counts(links: LinkCounts) -> tuple[int, ...]:
-    """``LinkCounts`` as a tuple (``dataclasses.astuple`` deep-copies: 10x slower)."""
-    return tuple(getattr(links, name) for name in _LINK_FIELDS)
+_counts = operator.attrgetter(*_LINK_FIELDS)
+"""``LinkCounts`` as a tuple of its fields (``dataclasses.astuple`` deep-copies: 10x slower)."""
 
 
 def _pass_class():
@@ -121,15 +121,20 @@ def piece_key(path: Path, piece: Piece, namespaces: frozenset[str], cfg: IngestC
     return h.hexdigest()
 
 
+def _report_table(rows: list[tuple]) -> pa.Table:
+    columns = list(zip(*rows)) if rows else [[] for _ in _ROW_NAMES]
+    return pa.table([pa.array(list(c), t) for c, t in zip(columns, _ROW_TYPES)], names=list(_ROW_NAMES))
+
+
 def _save_piece(result: PieceResult, directory: Path) -> None:
-    """Keep a piece's pass-1 output: rows + effects as Parquet, shards copied; atomic rename."""
+    """Keep a piece's pass-1 output: report rows + effects as Parquet, shards copied; atomic rename."""
     tmp = directory.with_name(f".tmp-{directory.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    columns = list(zip(*result.rows)) if result.rows else [[] for _ in _ROW_NAMES]
     effects = list(zip(*result.effects)) if result.effects else [[] for _ in _EFFECT_NAMES]
-    table = pa.table({**{n: pa.array(list(c), t) for n, c, t in zip(_ROW_NAMES, columns, _ROW_TYPES)},
-                      **{n: pa.array(list(c), t) for n, c, t in zip(_EFFECT_NAMES, effects, _EFFECT_TYPES)}})
+    table = result.report
+    for n, c, t in zip(_EFFECT_NAMES, effects, _EFFECT_TYPES):
+        table = table.append_column(n, pa.array(list(c), t))
     pq.write_table(table, tmp / "rows.parquet")
     for k, shard in enumerate(result.shards):
         shutil.copyfile(shard, tmp / f"shard-{k:05d}.parquet")
@@ -145,7 +150,7 @@ def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, gro
     coordinator may rewrite or delete them)."""
     meta = json.loads((directory / "piece.json").read_text())
     table = pq.read_table(directory / "rows.parquet")
-    rows = [(source, *r[1:]) for r in zip(*(table.column(n).to_pylist() for n in _ROW_NAMES))]
+    report = table.select(list(_ROW_NAMES)).set_column(0, "source", pa.array([source] * table.num_rows, pa.string()))
     effects = [(c, m, r, tuple(d) if d is not None else None, u)
                for c, m, r, d, u in zip(*(table.column(n).to_pylist() for n in _EFFECT_NAMES))]
     shard_dir.mkdir(parents=True, exist_ok=True)
@@ -158,8 +163,8 @@ def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, gro
         else:
             kept = kept.set_column(kept.schema.get_field_index("source"), kept.schema.field("source"),
                                    pa.array([source] * kept.num_rows, pa.string()))
-            pq.write_table(kept, shards[-1], compression="lz4", row_group_size=group_rows)
-    return PieceResult(piece.index, rows, effects, shards, meta["xml_bytes"], reused=True)
+            write_shard(kept, Path(shards[-1]), group_rows)
+    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], reused=True)
 
 
 _ROW_TYPES = (pa.string(), pa.int64(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64(),
@@ -199,8 +204,8 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     except IngestError as exc:
         raise IngestError(f"piece {piece.index} (bytes {piece.start}-{piece.end}): {exc}") from exc
     state.shards.flush()
-    result = PieceResult(piece.index, state.out_rows, state.effects, [str(p) for p in state.shards.paths],
-                         wrapped[-1].inner_bytes)
+    result = PieceResult(piece.index, _report_table(state.out_rows), state.effects,
+                         [str(p) for p in state.shards.paths], wrapped[-1].inner_bytes)
     if cached is not None:
         _save_piece(result, cached)
     return result
@@ -215,10 +220,48 @@ def read_siteinfo(layout: Layout) -> tuple[frozenset[str], int]:
 
 
 def replay_piece(state, result: PieceResult, first_position: int) -> None:
-    """Apply one piece's records to the coordinator's pass-1 ``state``, in dump order."""
+    """Apply one piece's records to the coordinator's pass-1 ``state``, in dump order.
+
+    When no title the piece checks was seen in an earlier piece (the rule in a real dump), the
+    piece's own decisions stand: its titles, redirects, link counts and report rows are taken
+    in bulk. Otherwise the records are replayed one by one, duplicates decided against the
+    titles seen so far.
+    """
+    report, effects = result.report, result.effects
+    titles = report.column("title").to_pylist()
+    if not state.titles.keys().isdisjoint([t for t, e in zip(titles, effects) if e[0]]):
+        _take_shards(state, result, _replay_rows(state, result, first_position))
+        return
+    state.titles.update([(t, e[1]) for t, e in zip(titles, effects) if e[1] is not None])
+    state.redirects.update([(t, e[2]) for t, e in zip(titles, effects) if e[1] == REDIRECT])
+    deltas = [e[3] for e in effects if e[3] is not None]
+    links = state.links
+    for name, d in zip(_LINK_FIELDS, map(sum, zip(*deltas))):
+        if d:
+            setattr(links, name, getattr(links, name) + d)
+    statuses = report.column("status").to_pylist()
+    state.by_status.update(statuses)
+    state.skipped.update(r for s, r in zip(statuses, report.column("reason").to_pylist()) if s == SKIPPED)
+    state.records += report.num_rows
+    positions = pc.add(report.column("position"), pa.scalar(first_position, pa.int64()))
+    report = report.set_column(1, "position", positions)
+    untitled = [i for i, e in enumerate(effects) if e[4]]
+    if untitled:
+        records, numbers = report.column("record").to_pylist(), positions.to_pylist()
+        for i in untitled:
+            records[i] = f"page #{numbers[i]}"
+        report = report.set_column(2, "record", pa.array(records, pa.string()))
+    state._flush_report()
+    state.report.write(report)
+    _take_shards(state, result, set())
+
+
+def _replay_rows(state, result: PieceResult, first_position: int) -> set[str]:
+    """The records one by one; returns the titles of kept pages that turned out duplicates."""
     dropped: set[str] = set()
     links = state.links
-    for row, (checked, mark, redirect, delta, untitled) in zip(result.rows, result.effects):
+    rows = zip(*(result.report.column(n).to_pylist() for n in _ROW_NAMES))
+    for row, (checked, mark, redirect, delta, untitled) in zip(rows, result.effects):
         source, pos, record, page_id, title, status, reason, n_bytes, detail = row
         pos += first_position
         if untitled:
@@ -243,6 +286,11 @@ def replay_piece(state, result: PieceResult, first_position: int) -> None:
         state._rows.append((source, pos, record, page_id, title, status, reason, n_bytes, detail))
         if len(state._rows) >= 20_000:
             state._flush_report()
+    return dropped
+
+
+def _take_shards(state, result: PieceResult, dropped: set[str]) -> None:
+    """Add the piece's shards to the coordinator's, without the kept pages of ``dropped`` titles."""
     for shard in result.shards:
         path = Path(shard)
         if dropped:
@@ -255,7 +303,7 @@ def _drop_titles(path: Path, titles: set[str], group_rows: int) -> None:
     table = pq.read_table(path)
     table = table.filter(pc.invert(pc.is_in(table.column("title"), value_set=pa.array(sorted(titles), pa.string()))))
     if table.num_rows:
-        pq.write_table(table, path, compression="lz4", row_group_size=group_rows)
+        write_shard(table, path, group_rows)
     else:
         path.unlink()
 
@@ -286,7 +334,7 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
             result = pending.popleft().result()
             replay_piece(state, result, position)
             state.pieces["reused" if result.reused else "built"] += 1
-            position += len(result.rows)
+            position += result.report.num_rows
             total += result.xml_bytes
     except BaseException:
         _drain(pending)   # workers still writing into the shard directory must stop first

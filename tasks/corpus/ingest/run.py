@@ -13,6 +13,7 @@ from which clusters are built, Algorithm 1).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import tempfile
 import time
@@ -21,6 +22,10 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
@@ -41,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 _REPORT_BATCH = 20_000
 DOC_GROUP_ROWS = 4_096          # a documents row group ends after this many rows ...
-DOC_GROUP_BYTES = 8 * 1024 * 1024  # ... or this many bytes of text (bounds pass-2 memory)
+DOC_GROUP_BYTES = 8 * 1024 * 1024  # ... or this many characters of text (bounds pass-2 memory)
 _LINK_BATCH = 200_000
 _PROGRESS_EVERY = 100_000
 _LINK_CACHE = 500_000  # distinct raw link targets remembered (cleared when full)
@@ -117,7 +122,8 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         if submit is not None:
             state.parallel = (submit, streams_per_piece, window, piece_cache)
         uncompressed = state.run(inputs)
-        title_to_id = {t: i for i, t in enumerate(sorted(t for t, s in state.titles.items() if s == KEPT))}
+        kept = sorted(t for t, s in state.titles.items() if s == KEPT)
+        title_to_id = dict(zip(kept, range(len(kept))))
         rows, resolved = resolve_redirects(state.redirects, title_to_id, state.titles)
         redirects = stack.enter_context(REDIRECTS.open_writer(out_dir, sorted_keys=True))
         for start in range(0, len(rows), _LINK_BATCH):
@@ -125,7 +131,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
                                      map(list, zip(*rows[start:start + _LINK_BATCH])))))
         docs = stack.enter_context(DOCUMENTS.open_writer(out_dir, sorted_keys=True, row_group_size=None))
         links = stack.enter_context(LINKS.open_writer(out_dir, sorted_keys=True))
-        _second_pass(state, title_to_id, resolved, docs, links)
+        _second_pass(state, kept, title_to_id, resolved, docs, links)
         counts = state.links
         if counts.accounted() != counts.seen:
             raise AssertionError(f"link accounting broken: {counts}")
@@ -225,15 +231,16 @@ class _FirstPass:
             if namespaces is not self._cache_namespaces or len(self._link_cache) > _LINK_CACHE:
                 self._link_cache, self._cache_namespaces = {}, namespaces
             cache = self._link_cache
-            found = []
-            for target in raw:
-                hit = cache.get(target)
-                if hit is None:
-                    hit = cache[target] = classify_link(target, namespaces)
-                if hit[0] == ARTICLE:
-                    found.append(hit[1])
-                else:
-                    setattr(counts, hit[0], getattr(counts, hit[0]) + 1)
+            hits = list(map(cache.get, raw))
+            if None in hits:
+                for i, hit in enumerate(hits):
+                    if hit is None:
+                        target = raw[i]
+                        hits[i] = cache.get(target) or cache.setdefault(target, classify_link(target, namespaces))
+            found = [title for kind, title in hits if kind == ARTICLE]
+            if len(found) < len(hits):
+                for kind, n in Counter(kind for kind, _ in hits if kind != ARTICLE).items():
+                    setattr(counts, kind, getattr(counts, kind) + n)
         else:
             raw = page.links or []
             found = [t for t in map(normalise_title, raw) if t is not None]
@@ -269,61 +276,115 @@ class _FirstPass:
             self._rows = []
 
 
-def _second_pass(state: _FirstPass, title_to_id: dict[str, int], resolved: dict[str, int], docs, links) -> None:
+def _second_pass(state: _FirstPass, kept: list[str], title_to_id: dict[str, int], resolved: dict[str, int],
+                 docs, links) -> None:
     """Pass 2: merge shards in title order, write documents and resolved, deduplicated links.
 
     Documents go out in row groups cut after :data:`DOC_GROUP_ROWS` rows or
-    :data:`DOC_GROUP_BYTES` bytes of text, whichever comes first (a function of the documents
-    only, so the file does not depend on ``shard_size``).
+    :data:`DOC_GROUP_BYTES` characters of text, whichever comes first (a function of the
+    documents only, so the file does not depend on ``shard_size``). Texts go from the shards to
+    ``documents.parquet`` as Arrow arrays; links are resolved a merged block at a time
+    (:func:`_resolve_links`).
     """
-    counts, drop_self = state.links, state.cfg.drop_self_links
-    doc_rows: list[tuple] = []
-    doc_bytes = 0
-    src_ids: list[int] = []
-    dst_ids: list[int] = []
-    merged = merge_shards(state.shards.paths, state.shards.group_rows)
-    for doc_id, (title, text, page_id, source, targets) in enumerate(merged):
-        if title_to_id[title] != doc_id:
-            raise AssertionError(f"shard merge out of order at {title!r}")
-        doc_rows.append((doc_id, title, text, page_id, source))
-        doc_bytes += len(text)
-        dsts: set[int] = set()
-        for target in targets or ():
-            dst = title_to_id.get(target)
-            via = dst is None
-            if via:
-                dst = resolved.get(target)
-                if dst is None:
-                    if target in state.titles:
-                        counts.to_excluded += 1
-                    else:
-                        counts.unresolved += 1
-                    continue
-            if dst in dsts:
-                counts.duplicate += 1
-            elif dst == doc_id and drop_self:
-                counts.self_link += 1
-            else:
-                dsts.add(dst)
-                counts.via_redirect += via
-                counts.self_kept += dst == doc_id
-        ordered = sorted(dsts)
-        src_ids.extend([doc_id] * len(ordered))
-        dst_ids.extend(ordered)
-        counts.kept += len(ordered)
-        if len(doc_rows) >= DOC_GROUP_ROWS or doc_bytes >= DOC_GROUP_BYTES:
-            _write_docs(docs, doc_rows)
-            doc_rows, doc_bytes = [], 0
-        if len(src_ids) >= _LINK_BATCH:
-            links.write({"src_doc_id": src_ids, "dst_doc_id": dst_ids})
-            src_ids, dst_ids = [], []
-    if doc_rows:
-        _write_docs(docs, doc_rows)
-    if src_ids:
-        links.write({"src_doc_id": src_ids, "dst_doc_id": dst_ids})
+    doc_id = 0
+    group: list[pa.Table] = []   # documents of the row group being filled
+    group_rows = group_chars = 0
+    src_parts: list[np.ndarray] = []
+    dst_parts: list[np.ndarray] = []
+    n_links = 0
+    for block in merge_shards(state.shards.paths, state.shards.group_rows):
+        n = block.num_rows
+        titles = block.column("title").to_pylist()
+        if titles != kept[doc_id:doc_id + n]:
+            bad = next(i for i, t in enumerate(titles) if doc_id + i >= len(kept) or kept[doc_id + i] != t)
+            raise AssertionError(f"shard merge out of order at {titles[bad]!r}")
+        table = pa.table({"doc_id": pa.array(np.arange(doc_id, doc_id + n, dtype=np.int32)),
+                          **{name: block.column(name) for name in ("title", "text", "page_id", "source")}})
+        src, dst = _resolve_links(block.column("links"), doc_id, title_to_id, resolved, state)
+        src_parts.append(src)
+        dst_parts.append(dst)
+        n_links += len(src)
+        if n_links >= _LINK_BATCH:
+            links.write({"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
+            src_parts, dst_parts, n_links = [], [], 0
+        chars = pc.utf8_length(block.column("text")).to_numpy()
+        start = 0
+        while start < n:   # cut row groups exactly where the row-at-a-time rule would
+            cumulative = np.cumsum(chars[start:], dtype=np.int64) + group_chars
+            cut = min(start + DOC_GROUP_ROWS - group_rows - 1,
+                      start + int(np.searchsorted(cumulative, DOC_GROUP_BYTES, side="left")))
+            if cut >= n:
+                group.append(table.slice(start))
+                group_rows += n - start
+                group_chars = int(cumulative[-1])
+                break
+            group.append(table.slice(start, cut + 1 - start))
+            docs.write(pa.concat_tables(group))
+            group, group_rows, group_chars = [], 0, 0
+            start = cut + 1
+        doc_id += n
+    if group:
+        docs.write(pa.concat_tables(group))
+    if n_links:
+        links.write({"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
     if len(title_to_id) != docs.rows_written:
         raise AssertionError(f"{len(title_to_id)} kept titles but {docs.rows_written} documents merged")
 
 
-def _write_docs(docs, rows: list[tuple]) -> None:
-    docs.write(dict(zip(("doc_id", "title", "text", "page_id", "source"), map(list, zip(*rows)))))
+def _resolve_links(targets: pa.ChunkedArray, first_doc: int, title_to_id: dict[str, int], resolved: dict[str, int],
+                   state: _FirstPass) -> tuple[np.ndarray, np.ndarray]:
+    """Links of documents ``first_doc, first_doc + 1, ...`` (``targets``: their normalised link
+    targets, distinct per document) as sorted, distinct ``(src_doc_id, dst_doc_id)`` pairs.
+
+    Targets go to a kept article directly or through a resolved redirect; the others count as
+    ``to_excluded`` (the title exists but was not kept) or ``unresolved``. A pair seen again
+    (two targets reaching one article) counts as ``duplicate``; self links are kept and counted
+    (``self_kept``) unless ``drop_self_links``. Same counts as going through the targets of each
+    document in order: the first occurrence of a pair is the one kept (a stable sort).
+
+    Returns
+    -------
+    src, dst : np.ndarray of int32, shape (n_links,)
+        Sorted by ``(src, dst)``.
+    """
+    counts = state.links
+    targets = targets.combine_chunks()
+    lengths = pc.list_value_length(targets).fill_null(0).to_numpy()
+    encoded = pc.dictionary_encode(targets.flatten())   # each distinct target is looked up once
+    distinct = encoded.dictionary.to_pylist()
+    occurrences = encoded.indices.to_numpy()
+    ends = np.fromiter(map(title_to_id.get, distinct, itertools.repeat(-1)), dtype=np.int64, count=len(distinct))
+    via_redirect = np.zeros(len(distinct), dtype=bool)
+    missing = np.flatnonzero(ends < 0)
+    if missing.size:   # not a kept article: a redirect to one, or lost
+        names = [distinct[j] for j in missing.tolist()]
+        redirected = np.fromiter(map(resolved.get, names, itertools.repeat(-1)), dtype=np.int64, count=len(names))
+        hit = redirected >= 0
+        ends[missing[hit]], via_redirect[missing[hit]] = redirected[hit], True
+        lost = np.flatnonzero(~hit)
+        if lost.size:
+            times = np.bincount(occurrences, minlength=len(distinct))[missing[lost]]
+            exists = np.fromiter(map(state.titles.__contains__, [names[i] for i in lost.tolist()]), dtype=bool,
+                                 count=lost.size)
+            counts.to_excluded += int(times[exists].sum())
+            counts.unresolved += int(times[~exists].sum())
+    dst, via = ends[occurrences], via_redirect[occurrences]
+    src = np.repeat(np.arange(first_doc, first_doc + len(lengths), dtype=np.int64), lengths)
+    found = dst >= 0
+    src, dst, via = src[found], dst[found], via[found]
+    if state.cfg.drop_self_links:
+        self_link = src == dst
+        counts.self_link += int(self_link.sum())
+        src, dst, via = src[~self_link], dst[~self_link], via[~self_link]
+    pairs = (src << 32) | dst                      # doc ids < 2**31: one key, ordered as (src, dst)
+    order = np.argsort(pairs, kind="stable")       # stable: the first occurrence of a pair comes first
+    pairs, via = pairs[order], via[order]
+    first = np.ones(len(pairs), dtype=bool)
+    first[1:] = pairs[1:] != pairs[:-1]
+    counts.duplicate += int(len(pairs) - first.sum())
+    pairs, via = pairs[first], via[first]
+    src, dst = pairs >> 32, pairs & 0xFFFFFFFF
+    counts.via_redirect += int(via.sum())
+    counts.self_kept += int((src == dst).sum())
+    counts.kept += len(pairs)
+    return src.astype(np.int32), dst.astype(np.int32)

@@ -25,18 +25,26 @@ _DROP_PAIRED = re.compile(r"<(%s)\b[^>]*?(?<!/)>.*?</\1\s*>" % "|".join(_DROP_TA
 _DROP_SELF = re.compile(r"<(?:%s)\b[^>]*/>" % "|".join(_DROP_TAGS), re.I)
 _BRACES = re.compile(r"\{\{+|\}\}+")
 _TABLE = re.compile(r"^[ \t:]*(\{\||\|\})[^\n]*\n?", re.M)
-# [[inner]]: inner has no "[[" or "]]" but may hold "[single brackets]" (possessive: no backtracking).
-_LINK = re.compile(r"\[\[((?:\[[^\[\]]*\]|[^\[\]]|\[(?!\[)|\](?!\]))*+)\]\]")
+# [[inner]]: inner has no "[[" or "]]" but may hold "[single brackets]" (possessive: no backtracking;
+# runs of bracket-free characters are taken at once).
+_LINK = re.compile(r"\[\[((?:[^\[\]]++|\[[^\[\]]*\]|\[(?!\[)|\](?!\]))*+)\]\]")
 _EXT_LINK = re.compile(r"\[(?:https?:|ftp:|ftps:|mailto:|news:|irc:|ircs:|//)[^\s\]]*(?:[ \t]+([^\]\n]*))?\]", re.I)
-_HEADING = re.compile(r"^(={1,6})[ \t]*(.+?)[ \t]*\1[ \t]*$", re.M)
-_LIST = re.compile(r"^[*#:;]+[ \t]*", re.M)
-_RULE = re.compile(r"^-{4,}[ \t]*$", re.M)
-_BOLD_ITALIC = re.compile(r"'{2,}")
+# Line-start patterns match the newline before the line (a literal first character lets the regex
+# engine skip ahead to candidates); they run on "\n" + text and put the newline back.
+_HEADING = re.compile(r"\n(={1,6})[ \t]*(.+?)[ \t]*\1[ \t]*$", re.M)
+_LIST = re.compile(r"\n[*#:;]+[ \t]*")
+_RULE = re.compile(r"\n-{4,}[ \t]*$", re.M)
+_BOLD_ITALIC = re.compile(r"''+")
 _MAGIC = re.compile(r"__[A-Z]+__")
 _HTML_TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*(?:\s[^<>]*)?/?>")
 _EMPTY_PARENS = re.compile(r"\(\s*(?:[,;:]\s*)*\)")
 _PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
-_BLANKS = re.compile(r"\n{3,}")
+_BLANKS = re.compile(r"\n\n\n+")
+_SPACES = re.compile(r"  +")
+_NEWLINE_SPACE = re.compile(r"\n ")
+# White space other than " " and "\n" (str.isspace: tabs, NBSP, ...; none above U+3000).
+_OTHER_SPACES = tuple(c for c in map(chr, range(0x3001)) if c.isspace() and c not in " \n")
+_OTHER_SPACES_ASCII = tuple(c for c in _OTHER_SPACES if c.isascii())
 _LINK_TARGET = re.compile(r"\[\[([^\[\]|\n]*)(?=\||\]\])")
 _TEMPLATE_NAME = re.compile(r"\{\{\s*([^{}|\n]+?)\s*(?=\||\}\})")
 _REDIRECT = re.compile(r"\A\s*#REDIRECT\s*:?\s*\[\[([^\[\]|\n]+)", re.I)
@@ -70,23 +78,27 @@ def clean_wikitext(text: str) -> str:
         Plain text: paragraphs separated by one blank line, no markup, templates, references,
         tables, files or categories; link labels kept. Empty string when nothing remains.
     """
-    text = _COMMENT.sub("", text)
+    if "<!--" in text:
+        text = _COMMENT.sub("", text)
     if "<" in text:
         text = _DROP_PAIRED.sub("", text)
         text = _DROP_SELF.sub("", text)
     text = strip_templates(text)
     text = strip_tables(text)
     if "[" in text:
-        text = _EXT_LINK.sub(lambda m: m.group(1) or "", text)
+        text = _EXT_LINK.sub(r"\1", text)   # the label, or nothing (an unmatched group is "")
     if "[[" in text:
-        previous = None
-        while previous != text:  # innermost first: file captions hold links
-            previous, text = text, _LINK.sub(_link_label, text)
-    text = _HEADING.sub(r"\2", text)
-    text = _LIST.sub("", text)
-    text = _RULE.sub("", text)
-    text = _BOLD_ITALIC.sub("", text)
-    text = _MAGIC.sub("", text)
+        text = _replace_links(text)
+    text = "\n" + text
+    text = _HEADING.sub("\n\\2", text)
+    text = _LIST.sub("\n", text)
+    if "----" in text:
+        text = _RULE.sub("\n", text)
+    text = text[1:]
+    if "''" in text:
+        text = _BOLD_ITALIC.sub("", text)
+    if "__" in text:
+        text = _MAGIC.sub("", text)
     if "<" in text:
         text = _HTML_TAG.sub("", text)
     if "&" in text:
@@ -98,9 +110,23 @@ def clean_wikitext(text: str) -> str:
 
 
 def tidy_whitespace(text: str) -> str:
-    """Collapse white space inside lines, trim lines, keep at most one blank line in a row."""
-    text = "\n".join(" ".join(line.split()) for line in text.split("\n"))
-    return _BLANKS.sub("\n\n", text).strip()
+    """Collapse white space inside lines, trim lines, keep at most one blank line in a row.
+
+    White space is what ``str.split()`` splits on; lines end at ``"\n"`` only. Same result as
+    ``"\n".join(" ".join(line.split()) for line in text.split("\n"))`` with blank-line runs cut
+    to one, but with string replacements instead of a list of words per line.
+    """
+    for char in _OTHER_SPACES_ASCII if text.isascii() else _OTHER_SPACES:
+        if char in text:
+            text = text.replace(char, " ")
+    if "  " in text:
+        text = _SPACES.sub(" ", text)
+    if " \n" in text:
+        text = text.replace(" \n", "\n")
+    text = _NEWLINE_SPACE.sub("\n", text)
+    if "\n\n\n" in text:
+        text = _BLANKS.sub("\n\n", text)
+    return text.strip()
 
 
 def strip_templates(text: str) -> str:
@@ -195,9 +221,30 @@ def is_disambiguation(title: str, text: str | None, templates: frozenset[str]) -
     return False
 
 
-def _link_label(m: re.Match) -> str:
-    inner = m.group(1)
+def _replace_links(text: str) -> str:
+    """Replace every wikilink by its label, innermost first (file captions hold links), until none
+    is left: each round is ``_LINK.sub`` with :func:`_link_label`, done as a split and one list of
+    labels (no match object or callback per link)."""
+    while True:
+        parts = _LINK.split(text)
+        if len(parts) == 1:
+            return text
+        parts[1::2] = [_link_label(inner) for inner in parts[1::2]]
+        text = "".join(parts)
+        if "[[" not in text:
+            return text
+
+
+def _link_label(inner: str) -> str:
+    """What ``[[inner]]`` renders inline: the label, the target, or nothing (files, categories,
+    interlanguage links)."""
     target, sep, label = inner.partition("|")
+    if ":" not in target:   # no namespace or language prefix: the two common cases first
+        if sep:
+            if label and not label.isspace():
+                return label
+        elif "#" not in target:
+            return target.strip()
     target = target.strip()
     leading_colon = target.startswith(":")
     colon = target.find(":", 1 if leading_colon else 0)
