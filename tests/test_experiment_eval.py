@@ -77,6 +77,7 @@ def test_experiment_config_reads_the_shipped_yaml_and_refuses_stored_vectors_wit
     assert cfg.heldout_vectors == "stored" and cfg.candidates.unit_scoring == "maxp"   # the funnel of issue 10
     assert cfg.train_preranker.max_length is None and cfg.preranker.max_length is None   # the model's own length
     assert cfg.distill.unit_scoring == "maxp" and cfg.distill.towers == "query"
+    assert cfg.distill_select and cfg.validation.lrs == (2e-5, 5e-5, 1e-4)   # chosen on the train split
     assert cfg.reader.fid.kind == "minilm-bert2bert" and cfg.reader.train.keep_checkpoints >= cfg.reader.train.epochs
     from funnelrag.config import deep_merge, parse_overrides
 
@@ -91,10 +92,12 @@ def test_experiment_config_reads_the_shipped_yaml_and_refuses_stored_vectors_wit
         ExperimentConfig.from_dict({"heldout_vectors": "stored"})   # the default held-out pool scores unit texts
     with pytest.raises(ValueError, match="towers"):
         ExperimentConfig.from_dict({"distill": {"towers": "document"}})
+    with pytest.raises(ValueError, match="distill_select needs a validation"):
+        ExperimentConfig.from_dict({"distill_select": True})
 
 
 def test_answerable_counts_answer_passages_within_the_reader_input(tmp_path):
-    from tasks.funnel.experiment import answerable
+    from tasks.funnel.experiment_data import answerable
 
     rows = []
     for q, hits in (("q1", [False, False, True]), ("q2", [True, False, False]), ("q3", [False, False, False])):

@@ -3,6 +3,7 @@ scores from stored passage vectors, and the MaxP re-ranking of a unit pool, on a
 (NQ-open oracle gold passages, 3 articles per cluster) with the real MiniLM weights."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNITS
+from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNIT_POOL, UNITS
 from funnelrag.training import TrainConfig
 from models.preranker import (QUERY_ENCODER_DIR, PreRankerConfig, build_preranker, load_preranker,
                               save_preranker, score)
@@ -118,7 +119,8 @@ def _stage_dirs(mini, model, tok, tmp_path):
     cs = build_candidates(mini["questions"], mini["index"], mini["members_of"], SEG, WhitespaceCounter(),
                           model, tok, cfg)
     cand_dir, label_dir = tmp_path / "cands", tmp_path / "labels"
-    for contract, table in ((CANDIDATES, cs.candidates), (UNITS, cs.units), (QUESTIONS, mini["questions"])):
+    for contract, table in ((CANDIDATES, cs.candidates), (UNITS, cs.units), (QUESTIONS, mini["questions"]),
+                            (UNIT_POOL, cs.unit_pool)):
         contract.write(table, cand_dir)
     c = cs.candidates
     zero = pa.table({"question_id": c["question_id"], "unit_id": c["unit_id"], "passage_id": c["passage_id"],
@@ -182,3 +184,35 @@ def test_maxp_rerank_from_stored_vectors_equals_computed(mini, one_torch_thread)
     np.testing.assert_allclose(stored["prerank_score"].to_numpy(), computed["prerank_score"].to_numpy(), atol=1e-5)
     first = rerank_pool(cs.unit_pool, cs.units, mini["questions"], model, tok, 8)   # from the unit text
     assert not np.allclose(first["prerank_score"].to_numpy(), stored["prerank_score"].to_numpy())
+
+
+def test_validation_search_measures_every_epoch_on_train_split_questions_only(mini, tmp_path, one_torch_thread):
+    """The BPR search trains on the fit part, measures a checkpoint per epoch on the validation part
+    (disjoint, by hash), and the last checkpoint is the run's trained pre-ranker."""
+    from tasks.funnel.experiment_validation import (ValidationConfig, load_checkpoint_preranker, validation_curve,
+                                                    validation_ids, validation_table)
+
+    model, tok = _bi()
+    _, cand_dir, label_dir = _stage_dirs(mini, model, tok, tmp_path)
+    index, _ = build_embedding_index(mini["passages"], model, tok, "digest-a")
+    cfg = ValidationConfig(fraction=0.5, seed=1, lrs=(1e-4, 1e-5), epochs=2)
+    val = validation_ids(mini["questions"], cfg)
+    assert val == validation_ids(mini["questions"], cfg) and 0 < len(val) < mini["questions"].num_rows
+    d_cfg = DistillConfig(max_pairs_per_question=16, score_scale=20.0, unit_scoring="maxp", towers="query")
+    t_cfg = TrainConfig(output_dir="", batch_size=1, cpu=True, seed=0)
+    pre = PreRankerConfig(kind="bi", max_length=64)
+    curve = validation_curve(cand_dir, cand_dir, label_dir, mini["passages"], pre, d_cfg, t_cfg, cfg, tmp_path / "v",
+                             [1, 2], index)
+    assert curve["validation_questions"] == len(val) and curve["fit_questions"] >= 1
+    fit_labels = LABELS.read(tmp_path / "v" / "fit_labels")
+    assert not set(fit_labels["question_id"].to_pylist()) & val        # never trained on a validation question
+    assert sorted({r["lr"] for r in curve["runs"]}) == [1e-5, 1e-4]
+    assert all(set(r["ar"]) == {"1", "2"} for r in curve["runs"]) and max(r["epochs"] for r in curve["runs"]) == 2
+    best = max(curve["runs"], key=lambda r: (r["ar"]["1"], -r["epochs"], -r["lr"]))
+    assert curve["best"] == {"lr": best["lr"], "epochs": best["epochs"], "ar": best["ar"]}
+    assert "chosen by validation AR@1" in validation_table(json.loads(json.dumps(curve)))
+    from funnelrag.training import checkpoint_dirs
+    last, _ = load_checkpoint_preranker(checkpoint_dirs(tmp_path / "v" / "lr-0.0001" / "train")[-1], pre, d_cfg)
+    saved, _ = load_preranker(tmp_path / "v" / "lr-0.0001" / "out" / S.PRERANKER_DIR)
+    for (name, a), (_, b) in zip(last.state_dict().items(), saved.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)

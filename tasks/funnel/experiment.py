@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ from tasks.funnel import stages as S
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
+from tasks.funnel.experiment_data import answerable, bm25_passage_candidates, first_questions, subset
+from tasks.funnel.experiment_validation import ValidationConfig
 from tasks.funnel.questions import QuestionsConfig
 from tasks.funnel.reader import ReaderTrainConfig
 
@@ -69,6 +71,11 @@ class ExperimentConfig:
         held-out ones).
     distill_answerable : distil on train questions whose top-N units hold an answer only (the
         questions that give answer-only pairs; L2G's attention-only questions are then left out).
+    validation : the search for BPR's learning rate and epochs on a validation part of the
+        train split (:mod:`tasks.funnel.experiment_validation`); None: no search.
+    distill_select : both distillations train with the learning rate and epochs chosen by that
+        search (answer-only labels, validation AR@1) instead of ``distill_train.lr`` and
+        ``distill.epochs``.
     heldout_vectors : ``"computed"`` or ``"stored"``: the held-out pool's pre-ranking (and the
         re-ranking of that pool by each distilled pre-ranker) reads the passage vectors of the
         published embedding index, as :attr:`train_vectors` does for the train split
@@ -108,8 +115,12 @@ class ExperimentConfig:
     n_reader_dev: int | None = 400
     distill_answerable: bool = False
     heldout_vectors: str = "computed"
+    validation: ValidationConfig | None = None
+    distill_select: bool = False
 
     def __post_init__(self) -> None:
+        if self.distill_select and self.validation is None:
+            raise ValueError("distill_select needs a validation search (validation: {...})")
         for name in ("train_vectors", "heldout_vectors"):
             if getattr(self, name) not in ("computed", "stored"):
                 raise ValueError(f"{name} must be 'computed' or 'stored', got {getattr(self, name)!r}")
@@ -137,83 +148,11 @@ class ExperimentConfig:
             out["reader"] = replace(base, fid=fid, train=train, **r)
         if "recall_at" in d:
             out["recall_at"] = tuple(d["recall_at"])
+        if d.get("validation") is not None:
+            v = dict(d["validation"])
+            out["validation"] = ValidationConfig(**{**v, **({"lrs": tuple(v["lrs"])} if "lrs" in v else {})})
         rest = {k: v for k, v in d.items() if k not in out and k not in ("distill_train", "reader", "recall_at")}
         return cls(**out, **rest)
-
-
-@dataclass
-class Paths:
-    """Where the experiment reads and writes."""
-
-    home: Path               # funnelrag workspace (published corpus, caches)
-    questions_file: Path     # NQ-open dev TSV
-    tokenizer_mirror: Path | None = None
-    steps: dict[str, StageResult] = field(default_factory=dict)
-
-
-def subset(stage_dir: Path, question_ids: set[str], out_dir: Path) -> dict[str, Any]:
-    """Copy a candidates stage directory restricted to ``question_ids`` (all four tables)."""
-    n = 0
-    for contract in (UNIT_POOL, CANDIDATES, QUESTIONS):
-        t = contract.read(stage_dir)
-        t = t.filter(pc.is_in(t["question_id"], pa.array(sorted(question_ids), pa.string())))
-        contract.write(t, out_dir)
-        n = t.num_rows if contract is QUESTIONS else n
-    UNITS.write(UNITS.read(stage_dir), out_dir)
-    return {"questions": n}
-
-
-def answerable(stage_dir: Path, n_passages: int | None) -> set[str]:
-    """Question ids with an answer-bearing passage among their first ``n_passages`` candidate
-    passages in pre-ranker order (``None`` = any candidate passage, i.e. the top-N units)."""
-    c = CANDIDATES.read(stage_dir)
-    rows = sorted(zip(c["question_id"].to_pylist(), c["unit_rank"].to_pylist(),
-                      c["passage_position"].to_pylist(), c["has_answer"].to_pylist()))
-    seen: dict[str, int] = {}
-    hit: set[str] = set()
-    for q, _, _, has in rows:
-        i = seen[q] = seen.get(q, -1) + 1
-        if has and (n_passages is None or i < n_passages):
-            hit.add(q)
-    return hit
-
-
-def bm25_passage_candidates(corpus, questions: pa.Table, n_passages: int, search_k: int) -> pa.Table:
-    """Reader training input from flat BM25: per question with an answer passage among its BM25
-    top-``search_k`` corpus passages, the best-ranked answer passage and the ``n_passages - 1``
-    best-ranked other passages, in BM25 order, as a ``candidates`` table (each passage its own
-    slot: ``unit_rank`` = rank among the kept, ``passage_position`` = 0, ``bm25_score`` =
-    ``prerank_score`` = its BM25 score). Questions without an answer passage are left out.
-
-    Flat BM25 costs ~0.03 s per question; the funnel's pre-ranking of ~1K-token units costs
-    seconds per question, which 2 shared CPU cores cannot spend on thousands of questions.
-    """
-    from tasks.funnel.questions import AnswerMatcher  # noqa: PLC0415
-
-    passages = corpus.passages
-    row_of = {p: i for i, p in enumerate(passages["passage_id"].to_pylist())}
-    ids, scores = corpus.passage_index().search(questions["question"].to_pylist(), search_k)
-    rows = []
-    for qid, answers, pids, ss in zip(questions["question_id"].to_pylist(), questions["answers"].to_pylist(), ids, scores):
-        match = AnswerMatcher(answers)
-        hits = [match(passages["text"][row_of[str(p)]].as_py()) for p in pids]
-        if not any(hits):
-            continue
-        first = hits.index(True)
-        keep = sorted([first] + [i for i in range(len(pids)) if i != first][: n_passages - 1])
-        for rank, i in enumerate(keep):
-            r = row_of[str(pids[i])]
-            rows.append({"question_id": qid, "cluster_id": passages["cluster_id"][r].as_py(),
-                         "bm25_score": float(ss[i]), "unit_id": passages["unit_id"][r].as_py(), "unit_rank": rank,
-                         "prerank_score": float(ss[i]), "unit_has_answer": hits[i], "passage_id": str(pids[i]),
-                         "passage_position": 0, "title": passages["title"][r].as_py(),
-                         "text": passages["text"][r].as_py(), "has_answer": hits[i]})
-    return CANDIDATES.validate(pa.Table.from_pylist(rows, schema=CANDIDATES.schema))
-
-
-def first_questions(stage_dir: Path, n: int) -> set[str]:
-    """The first ``n`` question ids (id order) of a candidates stage directory."""
-    return set(sorted(QUESTIONS.read(stage_dir)["question_id"].to_pylist())[:n])
 
 
 def config_json(cfg: ExperimentConfig) -> str:
@@ -399,20 +338,56 @@ class Experiment:
 
         return self.step(name, cfg, {"data": data.digest}, build)
 
-    def distill(self, name: str, data: StageResult, labels: StageResult) -> StageResult:
-        """BPR (Eq. 6) of ``preranker`` on ``labels``; query-side MaxP distillation reads the
-        frozen document tower's stored passage vectors when they are published."""
+    def distill_index(self):
+        """The stored vectors query-side MaxP distillation reads (None for other settings or
+        when no index is published: then they are computed)."""
         from models.preranker import build_preranker  # noqa: PLC0415
 
         c = self.cfg
-        key_cfg = {"preranker": c.preranker, "distill": c.distill, "train": c.distill_train}
+        if c.distill.unit_scoring == "maxp" and c.distill.towers == "query" and c.preranker.kind == "bi":
+            return self.embedding_index(build_preranker(c.preranker)[0])
+        return None
+
+    def distill_settings(self, selected: StageResult | None) -> tuple[DistillConfig, TrainConfig]:
+        """``distill`` and ``distill_train``, with the validation search's learning rate and
+        epochs when ``selected`` (the ``validation`` step) is given."""
+        c = self.cfg
+        if selected is None:
+            return c.distill, c.distill_train
+        best = json.loads((selected.path / "validation.json").read_text())["best"]
+        return replace(c.distill, epochs=max(1, round(best["epochs"]))), replace(c.distill_train, lr=best["lr"])
+
+    def validation(self, train: StageResult, data: StageResult, labels: StageResult) -> StageResult:
+        """The BPR validation search (:func:`tasks.funnel.experiment_validation.validation_curve`)
+        → ``validation.json``."""
+        from tasks.funnel.experiment_validation import validation_curve  # noqa: PLC0415
+
+        c = self.cfg
+        key_cfg = {"validation": c.validation, "preranker": c.preranker, "distill": c.distill,
+                   "train": c.distill_train, "vectors": c.heldout_vectors, "ks": sorted({*c.recall_at, c.candidates.n_units})}
 
         def build(out: Path, key: str) -> dict[str, Any]:
-            index = None
-            if c.distill.unit_scoring == "maxp" and c.distill.towers == "query" and c.preranker.kind == "bi":
-                index = self.embedding_index(build_preranker(c.preranker)[0])
-            return S.run_distill(data.path, labels.path, c.preranker, c.distill, c.distill_train,
-                                 self.ws.run_dir(f"experiment-{name}", key[:16]), out, index=index)
+            curve = validation_curve(train.path, data.path, labels.path, self.corpus.passages, c.preranker, c.distill,
+                                     c.distill_train, c.validation, self.ws.run_dir("experiment-validation", key[:16]),
+                                     key_cfg["ks"], self.distill_index())
+            (out / "validation.json").write_text(json.dumps(curve, indent=1))
+            return {"best": curve["best"], "validation_questions": curve["validation_questions"]}
+
+        inputs = {"train": train.digest, "data": data.digest, "labels": labels.digest}
+        return self.step("validation", key_cfg, inputs, build)
+
+    def distill(self, name: str, data: StageResult, labels: StageResult,
+                selected: StageResult | None = None) -> StageResult:
+        """BPR (Eq. 6) of ``preranker`` on ``labels`` (with the validation search's choice when
+        ``selected``); query-side MaxP distillation reads the frozen document tower's stored
+        passage vectors when they are published."""
+        c = self.cfg
+        d_cfg, t_cfg = self.distill_settings(selected)
+        key_cfg = {"preranker": c.preranker, "distill": d_cfg, "train": t_cfg}
+
+        def build(out: Path, key: str) -> dict[str, Any]:
+            return S.run_distill(data.path, labels.path, c.preranker, d_cfg, t_cfg,
+                                 self.ws.run_dir(f"experiment-{name}", key[:16]), out, index=self.distill_index())
 
         return self.step(name, key_cfg, {"data": data.digest, "labels": labels.digest}, build)
 
@@ -482,7 +457,7 @@ class Experiment:
         return self.step(name, {"ks": ks}, inputs, build)
 
 
-PARTS = ("candidates", "reader", "answer_only", "l2g", "postrank", "report")
+PARTS = ("candidates", "validation", "reader", "answer_only", "l2g", "postrank", "report")
 
 
 def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
@@ -493,17 +468,24 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     done: dict[str, StageResult] = {}
     if {"candidates", "answer_only", "postrank", "report"} & set(parts):
         heldout = exp.candidates(q, "dev")
-    if {"candidates", "answer_only", "l2g", "report"} & set(parts):
-        data = exp.distill_data(exp.candidates(q, "train"))
+    if {"candidates", "answer_only", "l2g", "validation", "report"} & set(parts):
+        train = exp.candidates(q, "train")
+        data = exp.distill_data(train)
+    selected = None
+    if c.validation is not None and ({"validation", "report"} & set(parts) or
+                                     (c.distill_select and {"answer_only", "l2g"} & set(parts))):
+        done["validation"] = exp.validation(train, data, exp.labels("labels_answer_only", data, None))
+        selected = done["validation"] if c.distill_select else None
     if {"answer_only", "report"} & set(parts):
-        done["answer_only"] = exp.distill("distill_answer_only", data, exp.labels("labels_answer_only", data, None))
+        done["answer_only"] = exp.distill("distill_answer_only", data, exp.labels("labels_answer_only", data, None),
+                                          selected)
     if {"reader", "l2g", "postrank", "report"} & set(parts):
         reader_data, done["reader"] = exp.reader(q)
     if {"reader", "report"} & set(parts):
         done["reader_curve"] = exp.reader_curve(q, done["reader"])
     if {"l2g", "report"} & set(parts):
         att = exp.attention("attention_distill", data, done["reader"])
-        done["l2g"] = exp.distill("distill_l2g", data, exp.labels("labels_l2g", data, att))
+        done["l2g"] = exp.distill("distill_l2g", data, exp.labels("labels_l2g", data, att), selected)
     if {"postrank", "report"} & set(parts):
         done["reader_eval"] = exp.reader_eval(heldout, done["reader"])
         ids = sorted(answerable(heldout.path, None))[: c.n_postrank]
@@ -514,6 +496,12 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     from tasks.funnel.experiment_report import distillation_report, postranker_report, reader_curve_report  # noqa: PLC0415
 
     texts, figures = [], {}
+    if "validation" in done:
+        from tasks.funnel.experiment_validation import validation_table  # noqa: PLC0415
+
+        curve = json.loads((done["validation"].path / "validation.json").read_text())
+        texts.append(validation_table(curve))
+        figures["validation"] = curve
     if "answer_only" in done:
         t, f = distillation_report(exp, heldout, done)
         texts.append(t)
