@@ -171,13 +171,18 @@ def main() -> None:
         res = subprocess.run([sys.executable, __file__, str(args.dump), "--one", str(w), *(["--stages"] if args.stages else []),
                               "--streams-per-piece", str(args.streams_per_piece), "--docs-per-shard", str(args.docs_per_shard),
                               "--passage-shards", str(args.passage_shards), *(["--keep", str(args.keep)] if args.keep else [])],
-                             capture_output=True, text=True, check=True)
-        if args.stages:
-            print(res.stdout.strip().splitlines()[-1], flush=True)
-            continue
+                             stdout=subprocess.PIPE, text=True, check=True)  # stderr passes through: a failing run shows why
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps({k: v for k, v in runs[-1].items() if k != "digests"}), flush=True)
     base = min(runs, key=lambda r: r["workers"]) if runs else None
+    if args.stages:
+        for r in runs:
+            if r is not base:
+                for name, row in r["stages"].items():
+                    speedup = base["stages"][name]["seconds"] / row["seconds"]
+                    print(f"{name}: {r['workers']} workers speed-up {speedup:.2f} over {base['workers']}, parallel efficiency "
+                          f"{speedup * base['workers'] / r['workers']:.0%}")
+        return
     for r in runs:
         if r is base:
             continue

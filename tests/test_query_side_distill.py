@@ -199,7 +199,7 @@ def test_validation_search_measures_every_epoch_on_train_split_questions_only(mi
     val = validation_ids(mini["questions"], cfg)
     assert val == validation_ids(mini["questions"], cfg) and 0 < len(val) < mini["questions"].num_rows
     d_cfg = DistillConfig(max_pairs_per_question=16, score_scale=20.0, unit_scoring="maxp", towers="query")
-    t_cfg = TrainConfig(output_dir="", batch_size=1, cpu=True, seed=0)
+    t_cfg = TrainConfig(output_dir="", batch_size=3, cpu=True, seed=0)   # 4 fit questions: a short last batch
     pre = PreRankerConfig(kind="bi", max_length=64)
     curve = validation_curve(cand_dir, cand_dir, label_dir, mini["passages"], pre, d_cfg, t_cfg, cfg, tmp_path / "v",
                              [1, 2], index)
@@ -207,7 +207,10 @@ def test_validation_search_measures_every_epoch_on_train_split_questions_only(mi
     fit_labels = LABELS.read(tmp_path / "v" / "fit_labels")
     assert not set(fit_labels["question_id"].to_pylist()) & val        # never trained on a validation question
     assert sorted({r["lr"] for r in curve["runs"]}) == [1e-5, 1e-4]
-    assert all(set(r["ar"]) == {"1", "2"} for r in curve["runs"]) and max(r["epochs"] for r in curve["runs"]) == 2
+    assert all(set(r["ar"]) == {"1", "2"} for r in curve["runs"])
+    for lr in (1e-4, 1e-5):   # 8 items (2 epochs x 4 questions) in batches of 3: checkpoints at steps 1, 2, 3
+        runs = [r for r in curve["runs"] if r["lr"] == lr]
+        assert [r["step"] for r in runs] == [1, 2, 3] and [r["epochs"] for r in runs] == [0.75, 1.5, 2.0]
     best = max(curve["runs"], key=lambda r: (r["ar"]["1"], -r["epochs"], -r["lr"]))
     assert curve["best"] == {"lr": best["lr"], "epochs": best["epochs"], "ar": best["ar"]}
     assert "chosen by validation AR@1" in validation_table(json.loads(json.dumps(curve)))

@@ -8,6 +8,10 @@ pools of the *validation* part (every validation question, answerable or not, as
 pool is measured) and its answer recall AR@k is recorded. The best (learning rate, epochs) by
 validation AR@1 (ties: fewer epochs, then the smaller rate) is what the experiment's
 distillations then train with on the whole train split (``ExperimentConfig.distill_select``).
+BPR trains one pass over ``epochs × questions`` shuffled items (:class:`tasks.funnel.distill.PairDataset`),
+so a checkpoint every ``round(questions / batch)`` steps falls within a batch of each epoch's end;
+a run's ``epochs`` is the share of those items seen (2.99: one batch short of 3). The chosen
+epochs are rounded for the final run, whose learning rate decays over its own length.
 """
 from __future__ import annotations
 
@@ -143,7 +147,8 @@ def validation_curve(train_dir: Path, data_dir: Path, labels_dir: Path, passages
         for ckpt in checkpoint_dirs(run_dir / "train"):   # one per epoch's worth of pairs, and the last
             step = int(ckpt.name.split("_")[1])
             model, tok = load_checkpoint_preranker(ckpt, preranker_cfg, d_cfg)
-            out["runs"].append({"lr": lr, "step": step, "epochs": round(step * per_step / n_fit, 2),
+            seen = min(step * per_step, cfg.epochs * n_fit)   # questions' pair sets trained on (last batch may be short)
+            out["runs"].append({"lr": lr, "step": step, "epochs": round(seen / n_fit, 2),
                                 "ar": measure(model, tok)})
     k1 = str(min(ks))
     best = max(out["runs"], key=lambda r: (r["ar"][k1], -r["epochs"], -r["lr"]))
@@ -157,10 +162,10 @@ def validation_table(curve: dict[str, Any]) -> str:
     head = " | ".join(f"AR@{k}" for k in ks)
     lines = [f"BPR validation on the train split ({curve['validation_questions']} validation questions, "
              f"{curve['fit_questions']} fit questions with answer-only pairs); AR@k (%)",
-             f"  {'lr':>8} | {'epochs':>6} | {head}",
-             f"  {'base':>8} | {0:>6} | " + " | ".join(f"{100 * curve['base'][k]:5.1f}" for k in ks)]
+             f"  {'lr':>8} | {'epochs':>6} | {'step':>5} | {head}",
+             f"  {'base':>8} | {0:>6} | {0:>5} | " + " | ".join(f"{100 * curve['base'][k]:5.1f}" for k in ks)]
     for r in curve["runs"]:
-        lines.append(f"  {r['lr']:>8g} | {r['epochs']:>6} | " + " | ".join(f"{100 * r['ar'][k]:5.1f}" for k in ks))
+        lines.append(f"  {r['lr']:>8g} | {r['epochs']:>6} | {r['step']:>5} | " + " | ".join(f"{100 * r['ar'][k]:5.1f}" for k in ks))
     b = curve["best"]
     lines.append(f"  chosen by validation AR@{ks[0]}: lr {b['lr']:g}, {b['epochs']} epochs")
     return "\n".join(lines)
