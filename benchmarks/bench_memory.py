@@ -13,6 +13,9 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
 * ``cluster-index STAGES --docs-per-shard N --tile 1 4 16``: the coordinator's cluster index
   (:func:`tasks.corpus.cluster_index.index_from_token_shards`) over the kept token ids of the shards,
   the shard list repeated K times (K x the tokens, pairs and clusters; same vocabulary).
+* ``reuse STAGES --kind K --size N --tasks T``: the first T shard tasks run one after another in one
+  worker process (as in a nightly build), without and with :func:`tasks.corpus.shards.release_memory`
+  after each: every task's RSS at its start, its peak and its end.
 * ``vocabulary --terms 450000 1800000``: bytes a vocabulary term: 8 shards of random 9-letter terms
   (each term in ~2 shards, 3 tokens each), merged, indexed and saved.
 
@@ -104,6 +107,56 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
     return _measured(lambda: {**units, "reused": bool(call[0](*call[1:])[-1])})
 
 
+def _reuse_task(call: tuple, release: bool) -> dict:
+    """One shard task in a reused worker: its RSS at the start, its peak and, after
+    :func:`tasks.corpus.shards.release_memory` when ``release``, its RSS at the end (MB)."""
+    from tasks.corpus.shards import release_memory  # noqa: PLC0415
+
+    Path("/proc/self/clear_refs").write_text("5")
+    start = _status_mb("VmRSS")
+    call[0](*call[1:])
+    peak = _status_mb("VmHWM")
+    if release:
+        release_memory()
+    return {"start_mb": start, "peak_mb": peak, "end_mb": _status_mb("VmRSS")}
+
+
+def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, tmp: Path) -> dict:
+    """The first ``n_tasks`` shard tasks of ``kind`` (``segment``, ``cluster_tokens`` at
+    ``docs_per_shard`` = ``size``; ``passage_stats`` at ``size`` shards) one after another in ONE
+    worker process, as a nightly build's worker runs them."""
+    import multiprocessing  # noqa: PLC0415
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from funnelrag.datasets import default_mirror  # noqa: PLC0415
+    from tasks.corpus import cluster_index as CI  # noqa: PLC0415
+    from tasks.corpus import sharded_index as SI  # noqa: PLC0415
+    from tasks.corpus import shards as SH  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+
+    seg, cfg, mirror = SegmentConfig(), BM25Config(), str(default_mirror())
+    cids = np.sort(pq.read_table(stages / "cluster" / "cluster_members.parquet", columns=["cluster_id"])
+                   .column("cluster_id").to_numpy())
+    if kind == "segment":
+        calls = [(SH.segment_shard, str(stages / "ingest"), str(stages / "tokens"), str(stages / "cluster"), lo, hi,
+                  seg, mirror, str(tmp)) for lo, hi in SH.cluster_ranges(cids, size)]
+    elif kind == "cluster_tokens":
+        calls = [(CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp))
+                 for lo, hi in SH.cluster_ranges(cids, size)]
+    elif kind == "passage_stats":
+        calls = [(SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp))
+                 for lo, hi in SI.passage_ranges(int(cids.max()) + 1, size)]
+    else:
+        raise ValueError(f"unknown task kind {kind!r}")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_warm) as pool:
+        tasks = [pool.submit(_reuse_task, call, release).result() for call in calls[:n_tasks]]
+    return {"kind": kind, "size": size, "release": release, "tasks": tasks,
+            "max_peak_mb": max(t["peak_mb"] for t in tasks), "max_start_mb": max(t["start_mb"] for t in tasks)}
+
+
 def shard_order(stages: Path, docs_per_shard: int, work: Path) -> list[str]:
     """Tokenize the cluster index's shards once into ``work`` (kept) and return their keys in order."""
     import pyarrow.parquet as pq  # noqa: PLC0415
@@ -188,9 +241,15 @@ def main() -> None:
     c.add_argument("stages", type=Path)
     c.add_argument("--docs-per-shard", type=int, default=1000)
     c.add_argument("--tile", type=int, nargs="+", default=[1, 4, 16])
+    r = sub.add_parser("reuse")
+    r.add_argument("stages", type=Path)
+    r.add_argument("--kind", required=True, choices=["segment", "cluster_tokens", "passage_stats"])
+    r.add_argument("--size", type=int, default=20_000)
+    r.add_argument("--tasks", type=int, default=6)
+    r.add_argument("--release", choices=["no", "yes", "both"], default="both")
     v = sub.add_parser("vocabulary")
     v.add_argument("--terms", type=int, nargs="+", default=[450_000, 1_800_000])
-    for p in (t, c, v):
+    for p in (t, c, r, v):
         p.add_argument("--one", help=argparse.SUPPRESS)
         p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -203,6 +262,11 @@ def main() -> None:
             else:
                 out = one_vocabulary(int(args.one), Path(tmp))
         print(json.dumps(out))
+        return
+    if args.what == "reuse":
+        for release in ([False, True] if args.release == "both" else [args.release == "yes"]):
+            with tempfile.TemporaryDirectory() as tmp:
+                print(json.dumps(reuse_run(args.stages, args.kind, args.size, args.tasks, release, Path(tmp))), flush=True)
         return
     if args.what == "tasks":
         rows = [_child(["tasks", str(args.stages), "--kind", args.kind, "--one", str(n)]) for n in args.sizes]
@@ -222,8 +286,9 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     label = {"docs": "document", "passages": "passage", "pairs": "(cluster, term) pair", "vocabulary": "vocabulary term"}
     for a, b in zip(rows[:-1], rows[1:]):
-        print(f"slope: {(b['peak_over_base_mb'] - a['peak_over_base_mb']) * 2**20 / max(b[unit] - a[unit], 1):.1f} "
-              f"bytes of peak RSS a {label[unit]}")
+        if b[unit] != a[unit]:
+            print(f"slope: {(b['peak_over_base_mb'] - a['peak_over_base_mb']) * 2**20 / (b[unit] - a[unit]):.1f} "
+                  f"bytes of peak RSS a {label[unit]}")
 
 
 if __name__ == "__main__":

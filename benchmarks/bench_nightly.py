@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import resource
 import subprocess
 import sys
@@ -73,9 +74,16 @@ def _rss_mb(field: str) -> float | None:
 
 
 def _peak_call(fn, *args):
-    """``fn(*args)`` in a worker, with the worker's peak RSS (MB) during the call."""
+    """``fn(*args)`` in a worker, with the worker's RSS (MB) when the call starts (what earlier
+    tasks left in that process) and its peak RSS during the call; then, as the flows' shard task
+    does (``flows.runners.shard_call``), the freed memory goes back to the OS."""
+    from tasks.corpus.shards import release_memory  # noqa: PLC0415
+
     _stage_peak_rss_mb(reset=True)
-    return fn(*args), _stage_peak_rss_mb()
+    start = _rss_mb("VmRSS")
+    out = fn(*args), start, _stage_peak_rss_mb()
+    release_memory()
+    return out
 
 
 class _PeakFuture:
@@ -83,16 +91,19 @@ class _PeakFuture:
         self.future, self.peaks = future, peaks
 
     def result(self):
-        value, peak = self.future.result()
+        value, start, peak = self.future.result()
         self.peaks.max_mb = max(self.peaks.max_mb, peak or 0.0)
+        self.peaks.max_start_mb = max(self.peaks.max_start_mb, start or 0.0)
+        self.peaks.max_rise_mb = max(self.peaks.max_rise_mb, (peak or 0.0) - (start or 0.0))
         return value
 
 
 class _WorkerPeaks:
-    """``submit`` over a pool that records the largest peak RSS of any task (:func:`_peak_call`)."""
+    """``submit`` over a pool that records the largest peak RSS of any task, the largest RSS a
+    task started at and the largest rise within one task (:func:`_peak_call`)."""
 
     def __init__(self, pool: ProcessPoolExecutor):
-        self.pool, self.max_mb = pool, 0.0
+        self.pool, self.max_mb, self.max_start_mb, self.max_rise_mb = pool, 0.0, 0.0, 0.0
 
     def submit(self, fn, *args) -> _PeakFuture:
         return _PeakFuture(self.pool.submit(_peak_call, fn, *args), self)
@@ -132,14 +143,17 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
         _stage_peak_rss_mb(reset=True)
         start_rss = _rss_mb("VmRSS")
         t0, (own0, kids0) = time.perf_counter(), _cpu_s()
-        with ProcessPoolExecutor(workers) as pool:
+        # spawned workers, as Prefect's ProcessPoolTaskRunner starts them: a forked worker would
+        # count the coordinator's pages (GBs by the later stages) in its own RSS
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             peaks = _WorkerPeaks(pool)
             summary = call(peaks.submit)
         own1, kids1 = _cpu_s()
         rows[name] = {"seconds": time.perf_counter() - t0, "coordinator_cpu_s": own1 - own0,
                       "cpu_s": own1 - own0 + kids1 - kids0, "coordinator_start_rss_mb": start_rss,
                       "coordinator_peak_rss_mb": _stage_peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "worker_task_peak_rss_mb": peaks.max_mb,
+                      "worker_task_peak_rss_mb": peaks.max_mb, "worker_task_start_rss_mb": peaks.max_start_mb,
+                      "worker_task_rise_mb": peaks.max_rise_mb,
                       **{k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "seconds"}}
     return {"workers": workers, "passage_shards": passage_shards, "stages": rows}
 

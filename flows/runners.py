@@ -59,8 +59,15 @@ def build_task_runner(cfg: RunnerConfig):
 
 @task(name="corpus-shard", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=2)
 def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
-    """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...)."""
-    return fn(*args)
+    """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...), then
+    give the memory it freed back to the OS (:func:`tasks.corpus.shards.release_memory`), so a
+    worker that runs many shards holds one shard's memory at a time, not its high-water mark."""
+    from tasks.corpus.shards import release_memory  # noqa: PLC0415
+
+    try:
+        return fn(*args)
+    finally:
+        release_memory()
 
 
 def submitter() -> Callable[..., Any]:
