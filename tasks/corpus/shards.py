@@ -46,8 +46,8 @@ def release_memory() -> None:
     A worker process runs many shard tasks one after another; the Python objects and Arrow
     buffers of one task are freed when it returns, but glibc's malloc arenas and Arrow's
     allocator keep the pages, and the next task's allocations fragment them, so a worker's RSS
-    climbs from task to task (measured at 1M pages: a segment worker started its 7th shard at
-    2.9 GB, while one shard in a fresh process peaks at 0.9 GB; ``benchmarks/bench_memory.py
+    climbs from task to task (1M-page dump, 20,000-document segment shards, one worker:
+    640–1,000 MB at the end of each task without this, ~300 MB with it; ``benchmarks/bench_memory.py
     reuse``). This runs a full garbage collection, releases Arrow's unused pool memory and calls
     glibc's ``malloc_trim(0)`` (Linux only; elsewhere the first two). Never raises.
     """
