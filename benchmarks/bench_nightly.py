@@ -74,16 +74,16 @@ def _rss_mb(field: str) -> float | None:
 
 
 def _peak_call(fn, *args):
-    """``fn(*args)`` in a worker, with the worker's RSS (MB) when the call starts (what earlier
-    tasks left in that process) and its peak RSS during the call; then, as the flows' shard task
-    does (``flows.runners.shard_call``), the freed memory goes back to the OS."""
-    from tasks.corpus.shards import release_memory  # noqa: PLC0415
+    """``fn(*args)`` in a worker through the flows' own shard task body
+    (``flows.runners.shard_call``: the call, then the freed memory back to the OS), with the
+    worker's RSS (MB) when the call starts (what earlier tasks left in that process) and its peak
+    RSS (the high-water mark, which the release does not lower)."""
+    from flows.runners import shard_call  # noqa: PLC0415
 
     _stage_peak_rss_mb(reset=True)
     start = _rss_mb("VmRSS")
-    out = fn(*args), start, _stage_peak_rss_mb()
-    release_memory()
-    return out
+    value = shard_call.fn(fn, list(args))
+    return value, start, _stage_peak_rss_mb()
 
 
 class _PeakFuture:

@@ -182,6 +182,30 @@ def checkpoint_dirs(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
+def load_checkpoint_weights(model: torch.nn.Module, checkpoint_dir: str | Path) -> torch.nn.Module:
+    """Load the weights of a complete checkpoint of :func:`train` (``model.safetensors`` of the
+    whole module) into ``model``, built the way the run built it; returns it in eval mode.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``checkpoint_dir`` has no ``model.safetensors`` (not a complete checkpoint).
+    RuntimeError
+        The weights do not fit the module: a key missing (other than a tied parameter, which
+        safetensors stores once) or unexpected.
+    """
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    weights = Path(checkpoint_dir) / "model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"{weights} not found: not a complete training checkpoint")
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"{weights}: missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    return model.eval()
+
+
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     """Newest complete checkpoint directory, or None when there is none."""
     dirs = checkpoint_dirs(output_dir)

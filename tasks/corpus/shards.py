@@ -13,6 +13,7 @@ BM25 index in shards: :mod:`tasks.corpus.sharded_index`.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import hashlib
 import json
@@ -53,11 +54,20 @@ def release_memory() -> None:
     """
     gc.collect()
     pa.default_memory_pool().release_unused()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):   # not glibc (musl): nothing to trim
-            pass
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None off Linux or without glibc, e.g. musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 class Done:

@@ -66,21 +66,13 @@ def load_checkpoint_preranker(checkpoint_dir: Path, preranker_cfg, distill_cfg):
     RuntimeError
         The weights do not fit the module.
     """
-    from safetensors.torch import load_file  # noqa: PLC0415
-
+    from funnelrag.training import load_checkpoint_weights  # noqa: PLC0415
     from models.preranker import build_preranker  # noqa: PLC0415
     from tasks.funnel.distill import prepare_for_distillation  # noqa: PLC0415
 
-    weights = Path(checkpoint_dir) / "model.safetensors"
-    if not weights.exists():
-        raise FileNotFoundError(f"{weights} not found: not a complete distillation checkpoint")
     model, tok = build_preranker(preranker_cfg)
-    prepare_for_distillation(model, distill_cfg)
-    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"{weights}: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
-    model.eval()
-    return model, tok
+    prepare_for_distillation(model, distill_cfg)   # the query tower the checkpoint holds
+    return load_checkpoint_weights(model, checkpoint_dir), tok
 
 
 def validation_curve(train_dir: Path, data_dir: Path, labels_dir: Path, passages: pa.Table, preranker_cfg,

@@ -261,15 +261,7 @@ def reader_from_checkpoint(checkpoint_dir: str | Path, cfg: ReaderTrainConfig, o
     RuntimeError
         The weights do not fit the module (a key missing other than a tied one, or unexpected).
     """
-    from safetensors.torch import load_file  # noqa: PLC0415
+    from funnelrag.training import load_checkpoint_weights  # noqa: PLC0415
 
-    weights = Path(checkpoint_dir) / "model.safetensors"
-    if not weights.exists():
-        raise FileNotFoundError(f"{weights} not found: not a complete reader checkpoint")
     model, tokenizer = build_reader(cfg.fid)
-    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
-    tied = {name for name, p in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(f"{weights}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-    model.eval()
-    return save_reader(model, tokenizer, cfg, Path(out_dir))
+    return save_reader(load_checkpoint_weights(model, checkpoint_dir), tokenizer, cfg, Path(out_dir))
