@@ -8,7 +8,7 @@ of the bytes-per-unit memory figures.
 Input: the stage directories of a build (``ingest/``, ``cluster/``), e.g. kept by
 ``bench_nightly.py DUMP --stages --keep DIR`` (then ``DIR/workers-1``).
 
-Run: ``python benchmarks/bench_cluster_index.py STAGES_DIR [--docs-per-shard 1000]``.
+Run: ``python benchmarks/bench_cluster_index.py STAGES_DIR [--tokens-per-shard 2000000]``.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 
-def one(stages: Path, variant: str, docs_per_shard: int, out: Path) -> dict:
+def one(stages: Path, variant: str, tokens_per_shard: int, out: Path) -> dict:
     from data_contracts import corpus as C  # noqa: PLC0415
     from data_contracts.base import sha256_file  # noqa: PLC0415
     from tasks.corpus.cluster_index import build_cluster_index, cluster_texts  # noqa: PLC0415
@@ -46,12 +46,12 @@ def one(stages: Path, variant: str, docs_per_shard: int, out: Path) -> dict:
     else:
         workers = int(variant.split("-")[1])
         if workers == 0:
-            index, summary = build_cluster_index(stages / "ingest", stages / "cluster", cfg, run_here, docs_per_shard,
+            index, summary = build_cluster_index(stages / "ingest", stages / "cluster", cfg, run_here, tokens_per_shard,
                                                  out / "work")
         else:
             with ProcessPoolExecutor(workers) as pool:
                 index, summary = build_cluster_index(stages / "ingest", stages / "cluster", cfg, pool.submit,
-                                                     docs_per_shard, out / "work", window=2 * workers + 2)
+                                                     tokens_per_shard, out / "work", window=2 * workers + 2)
     index.save(out / "index")
     wall = time.perf_counter() - t0
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -69,19 +69,19 @@ def one(stages: Path, variant: str, docs_per_shard: int, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("stages", type=Path)
-    ap.add_argument("--docs-per-shard", type=int, default=1000)
+    ap.add_argument("--tokens-per-shard", type=int, default=2_000_000)
     ap.add_argument("--variants", nargs="+", default=["one-process", "shards-0", "shards-1", "shards-2"],
                     help="one-process, or shards-N (N worker processes; 0: the shards in the building process)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory(dir=args.stages) as tmp:
-            print(json.dumps(one(args.stages, args.one, args.docs_per_shard, Path(tmp))))
+            print(json.dumps(one(args.stages, args.one, args.tokens_per_shard, Path(tmp))))
         return
     runs = []
     for v in args.variants:
-        res = subprocess.run([sys.executable, __file__, str(args.stages), "--one", v, "--docs-per-shard",
-                              str(args.docs_per_shard)], capture_output=True, text=True, check=True)
+        res = subprocess.run([sys.executable, __file__, str(args.stages), "--one", v, "--tokens-per-shard",
+                              str(args.tokens_per_shard)], capture_output=True, text=True, check=True)
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps({k: v for k, v in runs[-1].items() if k != "files"}), flush=True)
     print("files identical:", all(r["files"] == runs[0]["files"] for r in runs))

@@ -6,20 +6,22 @@ Input: the stage directories of a build (``ingest/``, ``tokens/``, ``cluster/``,
 peak RSS (Linux ``VmHWM``) over its RSS just before the step, after the imports (bm25s, numba, pyarrow;
 the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope between two sizes.
 
-* ``tasks STAGES --kind K --sizes A B``: one worker task (the shard with the most member documents at
-  ``docs_per_shard`` = A, then B; for ``passage_stats`` / ``passage_index`` A and B are shard counts):
-  ``tokens`` (T5 window counts), ``segment``, ``cluster_tokens`` (the cluster index's tokenization),
-  ``passage_stats``, ``passage_index`` (after its statistics step, in the same process).
-* ``cluster-index STAGES --docs-per-shard N --tile 1 4 16``: the coordinator's cluster index
+* ``tasks STAGES --kind K --sizes A B``: one worker task: for ``tokens`` (T5 window counts) the first
+  shard of ``docs_per_shard`` = A, then B documents; for the cluster-range kinds — ``segment``,
+  ``cluster_tokens`` (the cluster index's tokenization), ``passage_stats``, ``passage_index`` (after
+  its statistics step, in the same process) — the shard with the most tokens when shards hold at
+  most A, then B tokens (:func:`tasks.corpus.shards.read_cluster_ranges`); the slope is per token.
+* ``cluster-index STAGES --tokens-per-shard N --tile 1 4 16``: the coordinator's cluster index
   (:func:`tasks.corpus.cluster_index.index_from_token_shards`) over the kept token ids of the shards,
   the shard list repeated K times (K x the tokens, pairs and clusters; same vocabulary).
-* ``reuse STAGES --kind K --size N --tasks T``: the first T shard tasks run one after another in one
-  worker process (as in a nightly build), without and with :func:`tasks.corpus.shards.release_memory`
-  after each: every task's RSS at its start, its peak and its end.
+* ``reuse STAGES --kind K --size N --tasks T``: the first T shard tasks (shards of at most N tokens)
+  run one after another in one worker process (as in a nightly build), without and with
+  :func:`tasks.corpus.shards.release_memory` after each: every task's tokens, RSS at its start,
+  its peak and its end.
 * ``vocabulary --terms 450000 1800000``: bytes a vocabulary term: 8 shards of random 9-letter terms
   (each term in ~2 shards, 3 tokens each), merged, indexed and saved.
 
-Run: ``python benchmarks/bench_memory.py tasks /tmp/keep/workers-2 --kind segment --sizes 1000 4000``.
+Run: ``python benchmarks/bench_memory.py tasks /tmp/keep/workers-2 --kind segment --sizes 8000000 32000000``.
 """
 from __future__ import annotations
 
@@ -65,6 +67,18 @@ def _measured(step) -> dict:
             "cpu_s": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime}
 
 
+def shard_ranges(stages: Path, max_tokens: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """The cluster ranges of a build's shards of at most ``max_tokens`` tokens and their tokens."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from tasks.corpus.shards import read_cluster_ranges  # noqa: PLC0415
+
+    ranges = read_cluster_ranges(stages / "cluster", max_tokens)
+    table = pq.read_table(stages / "cluster" / "clusters.parquet", columns=["cluster_id", "n_tokens"])
+    ids, tokens = table.column("cluster_id").to_numpy(), table.column("n_tokens").to_numpy().astype(np.int64)
+    return ranges, [int(tokens[(ids >= lo) & (ids < hi)].sum()) for lo, hi in ranges]
+
+
 def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
@@ -84,19 +98,16 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
         lo, hi = SH.doc_shards(int(cids.size), size)[0]
         units["docs"] = hi - lo
         call = (SH.count_shard, str(stages / "ingest"), lo, hi, seg, mirror, None)
-    elif kind in ("segment", "cluster_tokens"):
-        ranges = SH.cluster_ranges(cids, size)
-        members = [int(((cids >= a) & (cids < b)).sum()) for a, b in ranges]
-        lo, hi = ranges[int(np.argmax(members))]
-        units["docs"] = max(members)
+    elif kind in ("segment", "cluster_tokens", "passage_stats", "passage_index"):
+        ranges, tokens = shard_ranges(stages, size)
+        lo, hi = ranges[int(np.argmax(tokens))]
+        units.update(tokens=max(tokens), shards=len(ranges), docs=int(((cids >= lo) & (cids < hi)).sum()),
+                     passages=pq.read_table(stages / "segment" / "passages.parquet", columns=["cluster_id"],
+                                            filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).num_rows)
         call = ((SH.segment_shard, str(stages / "ingest"), str(stages / "tokens"), str(stages / "cluster"), lo, hi,
                  seg, mirror, str(tmp)) if kind == "segment" else
-                (CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp)))
-    elif kind in ("passage_stats", "passage_index"):
-        lo, hi = SI.passage_ranges(int(cids.max()) + 1, size)[0]
-        units["passages"] = pq.read_table(stages / "segment" / "passages.parquet", columns=["cluster_id"],
-                                          filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).num_rows
-        call = (SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp))
+                (CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp))
+                if kind == "cluster_tokens" else (SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp)))
         if kind == "passage_index":
             key, n_docs, total, _ = SI.passage_stats_shard(str(stages / "segment"), lo, hi, cfg, str(tmp))
             global_df, global_key = SI.merge_stats_files(tmp, [key], n_docs, total)
@@ -122,9 +133,9 @@ def _reuse_task(call: tuple, release: bool) -> dict:
 
 
 def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, tmp: Path) -> dict:
-    """The first ``n_tasks`` shard tasks of ``kind`` (``segment``, ``cluster_tokens`` at
-    ``docs_per_shard`` = ``size``; ``passage_stats`` at ``size`` shards) one after another in ONE
-    worker process, as a nightly build's worker runs them."""
+    """The first ``n_tasks`` shard tasks of ``kind`` (``segment``, ``cluster_tokens``,
+    ``passage_stats``; shards of at most ``size`` tokens) one after another in ONE worker process,
+    as a nightly build's worker runs them."""
     import multiprocessing  # noqa: PLC0415
     from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
 
@@ -138,36 +149,31 @@ def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, t
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
 
     seg, cfg, mirror = SegmentConfig(), BM25Config(), str(default_mirror())
-    cids = np.sort(pq.read_table(stages / "cluster" / "cluster_members.parquet", columns=["cluster_id"])
-                   .column("cluster_id").to_numpy())
+    ranges, tokens = shard_ranges(stages, size)
     if kind == "segment":
         calls = [(SH.segment_shard, str(stages / "ingest"), str(stages / "tokens"), str(stages / "cluster"), lo, hi,
-                  seg, mirror, str(tmp)) for lo, hi in SH.cluster_ranges(cids, size)]
+                  seg, mirror, str(tmp)) for lo, hi in ranges]
     elif kind == "cluster_tokens":
         calls = [(CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp))
-                 for lo, hi in SH.cluster_ranges(cids, size)]
+                 for lo, hi in ranges]
     elif kind == "passage_stats":
-        calls = [(SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp))
-                 for lo, hi in SI.passage_ranges(int(cids.max()) + 1, size)]
+        calls = [(SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp)) for lo, hi in ranges]
     else:
         raise ValueError(f"unknown task kind {kind!r}")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_warm) as pool:
-        tasks = [pool.submit(_reuse_task, call, release).result() for call in calls[:n_tasks]]
-    return {"kind": kind, "size": size, "release": release, "tasks": tasks,
+        tasks = [{"tokens": n, **pool.submit(_reuse_task, call, release).result()}
+                 for call, n in zip(calls[:n_tasks], tokens)]
+    return {"kind": kind, "size": size, "shards": len(ranges), "release": release, "tasks": tasks,
             "max_peak_mb": max(t["peak_mb"] for t in tasks), "max_start_mb": max(t["start_mb"] for t in tasks)}
 
 
-def shard_order(stages: Path, docs_per_shard: int, work: Path) -> list[str]:
+def shard_order(stages: Path, tokens_per_shard: int, work: Path) -> list[str]:
     """Tokenize the cluster index's shards once into ``work`` (kept) and return their keys in order."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
     from tasks.corpus.cluster_index import cluster_token_shard  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
-    from tasks.corpus.shards import cluster_ranges  # noqa: PLC0415
 
-    cids = pq.read_table(stages / "cluster" / "cluster_members.parquet", columns=["cluster_id"]).column("cluster_id")
     return [cluster_token_shard(str(stages / "ingest"), str(stages / "cluster"), lo, hi, BM25Config(), str(work))[2]
-            for lo, hi in cluster_ranges(np.sort(cids.to_numpy()), docs_per_shard)]
+            for lo, hi in shard_ranges(stages, tokens_per_shard)[0]]
 
 
 def one_tiled_index(work: Path, keys: list[str], tile: int) -> dict:
@@ -239,12 +245,12 @@ def main() -> None:
     t.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000])
     c = sub.add_parser("cluster-index")
     c.add_argument("stages", type=Path)
-    c.add_argument("--docs-per-shard", type=int, default=1000)
+    c.add_argument("--tokens-per-shard", type=int, default=2_000_000)
     c.add_argument("--tile", type=int, nargs="+", default=[1, 4, 16])
     r = sub.add_parser("reuse")
     r.add_argument("stages", type=Path)
     r.add_argument("--kind", required=True, choices=["segment", "cluster_tokens", "passage_stats"])
-    r.add_argument("--size", type=int, default=20_000)
+    r.add_argument("--size", type=int, default=32_000_000, help="the most tokens of a shard")
     r.add_argument("--tasks", type=int, default=6)
     r.add_argument("--release", choices=["no", "yes", "both"], default="both")
     v = sub.add_parser("vocabulary")
@@ -270,11 +276,11 @@ def main() -> None:
         return
     if args.what == "tasks":
         rows = [_child(["tasks", str(args.stages), "--kind", args.kind, "--one", str(n)]) for n in args.sizes]
-        unit = "passages" if args.kind.startswith("passage") else "docs"
+        unit = "docs" if args.kind == "tokens" else "tokens"
     elif args.what == "cluster-index":
         work = Path(tempfile.mkdtemp(dir=args.stages))
         try:
-            (work / "order.json").write_text(json.dumps(shard_order(args.stages, args.docs_per_shard, work)))
+            (work / "order.json").write_text(json.dumps(shard_order(args.stages, args.tokens_per_shard, work)))
             rows = [_child(["cluster-index", str(args.stages), "--work", str(work), "--one", str(k)]) for k in args.tile]
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -284,7 +290,7 @@ def main() -> None:
         unit = "vocabulary"
     for row in rows:
         print(json.dumps(row), flush=True)
-    label = {"docs": "document", "passages": "passage", "pairs": "(cluster, term) pair", "vocabulary": "vocabulary term"}
+    label = {"docs": "document", "tokens": "token", "pairs": "(cluster, term) pair", "vocabulary": "vocabulary term"}
     for a, b in zip(rows[:-1], rows[1:]):
         if b[unit] != a[unit]:
             print(f"slope: {(b['peak_over_base_mb'] - a['peak_over_base_mb']) * 2**20 / (b[unit] - a[unit]):.1f} "

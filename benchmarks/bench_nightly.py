@@ -7,16 +7,17 @@ Each run is a fresh process (so ``ru_maxrss`` is that run's own); workers come f
 ``ProcessPoolExecutor``. Dump: ``python benchmarks/synth_dump.py DIR --pages N``.
 
 ``--stages``: the whole build (ingest, tokens, cluster, segment, index: the pure stage cores, the
-per-shard ones — ingest pieces, token shards, segment cluster ranges, and with
-``--passage-shards N`` > 1 the passage index shards, and the cluster index's tokenization by cluster
-ranges of ``--docs-per-shard`` documents — through a fresh pool per stage) with seconds
+per-shard ones — ingest pieces, token shards of ``--docs-per-shard`` documents, segment and the
+cluster index's tokenization by cluster ranges of at most ``--tokens-per-shard`` tokens, and with
+``--passage-shard-tokens N`` > 0 the passage index shards of at most N tokens — through a fresh
+pool per stage) with seconds
 per stage, CPU seconds per stage (coordinator, and coordinator + workers), the coordinator's RSS at
 the start of the stage and its peak RSS during that stage (Linux ``VmHWM``, reset before each stage —
 which resets ``ru_maxrss`` too; elsewhere the peak so far), and the largest worker task's peak RSS in
 that stage (each task's ``VmHWM``, reset when the task starts; Linux only).
 
 Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100] [--stages]
-[--docs-per-shard 20000] [--passage-shards 1] [--keep DIR]``.
+[--docs-per-shard 20000] [--tokens-per-shard 32000000] [--passage-shard-tokens 0] [--keep DIR]``.
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def _cpu_s() -> tuple[float, float]:
 
 
 def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs_per_shard: int = 20_000,
-               passage_shards: int = 1) -> dict:
+               tokens_per_shard: int = 32_000_000, passage_shard_tokens: int = 0) -> dict:
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
     from tasks.corpus import stages as S  # noqa: PLC0415
     from tasks.corpus.clustering import ClusteringConfig  # noqa: PLC0415
@@ -133,10 +134,10 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
                                                     window=2 * workers + 2),
         "cluster": lambda _: S.run_cluster(dirs["ingest"], dirs["tokens"], dirs["cluster"], ClusteringConfig(max_tokens=4096)),
         "segment": lambda submit: run_segment_sharded(dirs["ingest"], dirs["tokens"], dirs["cluster"], dirs["segment"],
-                                                      seg, mirror, submit, docs_per_shard, window=2 * workers + 2),
+                                                      seg, mirror, submit, tokens_per_shard, window=2 * workers + 2),
         "index": lambda submit: S.run_index(dirs["ingest"], dirs["cluster"], dirs["segment"], dirs["index"], BM25Config(),
-                                            passage_shards=passage_shards, submit=submit, window=2 * workers + 2,
-                                            docs_per_shard=docs_per_shard),
+                                            passage_shard_tokens=passage_shard_tokens, submit=submit,
+                                            window=2 * workers + 2, tokens_per_shard=tokens_per_shard),
     }
     rows = {}
     for name, call in calls.items():
@@ -155,7 +156,8 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
                       "worker_task_peak_rss_mb": peaks.max_mb, "worker_task_start_rss_mb": peaks.max_start_mb,
                       "worker_task_rise_mb": peaks.max_rise_mb,
                       **{k: v for k, v in summary.items() if isinstance(v, (int, float)) and k != "seconds"}}
-    return {"workers": workers, "passage_shards": passage_shards, "stages": rows}
+    return {"workers": workers, "tokens_per_shard": tokens_per_shard, "passage_shard_tokens": passage_shard_tokens,
+            "stages": rows}
 
 
 def main() -> None:
@@ -164,14 +166,18 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--streams-per-piece", type=int, default=100)
     ap.add_argument("--stages", action="store_true")
-    ap.add_argument("--docs-per-shard", type=int, default=20_000, help="documents per token / segment / cluster-index shard (--stages)")
-    ap.add_argument("--passage-shards", type=int, default=1, help="passage BM25 shards (--stages)")
+    ap.add_argument("--docs-per-shard", type=int, default=20_000, help="documents per token-counting shard (--stages)")
+    ap.add_argument("--tokens-per-shard", type=int, default=32_000_000,
+                    help="most tokens of a segment / cluster-index shard (--stages)")
+    ap.add_argument("--passage-shard-tokens", type=int, default=0,
+                    help="most tokens of a passage BM25 shard; 0 = one passage index (--stages)")
     ap.add_argument("--keep", type=Path, help="keep each run's stage directories in KEEP/workers-N (--stages)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         fn = stages_run if args.stages else one_run
-        kw = {"docs_per_shard": args.docs_per_shard, "passage_shards": args.passage_shards}
+        kw = {"docs_per_shard": args.docs_per_shard, "tokens_per_shard": args.tokens_per_shard,
+              "passage_shard_tokens": args.passage_shard_tokens}
         if args.keep:
             out = args.keep / f"workers-{args.one}"
             out.mkdir(parents=True, exist_ok=False)
@@ -184,7 +190,8 @@ def main() -> None:
     for w in args.workers:
         res = subprocess.run([sys.executable, __file__, str(args.dump), "--one", str(w), *(["--stages"] if args.stages else []),
                               "--streams-per-piece", str(args.streams_per_piece), "--docs-per-shard", str(args.docs_per_shard),
-                              "--passage-shards", str(args.passage_shards), *(["--keep", str(args.keep)] if args.keep else [])],
+                              "--tokens-per-shard", str(args.tokens_per_shard),
+                              "--passage-shard-tokens", str(args.passage_shard_tokens), *(["--keep", str(args.keep)] if args.keep else [])],
                              stdout=subprocess.PIPE, text=True, check=True)  # stderr passes through: a failing run shows why
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps({k: v for k, v in runs[-1].items() if k != "digests"}), flush=True)

@@ -2,7 +2,7 @@
 
 Stages (pure cores in :mod:`tasks.corpus.stages`, each cached on the content of its inputs):
 ingest → tokens → cluster (graph, local clustering coefficients, Algorithm 1) → segment
-(document units, passages) → index (bm25s; passages in ``index.passage_shards`` shards) →
+(document units, passages) → index (bm25s; passages in shards of ``index.passage_shard_tokens`` tokens) →
 validate + publish (manifest last, then the ``current`` pointer). One MLflow run per flow run; a
 markdown summary artifact in Prefect.
 """
@@ -56,7 +56,7 @@ class CorpusBuildConfig(FlowConfig):
     clustering: ClusteringConfig = ClusteringConfig(max_tokens=WIKISPEEDIA_MAX_CLUSTER_TOKENS)
     segment: SegmentConfig = SegmentConfig()
     bm25: BM25Config = BM25Config()
-    index: IndexLayout = IndexLayout()   # passage_shards: 1 = one passage index; n > 1 = n shards (corpus-shard tasks)
+    index: IndexLayout = IndexLayout()   # passage_shard_tokens: 0 = one passage index; n > 0 = shards of <= n tokens
     gate: GateConfig = GateConfig()
     runner: RunnerConfig = Field(default_factory=RunnerConfig)   # where per-shard tasks run; no output byte depends on it
     embed_preranker: str | None = None   # a bi-encoder pre-ranker ref: embed the published passages (flows/embed.py)
@@ -118,24 +118,28 @@ def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult,
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
               "members": cluster.files["cluster_members.parquet"]}
     return run_cached(cache, S.run_segment, cfg, inputs, lambda out, _: run_segment_sharded(
-        ingest.path, tokens.path, cluster.path, out, cfg, mirror, submitter(), runner.docs_per_shard,
+        ingest.path, tokens.path, cluster.path, out, cfg, mirror, submitter(), runner.tokens_per_shard,
         window=2 * runner.n_workers() + 2, cache_dir=cache.root / "segment-shards"))
 
 
 def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
                   cfg: BM25Config, layout: IndexLayout, runner: RunnerConfig) -> StageResult:
     """The index stage with its per-shard steps as ``corpus-shard`` tasks (flow body only): the
-    cluster index's tokenization by cluster ranges of ``runner.docs_per_shard`` documents, and
-    with ``layout.passage_shards`` > 1 the passage shards. Shard token ids, statistics and
-    indexes kept under the stage cache for reuse. The cache key of a one-index build is the one
-    it always had (the cluster index's bytes do not depend on the shards)."""
+    cluster index's tokenization by cluster ranges of at most ``runner.tokens_per_shard`` tokens,
+    and with ``layout.passage_shard_tokens`` > 0 the passage shards (cut from ``clusters.parquet``,
+    which then joins the key). Shard token ids, statistics and indexes kept under the stage cache
+    for reuse. The cache key of a one-index build is the one it always had (the cluster index's
+    bytes do not depend on the shards)."""
     inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
               "passages": segment.files["passages.parquet"]}
-    key_cfg = cfg if layout.passage_shards == 1 else {"bm25": cfg, "passage_shards": layout.passage_shards}
+    key_cfg: Any = cfg
+    if layout.sharded:
+        key_cfg = {"bm25": cfg, "passage_shard_tokens": layout.passage_shard_tokens}
+        inputs["clusters"] = cluster.files["clusters.parquet"]
     return run_cached(cache, S.run_index, key_cfg, inputs, lambda out, _: S.run_index(
-        ingest.path, cluster.path, segment.path, out, cfg, passage_shards=layout.passage_shards,
+        ingest.path, cluster.path, segment.path, out, cfg, passage_shard_tokens=layout.passage_shard_tokens,
         submit=submitter(), window=2 * runner.n_workers() + 2, work_dir=cache.root,
-        docs_per_shard=runner.docs_per_shard))
+        tokens_per_shard=runner.tokens_per_shard))
 
 
 @task(name="publish", cache_policy=NO_CACHE)

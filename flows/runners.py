@@ -28,7 +28,11 @@ class RunnerConfig(BaseModel):
     workers : worker processes (local, or the LocalCluster's); None = every core of the box.
     address : Dask scheduler address (``tcp://host:8786``); None = start a LocalCluster.
     streams_per_piece : bz2 streams (100 pages each) per ingest piece of a multistream dump.
-    docs_per_shard : documents per token-counting shard, and members per segment shard (whole clusters).
+    docs_per_shard : documents per token-counting shard (a ``doc_id`` range).
+    tokens_per_shard : the most tokens (``clusters.parquet`` ``n_tokens``) of a segment or
+        cluster-token shard (whole clusters, content-defined cuts:
+        :func:`tasks.corpus.shards.cluster_ranges`); bounds a worker's memory (~27 bytes a token
+        for segmentation, measured at 1M pages: ~0.9 GB + ~0.3 GB of process for the default).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -37,6 +41,7 @@ class RunnerConfig(BaseModel):
     address: str | None = None
     streams_per_piece: int = Field(default=100, ge=1)
     docs_per_shard: int = Field(default=20_000, ge=1)
+    tokens_per_shard: int = Field(default=32_000_000, ge=1)
 
     def n_workers(self) -> int:
         return self.workers or os.cpu_count() or 1

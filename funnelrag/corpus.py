@@ -7,7 +7,7 @@ Layout of a version directory (``home/stores/corpus/<name>/versions/<version>/``
     document_units.parquet  passages.parquet
     index/clusters.bm25/   BM25 over cluster texts (progressive path; ids = cluster_id as str)
     index/passages.bm25/   BM25 over passages (flat baseline; ids = passage_id); with
-                           ``index.passage_shards`` > 1: shards.json, global_stats.json and
+                           ``index.passage_shard_tokens`` > 0: shards.json, global_stats.json and
                            shard-00000/, … (one bm25s index per range of clusters, global idf)
     manifest.json          written last: every file's sha256/rows/contract, ``content_digest``,
                            ``counts``, the build ``config`` and the code and schema versions
@@ -91,7 +91,7 @@ class CorpusVersion:
     def passage_index(self):
         """The flat passage BM25 index: a :class:`tasks.corpus.index.BM25Index`, or a
         :class:`tasks.corpus.sharded_index.ShardedBM25` for a version built with
-        ``index.passage_shards`` > 1 (same ``search``, ``search_rows``, ``doc_ids``, equal results)."""
+        ``index.passage_shard_tokens`` > 0 (same ``search``, ``search_rows``, ``doc_ids``, equal results)."""
         from tasks.corpus.sharded_index import load_passage_index  # noqa: PLC0415
 
         return load_passage_index(self.path / PASSAGE_INDEX)

@@ -49,18 +49,18 @@ def test_worker_processes_and_reuse(clustered, tmp_path):
     cfg = BM25Config()
     expected = _one_process(clustered, cfg, tmp_path / "one")
     with ProcessPoolExecutor(2) as pool:
-        first, a = build_cluster_index(clustered / "ingest", clustered / "cluster", cfg, pool.submit, 20, tmp_path / "w", window=2)
-        again, b = build_cluster_index(clustered / "ingest", clustered / "cluster", cfg, pool.submit, 20, tmp_path / "w", window=2)
+        first, a = build_cluster_index(clustered / "ingest", clustered / "cluster", cfg, pool.submit, 60_000, tmp_path / "w", window=2)
+        again, b = build_cluster_index(clustered / "ingest", clustered / "cluster", cfg, pool.submit, 60_000, tmp_path / "w", window=2)
     assert a["cluster_token_shards_built"] == b["cluster_token_shards_reused"] == a["cluster_token_shards"] > 1
     assert _files(first.save(tmp_path / "a")) == _files(again.save(tmp_path / "b")) == expected
 
 
 def test_run_index_cluster_index_is_the_one_process_one(clustered, tmp_path):
-    """The index stage with cluster shards of 10 documents: ``index/clusters.bm25`` is the
+    """The index stage with cluster shards of at most 30K tokens: ``index/clusters.bm25`` is the
     one-process build's; the scratch work directory is removed."""
     root, cfg = clustered, BM25Config()
     S.run_segment(root / "ingest", root / "tokens", root / "cluster", tmp_path / "segment", SegmentConfig(tokenizer="whitespace"), None)
-    summary = S.run_index(root / "ingest", root / "cluster", tmp_path / "segment", tmp_path / "index", cfg, docs_per_shard=10)
+    summary = S.run_index(root / "ingest", root / "cluster", tmp_path / "segment", tmp_path / "index", cfg, tokens_per_shard=30_000)
     assert summary["cluster_token_shards"] > 5 and not (tmp_path / "index" / ".work").exists()
     assert _files(tmp_path / "index" / S.CLUSTER_INDEX_DIR) == _one_process(root, cfg, tmp_path / "one")
 

@@ -40,3 +40,20 @@ def test_hash_and_params_are_stable():
     assert config_hash(a) != config_hash(CorpusBuildConfig())
     params = flatten_params(a.model_dump(exclude={"workspace"}))
     assert params["clustering.max_tokens"] == "4096" and params["ingest.format"] == "mediawiki"
+
+
+@pytest.mark.parametrize("name", ["corpus_enwiki_sample.yaml", "corpus_full_enwiki.yaml", "corpus_wikispeedia.yaml"])
+def test_shipped_corpus_configs_load(name):
+    """Every shipped corpus config validates (a renamed setting would fail the nightly build at its start)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    cfg = load_config(CorpusBuildConfig, Path(__file__).resolve().parents[1] / "configs" / name)
+    if name == "corpus_full_enwiki.yaml":
+        assert cfg.index.sharded and cfg.runner.tokens_per_shard == cfg.index.passage_shard_tokens == 32_000_000
+
+
+def test_old_passage_shard_count_is_rejected():
+    with pytest.raises(ValidationError, match="passage_shards"):
+        load_config(CorpusBuildConfig, None, ["index.passage_shards=64"])
+    with pytest.raises(ValidationError, match="passage_shard_tokens must be >= 0"):
+        load_config(CorpusBuildConfig, None, ["index.passage_shard_tokens=-1"])

@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import mlflow
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -92,7 +91,7 @@ def test_changed_input_content_at_same_path_rebuilds(prefect_harness, workspace_
 
 
 def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspace_home, data_mirror):
-    """``index.passage_shards: 3`` publishes shards that answer 20 real NQ questions with the ids
+    """``index.passage_shard_tokens: 250000`` (~4 shards) publishes shards that answer 20 real NQ questions with the ids
     and scores of the one-index build, and the quality gate's figures are the same."""
     from same_search import assert_same_search  # noqa: PLC0415
     from tasks.corpus.gate import version_figures  # noqa: PLC0415
@@ -101,13 +100,15 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
 
     ws = Workspace(workspace_home)
     one = corpus_build_flow(enwiki_sample_config(workspace=_ws(workspace_home, data_mirror)))
-    three = corpus_build_flow(enwiki_sample_config(workspace=_ws(workspace_home, data_mirror), index={"passage_shards": 3}))
+    three = corpus_build_flow(enwiki_sample_config(workspace=_ws(workspace_home, data_mirror),
+                                                   index={"passage_shard_tokens": 250_000}))
     assert not three["stages"]["index"]["cache_hit"] and three["stages"]["segment"]["cache_hit"]
-    assert three["shards"]["passage_stats_shards"] == three["shards"]["passage_index_shards"] == {"built": 3, "reused": 0}
+    n = three["shards"]["passage_stats_shards"]["built"]
+    assert n > 2 and three["shards"]["passage_stats_shards"] == three["shards"]["passage_index_shards"] == {"built": n, "reused": 0}
     single, sharded = (open_corpus(ws, "enwiki-sample", s["version"]) for s in (one, three))
     assert (sharded.path / "index/passages.bm25/shards.json").exists()
     assert sorted(p.name for p in (sharded.path / "index/passages.bm25").iterdir()) == [
-        "global_stats.json", "shard-00000", "shard-00001", "shard-00002", "shards.json"]
+        "global_stats.json", *(f"shard-{k:05d}" for k in range(n)), "shards.json"]
     assert isinstance(single.passage_index(), BM25Index) and isinstance(sharded.passage_index(), ShardedBM25)
     lines = (data_mirror / "nq-open" / "nq-open-dev.tsv").read_text().splitlines()[:20]
     questions = [line.split("\t")[0] for line in lines]
@@ -123,10 +124,10 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
 # the published corpus changed: if intended, bump the stage version (``@stage`` in
 # tasks/corpus/stages.py) and update these figures and the README.
 FIGURES = {
-    "wikispeedia": {"config": "corpus_wikispeedia.yaml", "docs_per_shard": 1_000, "documents": 4_598, "links": 119_879, "clusters": 1_573,
+    "wikispeedia": {"config": "corpus_wikispeedia.yaml", "docs_per_shard": 1_000, "tokens_per_shard": 2_000_000, "documents": 4_598, "links": 119_879, "clusters": 1_573,
                     "document_units": 23_397, "passages": 146_402, "max_cluster_tokens": 25_793,
                     "content_digest": "4162f3f79a5dcb68e3c25d9a126af50bc09b521419b0d71ebeaf2278c1399617"},
-    "enwiki-sample": {"config": "corpus_enwiki_sample.yaml", "docs_per_shard": 25, "documents": 98, "links": 93, "clusters": 98,
+    "enwiki-sample": {"config": "corpus_enwiki_sample.yaml", "docs_per_shard": 25, "tokens_per_shard": 100_000, "documents": 98, "links": 93, "clusters": 98,
                       "document_units": 757, "passages": 4_568, "max_cluster_tokens": 21_999,
                       "content_digest": "81a58125f5d8a7854dd6bfaf8179af887a1be55cca9f2c46ceafa603e08ecfbf"},
 }
@@ -135,13 +136,14 @@ FIGURES = {
 @pytest.fixture(scope="module")
 def shipped_builds(prefect_harness, data_mirror, tmp_path_factory) -> Workspace:
     """Both real samples built once, with the shipped ``configs/corpus_*.yaml``, into one workspace;
-    shards of ``docs_per_shard`` documents (no artifact byte depends on it), so the pinned digests
+    shards of ``docs_per_shard`` documents and ``tokens_per_shard`` tokens (no artifact byte depends on them), so the pinned digests
     also say that several token, segment and cluster-index shards give the one-process bytes."""
     home = tmp_path_factory.mktemp("shipped-corpora")
     for name, fig in FIGURES.items():
         cfg = load_config(CorpusBuildConfig, CONFIGS / fig["config"],
                           [f"workspace.home={home}", f"workspace.data_mirror={data_mirror}",
-                           f"runner.docs_per_shard={fig['docs_per_shard']}"])
+                           f"runner.docs_per_shard={fig['docs_per_shard']}",
+                           f"runner.tokens_per_shard={fig['tokens_per_shard']}"])
         assert cfg.name == name and corpus_build_flow(cfg)["corpus"] == name
     return Workspace(home)
 
@@ -163,11 +165,11 @@ def test_cluster_index_is_the_one_process_index(shipped_builds, name, tmp_path):
     from data_contracts.base import sha256_file  # noqa: PLC0415
     from tasks.corpus.index import BM25Config, BM25Index  # noqa: PLC0415
 
-    from tasks.corpus.shards import cluster_ranges  # noqa: PLC0415
+    from tasks.corpus.shards import read_cluster_ranges  # noqa: PLC0415
 
     corpus = open_corpus(shipped_builds, name)
     members = pq.read_table(corpus.path / "cluster_members.parquet")
-    assert len(cluster_ranges(np.sort(members.column("cluster_id").to_numpy()), FIGURES[name]["docs_per_shard"])) > 3
+    assert len(read_cluster_ranges(corpus.path, FIGURES[name]["tokens_per_shard"])) > 3
     ids, texts = corpus_stages.cluster_texts(pq.read_table(corpus.path / "documents.parquet"), members)
     cfg = BM25Config(**json.loads((corpus.path / corpus_stages.CLUSTER_INDEX_DIR / "tokenizer.index.json").read_text()))
     one = BM25Index.build(texts, ids, cfg).save(tmp_path / "one")

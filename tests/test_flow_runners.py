@@ -1,7 +1,7 @@
 """The runner switch: corpus-build through local processes and through prefect-dask's
 DaskTaskRunner on a 2-worker LocalCluster publishes byte-identical artifacts (real enwiki sample,
 re-packed as a multistream dump so that ingest runs in pieces; segment by cluster ranges and a
-3-shard passage index, so every per-shard stage runs on the runner)."""
+passage index in token-budget shards, so every per-shard stage runs on the runner)."""
 from __future__ import annotations
 
 import bz2
@@ -39,8 +39,9 @@ def test_dask_local_cluster_build_equals_local_processes(prefect_harness, tmp_pa
         home.mkdir()
         cfg = enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
                                    source={"datasets": [], "paths": [dump]},
-                                   runner={"kind": kind, "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30},
-                                   index={"passage_shards": 3})
+                                   runner={"kind": kind, "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30,
+                                           "tokens_per_shard": 100_000},
+                                   index={"passage_shard_tokens": 250_000})
         summaries[kind] = corpus_build_nightly(cfg)
     local, dask = (_manifest(summaries[k]) for k in ("local", "dask"))
     assert local["content_digest"] == dask["content_digest"]
@@ -65,13 +66,13 @@ def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data
     repack(xml, night1, pages_per_stream=10)
     at = xml.index(b"</text>", xml.index(b"<title>Alabama</title>"))
     repack(xml[:at] + b" One more sentence tonight." + xml[at:], night2, pages_per_stream=10)
-    runner = {"kind": "local", "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30}
+    runner = {"kind": "local", "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30, "tokens_per_shard": 100_000}
 
     def build(home, dump):
         home.mkdir(exist_ok=True)
         return corpus_build_nightly(enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
                                                          source={"datasets": [], "paths": [dump]}, runner=runner,
-                                                         index={"passage_shards": 3}))
+                                                         index={"passage_shard_tokens": 250_000}))
 
     first = build(tmp_path / "home", night1)
     assert first["shards"]["ingest_pieces"] == {"built": 7, "reused": 0}
@@ -79,14 +80,15 @@ def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data
     again = build(tmp_path / "home", night1)
     assert again["shards"]["ingest_pieces"] == {"built": 0, "reused": 7}
     assert again["shards"]["token_shards"] == {"built": 0, "reused": first["shards"]["token_shards"]["built"]}
-    assert again["shards"]["passage_stats_shards"] == again["shards"]["passage_index_shards"] == {"built": 0, "reused": 3}
+    p = first["shards"]["passage_stats_shards"]["built"]
+    assert p > 2 and again["shards"]["passage_stats_shards"] == again["shards"]["passage_index_shards"] == {"built": 0, "reused": p}
     tonight = build(tmp_path / "home", night2)
     assert tonight["shards"]["ingest_pieces"] == {"built": 1, "reused": 6}
     assert tonight["shards"]["token_shards"]["built"] == 1
     assert tonight["shards"]["segment_shards"]["built"] == 1
     n = first["shards"]["cluster_token_shards"]["built"]
     assert n > 1 and tonight["shards"]["cluster_token_shards"] == {"built": 1, "reused": n - 1}
-    assert tonight["shards"]["passage_stats_shards"] == {"built": 1, "reused": 2}     # the shard of Alabama's cluster
-    assert tonight["shards"]["passage_index_shards"] == {"built": 3, "reused": 0}     # global df/N/avgdl changed
+    assert tonight["shards"]["passage_stats_shards"] == {"built": 1, "reused": p - 1}   # the shard of Alabama's cluster
+    assert tonight["shards"]["passage_index_shards"] == {"built": p, "reused": 0}       # global df/N/avgdl changed
     scratch = build(tmp_path / "scratch", night2)
     assert _manifest(tonight)["content_digest"] == _manifest(scratch)["content_digest"] != _manifest(first)["content_digest"]

@@ -22,8 +22,9 @@ from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import article_windows
 from tasks.corpus.sharded_index import (SHARDS_FILE, ShardedBM25, build_passage_shards, build_shard,
-                                        load_passage_index, merge_stats, passage_ranges, save_stats, shard_stats)
-from tasks.corpus.shards import run_here
+                                        load_passage_index, merge_stats, read_passage_range, save_stats,
+                                        shard_stats)
+from tasks.corpus.shards import read_cluster_ranges, run_here
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +95,6 @@ def test_shard_terms_missing_from_stats_are_an_error(passages):
         build_shard(texts[50:100], ids[50:100], cfg, stats)
 
 
-def test_passage_ranges_split_cluster_ids_evenly():
-    assert passage_ranges(10, 3) == [(0, 3), (3, 6), (6, 10)]
-    assert passage_ranges(2, 5) == [(0, 1), (1, 2)]
-    assert passage_ranges(0, 3) == [(0, 0)]
-
-
 @pytest.fixture(scope="module")
 def segmented(data_mirror, tmp_path_factory):
     """The enwiki sample ingested, clustered and segmented (whitespace token counts: fast)."""
@@ -120,44 +115,53 @@ def _files_digest(directory) -> str:
     return hashlib.sha256(json.dumps(_files(directory), sort_keys=True).encode()).hexdigest()
 
 
-# sha256 over the files of the 3-shard build of ``segmented`` by the code that tokenized every
-# shard twice (statistics, then index): keeping the token ids must not move a byte.
-TWICE_TOKENIZED = {"default": "fa15c4aacf9b7e643252b4eb4e8e278e998580ef51c8e82a26d584f525bd589c",
-                   "unstemmed": "a8287bccab7ec73edb6133fea34aa03f363040371ca980229396862c15ac3080"}
+def _budget(cluster_dir, n=3) -> int:
+    """A shard budget giving several passage shards: ``1/n`` of all cluster tokens."""
+    return int(CLUSTERS.read(cluster_dir, columns=["n_tokens"]).column("n_tokens").to_numpy().sum()) // n
 
 
 @pytest.mark.parametrize("name,cfg", [("default", BM25Config()),
                                       ("unstemmed", BM25Config(stemmer=None, stopwords=None, k1=1.2, b=0.75))])
 def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatch, name, cfg):
     """Step 1 keeps each shard's token ids, step 2 indexes them: one tokenization per shard, and
-    the published files are those of the build that tokenized twice."""
+    every published shard has the bytes of :func:`build_shard` over the shard's texts with the
+    corpus-wide statistics (the path that tokenizes twice)."""
     import tasks.corpus.sharded_index as SI  # noqa: PLC0415
 
+    budget = _budget(segmented / "cluster")
+    ranges = read_cluster_ranges(segmented / "cluster", budget)
     calls = []
     real = SI.tokenize_ids
     monkeypatch.setattr(SI, "tokenize_ids", lambda texts, *a: calls.append(len(texts)) or real(texts, *a))
-    n_clusters = CLUSTERS.read(segmented / "cluster").num_rows
-    summary = build_passage_shards(segmented / "segment", n_clusters, tmp_path / "out", cfg, 3, run_here, tmp_path / "work")
-    assert len(calls) == summary["passage_shards"] == 3 and sum(calls) == summary["passage_index_docs"]
-    assert _files_digest(tmp_path / "out") == TWICE_TOKENIZED[name]
+    summary = build_passage_shards(segmented / "segment", segmented / "cluster", tmp_path / "out", cfg, budget, run_here,
+                                   tmp_path / "work")
+    assert len(calls) == summary["passage_shards"] == len(ranges) > 2 and sum(calls) == summary["passage_index_docs"]
+    monkeypatch.setattr(SI, "tokenize_ids", real)
+    parts = [read_passage_range(segmented / "segment", lo, hi) for lo, hi in ranges]
+    stats = merge_stats([shard_stats(texts, cfg) for texts, _ in parts])
+    for k, (texts, ids) in enumerate(parts):
+        twice = build_shard(texts, ids, cfg, stats).save(tmp_path / f"twice-{k}")
+        assert _files(tmp_path / "out" / f"shard-{k:05d}") == _files(twice), k
+    assert json.loads((tmp_path / "out" / SHARDS_FILE).read_text()) == [f"shard-{k:05d}" for k in range(len(ranges))]
 
 
 def test_built_passage_shards_equal_one_index_and_are_reused(segmented, questions, tmp_path):
     """The corpus build's shards (cluster ranges, stats then index per shard through ``submit``)
     search like one index; a rebuild reuses stats and indexes; a changed passage re-counts the
     stats of its shard only and re-indexes every shard (the global statistics changed)."""
-    cfg, seg, work = BM25Config(), segmented / "segment", tmp_path / "work"
-    n_clusters = CLUSTERS.read(segmented / "cluster").num_rows
+    cfg, seg, work, clusters = BM25Config(), segmented / "segment", tmp_path / "work", segmented / "cluster"
+    budget = _budget(clusters)
     with ProcessPoolExecutor(2) as pool:
-        first = build_passage_shards(seg, n_clusters, tmp_path / "a", cfg, 3, pool.submit, work)
-        again = build_passage_shards(seg, n_clusters, tmp_path / "b", cfg, 3, pool.submit, work)
+        first = build_passage_shards(seg, clusters, tmp_path / "a", cfg, budget, pool.submit, work)
+        again = build_passage_shards(seg, clusters, tmp_path / "b", cfg, budget, pool.submit, work)
     sharded = load_passage_index(tmp_path / "a")
     single = _single(seg, cfg)
-    assert isinstance(sharded, ShardedBM25) and len(sharded.shards) == first["passage_shards"] == 3
+    n = first["passage_shards"]
+    assert isinstance(sharded, ShardedBM25) and len(sharded.shards) == n > 2
     assert sharded.doc_ids == single.doc_ids
     assert_same_search(single, sharded, questions[:20], ks=(10, 100))
-    assert (first["passage_stats_shards_built"], first["passage_index_shards_built"]) == (3, 3)
-    assert (again["passage_stats_shards_reused"], again["passage_index_shards_reused"]) == (3, 3)
+    assert (first["passage_stats_shards_built"], first["passage_index_shards_built"]) == (n, n)
+    assert (again["passage_stats_shards_reused"], again["passage_index_shards_reused"]) == (n, n)
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
 
     passages = PASSAGES.read(seg)
@@ -166,7 +170,17 @@ def test_built_passage_shards_equal_one_index_and_are_reused(segmented, question
     text[last] += " tonight"
     changed = tmp_path / "changed"
     PASSAGES.write(passages.set_column(passages.schema.get_field_index("text"), "text", pa.array(text)), changed)
-    tonight = build_passage_shards(changed, n_clusters, tmp_path / "c", cfg, 3, run_here, work)
-    assert (tonight["passage_stats_shards_built"], tonight["passage_stats_shards_reused"]) == (1, 2)
-    assert (tonight["passage_index_shards_built"], tonight["passage_index_shards_reused"]) == (3, 0)
+    tonight = build_passage_shards(changed, clusters, tmp_path / "c", cfg, budget, run_here, work)
+    assert (tonight["passage_stats_shards_built"], tonight["passage_stats_shards_reused"]) == (1, n - 1)
+    assert (tonight["passage_index_shards_built"], tonight["passage_index_shards_reused"]) == (n, 0)
     assert_same_search(_single(changed, cfg), load_passage_index(tmp_path / "c"), questions[:20], ks=(10,))
+
+
+def test_passages_outside_every_cluster_range_are_an_error(segmented, tmp_path):
+    """A ``clusters.parquet`` that lacks a cluster of ``passages.parquet`` would drop its passages
+    from the index: the build names both files instead."""
+    table = CLUSTERS.read(segmented / "cluster").sort_by("cluster_id")
+    CLUSTERS.write(table.slice(0, table.num_rows - 1), tmp_path / "cluster")
+    with pytest.raises(ValueError, match="passages.parquet: .* passages, but the cluster ranges of .* hold"):
+        build_passage_shards(segmented / "segment", tmp_path / "cluster", tmp_path / "out", BM25Config(),
+                             _budget(segmented / "cluster"), run_here, tmp_path / "work")

@@ -16,8 +16,8 @@ from tasks.corpus import stages as S
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import (cluster_ranges, doc_shards, read_doc_range, read_rows_by_id, run_segment_sharded,
-                                 run_tokens_sharded)
+from tasks.corpus.shards import (anchor_keys, cluster_ranges, doc_shards, read_cluster_ranges, read_doc_range,
+                                 read_rows_by_id, run_segment_sharded, run_tokens_sharded)
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +58,77 @@ def test_token_shards_with_unchanged_texts_are_reused(ingested, data_mirror, tmp
     assert sha256_file(tmp_path / "a" / "window_tokens.parquet") == sha256_file(tmp_path / "b" / "window_tokens.parquet")
 
 
-def test_cluster_ranges_hold_whole_clusters():
-    members = np.array([0, 0, 0, 1, 2, 2, 3, 5, 5, 5, 5])   # cluster id per member, sorted
-    assert cluster_ranges(members, 4) == [(0, 2), (2, 6)]   # cut once a range reaches 4, 8, ... members
-    assert cluster_ranges(members, 100) == [(0, 6)]
-    assert cluster_ranges(members, 1) == [(0, 1), (1, 2), (2, 3), (3, 4), (5, 6)]
-    assert cluster_ranges(np.zeros(0, np.int32), 4) == []
+def _sums(ids, tokens, ranges):
+    return [int(tokens[(ids >= lo) & (ids < hi)].sum()) for lo, hi in ranges]
+
+
+def _corpus_like(n, seed=0):
+    """``n`` clusters with Algorithm-1-like sizes: most near S = 4K tokens, a long tail of big
+    singleton articles; ids with gaps; titles as anchor names."""
+    rng = np.random.default_rng(seed)
+    ids = np.cumsum(rng.integers(1, 3, n))
+    tokens = np.minimum(rng.lognormal(8.3, 0.6, n), 400_000).astype(np.int64)
+    return ids, tokens, [f"Article {i}" for i in ids.tolist()]
+
+
+def test_cluster_ranges_hold_whole_clusters_within_the_token_budget():
+    ids, tokens, names = _corpus_like(20_000)
+    ranges = cluster_ranges(ids, tokens, anchor_keys(names), 1_000_000)
+    assert ranges[0][0] == ids[0] and ranges[-1][1] == ids[-1] + 1
+    assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))            # ordered, disjoint
+    covered = np.zeros(ids.size, bool)
+    for lo, hi in ranges:
+        covered |= (ids >= lo) & (ids < hi)
+    assert covered.all()                                                      # every cluster in a range
+    sums = _sums(ids, tokens, ranges)
+    assert sum(sums) == tokens.sum() and max(sums) <= 1_000_000
+    starts = [int(np.searchsorted(ids, lo)) for lo, _ in ranges]
+    for k, total in enumerate(sums[:-1]):                                     # at least half full, or the next
+        assert total >= 500_000 or total + tokens[starts[k + 1]] > 1_000_000  # cluster would not fit
+    assert 0.55 < np.mean(sums[:-1]) / 1_000_000 < 0.7                        # ~0.62 of the budget
+    big = np.array([10, 5_000, 10, 10])                                      # a cluster over the budget: alone
+    assert cluster_ranges(np.arange(4), big, anchor_keys(list("abcd")), 100) == [(0, 1), (1, 2), (2, 4)]
+    assert cluster_ranges(np.arange(3), np.array([1, 2, 3]), anchor_keys(list("abc")), 10**9) == [(0, 3)]
+    assert cluster_ranges(np.zeros(0, np.int32), np.zeros(0), np.zeros(0, np.uint64), 4) == []
+
+
+def test_an_edited_cluster_moves_no_cut_after_the_next_anchor():
+    """Content-defined cuts: one cluster's token count changes (an edited page), and the shards
+    after the next cut are the same ranges; cuts at running-sum multiples would move ~all."""
+    ids, tokens, names = _corpus_like(20_000, seed=1)
+    keys = anchor_keys(names)
+    before = cluster_ranges(ids, tokens, keys, 1_000_000)
+    assert len(before) > 20
+    for at, delta in ((3_000, 700), (9_000, -1_500), (15_000, 40)):
+        edited = tokens.copy()
+        edited[at] = max(0, edited[at] + delta)
+        after = cluster_ranges(ids, edited, keys, 1_000_000)
+        changed = set(before) ^ set(after)
+        assert len(set(before) - set(after)) <= 2 and len(set(after) - set(before)) <= 2, (at, changed)
+        assert all(hi > ids[at] for _, hi in changed)                     # nothing before the edit moved
+    assert cluster_ranges(ids, tokens, keys, 1_000_000) == before         # deterministic
+    assert anchor_keys(["Alabama"]) == anchor_keys(["Alabama"]) and anchor_keys(["Alabama"]) != anchor_keys(["Alaska"])
+
+
+def test_cluster_ranges_reject_bad_input(tmp_path):
+    keys = anchor_keys(["a", "b"])
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        cluster_ranges(np.arange(2), np.ones(2), keys, 0)
+    with pytest.raises(ValueError, match="not strictly ascending"):
+        cluster_ranges(np.array([1, 1]), np.ones(2), keys, 10)
+    with pytest.raises(ValueError, match="token counts"):
+        cluster_ranges(np.arange(3), np.ones(2), keys, 10)
+    with pytest.raises(ValueError, match="negative token count for cluster 1"):
+        cluster_ranges(np.arange(2), np.array([1, -1]), keys, 10)
+
+
+def test_read_cluster_ranges_checks_members_against_clusters(clustered):
+    cluster_dir = clustered / "cluster"
+    members = pq.read_table(cluster_dir / "cluster_members.parquet").column("cluster_id").to_numpy()
+    ranges = read_cluster_ranges(cluster_dir, 60_000, members)
+    assert len(ranges) > 3
+    with pytest.raises(ValueError, match="disagree .*not in clusters: \\[999999\\]"):
+        read_cluster_ranges(cluster_dir, 60_000, np.r_[members, 999_999])
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +140,18 @@ def clustered(ingested, data_mirror, tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("docs_per_shard", [7, 1000])
-def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp_path, docs_per_shard):
+@pytest.mark.parametrize("tokens_per_shard", [60_000, 10**9])
+def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp_path, tokens_per_shard):
     cfg = SegmentConfig()
     one = S.run_segment(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "one", cfg, data_mirror)
     with ProcessPoolExecutor(2) as pool:
         many = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "many", cfg,
-                                   data_mirror, pool.submit, docs_per_shard, window=3, cache_dir=tmp_path / "cache")
+                                   data_mirror, pool.submit, tokens_per_shard, window=3, cache_dir=tmp_path / "cache")
         again = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "again", cfg,
-                                    data_mirror, pool.submit, docs_per_shard, cache_dir=tmp_path / "cache")
+                                    data_mirror, pool.submit, tokens_per_shard, cache_dir=tmp_path / "cache")
         scratch = run_segment_sharded(ingested, clustered / "tokens", clustered / "cluster", tmp_path / "scratch", cfg,
-                                      data_mirror, pool.submit, docs_per_shard)
-    assert (many["shards"] > 1) == (docs_per_shard == 7)
+                                      data_mirror, pool.submit, tokens_per_shard)
+    assert (many["shards"] > 3) == (tokens_per_shard == 60_000) and many["shards"] >= 1
     assert scratch["shards_built"] == many["shards"] and not (tmp_path / "scratch" / ".segment-shards").exists()
     for key in ("document_units", "passages", "mean_unit_tokens", "articles_without_passages"):
         assert many[key] == one[key], key

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, bm25_from_token_chunks, tokenize_ids
-from tasks.corpus.shards import cluster_ranges, ordered_results, put_cached, read_rows_by_id, texts_key
+from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges, read_rows_by_id, texts_key
 
 CLUSTER_TOKENS_VERSION = "1"
 
@@ -193,10 +193,11 @@ def index_from_token_shards(shard_dirs: Sequence[Path], doc_ids: list[str], merg
 
 
 def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, submit: Callable[..., Any],
-                        docs_per_shard: int, work_dir: Path, window: int = 8) -> tuple[BM25Index, dict[str, Any]]:
+                        tokens_per_shard: int, work_dir: Path, window: int = 8) -> tuple[BM25Index, dict[str, Any]]:
     """The cluster index, byte-identical to ``BM25Index.build(*reversed(cluster_texts(documents,
-    members)), cfg)``, with the tokenization in shards of whole clusters holding about
-    ``docs_per_shard`` member documents, run through ``submit`` (:func:`cluster_token_shard`).
+    members)), cfg)``, with the tokenization in shards of whole clusters of at most
+    ``tokens_per_shard`` tokens (content-defined cuts, :func:`tasks.corpus.shards.cluster_ranges`),
+    run through ``submit`` (:func:`cluster_token_shard`).
 
     The shards' token ids are kept in ``work_dir`` (shared with the workers) and reused when a
     shard's texts are unchanged. Returns the index and a summary: shard counts, reuse, seconds of
@@ -204,7 +205,7 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     """
     t0 = time.perf_counter()
     cids = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id"]).column("cluster_id")
-    ranges = cluster_ranges(np.sort(cids.to_numpy()), docs_per_shard)
+    ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids.to_numpy())
     calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir)) for lo, hi in ranges]
     doc_ids: list[str] = []
     keys: list[str] = []

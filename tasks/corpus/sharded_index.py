@@ -10,8 +10,9 @@ them (:func:`merge_stats`); :func:`build_shard` then indexes the shard's passage
 a single index over all passages would store. A query scores each shard, keeps its top ``k``, and
 :class:`ShardedBM25` merges them by (score desc, global row asc) — the single index's order.
 
-In the corpus build (``index.passage_shards`` > 1, :func:`build_passage_shards`) a shard is a
-range of whole clusters of ``passages.parquet``; both steps run per shard through
+In the corpus build (``index.passage_shard_tokens`` > 0, :func:`build_passage_shards`) a shard is a
+range of whole clusters of ``passages.parquet`` cut by tokens with content-defined cuts
+(:func:`tasks.corpus.shards.cluster_ranges`); both steps run per shard through
 ``submit(fn, *args) -> future`` (the flow's ``corpus-shard`` tasks) and the published
 ``index/passages.bm25/`` holds ``shards.json``, ``global_stats.json`` and ``shard-00000/``, ….
 :func:`load_passage_index` opens either layout.
@@ -35,9 +36,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_write_bytes, sha256_file
-from data_contracts.corpus import PASSAGES
+from data_contracts.corpus import CLUSTERS, PASSAGES
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.shards import texts_key, ordered_results, put_cached
+from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges, texts_key
 
 STATS_FILE = "global_stats.json"
 SHARDS_FILE = "shards.json"
@@ -47,19 +48,28 @@ SHARDS_FILE = "shards.json"
 class IndexLayout:
     """Layout of the published passage index (config section ``index``).
 
-    passage_shards : number of passage BM25 shards. 1 (default): one bm25s index in
-        ``index/passages.bm25/``, the layout and bytes of an unsharded build. ``n > 1``: ``n``
-        ranges of whole clusters (``n_clusters / n`` clusters each), indexed with corpus-wide
-        statistics as ``corpus-shard`` tasks; search results equal the single index's. An explicit
-        setting rather than one derived from ``runner``: it changes the published files (and the
-        content digest), which no runner setting may.
+    passage_shard_tokens : the most tokens (``clusters.parquet`` ``n_tokens``, T5 tokens) of one
+        passage BM25 shard. 0 (default): one bm25s index in ``index/passages.bm25/``, the layout
+        and bytes of an unsharded build. ``> 0``: ranges of whole clusters cut by tokens with
+        content-defined cuts (:func:`tasks.corpus.shards.cluster_ranges`: ``passage_shard_tokens / 2``
+        to ``passage_shard_tokens`` tokens a shard, so a worker's memory is bounded whatever the
+        dump's size, and an edited page moves no other shard), indexed with corpus-wide statistics
+        as ``corpus-shard`` tasks; search results equal the single index's. An explicit setting
+        rather than one derived from ``runner``: it changes the published files (and the content
+        digest), which no runner setting may.
     """
 
-    passage_shards: int = 1
+    passage_shard_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if self.passage_shards < 1:
-            raise ValueError(f"index.passage_shards must be >= 1, got {self.passage_shards}")
+        if self.passage_shard_tokens < 0:
+            raise ValueError(f"index.passage_shard_tokens must be >= 0 (0 = one passage index), "
+                             f"got {self.passage_shard_tokens}")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the passage index is built in shards."""
+        return self.passage_shard_tokens > 0
 
 
 @dataclass
@@ -213,15 +223,6 @@ PASSAGE_SHARD_VERSION = "2"   # 2: the stats step keeps the token ids for the in
 DF_FILE = "df.parquet"
 
 
-def passage_ranges(n_clusters: int, n_shards: int) -> list[tuple[int, int]]:
-    """``[(lo, hi)]``: ``n_shards`` cluster-id ranges of ``n_clusters // n_shards`` (+1) clusters.
-
-    Ranges of cluster ids rather than of passage rows, so that a changed page moves the passages
-    of its own shard only and the other shards' texts (and their cached statistics) stay."""
-    n = max(1, min(n_shards, n_clusters))
-    return [(k * n_clusters // n, (k + 1) * n_clusters // n) for k in range(n)]
-
-
 def read_passage_range(segment_dir: Path, lo: int, hi: int) -> tuple[list[str], list[str]]:
     """``(texts, passage ids)`` of clusters ``lo <= cluster_id < hi`` in ``passages.parquet`` order;
     a text is ``title\\ntext``, as the single index indexes it."""
@@ -331,11 +332,16 @@ def _link_tree(src: Path, dst: Path) -> None:
             shutil.copy2(path, target)
 
 
-def build_passage_shards(segment_dir: Path, n_clusters: int, out_dir: Path, cfg: BM25Config, n_shards: int,
+def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cfg: BM25Config, shard_tokens: int,
                          submit: Callable[..., Any], work_dir: Path, window: int = 8) -> dict[str, Any]:
     """The sharded passage index of a corpus build in ``out_dir`` (``shards.json``,
     ``global_stats.json``, ``shard-00000/``, …): :func:`passage_stats_shard` per shard through
     ``submit`` → :func:`merge_stats_files` → :func:`passage_index_shard` per shard through ``submit``.
+
+    Shards are the cluster-id ranges of :func:`tasks.corpus.shards.read_cluster_ranges` over
+    ``cluster_dir`` with at most ``shard_tokens`` tokens each (a cluster's passages hold its
+    tokens: the correlation of passages and ``n_tokens`` per cluster is 0.9998 at 1M pages), so
+    a worker's peak memory is bounded by ``shard_tokens``, not by the dump.
 
     ``work_dir`` (shared by the workers: the stage cache) keeps shard statistics and shard indexes
     keyed by content. What a rebuild reuses: the statistics of every shard whose passages are
@@ -346,11 +352,15 @@ def build_passage_shards(segment_dir: Path, n_clusters: int, out_dir: Path, cfg:
     seconds.
     """
     t0 = time.perf_counter()
-    ranges = passage_ranges(n_clusters, n_shards)
+    ranges = read_cluster_ranges(cluster_dir, shard_tokens)
     calls = [(passage_stats_shard, str(segment_dir), lo, hi, cfg, str(work_dir)) for lo, hi in ranges]
     stats = list(ordered_results(submit, calls, window))
     kept = [(r, s) for r, s in zip(ranges, stats) if s[1] > 0]
     n_docs, total_len = sum(s[1] for _, s in kept), sum(s[2] for _, s in kept)
+    n_rows = pq.read_metadata(Path(segment_dir) / PASSAGES.filename).num_rows
+    if n_docs != n_rows:
+        raise ValueError(f"{Path(segment_dir) / PASSAGES.filename}: {n_rows} passages, but the cluster ranges of "
+                         f"{cluster_dir} hold {n_docs} (passages of clusters missing from {CLUSTERS.filename})")
     global_df, global_key = merge_stats_files(work_dir, [s[0] for _, s in kept], n_docs, total_len)
     t1 = time.perf_counter()
     calls = [(passage_index_shard, str(segment_dir), lo, hi, cfg, str(work_dir), s[0], str(global_df), n_docs,

@@ -6,8 +6,8 @@ Token counting of the ~100-word windows (the article lengths of Algorithm 1, and
 segmentation) is independent per document, so shards are counted in worker processes through
 ``submit(fn, *args) -> future`` and concatenated in ``doc_id`` order: ``window_tokens.parquet`` is
 byte-identical to :func:`tasks.corpus.stages.run_tokens`' whatever the shard size or worker count.
-Segmentation is independent per cluster, so its shards are ranges of whole clusters
-(:func:`cluster_ranges`), concatenated in cluster order (:func:`run_segment_sharded`). The passage
+Segmentation is independent per cluster, so its shards are ranges of whole clusters cut by
+tokens (:func:`cluster_ranges`), concatenated in cluster order (:func:`run_segment_sharded`). The passage
 BM25 index in shards: :mod:`tasks.corpus.sharded_index`.
 """
 from __future__ import annotations
@@ -255,16 +255,93 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
 SEGMENT_SHARD_VERSION = "1"
 
 
-def cluster_ranges(cluster_ids: np.ndarray, docs_per_shard: int) -> list[tuple[int, int]]:
-    """``[(lo, hi)]`` cluster-id ranges covering the sorted member column ``cluster_ids`` (one
-    entry per member), each holding about ``docs_per_shard`` members (whole clusters)."""
-    if cluster_ids.size == 0:
+def anchor_keys(names: Sequence[str]) -> np.ndarray:
+    """``(n,)`` uint64: the first 8 bytes of BLAKE2b of each name (a cluster's first member title),
+    the stable identity that places content-defined cuts (:func:`cluster_ranges`); the same on
+    every machine and Python (no ``PYTHONHASHSEED``)."""
+    return np.array([int.from_bytes(hashlib.blake2b(n.encode("utf-8"), digest_size=8).digest(), "little")
+                     for n in names], dtype=np.uint64)
+
+
+def cluster_ranges(cluster_ids: np.ndarray, n_tokens: np.ndarray, keys: np.ndarray,
+                   max_tokens: int) -> list[tuple[int, int]]:
+    """``[(lo, hi)]`` cluster-id ranges of whole clusters, each holding at most ``max_tokens``
+    tokens (a cluster larger than that alone), with content-defined cuts.
+
+    Shards of the segment, cluster-token and passage stages are ranges of whole clusters; a
+    worker's memory grows with the text of its shard (measured at 1M pages: ~27 bytes a token for
+    segmentation, ~34 for passage statistics), so shards are cut by tokens, not by member or
+    cluster counts (Algorithm 1's order puts the long singleton articles last: equal member counts
+    held 7x more text in the last shard). A cut must also stay put when a page elsewhere is edited,
+    or the next nightly build rebuilds shards whose content did not change; cuts at running-sum
+    multiples of a budget would all move with one edited page. So the cuts are content-defined
+    (as in deduplicating backup chunkers): walking the clusters in id order with ``acc`` tokens
+    since the last cut,
+
+    1. cut before cluster ``i`` if ``acc > 0`` and ``acc + n_tokens[i] > max_tokens`` (the bound);
+    2. cut after cluster ``i`` if ``acc >= max_tokens / 2`` and cluster ``i`` is an *anchor*:
+       ``keys[i] / 2**64 < 1 - exp(-n_tokens[i] / (max_tokens / 8))``, i.e. every token is an
+       anchor point with probability ``8 / max_tokens``, decided by the cluster's own key and size.
+
+    An anchor depends only on its own cluster, so an edit inside one shard moves no cut after the
+    next anchor cut: the following shards keep their bytes. Shards hold ``max_tokens / 2`` to
+    ``max_tokens`` tokens (mean ~0.62 ``max_tokens``; rule 1 fires in ~2% of shards: e^-4).
+
+    Parameters
+    ----------
+    cluster_ids : ``(n_clusters,)`` distinct cluster ids, ascending.
+    n_tokens : ``(n_clusters,)`` tokens of each cluster (``clusters.parquet`` ``n_tokens``).
+    keys : ``(n_clusters,)`` uint64 stable identities (:func:`anchor_keys` of first-member titles).
+    max_tokens : the most tokens of a shard (>= 1).
+
+    Raises
+    ------
+    ValueError
+        ``max_tokens < 1``; lengths differ; ids not strictly ascending; a negative token count.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"cluster_ranges: max_tokens must be >= 1, got {max_tokens}")
+    ids, w, keys = np.asarray(cluster_ids, np.int64), np.asarray(n_tokens, np.int64), np.asarray(keys, np.uint64)
+    if not (ids.shape == w.shape == keys.shape) or ids.ndim != 1:
+        raise ValueError(f"cluster_ranges: {ids.shape} ids, {w.shape} token counts, {keys.shape} keys")
+    if ids.size == 0:
         return []
-    ids, counts = np.unique(cluster_ids, return_counts=True)
-    cum = np.cumsum(counts)
-    cuts = np.unique(np.searchsorted(cum, np.arange(docs_per_shard, cum[-1], docs_per_shard), side="left") + 1)
-    cuts = cuts[(cuts > 0) & (cuts < ids.size)].tolist()
-    return [(int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip([0, *cuts], [*cuts, ids.size])]
+    if np.any(np.diff(ids) <= 0):
+        raise ValueError("cluster_ranges: cluster ids are not strictly ascending")
+    if np.any(w < 0):
+        raise ValueError(f"cluster_ranges: negative token count for cluster {int(ids[np.argmax(w < 0)])}")
+    anchor = (keys.astype(np.float64) / 2.0 ** 64 < -np.expm1(-w / (max_tokens / 8.0))).tolist()
+    starts, acc, half = [0], 0, max_tokens / 2
+    for i, t in enumerate(w.tolist()):
+        if acc > 0 and acc + t > max_tokens:
+            starts.append(i)
+            acc = 0
+        acc += t
+        if acc >= half and anchor[i] and i + 1 < ids.size:
+            starts.append(i + 1)
+            acc = 0
+    ends = [*starts[1:], ids.size]
+    return [(int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip(starts, ends)]
+
+
+def read_cluster_ranges(cluster_dir: Path, max_tokens: int,
+                        member_cluster_ids: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """:func:`cluster_ranges` of a cluster stage's ``clusters.parquet`` (ids, ``n_tokens``, first
+    member titles as anchor keys): a few columns of one row per cluster, not the texts.
+
+    ``member_cluster_ids`` (``cluster_members.parquet``'s column, any order): raises
+    ``ValueError`` naming the files unless its distinct ids are exactly the clusters' ids, so that
+    no member falls outside every range."""
+    table = C.CLUSTERS.read(cluster_dir, columns=["cluster_id", "n_tokens", "title"]).sort_by("cluster_id")
+    ids = table.column("cluster_id").to_numpy()
+    if member_cluster_ids is not None:
+        used = np.unique(np.asarray(member_cluster_ids))
+        if not np.array_equal(used, ids):
+            extra, empty = np.setdiff1d(used, ids)[:5].tolist(), np.setdiff1d(ids, used)[:5].tolist()
+            raise ValueError(f"{cluster_dir}: {C.CLUSTER_MEMBERS.filename} and {C.CLUSTERS.filename} disagree "
+                             f"(member cluster ids not in clusters: {extra}; clusters without members: {empty})")
+    return cluster_ranges(ids, table.column("n_tokens").to_numpy(),
+                          anchor_keys(table.column("title").to_pylist()), max_tokens)
 
 
 def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: SegmentConfig) -> str:
@@ -337,18 +414,18 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
 
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
-                        mirror: Path | None, submit: Callable[..., Any], docs_per_shard: int, window: int = 8,
+                        mirror: Path | None, submit: Callable[..., Any], tokens_per_shard: int, window: int = 8,
                         cache_dir: Path | None = None) -> dict[str, Any]:
     """:func:`tasks.corpus.stages.run_segment` over cluster-id ranges segmented through ``submit``.
 
-    Shards are ranges of whole clusters with about ``docs_per_shard`` members
-    (:func:`cluster_ranges`); their rows are written in cluster order, so ``document_units.parquet``
+    Shards are ranges of whole clusters of at most ``tokens_per_shard`` tokens (content-defined
+    cuts, :func:`cluster_ranges`); their rows are written in cluster order, so ``document_units.parquet``
     and ``passages.parquet`` are byte-identical to the one-process stage's. The coordinator checks
     the members (every document in exactly one cluster) and reads the shards' rows back from
     their files one shard at a time (at most ``window`` shards in flight). Each shard reads its documents by id (:func:`read_rows_by_id`, one row group at a time:
     a worker's memory does not grow with the dump); with clusters spread over the doc ids that reads
     most row groups of ``documents.parquet`` once per shard, so at full scale shards should be
-    large (tens of thousands of documents) to keep that I/O down. With ``cache_dir`` (shared by the
+    large (tens of millions of tokens) to keep that I/O down. With ``cache_dir`` (shared by the
     workers) a shard whose members, texts and token counts are unchanged reuses its rows; the
     summary's ``shards_reused`` / ``shards_built`` say how many. Without it the shards' rows pass
     through ``out_dir/.segment-shards`` (removed after).
@@ -359,7 +436,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         [("cluster_id", "ascending"), ("position", "ascending")])
     cids = members.column("cluster_id").to_numpy()
     check_members(cids, members.column("doc_id").to_numpy(), n_docs)
-    ranges = cluster_ranges(cids, docs_per_shard)
+    ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
     rows_dir = Path(out_dir) / ".segment-shards" if cache_dir is None else Path(cache_dir)
     calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
               str(mirror) if mirror else None, str(rows_dir)) for lo, hi in ranges]

@@ -28,7 +28,7 @@ from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded_index import STATS_FILE, load_passage_index
-from tasks.corpus.shards import run_here
+from tasks.corpus.shards import release_memory, run_here
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -150,35 +150,37 @@ def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: 
 
 @stage("index", version="2")  # 2: stems numbered in sorted order (bytes independent of PYTHONHASHSEED)
 def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config,
-              passage_shards: int = 1, submit: Callable[..., Any] | None = None, window: int = 8,
-              work_dir: Path | None = None, docs_per_shard: int = 20_000) -> dict[str, Any]:
+              passage_shard_tokens: int = 0, submit: Callable[..., Any] | None = None, window: int = 8,
+              work_dir: Path | None = None, tokens_per_shard: int = 32_000_000) -> dict[str, Any]:
     """bm25s indexes over cluster texts (progressive) and passages (flat baseline).
 
-    The cluster index is one index; its texts are tokenized in ranges of whole clusters of about
-    ``docs_per_shard`` member documents through ``submit`` (default: in this process) and merged
+    The cluster index is one index; its texts are tokenized in ranges of whole clusters of at most
+    ``tokens_per_shard`` tokens through ``submit`` (default: in this process) and merged
     into the one-process vocabulary and ids (:func:`tasks.corpus.cluster_index.build_cluster_index`:
     same bytes as ``BM25Index.build`` over all cluster texts, without holding them all).
-    ``passage_shards`` > 1: the passage index is built in that many shards of whole clusters
-    with corpus-wide statistics (:func:`tasks.corpus.sharded_index.build_passage_shards`), the
-    per-shard steps through ``submit``; 1: one index, as before. Shard token ids, statistics and
+    ``passage_shard_tokens`` > 0: the passage index is built in shards of whole clusters of at
+    most that many tokens with corpus-wide statistics
+    (:func:`tasks.corpus.sharded_index.build_passage_shards`), the per-shard steps through
+    ``submit``; 0: one index, as before. Shard token ids, statistics and
     indexes are kept in ``work_dir`` (default: ``out_dir/.work``, removed after).
     """
     t0 = time.perf_counter()
     submit = submit or run_here
     scratch = work_dir is None
     work = Path(out_dir) / ".work" if scratch else Path(work_dir)
-    cluster_index, clusters = build_cluster_index(ingest_dir, cluster_dir, cfg, submit, docs_per_shard, work,
+    cluster_index, clusters = build_cluster_index(ingest_dir, cluster_dir, cfg, submit, tokens_per_shard, work,
                                                   window=window)
     cluster_index.save(out_dir / CLUSTER_INDEX_DIR)
     n_clusters = len(cluster_index)
     del cluster_index
+    release_memory()   # the index and its merge buffers (GBs at full scale) go back before the passage shards run
     t1 = time.perf_counter()
     sharded: dict[str, Any] = {}
-    if passage_shards > 1:
+    if passage_shard_tokens > 0:
         from tasks.corpus.sharded_index import build_passage_shards  # noqa: PLC0415
 
-        sharded = build_passage_shards(segment_dir, n_clusters, out_dir / PASSAGE_INDEX_DIR, cfg, passage_shards,
-                                       submit, work, window=window)
+        sharded = build_passage_shards(segment_dir, cluster_dir, out_dir / PASSAGE_INDEX_DIR, cfg,
+                                       passage_shard_tokens, submit, work, window=window)
         n_passages = sharded["passage_index_docs"]
     else:
         passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
