@@ -17,7 +17,8 @@ which resets ``ru_maxrss`` too; elsewhere the peak so far), and the largest work
 that stage (each task's ``VmHWM``, reset when the task starts; Linux only).
 
 Run: ``python benchmarks/bench_nightly.py DUMP.xml.bz2 [--workers 1 2] [--streams-per-piece 100] [--stages]
-[--docs-per-shard 20000] [--tokens-per-shard 32000000] [--passage-shard-tokens 0] [--keep DIR]``.
+[--docs-per-shard 20000] [--tokens-per-shard 32000000] [--passage-shard-tokens 0] [--keep DIR]
+[--only segment index --inputs KEPT/workers-2]``.
 """
 from __future__ import annotations
 
@@ -116,7 +117,10 @@ def _cpu_s() -> tuple[float, float]:
 
 
 def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs_per_shard: int = 20_000,
-               tokens_per_shard: int = 32_000_000, passage_shard_tokens: int = 0) -> dict:
+               tokens_per_shard: int = 32_000_000, passage_shard_tokens: int = 0, inputs: Path | None = None,
+               only: list[str] | None = None) -> dict:
+    """The build's stages (``only``: those; the earlier stages' outputs are read from ``inputs``, a
+    kept ``workers-N`` directory, by symbolic links) with their seconds, CPU and peak RSS."""
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
     from tasks.corpus import stages as S  # noqa: PLC0415
     from tasks.corpus.clustering import ClusteringConfig  # noqa: PLC0415
@@ -127,6 +131,12 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
 
     mirror, seg = default_mirror(), SegmentConfig()
     dirs = {k: out / k for k in ("ingest", "tokens", "cluster", "segment", "index")}
+    if only:
+        for name, path in dirs.items():
+            if name not in only:
+                if inputs is None or not (Path(inputs) / name).is_dir():
+                    raise SystemExit(f"--only {' '.join(only)}: stage {name} must come from --inputs (a kept workers-N dir)")
+                path.symlink_to((Path(inputs) / name).resolve(), target_is_directory=True)
     calls = {
         "ingest": lambda submit: S.run_ingest([dump], dirs["ingest"], IngestConfig(format="mediawiki"), submit=submit,
                                               streams_per_piece=streams_per_piece, window=2 * workers + 2),
@@ -134,13 +144,17 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
                                                     window=2 * workers + 2),
         "cluster": lambda _: S.run_cluster(dirs["ingest"], dirs["tokens"], dirs["cluster"], ClusteringConfig(max_tokens=4096)),
         "segment": lambda submit: run_segment_sharded(dirs["ingest"], dirs["tokens"], dirs["cluster"], dirs["segment"],
-                                                      seg, mirror, submit, tokens_per_shard, window=2 * workers + 2),
+                                                      seg, mirror, submit, tokens_per_shard, window=2 * workers + 2,
+                                                      docs_per_range=docs_per_shard),
         "index": lambda submit: S.run_index(dirs["ingest"], dirs["cluster"], dirs["segment"], dirs["index"], BM25Config(),
                                             passage_shard_tokens=passage_shard_tokens, submit=submit,
-                                            window=2 * workers + 2, tokens_per_shard=tokens_per_shard),
+                                            window=2 * workers + 2, tokens_per_shard=tokens_per_shard,
+                                            docs_per_range=docs_per_shard),
     }
     rows = {}
     for name, call in calls.items():
+        if only and name not in only:
+            continue
         _stage_peak_rss_mb(reset=True)
         start_rss = _rss_mb("VmRSS")
         t0, (own0, kids0) = time.perf_counter(), _cpu_s()
@@ -172,12 +186,17 @@ def main() -> None:
     ap.add_argument("--passage-shard-tokens", type=int, default=0,
                     help="most tokens of a passage BM25 shard; 0 = one passage index (--stages)")
     ap.add_argument("--keep", type=Path, help="keep each run's stage directories in KEEP/workers-N (--stages)")
+    ap.add_argument("--only", nargs="+", choices=["ingest", "tokens", "cluster", "segment", "index"],
+                    help="run only these stages, the others read from --inputs (--stages)")
+    ap.add_argument("--inputs", type=Path, help="a kept workers-N directory with the stages --only leaves out")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         fn = stages_run if args.stages else one_run
         kw = {"docs_per_shard": args.docs_per_shard, "tokens_per_shard": args.tokens_per_shard,
               "passage_shard_tokens": args.passage_shard_tokens}
+        if args.only:
+            kw.update(only=args.only, inputs=args.inputs)
         if args.keep:
             out = args.keep / f"workers-{args.one}"
             out.mkdir(parents=True, exist_ok=False)
@@ -191,7 +210,8 @@ def main() -> None:
         res = subprocess.run([sys.executable, __file__, str(args.dump), "--one", str(w), *(["--stages"] if args.stages else []),
                               "--streams-per-piece", str(args.streams_per_piece), "--docs-per-shard", str(args.docs_per_shard),
                               "--tokens-per-shard", str(args.tokens_per_shard),
-                              "--passage-shard-tokens", str(args.passage_shard_tokens), *(["--keep", str(args.keep)] if args.keep else [])],
+                              "--passage-shard-tokens", str(args.passage_shard_tokens), *(["--keep", str(args.keep)] if args.keep else []),
+                              *(["--only", *args.only] if args.only else []), *(["--inputs", str(args.inputs)] if args.inputs else [])],
                              stdout=subprocess.PIPE, text=True, check=True)  # stderr passes through: a failing run shows why
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps({k: v for k, v in runs[-1].items() if k != "digests"}), flush=True)

@@ -119,7 +119,7 @@ def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult,
               "members": cluster.files["cluster_members.parquet"]}
     return run_cached(cache, S.run_segment, cfg, inputs, lambda out, _: run_segment_sharded(
         ingest.path, tokens.path, cluster.path, out, cfg, mirror, submitter(), runner.tokens_per_shard,
-        window=2 * runner.n_workers() + 2, cache_dir=cache.root / "segment-shards"))
+        window=2 * runner.n_workers() + 2, cache_dir=cache.root / "segment-shards", docs_per_range=runner.docs_per_shard))
 
 
 def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
@@ -139,7 +139,7 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
     return run_cached(cache, S.run_index, key_cfg, inputs, lambda out, _: S.run_index(
         ingest.path, cluster.path, segment.path, out, cfg, passage_shard_tokens=layout.passage_shard_tokens,
         submit=submitter(), window=2 * runner.n_workers() + 2, work_dir=cache.root,
-        tokens_per_shard=runner.tokens_per_shard))
+        tokens_per_shard=runner.tokens_per_shard, docs_per_range=runner.docs_per_shard))
 
 
 @task(name="publish", cache_policy=NO_CACHE)

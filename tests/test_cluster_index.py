@@ -39,8 +39,10 @@ def _one_process(root, cfg, out):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "unstemmed", "unstemmed-stopwords"])
 def test_sharded_tokenization_gives_the_one_process_index(clustered, cfg, tmp_path):
     expected = _one_process(clustered, cfg, tmp_path / "one")
-    index, summary = build_cluster_index(clustered / "ingest", clustered / "cluster", cfg, run_here, 9, tmp_path / "work")
+    index, summary = build_cluster_index(clustered / "ingest", clustered / "cluster", cfg, run_here, 9, tmp_path / "work",
+                                         docs_per_range=7)   # a cluster a shard; documents split in ranges of 7
     assert summary["cluster_token_shards"] > 5 and summary["cluster_token_shards_built"] == summary["cluster_token_shards"]
+    assert not list((tmp_path / "work").glob(".documents-by-shard-*"))   # the partition is scratch
     assert _files(index.save(tmp_path / "sharded")) == expected
 
 

@@ -16,8 +16,9 @@ from tasks.corpus import stages as S
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import (anchor_keys, cluster_ranges, doc_shards, read_cluster_ranges, read_doc_range,
-                                 read_rows_by_id, run_segment_sharded, run_tokens_sharded)
+from tasks.corpus.shards import (anchor_keys, cluster_ranges, doc_shards, partition_documents, read_cluster_ranges,
+                                 read_doc_range, read_rows_by_id, read_shard_documents, run_here, run_segment_sharded,
+                                 run_tokens_sharded)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,28 @@ def clustered(ingested, data_mirror, tmp_path_factory):
     S.run_tokens(ingested, root / "tokens", SegmentConfig(), data_mirror)
     S.run_cluster(ingested, root / "tokens", root / "cluster", ClusteringConfig(max_tokens=32_768))
     return root
+
+
+def test_partition_gives_each_shard_exactly_its_documents(ingested, clustered, tmp_path):
+    """One pass over documents.parquet (doc ranges of 9, through a process pool) puts every member
+    document in its shard's directory, with the rows a by-id read of documents.parquet gives."""
+    cluster_dir = clustered / "cluster"
+    members = pq.read_table(cluster_dir / "cluster_members.parquet")
+    cids, dids = members.column("cluster_id").to_numpy(), members.column("doc_id").to_numpy()
+    ranges = read_cluster_ranges(cluster_dir, 60_000, cids)
+    with ProcessPoolExecutor(2) as pool:
+        dirs = partition_documents(ingested, ranges, cids, dids, tmp_path / "parts", pool.submit, 9, window=3)
+    assert len(dirs) == len(ranges) > 3
+    seen = []
+    for (lo, hi), d in zip(ranges, dirs):
+        wanted = sorted(dids[(cids >= lo) & (cids < hi)].tolist())
+        mine = read_shard_documents(str(ingested), str(d), wanted)
+        assert mine.column("doc_id").to_pylist() == wanted
+        assert mine.equals(read_shard_documents(str(ingested), None, wanted))
+        seen += wanted
+    assert sorted(seen) == sorted(dids.tolist())
+    with pytest.raises(ValueError, match="outside the shards' cluster ranges"):
+        partition_documents(ingested, ranges[1:], cids, dids, tmp_path / "bad", run_here, 9)
 
 
 @pytest.mark.parametrize("tokens_per_shard", [60_000, 10**9])

@@ -27,6 +27,8 @@ process).
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -37,7 +39,8 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, bm25_from_token_chunks, tokenize_ids
-from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges, read_rows_by_id, texts_key
+from tasks.corpus.shards import (ordered_results, partition_documents, put_cached, read_cluster_ranges,
+                                 read_shard_documents, texts_key)
 
 CLUSTER_TOKENS_VERSION = "1"
 
@@ -70,19 +73,20 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
 
 
 def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg: BM25Config,
-                        work_dir: str) -> tuple[list[str], list[str], str, bool]:
+                        work_dir: str, docs_dir: str | None = None) -> tuple[list[str], list[str], str, bool]:
     """Token ids of the cluster texts of clusters ``lo <= cluster_id < hi`` (a worker-process
     call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and texts>/``
     (:meth:`tasks.corpus.index.TokenIds.save`).
 
-    Reads only the shard's members (Parquet filters) and their documents
-    (:func:`tasks.corpus.shards.read_rows_by_id`, one row group at a time). Returns
+    Reads only the shard's members (Parquet filters) and their documents (from ``docs_dir``, the
+    shard's partition by :func:`tasks.corpus.shards.partition_documents`, else by id from
+    ``documents.parquet``: :func:`tasks.corpus.shards.read_shard_documents`). Returns
     ``(cluster ids as str, the shard's vocabulary in id order, key, reused)``; ``reused`` when
     the shard's texts are unchanged since a build that kept them."""
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "position", "doc_id"],
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
     wanted = sorted(set(members.column("doc_id").to_pylist()))
-    docs = read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted, ["doc_id", "title", "text"])
+    docs = read_shard_documents(ingest_dir, docs_dir, wanted)
     ids, texts = cluster_texts(docs, members)
     del docs
     key = texts_key(CLUSTER_TOKENS_VERSION, cfg, ids, texts)
@@ -193,29 +197,44 @@ def index_from_token_shards(shard_dirs: Sequence[Path], doc_ids: list[str], merg
 
 
 def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, submit: Callable[..., Any],
-                        tokens_per_shard: int, work_dir: Path, window: int = 8) -> tuple[BM25Index, dict[str, Any]]:
+                        tokens_per_shard: int, work_dir: Path, window: int = 8,
+                        docs_per_range: int = 20_000) -> tuple[BM25Index, dict[str, Any]]:
     """The cluster index, byte-identical to ``BM25Index.build(*reversed(cluster_texts(documents,
     members)), cfg)``, with the tokenization in shards of whole clusters of at most
     ``tokens_per_shard`` tokens (content-defined cuts, :func:`tasks.corpus.shards.cluster_ranges`),
-    run through ``submit`` (:func:`cluster_token_shard`).
+    run through ``submit`` (:func:`cluster_token_shard`), each reading its own documents from a
+    partition made first in one parallel pass of ``docs_per_range`` documents a task
+    (:func:`tasks.corpus.shards.partition_documents`, in a scratch directory under ``work_dir``,
+    removed after).
 
     The shards' token ids are kept in ``work_dir`` (shared with the workers) and reused when a
     shard's texts are unchanged. Returns the index and a summary: shard counts, reuse, seconds of
     the tokenization shards and of the coordinator's merge + bm25s index.
     """
     t0 = time.perf_counter()
-    cids = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id"]).column("cluster_id")
-    ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids.to_numpy())
-    calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir)) for lo, hi in ranges]
+    members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "doc_id"])
+    cids = members.column("cluster_id").to_numpy()
+    ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
     doc_ids: list[str] = []
     keys: list[str] = []
     merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
     reused = 0
-    for ids, terms, key, hit in ordered_results(submit, calls, window):
-        doc_ids.extend(ids)
-        keys.append(key)
-        merge.add(terms)
-        reused += hit
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".documents-by-shard-", dir=work_dir))
+    try:
+        docs_dirs = partition_documents(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), scratch, submit,
+                                        docs_per_range, window)
+        del members, cids
+        t_partition = time.perf_counter() - t0
+        calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d))
+                 for (lo, hi), d in zip(ranges, docs_dirs)]
+        for ids, terms, key, hit in ordered_results(submit, calls, window):
+            doc_ids.extend(ids)
+            keys.append(key)
+            merge.add(terms)
+            reused += hit
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     t1 = time.perf_counter()
     shard_dirs = [Path(work_dir) / "cluster-tokens" / key for key in keys]
     n_tokens = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in shard_dirs)
@@ -223,5 +242,6 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     index = index_from_token_shards(shard_dirs, doc_ids, merge, cfg)
     return index, {"cluster_token_shards": len(ranges), "cluster_token_shards_built": len(ranges) - reused,
                    "cluster_token_shards_reused": reused, "cluster_tokens": n_tokens,
-                   "cluster_vocabulary": n_terms, "cluster_tokenize_seconds": t1 - t0,
+                   "cluster_vocabulary": n_terms, "cluster_partition_seconds": t_partition,
+                   "cluster_tokenize_seconds": t1 - t0,
                    "cluster_merge_index_seconds": time.perf_counter() - t1}

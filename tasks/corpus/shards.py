@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -178,6 +179,95 @@ def read_rows_by_id(path: Path, key: str, ids: Sequence[int], columns: list[str]
         table = parquet.read_row_group(rg, columns=columns).select(columns)
         parts.append(table.filter(pc.is_in(table.column(key), value_set=pa.array(wanted[a:b]))))
     return pa.concat_tables(parts)
+
+
+# ------------------------------------------------------------------ documents by cluster shard
+DOC_COLUMNS = ["doc_id", "title", "text"]
+
+
+def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_dir: str) -> int:
+    """Documents ``lo <= doc_id < hi`` split by the cluster shard of each (a worker-process call):
+    ``out_dir/<shard:06d>/<lo:010d>.parquet`` (``doc_id``, ``title``, ``text``; doc-id order;
+    uncompressed: a scratch file read once) for every shard with a member in the range.
+
+    ``shard_of_doc`` is an ``.npy`` int32 array ``(n_docs,)``: the shard index of each document,
+    -1 for none. Reads one contiguous ``doc_id`` range (:func:`read_doc_range`: row groups by their
+    statistics); memory: that range's text. Writes are atomic (a retried task rewrites the same
+    bytes). Returns the rows written."""
+    table = read_doc_range(Path(ingest_dir), lo, hi, DOC_COLUMNS)
+    shard = np.load(shard_of_doc, mmap_mode="r")[lo:hi].astype(np.int64)
+    order = np.argsort(shard, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, shard[order][1:] != shard[order][:-1]]) if shard.size else np.zeros(0, np.int64)
+    written = 0
+    for a, b in zip(bounds.tolist(), [*bounds[1:].tolist(), shard.size]):
+        k = int(shard[order[a]])
+        if k < 0:
+            continue
+        rows = table.take(pa.array(np.sort(order[a:b])))
+        path = Path(out_dir) / f"{k:06d}" / f"{lo:010d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+        pq.write_table(rows, tmp, compression="none")
+        os.replace(tmp, path)
+        written += rows.num_rows
+    return written
+
+
+def partition_documents(ingest_dir: Path, ranges: list[tuple[int, int]], cluster_ids: np.ndarray,
+                        doc_ids: np.ndarray, out_dir: Path, submit: Callable[..., Any], docs_per_range: int,
+                        window: int = 8) -> list[Path]:
+    """Each cluster shard's member documents in a directory of its own, in one pass over
+    ``documents.parquet`` (a shuffle by cluster range), before the segment or cluster-token shards.
+
+    Why: a shard's members are spread over every row group of ``documents.parquet`` (clusters
+    follow the link graph, ``doc_id`` follows titles), so a shard that reads its members from it
+    decodes ~all the article text; at 1M pages that was 3.0–3.8 CPU s a shard, and at full scale
+    (~227 shards × 20 GB of text) ~70% of the segment and cluster-index CPU. Here ``doc_id``
+    ranges of ``docs_per_range`` documents are read once each, in parallel through ``submit``
+    (:func:`partition_range`), and every shard then reads only its own rows
+    (:func:`read_shard_documents`).
+
+    Parameters
+    ----------
+    ranges : ``[(lo, hi)]`` cluster-id ranges of the shards (:func:`read_cluster_ranges`).
+    cluster_ids, doc_ids : ``(n_members,)`` the members' clusters and documents.
+    out_dir : a scratch directory (on storage the workers share); the caller removes it.
+
+    Returns ``[out_dir/<shard:06d>]``, one a range (a shard without documents: a missing directory).
+
+    Raises
+    ------
+    ValueError
+        A member's cluster is in no range; the rows written differ from the members.
+    """
+    n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
+    starts = np.array([lo for lo, _ in ranges], np.int64)
+    shard = np.searchsorted(starts, np.asarray(cluster_ids, np.int64), side="right") - 1
+    if cluster_ids.size and (shard.min() < 0 or np.any(np.asarray(cluster_ids) >= np.array([hi for _, hi in ranges])[shard])):
+        raise ValueError(f"{ingest_dir}: cluster members fall outside the shards' cluster ranges")
+    shard_of_doc = np.full(n_docs, -1, np.int32)
+    shard_of_doc[np.asarray(doc_ids, np.int64)] = shard
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    np.save(out_dir / "shard_of_doc.npy", shard_of_doc)
+    calls = [(partition_range, str(ingest_dir), lo, hi, str(out_dir / "shard_of_doc.npy"), str(out_dir))
+             for lo, hi in doc_shards(n_docs, docs_per_range)]
+    written = sum(ordered_results(submit, calls, window))
+    if written != int(np.count_nonzero(shard_of_doc >= 0)):
+        raise ValueError(f"{out_dir}: {written} documents partitioned, {int(np.count_nonzero(shard_of_doc >= 0))} expected")
+    return [out_dir / f"{k:06d}" for k in range(len(ranges))]
+
+
+def read_shard_documents(ingest_dir: str, docs_dir: str | None, wanted: Sequence[int]) -> pa.Table:
+    """The documents ``wanted`` (sorted ids) of one shard, sorted by ``doc_id``: from the shard's
+    partition ``docs_dir`` (:func:`partition_documents`) when given, else from
+    ``documents.parquet`` (:func:`read_rows_by_id`: every row group with a wanted id is decoded)."""
+    if docs_dir is None:
+        return read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted, DOC_COLUMNS).sort_by("doc_id")
+    files = sorted(Path(docs_dir).glob("*.parquet")) if Path(docs_dir).is_dir() else []
+    parts = [pq.read_table(f) for f in files]
+    table = pa.concat_tables(parts) if parts else C.DOCUMENTS.schema.empty_table().select(DOC_COLUMNS)
+    return table.sort_by("doc_id")
 
 
 TOKENS_SHARD_VERSION = "1"
@@ -360,7 +450,7 @@ def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: Segme
 
 
 def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
-                  mirror: str | None, cache_dir: str) -> tuple[str, int, bool]:
+                  mirror: str | None, cache_dir: str, docs_dir: str | None = None) -> tuple[str, int, bool]:
     """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
     cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them, written to
     ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.parquet``.
@@ -369,15 +459,15 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     was already complete (the shard's members, texts and token counts are unchanged). The rows go
     back through the files rather than through ``submit``, so the coordinator reads one shard's
     rows at a time however many shards are in flight. Reads only the shard's members (Parquet
-    filters), their documents and their window token counts (:func:`read_rows_by_id`: memory
-    bounded by a row group, not by the files).
+    filters), their documents (from ``docs_dir``, the shard's partition by
+    :func:`partition_documents`, else by id from ``documents.parquet``) and their window token
+    counts (:func:`read_rows_by_id`: memory bounded by a row group, not by the files).
     """
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename,
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by(
                                 [("cluster_id", "ascending"), ("position", "ascending")])
     wanted = sorted(set(members.column("doc_id").to_pylist()))
-    docs = read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted,
-                           ["doc_id", "title", "text"]).sort_by("doc_id")
+    docs = read_shard_documents(ingest_dir, docs_dir, wanted)
     tokens = read_rows_by_id(Path(tokens_dir) / C.WINDOW_TOKENS.filename, "doc_id", wanted,
                              C.WINDOW_TOKENS.schema.names).sort_by("doc_id")
     doc_ids = docs.column("doc_id").to_numpy()
@@ -415,20 +505,21 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
                         mirror: Path | None, submit: Callable[..., Any], tokens_per_shard: int, window: int = 8,
-                        cache_dir: Path | None = None) -> dict[str, Any]:
+                        cache_dir: Path | None = None, docs_per_range: int = 20_000) -> dict[str, Any]:
     """:func:`tasks.corpus.stages.run_segment` over cluster-id ranges segmented through ``submit``.
 
     Shards are ranges of whole clusters of at most ``tokens_per_shard`` tokens (content-defined
     cuts, :func:`cluster_ranges`); their rows are written in cluster order, so ``document_units.parquet``
     and ``passages.parquet`` are byte-identical to the one-process stage's. The coordinator checks
     the members (every document in exactly one cluster) and reads the shards' rows back from
-    their files one shard at a time (at most ``window`` shards in flight). Each shard reads its documents by id (:func:`read_rows_by_id`, one row group at a time:
-    a worker's memory does not grow with the dump); with clusters spread over the doc ids that reads
-    most row groups of ``documents.parquet`` once per shard, so at full scale shards should be
-    large (tens of millions of tokens) to keep that I/O down. With ``cache_dir`` (shared by the
+    their files one shard at a time (at most ``window`` shards in flight). The shards' documents
+    are first split by shard in one parallel pass over ``documents.parquet`` of ``docs_per_range``
+    documents a task (:func:`partition_documents`, a scratch directory removed after), so each
+    shard reads its own documents only, not every row group. With ``cache_dir`` (shared by the
     workers) a shard whose members, texts and token counts are unchanged reuses its rows; the
     summary's ``shards_reused`` / ``shards_built`` say how many. Without it the shards' rows pass
-    through ``out_dir/.segment-shards`` (removed after).
+    through ``out_dir/.segment-shards`` (removed after). Summary: counts, shards, the partition's
+    and the whole stage's seconds.
     """
     t0 = time.perf_counter()
     n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
@@ -438,10 +529,16 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     check_members(cids, members.column("doc_id").to_numpy(), n_docs)
     ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
     rows_dir = Path(out_dir) / ".segment-shards" if cache_dir is None else Path(cache_dir)
-    calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
-              str(mirror) if mirror else None, str(rows_dir)) for lo, hi in ranges]
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".documents-by-shard-", dir=rows_dir))
     n_units = n_passages = unit_tokens = n_empty = reused = 0
     try:
+        docs_dirs = partition_documents(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), scratch, submit,
+                                        docs_per_range, window)
+        del members
+        t_partition = time.perf_counter() - t0
+        calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
+                  str(mirror) if mirror else None, str(rows_dir), str(d)) for (lo, hi), d in zip(ranges, docs_dirs)]
         with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
             for kept, empty, hit in ordered_results(submit, calls, window):
                 units = pq.read_table(Path(kept) / "units.parquet")
@@ -455,6 +552,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
                 del passages
                 n_empty, reused = n_empty + empty, reused + hit
     finally:
+        shutil.rmtree(scratch, ignore_errors=True)
         if cache_dir is None:
             shutil.rmtree(rows_dir, ignore_errors=True)
     if n_empty:
@@ -462,4 +560,4 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     return {"document_units": n_units, "passages": n_passages,
             "mean_unit_tokens": unit_tokens / n_units if n_units else 0.0,
             "articles_without_passages": n_empty, "shards": len(ranges), "shards_reused": reused,
-            "shards_built": len(ranges) - reused, "seconds": time.perf_counter() - t0}
+            "shards_built": len(ranges) - reused, "partition_seconds": t_partition, "seconds": time.perf_counter() - t0}
