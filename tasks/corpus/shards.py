@@ -197,10 +197,11 @@ def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_di
     table = read_doc_range(Path(ingest_dir), lo, hi, DOC_COLUMNS)
     shard = np.load(shard_of_doc, mmap_mode="r")[lo:hi].astype(np.int64)
     order = np.argsort(shard, kind="stable")
-    bounds = np.flatnonzero(np.r_[True, shard[order][1:] != shard[order][:-1]]) if shard.size else np.zeros(0, np.int64)
+    grouped = shard[order]
+    bounds = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if shard.size else np.zeros(0, np.int64)
     written = 0
     for a, b in zip(bounds.tolist(), [*bounds[1:].tolist(), shard.size]):
-        k = int(shard[order[a]])
+        k = int(grouped[a])
         if k < 0:
             continue
         rows = table.take(pa.array(np.sort(order[a:b])))
