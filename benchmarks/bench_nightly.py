@@ -48,7 +48,8 @@ def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path, **_: in
     mb = summary.uncompressed_bytes / 1e6
     coordinator = own.ru_utime + own.ru_stime
     return {"workers": workers, "pages": summary.records, "documents": summary.documents, "xml_mb": mb,
-            "wall_s": wall, "cpu_s": cpu, "coordinator_cpu_s": coordinator, "workers_cpu_s": cpu - coordinator,
+            "wall_s": wall, "pass2_wall_s": summary.pass2_seconds, "cpu_s": cpu, "coordinator_cpu_s": coordinator,
+            "workers_cpu_s": cpu - coordinator,
             "mb_per_wall_s": mb / wall, "mb_per_core_s": mb / wall / workers, "mb_per_cpu_s": mb / cpu,
             "mb_per_worker_cpu_s": mb / (cpu - coordinator), "mb_per_coordinator_cpu_s": mb / coordinator,
             "coordinator_peak_rss_mb": own.ru_maxrss / 1024, "worker_peak_rss_mb": kids.ru_maxrss / 1024,

@@ -119,3 +119,141 @@ def test_documents_row_groups_are_cut_by_rows_or_characters(tmp_path):
     meta = pq.ParquetFile(Path(tmp_path / "out" / "documents.parquet")).metadata
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == expected
     assert len(expected) > 5
+
+
+def _shards(tmp_path: Path, n: int, shard_size: int, seed: int = 5) -> tuple[ShardWriter, dict]:
+    rng = random.Random(seed)
+    titles = list(dict.fromkeys(_title(rng) for _ in range(n)))
+    writer = ShardWriter(tmp_path, shard_size)
+    pages = {}
+    for i, title in enumerate(titles):
+        pages[title] = (title, f"text {i}", i, "src", [_title(rng)])
+        writer.add(*pages[title])
+    writer.flush()
+    return writer, pages
+
+
+def _rows(blocks) -> list[tuple]:
+    return [row for b in blocks for row in zip(*(b.column(n).to_pylist() for n in b.column_names))]
+
+
+def test_block_merge_with_bounds_yields_one_block_per_title_window(tmp_path):
+    writer, pages = _shards(tmp_path, 500, 9)
+    order = sorted(pages)
+    bounds = order[49::50] + ([order[-1]] if len(order) % 50 else [])
+    bounds.insert(3, bounds[2])                       # an empty window is skipped, not yielded
+    blocks = list(merge_shards(writer.paths, writer.group_rows, fan_in=4, bounds=bounds))
+    assert _rows(blocks) == [pages[t] for t in order]
+    assert [b.num_rows for b in blocks] == [50] * (len(order) // 50) + ([len(order) % 50] if len(order) % 50 else [])
+    assert [b.column("title")[b.num_rows - 1].as_py() for b in blocks] == [b for i, b in enumerate(bounds) if i != 3]
+
+
+def test_block_merge_raises_on_a_title_after_the_last_bound(tmp_path):
+    writer, pages = _shards(tmp_path, 100, 10)
+    order = sorted(pages)
+    with pytest.raises(AssertionError, match="after the last merge bound"):
+        list(merge_shards(writer.paths, writer.group_rows, bounds=[order[10], order[-2]]))
+
+
+def test_merge_runs_through_submit_in_other_processes(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    writer, pages = _shards(tmp_path, 300, 4)                 # ~70 shards, fan-in 8: two run levels
+    level1 = -(-len(writer.paths) // 8)
+    assert 8 < level1 <= 64 and len(writer.paths) > 64
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        submitted = []
+
+        def submit(fn, *args):
+            submitted.append(fn.__name__)
+            return pool.submit(fn, *args)
+
+        blocks = list(merge_shards(writer.paths, writer.group_rows, fan_in=8, submit=submit))
+    assert _rows(blocks) == [pages[t] for t in sorted(pages)]
+    assert submitted == ["merge_run"] * (level1 + 2)           # shards -> runs -> 2 runs -> merged here
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-01-00000.parquet", "run-01-00001.parquet"]
+
+
+def test_a_failed_merge_run_is_raised_after_the_others_finish(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    writer, _ = _shards(tmp_path, 200, 5)
+    writer.paths[7].write_bytes(b"not parquet")
+    finished = []
+
+    def submit(fn, *args):
+        future = pool.submit(fn, *args)
+        future.add_done_callback(lambda f: finished.append(f.exception() is None))
+        return future
+
+    with ThreadPoolExecutor(2) as pool, pytest.raises(Exception, match="Parquet|parquet|magic"):
+        list(merge_shards(writer.paths, writer.group_rows, fan_in=8, submit=submit))
+        assert False, "not reached"
+    assert len(finished) == -(-len(writer.paths) // 8) and finished.count(False) == 1   # all waited for
+
+
+def test_write_behind_keeps_order_and_raises_the_first_error():
+    import threading
+
+    from tasks.corpus.ingest.run import _WriteBehind
+
+    seen, main = [], threading.get_ident()
+
+    def write(i):
+        assert threading.get_ident() != main
+        if i == 5:
+            raise ValueError("block 5 is bad")
+        seen.append(i)
+
+    with pytest.raises(ValueError, match="block 5"):
+        with _WriteBehind(depth=2) as writes:
+            for i in range(20):
+                writes.submit(write, i)
+    assert seen == [0, 1, 2, 3, 4]
+    with _WriteBehind(depth=3) as writes:
+        for i in range(6, 12):
+            writes.submit(write, i)
+    assert seen == list(range(5)) + list(range(6, 12))
+
+
+def test_ingest_error_in_a_background_write_leaves_no_artifact(tmp_path, monkeypatch):
+    from data_contracts.base import ContractWriter
+
+    path = tmp_path / "pages.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(50):
+            fh.write(json.dumps({"title": f"T{i:03d}", "text": "word " * 30}) + "\n")
+    real_write = ContractWriter.write
+
+    def failing(self, table):
+        if self.contract.name == "documents":
+            raise OSError("disk full while writing documents")
+        return real_write(self, table)
+
+    monkeypatch.setattr(ContractWriter, "write", failing)
+    with pytest.raises(OSError, match="disk full"):
+        ingest([path], tmp_path / "out", IngestConfig(format="jsonl"))
+    assert not list((tmp_path / "out").glob("*.parquet"))
+
+
+def test_pass2_block_sizes_and_fan_in_do_not_change_the_artifacts(tmp_path, monkeypatch, data_mirror):
+    """All of Wikispeedia (4,598 articles, 119,879 links): the default pass 2 against tiny merge
+    blocks and link batches (boundaries inside every documents row group) and a fan-in of 3 over
+    41 shards (run files in two levels): the same bytes."""
+    from data_contracts.base import sha256_file
+    from funnelrag.datasets import resolve
+    import tasks.corpus.ingest.run as run
+    import tasks.corpus.ingest.shards as shards
+
+    inputs = [resolve("wikispeedia-articles", data_mirror), resolve("wikispeedia-graph", data_mirror)]
+    base = ingest(inputs, tmp_path / "a", IngestConfig(format="wikispeedia"))
+    monkeypatch.setattr(run, "MERGE_BLOCK_DOCS", 37)
+    monkeypatch.setattr(run, "LINK_RESOLVE_DOCS", 101)
+    real_merge = shards.merge_shards
+    monkeypatch.setattr(run, "merge_shards", lambda paths, rows, **kw: real_merge(paths, rows, fan_in=3, **kw))
+    small = ingest(inputs, tmp_path / "b", IngestConfig(format="wikispeedia", shard_size=113))
+    assert base.shards == 1 and small.shards == 41 and base.links > 100_000
+    assert base.link_counts == small.link_counts
+    for name in ("documents", "links", "redirects", "ingest_report"):
+        assert sha256_file(tmp_path / "a" / f"{name}.parquet") == sha256_file(tmp_path / "b" / f"{name}.parquet")

@@ -139,7 +139,12 @@ class IngestSummary:
     shards : int
         Temporary pass-1 shards written.
     seconds, cpu_seconds : float
-        Wall-clock and process CPU time of the call.
+        Wall-clock and process CPU time of the call (all threads of the calling process; not the
+        worker processes of a parallel ingest).
+    pass2_seconds : float
+        Wall-clock seconds from the end of pass 1 to the published artifacts: redirect
+        resolution, the shard merge, link resolution and the Parquet writes — the serial part
+        of a parallel ingest.
     outputs : dict
         ``{artifact name: path}`` of the written files.
     pieces : dict
@@ -161,6 +166,7 @@ class IngestSummary:
     seconds: float
     cpu_seconds: float
     outputs: dict[str, Path] = field(default_factory=dict)
+    pass2_seconds: float = 0.0
     pieces: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,8 +17,9 @@ import itertools
 import logging
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
@@ -48,6 +49,8 @@ _REPORT_BATCH = 20_000
 DOC_GROUP_ROWS = 4_096          # a documents row group ends after this many rows ...
 DOC_GROUP_BYTES = 8 * 1024 * 1024  # ... or this many characters of text (bounds pass-2 memory)
 _LINK_BATCH = 200_000
+MERGE_BLOCK_DOCS = 1_024   # documents of one merged block in pass 2 (merge bounds: every 1,024th kept title)
+LINK_RESOLVE_DOCS = 4_096   # documents whose links are resolved together (distinct targets looked up once)
 _PROGRESS_EVERY = 100_000
 _LINK_CACHE = 500_000  # distinct raw link targets remembered (cleared when full)
 _REPORT_FIELDS = [f.name for f in INGEST_REPORT.schema]
@@ -122,6 +125,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         if submit is not None:
             state.parallel = (submit, streams_per_piece, window, piece_cache)
         uncompressed = state.run(inputs)
+        pass2_start = time.perf_counter()
         kept = sorted(t for t, s in state.titles.items() if s == KEPT)
         title_to_id = dict(zip(kept, range(len(kept))))
         rows, resolved = resolve_redirects(state.redirects, title_to_id, state.titles)
@@ -144,7 +148,8 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         redirect_status=dict(sorted(Counter(r[2] for r in rows).items())), link_counts=counts,
         input_bytes=sum(p.stat().st_size for p in inputs), uncompressed_bytes=uncompressed,
         shards=len(state.shards.paths), seconds=time.perf_counter() - wall0,
-        cpu_seconds=time.process_time() - cpu0, outputs=outputs, pieces=dict(sorted(state.pieces.items())))
+        cpu_seconds=time.process_time() - cpu0, outputs=outputs, pieces=dict(sorted(state.pieces.items())),
+        pass2_seconds=time.perf_counter() - pass2_start)
     logger.info("ingest %s: %d documents, %d redirects, %d links, skipped %s (%.1f s)", cfg.format,
                 summary.documents, summary.redirects, summary.links, summary.skipped, summary.seconds)
     return summary
@@ -280,11 +285,16 @@ def _second_pass(state: _FirstPass, kept: list[str], title_to_id: dict[str, int]
                  docs, links) -> None:
     """Pass 2: merge shards in title order, write documents and resolved, deduplicated links.
 
-    Documents go out in row groups cut after :data:`DOC_GROUP_ROWS` rows or
-    :data:`DOC_GROUP_BYTES` characters of text, whichever comes first (a function of the
-    documents only, so the file does not depend on ``shard_size``). Texts go from the shards to
-    ``documents.parquet`` as Arrow arrays; links are resolved a merged block at a time
-    (:func:`_resolve_links`).
+    The shards are merged in blocks of :data:`MERGE_BLOCK_DOCS` kept titles (merge bounds taken
+    from ``kept``; with more than ``FAN_IN`` shards the runs are merged first, in the workers
+    when the ingest has a ``submit``). Documents go out in row groups cut after
+    :data:`DOC_GROUP_ROWS` rows or :data:`DOC_GROUP_BYTES` characters of text, whichever comes
+    first (a function of the documents only, so the file does not depend on ``shard_size`` or
+    the block size). Texts go from the shards to ``documents.parquet`` as Arrow arrays; links
+    are resolved :data:`LINK_RESOLVE_DOCS` documents at a time (:func:`_resolve_links`: each
+    distinct target of the batch is looked up once). The Parquet writes (zstd compression, which
+    releases the GIL) run on one background thread, in order, at most two behind
+    (:class:`_WriteBehind`), while this thread merges and resolves the next block.
     """
     doc_id = 0
     group: list[pa.Table] = []   # documents of the row group being filled
@@ -292,43 +302,103 @@ def _second_pass(state: _FirstPass, kept: list[str], title_to_id: dict[str, int]
     src_parts: list[np.ndarray] = []
     dst_parts: list[np.ndarray] = []
     n_links = 0
-    for block in merge_shards(state.shards.paths, state.shards.group_rows):
-        n = block.num_rows
-        titles = block.column("title").to_pylist()
-        if titles != kept[doc_id:doc_id + n]:
-            bad = next(i for i, t in enumerate(titles) if doc_id + i >= len(kept) or kept[doc_id + i] != t)
-            raise AssertionError(f"shard merge out of order at {titles[bad]!r}")
-        table = pa.table({"doc_id": pa.array(np.arange(doc_id, doc_id + n, dtype=np.int32)),
-                          **{name: block.column(name) for name in ("title", "text", "page_id", "source")}})
-        src, dst = _resolve_links(block.column("links"), doc_id, title_to_id, resolved, state)
-        src_parts.append(src)
-        dst_parts.append(dst)
-        n_links += len(src)
-        if n_links >= _LINK_BATCH:
-            links.write({"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
-            src_parts, dst_parts, n_links = [], [], 0
-        chars = pc.utf8_length(block.column("text")).to_numpy()
-        start = 0
-        while start < n:   # cut row groups exactly where the row-at-a-time rule would
-            cumulative = np.cumsum(chars[start:], dtype=np.int64) + group_chars
-            cut = min(start + DOC_GROUP_ROWS - group_rows - 1,
-                      start + int(np.searchsorted(cumulative, DOC_GROUP_BYTES, side="left")))
-            if cut >= n:
-                group.append(table.slice(start))
-                group_rows += n - start
-                group_chars = int(cumulative[-1])
-                break
-            group.append(table.slice(start, cut + 1 - start))
-            docs.write(pa.concat_tables(group))
-            group, group_rows, group_chars = [], 0, 0
-            start = cut + 1
-        doc_id += n
-    if group:
-        docs.write(pa.concat_tables(group))
-    if n_links:
-        links.write({"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
+    pending_links: list[pa.ChunkedArray] = []   # link targets of documents link_first, ... not resolved yet
+    link_first = n_pending = 0
+    bounds = kept[MERGE_BLOCK_DOCS - 1::MERGE_BLOCK_DOCS]
+    if kept and len(kept) % MERGE_BLOCK_DOCS:
+        bounds.append(kept[-1])
+    submit = state.parallel[0] if state.parallel else None
+    with _WriteBehind() as writes:
+        for block in merge_shards(state.shards.paths, state.shards.group_rows, bounds=bounds, submit=submit):
+            n = block.num_rows
+            titles = block.column("title").to_pylist()
+            if titles != kept[doc_id:doc_id + n]:
+                bad = next(i for i, t in enumerate(titles) if doc_id + i >= len(kept) or kept[doc_id + i] != t)
+                raise AssertionError(f"shard merge out of order at {titles[bad]!r}")
+            table = pa.table({"doc_id": pa.array(np.arange(doc_id, doc_id + n, dtype=np.int32)),
+                              **{name: block.column(name) for name in ("title", "text", "page_id", "source")}})
+            pending_links.append(block.column("links"))
+            n_pending += n
+            if n_pending >= LINK_RESOLVE_DOCS or doc_id + n == len(kept):
+                src, dst = _resolve_links(pa.chunked_array([c for a in pending_links for c in a.chunks],
+                                                           type=block.schema.field("links").type),
+                                          link_first, title_to_id, resolved, state)
+                pending_links, link_first, n_pending = [], doc_id + n, 0
+                src_parts.append(src)
+                dst_parts.append(dst)
+                n_links += len(src)
+                if n_links >= _LINK_BATCH:
+                    writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts),
+                                                "dst_doc_id": np.concatenate(dst_parts)})
+                    src_parts, dst_parts, n_links = [], [], 0
+            chars = pc.utf8_length(block.column("text")).to_numpy()
+            start = 0
+            while start < n:   # cut row groups exactly where the row-at-a-time rule would
+                cumulative = np.cumsum(chars[start:], dtype=np.int64) + group_chars
+                cut = min(start + DOC_GROUP_ROWS - group_rows - 1,
+                          start + int(np.searchsorted(cumulative, DOC_GROUP_BYTES, side="left")))
+                if cut >= n:
+                    group.append(table.slice(start))
+                    group_rows += n - start
+                    group_chars = int(cumulative[-1])
+                    break
+                group.append(table.slice(start, cut + 1 - start))
+                writes.submit(docs.write, pa.concat_tables(group))
+                group, group_rows, group_chars = [], 0, 0
+                start = cut + 1
+            doc_id += n
+        if doc_id != len(kept):   # the last batch of links is resolved at the last kept title
+            raise AssertionError(f"{len(kept)} kept titles but {doc_id} documents merged")
+        if group:
+            writes.submit(docs.write, pa.concat_tables(group))
+        if n_links:
+            writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
     if len(title_to_id) != docs.rows_written:
         raise AssertionError(f"{len(title_to_id)} kept titles but {docs.rows_written} documents merged")
+
+
+class _WriteBehind:
+    """Calls handed to one background thread, run in the order given, at most ``depth`` not yet
+    finished (so at most ``depth`` blocks are held for it). Used for Parquet writes, whose encoding
+    and compression release the GIL. After a call fails, the calls queued behind it are skipped;
+    the first error is raised by the next :meth:`submit` or on leaving the ``with`` block; leaving
+    it on an error waits for the thread and keeps that error."""
+
+    def __init__(self, depth: int = 2):
+        self.depth = depth
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-write")
+        self._pending: deque = deque()
+        self._failed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        while len(self._pending) >= self.depth:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(self._call, fn, args))
+
+    def _call(self, fn: Callable[..., Any], args: tuple) -> None:
+        if self._failed:
+            return
+        try:
+            fn(*args)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def __enter__(self) -> "_WriteBehind":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            while self._pending:
+                future = self._pending.popleft()
+                if exc_type is None:
+                    future.result()
+                else:
+                    future.exception()   # wait; the error being raised is the one to report
+        finally:
+            for future in self._pending:
+                future.exception()
+            self._pool.shutdown(wait=True)
 
 
 def _resolve_links(targets: pa.ChunkedArray, first_doc: int, title_to_id: dict[str, int], resolved: dict[str, int],
