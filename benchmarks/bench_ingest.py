@@ -30,6 +30,7 @@ from pathlib import Path
 from funnelrag.datasets import default_mirror, resolve
 from tasks.corpus.ingest import IngestConfig, clean_wikitext, extract_link_targets, ingest
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
+from tasks.corpus.shards import status_mb
 
 
 def _cpu() -> float:
@@ -154,8 +155,7 @@ def bench_piece(dump: Path, index: int, repeats: int) -> None:
 
 def _child(path: str, shard_size: str, out: str) -> None:
     s = ingest([Path(path)], Path(out), IngestConfig(format="mediawiki", shard_size=int(shard_size)))
-    # VmHWM: peak RSS of this process image (ru_maxrss would carry the parent's over execve)
-    rss_mb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
+    rss_mb = status_mb("VmHWM")   # this process image's peak (ru_maxrss would carry the parent's over execve)
     print(json.dumps({"rss_mb": rss_mb, "shards": s.shards, "cpu": s.cpu_seconds, "documents": s.documents}))
 
 

@@ -36,12 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.corpus.shards import status_mb
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def _status_mb(field: str) -> float:
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
-    return int(line.split()[1]) / 1024
 
 
 def _warm() -> None:
@@ -60,10 +57,10 @@ def _warm() -> None:
 def _measured(step) -> dict:
     """Run ``step()``; its result dict plus the peak RSS over the start (MB) and CPU seconds."""
     Path("/proc/self/clear_refs").write_text("5")
-    base, r0 = _status_mb("VmRSS"), resource.getrusage(resource.RUSAGE_SELF)
+    base, r0 = status_mb("VmRSS"), resource.getrusage(resource.RUSAGE_SELF)
     out = step()
     r1 = resource.getrusage(resource.RUSAGE_SELF)
-    return {**out, "base_mb": base, "peak_over_base_mb": _status_mb("VmHWM") - base,
+    return {**out, "base_mb": base, "peak_over_base_mb": status_mb("VmHWM") - base,
             "cpu_s": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime}
 
 
@@ -124,12 +121,12 @@ def _reuse_task(call: tuple, release: bool) -> dict:
     from tasks.corpus.shards import release_memory  # noqa: PLC0415
 
     Path("/proc/self/clear_refs").write_text("5")
-    start = _status_mb("VmRSS")
+    start = status_mb("VmRSS")
     call[0](*call[1:])
-    peak = _status_mb("VmHWM")
+    peak = status_mb("VmHWM")
     if release:
         release_memory()
-    return {"start_mb": start, "peak_mb": peak, "end_mb": _status_mb("VmRSS")}
+    return {"start_mb": start, "peak_mb": peak, "end_mb": status_mb("VmRSS")}
 
 
 def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, tmp: Path) -> dict:

@@ -59,21 +59,14 @@ def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path, **_: in
 def _stage_peak_rss_mb(reset: bool = False) -> float | None:
     """This process's peak RSS since the last reset (Linux ``VmHWM``, reset through
     ``/proc/self/clear_refs``); None where that is not available."""
+    from tasks.corpus.shards import status_mb  # noqa: PLC0415 - not in the ingest-only runs' coordinator
+
     if reset:
         try:
             Path("/proc/self/clear_refs").write_text("5")
         except OSError:
             return None
-    return _rss_mb("VmHWM")
-
-
-def _rss_mb(field: str) -> float | None:
-    """``field`` (``VmRSS``, ``VmHWM``) of ``/proc/self/status`` in MB; None where that is not available."""
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith(field + ":"))
+    return status_mb("VmHWM")
 
 
 def _peak_call(fn, *args):
@@ -82,9 +75,10 @@ def _peak_call(fn, *args):
     worker's RSS (MB) when the call starts (what earlier tasks left in that process) and its peak
     RSS (the high-water mark, which the release does not lower)."""
     from flows.runners import shard_call  # noqa: PLC0415
+    from tasks.corpus.shards import status_mb  # noqa: PLC0415
 
     _stage_peak_rss_mb(reset=True)
-    start = _rss_mb("VmRSS")
+    start = status_mb("VmRSS")
     value = shard_call.fn(fn, list(args))
     return value, start, _stage_peak_rss_mb()
 
@@ -128,7 +122,7 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.ingest import IngestConfig  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded  # noqa: PLC0415
+    from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded, status_mb  # noqa: PLC0415
 
     mirror, seg = default_mirror(), SegmentConfig()
     dirs = {k: out / k for k in ("ingest", "tokens", "cluster", "segment", "index")}
@@ -157,7 +151,7 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
         if only and name not in only:
             continue
         _stage_peak_rss_mb(reset=True)
-        start_rss = _rss_mb("VmRSS")
+        start_rss = status_mb("VmRSS")
         t0, (own0, kids0) = time.perf_counter(), _cpu_s()
         # spawned workers, as Prefect's ProcessPoolTaskRunner starts them: a forked worker would
         # count the coordinator's pages (GBs by the later stages) in its own RSS

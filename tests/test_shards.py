@@ -203,29 +203,23 @@ def test_rows_by_id_are_the_filtered_read(tmp_path, statistics):
         read_rows_by_id(path, "doc_id", [1], ["text"])
 
 
-def _rss_mb() -> float:
-    from pathlib import Path
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS from /proc, malloc_trim from glibc")
 def test_release_memory_gives_a_finished_tasks_heap_back():
     """Freed but fragmented malloc memory (what a shard task leaves in a worker) stays in RSS until
     release_memory; afterwards it is back with the OS, the survivors intact."""
     import gc
 
-    from tasks.corpus.shards import release_memory
+    from tasks.corpus.shards import release_memory, status_mb
 
     release_memory()
-    base = _rss_mb()
+    base = status_mb("VmRSS")
     blocks = [bytes(1000) + i.to_bytes(4, "little") for i in range(150_000)]   # ~150 MB of malloc'd blocks
     keep = blocks[::100]                                                         # pins pages all over the heap
     del blocks
     gc.collect()
-    held = _rss_mb()
+    held = status_mb("VmRSS")
     release_memory()
-    released = _rss_mb()
+    released = status_mb("VmRSS")
     assert held - base > 100, (base, held)           # the freed blocks were still resident
     assert held - released > 0.6 * (held - base), (base, held, released)
     assert all(b[1000:] == (100 * i).to_bytes(4, "little") for i, b in enumerate(keep))

@@ -60,6 +60,19 @@ def release_memory() -> None:
         trim(0)
 
 
+def status_mb(field: str) -> float | None:
+    """A memory field of this process from Linux ``/proc/self/status`` in MB (2**20 bytes):
+    ``VmRSS`` (resident now), ``VmHWM`` (peak resident since start or since ``5`` was written to
+    ``/proc/self/clear_refs``). ``None`` off Linux or when the field is not there. Benchmarks use it
+    for the peak RSS of one process image (``ru_maxrss`` carries a parent's peak over ``execve``)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    prefix = field + ":"
+    return next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith(prefix)), None)
+
+
 @functools.lru_cache(maxsize=1)
 def _malloc_trim():
     """glibc's ``malloc_trim`` (None off Linux or without glibc, e.g. musl)."""

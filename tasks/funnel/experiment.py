@@ -474,11 +474,13 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     selected = None
     if c.validation is not None and ({"validation", "report"} & set(parts) or
                                      (c.distill_select and {"answer_only", "l2g"} & set(parts))):
-        done["validation"] = exp.validation(train, data, exp.labels("labels_answer_only", data, None))
+        done["labels_answer_only"] = exp.labels("labels_answer_only", data, None)
+        done["validation"] = exp.validation(train, data, done["labels_answer_only"])
         selected = done["validation"] if c.distill_select else None
     if {"answer_only", "report"} & set(parts):
-        done["answer_only"] = exp.distill("distill_answer_only", data, exp.labels("labels_answer_only", data, None),
-                                          selected)
+        if "labels_answer_only" not in done:
+            done["labels_answer_only"] = exp.labels("labels_answer_only", data, None)
+        done["answer_only"] = exp.distill("distill_answer_only", data, done["labels_answer_only"], selected)
     if {"reader", "l2g", "postrank", "report"} & set(parts):
         reader_data, done["reader"] = exp.reader(q)
     if {"reader", "report"} & set(parts):
