@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
+from lxml import etree
 
 from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
@@ -231,3 +232,39 @@ def test_duplicate_title_and_oversize(dump_parts, tmp_path):
     assert report[i]["reason"] == "oversize" and report[i]["n_bytes"] > 100_000
     big = sum(1 for r in report[:206] if r["status"] != "redirect" and r["n_bytes"] > 100_000)
     assert res.skipped["oversize"] == big > 1
+
+
+def _reference_fields(elem) -> tuple:
+    """What ``_page`` read before its one pass over the children: five wildcard searches."""
+    revisions = elem.findall("{*}revision")
+    text_elem = revisions[-1].find("{*}text") if revisions else None
+    redirect = elem.find("{*}redirect")
+    return (elem.findtext("{*}title"), elem.findtext("{*}ns"), elem.findtext("{*}id"),
+            None if text_elem is None else (text_elem.text or ""), None if redirect is None else redirect.get("title"))
+
+
+@pytest.mark.parametrize("xmlns", ['xmlns="http://www.mediawiki.org/xml/export-0.10/"', ""])
+@pytest.mark.parametrize("body, expected", [
+    # title, ns, page id, text, redirect, error
+    (("<title>A</title><ns>0</ns><id>5</id><revision><id>9</id><text>old</text></revision>"
+      "<revision><id>10</id><text>new</text></revision>"), ("A", 0, 5, "new", None, None)),
+    (("<!-- c --><title>A</title><title>B</title><ns>0</ns><id>5</id><revision><!-- c --><text>t</text>"
+      "<text>u</text></revision>"), ("A", 0, 5, "t", None, None)),
+    (("<title>A</title><ns>0</ns><id>5</id><redirect title='B'/><redirect title='C'/><revision><text>x</text>"
+      "</revision>"), ("A", 0, 5, "x", "B", None)),
+    ("<title>A</title><ns>0</ns><id>5</id><revision><text>t</text></revision><revision><id>1</id></revision>",
+     ("A", 0, 5, None, None, "malformed_page")),
+    ("<title/><ns>4</ns><revision><text/></revision>", ("", 4, None, "", None, "malformed_page")),
+    ("<ns>0</ns><id>x</id><title>A</title><revision><text>t</text></revision>",
+     ("A", 0, None, "t", None, "malformed_page")),
+])
+def test_page_fields_are_the_first_child_of_each_name_and_the_last_revision(xmlns, body, expected):
+    """``_page`` walks the children once; it must pick what ``findtext("{*}title")`` & co. picked:
+    the first <title>/<ns>/<id>/<redirect>, the <text> of the last <revision>; comments are not tags."""
+    from tasks.corpus.ingest.mediawiki import _page  # noqa: PLC0415
+
+    elem = etree.fromstring(f"<page {xmlns}>{body}</page>".encode())
+    page = _page(elem, "dump.xml", 3)
+    title, _, _, text, redirect = _reference_fields(elem)
+    assert (page.title, page.text, page.redirect) == (title, text, redirect)
+    assert (page.title, page.namespace, page.page_id, page.text, page.redirect, page.error) == expected

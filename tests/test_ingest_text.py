@@ -9,12 +9,15 @@ from collections import Counter
 
 import mwparserfromhell
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lxml import etree
 
 from funnelrag.datasets import resolve
 from tasks.corpus.ingest import IngestConfig
 from tasks.corpus.ingest.redirects import resolve_redirects
-from tasks.corpus.ingest.titles import classify_link, normalise_title
+from tasks.corpus.ingest.titles import (DEFAULT_NAMESPACES, _PLAIN_TARGET, _classify_general, classify_link,
+                                       normalise_title)
 from tasks.corpus.ingest.wikitext import (clean_wikitext, extract_link_targets, is_disambiguation,
                                    redirect_target, strip_tables, strip_templates)
 
@@ -69,6 +72,25 @@ def test_normalise_title_is_idempotent():
 ])
 def test_classify_link(raw, kind, title):
     assert classify_link(raw) == (kind, title)
+
+
+# Characters each step of the general path treats specially, plus ordinary and case-changing ones.
+_TARGET_ALPHABET = list("aZé ß_&%#:|[]{}<>.,'-()0") + ["\t", "\n", "\xa0", "\u2003", "\x1f", "\x7f", "\ufffd", "ǆ",
+                                                       "ﬁ", "ŉ", "&amp;", "%20", "%C3%A9", "fr:", "File:", "wikt:"]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(_TARGET_ALPHABET), max_size=8).map("".join))
+def test_classify_link_fast_path_equals_the_general_path(raw):
+    """classify_link takes a regex fast path for plain targets: it must return what the step-by-step
+    path returns for every string (the fast path is taken or not; either way the same answer)."""
+    assert classify_link(raw) == _classify_general(raw, DEFAULT_NAMESPACES)
+
+
+def test_classify_link_fast_path_is_taken_for_plain_targets():
+    assert _PLAIN_TARGET("paris Texas") and _PLAIN_TARGET("Ǆemal Bijedić")
+    for raw in (" paris", "paris ", "a  b", "a_b", "a\xa0b", "x:y", "a&amp;b", "a%20b", "a#b", "a|b", ""):
+        assert not _PLAIN_TARGET(raw), raw
 
 
 # ----------------------------------------------------------------------------- wikitext

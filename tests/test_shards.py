@@ -203,6 +203,18 @@ def test_rows_by_id_are_the_filtered_read(tmp_path, statistics):
         read_rows_by_id(path, "doc_id", [1], ["text"])
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status is Linux's")
+def test_status_mb_reads_the_process_memory_fields():
+    from tasks.corpus.shards import status_mb
+
+    rss, peak = status_mb("VmRSS"), status_mb("VmHWM")
+    assert 10 < rss <= peak                      # MB, not kB: a Python process with pyarrow holds tens of MB
+    block = b"\x01" * (64 << 20)                # 64 MB written: resident
+    assert status_mb("VmRSS") - rss > 50 and status_mb("VmHWM") >= status_mb("VmRSS")
+    del block
+    assert status_mb("NoSuchField") is None and status_mb("VmRS") is None   # a prefix is not the field
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS from /proc, malloc_trim from glibc")
 def test_release_memory_gives_a_finished_tasks_heap_back():
     """Freed but fragmented malloc memory (what a shard task leaves in a worker) stays in RSS until

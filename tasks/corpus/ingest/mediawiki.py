@@ -112,11 +112,30 @@ class MediaWikiReader:
 
 
 def _page(elem, source: str, position: int) -> RawPage:
-    title = elem.findtext("{*}title")
-    ns_text = elem.findtext("{*}ns")
-    id_text = elem.findtext("{*}id")
-    revisions = elem.findall("{*}revision")
-    text_elem = revisions[-1].find("{*}text") if revisions else None
+    # One pass over the children (the first <title>/<ns>/<id>/<redirect>, the last <revision>), as
+    # findtext("{*}title") & co. would find them, at about half the cost of five wildcard searches.
+    title = ns_text = id_text = redirect = last_revision = None
+    for child in elem:
+        name = _LOCAL.get(child.tag) or _local_name(child.tag)
+        if name == "revision":
+            last_revision = child
+        elif name == "title":
+            if title is None:
+                title = child.text or ""
+        elif name == "ns":
+            if ns_text is None:
+                ns_text = child.text or ""
+        elif name == "id":
+            if id_text is None:
+                id_text = child.text or ""
+        elif name == "redirect" and redirect is None:
+            redirect = child
+    text_elem = None
+    if last_revision is not None:
+        for child in last_revision:
+            if (_LOCAL.get(child.tag) or _local_name(child.tag)) == "text":
+                text_elem = child
+                break
     text = None if text_elem is None else (text_elem.text or "")
     page = RawPage(source=source, position=position, record=title or f"page #{position}", title=title,
                    text=text, markup=WIKITEXT)
@@ -146,7 +165,6 @@ def _page(elem, source: str, position: int) -> RawPage:
         where = "title" if INVALID_UTF8_MARK in title else f"text at character {text.index(INVALID_UTF8_MARK)}"
         page.detail = f"invalid UTF-8 byte(s) in {where}"
         return page
-    redirect = elem.find("{*}redirect")
     if redirect is not None and redirect.get("title"):
         page.redirect = redirect.get("title")
     elif redirect is not None or text.lstrip()[:9].upper() == "#REDIRECT":
@@ -174,3 +192,16 @@ def _compression_error(raw, limit: int = 32 << 20) -> str | None:
 
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
+
+
+_LOCAL: dict = {}
+"""Tag -> local name (``{ns}title`` -> ``title``), filled as tags are met (a dump has a dozen)."""
+
+
+def _local_name(tag) -> str | None:
+    """Local name of an element tag; ``None`` for comments and processing instructions (their
+    ``tag`` is a function), which ``find("{*}x")`` never matches either."""
+    if not isinstance(tag, str):
+        return None
+    name = _LOCAL[tag] = tag.rsplit("}", 1)[-1]
+    return name

@@ -34,6 +34,11 @@ INTERWIKI_PREFIXES: frozenset[str] = frozenset((
 ))
 _LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:-[a-z0-9]{1,8})*\Z")
 _ILLEGAL = re.compile(r"[\[\]{}<>|\x00-\x1f\x7f\ufffd]")
+# A target that every step of classify_link / normalise_title leaves as it is, but for the first
+# letter: words of characters that are not white space (``\s`` is ``str.isspace``, what
+# ``str.split()`` splits on), ``&%#_:`` or forbidden in titles, one ASCII space between words.
+_WORD = r"[^\s&%#_:\[\]{}<>|\x00-\x1f\x7f\ufffd]+"
+_PLAIN_TARGET = re.compile(rf"{_WORD}(?: {_WORD})*").fullmatch
 
 # Outcomes of :func:`classify_link` (counted in the ingest summary).
 ARTICLE, OTHER_NAMESPACE, INTERWIKI, INVALID = "article", "other_namespace", "interwiki", "invalid"
@@ -104,6 +109,14 @@ def classify_link(raw: str, namespaces: frozenset[str] = DEFAULT_NAMESPACES) -> 
         ``fr:``) or ``"invalid"`` (empty, ``#section`` only, forbidden characters); ``title``
         is ``None`` unless ``kind == "article"``.
     """
+    if _PLAIN_TARGET(raw):   # most targets: only the first letter can change (same result, ~2x faster)
+        first = raw[0].upper()
+        return ARTICLE, first + raw[1:] if len(first) == 1 and first != raw[0] else raw
+    return _classify_general(raw, namespaces)
+
+
+def _classify_general(raw: str, namespaces: frozenset[str]) -> tuple[str, str | None]:
+    """:func:`classify_link` step by step (every target; the fast path must agree with it)."""
     text = raw.strip()
     if text.startswith(":"):
         text = text[1:]
