@@ -205,13 +205,17 @@ def test_rows_by_id_are_the_filtered_read(tmp_path, statistics):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status is Linux's")
 def test_status_mb_reads_the_process_memory_fields():
+    import mmap
+
     from tasks.corpus.shards import status_mb
 
     rss, peak = status_mb("VmRSS"), status_mb("VmHWM")
     assert 10 < rss <= peak                      # MB, not kB: a Python process with pyarrow holds tens of MB
-    block = b"\x01" * (64 << 20)                # 64 MB written: resident
+    block = mmap.mmap(-1, 64 << 20)              # fresh pages (not memory malloc already holds) ...
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1                        # ... each touched: 64 MB more resident
     assert status_mb("VmRSS") - rss > 50 and status_mb("VmHWM") >= status_mb("VmRSS")
-    del block
+    block.close()
     assert status_mb("NoSuchField") is None and status_mb("VmRS") is None   # a prefix is not the field
 
 
