@@ -203,5 +203,7 @@ def _local_name(tag) -> str | None:
     ``tag`` is a function), which ``find("{*}x")`` never matches either."""
     if not isinstance(tag, str):
         return None
-    name = _LOCAL[tag] = tag.rsplit("}", 1)[-1]
+    name = tag.rsplit("}", 1)[-1]
+    if len(_LOCAL) < 1024:   # bounded, whatever tags a damaged dump holds
+        _LOCAL[tag] = name
     return name
