@@ -71,7 +71,7 @@ class MediaWikiReader:
                                      huge_tree=True, remove_comments=True, remove_pis=True)
             try:
                 for _, elem in parser:
-                    if _local(elem.tag) == "siteinfo":
+                    if (_LOCAL.get(elem.tag) or _local_name(elem.tag)) == "siteinfo":
                         self._read_siteinfo(elem)
                     else:
                         page = _page(elem, source, position)
@@ -188,10 +188,6 @@ def _compression_error(raw, limit: int = 32 << 20) -> str | None:
     except (OSError, EOFError) as exc:
         return str(exc) or type(exc).__name__
     return None
-
-
-def _local(tag: str) -> str:
-    return tag.rsplit("}", 1)[-1]
 
 
 _LOCAL: dict = {}
