@@ -6,6 +6,7 @@ with duplicate titles across pieces and an untitled page), and a small synthetic
 from __future__ import annotations
 
 import bz2
+import random
 import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -217,3 +218,85 @@ def test_coordinator_holds_at_most_window_pieces(enwiki_xml, tmp_path, pool):
     submit = _Outstanding(pool)
     ingest([dump], tmp_path / "out", MW, submit=submit, streams_per_piece=2, window=3)
     assert submit.calls == 35 and submit.peak == 3
+
+
+@pytest.fixture()
+def three_streams(tmp_path) -> tuple[Path, list[bytes], bytes]:
+    """A file of three bz2 streams (one ~1 MB, so it spans bz2 blocks), their payloads."""
+    payloads = [b"<page>one</page>", " ".join(str(i * 7919 % 10007) for i in range(200_000)).encode(),
+                b"<page>three</page>"]
+    streams = [bz2.compress(p) for p in payloads]
+    path = tmp_path / "three.bz2"
+    path.write_bytes(b"".join(streams))
+    return path, streams, b"".join(payloads)
+
+
+def test_open_piece_decompresses_every_stream_of_the_range(three_streams):
+    path, streams, payload = three_streams
+    with multistream.open_piece(path, 0, path.stat().st_size) as piece:
+        assert piece.read() == multistream.PIECE_OPEN + payload + multistream.PIECE_CLOSE
+        assert piece.inner_bytes == len(payload)
+    with multistream.open_piece(path, len(streams[0]), len(streams[0]) + len(streams[1])) as piece:
+        assert piece.read()[len(multistream.PIECE_OPEN):-len(multistream.PIECE_CLOSE)] == bz2.decompress(streams[1])
+
+
+@pytest.mark.parametrize("damage", ["garbage between streams", "garbage after the last stream", "bit flip",
+                                    "range ends inside a stream", "file ends inside the range"])
+def test_open_piece_refuses_a_damaged_range(three_streams, damage):
+    """The decoder stops silently at bytes that are not a stream; the piece reader must not."""
+    path, streams, _ = three_streams
+    data, end = bytearray(path.read_bytes()), path.stat().st_size
+    if damage == "garbage between streams":
+        data[len(streams[0]):len(streams[0])] = b"\0" * 16
+        end += 16
+    elif damage == "garbage after the last stream":
+        data += b"xyz"
+        end += 3
+    elif damage == "bit flip":
+        data[len(streams[0]) + len(streams[1]) // 2] ^= 0x10
+    elif damage == "range ends inside a stream":
+        end -= len(streams[2]) // 2
+    else:
+        end += 100
+    path.write_bytes(bytes(data))
+    with pytest.raises((OSError, EOFError)), multistream.open_piece(path, 0, end) as piece:
+        piece.read()
+
+
+def test_garbage_between_streams_of_a_piece_names_the_piece(enwiki_xml, tmp_path, pool):
+    """Bytes that start no stream inside a piece (offsets of the index past them shifted, so the
+    layout is valid): the ingest fails naming the piece, nothing is published."""
+    dump = tmp_path / "gap-multistream.xml.bz2"
+    repack(enwiki_xml, dump, pages_per_stream=20)
+    index = dump.with_name("gap-multistream-index.txt.bz2")
+    offsets = index_offsets(index)
+    data = dump.read_bytes()
+    cut, gap = offsets[3], b"\0" * 16
+    dump.write_bytes(data[:cut] + gap + data[cut:])
+    lines = []
+    for line in bz2.decompress(index.read_bytes()).decode().splitlines():
+        offset, rest = line.split(":", 1)
+        lines.append(f"{int(offset) + len(gap) if int(offset) >= cut else offset}:{rest}")
+    index.write_bytes(bz2.compress(("\n".join(lines) + "\n").encode()))
+    with pytest.raises(IngestError, match=r"piece 1 \(bytes.*not a bz2 stream"):
+        ingest([dump], tmp_path / "out", MW, submit=pool.submit, streams_per_piece=2)
+    assert not (tmp_path / "out" / "documents.parquet").exists()
+
+
+def test_open_piece_frees_the_compressed_bytes(tmp_path):
+    """indexed_bzip2 keeps the file object it reads from after ``close``: the piece reader must
+    free the compressed bytes anyway, or a worker's memory grows by every piece it reads."""
+    from tasks.corpus.shards import status_mb
+    path = tmp_path / "random.bz2"
+    path.write_bytes(bz2.compress(random.Random(3).randbytes(4_000_000)))
+    size = path.stat().st_size
+    for _ in range(2):
+        with multistream.open_piece(path, 0, size) as piece:
+            piece.read()
+    before = status_mb("VmRSS")
+    if before is None:
+        pytest.skip("no /proc/self/status here")
+    for _ in range(8):
+        with multistream.open_piece(path, 0, size) as piece:
+            piece.read()
+    assert status_mb("VmRSS") - before < 2 * size / 2**20   # leaking: 8 x 4 MB
