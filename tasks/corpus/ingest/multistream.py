@@ -162,8 +162,8 @@ def plan_layout(path: Path, streams_per_piece: int, use_index: bool = True) -> L
 class _Bzip2Piece(io.RawIOBase):
     """Decompress the concatenated bz2 streams of bytes ``[start, end)`` of a file, strictly.
 
-    Decoded by ``indexed_bzip2`` with one thread (~20% less CPU than libbz2 on a 39 MB piece:
-    0.81 vs 1.04 s, ``benchmarks/bench_ingest.py --piece``). That decoder, like
+    Decoded by ``indexed_bzip2`` with one thread (~23% less CPU than libbz2 on a 39.3 MB piece of
+    the 1M-page synthetic dump: 0.875 vs 1.141 CPU s, ``benchmarks/bench_ingest.py --piece``). That decoder, like
     :class:`bz2.BZ2File`, stops silently at bytes that do not start a stream; so at the end the
     compressed bits it consumed must be exactly the range's, otherwise the piece is refused. Any
     corrupt or truncated stream raises ``OSError`` (the decoder's ``RuntimeError`` re-raised), so
