@@ -74,12 +74,15 @@ class Contract:
     checks: tuple[Callable[[pa.Table], tuple[str, list[int], str] | None], ...] = field(default=())
 
     # ------------------------------------------------------------------ validation
-    def validate(self, table: pa.Table) -> pa.Table:
+    def validate(self, table: pa.Table, *, unique: bool = True) -> pa.Table:
         """Return ``table`` cast to the contract schema, or raise :class:`ContractViolation`.
 
         Column order is normalised to the schema's; ``large_string`` is cast to ``string``
         (polars ``to_arrow()`` yields ``large_string``). Nulls in non-nullable fields,
         missing or extra columns, failed casts, duplicate keys and failed checks all raise.
+        ``unique=False`` leaves out the hash-based duplicate-key check, for a caller that checks
+        strictly increasing keys instead (:class:`ContractWriter` with ``sorted_keys``), which
+        implies it.
         """
         names = set(table.column_names)
         expected = [f.name for f in self.schema]
@@ -100,7 +103,7 @@ class Contract:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             bad = _first_bad_cast(table, self.schema)
             raise ContractViolation(self.name, bad, [], f"cannot cast to contract type: {exc}") from exc
-        if self.unique and table.num_rows:
+        if unique and self.unique and table.num_rows:
             _check_unique(self.name, table, self.unique)
         for check in self.checks:
             res = check(table)
@@ -230,9 +233,9 @@ class ContractWriter:
             table = pa.Table.from_batches([table])
         if table.num_rows == 0:
             return
-        table = self.contract.validate(table)
+        table = self.contract.validate(table, unique=not self.sorted_keys)
         if self.sorted_keys:
-            self._check_order(table)
+            self._check_order(table)   # strictly increasing: implies unique keys
         self._pending.append(table)
         self._n_pending += table.num_rows
         self.rows_written += table.num_rows
@@ -294,17 +297,39 @@ class ContractWriter:
         self._n_pending = rest.num_rows
 
     def _check_order(self, table: pa.Table) -> None:
+        """Keys strictly increasing within ``table`` and after the previous table's last key.
+
+        One vectorised comparison of each row with the next (O(rows); keys are non-null after
+        :meth:`Contract.validate`); strings compare by UTF-8 bytes, i.e. by code point, as
+        Arrow's sort and Python do.
+
+        Raises
+        ------
+        ContractViolation
+            Naming the first row whose key is equal to (``duplicate key``) or smaller than
+            (``not in increasing order``) the row before it.
+        """
         keys = self.contract.unique
-        order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys])
-        expected = pa.array(range(table.num_rows), type=order.type)
-        if not pc.all(pc.equal(order, expected)).as_py():
-            bad = _first_true(pc.not_equal(order, expected))
-            raise ContractViolation(self.contract.name, ",".join(keys), bad, f"rows not in increasing order of {keys}")
+        n = table.num_rows
+        if n > 1:
+            before = [table.column(k).slice(0, n - 1) for k in keys]
+            after = [table.column(k).slice(1) for k in keys]
+            greater = pc.greater(after[-1], before[-1])
+            for b, a in zip(reversed(before[:-1]), reversed(after[:-1])):
+                greater = pc.or_(pc.greater(a, b), pc.and_(pc.equal(a, b), greater))
+            if not pc.all(greater).as_py():
+                i = _first_true(pc.invert(greater))[0]
+                row = tuple(table.column(k)[i + 1].as_py() for k in keys)
+                if row == tuple(table.column(k)[i].as_py() for k in keys):
+                    reason = f"duplicate key {row!r}: rows not in strictly increasing order of {keys}"
+                else:
+                    reason = f"rows not in increasing order of {keys}: {row!r} after a larger key"
+                raise ContractViolation(self.contract.name, ",".join(keys), [i + 1], reason)
         first = tuple(table.column(k)[0].as_py() for k in keys)
         if self._last_key is not None and first <= self._last_key:
             raise ContractViolation(self.contract.name, ",".join(keys), [0],
                                     f"key {first!r} does not follow the previous table's last key {self._last_key!r}")
-        self._last_key = tuple(table.column(k)[table.num_rows - 1].as_py() for k in keys)
+        self._last_key = tuple(table.column(k)[n - 1].as_py() for k in keys)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import random
+import tempfile
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from data_contracts.base import Contract, ContractViolation, sha256_file
-from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS
+from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 
 
 def _links(n: int) -> pa.Table:
@@ -66,6 +70,41 @@ def test_sorted_keys_are_checked_within_and_across_batches(tmp_path):
     with pytest.raises(ValueError, match="no unique key"):
         Contract(name="x", filename="x.parquet", schema=LINKS.schema).open_writer(tmp_path, sorted_keys=True)
     assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_sorted_keys_reject_duplicates_within_a_batch_and_name_the_row(tmp_path):
+    # a sorted writer checks strict order instead of hashing the keys: a duplicate is still refused
+    with pytest.raises(ContractViolation, match=r"duplicate key \(1, 3\).*rows \[2\]|rows \[2\].*duplicate key \(1, 3\)"):
+        with LINKS.open_writer(tmp_path, sorted_keys=True) as w:
+            w.write({"src_doc_id": [0, 1, 1, 2], "dst_doc_id": [5, 3, 3, 0]})
+    with pytest.raises(ContractViolation, match=r"source_title.*increasing order"):
+        with REDIRECTS.open_writer(tmp_path, sorted_keys=True) as w:   # string keys: code-point order
+            w.write({"source_title": ["A", "B", "Ä", "Z"], "target_title": [None] * 4, "status": ["dangling"] * 4,
+                     "hops": [1] * 4})
+    with REDIRECTS.open_writer(tmp_path, sorted_keys=True) as w:
+        w.write({"source_title": ["A", "B", "Z", "Ä"], "target_title": [None] * 4, "status": ["dangling"] * 4,
+                 "hops": [1] * 4})
+    assert REDIRECTS.read(tmp_path).column("source_title").to_pylist() == ["A", "B", "Z", "Ä"]
+    assert not list(tmp_path.glob(".*"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-2, 2)), max_size=10), st.integers(1, 10))
+def test_sorted_keys_check_agrees_with_sorting(rows, batch):
+    """Accepted exactly when the rows are strictly increasing as (src, dst) tuples, whatever the batches."""
+    strictly = all(a < b for a, b in zip(rows, rows[1:]))
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            with LINKS.open_writer(Path(tmp), sorted_keys=True) as w:
+                for start in range(0, len(rows), batch):
+                    part = rows[start:start + batch]
+                    w.write(pa.table({"src_doc_id": pa.array([r[0] for r in part], pa.int32()),
+                                      "dst_doc_id": pa.array([r[1] for r in part], pa.int32())}))
+        except ContractViolation:
+            assert not strictly
+        else:
+            assert strictly
+            assert list(zip(*LINKS.read(Path(tmp)).to_pydict().values())) == rows
 
 
 def test_writer_refuses_writes_after_commit(tmp_path):
