@@ -12,7 +12,7 @@ import pytest
 
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.ingest.config import KEPT, REDIRECT, SKIPPED, LinkCounts
-from tasks.corpus.ingest.run import DOC_GROUP_BYTES, DOC_GROUP_ROWS, _resolve_links
+from tasks.corpus.ingest.run import DOC_GROUP_BYTES, DOC_GROUP_ROWS, LinkTargets, _resolve_links
 from tasks.corpus.ingest.shards import ShardWriter, merge_shards
 
 ALPHABET = "abcAB zé日\u00e9\U0001f600"
@@ -92,7 +92,7 @@ def test_vectorized_link_resolution_equals_the_loop(drop_self):
     State.titles = titles
     src, dst = _resolve_links(pa.chunked_array([pa.array(doc_targets[:25], pa.list_(pa.string())),
                                                 pa.array(doc_targets[25:], pa.list_(pa.string()))]),
-                              first_doc, title_to_id, resolved, State)
+                              first_doc, LinkTargets(kept, resolved), State)
     pairs, counts = _reference_links(doc_targets, first_doc, title_to_id, resolved, titles, drop_self)
     assert list(zip(src.tolist(), dst.tolist())) == pairs
     assert State.links == counts

@@ -33,6 +33,7 @@ from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_T
                                  OTHER_NAMESPACE, OVERSIZE, REDIRECT, SKIPPED, IngestConfig,
                                  IngestSummary, LinkCounts)
 from tasks.corpus.ingest.jsonl import JsonlReader
+from tasks.corpus.ingest.lookup import TitleIndex
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
 from tasks.corpus.ingest.multistream import plan_layout
 from tasks.corpus.ingest.parallel import run_pieces
@@ -135,7 +136,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
                                      map(list, zip(*rows[start:start + _LINK_BATCH])))))
         docs = stack.enter_context(DOCUMENTS.open_writer(out_dir, sorted_keys=True, row_group_size=None))
         links = stack.enter_context(LINKS.open_writer(out_dir, sorted_keys=True))
-        _second_pass(state, kept, title_to_id, resolved, docs, links)
+        _second_pass(state, kept, LinkTargets(kept, resolved), docs, links)
         counts = state.links
         if counts.accounted() != counts.seen:
             raise AssertionError(f"link accounting broken: {counts}")
@@ -281,8 +282,7 @@ class _FirstPass:
             self._rows = []
 
 
-def _second_pass(state: _FirstPass, kept: list[str], title_to_id: dict[str, int], resolved: dict[str, int],
-                 docs, links) -> None:
+def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", docs, links) -> None:
     """Pass 2: merge shards in title order, write documents and resolved, deduplicated links.
 
     The shards are merged in blocks of :data:`MERGE_BLOCK_DOCS` kept titles (merge bounds taken
@@ -291,8 +291,8 @@ def _second_pass(state: _FirstPass, kept: list[str], title_to_id: dict[str, int]
     :data:`DOC_GROUP_ROWS` rows or :data:`DOC_GROUP_BYTES` characters of text, whichever comes
     first (a function of the documents only, so the file does not depend on ``shard_size`` or
     the block size). Texts go from the shards to ``documents.parquet`` as Arrow arrays; links
-    are resolved :data:`LINK_RESOLVE_DOCS` documents at a time (:func:`_resolve_links`: each
-    distinct target of the batch is looked up once). The Parquet writes (zstd compression, which
+    are resolved :data:`LINK_RESOLVE_DOCS` documents at a time (:func:`_resolve_links`, through
+    the compiled title index of ``targets``). The Parquet writes (zstd compression, which
     releases the GIL) run on one background thread, in order, at most two behind
     (:class:`_WriteBehind`), while this thread merges and resolves the next block.
     """
@@ -322,7 +322,7 @@ def _second_pass(state: _FirstPass, kept: list[str], title_to_id: dict[str, int]
             if n_pending >= LINK_RESOLVE_DOCS or doc_id + n == len(kept):
                 src, dst = _resolve_links(pa.chunked_array([c for a in pending_links for c in a.chunks],
                                                            type=block.schema.field("links").type),
-                                          link_first, title_to_id, resolved, state)
+                                          link_first, targets, state)
                 pending_links, link_first, n_pending = [], doc_id + n, 0
                 src_parts.append(src)
                 dst_parts.append(dst)
@@ -353,8 +353,8 @@ def _second_pass(state: _FirstPass, kept: list[str], title_to_id: dict[str, int]
             writes.submit(docs.write, pa.concat_tables(group))
         if n_links:
             writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
-    if len(title_to_id) != docs.rows_written:
-        raise AssertionError(f"{len(title_to_id)} kept titles but {docs.rows_written} documents merged")
+    if len(kept) != docs.rows_written:
+        raise AssertionError(f"{len(kept)} kept titles but {docs.rows_written} documents merged")
 
 
 class _WriteBehind:
@@ -401,13 +401,40 @@ class _WriteBehind:
             self._pool.shutdown(wait=True)
 
 
-def _resolve_links(targets: pa.ChunkedArray, first_doc: int, title_to_id: dict[str, int], resolved: dict[str, int],
+class LinkTargets:
+    """Where a link target leads: a kept article (its ``doc_id``) or a resolved redirect (the
+    ``doc_id`` at the end of its chain), looked up by :class:`~tasks.corpus.ingest.lookup.TitleIndex`.
+
+    Parameters
+    ----------
+    kept : list of str
+        Kept titles in ``doc_id`` order (row ``i`` of the index is ``doc_id`` ``i``).
+    resolved : dict
+        ``{redirect title: doc_id}`` of the resolved redirects (:func:`resolve_redirects`); their
+        rows follow the kept titles.
+
+    Raises
+    ------
+    ValueError
+        A title is both kept and a redirect (pass 1 gives every title one status).
+    """
+
+    def __init__(self, kept: list[str], resolved: dict[str, int]):
+        self.n_kept = len(kept)
+        self.index = TitleIndex(pa.array(itertools.chain(kept, resolved), pa.large_string(),
+                                         size=len(kept) + len(resolved)))
+        self.ends = np.concatenate([np.arange(len(kept), dtype=np.int64),       # (n_kept + n_resolved,)
+                                    np.fromiter(resolved.values(), dtype=np.int64, count=len(resolved))])
+
+
+def _resolve_links(targets: pa.ChunkedArray, first_doc: int, lookup: LinkTargets,
                    state: _FirstPass) -> tuple[np.ndarray, np.ndarray]:
     """Links of documents ``first_doc, first_doc + 1, ...`` (``targets``: their normalised link
     targets, distinct per document) as sorted, distinct ``(src_doc_id, dst_doc_id)`` pairs.
 
-    Targets go to a kept article directly or through a resolved redirect; the others count as
-    ``to_excluded`` (the title exists but was not kept) or ``unresolved``. A pair seen again
+    Targets go to a kept article directly or through a resolved redirect (one compiled lookup of
+    every target, :class:`LinkTargets`); the others count as ``to_excluded`` (the title exists
+    but was not kept) or ``unresolved``. A pair seen again
     (two targets reaching one article) counts as ``duplicate``; self links are kept and counted
     (``self_kept``) unless ``drop_self_links``. Same counts as going through the targets of each
     document in order: the first occurrence of a pair is the one kept (a stable sort).
@@ -420,25 +447,20 @@ def _resolve_links(targets: pa.ChunkedArray, first_doc: int, title_to_id: dict[s
     counts = state.links
     targets = targets.combine_chunks()
     lengths = pc.list_value_length(targets).fill_null(0).to_numpy()
-    encoded = pc.dictionary_encode(targets.flatten())   # each distinct target is looked up once
-    distinct = encoded.dictionary.to_pylist()
-    occurrences = encoded.indices.to_numpy()
-    ends = np.fromiter(map(title_to_id.get, distinct, itertools.repeat(-1)), dtype=np.int64, count=len(distinct))
-    via_redirect = np.zeros(len(distinct), dtype=bool)
-    missing = np.flatnonzero(ends < 0)
-    if missing.size:   # not a kept article: a redirect to one, or lost
-        names = [distinct[j] for j in missing.tolist()]
-        redirected = np.fromiter(map(resolved.get, names, itertools.repeat(-1)), dtype=np.int64, count=len(names))
-        hit = redirected >= 0
-        ends[missing[hit]], via_redirect[missing[hit]] = redirected[hit], True
-        lost = np.flatnonzero(~hit)
-        if lost.size:
-            times = np.bincount(occurrences, minlength=len(distinct))[missing[lost]]
-            exists = np.fromiter(map(state.titles.__contains__, [names[i] for i in lost.tolist()]), dtype=bool,
-                                 count=lost.size)
-            counts.to_excluded += int(times[exists].sum())
-            counts.unresolved += int(times[~exists].sum())
-    dst, via = ends[occurrences], via_redirect[occurrences]
+    flat = targets.flatten()
+    rows = lookup.index.rows(flat)                 # (n_targets,) row in the index, -1: neither kept nor resolved
+    hit = rows >= 0
+    dst = np.full(len(rows), -1, dtype=np.int64)
+    dst[hit] = lookup.ends[rows[hit]]
+    via = rows >= lookup.n_kept
+    lost = np.flatnonzero(~hit)
+    if lost.size:   # not a kept article nor a resolved redirect: an excluded page, or missing
+        encoded = pc.dictionary_encode(flat.take(pa.array(lost)))
+        names = encoded.dictionary.to_pylist()
+        times = np.bincount(encoded.indices.to_numpy(), minlength=len(names))
+        exists = np.fromiter(map(state.titles.__contains__, names), dtype=bool, count=len(names))
+        counts.to_excluded += int(times[exists].sum())
+        counts.unresolved += int(times[~exists].sum())
     src = np.repeat(np.arange(first_doc, first_doc + len(lengths), dtype=np.int64), lengths)
     found = dst >= 0
     src, dst, via = src[found], dst[found], via[found]
