@@ -29,7 +29,7 @@ TOKENS = ["[[", "]]", "[", "]", "|", ":", "#", "File:", "fr:", "Category:", "wik
           "{|", "|}", "\n", "\n\n", "\n\n\n", " ", "  ", "\t", "\xa0", "\u2028", "\u3000", "\r", "\x1c", "'", "''",
           "'''", "=", "==", "*", ";", "----", "<ref>", "</ref>", "<ref name=a/>", "<!--", "-->", "&amp;",
           "&nbsp;", "(", ")", ",", "http://x.org", "[http://a b]", "__TOC__", "<b>", "</b>", "a", "b", "word",
-          "ß", "é", "Foo (bar)", "x, y"]
+          "ß", "é", "Foo (bar)", "x, y", "<!-", "-", "_", "<references>", "</REF >", "<math>", "</math>", "{"]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,11 @@ def test_same_text_as_reference_on_synthetic_pages(data_mirror):
     "= H =\n== H2 ==\n=bad\n* a\n# b\n:; c\n----\n-----  \nz", "a\t b\xa0\xa0c \n d\u2028e\r\nf\n\n\n\ng ",
     "'''b''' ''i'' ' x'' '''''bi'''''", "__TOC__ __notmagic__ __NOTOC__", "[http://a.org label] [http://b.org]",
     "&amp;nbsp; &lt;b&gt; (, ; ) ( ; x)", "{{a|{{b}}}} {| x\n|}\n text", "<!-- c --> a <!-- unclosed",
+    # brace runs around a flat template (strip_templates removes those first, by regex)
+    "{{{a}} b}}", "{{a {{b}}}", "{{{a}}}", "{{x}}}", "{{{{a}}}}", "x {{{{a}} b}} c}}", "{{a}}}}", "{{{{a}}",
+    "{{x }{{a}}} y}}", "{{a}}{{b}}", "{{a {{b}} {{c}} d}} e", "{{a\n{{b|{{c}}}}\n}} f", "}}{{a}}{{", "{{a}} }} {{ {{b}}",
+    # <ref> ... </ref> with the first closing tag, case and spaces
+    "a<ref>b</ref>c<ref>d</REF >e", "a<ref>b<ref>c</ref>d</ref>e", "a<ref name=x>b</refx></ref>c", "<ref>open",
 ])
 def test_same_text_as_reference_on_edge_cases(text):
     assert clean_wikitext(text) == reference.clean_wikitext(text)
@@ -74,6 +79,23 @@ def test_same_text_as_reference_on_random_token_strings(text):
     assert tidy_whitespace(text) == reference.tidy_whitespace(text)
     assert strip_templates(text) == reference.strip_templates(text)
     assert strip_tables(text) == reference.strip_tables(text)
+
+
+@given(st.lists(st.sampled_from(TOKENS), max_size=60).map("".join))
+def test_comments_removed_once_for_cleaner_and_links(text):
+    """The ingest removes comments once and passes ``comments_removed=True`` to both: the same
+    text and links as each removing them itself (also where a removal joins ``<!-`` and ``-``)."""
+    markup = wikitext.remove_comments(text)
+    assert clean_wikitext(markup, comments_removed=True) == clean_wikitext(text)
+    assert wikitext.extract_link_targets(markup, comments_removed=True) == wikitext.extract_link_targets(text)
+
+
+def test_comments_removed_flag_keeps_a_comment_made_by_the_removal():
+    text, once = "a <!<!-- x -->-- b --> c", "a <!-- b --> c"
+    assert wikitext.remove_comments(text) == once
+    assert clean_wikitext(text) == reference.clean_wikitext(text) == once   # comments are removed once
+    assert clean_wikitext(once, comments_removed=True) == once
+    assert clean_wikitext(once) == "a c"   # what removing them again would give
 
 
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80))

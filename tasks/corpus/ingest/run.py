@@ -42,7 +42,7 @@ from tasks.corpus.ingest.redirects import resolve_redirects
 from tasks.corpus.ingest.shards import ShardWriter, merge_shards
 from tasks.corpus.ingest.titles import ARTICLE, DEFAULT_NAMESPACES, classify_link, normalise_title
 from tasks.corpus.ingest.wikispeedia import WikispeediaReader
-from tasks.corpus.ingest.wikitext import clean_wikitext, extract_link_targets, is_disambiguation
+from tasks.corpus.ingest.wikitext import clean_wikitext, extract_link_targets, is_disambiguation, remove_comments
 
 logger = logging.getLogger(__name__)
 
@@ -219,21 +219,25 @@ class _FirstPass:
             self.redirects[title] = target if kind == ARTICLE else None
             self.titles[title] = REDIRECT
             return self._row(page, title, REDIRECT, None, f"-> {page.redirect}")
-        markup = page.text if wikitext else None
-        if self.cfg.exclude_disambiguation and is_disambiguation(title, markup, self.templates):
+        if self.cfg.exclude_disambiguation and is_disambiguation(title, page.text if wikitext else None,
+                                                                 self.templates):
             return self._skip(page, title, DISAMBIGUATION, None)
-        text = clean_wikitext(page.text) if wikitext else page.text
+        markup = remove_comments(page.text) if wikitext else None   # once, for the cleaner and the links
+        text = clean_wikitext(markup, comments_removed=True) if wikitext else page.text
         if len(text) < self.cfg.min_text_chars:
             return self._skip(page, title, EMPTY_TEXT, f"{len(text)} characters after cleaning")
-        targets = self._link_targets(page, namespaces)
+        targets = self._link_targets(page, namespaces, markup)
         self.shards.add(title, text, page.page_id, page.source, targets)
         self.titles[title] = KEPT
         self._row(page, title, KEPT, None, None)
 
-    def _link_targets(self, page: RawPage, namespaces: frozenset[str]) -> list[str]:
+    def _link_targets(self, page: RawPage, namespaces: frozenset[str], markup: str | None) -> list[str]:
+        """Normalised, deduplicated article targets of the page's links, counting the others;
+        ``markup`` is the wikitext of a wikitext page without comments (:func:`remove_comments`),
+        None for other formats (their links come with the record)."""
         counts = self.links
-        if page.markup == WIKITEXT:
-            raw = extract_link_targets(page.text)
+        if markup is not None:
+            raw = extract_link_targets(markup, comments_removed=True)
             if namespaces is not self._cache_namespaces or len(self._link_cache) > _LINK_CACHE:
                 self._link_cache, self._cache_namespaces = {}, namespaces
             cache = self._link_cache

@@ -21,9 +21,14 @@ _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 _DROP_TAGS = ("ref", "references", "gallery", "math", "chem", "ce", "timeline", "score", "graph",
               "imagemap", "syntaxhighlight", "source", "templatedata", "mapframe", "maplink",
               "includeonly", "inputbox", "categorytree", "hiero", "indicator", "templatestyles")
-_DROP_PAIRED = re.compile(r"<(%s)\b[^>]*?(?<!/)>.*?</\1\s*>" % "|".join(_DROP_TAGS), re.S | re.I)
+# The content up to the first closing tag, as ``.*?</\1\s*>`` would find it, but in possessive runs of
+# characters other than "<" (a lazy ``.*?`` tries the closing tag after every character).
+_DROP_PAIRED = re.compile(r"<(%s)\b[^>]*?(?<!/)>(?:[^<]++|<(?!/\1\s*>))*+</\1\s*>" % "|".join(_DROP_TAGS), re.I)
 _DROP_SELF = re.compile(r"<(?:%s)\b[^>]*/>" % "|".join(_DROP_TAGS), re.I)
 _BRACES = re.compile(r"\{\{+|\}\}+")
+# A template without braces inside whose "{{" and "}}" are runs of exactly two: the stack below pairs
+# them with each other whatever surrounds them, and removing them joins no brace runs.
+_FLAT_TEMPLATE = re.compile(r"\{\{(?<!\{\{\{)[^{}]*+\}\}(?!\})")   # literal prefix first: fast search
 _TABLE = re.compile(r"^[ \t:]*(\{\||\|\})[^\n]*\n?", re.M)
 # [[inner]]: inner has no "[[" or "]]" but may hold "[single brackets]" (possessive: no backtracking;
 # runs of bracket-free characters are taken at once).
@@ -42,6 +47,7 @@ _PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
 _BLANKS = re.compile(r"\n\n\n+")
 _SPACES = re.compile(r"  +")
 _NEWLINE_SPACE = re.compile(r"\n ")
+_SPACE_NEWLINE = re.compile(r" \n")
 # White space other than " " and "\n" (str.isspace: tabs, NBSP, ...; none above U+3000).
 _OTHER_SPACES = tuple(c for c in map(chr, range(0x3001)) if c.isspace() and c not in " \n")
 _OTHER_SPACES_ASCII = tuple(c for c in _OTHER_SPACES if c.isascii())
@@ -64,13 +70,17 @@ DEFAULT_DISAMBIGUATION_TEMPLATES: tuple[str, ...] = (
 ``shipindex`` pages list ships of one name and are treated like disambiguation pages."""
 
 
-def clean_wikitext(text: str) -> str:
+def clean_wikitext(text: str, *, comments_removed: bool = False) -> str:
     """Convert wikitext to plain text.
 
     Parameters
     ----------
     text : str
         Wikitext of one page (``<revision><text>`` of a ``pages-articles`` dump).
+    comments_removed : bool
+        ``text`` is already :func:`remove_comments` of the page (the ingest removes them once for
+        the cleaner and the link extraction); they are not removed again (removing a comment can
+        join ``<!-`` and ``-`` into a new ``<!--``, which a second removal would act on).
 
     Returns
     -------
@@ -78,8 +88,8 @@ def clean_wikitext(text: str) -> str:
         Plain text: paragraphs separated by one blank line, no markup, templates, references,
         tables, files or categories; link labels kept. Empty string when nothing remains.
     """
-    if "<!--" in text:
-        text = _COMMENT.sub("", text)
+    if not comments_removed:
+        text = remove_comments(text)
     if "<" in text:
         text = _DROP_PAIRED.sub("", text)
         text = _DROP_SELF.sub("", text)
@@ -92,12 +102,11 @@ def clean_wikitext(text: str) -> str:
     text = "\n" + text
     text = _HEADING.sub("\n\\2", text)
     text = _LIST.sub("\n", text)
-    if "----" in text:
-        text = _RULE.sub("\n", text)
+    text = _RULE.sub("\n", text)   # (no `"----" in text` test first: see tidy_whitespace)
     text = text[1:]
     if "''" in text:
         text = _BOLD_ITALIC.sub("", text)
-    if "__" in text:
+    if "_" in text and "__" in text:   # a one-character search first: ~7x faster when there is no "_"
         text = _MAGIC.sub("", text)
     if "<" in text:
         text = _HTML_TAG.sub("", text)
@@ -121,11 +130,11 @@ def tidy_whitespace(text: str) -> str:
             text = text.replace(char, " ")
     if "  " in text:
         text = _SPACES.sub(" ", text)
-    if " \n" in text:
-        text = text.replace(" \n", "\n")
+    # Regex passes rather than `"x" in text` tests: the regex engine finds a literal of 2-3 characters
+    # ~1.5x faster than str's multi-character search, which a test that finds nothing pays in full.
+    text = _SPACE_NEWLINE.sub("\n", text)
     text = _NEWLINE_SPACE.sub("\n", text)
-    if "\n\n\n" in text:
-        text = _BLANKS.sub("\n\n", text)
+    text = _BLANKS.sub("\n\n", text)
     return text.strip()
 
 
@@ -133,8 +142,18 @@ def strip_templates(text: str) -> str:
     """Remove templates, parser functions and template parameters (``{{...}}``, ``{{{...}}}``).
 
     Nesting is followed with a stack over brace runs, as MediaWiki's preprocessor does; an
-    opener that is never closed and a stray closer stay as literal text.
+    opener that is never closed and a stray closer stay as literal text. Templates with no braces
+    inside (:data:`_FLAT_TEMPLATE`) are removed first by one regex substitution, twice (the innermost,
+    then the level above them): the stack would pair their ``{{`` and ``}}`` with each other, so the
+    result is the same (``tests/test_ingest_wikitext_fast.py``) at half the CPU on the 1M-page
+    synthetic dump, where that leaves no brace for the stack.
     """
+    if "{{" not in text:
+        return text
+    text = _FLAT_TEMPLATE.sub("", text)   # most templates, in C; then innermost-first once more
+    if "{{" not in text:
+        return text
+    text = _FLAT_TEMPLATE.sub("", text)
     if "{{" not in text:
         return text
     stack: list[tuple[int, int]] = []  # (start offset, width 2 or 3)
@@ -158,7 +177,7 @@ def strip_templates(text: str) -> str:
 
 def strip_tables(text: str) -> str:
     """Remove wiki tables (``{|`` ... ``|}`` lines, nested); an unclosed table runs to the end."""
-    if "{|" not in text:
+    if "{" not in text or "{|" not in text:   # one-character scans are ~7x faster (braces are rare here)
         return text
     depth, start = 0, 0
     spans: list[tuple[int, int]] = []
@@ -176,18 +195,27 @@ def strip_tables(text: str) -> str:
     return _cut(text, spans)
 
 
-def extract_link_targets(text: str) -> list[str]:
+def extract_link_targets(text: str, *, comments_removed: bool = False) -> list[str]:
     """Raw targets of every ``[[target]]`` / ``[[target|label]]`` in ``text``, in order.
 
-    Comments are ignored; links inside templates, tables, references and file captions count
-    (they are hyperlinks of the rendered page). Targets are not normalised (see
+    Comments are ignored (``comments_removed``: ``text`` is already :func:`remove_comments` of
+    the page); links inside templates, tables, references and file captions count (they are
+    hyperlinks of the rendered page). Targets are not normalised (see
     :func:`tasks.corpus.ingest.titles.classify_link`).
     """
     if "[[" not in text:
         return []
-    if "<!--" in text:
-        text = _COMMENT.sub("", text)
+    if not comments_removed:
+        text = remove_comments(text)
     return _LINK_TARGET.findall(text)
+
+
+def remove_comments(text: str) -> str:
+    """``text`` without HTML comments (``<!-- ... -->``; an unclosed one runs to the end).
+
+    A regex search for the literal ``<!--`` scans a page ~1.5x faster than ``"<!--" in text``
+    (multi-character ``str`` searches are the slow path of CPython's ``fastsearch``)."""
+    return _COMMENT.sub("", text)
 
 
 def redirect_target(text: str) -> str | None:
