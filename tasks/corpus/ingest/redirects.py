@@ -32,7 +32,8 @@ def resolve_redirects(targets: Mapping[str, str | None], title_to_id: Mapping[st
         ``{redirect title: doc_id}`` for resolved redirects (to resolve links).
     """
     outcome: dict[str, tuple[str | None, str, int]] = {}
-    for start in sorted(targets):
+    starts = sorted(targets)
+    for start in starts:
         if start in outcome:
             continue
         path, on_path = [start], {start}
@@ -59,6 +60,8 @@ def resolve_redirects(targets: Mapping[str, str | None], title_to_id: Mapping[st
             break
         for i, title in enumerate(path):
             outcome[title] = (final, status, min(_MAX_HOPS, len(path) - i + extra))
-    rows = [(src, final, status, hops) for src, (final, status, hops) in sorted(outcome.items())]
+    # Every title on a path is a key of ``targets``, so ``outcome`` has exactly those keys: the
+    # sorted starts are the sorted rows (no second sort).
+    rows = [(src, *outcome[src]) for src in starts]
     resolved = {src: title_to_id[final] for src, final, status, _ in rows if status == RESOLVED}
     return rows, resolved
