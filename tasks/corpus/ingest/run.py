@@ -297,8 +297,10 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
     the block size). Texts go from the shards to ``documents.parquet`` as Arrow arrays; links
     are resolved :data:`LINK_RESOLVE_DOCS` documents at a time (:func:`_resolve_links`, through
     the compiled title index of ``targets``). The Parquet writes (zstd compression, which
-    releases the GIL) run on one background thread, in order, at most two behind
-    (:class:`_WriteBehind`), while this thread merges and resolves the next block.
+    releases the GIL) run on background threads, one for ``documents`` and one for ``links``,
+    each in order and at most two behind (:class:`_WriteBehind`), while this thread merges,
+    resolves the next block and joins each row group's chunks (so the documents writer, which
+    bounds pass 2's wall time, only encodes and compresses).
     """
     doc_id = 0
     group: list[pa.Table] = []   # documents of the row group being filled
@@ -312,7 +314,7 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
     if kept and len(kept) % MERGE_BLOCK_DOCS:
         bounds.append(kept[-1])
     submit = state.parallel[0] if state.parallel else None
-    with _WriteBehind() as writes:
+    with _WriteBehind() as writes, _WriteBehind() as link_writes:
         for block in merge_shards(state.shards.paths, state.shards.group_rows, bounds=bounds, submit=submit):
             n = block.num_rows
             titles = block.column("title").to_pylist()
@@ -332,7 +334,7 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
                 dst_parts.append(dst)
                 n_links += len(src)
                 if n_links >= _LINK_BATCH:
-                    writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts),
+                    link_writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts),
                                                 "dst_doc_id": np.concatenate(dst_parts)})
                     src_parts, dst_parts, n_links = [], [], 0
             chars = pc.utf8_length(block.column("text")).to_numpy()
@@ -347,16 +349,16 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
                     group_chars = int(cumulative[-1])
                     break
                 group.append(table.slice(start, cut + 1 - start))
-                writes.submit(docs.write, pa.concat_tables(group))
+                writes.submit(docs.write, pa.concat_tables(group).combine_chunks())
                 group, group_rows, group_chars = [], 0, 0
                 start = cut + 1
             doc_id += n
         if doc_id != len(kept):   # the last batch of links is resolved at the last kept title
             raise AssertionError(f"{len(kept)} kept titles but {doc_id} documents merged")
         if group:
-            writes.submit(docs.write, pa.concat_tables(group))
+            writes.submit(docs.write, pa.concat_tables(group).combine_chunks())
         if n_links:
-            writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
+            link_writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
     if len(kept) != docs.rows_written:
         raise AssertionError(f"{len(kept)} kept titles but {docs.rows_written} documents merged")
 
