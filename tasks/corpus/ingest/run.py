@@ -335,7 +335,7 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
                 n_links += len(src)
                 if n_links >= _LINK_BATCH:
                     link_writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts),
-                                                "dst_doc_id": np.concatenate(dst_parts)})
+                                                     "dst_doc_id": np.concatenate(dst_parts)})
                     src_parts, dst_parts, n_links = [], [], 0
             chars = pc.utf8_length(block.column("text")).to_numpy()
             start = 0
