@@ -1,0 +1,62 @@
+"""Progress reporting: log lines at intervals with unit and rate, a final line, a bar on request."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from funnelrag.progress import Progress, progress
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_log_lines_at_intervals_with_unit_rate_and_time_left(caplog):
+    clock = FakeClock()
+    caplog.set_level(logging.INFO, logger="funnelrag.progress")
+    with Progress("embed passages", total=1000, unit="passages", show_bar=False,
+                  interval_s=30, clock=clock) as bar:
+        for _ in range(10):
+            clock.t += 10
+            bar.update(100, loss=0.5)
+    lines = [r.getMessage() for r in caplog.records]
+    # 100 s in steps of 10 s: a line at 30, 60 and 90 s, then the closing line.
+    assert len(lines) == 4
+    assert lines[0] == "embed passages: 300/1,000 passages (10.0 passages/s, 30 s, ~70 s left) loss=0.5"
+    assert lines[-1] == "embed passages: 1,000/1,000 passages (10.0 passages/s, 100 s) loss=0.5 (done)"
+
+
+def test_unknown_total_and_idempotent_close(caplog):
+    clock = FakeClock()
+    caplog.set_level(logging.INFO, logger="funnelrag.progress")
+    bar = Progress("ingest", unit="pages", show_bar=False, clock=clock)
+    clock.t += 4
+    bar.update(8)
+    bar.close()
+    bar.close()
+    assert [r.getMessage() for r in caplog.records] == ["ingest: 8 pages (2.0 pages/s, 4 s) (done)"]
+
+
+def test_iterator_wrapper_counts_every_item_and_takes_len(caplog):
+    caplog.set_level(logging.INFO, logger="funnelrag.progress")
+    out = list(progress(["a", "b", "c"], "questions", unit="questions", show_bar=False))
+    assert out == ["a", "b", "c"]
+    assert caplog.records[-1].getMessage().startswith("questions: 3/3 questions")
+
+
+def test_bar_mode_uses_tqdm(capsys):
+    with Progress("steps", total=5, unit="steps", show_bar=True) as bar:
+        bar.update(5, loss=1.25)
+    err = capsys.readouterr().err
+    assert "steps" in err and "5/5" in err and "loss=1.25" in err
+
+
+@pytest.mark.parametrize("kwargs", [{"interval_s": 0}, {"total": -1}])
+def test_bad_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        Progress("x", **kwargs)
