@@ -62,3 +62,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# Fixtures whose setup alone takes seconds (a server start): every test that uses one, directly or
+# through another fixture, is marked slow, so ``-m "not slow"`` never starts them.
+SLOW_FIXTURES = {"prefect_harness"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -86,6 +86,7 @@ def test_empty_dump_file_is_reported_as_empty(tmp_path):
         list(MediaWikiReader(hollow).pages())
 
 
+@pytest.mark.slow  # recompresses the whole enwiki sample (bz2 -9)
 def test_corrupt_bz2_block_is_reported_as_corrupt_compressed_data(tmp_path, data_mirror):
     raw = bz2.decompress((data_mirror / DUMP).read_bytes())
     data = bytearray(bz2.compress(raw, 9))

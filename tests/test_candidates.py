@@ -17,6 +17,7 @@ from tasks.corpus.tokenize import WhitespaceCounter
 
 N_RECORDS = 36
 SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace")
+pytestmark = pytest.mark.slow  # the real MiniLM pre-ranker over 36 real questions (module fixture)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,14 @@ def test_stale_temp_dirs_of_dead_pids_are_removed_by_the_next_build(tmp_path):
     assert sweep_stale_temp_dirs(tmp_path / "missing") == []
 
 
+def _cmdline(proc: psutil.Process) -> str:
+    """The command line, or "" for a child that exited (or became a zombie) while we looked."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 @pytest.mark.slow
 def test_kill_9_of_a_build_does_not_leave_the_ephemeral_prefect_server_running(tmp_path, data_mirror):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
@@ -50,7 +58,7 @@ def test_kill_9_of_a_build_does_not_leave_the_ephemeral_prefect_server_running(t
         deadline = time.monotonic() + 180
         while server is None and time.monotonic() < deadline and cli.poll() is None:
             server = next((p for p in psutil.Process(cli.pid).children(recursive=True)
-                           if "uvicorn" in " ".join(p.cmdline())), None)
+                           if "uvicorn" in _cmdline(p)), None)
             time.sleep(1)
         assert server is not None, "the CLI never started its ephemeral Prefect server"
         time.sleep(3)  # let the watcher record it

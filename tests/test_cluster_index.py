@@ -36,6 +36,7 @@ def _one_process(root, cfg, out):
     return _files(out)
 
 
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster (module fixture), then index builds
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "unstemmed", "unstemmed-stopwords"])
 def test_sharded_tokenization_gives_the_one_process_index(clustered, cfg, tmp_path):
     expected = _one_process(clustered, cfg, tmp_path / "one")
@@ -46,6 +47,7 @@ def test_sharded_tokenization_gives_the_one_process_index(clustered, cfg, tmp_pa
     assert _files(index.save(tmp_path / "sharded")) == expected
 
 
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster (module fixture), then index builds
 def test_worker_processes_and_reuse(clustered, tmp_path):
     """Through a process pool (2 workers, 2 shards in flight); a second build reuses every shard."""
     cfg = BM25Config()
@@ -57,6 +59,7 @@ def test_worker_processes_and_reuse(clustered, tmp_path):
     assert _files(first.save(tmp_path / "a")) == _files(again.save(tmp_path / "b")) == expected
 
 
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster (module fixture), then index builds
 def test_run_index_cluster_index_is_the_one_process_one(clustered, tmp_path):
     """The index stage with cluster shards of at most 30K tokens: ``index/clusters.bm25`` is the
     one-process build's; the scratch work directory is removed."""
@@ -82,6 +85,7 @@ def test_merged_vocabularies_are_the_one_call_vocabulary(stemmer):
         assert sum(ids, []) == whole.ids.tolist()
 
 
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster (module fixture), then index builds
 @pytest.mark.parametrize("cfg", [BM25Config(), BM25Config(method="robertson", stemmer=None, k1=1.5, b=0.3),
                                  BM25Config(method="atire")], ids=["lucene", "robertson", "atire"])
 def test_flat_token_ids_index_is_the_bm25s_index(clustered, cfg, tmp_path, monkeypatch):

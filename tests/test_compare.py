@@ -40,6 +40,7 @@ def _run(argv) -> tuple[int, str]:
     return compare_main(argv, out=out), out.getvalue()
 
 
+@pytest.mark.slow  # MLflow SQLite store and model registry (module fixture)
 def test_two_runs_side_by_side(logged):
     r1, r2 = logged["runs"]
     code, text = _run([r1, r2, "--home", str(logged["home"])])
@@ -55,6 +56,7 @@ def test_two_runs_side_by_side(logged):
     assert len(lines[0]) >= max(widths)                              # columns are aligned under the header
 
 
+@pytest.mark.slow  # MLflow SQLite store and model registry (module fixture)
 def test_filters_and_model_versions(logged):
     code, text = _run(["models:/cmp-preranker@champion", "models:/cmp-preranker/2", "--home", str(logged["home"]),
                        "--metrics", "dev_*", "--no-params"])
@@ -68,6 +70,7 @@ def test_filters_and_model_versions(logged):
     assert code == 0 and "shared.all.ar_1" not in text and "seconds_total" in text
 
 
+@pytest.mark.slow  # MLflow SQLite store and model registry (module fixture)
 def test_bad_reference_and_too_few(logged, capsys):
     code, _ = _run([logged["runs"][0], "no-such-run-id", "--home", str(logged["home"])])
     assert code == 2 and "no-such-run-id" in capsys.readouterr().err

@@ -30,6 +30,7 @@ def real(data_mirror):
             "model": model, "tok": tok, "index": build_dense_index(texts, ids, model, tok, CFG)}
 
 
+@pytest.mark.slow  # the real MiniLM encoder on real passages (module fixture)
 def test_search_equals_direct_cosine_ranking(real):
     index = real["index"]
     q = encode_texts(real["model"], real["tok"], real["questions"][:8])              # (8, 384)
@@ -47,6 +48,7 @@ def test_search_equals_direct_cosine_ranking(real):
     assert top1 >= 5
 
 
+@pytest.mark.slow  # the real MiniLM encoder on real passages (module fixture)
 def test_float16_storage_keeps_rankings_and_halves_memory(real):
     f32 = real["index"]
     f16 = DenseIndex(f32.embeddings.astype(np.float16), f32.ids)
@@ -72,6 +74,7 @@ def test_ties_k_and_bad_input():
         index.search(np.zeros((1, 3)), 1)
 
 
+@pytest.mark.slow  # the real MiniLM encoder on real passages (module fixture)
 def test_save_load_and_content_keyed_cache(real, tmp_path):
     import pyarrow as pa
 

@@ -78,6 +78,7 @@ def _launch(out: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # launches two training processes (accelerate/torchrun)
 def test_two_cpu_processes_shard_data_and_sync_gradients(tmp_path):
     proc = _launch(tmp_path, "--cpu")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -96,6 +97,7 @@ def test_two_cpu_processes_shard_data_and_sync_gradients(tmp_path):
     assert {p.name for p in ckpt.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
 
 
+@pytest.mark.slow  # launches two training processes (accelerate/torchrun)
 def test_multi_process_launch_without_cpu_flag_is_refused(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("the refusal concerns CPU-only machines")
