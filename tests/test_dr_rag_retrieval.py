@@ -31,6 +31,7 @@ def retrievers(small):
     return {"bm25": BM25Retriever.build(coll), "sm": SMRetriever(emb, coll.ids, encoder_fn(model, tok))}
 
 
+@pytest.mark.slow  # the real MiniLM encoder (module fixture)
 def test_retrievers_find_a_paragraph_from_its_own_text(small, retrievers):
     coll, _ = small
     texts = coll.retrieval_texts()
@@ -53,6 +54,7 @@ def test_concat_query_puts_the_question_first():
     assert concat_query("Who?", "Title", "Body.") == "Who? Title: Body."
 
 
+@pytest.mark.slow  # the real MiniLM encoder (module fixture)
 def test_rankings_qdc_and_roundtrip(small, retrievers):
     coll, questions = small
     cfg = EvalConfig(top_ks=(3, 4), max_candidates=2)

@@ -169,6 +169,7 @@ class Crash(RuntimeError):
     pass
 
 
+@pytest.mark.slow  # trains the warm-started reader (straight, killed, resumed)
 @pytest.mark.parametrize("freeze", [True, False])
 def test_killed_reader_run_resumes_to_the_same_final_weights(tiny_bert_dir, tmp_path, freeze):
     from tasks.funnel.reader import load_reader, train_reader
@@ -247,6 +248,7 @@ def test_reader_kind_in_the_distillation_config_picks_the_reader():
         DistillationConfig.model_validate({"reader": {"kind": "gpt"}})
 
 
+@pytest.mark.slow  # trains the warm-started reader
 def test_reader_from_checkpoint_rebuilds_the_final_reader_and_an_earlier_one(tiny_bert_dir, tmp_path):
     """The learning curve's readers: the last checkpoint equals the saved reader; an earlier one differs."""
     from funnelrag.training import checkpoint_dirs

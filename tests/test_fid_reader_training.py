@@ -45,6 +45,7 @@ def _cfg(tmp_path, **train_kw):
                              max_answer_tokens=16)
 
 
+@pytest.mark.slow  # trains the FiD reader (40 steps)
 def test_overfits_eight_real_questions_and_round_trips(tmp_path, examples):
     cfg = _cfg(tmp_path)
     logged = []
@@ -73,6 +74,7 @@ def test_overfits_eight_real_questions_and_round_trips(tmp_path, examples):
     assert memorised >= 6, list(zip(answers, [e.answers[0] for e in examples]))
 
 
+@pytest.mark.slow  # trains the FiD reader (40 steps)
 def test_reader_resume_after_crash_matches_straight_run(tmp_path, examples):
     class Crash(RuntimeError):
         pass
@@ -98,6 +100,7 @@ def test_reader_resume_after_crash_matches_straight_run(tmp_path, examples):
         torch.testing.assert_close(a[k], b[k])
 
 
+@pytest.mark.slow  # trains the FiD reader (40 steps)
 def test_gradient_checkpointing_gives_the_same_losses(tmp_path, examples):
     from funnelrag.training import train
     from models.fid import FiDReader

@@ -39,6 +39,7 @@ def wikispeedia(data_mirror):
     return titles, src, dst, n_words
 
 
+@pytest.mark.slow  # networkx's clustering coefficients over the whole Wikispeedia graph (reference)
 def test_real_graph_shape_and_clustering_coefficient_equals_networkx(wikispeedia):
     titles, src, dst, _ = wikispeedia
     assert len(src) == 119_879

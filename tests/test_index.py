@@ -77,6 +77,7 @@ def test_empty_and_unknown_queries_are_deterministic():
     assert ids == [["a", "b", "c"], ["a", "b", "c"]] and not scores.any()
 
 
+@pytest.mark.slow  # builds and saves the index in two fresh interpreters (PYTHONHASHSEED)
 def test_saved_index_is_byte_identical_across_hash_seeds(tmp_path, enwiki_texts):
     """bm25s numbers stems through a set, whose order follows PYTHONHASHSEED: two processes must
     still write the same bytes (the nightly build's content digest depends on it)."""

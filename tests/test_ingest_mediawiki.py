@@ -105,6 +105,7 @@ def test_redirects_and_links_are_consistent(sample):
     assert counts.other_namespace > 0 and counts.interwiki > 0
 
 
+@pytest.mark.slow  # ingests the enwiki sample again (twice or more)
 @pytest.mark.parametrize("shard_size", [1, 7])
 def test_output_is_byte_identical_across_runs_and_shard_sizes(sample, dump_path, tmp_path, shard_size):
     """shard_size=1 gives 98 shards, more than the merge fan-in (64): a two-level merge."""
@@ -130,6 +131,7 @@ def test_utf8_guard_marks_invalid_bytes_across_chunk_boundaries(dump_parts):
     assert Utf8Guard(io.BytesIO(data)).read() == data                  # valid input passes unchanged
 
 
+@pytest.mark.slow  # ingests the enwiki sample again (twice or more)
 def test_multistream_and_plain_xml_give_the_same_tables(sample, dump_parts, tmp_path):
     """A multistream dump (concatenated bz2 streams) and the plain XML read like the original."""
     _, out = sample
@@ -147,6 +149,7 @@ def test_multistream_and_plain_xml_give_the_same_tables(sample, dump_parts, tmp_
             assert contract.read(path.parent / "out").equals(contract.read(out)), (path, contract.name)
 
 
+@pytest.mark.slow  # ingests the enwiki sample again (twice or more)
 def test_keeping_disambiguation_pages(dump_path, tmp_path):
     res = ingest([dump_path], tmp_path, IngestConfig(format="mediawiki", exclude_disambiguation=False))
     assert res.documents == 106 and "disambiguation" not in res.skipped

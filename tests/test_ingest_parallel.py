@@ -50,6 +50,7 @@ def _same_as_serial(dump: Path, tmp: Path, pool, cfg: IngestConfig = MW, **kw) -
     return par
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_repacked_enwiki_sample_parallel_equals_serial(enwiki_xml, tmp_path, pool):
     dump = tmp_path / "enwiki-multistream.xml.bz2"
     assert repack(enwiki_xml, dump, pages_per_stream=7) == 30
@@ -60,6 +61,7 @@ def test_repacked_enwiki_sample_parallel_equals_serial(enwiki_xml, tmp_path, poo
     assert par["records"] == 206 and par["uncompressed_bytes"] == len(enwiki_xml)
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_duplicates_across_pieces_and_untitled_page(enwiki_xml, tmp_path, pool):
     """A title seen in an earlier piece makes a later kept page, redirect or skip a
     ``duplicate_title``, exactly as in the serial pass; positions and ``page #N`` records match."""
@@ -78,6 +80,7 @@ def test_duplicates_across_pieces_and_untitled_page(enwiki_xml, tmp_path, pool):
     assert f"page #{len(pages) + len(copies)}" in report["record"].to_pylist()
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_pieces_without_duplicates_are_taken_in_bulk(enwiki_xml, tmp_path, pool, monkeypatch):
     """A piece none of whose titles was seen before is replayed in bulk (an untitled page in it
     too): the same artifacts as the serial pass, and as replaying every record one by one."""
@@ -102,6 +105,7 @@ def test_pieces_without_duplicates_are_taken_in_bulk(enwiki_xml, tmp_path, pool,
     assert _digests(tmp_path / "rows") == _digests(tmp_path / "bulk" / "parallel")
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_offsets_by_scan_when_the_index_is_missing(enwiki_xml, tmp_path, pool):
     dump = tmp_path / "noindex-multistream.xml.bz2"
     repack(enwiki_xml, dump, pages_per_stream=10, index=False)
@@ -110,6 +114,7 @@ def test_offsets_by_scan_when_the_index_is_missing(enwiki_xml, tmp_path, pool):
     _same_as_serial(dump, tmp_path, pool, streams_per_piece=5)
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_single_stream_and_plain_xml_are_read_serially(enwiki_xml, data_mirror, tmp_path, pool):
     dump = resolve("enwiki-sample", data_mirror)
     assert plan_layout(dump, 10) is None
@@ -119,6 +124,7 @@ def test_single_stream_and_plain_xml_are_read_serially(enwiki_xml, data_mirror, 
     assert plan_layout(plain, 10) is None
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_synthetic_dump_parallel_equals_serial(tmp_path, pool, data_mirror):
     info = write_dump(tmp_path / "dump", 1_500, seed=3, sample=resolve("enwiki-sample", data_mirror))
     dump = Path(info["dump"])
@@ -155,6 +161,7 @@ def test_index_offsets_by_block_equal_line_by_line(tmp_path, monkeypatch, block)
         index_offsets(index)
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_corrupt_piece_names_the_piece(enwiki_xml, tmp_path, pool):
     dump = tmp_path / "bad-multistream.xml.bz2"
     repack(enwiki_xml, dump, pages_per_stream=20)
@@ -167,6 +174,7 @@ def test_corrupt_piece_names_the_piece(enwiki_xml, tmp_path, pool):
     assert not (tmp_path / "out" / "documents.parquet").exists()
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_nightly_rebuild_reuses_unchanged_pieces(tmp_path, pool, data_mirror):
     """Second ingest of the same dump reuses every piece; tonight's dump (new name) with one
     changed page re-parses one piece and gives the artifacts of a from-scratch ingest."""
@@ -212,6 +220,7 @@ class _Outstanding:
         return _Taken()
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_coordinator_holds_at_most_window_pieces(enwiki_xml, tmp_path, pool):
     dump = tmp_path / "window-multistream.xml.bz2"
     repack(enwiki_xml, dump, pages_per_stream=3)
@@ -263,6 +272,7 @@ def test_open_piece_refuses_a_damaged_range(three_streams, damage):
         piece.read()
 
 
+@pytest.mark.slow  # parses in a pool of worker processes (module fixture)
 def test_garbage_between_streams_of_a_piece_names_the_piece(enwiki_xml, tmp_path, pool):
     """Bytes that start no stream inside a piece (offsets of the index past them shifted, so the
     layout is valid): the ingest fails naming the piece, nothing is published."""

@@ -155,6 +155,7 @@ def test_block_merge_raises_on_a_title_after_the_last_bound(tmp_path):
         list(merge_shards(writer.paths, writer.group_rows, bounds=[order[10], order[-2]]))
 
 
+@pytest.mark.slow  # merge runs in spawned worker processes
 def test_merge_runs_through_submit_in_other_processes(tmp_path):
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
@@ -237,6 +238,7 @@ def test_ingest_error_in_a_background_write_leaves_no_artifact(tmp_path, monkeyp
     assert not list((tmp_path / "out").glob("*.parquet"))
 
 
+@pytest.mark.slow  # ingests all of Wikispeedia twice
 def test_pass2_block_sizes_and_fan_in_do_not_change_the_artifacts(tmp_path, monkeypatch, data_mirror):
     """All of Wikispeedia (4,598 articles, 119,879 links): the default pass 2 against tiny merge
     blocks and link batches (boundaries inside every documents row group) and a fan-in of 3 over

@@ -46,6 +46,7 @@ def full(archives, tmp_path_factory):
     return ingest(list(archives), out, IngestConfig(format="wikispeedia")), out
 
 
+@pytest.mark.slow  # ingests all of Wikispeedia (4,598 articles, module fixture)
 def test_full_wikispeedia_has_every_article_and_link(full, graph_tsv):
     summary, out = full
     docs = DOCUMENTS.read(out)
@@ -67,6 +68,7 @@ def test_full_wikispeedia_has_every_article_and_link(full, graph_tsv):
     assert summary.uncompressed_bytes > summary.input_bytes
 
 
+@pytest.mark.slow  # ingests all of Wikispeedia (4,598 articles, module fixture)
 def test_wikispeedia_header_and_footer_are_stripped(full):
     _, out = full
     docs = DOCUMENTS.read(out)
