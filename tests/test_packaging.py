@@ -42,6 +42,12 @@ def _declared(*extras: str) -> set[str]:
     return names
 
 
+@cache
+def _distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+@cache
 def third_party_imports(*dirs: str) -> dict[str, set[str]]:
     """Top-level module name -> files importing it (function-level imports included), for every
     absolute import under ``dirs`` that is neither stdlib nor first-party (a package of this
@@ -69,7 +75,7 @@ def third_party_imports(*dirs: str) -> dict[str, set[str]]:
 
 def _undeclared(imports: dict[str, set[str]], declared: set[str]) -> dict[str, str]:
     """Import name -> why it is not covered by ``declared``."""
-    dists = importlib.metadata.packages_distributions()
+    dists = _distributions()
     missing = {}
     for module, files in sorted(imports.items()):
         providers = {_normalise(d) for d in dists.get(module, [])}
@@ -92,7 +98,7 @@ def test_every_library_import_is_a_runtime_dependency():
 
 
 def test_every_runtime_dependency_is_imported_or_an_install_pin():
-    dists = importlib.metadata.packages_distributions()
+    dists = _distributions()
     imported = {_normalise(d) for module in third_party_imports(*LIBRARY) for d in dists.get(module, [])}
     unused = _declared() - imported - INSTALL_PINS
     assert unused == set(), f"runtime dependencies nothing in {LIBRARY} imports: move them to an extra"

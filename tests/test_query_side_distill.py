@@ -130,6 +130,7 @@ def _stage_dirs(mini, model, tok, tmp_path):
     return cs, cand_dir, label_dir
 
 
+@pytest.mark.slow  # distils the MiniLM pre-ranker on the real mini funnel (module fixture)
 def test_query_side_maxp_distillation_trains_the_query_tower_only(mini, tmp_path, one_torch_thread):
     model, tok = _bi()
     cs, cand_dir, label_dir = _stage_dirs(mini, model, tok, tmp_path)
@@ -171,6 +172,7 @@ def test_query_side_maxp_distillation_trains_the_query_tower_only(mini, tmp_path
         prepare_for_distillation(build_preranker(PreRankerConfig(kind="cross", max_length=32))[0], cfg)
 
 
+@pytest.mark.slow  # distils the MiniLM pre-ranker on the real mini funnel (module fixture)
 def test_maxp_rerank_from_stored_vectors_equals_computed(mini, one_torch_thread):
     model, tok = _bi()
     cs = build_candidates(mini["questions"], mini["index"], mini["members_of"], SEG, WhitespaceCounter(), model, tok,
@@ -186,6 +188,7 @@ def test_maxp_rerank_from_stored_vectors_equals_computed(mini, one_torch_thread)
     assert not np.allclose(first["prerank_score"].to_numpy(), stored["prerank_score"].to_numpy())
 
 
+@pytest.mark.slow  # distils the MiniLM pre-ranker on the real mini funnel (module fixture)
 def test_validation_search_measures_every_epoch_on_train_split_questions_only(mini, tmp_path, one_torch_thread):
     """The BPR search trains on the fit part, measures a checkpoint per epoch on the validation part
     (disjoint, by hash), and the last checkpoint is the run's trained pre-ranker."""
