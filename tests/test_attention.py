@@ -20,6 +20,9 @@ PASSAGE_MASK = torch.tensor([[[0, 0, 1, 1, 1], [0, 0, 1, 1, 0]]], dtype=torch.bo
 ATTENTION_MASK = torch.tensor([[[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]], dtype=torch.bool)
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: 1 intra-op thread on shared cores
+
+
 def scores(**kw):
     cfg = AttentionScoreConfig(**{"n_representative": 2, **kw})
     return passage_scores(ATTN, PASSAGE_MASK, cfg, attention_mask=ATTENTION_MASK)

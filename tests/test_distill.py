@@ -14,6 +14,9 @@ from tasks.funnel.distill import (BPRHooks, DistillConfig, DistillExample, PairD
                            prepare_for_distillation, sample_pairs)
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: 1 intra-op thread on shared cores
+
+
 def test_bpr_matches_direct_formula_and_is_stable():
     pos = torch.tensor([2.0, -1.0, 0.3, 0.0])
     neg = torch.tensor([1.0, 1.5, 0.3, 0.0])

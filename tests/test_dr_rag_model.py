@@ -34,6 +34,9 @@ def tiny(tokenizer, num_labels=1, seed=0, max_length=64) -> DRRAGClassifier:
 LONG = " ".join(f"word{i}" for i in range(200))
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: 1 intra-op thread on shared cores
+
+
 def test_encode_triples_layout_and_truncation(tokenizer):
     cfg = ClassifierConfig(max_length=64, max_query_tokens=12)
     q, short, long_ = "who wrote the origin of species", "Charles Darwin wrote it.", LONG

@@ -33,6 +33,9 @@ TEXTS = {
 QUESTION = "Who is the spouse of the child of Peter Andreas Heiberg?"
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: 1 intra-op thread on shared cores
+
+
 def _ids(sel):
     return [s.paragraph_id for s in sel]
 

@@ -12,6 +12,9 @@ PASSAGES = [("Charles Darwin", "Darwin published On the Origin of Species in 185
             ("Alfred Russel Wallace", "Wallace co-discovered natural selection.")]
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: 1 intra-op thread on shared cores
+
+
 def test_prompt_numbers_passages_and_ends_with_the_question():
     prompt = build_prompt("who wrote on the origin of species", PASSAGES)
     assert "[1] Charles Darwin: Darwin published" in prompt and "[2] Alfred Russel Wallace:" in prompt

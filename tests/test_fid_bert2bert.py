@@ -199,6 +199,7 @@ def test_killed_reader_run_resumes_to_the_same_final_weights(tiny_bert_dir, tmp_
     assert torch.equal(a[enc_name], src[src_name]) == freeze   # a frozen encoder stays the warm start
 
 
+@pytest.mark.slow  # trains both reader kinds and registers them in MLflow
 def test_both_reader_kinds_register_and_load_from_the_registry(tiny_bert_dir, tmp_path, data_mirror):
     from funnelrag.datasets import resolve
     from funnelrag.registry import model_uri, register_model

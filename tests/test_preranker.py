@@ -16,6 +16,9 @@ DOCS = [
 ]
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: 1 intra-op thread on shared cores
+
+
 @pytest.fixture(scope="module")
 def bi():
     return build_preranker(PreRankerConfig(kind="bi"))

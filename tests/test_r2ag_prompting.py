@@ -28,6 +28,9 @@ DOCS = [("Shirley Temple", "Shirley Temple Black was an American actress and dip
         ("Janet Waldo", "Janet Marie Waldo was an American radio <R> and voice actress. " * 3)]
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: 1 intra-op thread on shared cores
+
+
 def test_one_placeholder_per_document_even_with_literal_r_in_text(generator):
     _, tok, r_id = generator
     enc = encode_prompt("Who portrayed Corliss Archer?", DOCS, tok, r_id, PromptConfig(max_length=1024))

@@ -8,6 +8,8 @@ import torch
 
 from models.r2former import QDMHead, R2Former, R2FormerConfig, R2FormerQDM, qdm_loss
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: 1 intra-op thread on shared cores
+
 
 def _model(**kw) -> R2FormerQDM:
     torch.manual_seed(0)

@@ -72,6 +72,7 @@ def test_t5_counts_equal_transformers_without_special_tokens(data_mirror, t5, sa
     assert got[-2] > 256 and got[-1] < 5  # the file's fixed padding/truncation to 256 is off
 
 
+@pytest.mark.slow  # later chunking of Wikispeedia articles with the T5 tokenizer
 def test_later_chunking_equals_offline_tables(tmp_path, t5, sample):
     documents, src, dst = sample
     n = documents.num_rows

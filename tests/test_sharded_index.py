@@ -60,6 +60,7 @@ def _sharded(texts, ids, cuts, cfg, directory=None) -> ShardedBM25:
     return ShardedBM25.load(directory)
 
 
+@pytest.mark.slow  # sharded and single BM25 over every enwiki-sample passage, 60 real questions
 @pytest.mark.parametrize("cfg", [BM25Config(), BM25Config(stemmer=None, stopwords=None, k1=1.2, b=0.75)],
                          ids=["default", "unstemmed"])
 def test_sharded_search_equals_single_index(passages, questions, cfg, tmp_path):
@@ -120,6 +121,7 @@ def _budget(cluster_dir, n=3) -> int:
     return int(CLUSTERS.read(cluster_dir, columns=["n_tokens"]).column("n_tokens").to_numpy().sum()) // n
 
 
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster + segment (module fixture)
 @pytest.mark.parametrize("name,cfg", [("default", BM25Config()),
                                       ("unstemmed", BM25Config(stemmer=None, stopwords=None, k1=1.2, b=0.75))])
 def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatch, name, cfg):
@@ -145,6 +147,7 @@ def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatc
     assert json.loads((tmp_path / "out" / SHARDS_FILE).read_text()) == [f"shard-{k:05d}" for k in range(len(ranges))]
 
 
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster + segment (module fixture)
 def test_built_passage_shards_equal_one_index_and_are_reused(segmented, questions, tmp_path):
     """The corpus build's shards (cluster ranges, stats then index per shard through ``submit``)
     search like one index; a rebuild reuses stats and indexes; a changed passage re-counts the
@@ -176,6 +179,7 @@ def test_built_passage_shards_equal_one_index_and_are_reused(segmented, question
     assert_same_search(_single(changed, cfg), load_passage_index(tmp_path / "c"), questions[:20], ks=(10,))
 
 
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster + segment (module fixture)
 def test_passages_outside_every_cluster_range_are_an_error(segmented, tmp_path):
     """A ``clusters.parquet`` that lacks a cluster of ``passages.parquet`` would drop its passages
     from the index: the build names both files instead."""

@@ -33,6 +33,7 @@ def test_doc_shards_cover_every_document_once():
     assert doc_shards(0, 4) == []
 
 
+@pytest.mark.slow  # T5 token counts in a pool of worker processes
 @pytest.mark.parametrize("docs_per_shard", [7, 1000])
 def test_sharded_tokens_are_byte_identical(ingested, data_mirror, tmp_path, docs_per_shard):
     cfg = SegmentConfig()
@@ -123,6 +124,7 @@ def test_cluster_ranges_reject_bad_input(tmp_path):
         cluster_ranges(np.arange(2), np.array([1, -1]), keys, 10)
 
 
+@pytest.mark.slow  # enwiki-sample T5 tokens + clustering (module fixture)
 def test_read_cluster_ranges_checks_members_against_clusters(clustered):
     cluster_dir = clustered / "cluster"
     members = pq.read_table(cluster_dir / "cluster_members.parquet").column("cluster_id").to_numpy()
@@ -141,6 +143,7 @@ def clustered(ingested, data_mirror, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # enwiki-sample T5 tokens + clustering (module fixture)
 def test_partition_gives_each_shard_exactly_its_documents(ingested, clustered, tmp_path):
     """One pass over documents.parquet (doc ranges of 9, through a process pool) puts every member
     document in its shard's directory, with the rows a by-id read of documents.parquet gives."""
@@ -163,6 +166,7 @@ def test_partition_gives_each_shard_exactly_its_documents(ingested, clustered, t
         partition_documents(ingested, ranges[1:], cids, dids, tmp_path / "bad", run_here, 9)
 
 
+@pytest.mark.slow  # enwiki-sample T5 tokens + clustering (module fixture)
 @pytest.mark.parametrize("tokens_per_shard", [60_000, 10**9])
 def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp_path, tokens_per_shard):
     cfg = SegmentConfig()
