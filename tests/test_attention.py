@@ -142,6 +142,7 @@ SPEC = {
 }
 
 
+@pytest.mark.slow  # builds a T5 FiD reader and its tokenizer (module fixture)
 def test_runner_matches_direct_eq3_and_batching(reader):
     import pyarrow as pa
 
@@ -171,6 +172,7 @@ def test_runner_matches_direct_eq3_and_batching(reader):
     torch.testing.assert_close(torch.tensor(got), direct)
 
 
+@pytest.mark.slow  # builds a T5 FiD reader and its tokenizer (module fixture)
 def test_runner_refuses_non_eager_attention(reader):
     import pyarrow as pa
 

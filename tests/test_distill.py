@@ -83,6 +83,7 @@ def test_hooks_loss_is_per_question_mean_of_eq6():
     assert extra["pair_accuracy"] == pytest.approx(2 / 3)
 
 
+@pytest.mark.slow  # trains the MiniLM pre-ranker through the shared loop
 def test_distillation_through_shared_loop_moves_scores_toward_labels(tmp_path):
     """A few BPR steps on the real MiniLM cross-encoder raise s(d+) − s(d−) of the trained pairs."""
     model, tok = build_preranker(PreRankerConfig(kind="cross", max_length=64, seed=0))

@@ -17,7 +17,7 @@ def enwiki_texts(data_mirror):
     """Real article chunks: the enwiki sample's page texts split into ~300-word pieces."""
     raw = bz2.decompress(datasets.resolve("enwiki-sample", data_mirror).read_bytes()).decode()
     words = re.sub(r"<[^>]+>|\{\{[^}]*\}\}|\[\[|\]\]|'''?", " ", raw).split()
-    return [" ".join(words[i:i + 300]) for i in range(0, min(len(words), 300 * 600), 300)]
+    return [" ".join(words[i:i + 300]) for i in range(0, min(len(words), 300 * 200), 300)]
 
 
 def test_scores_equal_bm25s_called_directly(enwiki_texts):

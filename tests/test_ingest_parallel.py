@@ -293,6 +293,7 @@ def test_garbage_between_streams_of_a_piece_names_the_piece(enwiki_xml, tmp_path
     assert not (tmp_path / "out" / "documents.parquet").exists()
 
 
+@pytest.mark.slow  # bz2-compresses 4 MB of random bytes and reads them twice
 def test_open_piece_frees_the_compressed_bytes(tmp_path):
     """indexed_bzip2 keeps the file object it reads from after ``close``: the piece reader must
     free the compressed bytes anyway, or a worker's memory grows by every piece it reads."""

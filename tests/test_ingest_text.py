@@ -79,6 +79,7 @@ _TARGET_ALPHABET = list("aZé ß_&%#:|[]{}<>.,'-()0") + ["\t", "\n", "\xa0", "\u
                                                        "ﬁ", "ŉ", "&amp;", "%20", "%C3%A9", "fr:", "File:", "wikt:"]
 
 
+@pytest.mark.slow  # 3,000 hypothesis examples
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(st.sampled_from(_TARGET_ALPHABET), max_size=8).map("".join))
 def test_classify_link_fast_path_equals_the_general_path(raw):
@@ -164,6 +165,7 @@ def parsed(enwiki_pages) -> dict[str, "mwparserfromhell.wikicode.Wikicode"]:
     return {title: mwparserfromhell.parse(text) for title, text in enwiki_pages.items()}
 
 
+@pytest.mark.slow  # mwparserfromhell's parse of every enwiki-sample page (reference, module fixture)
 def test_cleaner_agrees_with_mwparserfromhell_strip_code(enwiki_pages, parsed):
     """Reference comparison: every word we keep is a word ``strip_code`` keeps (precision),
     and we keep most of its words (it also keeps reference and table text, which we drop)."""
@@ -180,6 +182,7 @@ def test_cleaner_agrees_with_mwparserfromhell_strip_code(enwiki_pages, parsed):
     assert 0.7 < ours_total / ref_total < 1.0
 
 
+@pytest.mark.slow  # mwparserfromhell's parse of every enwiki-sample page (reference, module fixture)
 def test_link_extraction_agrees_with_mwparserfromhell(enwiki_pages, parsed):
     """Every wikilink mwparserfromhell finds (recursively) is found; we also see gallery/imagemap links."""
     ours_total = ref_total = 0

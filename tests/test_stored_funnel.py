@@ -49,6 +49,7 @@ def test_group_max_is_the_maximum_per_group():
     np.testing.assert_array_equal(group_max(scores, groups, 8), np.asarray(expected, np.float32))
 
 
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
 @pytest.mark.parametrize("kind", ["bi", "cross"])
 def test_maxp_scores_equal_a_brute_force_reference(mini, kind, one_torch_thread):
     model, tok = (mini["model"], mini["tok"]) if kind == "bi" else build_preranker(PreRankerConfig(kind="cross", max_length=64))
@@ -68,6 +69,7 @@ def test_maxp_scores_equal_a_brute_force_reference(mini, kind, one_torch_thread)
             assert cs.passage_scores[(r["question_id"], pid)] == pytest.approx(s, abs=tol)
 
 
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
 def test_stored_vectors_equal_on_the_fly_encoding(mini, one_torch_thread):
     model, tok, passages = mini["model"], mini["tok"], mini["passages"]
     index, info = build_embedding_index(passages, model, tok, "digest-a", EmbeddingConfig(batch_size=5, shard_rows=7))
@@ -80,6 +82,7 @@ def test_stored_vectors_equal_on_the_fly_encoding(mini, one_torch_thread):
             np.testing.assert_allclose(index.vectors[j], one, atol=1e-5)
 
 
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
 def test_index_is_published_reused_and_rejected_on_mismatch(mini, tmp_path, one_torch_thread):
     model, tok, passages = mini["model"], mini["tok"], mini["passages"]
     index, info = ensure_embedding_index(tmp_path / "stores", tmp_path / "cache", "mini", "digest-a", passages,
@@ -108,6 +111,7 @@ def test_index_is_published_reused_and_rejected_on_mismatch(mini, tmp_path, one_
     assert len(list((root / "versions").iterdir())) == 2
 
 
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
 def test_progressive_from_stored_vectors_ranks_as_on_the_fly(mini, one_torch_thread):
     model, tok = mini["model"], mini["tok"]
     cs = _maxp_candidates(mini, model, tok)
@@ -128,6 +132,7 @@ def test_progressive_from_stored_vectors_ranks_as_on_the_fly(mini, one_torch_thr
         assert [index.passage_ids[r] for r, _ in top] == [pid for _, pid in expected]
 
 
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
 def test_lazy_index_fills_on_demand_and_persists(mini, tmp_path, one_torch_thread):
     model, tok, passages = mini["model"], mini["tok"], mini["passages"]
     full, _ = build_embedding_index(passages, model, tok, "digest-a")
@@ -143,6 +148,7 @@ def test_lazy_index_fills_on_demand_and_persists(mini, tmp_path, one_torch_threa
         LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-b", version, full.dim, 64)
 
 
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
 def test_faiss_flat_dense_is_exact_and_approximate_kinds_recall(mini, one_torch_thread):
     from tasks.evaluate.flat_dense import FlatDenseConfig, build_faiss_index, faiss_retriever  # noqa: PLC0415
     from tasks.evaluate.retrieval import LabeledPreRanker  # noqa: PLC0415
@@ -167,6 +173,7 @@ def test_faiss_flat_dense_is_exact_and_approximate_kinds_recall(mini, one_torch_
         FlatDenseConfig(kind="lsh")
 
 
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
 def test_candidates_from_stored_vectors_equal_on_the_fly_maxp(mini, one_torch_thread):
     """``build_candidates(index=...)`` (the experiment's train pool) ranks units, keeps candidates
     and scores passages as the on-the-fly MaxP funnel, up to float rounding."""

@@ -189,6 +189,7 @@ def test_bf16_trains_on_cpu_and_leaves_an_fp32_model(tmp_path):
         torch.testing.assert_close(model(x), manual)  # no autocast left on the returned model
 
 
+@pytest.mark.slow  # a second interpreter holds the run directory
 def test_a_second_process_training_into_the_same_run_directory_is_refused(tmp_path):
     """The lock is held while a run trains; a crashed run's lock is gone, so it resumes."""
     import subprocess
