@@ -29,7 +29,7 @@ IDS = ["lucene", "robertson", "robertson-unstemmed", "atire", "bm25l-by-bm25s", 
 @pytest.fixture(scope="module")
 def texts(data_mirror) -> list[str]:
     raw = bz2.decompress(datasets.resolve("enwiki-sample", data_mirror).read_bytes()).decode()
-    words = re.sub(r"<[^>]+>|\{\{[^}]*\}\}|\[\[|\]\]|'''?", " ", raw).split()[:60_000]
+    words = re.sub(r"<[^>]+>|\{\{[^}]*\}\}|\[\[|\]\]|'''?", " ", raw).split()[:120_000]
     pieces, at, k = [], 0, 0
     while at < len(words):
         n = PIECE_WORDS[k % len(PIECE_WORDS)]
