@@ -55,6 +55,7 @@ def test_real_graph_shape_and_clustering_coefficient_equals_networkx(wikispeedia
     assert metrics.triangles.tolist() == [tri[i] for i in range(len(titles))]
 
 
+@pytest.mark.slow  # graph and clustering of all of Wikispeedia (module fixture reads every link)
 def test_real_graph_clustering_invariants_and_multi_document_clusters(wikispeedia):
     titles, src, dst, n_words = wikispeedia
     graph = build_graph(src, dst, len(titles))
@@ -78,6 +79,7 @@ def test_real_graph_clustering_invariants_and_multi_document_clusters(wikispeedi
     assert wide.n_clusters < len(titles) / 2
 
 
+@pytest.mark.slow  # graph and clustering of all of Wikispeedia (module fixture reads every link)
 def test_real_graph_clustering_independent_of_link_order(wikispeedia):
     titles, src, dst, n_words = wikispeedia
     perm = np.random.default_rng(0).permutation(src.size)

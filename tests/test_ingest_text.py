@@ -195,6 +195,7 @@ def test_link_extraction_agrees_with_mwparserfromhell(enwiki_pages, parsed):
     assert ref_total <= ours_total < 1.01 * ref_total
 
 
+@pytest.mark.slow  # mwparserfromhell's parse of every enwiki-sample page (reference, module fixture)
 def test_disambiguation_detection_matches_mwparserfromhell_templates(enwiki_pages, parsed):
     templates = IngestConfig().template_set()
     expected = {title for title, text in enwiki_pages.items()

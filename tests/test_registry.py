@@ -13,6 +13,9 @@ from funnelrag.workspace import Workspace
 NAME = "test-preranker"
 
 
+pytestmark = pytest.mark.slow  # one MLflow SQLite store for the module: creating its tables takes ~10 s here
+
+
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     """One MLflow SQLite for the module (creating its tables takes seconds); tests use own names."""

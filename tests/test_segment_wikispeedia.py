@@ -59,6 +59,7 @@ def sample(data_mirror):
     return documents, np.array([a for a, _ in inside]), np.array([b for _, b in inside])
 
 
+@pytest.mark.slow  # the T5 tokenizer over Wikispeedia articles against transformers
 def test_t5_counts_equal_transformers_without_special_tokens(data_mirror, t5, sample):
     from transformers import AutoTokenizer
 

@@ -223,6 +223,7 @@ def test_status_mb_reads_the_process_memory_fields():
     assert status_mb("NoSuchField") is None and status_mb("VmRS") is None   # a prefix is not the field
 
 
+@pytest.mark.slow  # allocates and frees hundreds of MB to watch the RSS
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS from /proc, malloc_trim from glibc")
 def test_release_memory_gives_a_finished_tasks_heap_back():
     """Freed but fragmented malloc memory (what a shard task leaves in a worker) stays in RSS until

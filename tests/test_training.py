@@ -92,6 +92,7 @@ def test_sampler_is_a_function_of_seed_and_epoch():
     assert list(a) != list(b)
 
 
+@pytest.mark.slow  # four training runs (straight, crashed, two resumes)
 def test_resume_mid_epoch_and_at_epoch_boundary_match_straight_run(tmp_path):
     data = _data()
     straight_model = _model()
