@@ -8,6 +8,7 @@ Examples::
     funnelrag search "who wrote the origin of species"
     funnelrag distill --config configs/distillation_wikispeedia_cpu.yaml --set n_train=150
     funnelrag evaluate --config configs/evaluate_demo.yaml --print-config
+    funnelrag experiment --config configs/distillation_experiment_cpu.yaml --set parts=[candidates]
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ FLOW_MODULES = (
     "flows.corpus_build",
     "flows.funnel",
     "flows.evaluate",
+    "flows.experiment",
     "flows.embed",
     "flows.dr_rag",
     "flows.r2ag",
@@ -43,6 +45,7 @@ COMMAND_INDEX = {
     "score-passages": "flows.funnel",
     "distill-preranker": "flows.funnel",
     "evaluate": "flows.evaluate",
+    "experiment": "flows.experiment",
     "embed-corpus": "flows.embed",
     "dr-rag": "flows.dr_rag",
     "dr-rag-train": "flows.dr_rag",

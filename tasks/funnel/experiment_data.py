@@ -1,4 +1,4 @@
-"""Stage-directory helpers of the distillation experiment (:mod:`tasks.funnel.experiment`):
+"""Stage-directory helpers of the distillation experiment (:mod:`flows.experiment`):
 question subsets of a candidates stage, answerable questions, and the flat-BM25 reader input."""
 from __future__ import annotations
 
