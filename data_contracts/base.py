@@ -256,9 +256,7 @@ class ContractWriter:
                                row_group_size=self.row_group_size or _ROW_GROUP_SIZE, write_statistics=True)
             else:
                 self._writer.close()
-            with open(self._tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(self._tmp, self.final)
+            replace_file(self._tmp, self.final)
         except BaseException:
             self.abort()
             raise
@@ -333,24 +331,59 @@ class ContractWriter:
 
 
 # ---------------------------------------------------------------------- helpers
-def atomic_write(final: Path, writer: Callable[[Path], None]) -> None:
+def binary_labels(table: pa.Table):
+    """Contract check: every ``label`` is 0 or 1 (``(column, rows, reason)`` of the first bad rows, else None)."""
+    rows = _first_true(pc.invert(pc.is_in(table["label"], value_set=pa.array([0, 1], pa.int8()))))
+    return ("label", rows, "label must be 0 or 1") if rows else None
+
+
+def atomic_write(final: Path, writer: Callable[[Path], None], durable: bool = True) -> None:
     """Call ``writer(tmp_path)`` then rename ``tmp_path`` onto ``final`` atomically.
 
-    The temporary file lives in ``final``'s directory (same file system), is fsynced before
-    the rename, and is removed if ``writer`` raises, so ``final`` is either the old or the new
-    complete file.
+    The temporary file lives in ``final``'s directory (same file system,
+    :func:`temp_file_beside`), is fsynced before the rename and the directory after it
+    (:func:`replace_file`), and is removed if anything raises, so ``final`` is either the old or
+    the new complete file. ``durable=False`` skips the fsyncs (scratch files that a crash
+    discards anyway).
     """
+    with temp_file_beside(final) as tmp:
+        writer(tmp)
+        replace_file(tmp, final, durable)
+
+
+@contextlib.contextmanager
+def temp_file_beside(final: Path) -> Iterator[Path]:
+    """An empty temporary file (mode 0644) in ``final``'s directory, created with the directory;
+    removed when the block ends unless it was renamed away (:func:`replace_file`). For writers
+    that pick the final name only after writing (content-addressed files)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _readable_temp(final)
     try:
-        writer(tmp)
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def replace_file(tmp: Path, final: Path, durable: bool = True) -> None:
+    """Rename the complete file ``tmp`` onto ``final`` (same directory): with ``durable``, fsync
+    ``tmp`` before the rename and the directory after it, so after a crash ``final`` holds the
+    old or the new bytes, never an empty or partial file, and the rename itself survives."""
+    if durable:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    os.replace(tmp, final)
+    if durable:
+        fsync_directory(Path(final).parent)
+
+
+def fsync_directory(directory: Path) -> None:
+    """fsync a directory (its entries: a rename into it is on disk after this)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _readable_temp(final: Path) -> Path:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from funnelrag.compare import format_value
 from funnelrag.config import FlowCommand, load_config
 
 # Flow modules that export ``COMMANDS: list[FlowCommand]``; imported only when needed.
@@ -81,27 +82,19 @@ def print_summary(summary: Any, indent: int = 0, out=sys.stdout) -> None:
                 print(f"{pad}{k}:", file=out)
                 print_summary(v, indent + 2, out)
             else:
-                print(f"{pad}{str(k):<{width}} : {_fmt(v)}", file=out)
+                print(f"{pad}{str(k):<{width}} : {format_value(v)}", file=out)
     elif isinstance(summary, list):
         if summary and all(isinstance(r, dict) for r in summary):
             cols = list(dict.fromkeys(k for r in summary for k in r))
-            widths = {c: max(len(c), *(len(_fmt(r.get(c, ""))) for r in summary)) for c in cols}
+            widths = {c: max(len(c), *(len(format_value(r.get(c, ""))) for r in summary)) for c in cols}
             print(pad + "  ".join(f"{c:>{widths[c]}}" for c in cols), file=out)
             for r in summary:
-                print(pad + "  ".join(f"{_fmt(r.get(c, '')):>{widths[c]}}" for c in cols), file=out)
+                print(pad + "  ".join(f"{format_value(r.get(c, '')):>{widths[c]}}" for c in cols), file=out)
         else:
             for v in summary:
-                print(f"{pad}- {_fmt(v)}", file=out)
+                print(f"{pad}- {format_value(v)}", file=out)
     else:
-        print(f"{pad}{_fmt(summary)}", file=out)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return str(v)
+        print(f"{pad}{format_value(summary)}", file=out)
 
 
 def _search(args: argparse.Namespace) -> int:

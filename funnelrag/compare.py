@@ -71,11 +71,15 @@ def _number(text: str) -> Any:
         return text
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A value as printed in a table or summary: ``–`` for none, floats to 4 significant digits
+    (whole numbers from 1e5 up, with thousands separators), ints with thousands separators."""
     if v is None:
         return "–"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
     return str(v)
 
 
@@ -99,10 +103,10 @@ def compare_table(columns: Sequence[Column], metrics: Sequence[str] = (), params
         if kind in ("metric", "version") and metrics and not any(fnmatch.fnmatch(name, p) for p in metrics):
             continue
         vals = [c.values.get(key) for c in columns]
-        differs = len({_fmt(v) for v in vals}) > 1
+        differs = len({format_value(v) for v in vals}) > 1
         if only_diff and not differs:
             continue
-        rows.append([key, "*" if differs else "", *(_fmt(v) for v in vals)])
+        rows.append([key, "*" if differs else "", *(format_value(v) for v in vals)])
     return rows
 
 

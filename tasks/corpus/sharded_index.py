@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_contracts.base import atomic_write_bytes, sha256_file
+from data_contracts.base import atomic_write_bytes, replace_file, sha256_file, temp_file_beside
 from data_contracts.corpus import CLUSTERS, PASSAGES
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges, texts_key
@@ -278,12 +278,11 @@ def merge_stats_files(work_dir: Path, keys: Sequence[str], n_docs: int, total_le
         merged = part
     merged = (merged if merged is not None else pa.table({"term": pa.array([], pa.string()),
                                                           "df": pa.array([], pa.int64())})).sort_by("term")
-    tmp = Path(work_dir) / "passage-stats" / f".tmp-global-{os.getpid()}.parquet"
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(merged.select(["term", "df"]), tmp)
-    digest = sha256_file(tmp)
-    final = tmp.with_name(f"global-{digest}.parquet")
-    os.replace(tmp, final)
+    with temp_file_beside(Path(work_dir) / "passage-stats" / "global.parquet") as tmp:   # named by its digest
+        pq.write_table(merged.select(["term", "df"]), tmp)
+        digest = sha256_file(tmp)
+        final = tmp.with_name(f"global-{digest}.parquet")
+        replace_file(tmp, final)
     global_key = hashlib.sha256(json.dumps([digest, n_docs, total_len]).encode()).hexdigest()
     return final, global_key
 

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
+from data_contracts.base import atomic_write
 from tasks.corpus.segment import (SegmentConfig, check_members, count_window_tokens, segment_cluster,
                                   segments_to_tables)
 from tasks.corpus.tokenize import load_token_counter
@@ -219,10 +220,7 @@ def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_di
             continue
         rows = table.take(pa.array(np.sort(order[a:b])))
         path = Path(out_dir) / f"{k:06d}" / f"{lo:010d}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-        pq.write_table(rows, tmp, compression="none")
-        os.replace(tmp, path)
+        atomic_write(path, functools.partial(pq.write_table, rows, compression="none"))
         written += rows.num_rows
     return written
 
