@@ -47,7 +47,6 @@ from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
 from tasks.funnel.experiment_data import answerable, first_questions, subset
 from tasks.funnel.experiment_validation import ValidationConfig
-from tasks.funnel.labels import LabelConfig
 from tasks.funnel.questions import QuestionsConfig
 from tasks.funnel.reader import ReaderTrainConfig
 
@@ -159,66 +158,9 @@ class ExperimentConfig(FlowConfig):
         if self.heldout_vectors == "stored" and self.candidates.unit_scoring != "maxp":
             raise ValueError("heldout_vectors='stored' reads passage vectors: candidates.unit_scoring must be 'maxp'")
         if self.train_vectors == "stored" and (self.train_candidates or self.candidates).unit_scoring != "maxp":
-            raise ValueError("train_vectors='stored' reads passage vectors: train_candidates.unit_scoring must be 'maxp'")
+            raise ValueError("train_vectors='stored' reads passage vectors: "
+                             "train_candidates.unit_scoring must be 'maxp'")
         return self
-
-    @property
-    def recall_ks(self) -> list[int]:
-        """AR@k cut-offs of the held-out pool: ``recall_at`` and N (``candidates.n_units``)."""
-        return sorted({*self.recall_at, self.candidates.n_units})
-
-
-# ---------------------------------------------------------------------------- step keys
-# The configs the steps are keyed on (with VERSION and the input digests, StageCache.key).
-def candidates_key(cfg: ExperimentConfig, split: str, segment) -> dict[str, Any]:
-    """Key config of ``candidates_<split>`` (``segment``: the corpus' segmentation config)."""
-    train = split == "train"
-    key = {"split": split, "limit": cfg.n_train if train else cfg.n_heldout,
-           "candidates": (cfg.train_candidates or cfg.candidates) if train else cfg.candidates,
-           "preranker": (cfg.train_preranker or cfg.preranker) if train else cfg.preranker, "segment": segment}
-    return {**key, "vectors": "stored"} if _stored(cfg, split) else key
-
-
-def reader_data_key(cfg: ExperimentConfig, split: str) -> dict[str, Any]:
-    """Key config of ``reader_data`` (train) and ``reader_dev_data`` (dev)."""
-    key = {"n_reader": cfg.n_reader if split == "train" else cfg.n_reader_dev, "n_passages": cfg.reader.n_passages,
-           "search_k": cfg.reader_search_k}
-    return key if split == "train" else {**key, "split": split}
-
-
-def reader_key(cfg: ExperimentConfig) -> dict[str, Any]:
-    return asdict(cfg.reader)
-
-
-def attention_key(cfg: ExperimentConfig) -> dict[str, Any]:
-    return {"score": cfg.attention, "run": cfg.attention_run}
-
-
-def labels_key(cfg: ExperimentConfig, l2g: bool) -> LabelConfig:
-    """L2G labels (𝒦 = ``l2g_top_k``) or answer-only labels (𝒦 = 0)."""
-    return LabelConfig(alpha=cfg.l2g_alpha, top_k=cfg.l2g_top_k if l2g else 0)
-
-
-def validation_key(cfg: ExperimentConfig) -> dict[str, Any]:
-    return {"validation": cfg.validation, "preranker": cfg.preranker, "distill": cfg.distill,
-            "train": cfg.distill_train, "vectors": cfg.heldout_vectors, "ks": cfg.recall_ks}
-
-
-def distill_key(cfg: ExperimentConfig, distill: DistillConfig, train: TrainConfig) -> dict[str, Any]:
-    """Key config of a BPR run with these (possibly validation-chosen) settings."""
-    return {"preranker": cfg.preranker, "distill": distill, "train": train}
-
-
-def prerank_scores_key(cfg: ExperimentConfig) -> dict[str, Any]:
-    return {"preranker": cfg.preranker, "vectors": cfg.heldout_vectors}
-
-
-def recall_key(cfg: ExperimentConfig) -> dict[str, Any]:
-    return {"ks": cfg.recall_ks}
-
-
-def _stored(cfg: ExperimentConfig, split: str) -> bool:
-    return (cfg.train_vectors if split == "train" else cfg.heldout_vectors) == "stored"
 
 
 # ---------------------------------------------------------------------------- context
@@ -314,9 +256,10 @@ def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageRe
     from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
 
     seg_cfg = SegmentConfig(**ctx.corpus.manifest["config"]["segment"])
-    key = candidates_key(ctx.cfg, split, seg_cfg)
+    key = X.candidates_key(ctx.cfg, split, seg_cfg)
     inputs = {"questions": questions.files["questions.parquet"], "corpus": ctx.corpus.digest}
-    extra = {"stores_dir": ctx.ws.home / "stores", "corpus_name": ctx.cfg.corpus} if _stored(ctx.cfg, split) else {}
+    stored = X.stored_vectors(ctx.cfg, split)
+    extra = {"stores_dir": ctx.ws.home / "stores", "corpus_name": ctx.cfg.corpus} if stored else {}
     return ctx.step(f"candidates_{split}", key, inputs, lambda out, _: S.run_candidates(
         questions.path, split, key["limit"], ctx.corpus, seg_cfg,
         load_token_counter(seg_cfg.tokenizer, ctx.cfg.workspace.data_mirror), key["preranker"], key["candidates"],
@@ -342,7 +285,7 @@ def distill_data_task(ctx: Context, train: StageResult) -> StageResult:
 def reader_data_task(ctx: Context, questions: StageResult, split: str = "train") -> StageResult:
     """Flat-BM25 reader input of the train-split questions (``n_reader``), or of the first
     ``n_reader_dev`` held-out ones (``split="dev"``)."""
-    key = reader_data_key(ctx.cfg, split)
+    key = X.reader_data_key(ctx.cfg, split)
     inputs = {"questions": questions.files["questions.parquet"], "corpus": ctx.corpus.digest}
     return ctx.step("reader_data" if split == "train" else "reader_dev_data", key, inputs,
                     lambda out, _: X.build_reader_input(ctx.corpus, questions.path, split, key["n_reader"],
@@ -353,7 +296,7 @@ def reader_data_task(ctx: Context, questions: StageResult, split: str = "train")
 def reader_task(ctx: Context, data: StageResult) -> StageResult:
     """The FiD reader trained on ``data`` (checkpoints in its run directory)."""
     r = ctx.cfg.reader
-    return ctx.step("reader", reader_key(ctx.cfg), {"data": data.digest},
+    return ctx.step("reader", X.reader_key(ctx.cfg), {"data": data.digest},
                     lambda out, key: S.run_reader(data.path, r, ctx.reader_run_dir(key), out))
 
 
@@ -376,14 +319,14 @@ def reader_eval_task(ctx: Context, heldout: StageResult, reader: StageResult) ->
 @stage_task("experiment-attention")
 def attention_task(ctx: Context, name: str, data: StageResult, reader: StageResult) -> StageResult:
     c = ctx.cfg
-    return ctx.step(name, attention_key(c), {"data": data.digest, "reader": reader.digest},
+    return ctx.step(name, X.attention_key(c), {"data": data.digest, "reader": reader.digest},
                     lambda out, _: S.run_attention(data.path, reader.path, c.attention, c.attention_run, out))
 
 
 @stage_task("experiment-labels")
 def labels_task(ctx: Context, name: str, data: StageResult, attention: StageResult | None) -> StageResult:
     """L2G labels from Eq. 3 scores, or (``attention=None``) answer-only labels (𝒦 = 0)."""
-    cfg = labels_key(ctx.cfg, l2g=attention is not None)
+    cfg = X.labels_key(ctx.cfg, l2g=attention is not None)
     if attention is not None:
         return ctx.step(name, cfg, {"data": data.digest, "attention": attention.digest},
                         lambda out, _: S.run_labels(data.path, attention.path, cfg, out))
@@ -397,7 +340,7 @@ def validation_task(ctx: Context, train: StageResult, data: StageResult, labels:
     from tasks.funnel.experiment_validation import validation_curve  # noqa: PLC0415
 
     c = ctx.cfg
-    key_cfg = validation_key(c)
+    key_cfg = X.validation_key(c)
 
     def build(out: Path, key: str) -> dict[str, Any]:
         curve = validation_curve(train.path, data.path, labels.path, ctx.corpus.passages, c.preranker, c.distill,
@@ -417,7 +360,7 @@ def distill_task(ctx: Context, name: str, data: StageResult, labels: StageResult
     passage vectors when they are published."""
     c = ctx.cfg
     d_cfg, t_cfg = X.distill_settings(c.distill, c.distill_train, selected.path if selected else None)
-    return ctx.step(name, distill_key(c, d_cfg, t_cfg), {"data": data.digest, "labels": labels.digest},
+    return ctx.step(name, X.distill_key(c, d_cfg, t_cfg), {"data": data.digest, "labels": labels.digest},
                     lambda out, key: S.run_distill(data.path, labels.path, c.preranker, d_cfg, t_cfg,
                                                    ctx.ws.run_dir(f"experiment-{name}", key[:16]), out,
                                                    index=ctx.distill_index()))
@@ -427,7 +370,7 @@ def distill_task(ctx: Context, name: str, data: StageResult, labels: StageResult
 def prerank_scores_task(ctx: Context, name: str, data: StageResult) -> StageResult:
     """The pre-ranker's own score of every candidate passage of ``data``."""
     c = ctx.cfg
-    return ctx.step(name, prerank_scores_key(c), {"data": data.digest}, lambda out, _: X.build_prerank_passage_scores(
+    return ctx.step(name, X.prerank_scores_key(c), {"data": data.digest}, lambda out, _: X.build_prerank_passage_scores(
         data.path, c.preranker, c.candidates.batch_size, ctx.heldout_index_of(), out))
 
 
@@ -438,8 +381,8 @@ def recall_task(ctx: Context, name: str, heldout: StageResult, distilled: StageR
     c = ctx.cfg
     passages = ctx.corpus.passages if c.candidates.unit_scoring == "maxp" else None
     inputs = {"heldout": heldout.digest, "distilled": distilled.digest if distilled else "base"}
-    return ctx.step(name, recall_key(c), inputs, lambda out, _: X.build_preranker_recall(
-        heldout.path, distilled.path if distilled else None, c.recall_ks, c.candidates.batch_size, passages,
+    return ctx.step(name, X.recall_key(c), inputs, lambda out, _: X.build_preranker_recall(
+        heldout.path, distilled.path if distilled else None, X.recall_ks(c), c.candidates.batch_size, passages,
         ctx.heldout_index_of(), out))
 
 
@@ -447,7 +390,7 @@ def recall_task(ctx: Context, name: str, heldout: StageResult, distilled: StageR
 def run_parts(ctx: Context, parts: tuple[str, ...]) -> dict[str, Any]:
     """Run the requested parts (each reuses every cached step); with ``"report"`` return the
     tables (``text``) and figures (JSON-ready), else the summaries of the steps run."""
-    from tasks.funnel.experiment_report import distillation_report, postranker_report, reader_curve_report  # noqa: PLC0415
+    from tasks.funnel.experiment_report import experiment_report  # noqa: PLC0415
 
     c, want = ctx.cfg, set(parts)
     q = questions_task(ctx)
@@ -458,7 +401,8 @@ def run_parts(ctx: Context, parts: tuple[str, ...]) -> dict[str, Any]:
         train = candidates_task(ctx, q, "train")
         data = distill_data_task(ctx, train)
     selected = None
-    if c.validation is not None and ({"validation", "report"} & want or (c.distill_select and {"answer_only", "l2g"} & want)):
+    if c.validation is not None and ({"validation", "report"} & want
+                                     or (c.distill_select and {"answer_only", "l2g"} & want)):
         done["labels_answer_only"] = labels_task(ctx, "labels_answer_only", data, None)
         done["validation"] = validation_task(ctx, train, data, done["labels_answer_only"])
         selected = done["validation"] if c.distill_select else None
@@ -482,31 +426,15 @@ def run_parts(ctx: Context, parts: tuple[str, ...]) -> dict[str, Any]:
         if c.candidates.unit_scoring == "maxp":
             done["postrank_prerank"] = prerank_scores_task(ctx, "prerank_passage_scores", done["postrank_data"])
 
-    texts, figures = [], {}
-    if "validation" in done:
-        from tasks.funnel.experiment_validation import validation_table  # noqa: PLC0415
-
-        curve = json.loads((done["validation"].path / "validation.json").read_text())
-        texts.append(validation_table(curve))
-        figures["validation"] = curve
-    if "answer_only" in done:
+    recalls = {}
+    if "answer_only" in done:   # the held-out pool before / after each distillation
         recalls = {name: recall_task(ctx, f"recall_{name}", heldout, d) for name, d in
                    (("before", None), ("answer_only", done["answer_only"]), ("l2g", done.get("l2g")))
                    if d or name == "before"}
-        t, f = distillation_report(c, recalls, done)
-        texts.append(t)
-        figures.update(f)
-    if "reader_curve" in done:
-        t, f = reader_curve_report(c, done)
-        texts.append(t)
-        figures.update(f)
-    if {"postrank", "reader_eval"} <= set(done):
-        t, f = postranker_report(c, done)
-        texts.append(t)
-        figures.update(f)
-    if not texts:
+    text, figures = experiment_report(c, done, recalls)
+    if not text:
         return {k: v.summary for k, v in ctx.results.items()}
-    return {"text": "\n\n".join(texts), "figures": figures}
+    return {"text": text, "figures": figures}
 
 
 @flow(name="experiment", log_prints=True)

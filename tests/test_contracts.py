@@ -173,5 +173,6 @@ def test_binary_labels_names_the_first_rows_that_are_not_0_or_1():
     labels = pa.table({"label": pa.array([0, 1, 2, 1, -1], pa.int8())})
     assert binary_labels(labels) == ("label", [2, 4], "label must be 0 or 1")
     assert binary_labels(labels.slice(0, 2)) is None
-    users = [c for m in (dr_rag, r2ag) for c in vars(m).values() if isinstance(c, Contract) and binary_labels in c.checks]
+    users = [c for m in (dr_rag, r2ag) for c in vars(m).values()
+             if isinstance(c, Contract) and binary_labels in c.checks]
     assert len(users) >= 4   # DR-RAG pairs, R²AG lists, features, scores: one check

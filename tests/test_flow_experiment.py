@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.experiment import (COMMANDS, ExperimentConfig, attention_key, candidates_key, distill_key, labels_key,
-                              prerank_scores_key, reader_data_key, reader_key, recall_key, validation_key)
+from flows.experiment import COMMANDS, ExperimentConfig
 from funnelrag.config import config_hash, deep_merge, load_config, parse_overrides, read_config_file
+from tasks.funnel.experiment_steps import (attention_key, candidates_key, distill_key, labels_key, prerank_scores_key,
+                                           reader_data_key, reader_key, recall_key, validation_key)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "configs/distillation_experiment_cpu.yaml"
@@ -66,7 +67,7 @@ def test_the_shipped_yaml_loads_and_inconsistent_settings_are_refused():
     assert partial.reader.train.max_steps == 3 and partial.reader.train.lr == cfg.reader.train.lr
     for bad, match in (({"train_vectors": "stored"}, "unit_scoring must be 'maxp'"),
                        ({"train_vectors": "cached"}, "train_vectors"),
-                       ({"heldout_vectors": "stored"}, "heldout_vectors='stored'"),   # the default pool scores unit texts
+                       ({"heldout_vectors": "stored"}, "heldout_vectors='stored'"),   # default pool: unit texts
                        ({"distill": {"towers": "document"}}, "towers"),
                        ({"distill_select": True}, "distill_select needs a validation"),
                        ({"parts": ["reader", "plots"]}, "parts")):
@@ -115,8 +116,10 @@ def test_a_second_run_builds_nothing(sample):
     first = experiment_flow(sample)
     steps = ["questions", "candidates_dev", "candidates_train", "distill_data"]
     assert list(first["steps"]) == first["built"] == list(first["summaries"]) == steps
-    assert first["summaries"]["candidates_train"]["questions"] == 4 and first["summaries"]["distill_data"]["questions"] == 2
+    assert first["summaries"]["candidates_train"]["questions"] == 4
+    assert first["summaries"]["distill_data"]["questions"] == 2
     cache = Path(sample.workspace.home) / "cache" / "experiment"
-    assert sorted(str(p.relative_to(cache)) for p in cache.glob("*/*")) == sorted(f"{n}/{k}" for n, k in first["steps"].items())
+    on_disk = sorted(str(p.relative_to(cache)) for p in cache.glob("*/*"))
+    assert on_disk == sorted(f"{n}/{k}" for n, k in first["steps"].items())
     second = experiment_flow(sample)
     assert second["steps"] == first["steps"] and second["built"] == [] and second["summaries"] == first["summaries"]

@@ -95,3 +95,27 @@ def postranker_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, dict
           f"(top {c.reader.n_passages} passages) holds an answer: {E.fmt(em_ci)}")
     return f"{t2}\n\n{t3}", {"postranker": f2, "postrank_digest": question_set_digest(pq), "reader_em": em_ci,
                               "reader": done["reader"].summary, "reader_eval": done["reader_eval"].summary}
+
+
+def experiment_report(cfg: Any, done: dict[str, StageResult], recalls: dict[str, StageResult]) -> tuple[str, dict]:
+    """The tables (text, ``""`` when no reported step ran) and figures of the steps in ``done``:
+    the validation search, pre-ranker recall before / after distillation (``recalls``), the
+    reader's learning curve, post-ranking and reader EM."""
+    texts, figures = [], {}
+    if "validation" in done:
+        from tasks.funnel.experiment_validation import validation_table  # noqa: PLC0415
+
+        curve = json.loads((done["validation"].path / "validation.json").read_text())
+        texts.append(validation_table(curve))
+        figures["validation"] = curve
+    parts = []
+    if "answer_only" in done:
+        parts.append(distillation_report(cfg, recalls, done))
+    if "reader_curve" in done:
+        parts.append(reader_curve_report(cfg, done))
+    if {"postrank", "reader_eval"} <= set(done):
+        parts.append(postranker_report(cfg, done))
+    for text, fig in parts:
+        texts.append(text)
+        figures.update(fig)
+    return "\n\n".join(texts), figures

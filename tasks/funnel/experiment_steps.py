@@ -1,16 +1,21 @@
-"""Step outputs of the distillation experiment (:mod:`flows.experiment`) that no funnel stage
-makes: the flat-BM25 reader input, answer-only labels, the reader's learning curve, the
-pre-ranker's own passage scores and per-question unit recall of a (re-ranked) held-out pool.
+"""Steps of the distillation experiment (:mod:`flows.experiment`): the configs each step is
+cached under, and the outputs no funnel stage makes (the flat-BM25 reader input, answer-only
+labels, the reader's learning curve, the pre-ranker's own passage scores and per-question unit
+recall of a (re-ranked) held-out pool).
 
-Each ``build_*`` function writes its files into ``out`` (a stage cache's temporary directory)
-and returns the step summary; the flow keys and caches them. No Prefect import.
+Each ``*_key`` function gives the config a step's cache key is computed from (with the step
+name, its code version and its input digests, :meth:`funnelrag.store.StageCache.key`): changing
+what one returns invalidates every cached experiment home, so ``tests/test_flow_experiment.py``
+pins them. Each ``build_*`` function writes its files into ``out`` (a stage cache's temporary
+directory) and returns the step summary. ``cfg`` is ``flows.experiment.ExperimentConfig``.
+No Prefect import.
 """
 from __future__ import annotations
 
 import json
 import logging
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -27,6 +32,68 @@ log = logging.getLogger(__name__)
 IndexOf = Callable[[Any], Any]
 
 
+# ---------------------------------------------------------------------------- step keys
+def recall_ks(cfg) -> list[int]:
+    """AR@k cut-offs of the held-out pool: ``recall_at`` and N (``candidates.n_units``)."""
+    return sorted({*cfg.recall_at, cfg.candidates.n_units})
+
+
+def stored_vectors(cfg, split: str) -> bool:
+    """Whether ``split``'s pre-ranking reads the published passage vectors."""
+    return (cfg.train_vectors if split == "train" else cfg.heldout_vectors) == "stored"
+
+
+def candidates_key(cfg, split: str, segment) -> dict[str, Any]:
+    """Key config of ``candidates_<split>`` (``segment``: the corpus' segmentation config); its
+    ``limit``, ``candidates`` and ``preranker`` are what the step runs with."""
+    train = split == "train"
+    key = {"split": split, "limit": cfg.n_train if train else cfg.n_heldout,
+           "candidates": (cfg.train_candidates or cfg.candidates) if train else cfg.candidates,
+           "preranker": (cfg.train_preranker or cfg.preranker) if train else cfg.preranker, "segment": segment}
+    return {**key, "vectors": "stored"} if stored_vectors(cfg, split) else key
+
+
+def reader_data_key(cfg, split: str) -> dict[str, Any]:
+    """Key config of ``reader_data`` (train) and ``reader_dev_data`` (dev)."""
+    key = {"n_reader": cfg.n_reader if split == "train" else cfg.n_reader_dev, "n_passages": cfg.reader.n_passages,
+           "search_k": cfg.reader_search_k}
+    return key if split == "train" else {**key, "split": split}
+
+
+def reader_key(cfg) -> dict[str, Any]:
+    return asdict(cfg.reader)
+
+
+def attention_key(cfg) -> dict[str, Any]:
+    return {"score": cfg.attention, "run": cfg.attention_run}
+
+
+def labels_key(cfg, l2g: bool):
+    """L2G labels (𝒦 = ``l2g_top_k``) or answer-only labels (𝒦 = 0): the ``LabelConfig`` used."""
+    from tasks.funnel.labels import LabelConfig  # noqa: PLC0415
+
+    return LabelConfig(alpha=cfg.l2g_alpha, top_k=cfg.l2g_top_k if l2g else 0)
+
+
+def validation_key(cfg) -> dict[str, Any]:
+    return {"validation": cfg.validation, "preranker": cfg.preranker, "distill": cfg.distill,
+            "train": cfg.distill_train, "vectors": cfg.heldout_vectors, "ks": recall_ks(cfg)}
+
+
+def distill_key(cfg, distill, train) -> dict[str, Any]:
+    """Key config of a BPR run with these (possibly validation-chosen) settings."""
+    return {"preranker": cfg.preranker, "distill": distill, "train": train}
+
+
+def prerank_scores_key(cfg) -> dict[str, Any]:
+    return {"preranker": cfg.preranker, "vectors": cfg.heldout_vectors}
+
+
+def recall_key(cfg) -> dict[str, Any]:
+    return {"ks": recall_ks(cfg)}
+
+
+# ---------------------------------------------------------------------------- step outputs
 def build_reader_input(corpus, questions_dir: Path, split: str, limit: int | None, n_passages: int,
                        search_k: int, out: Path) -> dict[str, Any]:
     """Flat-BM25 reader input (:func:`tasks.funnel.experiment_data.bm25_passage_candidates`) of
@@ -143,5 +210,6 @@ def build_preranker_recall(heldout_dir: Path, distilled_dir: Path | None, ks: Se
         pool = rerank_pool(pool, UNITS.read(heldout_dir), questions, model, tok, batch_size, passages_of, index)
     qids = sorted(questions["question_id"].to_pylist())
     per_q = per_question_unit_recall(pool, ks, qids)
-    (out / "recall.json").write_text(json.dumps({"question_ids": qids, **{str(k): v.tolist() for k, v in per_q.items()}}))
+    per_k = {str(k): v.tolist() for k, v in per_q.items()}
+    (out / "recall.json").write_text(json.dumps({"question_ids": qids, **per_k}))
     return {str(k): float(v.mean()) for k, v in per_q.items()}
