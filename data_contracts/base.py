@@ -377,6 +377,16 @@ def replace_file(tmp: Path, final: Path, durable: bool = True) -> None:
         fsync_directory(Path(final).parent)
 
 
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` at ``dst`` (the same bytes, no copy), or copy it (with its times) where
+    a link cannot be made (another file system); ``dst``'s directory is created."""
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def fsync_directory(directory: Path) -> None:
     """fsync a directory (its entries: a rename into it is on disk after this)."""
     fd = os.open(directory, os.O_RDONLY)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 import pyarrow.parquet as pq
 
-from data_contracts.base import atomic_write, atomic_write_bytes, sha256_file
+from data_contracts.base import atomic_write, atomic_write_bytes, link_or_copy, sha256_file
 from funnelrag.config import config_hash, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -220,12 +220,7 @@ class ArtifactStore:
         staging.mkdir(parents=True)
         try:
             for name, src in sorted(files.items()):
-                dst = staging / name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(src, dst)
-                except OSError:
-                    shutil.copy2(src, dst)
+                link_or_copy(src, staging / name)
             described = {name: describe_file(staging / name) for name in sorted(files)}
             manifest = {"manifest_version": MANIFEST_VERSION, "files": described, **manifest_extra}
             atomic_write_bytes(staging / MANIFEST, canonical_json(manifest))  # written last

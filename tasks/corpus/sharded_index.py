@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_contracts.base import atomic_write_bytes, replace_file, sha256_file, temp_file_beside
+from data_contracts.base import atomic_write_bytes, link_or_copy, replace_file, sha256_file, temp_file_beside
 from data_contracts.corpus import CLUSTERS, PASSAGES
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges, texts_key
@@ -323,12 +321,8 @@ def _link_tree(src: Path, dst: Path) -> None:
         target = dst / path.relative_to(src)
         if path.is_dir():
             target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
+        else:
+            link_or_copy(path, target)
 
 
 def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cfg: BM25Config, shard_tokens: int,
