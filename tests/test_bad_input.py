@@ -1,4 +1,4 @@
-"""Bad input never passes quietly (issue 13, fault-injection findings 1, 2, 3, 5, 6)."""
+"""Bad input never passes quietly (fault injection: empty or malformed question files, empty or corrupt dumps, file modes)."""
 from __future__ import annotations
 
 import ast

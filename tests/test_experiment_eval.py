@@ -74,7 +74,7 @@ def test_experiment_config_reads_the_shipped_yaml_and_refuses_stored_vectors_wit
     root = Path(__file__).resolve().parents[1]
     cfg = ExperimentConfig.from_dict(yaml.safe_load((root / "configs/distillation_experiment_cpu.yaml").read_text()))
     assert cfg.train_vectors == "stored" and cfg.train_candidates.unit_scoring == "maxp"
-    assert cfg.heldout_vectors == "stored" and cfg.candidates.unit_scoring == "maxp"   # the funnel of issue 10
+    assert cfg.heldout_vectors == "stored" and cfg.candidates.unit_scoring == "maxp"   # the stored-vector funnel
     assert cfg.train_preranker.max_length is None and cfg.preranker.max_length is None   # the model's own length
     assert cfg.distill.unit_scoring == "maxp" and cfg.distill.towers == "query"
     assert cfg.distill_select and cfg.validation.lrs == (2e-5, 5e-5, 1e-4)   # chosen on the train split
