@@ -1,4 +1,4 @@
-"""Bad input never passes quietly (fault injection: empty or malformed question files, empty or corrupt dumps, file modes)."""
+"""Bad input never passes quietly (fault injection: bad question files, empty or corrupt dumps)."""
 from __future__ import annotations
 
 import ast
