@@ -2,7 +2,7 @@
 over passages vs over clusters, and the bi-encoder's encoding throughput.
 
     python benchmarks/bench_retrieval.py                                 # dense scaling + encoder, ~1 min
-    python benchmarks/bench_retrieval.py --home /tmp/eval-home           # + BM25 on a published corpus
+    python benchmarks/bench_retrieval.py --home eval-home                 # + BM25 on a published corpus
     python benchmarks/bench_retrieval.py --sizes 10000 100000 1000000 --threads 2
 
 Prints, per line: what was measured, its size and the figure (ms per query, queries/s,

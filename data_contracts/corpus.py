@@ -1,4 +1,4 @@
-"""Contracts of the corpus build (issue: nightly corpus build).
+"""Contracts of the corpus build (the nightly corpus build).
 
 Ids: ``doc_id`` is a dense int32 over kept articles (0..n-1, assigned in sorted title order so a
 rebuild of the same input gives the same ids); ``cluster_id`` is a dense int32 over clusters;

@@ -1,4 +1,4 @@
-"""Contracts of R²AG (issue 6): ranked lists, retrieval features, QDM scores, ranking metrics.
+"""Contracts of R²AG: ranked lists, retrieval features, QDM scores, ranking metrics.
 
 One row per (query, document) of a ranked list of ``k`` documents; ``rank`` is the 0-based
 position in the retriever's ranking (rank 0 = the retriever's top document), so row ``rank`` of a

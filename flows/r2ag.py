@@ -1,4 +1,4 @@
-"""R²AG flows: ``train-r2former`` and ``evaluate-r2ag`` (issue 6).
+"""R²AG flows: ``train-r2former`` and ``evaluate-r2ag``.
 
 ``funnelrag train-r2former`` builds the ranked lists (HotpotQA context paragraphs or NQ-open BM25
 lists over the published corpus), extracts the retrieval features with the MiniLM bi-encoder,

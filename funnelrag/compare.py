@@ -8,7 +8,7 @@ per param (``param.<key>``), model-version alias list (``model.aliases``), tag-m
 one column per reference; rows whose values differ are marked ``*``. Example::
 
     funnelrag compare models:/funnelrag-preranker@champion models:/funnelrag-preranker@challenger
-    funnelrag compare 3f2a... 9b1c... --metrics 'prog-*' --home /tmp/eval-home
+    funnelrag compare 3f2a... 9b1c... --metrics 'prog-*' --home eval-home
 """
 from __future__ import annotations
 

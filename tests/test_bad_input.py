@@ -1,4 +1,4 @@
-"""Bad input never passes quietly (issue 13, fault-injection findings 1, 2, 3, 5, 6)."""
+"""Bad input never passes quietly (fault injection: bad question files, empty or corrupt dumps)."""
 from __future__ import annotations
 
 import ast

@@ -1,4 +1,4 @@
-"""The quality gate before ``current`` moves (issue 13, finding 7): a corpus built from a dump
+"""The quality gate before ``current`` moves: a corpus built from a dump
 that lost pages is published but does not become current, and the run fails with the figures."""
 from __future__ import annotations
 

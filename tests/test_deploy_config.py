@@ -1,6 +1,6 @@
 """Deployment parameters come from configs/ and merge key by key; the home is templated from the
 environment; the evaluate-champion automation follows every corpus build that made a version
-current, with its home and version (issue 13, findings on deployments)."""
+current, with its home and version."""
 from __future__ import annotations
 
 from pathlib import Path

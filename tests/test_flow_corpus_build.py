@@ -119,10 +119,10 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
     assert _manifest(sharded.path)["content_digest"] != _manifest(single.path)["content_digest"]
 
 
-# README "Measured here": documents, links, clusters, units, passages of both real samples with
+# docs/results/corpus-build.md "The real samples": documents, links, clusters, units, passages of both real samples with
 # the shipped configs, and the content digest (sha256 over every published file). A change means
 # the published corpus changed: if intended, bump the stage version (``@stage`` in
-# tasks/corpus/stages.py) and update these figures and the README.
+# tasks/corpus/stages.py) and update these figures and docs/results/corpus-build.md.
 FIGURES = {
     "wikispeedia": {"config": "corpus_wikispeedia.yaml", "docs_per_shard": 1_000, "tokens_per_shard": 2_000_000, "documents": 4_598, "links": 119_879, "clusters": 1_573,
                     "document_units": 23_397, "passages": 146_402, "max_cluster_tokens": 25_793,

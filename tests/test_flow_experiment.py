@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "configs/distillation_experiment_cpu.yaml"
 
 # config_hash of every step's key config for the shipped YAML and SegmentConfig(), computed with
-# the argparse runner (tasks/funnel/experiment.py at 2117bb8) before it became this flow. A
+# the argparse runner (the former tasks/funnel/experiment.py) before it became this flow. A
 # change here invalidates every cached experiment home: bump VERSION instead, on purpose.
 PINNED_KEY_CONFIGS = {
     "questions": "351b2c56be31ad174d5763b6bdbffc0dfa99e5e2d18dd027ebcbf0f2de15fa6d",
