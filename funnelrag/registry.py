@@ -9,6 +9,12 @@ the champion's. The gate's numbers are logged to the run and stored as version t
 
 Load with :func:`download_model` from ``models:/<name>@champion``, ``models:/<name>@challenger``
 or ``models:/<name>/<version>``.
+
+Integrity: every version records the sha256 of each file of its model directory (version tag
+``files_sha256``, canonical JSON ``{relative path: sha256}``); :func:`download_model` re-hashes
+the downloaded files and raises :class:`ModelIntegrityError` naming the model, the version and
+the file when one is missing or differs (an artifact store damaged or altered after
+registration). Versions registered before digests were recorded load with a warning.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from data_contracts.base import sha256_file
 from funnelrag.config import config_hash, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -27,6 +34,58 @@ CHALLENGER = "challenger"
 MODEL_ARTIFACT = "model"
 METRIC_TAG = "metric."
 EVAL_SET_TAG = "eval_set_digest"
+FILES_TAG = "files_sha256"
+# Files MLflow writes into the model artifact at registration, not part of the trained model.
+_REGISTRY_FILES = frozenset({"registry_config.json"})
+
+
+class ModelIntegrityError(ValueError):
+    """A registered model's downloaded files do not match the digests recorded at registration."""
+
+
+def model_file_digests(model_dir: Path) -> dict[str, str]:
+    """``{relative posix path: sha256 hex}`` of every file below ``model_dir``, sorted by path.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``model_dir`` is not a directory.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {model_dir} does not exist")
+    return {p.relative_to(model_dir).as_posix(): sha256_file(p)
+            for p in sorted(model_dir.rglob("*")) if p.is_file()}
+
+
+def verify_model_files(model_dir: Path, expected: Mapping[str, str], *, name: str, version: str) -> None:
+    """Check that every file recorded at registration is in ``model_dir`` with its sha256.
+
+    Parameters
+    ----------
+    model_dir : the downloaded model directory.
+    expected : ``{relative path: sha256}`` recorded at registration (:func:`model_file_digests`).
+    name, version : the registered model and version, for the error message.
+
+    Raises
+    ------
+    ModelIntegrityError
+        A recorded file is missing or its sha256 differs (names model, version and file), or a
+        file appeared that was not there at registration.
+    """
+    actual = model_file_digests(model_dir)
+    for rel, digest in sorted(expected.items()):
+        if rel not in actual:
+            raise ModelIntegrityError(f"registered model {name} v{version}: file {rel} is missing from "
+                                      f"{model_dir} (recorded at registration)")
+        if actual[rel] != digest:
+            raise ModelIntegrityError(f"registered model {name} v{version}: file {rel} has sha256 "
+                                      f"{actual[rel][:16]}…, recorded {digest[:16]}… at registration "
+                                      "(the artifact store copy is damaged or was altered)")
+    extra = sorted(set(actual) - set(expected) - _REGISTRY_FILES)
+    if extra:
+        raise ModelIntegrityError(f"registered model {name} v{version}: files not present at registration: "
+                                  f"{', '.join(extra[:5])}")
 
 
 @dataclass(frozen=True)
@@ -159,6 +218,7 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
         raise ValueError(f"{name} champion v{champion.version} was measured on question set "
                          f"{champion.tags.get(EVAL_SET_TAG)}, not {eval_set}: re-measure it (champion_value)")
     client = _client()
+    digests = model_file_digests(model_dir)
     mlflow.log_artifacts(str(model_dir), artifact_path=MODEL_ARTIFACT)
     cfg_json = to_jsonable(config)
     mlflow.log_dict({"config": cfg_json, "data_version": data_version, "metrics": dict(metrics)},
@@ -168,7 +228,9 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    version_tags = {**({EVAL_SET_TAG: eval_set} if eval_set else {}),"data_version": data_version, "config_sha256": config_hash(cfg_json),
+    version_tags = {**({EVAL_SET_TAG: eval_set} if eval_set else {}), "data_version": data_version,
+                    "config_sha256": config_hash(cfg_json),
+                    FILES_TAG: json.dumps(digests, sort_keys=True, separators=(",", ":")),
                     **{METRIC_TAG + k: repr(float(v)) for k, v in metrics.items()}, **dict(tags or {})}
     mv = client.create_model_version(name, source=f"runs:/{run.info.run_id}/{MODEL_ARTIFACT}",
                                      run_id=run.info.run_id, tags=version_tags)
@@ -201,20 +263,55 @@ def model_uri(name: str, ref: str | int = CHAMPION) -> str:
     return f"models:/{name}/{ref}" if ref.isdigit() else f"models:/{name}@{ref}"
 
 
+def resolve_version(uri: str):
+    """The ``ModelVersion`` a ``models:/<name>@<alias>`` or ``models:/<name>/<version>`` URI names.
+
+    Raises
+    ------
+    ValueError
+        ``uri`` is not of either form.
+    mlflow.exceptions.MlflowException
+        No such model, version or alias.
+    """
+    body = uri[len("models:/"):] if uri.startswith("models:/") else ""
+    if "@" in body:
+        name, alias = body.split("@", 1)
+        if name and alias:
+            return _client().get_model_version_by_alias(name, alias)
+    else:
+        name, _, version = body.rpartition("/")
+        if name and version.isdigit():
+            return _client().get_model_version(name, version)
+    raise ValueError(f"{uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+
+
 def download_model(uri: str, dst: Path) -> Path:
     """Download the model directory of ``uri`` (``models:/name@champion``, ``models:/name/3``)
-    into ``dst``; returns the local directory.
+    into ``dst`` and verify its files against the digests recorded at registration; returns the
+    local directory.
 
     Raises
     ------
     mlflow.exceptions.MlflowException
         No such model, version or alias.
+    ModelIntegrityError
+        A downloaded file is missing or differs from its recorded sha256 (names model, version, file).
     """
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a model is loaded)
 
+    mv = resolve_version(uri)
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
+    # Download the resolved version, not the alias: an alias moved meanwhile cannot mix versions.
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{mv.name}/{mv.version}",
+                                                     dst_path=str(dst)))
+    recorded = mv.tags.get(FILES_TAG)
+    if recorded is None:
+        log.warning("registered model %s v%s has no recorded file digests (registered before they were "
+                    "kept): loaded unverified", mv.name, mv.version)
+    else:
+        verify_model_files(local, json.loads(recorded), name=mv.name, version=str(mv.version))
+    return local
 
 
 def find_model_dir(root: Path, marker: str) -> Path:
