@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
 from funnelrag.corpus import corpus_store
+from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
 from funnelrag.workspace import Workspace
@@ -290,13 +291,30 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     overriding one field never replaces the rest of the config.
     """
     config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
+    logger = get_run_logger()
+    ws = Workspace(config.workspace.home)
+    with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,
+                        f"corpus build of {config.name!r} in {ws.home}"):
+        summary = _build_and_publish(config, ws, logger)
+    if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
+        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415
+
+        summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=summary["version"],
+                                                       preranker=config.embed_preranker, workspace=config.workspace))
+    return summary
+
+
+# One build per corpus and home at a time: this file in the corpus store holds the flock.
+BUILD_LOCK = ".build.lock"
+
+
+def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict[str, Any]:
+    """The stages, publish, gate and promotion of one build (under the build lock)."""
     import mlflow  # noqa: PLC0415
     from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
 
     from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
 
-    logger = get_run_logger()
-    ws = Workspace(config.workspace.home)
     cache = StageCache(ws.cache_dir / "corpus")
     mirror = config.workspace.data_mirror
     t_flow = time.perf_counter()
@@ -374,11 +392,6 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
         mlflow.set_tag("corpus_unchanged", str(unchanged).lower())
         if not unchanged:
             promote(config, ws, version_dir, decision)
-    if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
-        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415
-
-        summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=version_dir.name,
-                                                       preranker=config.embed_preranker, workspace=config.workspace))
     return summary
 
 
