@@ -75,8 +75,10 @@ def test_failed_validation_leaves_current_untouched(prefect_harness, workspace_h
     def broken(version_dir, max_tokens):
         raise ValueError("clusters: injected validation failure")
     monkeypatch.setattr(corpus_stages, "validate_corpus", broken)
+    # other content (shorter passages): an unchanged rebuild would publish nothing and validate nothing
+    other = enwiki_sample_config(workspace=_ws(workspace_home, data_mirror), segment={"passage_words": 80})
     with pytest.raises(Exception, match="injected validation failure"):
-        corpus_build_flow(cfg)
+        corpus_build_flow(other)
     assert store.current_version() == good["version"] and store.versions() == [good["version"]]
     store.verify()
 
