@@ -282,12 +282,34 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
     (:func:`funnelrag.config.resolve_flow_config`); the ``evaluate-champion`` automation
     passes the home and the corpus version a build just made current this way.
     """
+    from prefect.states import Completed  # noqa: PLC0415
+
     from funnelrag.config import resolve_flow_config  # noqa: PLC0415
     from funnelrag.threads import torch_threads  # noqa: PLC0415
 
     config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
+    absent = _absent_required_models(config)
+    if absent:   # e.g. the evaluate-champion automation on a home with no champion yet
+        message = "nothing to evaluate: " + "; ".join(absent)
+        get_run_logger().info(message)
+        return Completed(message=message, data={"corpus": config.corpus, "skipped": message})
     with torch_threads(config.torch_threads):
         return _evaluate(config)
+
+
+def _absent_required_models(config: EvaluateConfig) -> list[str]:
+    """Why required registry aliases (``on_missing_model: error``) name no version yet, if so."""
+    from funnelrag.registry import missing_alias  # noqa: PLC0415
+    from funnelrag.tracking import configure  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+
+    if config.on_missing_model != "error":
+        return []
+    refs = [*config.prerankers.values(), *([config.reader] if config.reader else [])]
+    if not any(r.startswith("models:/") and "@" in r for r in refs):
+        return []
+    configure(Workspace(config.workspace.home), config.workspace.tracking_uri)
+    return [why for why in map(missing_alias, refs) if why is not None]
 
 
 def _evaluate(config: EvaluateConfig) -> dict[str, Any]:

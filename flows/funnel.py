@@ -271,9 +271,26 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     pre-ranking stage at N, not worse than the champion's on the same dev pool."""
     n = ctx.cfg.candidates.n_units
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
-    return _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
-                           f"dev_prerank_ar_at_{n}",
-                           lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
+    outcome = _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
+                              f"dev_prerank_ar_at_{n}",
+                              lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
+    if outcome.get("promoted"):
+        emit_champion_event(ctx.cfg.registry_name, outcome["version"], ctx.cfg.corpus, ctx.ws.home)
+    return outcome
+
+
+# Emitted when a distillation promoted a new champion pre-ranker; prefect.yaml's embed-champion
+# trigger takes the corpus and home from its payload (not the deployment's defaults).
+CHAMPION_EVENT = "funnelrag.preranker.champion"
+
+
+def emit_champion_event(name: str, version: str, corpus: str, home: Path) -> None:
+    """Emit :data:`CHAMPION_EVENT` for registered model ``name`` v``version`` trained on ``corpus``
+    in ``home`` (resource ``funnelrag.model.<name>``)."""
+    from prefect.events import emit_event  # noqa: PLC0415
+
+    emit_event(event=CHAMPION_EVENT, resource={"prefect.resource.id": f"funnelrag.model.{name}"},
+               payload={"name": name, "version": str(version), "corpus": corpus, "home": str(home)})
 
 
 @task(name="register-reader", cache_policy=NO_CACHE)

@@ -39,8 +39,12 @@ FILES_TAG = "files_sha256"
 _REGISTRY_FILES = frozenset({"registry_config.json"})
 
 
-class ModelIntegrityError(ValueError):
-    """A registered model's downloaded files do not match the digests recorded at registration."""
+class ModelIntegrityError(Exception):
+    """A registered model's downloaded files do not match the digests recorded at registration.
+
+    Deliberately not a ``ValueError``/``OSError``: code that skips a *missing* model must never
+    skip a *damaged* one.
+    """
 
 
 def model_file_digests(model_dir: Path) -> dict[str, str]:
@@ -140,6 +144,19 @@ def champion_version(name: str, alias: str = CHAMPION):
         raise
     version = model.aliases.get(alias)
     return None if version is None else client.get_model_version(name, str(version))
+
+
+def missing_alias(ref: str) -> str | None:
+    """Why a ``models:/<name>@<alias>`` reference names no version yet (``None`` if it names one,
+    or ``ref`` is not an alias reference): on a fresh home there is no champion before the first
+    distillation, which is a normal state, not a failure.
+    """
+    body = ref[len("models:/"):] if ref.startswith("models:/") else ""
+    name, sep, alias = body.partition("@")
+    if not (sep and name and alias) or champion_version(name, alias) is not None:
+        return None
+    return (f"registered model {name} has no version with alias {alias!r} yet "
+            "(no distillation has registered one in this home)")
 
 
 def find_version(name: str, tag: str, value: str):
