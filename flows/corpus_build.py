@@ -262,7 +262,7 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The Prefect artifact: counts and seconds per stage as markdown tables."""
     lines = [f"# corpus-build `{summary['corpus']}` → version `{summary['version']}`", "",
-             f"- MLflow run: `{summary['mlflow_run_id']}`",
+             f"- MLflow run: {summary.get('mlflow_run_link') or '`' + summary['mlflow_run_id'] + '`'}",
              f"- store: `{summary['store']}` (version directory `{summary['path']}`)",
              f"- S (max cluster tokens): {summary['max_cluster_tokens_S']:,}"]
     if summary.get("unchanged"):
@@ -313,7 +313,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
     import mlflow  # noqa: PLC0415
     from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
 
-    from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
+    from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link  # noqa: PLC0415
 
     cache = StageCache(ws.cache_dir / "corpus")
     mirror = config.workspace.data_mirror
@@ -364,6 +364,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
             "max_cluster_tokens_S": config.clustering.max_tokens,
             "store": str(corpus_store(ws, config.name).root),
             "mlflow_run_id": run.info.run_id,
+            "mlflow_run_link": run_link(run, config.workspace.tracking_uri),
             "prefect_flow_run_id": run.data.tags.get("prefect.flow_run_id"),
         }
         if decision is not None:

@@ -234,7 +234,7 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
     from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
 
     from funnelrag.store import write_json  # noqa: PLC0415
-    from funnelrag.tracking import log_metrics  # noqa: PLC0415
+    from funnelrag.tracking import log_metrics, run_link  # noqa: PLC0415
     from tasks.evaluate.report import metric_dict, plot_answer_recall, tables, to_markdown, write_tables  # noqa: PLC0415
 
     results, stages, per_q = tables(*rows)
@@ -264,7 +264,10 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
         mlflow.log_params(params)
     mlflow.set_tags({"corpus_digest": corpus.digest, "skipped": json.dumps(sorted(info.get("skipped", {}))),
                      **{f"machine.{k}": str(v) for k, v in info.get("machine", {}).items()}})
-    create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"), markdown=md, description="flat vs progressive retrieval")
+    create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"),
+                             markdown=f"{md}\n\nMLflow run: {run_link(run, cfg.workspace.tracking_uri)} (the AR@k plot "
+                                      "`evaluation/answer_recall_at_k.png` is among its artifacts)\n",
+                             description="flat vs progressive retrieval")
     return summary
 
 

@@ -100,3 +100,29 @@ def log_artifact(path: Path, artifact_path: str | None = None) -> None:
     import mlflow  # noqa: PLC0415
 
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def run_link(run: Any, tracking_uri: str | None = None) -> str:
+    """Markdown naming an MLflow run, clickable when the tracking URI is an MLflow server.
+
+    Parameters
+    ----------
+    run : an ``mlflow.ActiveRun`` / ``Run`` (``run.info.run_id``, ``run.info.experiment_id``).
+    tracking_uri : the configured tracking URI (default: MLflow's current one).
+
+    Returns
+    -------
+    str
+        ``[<run id>](<server>/#/experiments/<id>/runs/<id>)`` for an ``http(s)`` URI; for a local
+        SQLite store the run id and the ``mlflow ui`` command that serves it (its default address
+        is http://127.0.0.1:5000).
+    """
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when tracking)
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    run_id, exp_id = run.info.run_id, run.info.experiment_id
+    if uri.startswith(("http://", "https://")):
+        return f"[{run_id}]({uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id})"
+    return (f"`{run_id}` (serve it with `mlflow ui --backend-store-uri {uri}`, then "
+            f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{run_id})")
+
