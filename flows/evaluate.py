@@ -234,6 +234,7 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
     from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
 
     from funnelrag.store import write_json  # noqa: PLC0415
+    from funnelrag.registry import link_model_versions  # noqa: PLC0415
     from funnelrag.tracking import log_metrics, run_link  # noqa: PLC0415
     from tasks.evaluate.report import metric_dict, plot_answer_recall, tables, to_markdown, write_tables  # noqa: PLC0415
 
@@ -260,8 +261,13 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
                  "answer_in_corpus": summary["answer_in_corpus"], "seconds_total": seconds})
     for f in [*files, run_dir / "summary.json"]:
         mlflow.log_artifact(str(f), artifact_path="evaluation")
+    used = []
     for params in info.get("models", {}).values():
         mlflow.log_params(params)
+        used += [(v, params[k.replace(".registry_name", ".registry_version")]) for k, v in params.items()
+                 if k.endswith(".registry_name") and k.replace(".registry_name", ".registry_version") in params]
+    # the registered versions this evaluation used: tags, and its figures on their logged models
+    link_model_versions(sorted(set(used)), metric_dict(results, stages))
     mlflow.set_tags({"corpus_digest": corpus.digest, "skipped": json.dumps(sorted(info.get("skipped", {}))),
                      **{f"machine.{k}": str(v) for k, v in info.get("machine", {}).items()}})
     create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"),

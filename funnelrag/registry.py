@@ -1,9 +1,10 @@
 """Model registry on MLflow: log a trained model directory as a model version, gate promotion.
 
 Generic over models (pre-ranker, FiD reader, DR-RAG classifier, R²-Former): a model is a
-directory of files. :func:`register_model` logs it as artifacts of the active MLflow run
-(``model/``) with its config and data version, creates a version of the registered model
-``name`` (``MlflowClient.create_model_version``, no ``pyfunc`` flavour needed), gives it the
+directory of files. :func:`register_model` logs it as an MLflow 3 *logged model* of the active
+run (with ``registry_config.json``: its config, data version and metrics, which are also linked
+to the logged model), creates a version of the registered model ``name`` from it
+(``MlflowClient.create_model_version``, no ``pyfunc`` flavour needed), gives it the
 alias ``challenger`` and promotes it to ``champion`` only if its gate metric is not worse than
 the champion's. The gate's numbers are logged to the run and stored as version tags.
 
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from data_contracts.base import sha256_file
 from funnelrag.config import config_hash, to_jsonable
@@ -236,10 +238,19 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
                          f"{champion.tags.get(EVAL_SET_TAG)}, not {eval_set}: re-measure it (champion_value)")
     client = _client()
     digests = model_file_digests(model_dir)
-    mlflow.log_artifacts(str(model_dir), artifact_path=MODEL_ARTIFACT)
     cfg_json = to_jsonable(config)
-    mlflow.log_dict({"config": cfg_json, "data_version": data_version, "metrics": dict(metrics)},
-                    f"{MODEL_ARTIFACT}/registry_config.json")
+    # An MLflow 3 logged model (the run's "Logged models" view) holding the model directory and
+    # the registry config; its metrics are linked to it; the version's source is the logged model.
+    logged = mlflow.initialize_logged_model(name=name, source_run_id=run.info.run_id,
+                                            tags={"data_version": data_version, **dict(tags or {})})
+    client.log_model_artifacts(logged.model_id, str(model_dir))
+    with tempfile.TemporaryDirectory() as tmp:
+        reg_cfg = Path(tmp) / "registry_config.json"
+        reg_cfg.write_text(json.dumps({"config": cfg_json, "data_version": data_version, "metrics": dict(metrics)},
+                                      indent=2, sort_keys=True))
+        client.log_model_artifact(logged.model_id, str(reg_cfg))
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, model_id=logged.model_id)
+    mlflow.finalize_logged_model(logged.model_id, "READY")
     try:
         client.create_registered_model(name)
     except MlflowException as exc:
@@ -249,8 +260,8 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
                     "config_sha256": config_hash(cfg_json),
                     FILES_TAG: json.dumps(digests, sort_keys=True, separators=(",", ":")),
                     **{METRIC_TAG + k: repr(float(v)) for k, v in metrics.items()}, **dict(tags or {})}
-    mv = client.create_model_version(name, source=f"runs:/{run.info.run_id}/{MODEL_ARTIFACT}",
-                                     run_id=run.info.run_id, tags=version_tags)
+    mv = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run.info.run_id,
+                                     tags=version_tags, model_id=logged.model_id)
     client.set_registered_model_alias(name, CHALLENGER, mv.version)
     value = float(metrics[gate_metric])
     if champion is None:
@@ -272,6 +283,48 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     log.info("registry %s v%s: %s=%.4f vs champion %s (%s) -> %s", name, mv.version, gate_metric, value,
              decision.champion_version, decision.champion_value, decision.reason)
     return decision
+
+
+def logged_model_id(mv) -> str | None:
+    """The logged model behind a model version (``None`` for versions registered from a run
+    artifact). The SQLite registry does not keep ``model_id`` on the version; its source
+    ``models:/<model id>`` names it."""
+    if getattr(mv, "model_id", None):
+        return mv.model_id
+    source = getattr(mv, "source", "") or ""
+    return source[len("models:/"):] if source.startswith("models:/m-") else None
+
+
+def link_model_versions(versions: Sequence[tuple[str, str]], metrics: Mapping[str, float] | None = None) -> list[str]:
+    """Record on the active MLflow run that it used these registered model versions: tags
+    ``model_version.<name> = <version>`` (searchable), and ``metrics`` logged against each
+    version's logged model (MLflow 3: the model's page then lists this run's figures beside its
+    training metrics). Versions registered from a run artifact get the tag only.
+
+    Returns
+    -------
+    list of str
+        The logged model ids the metrics were linked to.
+
+    Raises
+    ------
+    mlflow.exceptions.MlflowException
+        No such model version.
+    """
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when tracking)
+
+    client, linked = _client(), []
+    for name, version in versions:
+        mv = client.get_model_version(name, str(version))
+        mlflow.set_tag(f"model_version.{name}", str(version))
+        model_id = logged_model_id(mv)
+        if model_id:
+            linked.append(model_id)
+            clean = {k: float(v) for k, v in (metrics or {}).items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if clean:
+                mlflow.log_metrics(clean, model_id=model_id)
+    return linked
 
 
 def model_uri(name: str, ref: str | int = CHAMPION) -> str:

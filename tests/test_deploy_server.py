@@ -95,7 +95,11 @@ def server(tmp_path_factory):
 
 
 def _post(api: str, path: str, body: dict | None = None) -> object:
-    r = httpx.post(f"{api}{path}", json=body or {}, timeout=30)
+    for attempt in range(5):   # a loaded 2-core box: the API answers 503 while it is busy
+        r = httpx.post(f"{api}{path}", json=body or {}, timeout=30)
+        if r.status_code != 503:
+            break
+        time.sleep(2 * (attempt + 1))
     r.raise_for_status()
     return r.json()
 

@@ -110,16 +110,40 @@ def test_gate_compares_on_one_fixed_question_set_and_records_its_digest(ws, tmp_
 
 
 def _artifact_file(mv, rel: str):
-    """The artifact store's own copy of a registered file (a local file store in these tests)."""
+    """The artifact store's own copy of a registered file (the version's logged model, a local store here)."""
+    from pathlib import Path
     from urllib.parse import unquote, urlparse
 
     from mlflow import MlflowClient
 
-    root = MlflowClient().get_run(mv.run_id).info.artifact_uri
-    path = unquote(urlparse(root).path) if root.startswith("file:") else root
-    from pathlib import Path
+    from funnelrag.registry import logged_model_id
 
-    return Path(path) / "model" / rel
+    root = MlflowClient().get_logged_model(logged_model_id(mv)).artifact_location
+    return Path(unquote(urlparse(root).path) if root.startswith("file:") else root) / rel
+
+
+def test_versions_are_logged_models_and_evaluation_runs_link_them(ws, tmp_path):
+    """A registered version is an MLflow 3 logged model of its training run (with its metrics);
+    a run that used it records the link (run inputs) and a searchable tag."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from funnelrag.registry import link_model_versions, logged_model_id, resolve_version
+
+    name = "test-logged"
+    _register(ws, tmp_path, "a", 0.5, name=name)
+    mv = resolve_version(model_uri(name, 1))
+    logged = MlflowClient().get_logged_model(logged_model_id(mv))
+    assert logged.source_run_id == mv.run_id and logged.name == name
+    assert {m.key for m in logged.metrics} >= {"dev_ar", "other"}
+    with flow_run(ws, "registry-test", "evaluate", {}) as run:
+        assert link_model_versions([(name, "1")], {"prog_ar_4": 0.25, "note": "x"}) == [logged.model_id]
+    got = MlflowClient().get_run(run.info.run_id)
+    assert got.data.tags[f"model_version.{name}"] == "1"
+    evaluated = MlflowClient().get_logged_model(logged.model_id)
+    assert [(m.key, m.value, m.run_id) for m in evaluated.metrics if m.key == "prog_ar_4"] == \
+        [("prog_ar_4", 0.25, run.info.run_id)]
+    assert mlflow.active_run() is None
 
 
 def test_registered_files_are_verified_on_load(ws, tmp_path):
