@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
 from funnelrag.corpus import corpus_store
+from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
 from funnelrag.workspace import Workspace
@@ -143,7 +144,13 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
 
 
 @task(name="publish", cache_policy=NO_CACHE)
-def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult]) -> tuple[Path, dict]:
+def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult]) -> tuple[Path, dict, bool]:
+    """Publish the built files as a new version, or nothing when they equal ``current``'s.
+
+    Returns ``(version_dir, validation_checks, unchanged)``: with ``unchanged`` the content digest
+    equals the current version's, so no version is written and ``version_dir`` is the current
+    one (a rebuild of unchanged input is a no-op: no new version, no pointer move, no event).
+    """
     published = {
         "ingest": ["documents.parquet", "redirects.parquet", "links.parquet", "ingest_report.parquet"],
         "cluster": ["graph_metrics.parquet", "clusters.parquet", "cluster_members.parquet"],
@@ -165,6 +172,11 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
                    "passages": stages["segment"].summary["passages"]},
     }
     store = corpus_store(ws, cfg.name)
+    current = store.current_version()
+    if current is not None and store.read_manifest(current).get("content_digest") == digest:
+        get_run_logger().info("corpus %s unchanged: content digest %s equals current version %s; nothing published",
+                              cfg.name, digest[:12], current)
+        return store.versions_dir / current, {}, True
     version_id = store.new_version_id(digest)
     checks: dict[str, int] = {}
 
@@ -172,7 +184,7 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
         checks.update(S.validate_corpus(staging, cfg.clustering.max_tokens))
 
     path = store.publish(version_id, files, manifest_extra, _validate, make_current=not cfg.gate.enabled)
-    return path, checks
+    return path, checks, False
 
 
 @task(name="gate", cache_policy=NO_CACHE)
@@ -250,9 +262,12 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The Prefect artifact: counts and seconds per stage as markdown tables."""
     lines = [f"# corpus-build `{summary['corpus']}` → version `{summary['version']}`", "",
-             f"- MLflow run: `{summary['mlflow_run_id']}`",
+             f"- MLflow run: {summary.get('mlflow_run_link') or '`' + summary['mlflow_run_id'] + '`'}",
              f"- store: `{summary['store']}` (version directory `{summary['path']}`)",
              f"- S (max cluster tokens): {summary['max_cluster_tokens_S']:,}"]
+    if summary.get("unchanged"):
+        lines.append(f"- **unchanged**: the build's content digest equals the current version `{summary['version']}`; "
+                     "nothing was published, `current` did not move and no `corpus.current` event was emitted")
     if "gate" in summary:
         gate = summary["gate"]
         verdict = "passed: now current" if gate["passed"] else "REFUSED: " + "; ".join(gate["reasons"])
@@ -276,13 +291,30 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     overriding one field never replaces the rest of the config.
     """
     config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
+    logger = get_run_logger()
+    ws = Workspace(config.workspace.home)
+    with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,
+                        f"corpus build of {config.name!r} in {ws.home}"):
+        summary = _build_and_publish(config, ws, logger)
+    if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
+        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415
+
+        summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=summary["version"],
+                                                       preranker=config.embed_preranker, workspace=config.workspace))
+    return summary
+
+
+# One build per corpus and home at a time: this file in the corpus store holds the flock.
+BUILD_LOCK = ".build.lock"
+
+
+def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict[str, Any]:
+    """The stages, publish, gate and promotion of one build (under the build lock)."""
     import mlflow  # noqa: PLC0415
     from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
 
-    from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
+    from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link  # noqa: PLC0415
 
-    logger = get_run_logger()
-    ws = Workspace(config.workspace.home)
     cache = StageCache(ws.cache_dir / "corpus")
     mirror = config.workspace.data_mirror
     t_flow = time.perf_counter()
@@ -306,15 +338,15 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
             walls[name] = time.perf_counter() - t0
             logger.info("stage %-8s %s in %.2f s", name, "cache hit" if stages[name].cache_hit else "built", walls[name])
         t0 = time.perf_counter()
-        version_dir, rows = publish_task(config, ws, stages)
+        version_dir, rows, unchanged = publish_task(config, ws, stages)
         walls["publish"] = time.perf_counter() - t0
-        decision = gate_task(config, ws, version_dir) if config.gate.enabled else None
+        decision = gate_task(config, ws, version_dir) if config.gate.enabled and not unchanged else None
         manifest = (version_dir / "manifest.json").read_text()
         import json  # noqa: PLC0415
 
         man = json.loads(manifest)
         summary: dict[str, Any] = {
-            "corpus": config.name, "version": version_dir.name, "path": str(version_dir),
+            "corpus": config.name, "version": version_dir.name, "path": str(version_dir), "unchanged": unchanged,
             "counts": {"documents": man["counts"]["documents"], "links": man["counts"]["links"],
                        "redirects": man["counts"]["redirects"], "clusters": man["counts"]["clusters"],
                        "mean_cluster_tokens": man["counts"]["mean_cluster_tokens"],
@@ -332,6 +364,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
             "max_cluster_tokens_S": config.clustering.max_tokens,
             "store": str(corpus_store(ws, config.name).root),
             "mlflow_run_id": run.info.run_id,
+            "mlflow_run_link": run_link(run, config.workspace.tracking_uri),
             "prefect_flow_run_id": run.data.tags.get("prefect.flow_run_id"),
         }
         if decision is not None:
@@ -357,12 +390,9 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
         md = summary_markdown(summary)
         create_markdown_artifact(key=f"corpus-build-{config.name}".lower().replace("_", "-"), markdown=md,
                                  description="corpus-build summary")
-        promote(config, ws, version_dir, decision)
-    if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
-        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415
-
-        summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=version_dir.name,
-                                                       preranker=config.embed_preranker, workspace=config.workspace))
+        mlflow.set_tag("corpus_unchanged", str(unchanged).lower())
+        if not unchanged:
+            promote(config, ws, version_dir, decision)
     return summary
 
 

@@ -78,12 +78,22 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
     from funnelrag.config import resolve_flow_config  # noqa: PLC0415
     from funnelrag.corpus import open_corpus  # noqa: PLC0415
     from funnelrag.threads import torch_threads  # noqa: PLC0415
-    from funnelrag.tracking import flow_run, log_metrics  # noqa: PLC0415
+    from prefect.states import Completed  # noqa: PLC0415
+
+    from funnelrag.registry import missing_alias  # noqa: PLC0415
+    from funnelrag.tracking import configure, flow_run, log_metrics  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
     from tasks.evaluate.models import load_preranker_ref  # noqa: PLC0415
 
     config = resolve_flow_config(EmbedConfig, config, config_file, overrides, home)
     ws = Workspace(config.workspace.home)
+    configure(ws, config.workspace.tracking_uri)
+    absent = missing_alias(config.preranker)
+    if absent is not None:   # e.g. the embed-champion automation on a home with no champion yet
+        message = f"nothing to embed: {absent}"
+        get_run_logger().info(message)
+        return Completed(message=message, data={"corpus": config.corpus, "preranker": config.preranker,
+                                                "skipped": message})
     corpus = open_corpus(ws, config.corpus, config.corpus_version)
     with torch_threads(config.torch_threads), flow_run(
             ws, config.experiment, f"embed-{config.corpus}", config.model_dump(exclude={"workspace"}),

@@ -234,7 +234,8 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
     from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
 
     from funnelrag.store import write_json  # noqa: PLC0415
-    from funnelrag.tracking import log_metrics  # noqa: PLC0415
+    from funnelrag.registry import link_model_versions  # noqa: PLC0415
+    from funnelrag.tracking import log_metrics, run_link  # noqa: PLC0415
     from tasks.evaluate.report import metric_dict, plot_answer_recall, tables, to_markdown, write_tables  # noqa: PLC0415
 
     results, stages, per_q = tables(*rows)
@@ -260,11 +261,19 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
                  "answer_in_corpus": summary["answer_in_corpus"], "seconds_total": seconds})
     for f in [*files, run_dir / "summary.json"]:
         mlflow.log_artifact(str(f), artifact_path="evaluation")
+    used = []
     for params in info.get("models", {}).values():
         mlflow.log_params(params)
+        used += [(v, params[k.replace(".registry_name", ".registry_version")]) for k, v in params.items()
+                 if k.endswith(".registry_name") and k.replace(".registry_name", ".registry_version") in params]
+    # the registered versions this evaluation used: tags, and its figures on their logged models
+    link_model_versions(sorted(set(used)), metric_dict(results, stages))
     mlflow.set_tags({"corpus_digest": corpus.digest, "skipped": json.dumps(sorted(info.get("skipped", {}))),
                      **{f"machine.{k}": str(v) for k, v in info.get("machine", {}).items()}})
-    create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"), markdown=md, description="flat vs progressive retrieval")
+    create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"),
+                             markdown=f"{md}\n\nMLflow run: {run_link(run, cfg.workspace.tracking_uri)} (the AR@k plot "
+                                      "`evaluation/answer_recall_at_k.png` is among its artifacts)\n",
+                             description="flat vs progressive retrieval")
     return summary
 
 
@@ -282,12 +291,34 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
     (:func:`funnelrag.config.resolve_flow_config`); the ``evaluate-champion`` automation
     passes the home and the corpus version a build just made current this way.
     """
+    from prefect.states import Completed  # noqa: PLC0415
+
     from funnelrag.config import resolve_flow_config  # noqa: PLC0415
     from funnelrag.threads import torch_threads  # noqa: PLC0415
 
     config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
+    absent = _absent_required_models(config)
+    if absent:   # e.g. the evaluate-champion automation on a home with no champion yet
+        message = "nothing to evaluate: " + "; ".join(absent)
+        get_run_logger().info(message)
+        return Completed(message=message, data={"corpus": config.corpus, "skipped": message})
     with torch_threads(config.torch_threads):
         return _evaluate(config)
+
+
+def _absent_required_models(config: EvaluateConfig) -> list[str]:
+    """Why required registry aliases (``on_missing_model: error``) name no version yet, if so."""
+    from funnelrag.registry import missing_alias  # noqa: PLC0415
+    from funnelrag.tracking import configure  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+
+    if config.on_missing_model != "error":
+        return []
+    refs = [*config.prerankers.values(), *([config.reader] if config.reader else [])]
+    if not any(r.startswith("models:/") and "@" in r for r in refs):
+        return []
+    configure(Workspace(config.workspace.home), config.workspace.tracking_uri)
+    return [why for why in map(missing_alias, refs) if why is not None]
 
 
 def _evaluate(config: EvaluateConfig) -> dict[str, Any]:

@@ -271,9 +271,26 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     pre-ranking stage at N, not worse than the champion's on the same dev pool."""
     n = ctx.cfg.candidates.n_units
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
-    return _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
-                           f"dev_prerank_ar_at_{n}",
-                           lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
+    outcome = _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
+                              f"dev_prerank_ar_at_{n}",
+                              lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
+    if outcome.get("promoted"):
+        emit_champion_event(ctx.cfg.registry_name, outcome["version"], ctx.cfg.corpus, ctx.ws.home)
+    return outcome
+
+
+# Emitted when a distillation promoted a new champion pre-ranker; prefect.yaml's embed-champion
+# trigger takes the corpus and home from its payload (not the deployment's defaults).
+CHAMPION_EVENT = "funnelrag.preranker.champion"
+
+
+def emit_champion_event(name: str, version: str, corpus: str, home: Path) -> None:
+    """Emit :data:`CHAMPION_EVENT` for registered model ``name`` v``version`` trained on ``corpus``
+    in ``home`` (resource ``funnelrag.model.<name>``)."""
+    from prefect.events import emit_event  # noqa: PLC0415
+
+    emit_event(event=CHAMPION_EVENT, resource={"prefect.resource.id": f"funnelrag.model.{name}"},
+               payload={"name": name, "version": str(version), "corpus": corpus, "home": str(home)})
 
 
 @task(name="register-reader", cache_policy=NO_CACHE)
@@ -377,9 +394,37 @@ def distill_preranker_flow(config: DistillationConfig | None = None, config_file
         evaluation = eval_task(ctx, dev, distilled)
         gate = register_task(ctx, dev, distilled, evaluation)
         recall = [{"k": k, "before": evaluation.summary[f"before_ar_at_{k}"],
-                   "after": evaluation.summary[f"after_ar_at_{k}"]} for k in config.recall_ks]
-        return {"mlflow_run_id": run.info.run_id, "distill": _log_stage("distill", distilled),
-                "evaluate": _log_stage("evaluate", evaluation), "answer_recall": recall, "gate": gate}
+                   "after": evaluation.summary[f"after_ar_at_{k}"]} for k in ctx.cfg.recall_ks]
+        summary = {"mlflow_run_id": run.info.run_id, "distill": _log_stage("distill", distilled),
+                   "evaluate": _log_stage("evaluate", evaluation), "answer_recall": recall, "gate": gate}
+        _distillation_artifact(ctx, run, summary)
+        return summary
+
+
+def distillation_markdown(corpus: str, corpus_version: str, questions: int, recall: list[dict[str, float]],
+                          gate: dict[str, Any], mlflow_run: str) -> str:
+    """The Prefect artifact of a distillation: dev answer recall of the pre-ranking stage before
+    and after BPR (Eq. 6) and the registry gate's decision."""
+    lines = [f"# distill-preranker on `{corpus}` version `{corpus_version}`", "",
+             f"- MLflow run: {mlflow_run}",
+             f"- registry: {gate.get('name', '')} v{gate.get('version')} — {gate.get('reason')}"
+             + (" (now champion)" if gate.get("promoted") else ""),
+             "", f"Answer recall of the pre-ranking stage on {questions} held-out dev questions:", "",
+             "| k | before | after | change |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r['k']} | {r['before']:.3f} | {r['after']:.3f} | {r['after'] - r['before']:+.3f} |" for r in recall]
+    return "\n".join(lines) + "\n"
+
+
+def _distillation_artifact(ctx: Context, run: Any, summary: dict[str, Any]) -> None:
+    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
+
+    from funnelrag.tracking import run_link  # noqa: PLC0415
+
+    md = distillation_markdown(ctx.cfg.corpus, ctx.corpus.version, int(summary["evaluate"].get("questions", 0)),
+                               summary["answer_recall"], {"name": ctx.cfg.registry_name, **summary["gate"]},
+                               run_link(run, ctx.cfg.workspace.tracking_uri))
+    create_markdown_artifact(key=f"distill-preranker-{ctx.cfg.corpus}".lower().replace("_", "-"), markdown=md,
+                             description="pre-ranker answer recall before/after distillation, registry gate")
 
 
 @flow(name="distillation-run", log_prints=True)

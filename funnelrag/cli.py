@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("question")
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--corpus", default="wikispeedia", help="corpus name (store under home/stores/corpus/)")
-    s.add_argument("--home", default=None, help="funnelrag home (default: ./funnelrag-home)")
+    s.add_argument("--home", default=None, help="funnelrag home (default: $FUNNELRAG_HOME, else ./funnelrag-home)")
     s.add_argument("--passages", type=int, default=3, help="also print the top N passages with their text (0: none)")
     args = parser.parse_args(argv)
 

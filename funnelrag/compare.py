@@ -131,13 +131,15 @@ def format_rows(rows: list[list[str]], max_cell: int = 40) -> str:
 
 def compare_main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """CLI core of ``funnelrag compare``; returns the exit status (2 on a bad reference)."""
+    from funnelrag.datasets import default_home  # noqa: PLC0415
     from funnelrag.tracking import configure  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
 
     out = out or sys.stdout
     p = argparse.ArgumentParser(prog="funnelrag compare", description=__doc__.split("\n")[0])
     p.add_argument("refs", nargs="+", metavar="RUN_OR_MODEL", help="run id, models:/name/version or models:/name@alias")
-    p.add_argument("--home", default="funnelrag-home", help="funnelrag home holding mlflow.db (default ./funnelrag-home)")
+    p.add_argument("--home", default=None,
+                   help="funnelrag home holding mlflow.db (default: $FUNNELRAG_HOME, else ./funnelrag-home)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///HOME/mlflow.db)")
     p.add_argument("--metrics", action="append", default=[], metavar="GLOB", help="only metrics matching (repeatable)")
     p.add_argument("--no-params", action="store_true", help="leave out the params")
@@ -149,7 +151,7 @@ def compare_main(argv: Sequence[str] | None = None, out: TextIO | None = None) -
         p.error("give at least two runs or model versions to compare")
     from mlflow import MlflowClient  # noqa: PLC0415
 
-    configure(Workspace(args.home), args.tracking_uri)
+    configure(Workspace(args.home or default_home()), args.tracking_uri)
     client = MlflowClient()
     try:
         columns = [resolve_column(client, ref) for ref in args.refs]

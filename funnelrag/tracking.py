@@ -2,25 +2,46 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from funnelrag.config import flatten_params
+from funnelrag.locks import exclusive_lock
 from funnelrag.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 
 def configure(ws: Workspace, tracking_uri: str | None = None) -> str:
-    """Point MLflow at ``tracking_uri`` or ``sqlite:///{home}/mlflow.db``; returns the URI."""
-    import mlflow  # noqa: PLC0415
+    """Point MLflow at ``tracking_uri`` or ``sqlite:///{home}/mlflow.db``; returns the URI.
+
+    A SQLite database is created and migrated by one process at a time
+    (:func:`ensure_sqlite_database`), so runs that start together on a fresh home do not race
+    in MLflow's schema migration.
+    """
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when tracking)
 
     ws.home.mkdir(parents=True, exist_ok=True)
     uri = ws.tracking_uri(tracking_uri)
+    if uri.startswith("sqlite:///"):
+        ensure_sqlite_database(uri)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return uri
+
+
+@functools.lru_cache(maxsize=None)
+def ensure_sqlite_database(uri: str) -> None:
+    """Create and migrate the MLflow SQLite database of ``uri`` under an inter-process lock
+    (``<db>.lock`` beside it); other processes wait, then find it ready. Once per process and URI.
+    """
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when tracking)
+
+    db = Path(uri[len("sqlite:///"):])
+    with exclusive_lock(db.with_name(db.name + ".lock"), f"creating the MLflow database {db}", wait=True):
+        MlflowClient(uri).search_experiments(max_results=1)  # creates the tables on first use
 
 
 def ensure_experiment(ws: Workspace, name: str) -> str:
@@ -79,3 +100,29 @@ def log_artifact(path: Path, artifact_path: str | None = None) -> None:
     import mlflow  # noqa: PLC0415
 
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def run_link(run: Any, tracking_uri: str | None = None) -> str:
+    """Markdown naming an MLflow run, clickable when the tracking URI is an MLflow server.
+
+    Parameters
+    ----------
+    run : an ``mlflow.ActiveRun`` / ``Run`` (``run.info.run_id``, ``run.info.experiment_id``).
+    tracking_uri : the configured tracking URI (default: MLflow's current one).
+
+    Returns
+    -------
+    str
+        ``[<run id>](<server>/#/experiments/<id>/runs/<id>)`` for an ``http(s)`` URI; for a local
+        SQLite store the run id and the ``mlflow ui`` command that serves it (its default address
+        is http://127.0.0.1:5000).
+    """
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when tracking)
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    run_id, exp_id = run.info.run_id, run.info.experiment_id
+    if uri.startswith(("http://", "https://")):
+        return f"[{run_id}]({uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id})"
+    return (f"`{run_id}` (serve it with `mlflow ui --backend-store-uri {uri}`, then "
+            f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{run_id})")
+

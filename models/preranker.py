@@ -273,6 +273,30 @@ def load_preranker(directory: Path) -> tuple[PreRanker, object]:
     return build_preranker(PreRankerConfig(**{**saved, "name_or_path": str(directory)}))
 
 
+class NonFiniteScoresError(ValueError):
+    """A pre-ranker produced NaN or infinite scores or embeddings (damaged or diverged weights)."""
+
+
+def require_finite(values: np.ndarray, what: str) -> np.ndarray:
+    """Return ``values`` unchanged if every element is finite.
+
+    Parameters
+    ----------
+    values : any float array (scores ``(n,)`` or embeddings ``(n, dim)``).
+    what : what the values are, for the message (e.g. ``"pre-ranker scores"``).
+
+    Raises
+    ------
+    NonFiniteScoresError
+        Some element is NaN or ±inf: ranking on them would be silently arbitrary.
+    """
+    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise NonFiniteScoresError(f"{what}: {bad} of {values.size} values are NaN or infinite "
+                                   "(damaged weights or a diverged model); refusing to rank on them")
+    return values
+
+
 @torch.no_grad()
 def score_pairs(model: PreRanker, tokenizer, queries: Sequence[str], docs: Sequence[str],
                 batch_size: int = 32) -> np.ndarray:
@@ -284,6 +308,8 @@ def score_pairs(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seque
     ------
     ValueError
         ``queries`` and ``docs`` differ in length.
+    NonFiniteScoresError
+        A score is NaN or infinite.
     """
     if len(queries) != len(docs):
         raise ValueError(f"score_pairs: {len(queries)} queries but {len(docs)} documents")
@@ -300,7 +326,7 @@ def score_pairs(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seque
         scores = model(**{k: v.to(device) for k, v in batch.items()}).scores  # (len(idx),)
         out[np.asarray(idx)] = scores.float().cpu().numpy()
     model.train(was_training)
-    return out
+    return require_finite(out, "pre-ranker scores")
 
 
 @torch.no_grad()
@@ -311,6 +337,11 @@ def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seq
     Same values as :func:`score_pairs`; a bi-encoder embeds each distinct query and document
     once (documents shared by many questions, as in the FunnelRAG funnel, are encoded once),
     a cross-encoder scores every pair.
+
+    Raises
+    ------
+    NonFiniteScoresError
+        A score is NaN or infinite.
     """
     if not pairs:
         return np.zeros(0, dtype=np.float32)
@@ -333,7 +364,8 @@ def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seq
     qi = torch.tensor([q_row[i] for i, _ in pairs])
     dj = torch.tensor([d_row[j] for _, j in pairs])
     model.train(was_training)
-    return (q_emb[qi] * d_emb[dj]).sum(-1).numpy().astype(np.float32)  # (n_pairs,)
+    scores = (q_emb[qi] * d_emb[dj]).sum(-1).numpy().astype(np.float32)  # (n_pairs,)
+    return require_finite(scores, "pre-ranker scores")
 
 
 def score(model: PreRanker, tokenizer, query: str, docs: Sequence[str], batch_size: int = 32) -> np.ndarray:

@@ -154,6 +154,11 @@ def test_mlflow_run_and_artifacts(evaluated):
     assert m["flat-bm25-8p-4p.all.ar_4"] == pytest.approx(row["ar_4"])
     assert "prog-3c-2d-minilm-fid-4p.stage3_postranking.seconds" in m and m["questions"] == s["questions"]
     assert run.data.params["reader"] == "models:/funnelrag-reader@champion"
+    # the registered reader version it used: tagged, and its figures linked to that logged model
+    version = run.data.tags["model_version.funnelrag-reader"]
+    from funnelrag.registry import logged_model_id  # noqa: PLC0415
+    logged = client.get_logged_model(logged_model_id(client.get_model_version("funnelrag-reader", version)))
+    assert {mm.key for mm in logged.metrics if mm.run_id == run.info.run_id} >= {"flat-bm25-8p-4p.all.ar_4"}
     names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert {"evaluation/results.evaluation.md", "evaluation/results.evaluation.csv",
             "evaluation/answer_recall_at_k.png", "evaluation/results.evaluation.parquet"} <= names
@@ -171,6 +176,7 @@ def test_prefect_markdown_artifact(evaluated):
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["evaluate-oracle-mini"])))
     assert arts and arts[-1].type == "markdown"
     assert "| prog-3c-2d-minilm-fid-4p |" in arts[-1].data and "## stages" in arts[-1].data
+    assert "MLflow run: `" in arts[-1].data and "mlflow ui --backend-store-uri sqlite:///" in arts[-1].data
 
 
 def test_stored_vectors_rank_as_on_the_fly_and_embed_flow_reuses_them(evaluated):

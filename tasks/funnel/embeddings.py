@@ -106,10 +106,17 @@ def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64) ->
 
 def embed_queries(model, tokenizer, questions: Sequence[str], batch_size: int = 64) -> np.ndarray:
     """L2-normalised query-tower embeddings ``E_q(q)`` of a bi-encoder pre-ranker, float32
-    ``(len(questions), dim)`` (the shared encoder's when the model has no separate query tower)."""
+    ``(len(questions), dim)`` (the shared encoder's when the model has no separate query tower).
+
+    Raises
+    ------
+    models.preranker.NonFiniteScoresError
+        An embedding has a NaN or infinite value (damaged weights).
+    """
+    from models.preranker import require_finite  # noqa: PLC0415
     from tasks.evaluate.dense import encode_texts  # noqa: PLC0415
 
-    return encode_texts(model.query_tower(), tokenizer, questions, batch_size)
+    return require_finite(encode_texts(model.query_tower(), tokenizer, questions, batch_size), "query embeddings")
 
 
 def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(),
