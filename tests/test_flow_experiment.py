@@ -54,7 +54,7 @@ def test_the_step_keys_of_the_shipped_config_are_those_of_the_earlier_runner():
 def test_the_shipped_yaml_loads_and_inconsistent_settings_are_refused():
     cfg = load_config(ExperimentConfig, SHIPPED)
     assert cfg.train_vectors == "stored" and cfg.train_candidates.unit_scoring == "maxp"
-    assert cfg.heldout_vectors == "stored" and cfg.candidates.unit_scoring == "maxp"   # the funnel of issue 10
+    assert cfg.heldout_vectors == "stored" and cfg.candidates.unit_scoring == "maxp"   # the stored-vector funnel
     assert cfg.train_preranker.max_length is None and cfg.preranker.max_length is None   # the model's own length
     assert cfg.distill.unit_scoring == "maxp" and cfg.distill.towers == "query"
     assert cfg.distill_select and cfg.validation.lrs == (2e-5, 5e-5, 1e-4)   # chosen on the train split
