@@ -18,7 +18,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
-from funnelrag.corpus import corpus_store
+from tasks.corpus.published import corpus_store
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
 from funnelrag.workspace import Workspace
@@ -180,7 +180,7 @@ def gate_task(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path) -> GateD
     """The quality gate (:mod:`tasks.corpus.gate`): the new version against the current one."""
     from funnelrag import datasets  # noqa: PLC0415
     from tasks.corpus.gate import decide, question_pairs, version_figures  # noqa: PLC0415
-    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+    from tasks.qa.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
     paths = [datasets.resolve(n, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir) for n in cfg.gate.questions]
     table, _ = load_questions([*paths, *cfg.gate.paths], QuestionsConfig(limit=cfg.gate.limit))

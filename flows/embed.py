@@ -76,7 +76,7 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
     import mlflow  # noqa: PLC0415
 
     from funnelrag.config import resolve_flow_config  # noqa: PLC0415
-    from funnelrag.corpus import open_corpus  # noqa: PLC0415
+    from tasks.corpus.published import open_corpus  # noqa: PLC0415
     from funnelrag.threads import torch_threads  # noqa: PLC0415
     from funnelrag.tracking import flow_run, log_metrics  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415

@@ -31,7 +31,7 @@ from funnelrag.stages import DataSource
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.evaluate.flat_dense import FlatDenseConfig
 from tasks.funnel.embeddings import EmbeddingConfig
-from tasks.evaluate.generation import GenerationConfig
+from tasks.qa.generation import GenerationConfig
 from tasks.evaluate.retrieval import FlatSetting, ProgressiveSetting
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class EvaluateConfig(FlowConfig):
 @task(name="evaluate-questions", cache_policy=NO_CACHE)
 def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bool], dict]:
     from tasks.evaluate.stages import answerability, sample_questions  # noqa: PLC0415
-    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+    from tasks.qa.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
     files = cfg.questions.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "questions.paths")
     table, report = load_questions([p for p, _ in files], QuestionsConfig(format=cfg.questions.format))
@@ -291,11 +291,11 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
 
 
 def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
-    from funnelrag.corpus import open_corpus  # noqa: PLC0415
+    from tasks.corpus.published import open_corpus  # noqa: PLC0415
     from funnelrag.tracking import flow_run  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
-    from tasks.evaluate.generation import CausalLMGenerator, FiDGenerator  # noqa: PLC0415
-    from tasks.evaluate.metrics import TokenCache  # noqa: PLC0415
+    from tasks.qa.generation import CausalLMGenerator, FiDGenerator  # noqa: PLC0415
+    from tasks.qa.metrics import TokenCache  # noqa: PLC0415
     from tasks.evaluate.stages import bm25_retriever  # noqa: PLC0415
     from tasks.evaluate.report import SettingSpec, summarize  # noqa: PLC0415
     from tasks.evaluate.retrieval import PassageLookup, questions_from_table  # noqa: PLC0415

@@ -29,7 +29,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
-from funnelrag.corpus import CorpusVersion, open_corpus
+from tasks.corpus.published import CorpusVersion, open_corpus
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
 from funnelrag.workspace import Workspace
@@ -42,7 +42,7 @@ from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
 from tasks.funnel.labels import LabelConfig
-from tasks.funnel.questions import QuestionsConfig
+from tasks.qa.questions import QuestionsConfig
 from tasks.funnel.reader import ReaderTrainConfig
 
 log = logging.getLogger(__name__)

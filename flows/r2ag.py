@@ -108,7 +108,7 @@ def features_task(ws: Workspace, mirror: Path | None, data: R2AGDataConfig, list
     inputs = {"data": sha}
     corpus = None
     if data.dataset == "nq":
-        from funnelrag.corpus import open_corpus  # noqa: PLC0415
+        from tasks.corpus.published import open_corpus  # noqa: PLC0415
 
         corpus = open_corpus(ws, name=data.corpus, version=data.corpus_version)
         inputs["corpus"] = corpus.digest

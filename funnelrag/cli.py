@@ -103,7 +103,7 @@ def _fmt(v: Any) -> str:
 
 def _search(args: argparse.Namespace) -> int:
     from funnelrag.config import WorkspaceConfig  # noqa: PLC0415
-    from funnelrag.corpus import open_corpus  # noqa: PLC0415
+    from tasks.corpus.published import open_corpus  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
 
     ws_cfg = WorkspaceConfig(home=Path(args.home)) if args.home else WorkspaceConfig()
@@ -111,7 +111,7 @@ def _search(args: argparse.Namespace) -> int:
     try:
         corpus = open_corpus(ws, name=args.corpus)
     except FileNotFoundError:
-        from funnelrag.corpus import list_corpora  # noqa: PLC0415
+        from tasks.corpus.published import list_corpora  # noqa: PLC0415
 
         found = list_corpora(ws)
         there = ", ".join(f"{n} (current {v})" for n, v in found.items()) or "none (run `funnelrag build-corpus`)"

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from funnelrag import datasets
+from funnelrag.errors import BadInput
 from funnelrag.store import StageCache, StageResult
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,13 +95,12 @@ def stage_task(name: str) -> Callable[[F], F]:
 
 def retry_transient(task, task_run, state) -> bool:
     """Prefect ``retry_condition_fn``: retry only failures that may pass on a second try (I/O,
-    a killed subprocess). Bad input or config fails the same way every time (a full dump would
-    be read twice before failing), so those errors are never retried."""
-    from tasks.corpus.ingest import IngestError  # noqa: PLC0415
-
+    a killed subprocess). Bad input (:class:`funnelrag.errors.BadInput` and its subclasses) or
+    config fails the same way every time (a full dump would be read twice before failing), so
+    those errors are never retried."""
     try:
         state.result()
-    except (IngestError, ValueError, TypeError, KeyError, FileNotFoundError):  # deterministic
+    except (BadInput, ValueError, TypeError, KeyError, FileNotFoundError):  # deterministic
         return False
     except Exception:  # noqa: BLE001 - anything else may be transient
         return True

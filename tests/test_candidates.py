@@ -11,7 +11,7 @@ from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from oracle_corpus import oracle_clusters
 from models.preranker import PreRankerConfig, build_preranker
 from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, chunk_clusters, rerank_pool
-from tasks.funnel.questions import QuestionsConfig, has_answer, load_questions
+from tasks.qa.questions import QuestionsConfig, has_answer, load_questions
 from tasks.corpus.segment import SegmentConfig, segment_cluster
 from tasks.corpus.tokenize import WhitespaceCounter
 

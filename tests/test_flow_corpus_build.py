@@ -9,7 +9,7 @@ import pytest
 
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow, enwiki_sample_config
 from funnelrag.config import load_config
-from funnelrag.corpus import corpus_store, open_corpus
+from tasks.corpus.published import corpus_store, open_corpus
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as corpus_stages
 

@@ -23,7 +23,7 @@ from tasks.funnel.candidates import CandidatesConfig, build_candidates, rerank_p
 from tasks.funnel.distill import DistillConfig, MaxPBPRHooks, PairItem, bpr_loss, prepare_for_distillation
 from tasks.funnel.embeddings import build_embedding_index, embed_queries, embed_texts, model_version
 from tasks.funnel.labels import LabelConfig, make_labels
-from tasks.funnel.questions import QuestionsConfig, load_questions
+from tasks.qa.questions import QuestionsConfig, load_questions
 
 SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace")
 QUERIES = ["who painted the mona lisa", "what is the capital of france"]

@@ -10,7 +10,6 @@ from funnelrag.stages import DataSource, hash_path, input_digests, run_cached, s
 from funnelrag.store import StageCache
 from tasks.corpus import stages as corpus
 from tasks.dr_rag import stages as dr_rag
-from tasks.evaluate import stages as evaluate
 from tasks.funnel import stages as funnel
 from tasks.r2ag import stages as r2ag
 
@@ -60,7 +59,7 @@ def test_undeclared_function_is_refused(tmp_path):
     (funnel.run_distill, "distill", "1"), (funnel.run_eval, "eval", "1"),
     (dr_rag.run_collection, "collection", "1"), (dr_rag.run_embeddings, "embeddings", "1"),
     (dr_rag.run_rankings, "rankings", "1"), (dr_rag.run_pairs, "pairs", "2"),
-    (r2ag.build_lists_and_features, "r2ag-features", "1"), (evaluate.dense_index, "dense-index", "1"),
+    (r2ag.build_lists_and_features, "r2ag-features", "1"),
 ])
 def test_every_cached_stage_declares_its_cache_name(core, name, version):
     """Cache directory names are part of the workspace layout; a version may only go up."""

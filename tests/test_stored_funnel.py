@@ -16,7 +16,7 @@ from tasks.funnel.embeddings import (EmbeddingConfig, EmbeddingIndexMismatch, bu
                                      ensure_embedding_index, model_version, open_embedding_index, passage_text,
                                      publish_embedding_index, store_root)
 from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex
-from tasks.funnel.questions import QuestionsConfig, load_questions
+from tasks.qa.questions import QuestionsConfig, load_questions
 from tasks.funnel.stored import rank_units_stored
 from tasks.funnel.unit_scoring import group_max
 

@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 
 from data_contracts.corpus import INGEST_REPORT, PASSAGES
 from tasks.corpus.ingest.config import SKIPPED
-from tasks.evaluate.metrics import answer_recall
-from tasks.funnel.questions import AnswerMatcher
+from tasks.qa.metrics import answer_recall
+from tasks.qa.questions import AnswerMatcher
 
 PASSAGE_INDEX = "index/passages.bm25"
 

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import pyarrow as pa
 
 from data_contracts.evaluation import EVAL_PER_QUESTION, EVAL_RESULTS, EVAL_STAGES, SUBSETS
-from tasks.evaluate.metrics import answer_recall, exact_match_rate, title_entropy
+from tasks.qa.metrics import answer_recall, exact_match_rate, title_entropy
 from tasks.evaluate.retrieval import QueryResult
 from tasks.evaluate.timing import StageOutcome, funnel_label
 

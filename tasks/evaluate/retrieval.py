@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tasks.evaluate.metrics import TokenCache, passage_hits
+from tasks.qa.metrics import TokenCache, passage_hits
 from tasks.evaluate.timing import StageClock, StageOutcome
 
 log = logging.getLogger(__name__)
@@ -226,8 +226,8 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
     ----------
     questions : pa.Table
         ``questions`` rows (:data:`data_contracts.funnel.QUESTIONS`).
-    cluster_index : BM25 over clusters (:meth:`funnelrag.corpus.CorpusVersion.cluster_index`).
-    members_of : :meth:`funnelrag.corpus.CorpusVersion.members_of`.
+    cluster_index : BM25 over clusters (:meth:`tasks.corpus.published.CorpusVersion.cluster_index`).
+    members_of : :meth:`tasks.corpus.published.CorpusVersion.members_of`.
     seg_cfg, token_counter : the corpus build's segmentation config and token counter, so later
         chunking cuts the same units and passages as the corpus.
     setting : ProgressiveSetting

@@ -17,7 +17,7 @@ from typing import Sequence
 import pyarrow as pa
 
 from data_contracts.funnel import CANDIDATES
-from tasks.evaluate.metrics import TokenCache, passage_hits
+from tasks.qa.metrics import TokenCache, passage_hits
 from tasks.evaluate.retrieval import PassageLookup, LabeledPreRanker, ProgressiveSetting, Question, QueryResult
 from tasks.evaluate.timing import StageClock, StageOutcome
 from tasks.funnel.embeddings import EmbeddingIndex, embed_queries

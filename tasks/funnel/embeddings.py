@@ -34,6 +34,7 @@ import pyarrow as pa
 from data_contracts.base import atomic_write, sha256_file
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
 from funnelrag.stages import stage, stage_of
+from models.encoders import encode_texts
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +100,12 @@ def model_version(model) -> str:
 def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
     """L2-normalised document-tower embeddings ``E_d(d)`` of a bi-encoder pre-ranker, float32
     ``(len(texts), dim)``: what the embedding index stores."""
-    from tasks.evaluate.dense import encode_texts  # noqa: PLC0415
-
     return encode_texts(model.encoder, tokenizer, texts, batch_size)
 
 
 def embed_queries(model, tokenizer, questions: Sequence[str], batch_size: int = 64) -> np.ndarray:
     """L2-normalised query-tower embeddings ``E_q(q)`` of a bi-encoder pre-ranker, float32
     ``(len(questions), dim)`` (the shared encoder's when the model has no separate query tower)."""
-    from tasks.evaluate.dense import encode_texts  # noqa: PLC0415
-
     return encode_texts(model.query_tower(), tokenizer, questions, batch_size)
 
 

@@ -40,7 +40,7 @@ from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
 from tasks.funnel.experiment_data import answerable, bm25_passage_candidates, first_questions, subset
 from tasks.funnel.experiment_validation import ValidationConfig
-from tasks.funnel.questions import QuestionsConfig
+from tasks.qa.questions import QuestionsConfig
 from tasks.funnel.reader import ReaderTrainConfig
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class Experiment:
 
     def __init__(self, cfg: ExperimentConfig, home: Path, questions_file: Path, mirror: Path | None,
                  corpus: str = "wikispeedia"):
-        from funnelrag.corpus import open_corpus  # noqa: PLC0415
+        from tasks.corpus.published import open_corpus  # noqa: PLC0415
         from funnelrag.workspace import Workspace  # noqa: PLC0415
 
         self.cfg, self.mirror, self.questions_file = cfg, mirror, Path(questions_file)

@@ -48,7 +48,7 @@ def bm25_passage_candidates(corpus, questions: pa.Table, n_passages: int, search
     Flat BM25 costs ~0.03 s per question; the funnel's pre-ranking of ~1K-token units costs
     seconds per question, which 2 shared CPU cores cannot spend on thousands of questions.
     """
-    from tasks.funnel.questions import AnswerMatcher  # noqa: PLC0415
+    from tasks.qa.questions import AnswerMatcher  # noqa: PLC0415
 
     passages = corpus.passages
     row_of = {p: i for i, p in enumerate(passages["passage_id"].to_pylist())}

@@ -1,7 +1,7 @@
 """Choosing the BPR learning rate and epochs on a validation part of the TRAIN split, never on
 the held-out questions.
 
-The train-split questions are split again by hash (:func:`tasks.funnel.questions.split_of` with
+The train-split questions are split again by hash (:func:`tasks.qa.questions.split_of` with
 its own seed): distillation runs on the answerable questions of the *fit* part, once per learning
 rate, with a checkpoint after every epoch's worth of pairs; every checkpoint re-ranks the unit
 pools of the *validation* part (every validation question, answerable or not, as the held-out
@@ -49,7 +49,7 @@ class ValidationConfig:
 
 def validation_ids(questions: pa.Table, cfg: ValidationConfig) -> set[str]:
     """Question ids of the validation part (hash of the question text with ``cfg.seed``)."""
-    from tasks.funnel.questions import split_of  # noqa: PLC0415
+    from tasks.qa.questions import split_of  # noqa: PLC0415
 
     return {q for q, text in zip(questions["question_id"].to_pylist(), questions["question"].to_pylist())
             if split_of(text, cfg.seed, cfg.fraction) == "dev"}

@@ -30,7 +30,7 @@ from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, sco
 from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, rerank_pool
 from tasks.funnel.distill import BPRHooks, DistillConfig, PairDataset, build_examples, prepare_for_distillation
 from tasks.funnel.labels import LabelConfig, make_labels
-from tasks.funnel.questions import QuestionsConfig, load_questions
+from tasks.qa.questions import QuestionsConfig, load_questions
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,8 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
     ValueError
         ``candidates_dir`` has no candidate passage.
     """
-    from tasks.evaluate.generation import FiDGenerator, GenerationConfig  # noqa: PLC0415
-    from tasks.funnel.questions import exact_match  # noqa: PLC0415
+    from tasks.qa.generation import FiDGenerator, GenerationConfig  # noqa: PLC0415
+    from tasks.qa.questions import exact_match  # noqa: PLC0415
     from tasks.funnel.reader import load_reader  # noqa: PLC0415
 
     model, tok, cfg = load_reader(reader_dir)

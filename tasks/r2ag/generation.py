@@ -248,7 +248,7 @@ def generate_answers(model, items: Sequence[PromptedList], tokenizer, features: 
 
 def answer_accuracy(predictions: Sequence[str], answers: Sequence[Sequence[str]]) -> dict[str, float]:
     """The paper's Acc (a gold answer occurs in the output, DPR ``has_answer``) and SQuAD EM."""
-    from tasks.funnel.questions import exact_match, has_answer  # noqa: PLC0415
+    from tasks.qa.questions import exact_match, has_answer  # noqa: PLC0415
 
     if not predictions:
         return {"accuracy": float("nan"), "exact_match": float("nan"), "n": 0}

@@ -107,7 +107,7 @@ def nq_bm25_lists(questions: pa.Table, index, passages: pa.Table, cfg: ListConfi
     KeyError
         The index returns a passage id missing from ``passages`` (index and table disagree).
     """
-    from tasks.funnel.questions import AnswerMatcher  # noqa: PLC0415
+    from tasks.qa.questions import AnswerMatcher  # noqa: PLC0415
 
     row_of = {pid: i for i, pid in enumerate(passages["passage_id"].to_pylist())}
     titles, texts = passages["title"], passages["text"]

@@ -67,7 +67,7 @@ def build_lists_and_features(data: R2AGDataConfig, lists_cfg: ListConfig, feat_c
     data, lists_cfg, feat_cfg : configs.
     encoder, tokenizer : the bi-encoder (:class:`models.encoders.BiEncoder`) giving ``x^q, x^d``.
     data_path : the HotpotQA or NQ-open file.
-    corpus : :class:`funnelrag.corpus.CorpusVersion` (NQ only: passages + passage BM25 index).
+    corpus : :class:`tasks.corpus.published.CorpusVersion` (NQ only: passages + passage BM25 index).
 
     Returns
     -------
@@ -88,7 +88,7 @@ def build_lists_and_features(data: R2AGDataConfig, lists_cfg: ListConfig, feat_c
     else:
         if corpus is None:
             raise ValueError("dataset 'nq' needs a published corpus (passages + BM25 index)")
-        from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+        from tasks.qa.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
         questions, qreport = load_questions([data_path], QuestionsConfig(limit=data.max_questions))
         lists, report = nq_bm25_lists(questions, corpus.passage_index(), corpus.passages, lists_cfg)
@@ -102,14 +102,14 @@ def build_lists_and_features(data: R2AGDataConfig, lists_cfg: ListConfig, feat_c
 def test_query_ids(lists: pa.Table, data: R2AGDataConfig) -> set[str]:
     """Held-out questions: hash of ``(split_seed, question_id)`` (HotpotQA, as
     :func:`tasks.dr_rag.hotpotqa.split_train_dev`) or of the question text (NQ, as
-    :func:`tasks.funnel.questions.split_of`, so the split agrees with the other flows')."""
+    :func:`tasks.qa.questions.split_of`, so the split agrees with the other flows')."""
     qids = lists["query_id"].to_pylist()
     questions = dict(zip(qids, lists["question"].to_pylist()))
     if data.dataset == "hotpotqa":
         from tasks.dr_rag.hotpotqa import split_unit  # noqa: PLC0415
 
         return {q for q in questions if split_unit(data.split_seed, q) < data.test_fraction}
-    from tasks.funnel.questions import split_of  # noqa: PLC0415
+    from tasks.qa.questions import split_of  # noqa: PLC0415
 
     return {q for q, text in questions.items() if split_of(text, data.split_seed, data.test_fraction) == "dev"}
 
