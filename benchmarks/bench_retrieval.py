@@ -47,7 +47,7 @@ def bench_dense(sizes: list[int], dim: int, batch: int) -> None:
         per_row[n] = one / n
         print(f"dense exact  n={n:>9,} d={dim} float32  memory {emb.nbytes / 2**20:8.1f} MiB  "
               f"1 query {one * 1e3:8.2f} ms  batch {batch}: {batch / many:8.1f} queries/s")
-        del emb, index
+        del emb
     n = max(sizes)
     est = per_row[n] * DPR_PASSAGES
     mem = DPR_PASSAGES * dim * 4

@@ -261,7 +261,7 @@ def train_r2former_flow(cfg: TrainR2FormerConfig | None = None, config_file: str
             mlflow.log_metrics({mlflow_key("test", row["ranking"], k): float(v) for k, v in row.items()
                                 if k != "ranking" and v == v}, run_id=run_id)
         summary = {"dataset": cfg.data.dataset, "lists": feat_report, "train_lists": len(train),
-                   "test_lists": len(test), "final_train_loss": {n: l[-1] for n, l in losses.items()},
+                   "test_lists": len(test), "final_train_loss": {n: curve[-1] for n, curve in losses.items()},
                    "ranking (test lists, MAP / recall@k)": rows, "joint": joint_report,
                    "seconds": {k: round(v, 1) for k, v in seconds.items()},
                    "run_dir": str(run_dir), "model_dir": str(model_dir), "mlflow_run_id": run_id}

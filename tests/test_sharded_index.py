@@ -17,7 +17,6 @@ from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTERS, DOCUMENTS, PASSAGES
 from funnelrag.datasets import resolve
 from same_search import assert_same_search
-from tasks.corpus import stages as S
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import article_windows
