@@ -77,9 +77,9 @@ def bench_encoder(threads: int, n_texts: int) -> None:
 
 
 def bench_bm25(home: Path, corpus: str, n_questions: int) -> None:
-    from tasks.corpus.published import open_corpus  # noqa: PLC0415
     from funnelrag.datasets import default_mirror, resolve  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
+    from tasks.corpus.published import open_corpus  # noqa: PLC0415
     from tasks.qa.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
     c = open_corpus(Workspace(home), corpus)

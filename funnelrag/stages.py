@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from data_contracts.base import sha256_file
 from funnelrag import datasets
 from funnelrag.errors import BadInput
 from funnelrag.store import StageCache, StageResult
@@ -87,8 +88,8 @@ def run_cached(cache: StageCache, core: Callable[..., Any], config: Any, inputs:
 def stage_task(name: str) -> Callable[[F], F]:
     """The Prefect ``@task`` of a cached stage: one retry after 2 s of a failure that may be
     transient (:func:`retry_transient`), Prefect caching off."""
-    from prefect import task  # noqa: PLC0415
-    from prefect.cache_policies import NONE  # noqa: PLC0415
+    from prefect import task  # noqa: PLC0415  (heavy: prefect; stage cores import this module without it)
+    from prefect.cache_policies import NONE  # noqa: PLC0415  (heavy: prefect; stage cores import this module without it)
 
     return task(name=name, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_transient, cache_policy=NONE)
 
@@ -143,8 +144,6 @@ def hash_path(path: Path | str, field: str = "path") -> tuple[Path, str]:
     FileNotFoundError
         ``path`` is not a file (message names the config ``field``).
     """
-    from data_contracts.base import sha256_file  # noqa: PLC0415
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{field}: {path} does not exist")

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 def configure(ws: Workspace, tracking_uri: str | None = None) -> str:
     """Point MLflow at ``tracking_uri`` or ``sqlite:///{home}/mlflow.db``; returns the URI."""
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     ws.home.mkdir(parents=True, exist_ok=True)
     uri = ws.tracking_uri(tracking_uri)
@@ -25,7 +25,7 @@ def configure(ws: Workspace, tracking_uri: str | None = None) -> str:
 
 def ensure_experiment(ws: Workspace, name: str) -> str:
     """Experiment id of ``name``, created with artifacts under ``home/mlruns`` if new."""
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
@@ -42,7 +42,7 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
     Yields the active ``mlflow.ActiveRun``; a failure inside marks the run FAILED. Inside a
     Prefect flow run the MLflow run is tagged with its id (:func:`prefect_run_tags`).
     """
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     configure(ws, tracking_uri)
     exp_id = ensure_experiment(ws, experiment)
@@ -59,7 +59,7 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
 def prefect_run_tags() -> dict[str, str]:
     """``{"prefect.flow_run_id": ..., "prefect.flow_run_name": ..., "prefect.deployment_id": ...}``
     of the Prefect flow run this code runs in (``{}`` outside one): the MLflow → Prefect link."""
-    from prefect.runtime import deployment, flow_run  # noqa: PLC0415
+    from prefect.runtime import deployment, flow_run  # noqa: PLC0415  (heavy: prefect, only inside a flow run)
 
     found = {"prefect.flow_run_id": flow_run.id, "prefect.flow_run_name": flow_run.name,
              "prefect.deployment_id": deployment.id}
@@ -68,7 +68,7 @@ def prefect_run_tags() -> dict[str, str]:
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     """Log numeric metrics to the active run (non-numeric values are skipped)."""
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if clean:
@@ -76,6 +76,6 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
 
 
 def log_artifact(path: Path, artifact_path: str | None = None) -> None:
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     mlflow.log_artifact(str(path), artifact_path=artifact_path)

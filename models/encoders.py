@@ -68,7 +68,7 @@ class BiEncoder(nn.Module):
     @classmethod
     def from_pretrained(cls, cfg: EncoderConfig = EncoderConfig()) -> tuple["BiEncoder", object]:
         """Load weights and tokenizer. Returns ``(model, tokenizer)``; model in eval mode."""
-        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
         path = resolve_model_path(cfg.name_or_path)
         tok = AutoTokenizer.from_pretrained(path)

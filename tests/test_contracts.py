@@ -1,7 +1,7 @@
 """Artifact contracts: every violation names the artifact, the column and the rows."""
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-import polars as pl
 import pytest
 
 from data_contracts import ContractViolation

@@ -18,9 +18,9 @@ import pytest
 from data_contracts.evaluation import EVAL_PER_QUESTION, EVAL_RESULTS, EVAL_STAGES
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.evaluate import EvaluateConfig, evaluate_flow
-from tasks.corpus.published import open_corpus
 from funnelrag.datasets import resolve
 from funnelrag.workspace import Workspace
+from tasks.corpus.published import open_corpus
 from tasks.qa.questions import has_answer
 
 N_DOCS = 8
@@ -58,8 +58,8 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
     # a scratch FiD reader, registered as the champion reader
     from funnelrag.registry import register_model  # noqa: PLC0415
     from funnelrag.tracking import flow_run  # noqa: PLC0415
-    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
     from funnelrag.training import TrainConfig  # noqa: PLC0415
+    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
     from tasks.funnel.reader import ReaderTrainConfig, save_reader  # noqa: PLC0415
 
     tok_dir = resolve("t5-tokenizer", data_mirror).parent

@@ -8,11 +8,18 @@ import math
 import pytest
 
 from funnelrag.datasets import resolve
-from tasks.qa.metrics import (CorpusAnswers, TokenCache, answer_recall, exact_match_rate, first_hit,
-                                    passage_hits, title_entropy)
 from tasks.evaluate.report import SettingSpec, StageSummary, summarize
 from tasks.evaluate.retrieval import QueryResult
 from tasks.evaluate.timing import StageOutcome, compact_count, funnel_label
+from tasks.qa.metrics import (
+    CorpusAnswers,
+    TokenCache,
+    answer_recall,
+    exact_match_rate,
+    first_hit,
+    passage_hits,
+    title_entropy,
+)
 from tasks.qa.questions import has_answer
 
 

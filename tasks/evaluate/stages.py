@@ -9,9 +9,9 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 
-from tasks.qa.metrics import CorpusAnswers
 from tasks.evaluate.report import Generated
 from tasks.evaluate.retrieval import QueryResult
+from tasks.qa.metrics import CorpusAnswers
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from models.preranker import score_grouped
+from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
 from tasks.funnel.embeddings import passage_text
+from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores, stored_maxp_pool_scores
 from tasks.qa.metrics import first_hit_ranks, recall_at_ranks
 from tasks.qa.questions import AnswerMatcher, dpr_tokens
-from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores, stored_maxp_pool_scores
-from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
 
 log = logging.getLogger(__name__)
 
@@ -264,8 +265,6 @@ def unit_passages(passages: pa.Table, unit_ids) -> dict[str, list[tuple[str, str
     """``unit_id → [(passage_id, passage_text)]`` of ``unit_ids`` from a corpus ``passages``
     table, passages in table (= position) order; the text is what a pre-ranker reads
     (:func:`tasks.funnel.embeddings.passage_text`)."""
-    import pyarrow.compute as pc  # noqa: PLC0415
-
     wanted = sorted(set(unit_ids))
     sub = passages.filter(pc.is_in(passages["unit_id"], pa.array(wanted, pa.string())))
     out: dict[str, list[tuple[str, str]]] = {}

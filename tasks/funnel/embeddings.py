@@ -19,6 +19,7 @@ Layout (``home/stores/embeddings/<corpus>/<model version[:16]>/``, an
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -30,10 +31,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from data_contracts.base import atomic_write, sha256_file
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
 from funnelrag.stages import stage, stage_of
+from funnelrag.store import ArtifactStore
 from models.encoders import encode_texts
 
 log = logging.getLogger(__name__)
@@ -287,8 +290,6 @@ def publish_embedding_index(root: Path, index: EmbeddingIndex, extra: dict | Non
     Path
         The published version directory.
     """
-    from funnelrag.store import ArtifactStore  # noqa: PLC0415
-
     store = ArtifactStore(root)
     staging = Path(root) / f".build-{os.getpid()}"
     path = PASSAGE_EMBEDDINGS.write(index.to_table(), staging)
@@ -316,8 +317,6 @@ def open_embedding_index(root: Path, corpus_digest: str, version: str) -> Embedd
     EmbeddingIndexMismatch
         The current version was built from another corpus digest or model version.
     """
-    from funnelrag.store import ArtifactStore  # noqa: PLC0415
-
     store = ArtifactStore(root)
     manifest = store.read_manifest()
     meta = {k: manifest.get(k) for k in (*MANIFEST_KEYS, "dim", "max_length", "text")}
@@ -368,8 +367,6 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
     FileNotFoundError, EmbeddingIndexMismatch
         ``build`` is False and no index of this corpus and model is published.
     """
-    from funnelrag.store import ArtifactStore  # noqa: PLC0415
-
     version = model_version(model)
     root = store_root(stores_dir, corpus, version)
     try:
@@ -404,10 +401,6 @@ def with_precision(model, precision: str):
     ValueError
         Unknown ``precision``.
     """
-    import copy  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "fp32":

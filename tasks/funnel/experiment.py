@@ -40,8 +40,8 @@ from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
 from tasks.funnel.experiment_data import answerable, bm25_passage_candidates, first_questions, subset
 from tasks.funnel.experiment_validation import ValidationConfig
-from tasks.qa.questions import QuestionsConfig
 from tasks.funnel.reader import ReaderTrainConfig
+from tasks.qa.questions import QuestionsConfig
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,8 @@ class Experiment:
 
     def __init__(self, cfg: ExperimentConfig, home: Path, questions_file: Path, mirror: Path | None,
                  corpus: str = "wikispeedia"):
-        from tasks.corpus.published import open_corpus  # noqa: PLC0415
         from funnelrag.workspace import Workspace  # noqa: PLC0415
+        from tasks.corpus.published import open_corpus  # noqa: PLC0415
 
         self.cfg, self.mirror, self.questions_file = cfg, mirror, Path(questions_file)
         self.corpus_name = corpus
@@ -270,8 +270,8 @@ class Experiment:
     def reader_curve(self, questions: StageResult, reader: StageResult) -> StageResult:
         """Held-out EM of every kept checkpoint of the reader run (:meth:`reader_data`, ``dev``):
         the learning curve, ``curve.json`` = ``[{step, epoch, em, per_question}]``."""
-        from tasks.funnel.reader import reader_from_checkpoint  # noqa: PLC0415
         from funnelrag.training import checkpoint_dirs  # noqa: PLC0415
+        from tasks.funnel.reader import reader_from_checkpoint  # noqa: PLC0415
 
         dev = self.reader_data(questions, "dev")
         run_dir = self.reader_run_dir(self.keys["reader"])
@@ -318,8 +318,8 @@ class Experiment:
 
     def labels(self, name: str, data: StageResult, attention: StageResult | None) -> StageResult:
         """L2G labels from Eq. 3 scores, or (``attention=None``) answer-only labels (𝒦 = 0)."""
+        from data_contracts.funnel import ATTENTION_SCORES, LABELS  # noqa: PLC0415
         from tasks.funnel.labels import LabelConfig, make_labels  # noqa: PLC0415
-        from data_contracts.funnel import LABELS, ATTENTION_SCORES  # noqa: PLC0415
 
         if attention is not None:
             cfg = LabelConfig(alpha=self.cfg.l2g_alpha, top_k=self.cfg.l2g_top_k)

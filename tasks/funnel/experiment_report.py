@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from data_contracts.funnel import CANDIDATES
+from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, READER_PREDICTIONS
+from funnelrag.registry import question_set_digest
 from funnelrag.store import StageResult
+from tasks.funnel import experiment_eval as E
 
 if TYPE_CHECKING:
     from tasks.funnel.experiment import Experiment
@@ -18,9 +20,6 @@ if TYPE_CHECKING:
 
 def distillation_report(exp: Experiment, heldout: StageResult, done: dict[str, StageResult]) -> tuple[str, dict]:
     """Pre-ranker AR@k before / after answer-only (and, when done, L2G) distillation on the held-out pool."""
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
     c = exp.cfg
     recalls = {name: exp.preranker_recall(f"recall_{name}", heldout, d) for name, d in
                (("before", None), ("answer_only", done["answer_only"]), ("l2g", done.get("l2g"))) if d or name == "before"}
@@ -46,8 +45,6 @@ def distillation_report(exp: Experiment, heldout: StageResult, done: dict[str, S
 def reader_curve_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
     """The reader's learning curve: training loss (mean over the steps up to each checkpoint
     since the previous one) and held-out EM with its 95% bootstrap interval per checkpoint."""
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
     c = exp.cfg
     curve = json.loads((done["reader_curve"].path / "curve.json").read_text())
     losses = json.loads((done["reader"].path / "losses.json").read_text())
@@ -69,10 +66,6 @@ def reader_curve_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[
 
 def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
     """Eq. 3 post-ranking vs pre-ranker passage order (same N units), and the reader's EM."""
-    from data_contracts.funnel import ATTENTION_SCORES, READER_PREDICTIONS  # noqa: PLC0415
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
     c = exp.cfg
     cands = CANDIDATES.read(done["postrank_data"].path)
     pq = sorted(set(cands["question_id"].to_pylist()))
