@@ -20,27 +20,44 @@ Run: ``python -m tasks.funnel.experiment --config configs/distillation_experimen
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
+import yaml
 
-from data_contracts.funnel import CANDIDATES, QUESTIONS, UNIT_POOL, UNITS
+from data_contracts.base import sha256_file
+from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNIT_POOL, UNITS
+from funnelrag import datasets
+from funnelrag.config import deep_merge, parse_overrides
 from funnelrag.store import StageCache, StageResult
-from funnelrag.training import TrainConfig
+from funnelrag.training import TrainConfig, checkpoint_dirs
+from funnelrag.workspace import Workspace
 from models.fid_bert2bert import Bert2BertFiDConfig
-from models.preranker import PreRankerConfig
+from models.preranker import PreRankerConfig, build_preranker, load_preranker
+from models.readers import reader_config_from_dict
+from tasks.corpus.published import open_corpus
+from tasks.corpus.segment import SegmentConfig
+from tasks.corpus.tokenize import load_token_counter
 from tasks.funnel import stages as S
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
-from tasks.funnel.candidates import CandidatesConfig
+from tasks.funnel.candidates import CandidatesConfig, rerank_pool, unit_passages
 from tasks.funnel.distill import DistillConfig
+from tasks.funnel.embeddings import find_embedding_index, model_version, passage_text
 from tasks.funnel.experiment_data import answerable, bm25_passage_candidates, first_questions, subset
-from tasks.funnel.experiment_validation import ValidationConfig
-from tasks.funnel.reader import ReaderTrainConfig
+from tasks.funnel.experiment_eval import per_question_unit_recall
+from tasks.funnel.experiment_report import distillation_report, postranker_report, reader_curve_report
+from tasks.funnel.experiment_validation import ValidationConfig, validation_curve, validation_table
+from tasks.funnel.labels import LabelConfig, make_labels
+from tasks.funnel.reader import ReaderTrainConfig, reader_from_checkpoint
+from tasks.funnel.unit_scoring import maxp_pool_scores, stored_maxp_pool_scores
 from tasks.qa.questions import QuestionsConfig
 
 log = logging.getLogger(__name__)
@@ -132,8 +149,6 @@ class ExperimentConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ExperimentConfig":
         """Nested dict (e.g. YAML) → config; unknown keys raise ``TypeError``."""
-        from models.readers import reader_config_from_dict  # noqa: PLC0415
-
         d = dict(d)
         sub = {"split": QuestionsConfig, "candidates": CandidatesConfig, "preranker": PreRankerConfig,
                "train_candidates": CandidatesConfig, "train_preranker": PreRankerConfig, "attention": AttentionScoreConfig, "attention_run": AttentionRunConfig, "distill": DistillConfig}
@@ -172,9 +187,6 @@ class Experiment:
 
     def __init__(self, cfg: ExperimentConfig, home: Path, questions_file: Path, mirror: Path | None,
                  corpus: str = "wikispeedia"):
-        from funnelrag.workspace import Workspace  # noqa: PLC0415
-        from tasks.corpus.published import open_corpus  # noqa: PLC0415
-
         self.cfg, self.mirror, self.questions_file = cfg, mirror, Path(questions_file)
         self.corpus_name = corpus
         self.keys: dict[str, str] = {}   # step name -> its cache key (run directories are named by it)
@@ -192,8 +204,6 @@ class Experiment:
         tasks.funnel.embeddings.EmbeddingIndexMismatch
             The store's current index was built from another corpus version.
         """
-        from tasks.funnel.embeddings import find_embedding_index, model_version  # noqa: PLC0415
-
         version = model_version(model)
         if version not in self._indexes:
             self._indexes[version] = find_embedding_index(
@@ -209,16 +219,11 @@ class Experiment:
         return result
 
     def questions(self) -> StageResult:
-        from data_contracts.base import sha256_file  # noqa: PLC0415
-
         return self.step("questions", self.cfg.split, {"file": sha256_file(self.questions_file)},
                          lambda out, _: S.run_questions([self.questions_file], self.cfg.split, out))
 
     def candidates(self, questions: StageResult, split: str) -> StageResult:
         """Funnel candidates of one split (``train``: :attr:`ExperimentConfig.train_vectors`)."""
-        from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-        from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
-
         c = self.cfg
         limit = c.n_train if split == "train" else c.n_heldout
         stored = (c.train_vectors if split == "train" else c.heldout_vectors) == "stored"
@@ -270,16 +275,11 @@ class Experiment:
     def reader_curve(self, questions: StageResult, reader: StageResult) -> StageResult:
         """Held-out EM of every kept checkpoint of the reader run (:meth:`reader_data`, ``dev``):
         the learning curve, ``curve.json`` = ``[{step, epoch, em, per_question}]``."""
-        from funnelrag.training import checkpoint_dirs  # noqa: PLC0415
-        from tasks.funnel.reader import reader_from_checkpoint  # noqa: PLC0415
-
         dev = self.reader_data(questions, "dev")
         run_dir = self.reader_run_dir(self.keys["reader"])
         r = self.cfg.reader
 
         def build(out: Path, _key: str) -> dict[str, Any]:
-            import tempfile  # noqa: PLC0415
-
             kept = QUESTIONS.read(self.reader_data(questions).path).num_rows
             steps_per_epoch = -(-kept // r.train.batch_size)
             curve = []
@@ -318,9 +318,6 @@ class Experiment:
 
     def labels(self, name: str, data: StageResult, attention: StageResult | None) -> StageResult:
         """L2G labels from Eq. 3 scores, or (``attention=None``) answer-only labels (𝒦 = 0)."""
-        from data_contracts.funnel import ATTENTION_SCORES, LABELS  # noqa: PLC0415
-        from tasks.funnel.labels import LabelConfig, make_labels  # noqa: PLC0415
-
         if attention is not None:
             cfg = LabelConfig(alpha=self.cfg.l2g_alpha, top_k=self.cfg.l2g_top_k)
             return self.step(name, cfg, {"data": data.digest, "attention": attention.digest},
@@ -341,8 +338,6 @@ class Experiment:
     def distill_index(self):
         """The stored vectors query-side MaxP distillation reads (None for other settings or
         when no index is published: then they are computed)."""
-        from models.preranker import build_preranker  # noqa: PLC0415
-
         c = self.cfg
         if c.distill.unit_scoring == "maxp" and c.distill.towers == "query" and c.preranker.kind == "bi":
             return self.embedding_index(build_preranker(c.preranker)[0])
@@ -360,8 +355,6 @@ class Experiment:
     def validation(self, train: StageResult, data: StageResult, labels: StageResult) -> StageResult:
         """The BPR validation search (:func:`tasks.funnel.experiment_validation.validation_curve`)
         → ``validation.json``."""
-        from tasks.funnel.experiment_validation import validation_curve  # noqa: PLC0415
-
         c = self.cfg
         key_cfg = {"validation": c.validation, "preranker": c.preranker, "distill": c.distill,
                    "train": c.distill_train, "vectors": c.heldout_vectors, "ks": sorted({*c.recall_at, c.candidates.n_units})}
@@ -395,10 +388,6 @@ class Experiment:
         """The pre-ranker's own score ``f(q, p)`` of every candidate passage of ``data`` (MaxP
         funnels order a unit's passages by it): ``passage_scores.json`` = ``[[question_id,
         passage_id, score], ...]``; stored vectors when published, else computed."""
-        from models.preranker import build_preranker  # noqa: PLC0415
-        from tasks.funnel.embeddings import passage_text  # noqa: PLC0415
-        from tasks.funnel.unit_scoring import maxp_pool_scores, stored_maxp_pool_scores  # noqa: PLC0415
-
         c = self.cfg
 
         def build(out: Path, _key: str) -> dict[str, Any]:
@@ -431,10 +420,6 @@ class Experiment:
     def preranker_recall(self, name: str, heldout: StageResult, distilled: StageResult | None) -> StageResult:
         """Per-question AR@k of the held-out unit pool, re-ranked by a distilled pre-ranker
         (``distilled=None``: the pool's own pre-ranker order, i.e. before distillation)."""
-        from models.preranker import load_preranker  # noqa: PLC0415
-        from tasks.funnel.candidates import rerank_pool, unit_passages  # noqa: PLC0415
-        from tasks.funnel.experiment_eval import per_question_unit_recall  # noqa: PLC0415
-
         ks = sorted({*self.cfg.recall_at, self.cfg.candidates.n_units})
 
         def build(out: Path, _key: str) -> dict[str, Any]:
@@ -495,12 +480,9 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
         done["postrank"] = exp.attention("attention_postrank", done["postrank_data"], done["reader"])
         if c.candidates.unit_scoring == "maxp":
             done["postrank_prerank"] = exp.prerank_passage_scores("prerank_passage_scores", done["postrank_data"])
-    from tasks.funnel.experiment_report import distillation_report, postranker_report, reader_curve_report  # noqa: PLC0415
 
     texts, figures = [], {}
     if "validation" in done:
-        from tasks.funnel.experiment_validation import validation_table  # noqa: PLC0415
-
         curve = json.loads((done["validation"].path / "validation.json").read_text())
         texts.append(validation_table(curve))
         figures["validation"] = curve
@@ -523,13 +505,6 @@ def run(exp: Experiment, parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m tasks.funnel.experiment --config C [--home H] [--parts reader,answer_only] [--set k=v]``."""
-    import argparse  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-    import yaml  # noqa: PLC0415
-
-    from funnelrag import datasets  # noqa: PLC0415
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, help="YAML of ExperimentConfig fields")
     ap.add_argument("--home", type=Path, default=Path("funnelrag-home"))
@@ -541,7 +516,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
-    from funnelrag.config import deep_merge, parse_overrides  # noqa: PLC0415
 
     raw = (yaml.safe_load(args.config.read_text()) or {}) if args.config else {}
     cfg = ExperimentConfig.from_dict(deep_merge(raw, parse_overrides(args.overrides)))
