@@ -68,14 +68,6 @@ def test_layers_contract_breaks_on_an_upward_import(tmp_path):
     assert out.returncode != 0 and "funnelrag.stages is not allowed to import tasks.corpus" in out.stdout, out.stdout
 
 
-def test_ingest_errors_are_bad_input_never_retried():
-    """The platform's retry rule knows stage input errors through its own base class only."""
-    from funnelrag.errors import BadInput
-    from tasks.corpus.ingest import IngestError
-
-    assert issubclass(IngestError, BadInput) and issubclass(IngestError, RuntimeError)
-
-
 def test_layers_table_is_the_contract():
     """The first column of ARCHITECTURE.md's layers table is the contract's layers, in order."""
     import tomllib

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from funnelrag.stages import DataSource, hash_path, input_digests, run_cached, stage, stage_of
+from funnelrag.errors import BadInput
+from funnelrag.stages import DataSource, hash_path, input_digests, retry_transient, run_cached, stage, stage_of
 from funnelrag.store import StageCache
 from tasks.corpus import stages as corpus
+from tasks.corpus.ingest import IngestError
 from tasks.dr_rag import stages as dr_rag
 from tasks.funnel import stages as funnel
 from tasks.r2ag import stages as r2ag
@@ -86,3 +88,22 @@ def test_data_source_resolves_registered_sets_in_the_mirror(data_mirror):
     assert path.is_file() and sha == REGISTRY["nq-open-dev"].sha256
     with pytest.raises(KeyError):
         DataSource(datasets=["no-such-set"]).resolve(data_mirror, None)
+
+
+class _Failed:
+    """A Prefect task state whose result raises ``exc``."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def result(self):
+        raise self.exc
+
+
+def test_bad_input_is_never_retried_other_failures_are():
+    """The platform knows stage input errors only through its own base class (an ingest error
+    is a :class:`funnelrag.errors.BadInput`), so it needs no import of a stage package."""
+    assert issubclass(IngestError, BadInput) and issubclass(IngestError, RuntimeError)
+    for exc in (IngestError("dump.xml.bz2: truncated"), BadInput("empty file"), ValueError("bad config")):
+        assert retry_transient(None, None, _Failed(exc)) is False
+    assert retry_transient(None, None, _Failed(OSError("disk full"))) is True
