@@ -136,8 +136,6 @@ def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, t
     import multiprocessing  # noqa: PLC0415
     from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
 
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
     from tasks.corpus import cluster_index as CI  # noqa: PLC0415
     from tasks.corpus import sharded_index as SI  # noqa: PLC0415

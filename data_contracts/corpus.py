@@ -233,5 +233,5 @@ BUILD_CONFIG = BuildConfigContract(version=1, sections={
     "segment": ("passage_words", "unit_max_tokens", "tokenizer"),
     "bm25": ("k1", "b"),
 })
-"""Later chunking (:meth:`funnelrag.corpus.CorpusVersion.segment_config`) must cut units and
+"""Later chunking (:meth:`tasks.corpus.published.CorpusVersion.segment_config`) must cut units and
 passages exactly as the build did, so ``segment`` is read back through this contract."""

@@ -8,29 +8,37 @@ markdown summary artifact in Prefect.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.events import emit_event
 from pydantic import Field, model_validator
 
+from data_contracts.corpus import CLUSTERS
+from flows.runners import RunnerConfig, build_task_runner, submitter
+from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
-from funnelrag.corpus import corpus_store
 from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
+from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link
 from funnelrag.workspace import Workspace
-from flows.runners import RunnerConfig, build_task_runner, submitter
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
-from tasks.corpus.gate import GateConfig, GateDecision, GateRefused
+from tasks.corpus.gate import GateConfig, GateDecision, GateRefused, decide, question_pairs, version_figures
 from tasks.corpus.index import BM25Config
 from tasks.corpus.ingest import IngestConfig
+from tasks.corpus.published import corpus_store
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded_index import IndexLayout
+from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded
+from tasks.qa.questions import QuestionsConfig, load_questions
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +103,6 @@ def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: Inges
 def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None,
                    runner: RunnerConfig) -> StageResult:
     """Window token counts by document shards as ``corpus-shard`` tasks (flow body only); same key and bytes as :func:`tasks.corpus.stages.run_tokens`."""
-    from tasks.corpus.shards import run_tokens_sharded  # noqa: PLC0415
-
     inputs = {"documents": ingest.files["documents.parquet"]}
     key_cfg = {"tokenizer": cfg.tokenizer, "passage_words": cfg.passage_words}
     return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: run_tokens_sharded(
@@ -114,8 +120,6 @@ def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult,
                     cfg: SegmentConfig, mirror: Path | None, runner: RunnerConfig) -> StageResult:
     """Units and passages by cluster ranges as ``corpus-shard`` tasks (flow body only); same key
     and bytes as :func:`tasks.corpus.stages.run_segment`."""
-    from tasks.corpus.shards import run_segment_sharded  # noqa: PLC0415
-
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
               "members": cluster.files["cluster_members.parquet"]}
     return run_cached(cache, S.run_segment, cfg, inputs, lambda out, _: run_segment_sharded(
@@ -190,10 +194,6 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
 @task(name="gate", cache_policy=NO_CACHE)
 def gate_task(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path) -> GateDecision:
     """The quality gate (:mod:`tasks.corpus.gate`): the new version against the current one."""
-    from funnelrag import datasets  # noqa: PLC0415
-    from tasks.corpus.gate import decide, question_pairs, version_figures  # noqa: PLC0415
-    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
-
     paths = [datasets.resolve(n, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir) for n in cfg.gate.questions]
     table, _ = load_questions([*paths, *cfg.gate.paths], QuestionsConfig(limit=cfg.gate.limit))
     questions = question_pairs(table)
@@ -207,8 +207,6 @@ def gate_task(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path) -> GateD
 def promote(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path, decision: GateDecision | None) -> None:
     """Move ``current`` to a version that passed the gate (raise :class:`GateRefused` otherwise)
     and emit ``funnelrag.corpus.current`` (the ``evaluate-champion`` automation's trigger)."""
-    from prefect.events import emit_event  # noqa: PLC0415
-
     if decision is not None and not decision.passed:
         raise GateRefused(decision)
     if decision is not None:
@@ -222,11 +220,10 @@ CORPUS_CURRENT_EVENT = "funnelrag.corpus.current"
 
 
 def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> None:
-    import matplotlib  # noqa: PLC0415
+    import matplotlib  # noqa: PLC0415  (heavy: matplotlib, only when a plot is drawn)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    from data_contracts.corpus import CLUSTERS  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (heavy: matplotlib, only when a plot is drawn)
 
     sizes = CLUSTERS.read(version_dir, columns=["n_tokens"]).column("n_tokens").to_numpy()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -297,7 +294,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
                         f"corpus build of {config.name!r} in {ws.home}"):
         summary = _build_and_publish(config, ws, logger)
     if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
-        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415
+        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415  (heavy: torch via the embedding flow, only when the build embeds the corpus)
 
         summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=summary["version"],
                                                        preranker=config.embed_preranker, workspace=config.workspace))
@@ -310,10 +307,7 @@ BUILD_LOCK = ".build.lock"
 
 def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict[str, Any]:
     """The stages, publish, gate and promotion of one build (under the build lock)."""
-    import mlflow  # noqa: PLC0415
-    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
-
-    from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     cache = StageCache(ws.cache_dir / "corpus")
     mirror = config.workspace.data_mirror
@@ -342,7 +336,6 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
         walls["publish"] = time.perf_counter() - t0
         decision = gate_task(config, ws, version_dir) if config.gate.enabled and not unchanged else None
         manifest = (version_dir / "manifest.json").read_text()
-        import json  # noqa: PLC0415
 
         man = json.loads(manifest)
         summary: dict[str, Any] = {

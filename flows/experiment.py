@@ -33,7 +33,7 @@ from prefect import flow, get_run_logger
 from pydantic import BeforeValidator, Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
-from funnelrag.corpus import CorpusVersion, open_corpus
+from tasks.corpus.published import CorpusVersion, open_corpus
 from funnelrag.stages import DataSource, stage_task
 from funnelrag.store import StageCache, StageResult
 from funnelrag.training import TrainConfig
@@ -47,7 +47,7 @@ from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
 from tasks.funnel.experiment_data import answerable, first_questions, subset
 from tasks.funnel.experiment_validation import ValidationConfig
-from tasks.funnel.questions import QuestionsConfig
+from tasks.qa.questions import QuestionsConfig
 from tasks.funnel.reader import ReaderTrainConfig
 
 EXPERIMENT = "distillation-experiment"   # MLflow experiment

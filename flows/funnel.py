@@ -27,23 +27,37 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from data_contracts.base import sha256_file
+from data_contracts.funnel import QUESTIONS
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
-from funnelrag.corpus import CorpusVersion, open_corpus
+from funnelrag.registry import (
+    champion_version,
+    download_model,
+    find_model_dir,
+    find_version,
+    model_uri,
+    question_set_digest,
+    register_model,
+)
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
-from funnelrag.workspace import Workspace
+from funnelrag.tracking import flow_run, log_metrics
 from funnelrag.training import TrainConfig
+from funnelrag.workspace import Workspace
 from models.fid import FiDConfig
 from models.fid_bert2bert import Bert2BertFiDConfig
-from models.preranker import PreRankerConfig
+from models.preranker import PreRankerConfig, build_preranker
+from tasks.corpus.published import CorpusVersion, open_corpus
+from tasks.corpus.tokenize import load_token_counter
 from tasks.funnel import stages as S
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
+from tasks.funnel.embeddings import find_embedding_index
 from tasks.funnel.labels import LabelConfig
-from tasks.funnel.questions import QuestionsConfig
-from tasks.funnel.reader import ReaderTrainConfig
+from tasks.funnel.reader import READER_CONFIG, ReaderTrainConfig
+from tasks.qa.questions import QuestionsConfig
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +142,6 @@ class Context:
         return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent)
 
     def segment(self):
-        from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
-
         seg_cfg = self.corpus.segment_config()
         return seg_cfg, load_token_counter(seg_cfg.tokenizer, self.cfg.workspace.data_mirror)
 
@@ -157,8 +169,6 @@ class Context:
 
 
 def _metrics(prefix: str):
-    from funnelrag.tracking import log_metrics  # noqa: PLC0415
-
     return lambda metrics, step: log_metrics({f"{prefix}/{k.split('/', 1)[-1]}": v for k, v in metrics.items()}, step)
 
 
@@ -182,8 +192,6 @@ def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageRe
 
 @stage_task("train-reader")
 def reader_task(ctx: Context, train: StageResult) -> StageResult:
-    from data_contracts.base import sha256_file  # noqa: PLC0415
-
     reader_cfg = ctx.reader_config()
     fid = replace(reader_cfg.fid, tokenizer=None) if hasattr(reader_cfg.fid, "tokenizer") else reader_cfg.fid
     key_cfg = asdict(replace(reader_cfg, fid=fid))
@@ -216,9 +224,6 @@ def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> Stage
         index = None
         d = ctx.cfg.distill
         if d.unit_scoring == "maxp" and d.towers == "query" and ctx.cfg.preranker.kind == "bi":
-            from models.preranker import build_preranker  # noqa: PLC0415
-            from tasks.funnel.embeddings import find_embedding_index  # noqa: PLC0415
-
             index = find_embedding_index(ctx.ws.home / "stores", ctx.cfg.corpus, ctx.corpus.manifest.get(
                 "content_digest", ctx.corpus.digest), build_preranker(ctx.cfg.preranker)[0])
         return S.run_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train,
@@ -245,10 +250,6 @@ def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str,
     """Register ``model_dir`` under ``name`` once per distinct model (tag ``model_digest``) and
     run the champion gate, re-measuring the current champion with ``measure_champion(dir)`` on
     the same fixed dev question set (``dev``), whose digest is recorded with the decision."""
-    from data_contracts.funnel import QUESTIONS  # noqa: PLC0415
-    from funnelrag.registry import (champion_version, download_model, find_version, model_uri,  # noqa: PLC0415
-                                    question_set_digest, register_model)
-
     existing = find_version(name, "model_digest", model_digest)
     if existing is not None:
         return {"registered": False, "version": str(existing.version), "reason": "already_registered",
@@ -298,9 +299,6 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
     """Register the FiD reader (``reader_registry_name``); gate: dev exact match, not worse than
     the champion reader's on the same dev candidates."""
     def champion_em(model_dir: Path) -> float:
-        from funnelrag.registry import find_model_dir  # noqa: PLC0415
-        from tasks.funnel.reader import READER_CONFIG  # noqa: PLC0415
-
         return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG))[1]["em"]
 
     metrics = {"dev_reader_em": reader_eval.summary["em"]}
@@ -314,9 +312,7 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
 @contextlib.contextmanager
 def tracked(ctx: Context, flow_name: str) -> Iterator[Any]:
     """One MLflow run per flow run; nested under the parent flow's run when there is one."""
-    import mlflow  # noqa: PLC0415
-
-    from funnelrag.tracking import flow_run  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     cfg = ctx.cfg
     tags = {"flow": flow_name, "corpus_version": ctx.corpus.version, "data_version": ctx.data_version}
@@ -334,8 +330,6 @@ def tracked(ctx: Context, flow_name: str) -> Iterator[Any]:
 
 
 def _log_stage(name: str, result: StageResult) -> dict[str, Any]:
-    from funnelrag.tracking import log_metrics  # noqa: PLC0415
-
     flat: dict[str, float] = {}
     for k, v in result.summary.items():
         if isinstance(v, dict):

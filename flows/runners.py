@@ -20,6 +20,8 @@ from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.corpus.shards import release_memory
+
 
 class RunnerConfig(BaseModel):
     """Where and how wide the per-shard stages run (none of it changes an artifact byte).
@@ -68,8 +70,6 @@ def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
     """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...), then
     give the memory it freed back to the OS (:func:`tasks.corpus.shards.release_memory`), so a
     worker that runs many shards holds one shard's memory at a time, not its high-water mark."""
-    from tasks.corpus.shards import release_memory  # noqa: PLC0415
-
     try:
         return fn(*args)
     finally:

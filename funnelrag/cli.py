@@ -22,8 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from funnelrag.compare import format_value
-from funnelrag.config import FlowCommand, load_config
+from funnelrag.config import FlowCommand, WorkspaceConfig, load_config
+from funnelrag.display import format_value
+from funnelrag.reaper import start_reaper
+from funnelrag.store import write_json
+from funnelrag.workspace import Workspace
 
 # Flow modules that export ``COMMANDS: list[FlowCommand]``; imported only when needed.
 FLOW_MODULES = (
@@ -98,17 +101,13 @@ def print_summary(summary: Any, indent: int = 0, out=sys.stdout) -> None:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from funnelrag.config import WorkspaceConfig  # noqa: PLC0415
-    from funnelrag.corpus import open_corpus  # noqa: PLC0415
-    from funnelrag.workspace import Workspace  # noqa: PLC0415
+    from tasks.corpus.published import list_corpora, open_corpus  # noqa: PLC0415  (pyarrow.compute + corpus reader, ~0.2 s: only for `funnelrag search`)
 
     ws_cfg = WorkspaceConfig(home=Path(args.home)) if args.home else WorkspaceConfig()
     ws = Workspace(ws_cfg.home)
     try:
         corpus = open_corpus(ws, name=args.corpus)
     except FileNotFoundError:
-        from funnelrag.corpus import list_corpora  # noqa: PLC0415
-
         found = list_corpora(ws)
         there = ", ".join(f"{n} (current {v})" for n, v in found.items()) or "none (run `funnelrag build-corpus`)"
         print(f"funnelrag search: no published corpus {args.corpus!r} in {ws.home}; corpora there: {there}. "
@@ -132,8 +131,8 @@ def _search(args: argparse.Namespace) -> int:
 
 def _print_passages(corpus, question: str, n: int, width: int = 300) -> None:
     """The top ``n`` passages by BM25 (flat index) with their title and text (cut to ``width``)."""
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415  (only for `funnelrag search`, see _search)
+    import pyarrow.compute as pc  # noqa: PLC0415  (only for `funnelrag search`, see _search)
 
     ids, scores = corpus.passage_index().search([question], k=n)
     rows = corpus.passages.filter(pc.is_in(corpus.passages["passage_id"], pa.array(ids[0], pa.string())))
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     if wanted == "compare":  # its own argument parser: funnelrag compare RUN_OR_MODEL ...
-        from funnelrag.compare import compare_main  # noqa: PLC0415
+        from funnelrag.compare import compare_main  # noqa: PLC0415  (heavy: torch via tasks.evaluate.models, only for `funnelrag compare`)
 
         return compare_main(argv[argv.index("compare") + 1:])
     commands = {} if wanted == "search" else _commands(wanted)
@@ -191,15 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0
     if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
-        from funnelrag.reaper import start_reaper  # noqa: PLC0415
-
         start_reaper()
     summary = cmd.run(cfg)
     print()
     print_summary(summary)
     if args.json:
-        from funnelrag.store import write_json  # noqa: PLC0415
-
         write_json(args.json, summary)
     return 0
 

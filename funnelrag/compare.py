@@ -18,6 +18,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence, TextIO
 
+from funnelrag.datasets import default_home
+from funnelrag.display import format_value
+from funnelrag.tracking import configure
+from funnelrag.workspace import Workspace
+from tasks.evaluate.models import is_registry_ref, registry_version
+
 METRIC_TAG = "metric."
 
 
@@ -39,9 +45,7 @@ def resolve_column(client, ref: str) -> Column:
     ValueError
         The reference names no run or model version (message names the reference).
     """
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
-
-    from tasks.evaluate.models import is_registry_ref, registry_version  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     values: dict[str, Any] = {}
     try:
@@ -69,18 +73,6 @@ def _number(text: str) -> Any:
         return float(text)
     except ValueError:
         return text
-
-
-def format_value(v: Any) -> str:
-    """A value as printed in a table or summary: ``–`` for none, floats to 4 significant digits
-    (whole numbers from 1e5 up, with thousands separators), ints with thousands separators."""
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return str(v)
 
 
 def compare_table(columns: Sequence[Column], metrics: Sequence[str] = (), params: bool = True,
@@ -131,10 +123,6 @@ def format_rows(rows: list[list[str]], max_cell: int = 40) -> str:
 
 def compare_main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """CLI core of ``funnelrag compare``; returns the exit status (2 on a bad reference)."""
-    from funnelrag.datasets import default_home  # noqa: PLC0415
-    from funnelrag.tracking import configure  # noqa: PLC0415
-    from funnelrag.workspace import Workspace  # noqa: PLC0415
-
     out = out or sys.stdout
     p = argparse.ArgumentParser(prog="funnelrag compare", description=__doc__.split("\n")[0])
     p.add_argument("refs", nargs="+", metavar="RUN_OR_MODEL", help="run id, models:/name/version or models:/name@alias")
@@ -149,7 +137,7 @@ def compare_main(argv: Sequence[str] | None = None, out: TextIO | None = None) -
     args = p.parse_args(list(argv) if argv is not None else None)
     if len(args.refs) < 2:
         p.error("give at least two runs or model versions to compare")
-    from mlflow import MlflowClient  # noqa: PLC0415
+    from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     configure(Workspace(args.home or default_home()), args.tracking_uri)
     client = MlflowClient()

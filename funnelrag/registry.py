@@ -19,6 +19,7 @@ registration). Versions registered before digests were recorded load with a warn
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tempfile
@@ -121,13 +122,11 @@ class GateDecision:
 
 def question_set_digest(question_ids) -> str:
     """sha256 of the sorted question ids joined by newlines: the identity of a fixed held-out set."""
-    import hashlib  # noqa: PLC0415
-
     return hashlib.sha256("\n".join(sorted(question_ids)).encode()).hexdigest()
 
 
 def _client():
-    from mlflow import MlflowClient  # noqa: PLC0415
+    from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     return MlflowClient()
 
@@ -135,7 +134,7 @@ def _client():
 def champion_version(name: str, alias: str = CHAMPION):
     """The ``ModelVersion`` holding ``alias`` of registered model ``name``, or None (no model or
     no such alias)."""
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     client = _client()
     try:
@@ -220,8 +219,8 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     FileNotFoundError
         ``model_dir`` is not a directory.
     """
-    import mlflow  # noqa: PLC0415
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     run = mlflow.active_run()
     if run is None:

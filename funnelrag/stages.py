@@ -20,7 +20,9 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from data_contracts.base import sha256_file
 from funnelrag import datasets
+from funnelrag.errors import BadInput
 from funnelrag.store import StageCache, StageResult
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -86,21 +88,20 @@ def run_cached(cache: StageCache, core: Callable[..., Any], config: Any, inputs:
 def stage_task(name: str) -> Callable[[F], F]:
     """The Prefect ``@task`` of a cached stage: one retry after 2 s of a failure that may be
     transient (:func:`retry_transient`), Prefect caching off."""
-    from prefect import task  # noqa: PLC0415
-    from prefect.cache_policies import NONE  # noqa: PLC0415
+    from prefect import task  # noqa: PLC0415  (heavy: prefect; stage cores import this module without it)
+    from prefect.cache_policies import NONE  # noqa: PLC0415  (heavy: prefect; stage cores import this module without it)
 
     return task(name=name, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_transient, cache_policy=NONE)
 
 
 def retry_transient(task, task_run, state) -> bool:
     """Prefect ``retry_condition_fn``: retry only failures that may pass on a second try (I/O,
-    a killed subprocess). Bad input or config fails the same way every time (a full dump would
-    be read twice before failing), so those errors are never retried."""
-    from tasks.corpus.ingest import IngestError  # noqa: PLC0415
-
+    a killed subprocess). Bad input (:class:`funnelrag.errors.BadInput` and its subclasses) or
+    config fails the same way every time (a full dump would be read twice before failing), so
+    those errors are never retried."""
     try:
         state.result()
-    except (IngestError, ValueError, TypeError, KeyError, FileNotFoundError):  # deterministic
+    except (BadInput, ValueError, TypeError, KeyError, FileNotFoundError):  # deterministic
         return False
     except Exception:  # noqa: BLE001 - anything else may be transient
         return True
@@ -143,8 +144,6 @@ def hash_path(path: Path | str, field: str = "path") -> tuple[Path, str]:
     FileNotFoundError
         ``path`` is not a file (message names the config ``field``).
     """
-    from data_contracts.base import sha256_file  # noqa: PLC0415
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{field}: {path} does not exist")

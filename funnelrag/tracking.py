@@ -46,7 +46,7 @@ def ensure_sqlite_database(uri: str) -> None:
 
 def ensure_experiment(ws: Workspace, name: str) -> str:
     """Experiment id of ``name``, created with artifacts under ``home/mlruns`` if new."""
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
@@ -63,7 +63,7 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
     Yields the active ``mlflow.ActiveRun``; a failure inside marks the run FAILED. Inside a
     Prefect flow run the MLflow run is tagged with its id (:func:`prefect_run_tags`).
     """
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     configure(ws, tracking_uri)
     exp_id = ensure_experiment(ws, experiment)
@@ -80,7 +80,7 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
 def prefect_run_tags() -> dict[str, str]:
     """``{"prefect.flow_run_id": ..., "prefect.flow_run_name": ..., "prefect.deployment_id": ...}``
     of the Prefect flow run this code runs in (``{}`` outside one): the MLflow → Prefect link."""
-    from prefect.runtime import deployment, flow_run  # noqa: PLC0415
+    from prefect.runtime import deployment, flow_run  # noqa: PLC0415  (heavy: prefect, only inside a flow run)
 
     found = {"prefect.flow_run_id": flow_run.id, "prefect.flow_run_name": flow_run.name,
              "prefect.deployment_id": deployment.id}
@@ -89,7 +89,7 @@ def prefect_run_tags() -> dict[str, str]:
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     """Log numeric metrics to the active run (non-numeric values are skipped)."""
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if clean:
@@ -97,7 +97,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
 
 
 def log_artifact(path: Path, artifact_path: str | None = None) -> None:
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
 

@@ -15,6 +15,7 @@ Two real implementations behind one interface (``forward(**batch) -> PreRankerOu
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.encoders import BiEncoder, EncoderConfig, resolve_model_path
+from models.encoders import BiEncoder, EncoderConfig, encode, resolve_model_path
 from models.saving import read_config, save_pretrained_dir
 
 CONFIG_FILE = "preranker.json"
@@ -98,8 +99,6 @@ class BiEncoderPreRanker(nn.Module):
     def separate_towers(self) -> None:
         """Give the model its own query tower, a copy of the document tower (same scores until
         one of them is trained); a no-op when it has one already."""
-        import copy  # noqa: PLC0415
-
         if self.query_encoder is None:
             self.query_encoder = copy.deepcopy(self.encoder)
             self.cfg = replace(self.cfg, towers="separate")
@@ -219,7 +218,7 @@ def build_preranker(cfg: PreRankerConfig = PreRankerConfig()) -> tuple[PreRanker
     OSError
         The weights cannot be found (no local directory and no reachable hub).
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
     if cfg.max_length is None:
         cfg = replace(cfg, max_length=native_max_length(resolve_model_path(cfg.name_or_path)))
@@ -347,7 +346,6 @@ def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seq
         return np.zeros(0, dtype=np.float32)
     if model.kind != "bi":
         return score_pairs(model, tokenizer, [queries[i] for i, _ in pairs], [docs[j] for _, j in pairs], batch_size)
-    from models.encoders import encode  # noqa: PLC0415
 
     was_training = model.training
     model.eval()

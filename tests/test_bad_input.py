@@ -16,7 +16,7 @@ from funnelrag.config import load_config
 from tasks.corpus import stages as corpus_stages
 from tasks.corpus.ingest import IngestError
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
-from tasks.funnel.questions import QuestionsConfig, load_questions, read_questions
+from tasks.qa.questions import QuestionsConfig, load_questions, read_questions
 
 DUMP = "enwiki-sample/enwiki-20160501-pages-articles-shortened.xml.bz2"
 NO_PAGES = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">\n'

@@ -1,7 +1,7 @@
 """Artifact contracts: every violation names the artifact, the column and the rows."""
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-import polars as pl
 import pytest
 
 from data_contracts import ContractViolation
@@ -88,7 +88,7 @@ def test_corpus_build_config_contract_reads_segment_back(tmp_path):
     from data_contracts.corpus import BUILD_CONFIG
     from flows.corpus_build import CorpusBuildConfig
     from funnelrag.config import to_jsonable
-    from funnelrag.corpus import CorpusVersion
+    from tasks.corpus.published import CorpusVersion
     from tasks.corpus.segment import SegmentConfig
 
     cfg = CorpusBuildConfig.model_validate({"segment": {"passage_words": 50, "unit_max_tokens": 300}})

@@ -8,10 +8,10 @@ import mlflow
 import pytest
 
 from flows.corpus_build import corpus_build_flow, enwiki_sample_config, summary_markdown
-from funnelrag.corpus import corpus_store
 from funnelrag.workspace import Workspace
 from infra.faults import corrupt_dump
 from tasks.corpus.gate import GateConfig, GateRefused, VersionFigures, decide
+from tasks.corpus.published import corpus_store
 
 DUMP = "enwiki-sample/enwiki-20160501-pages-articles-shortened.xml.bz2"
 

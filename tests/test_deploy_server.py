@@ -201,3 +201,15 @@ def test_deploy_schedule_worker_and_automation(server):
     assert len(list((home / "stores" / "corpus" / "enwiki-sample" / "versions").iterdir())) == 1
     time.sleep(10)   # automations would have fired within seconds of the event
     assert len(_runs(api, evaluate["id"])) == 1 and len(_runs(api, embed["id"])) == 1
+
+    # a distillation that promoted a champion emits its event: embed-champion runs on the corpus
+    # and home the distillation trained on (not the deployment's defaults)
+    emitted = subprocess.run(
+        [sys.executable, "-c", "from flows.funnel import emit_champion_event; "
+         f"emit_champion_event('funnelrag-preranker', '1', 'enwiki-sample', {str(home)!r})"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert emitted.returncode == 0, emitted.stderr
+    runs = _wait("embed-champion after a new champion", lambda: len(_runs(api, embed["id"])) == 2 and
+                 _runs(api, embed["id"]), 120)
+    newest = max(runs, key=lambda r: r["created"])
+    assert newest["parameters"]["home"] == str(home) and "corpus=enwiki-sample" in newest["parameters"]["overrides"]

@@ -18,10 +18,10 @@ import pytest
 from data_contracts.evaluation import EVAL_PER_QUESTION, EVAL_RESULTS, EVAL_STAGES
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.evaluate import EvaluateConfig, evaluate_flow
-from funnelrag.corpus import open_corpus
 from funnelrag.datasets import resolve
 from funnelrag.workspace import Workspace
-from tasks.funnel.questions import has_answer
+from tasks.corpus.published import open_corpus
+from tasks.qa.questions import has_answer
 
 N_DOCS = 8
 N_TEST = 2
@@ -42,7 +42,7 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
     (tmp / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     with open(resolve("nq-open-dev", data_mirror), encoding="utf-8") as fh:  # disjoint from the oracle (test) set
         test_lines = [next(fh) for _ in range(N_TEST)]
-    from tasks.funnel.questions import _parse_tsv  # noqa: PLC0415 - the loader's own parser
+    from tasks.qa.questions import _parse_tsv  # noqa: PLC0415 - the loader's own parser
 
     extra = [_parse_tsv(tmp, i, line.rstrip("\n")) for i, line in enumerate(test_lines, 1)]
     qs = [{"question": r["question"], "answers": r["answers"]} for r in records]
@@ -58,8 +58,8 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
     # a scratch FiD reader, registered as the champion reader
     from funnelrag.registry import register_model  # noqa: PLC0415
     from funnelrag.tracking import flow_run  # noqa: PLC0415
-    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
     from funnelrag.training import TrainConfig  # noqa: PLC0415
+    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
     from tasks.funnel.reader import ReaderTrainConfig, save_reader  # noqa: PLC0415
 
     tok_dir = resolve("t5-tokenizer", data_mirror).parent

@@ -9,9 +9,9 @@ import pytest
 
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow, enwiki_sample_config
 from funnelrag.config import load_config
-from funnelrag.corpus import corpus_store, open_corpus
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as corpus_stages
+from tasks.corpus.published import corpus_store, open_corpus
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -106,6 +106,7 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
     """``index.passage_shard_tokens: 250000`` (~4 shards) publishes shards that answer 20 real NQ questions with the ids
     and scores of the one-index build, and the quality gate's figures are the same."""
     from same_search import assert_same_search  # noqa: PLC0415
+
     from tasks.corpus.gate import version_figures  # noqa: PLC0415
     from tasks.corpus.index import BM25Index  # noqa: PLC0415
     from tasks.corpus.sharded_index import ShardedBM25  # noqa: PLC0415
@@ -176,7 +177,6 @@ def test_cluster_index_is_the_one_process_index(shipped_builds, name, tmp_path):
     the bytes of one ``BM25Index.build`` over all cluster texts of the published tables."""
     from data_contracts.base import sha256_file  # noqa: PLC0415
     from tasks.corpus.index import BM25Config, BM25Index  # noqa: PLC0415
-
     from tasks.corpus.shards import read_cluster_ranges  # noqa: PLC0415
 
     corpus = open_corpus(shipped_builds, name)

@@ -75,7 +75,7 @@ def test_second_build_of_a_corpus_in_one_home_is_refused(prefect_harness, worksp
     """While a build holds the corpus's lock, another build of it in the same home is refused at
     once, naming the holder, before any stage or MLflow run starts."""
     from flows.corpus_build import BUILD_LOCK, corpus_build_flow, enwiki_sample_config
-    from funnelrag.corpus import corpus_store
+    from tasks.corpus.published import corpus_store
     from funnelrag.workspace import Workspace
 
     cfg = enwiki_sample_config(workspace={"home": workspace_home, "data_mirror": data_mirror})

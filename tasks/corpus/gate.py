@@ -14,6 +14,7 @@ nothing to compare with and passes.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,8 +24,9 @@ import pyarrow.compute as pc
 
 from data_contracts.corpus import INGEST_REPORT, PASSAGES
 from tasks.corpus.ingest.config import SKIPPED
-from tasks.evaluate.metrics import answer_recall
-from tasks.funnel.questions import AnswerMatcher
+from tasks.corpus.sharded_index import load_passage_index
+from tasks.qa.metrics import answer_recall
+from tasks.qa.questions import AnswerMatcher
 
 PASSAGE_INDEX = "index/passages.bm25"
 
@@ -118,8 +120,6 @@ def version_figures(version_dir: Path, questions: Sequence[tuple[str, Sequence[s
     questions : ``[(question, answers)]``, ``(n_questions,)``
     k : cut-off in passages.
     """
-    from tasks.corpus.sharded_index import load_passage_index  # noqa: PLC0415
-
     report = INGEST_REPORT.read(version_dir, columns=["status"])
     skipped = int(pc.sum(pc.equal(report["status"], SKIPPED)).as_py() or 0)
     passages = PASSAGES.read(version_dir, columns=["passage_id", "text"])
@@ -130,7 +130,6 @@ def version_figures(version_dir: Path, questions: Sequence[tuple[str, Sequence[s
         for (_, answers), ranked in zip(questions, ids):
             matcher = AnswerMatcher(answers)
             hits.append([matcher(text_of[pid]) for pid in ranked])
-    import json  # noqa: PLC0415
 
     documents = int(json.loads((version_dir / "manifest.json").read_text())["counts"]["documents"])
     return VersionFigures(version=version_dir.name, answer_recall=answer_recall(hits, [k])[k],

@@ -109,8 +109,8 @@ def merge_stats(parts: Sequence[CorpusStats]) -> CorpusStats:
 
 
 def _global_bm25(cfg: BM25Config, stats: CorpusStats, vocab: dict[str, int]):
-    import bm25s  # noqa: PLC0415
-    from bm25s.scoring import (_build_idf_array, _build_scores_and_indices_for_matrix,  # noqa: PLC0415
+    import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
+    from bm25s.scoring import (_build_idf_array, _build_scores_and_indices_for_matrix,  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
                                _calculate_doc_freqs, _select_idf_scorer)
 
     class GlobalBM25(bm25s.BM25):

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -35,8 +36,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from data_contracts.base import atomic_write
-from tasks.corpus.segment import (SegmentConfig, check_members, count_window_tokens, segment_cluster,
-                                  segments_to_tables)
+from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -115,8 +115,6 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int)
 def texts_key(version: str, cfg: Any, ids: list[str], texts: list[str]) -> str:
     """sha256 cache key of a shard's input: ``version``, the settings ``cfg`` (a dataclass), and
     every id and text, each length-prefixed (no two inputs collide by concatenation)."""
-    from dataclasses import asdict  # noqa: PLC0415
-
     h = hashlib.sha256(json.dumps([version, asdict(cfg), len(texts)], sort_keys=True).encode())
     for s in (*ids, *texts):
         h.update(len(s).to_bytes(8, "little"))

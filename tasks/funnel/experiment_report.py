@@ -12,17 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from data_contracts.funnel import CANDIDATES
+from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, READER_PREDICTIONS
+from funnelrag.registry import question_set_digest
 from funnelrag.store import StageResult
+from tasks.funnel import experiment_eval as E
 
 
 def distillation_report(cfg: Any, recalls: dict[str, StageResult], done: dict[str, StageResult]) -> tuple[str, dict]:
     """Pre-ranker AR@k before / after answer-only (and, when done, L2G) distillation on the
     held-out pool; ``recalls``: the ``recall.json`` steps ``"before"``, ``"answer_only"`` and
     optionally ``"l2g"`` (:func:`tasks.funnel.experiment_steps.build_preranker_recall`)."""
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
     c = cfg
     per = {n: json.loads((r.path / "recall.json").read_text()) for n, r in recalls.items()}
     qids = per["before"]["question_ids"]
@@ -46,8 +45,6 @@ def distillation_report(cfg: Any, recalls: dict[str, StageResult], done: dict[st
 def reader_curve_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, dict]:
     """The reader's learning curve: training loss (mean over the steps up to each checkpoint
     since the previous one) and held-out EM with its 95% bootstrap interval per checkpoint."""
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
     c = cfg
     curve = json.loads((done["reader_curve"].path / "curve.json").read_text())
     losses = json.loads((done["reader"].path / "losses.json").read_text())
@@ -69,10 +66,6 @@ def reader_curve_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, di
 
 def postranker_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, dict]:
     """Eq. 3 post-ranking vs pre-ranker passage order (same N units), and the reader's EM."""
-    from data_contracts.funnel import ATTENTION_SCORES, READER_PREDICTIONS  # noqa: PLC0415
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
     c = cfg
     cands = CANDIDATES.read(done["postrank_data"].path)
     pq = sorted(set(cands["question_id"].to_pylist()))
