@@ -7,6 +7,7 @@ schema and a schema version (Kedro's catalog, pyserini's typed index names). A v
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -239,10 +240,15 @@ class ContractWriter:
         self._pending.append(table)
         self._n_pending += table.num_rows
         self.rows_written += table.num_rows
-        if self.row_group_size is None:
-            self._flush(table.num_rows)
-        while self.row_group_size is not None and self._n_pending >= self.row_group_size:
-            self._flush(self.row_group_size)
+        try:
+            if self.row_group_size is None:
+                self._flush(table.num_rows)
+            while self.row_group_size is not None and self._n_pending >= self.row_group_size:
+                self._flush(self.row_group_size)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(exc, self.final) from exc
+            raise
 
     def commit(self) -> Path:
         """Write the last row group, fsync and rename into place; returns the final path."""
@@ -259,8 +265,10 @@ class ContractWriter:
             with open(self._tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(self._tmp, self.final)
-        except BaseException:
+        except BaseException as exc:
             self.abort()
+            if is_disk_full(exc):
+                raise disk_full_error(exc, self.final) from exc
             raise
         self._closed = True
         return self.final
@@ -348,9 +356,27 @@ def atomic_write(final: Path, writer: Callable[[Path], None]) -> None:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise disk_full_error(exc, final) from exc
         raise
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for an ``OSError`` saying the file system or the user's quota is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_error(exc: OSError, path: Path) -> OSError:
+    """``exc`` (ENOSPC/EDQUOT) again as the same type and errno, naming ``path`` and what to do."""
+    reason = exc.strerror or os.strerror(exc.errno)
+    hint = ("the disk (or your quota) is full: free space on that file system, or point the "
+            "workspace home at a larger one; the previous file, if any, is unchanged")
+    try:
+        return type(exc)(exc.errno, f"{reason} while writing {path}: {hint}", str(path))
+    except TypeError:   # a subclass with another constructor
+        return OSError(exc.errno, f"{reason} while writing {path}: {hint}", str(path))
 
 
 def _readable_temp(final: Path) -> Path:
