@@ -78,3 +78,29 @@ def test_disk_full_on_a_real_small_file_system(tiny_tmpfs):
         w.write({"b": [os.urandom(16384) for _ in range(16)]})
     assert info.value.errno == errno.ENOSPC and "blobs.parquet" in str(info.value)
     assert list(tiny_tmpfs.iterdir()) == []
+
+
+# ------------------------------------------------------------------ a CSV-quoted questions file named .tsv
+
+def test_csv_quoted_tsv_is_read_as_dpr_csv(tmp_path):
+    from tasks.funnel.questions import read_questions  # noqa: PLC0415
+
+    comma = tmp_path / "trivia-test.tsv"          # pyserini's TriviaQA: comma-separated, quoted
+    comma.write_text('"Who wrote Babbitt?","[\'Sinclair Lewis\', \'Lewis\']"\n'
+                     '"Which ""Bond"" film came first?","[\'Dr. No\']"\n', encoding="utf-8")
+    tab = tmp_path / "nq-test.tsv"                # DPR's qa.csv quoting with tab separators
+    tab.write_text('who wrote babbitt\t"[""Sinclair Lewis""]"\n', encoding="utf-8")
+    rows = read_questions(comma)
+    assert [(r["question"], r["answers"]) for r in rows] == [
+        ("Who wrote Babbitt?", ["Sinclair Lewis", "Lewis"]), ('Which "Bond" film came first?', ["Dr. No"])]
+    assert [(r["question"], r["answers"]) for r in read_questions(tab)] == [("who wrote babbitt", ["Sinclair Lewis"])]
+
+
+def test_csv_quoted_record_later_in_a_tsv_names_dpr_csv(tmp_path):
+    from tasks.funnel.questions import read_questions  # noqa: PLC0415
+
+    mixed = tmp_path / "mixed.tsv"
+    mixed.write_text("who wrote babbitt\t['Sinclair Lewis']\n"
+                     'who is bond\t"[\'Sean Connery\']"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"mixed\.tsv:2: .*format: dpr-csv"):
+        read_questions(mixed)
