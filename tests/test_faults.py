@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,62 @@ def test_csv_quoted_record_later_in_a_tsv_names_dpr_csv(tmp_path):
                      'who is bond\t"[\'Sean Connery\']"\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"mixed\.tsv:2: .*format: dpr-csv"):
         read_questions(mixed)
+
+
+# ------------------------------------------------------------------ multistream index problems
+
+@pytest.fixture(scope="module")
+def enwiki_xml(data_mirror) -> bytes:
+    import bz2  # noqa: PLC0415
+
+    from funnelrag.datasets import resolve  # noqa: PLC0415
+
+    return bz2.decompress(resolve("enwiki-sample", data_mirror).read_bytes())
+
+
+def _ingest_digests(dump: Path, out: Path, submit=None) -> dict:
+    from data_contracts.base import sha256_file  # noqa: PLC0415
+    from tasks.corpus.ingest import IngestConfig, ingest  # noqa: PLC0415
+
+    kw = {"submit": submit, "streams_per_piece": 3} if submit else {}
+    ingest([dump], out, IngestConfig(format="mediawiki"), **kw)
+    return {p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))}
+
+
+def test_truncated_index_is_named_and_the_dump_scanned(enwiki_xml, tmp_path, caplog):
+    from benchmarks.synth_dump import repack  # noqa: PLC0415
+    from tasks.corpus.ingest.multistream import index_offsets, index_path, plan_layout  # noqa: PLC0415
+
+    dump = tmp_path / "cut-multistream.xml.bz2"
+    repack(enwiki_xml, dump, pages_per_stream=10)
+    good = plan_layout(dump, streams_per_piece=3)
+    index = index_path(dump)
+    index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
+    with pytest.raises(ValueError, match=re.escape(str(index))):
+        index_offsets(index)
+    with caplog.at_level("WARNING"):
+        layout = plan_layout(dump, streams_per_piece=3)
+    assert layout.source == "scan" and layout.pieces == good.pieces
+    assert str(index) in caplog.text and "scan" in caplog.text
+
+
+@pytest.mark.slow
+def test_foreign_index_is_blamed_and_the_dump_scanned(enwiki_xml, tmp_path, caplog):
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    from benchmarks.synth_dump import repack  # noqa: PLC0415
+    from tasks.corpus.ingest.multistream import index_path, plan_layout  # noqa: PLC0415
+
+    dump = tmp_path / "a" / "enwiki-multistream.xml.bz2"
+    other = tmp_path / "b" / "enwiki-multistream.xml.bz2"
+    dump.parent.mkdir(), other.parent.mkdir()
+    repack(enwiki_xml, dump, pages_per_stream=10)
+    repack(enwiki_xml, other, pages_per_stream=7)
+    serial = _ingest_digests(dump, tmp_path / "serial")
+    index_path(dump).write_bytes(index_path(other).read_bytes())   # the index of another dump
+    with caplog.at_level("WARNING"):
+        layout = plan_layout(dump, streams_per_piece=3)
+    assert layout.source == "scan" and sum(p.n_streams for p in layout.pieces) == 21
+    assert str(index_path(dump)) in caplog.text and "stream header" in caplog.text
+    with ThreadPoolExecutor(2) as ex:
+        assert _ingest_digests(dump, tmp_path / "parallel", ex.submit) == serial
