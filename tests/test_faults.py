@@ -164,3 +164,78 @@ def test_foreign_index_is_blamed_and_the_dump_scanned(enwiki_xml, tmp_path, capl
     assert str(index_path(dump)) in caplog.text and "stream header" in caplog.text
     with ThreadPoolExecutor(2) as ex:
         assert _ingest_digests(dump, tmp_path / "parallel", ex.submit) == serial
+
+
+# ------------------------------------------------------------------ interrupted runs end KILLED
+
+_RUN_UNTIL_KILLED = """
+import sys, time
+from funnelrag.tracking import flow_run
+from funnelrag.workspace import Workspace
+with flow_run(Workspace(sys.argv[1]), "interrupts", "sleeper", {"a": 1}) as run:
+    print(run.info.run_id, flush=True)
+    time.sleep(120)
+"""
+
+
+def _runs(home: Path, experiment: str) -> dict[str, object]:
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    return {r.info.run_id: r for r in client.search_runs([exp.experiment_id])}
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_mlflow_run_killed(tmp_path):
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_UNTIL_KILLED, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).parent.parent)
+    run_id = proc.stdout.readline().strip()
+    assert run_id, "the flow run did not start"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    assert _runs(tmp_path, "interrupts")[run_id].info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path):
+    from funnelrag.tracking import flow_run  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+
+    with pytest.raises(KeyboardInterrupt), flow_run(Workspace(tmp_path), "interrupts", "ctrl-c", {}) as run:
+        raise KeyboardInterrupt
+    runs = _runs(tmp_path, "interrupts")
+    assert runs[run.info.run_id].info.status == "KILLED"
+    assert runs[run.info.run_id].data.tags["funnelrag.pid"] == str(os.getpid())
+
+
+@pytest.mark.slow
+def test_a_dead_process_run_is_marked_killed_by_the_next_start(tmp_path):
+    import socket  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    from funnelrag.tracking import configure, ensure_experiment, flow_run  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+
+    ws = Workspace(tmp_path)
+    client = MlflowClient(configure(ws))
+    exp_id = ensure_experiment(ws, "interrupts")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = client.create_run(exp_id, run_name="killed -9", tags={"funnelrag.pid": str(dead.pid),
+                                                                  "funnelrag.host": socket.gethostname()}).info.run_id
+    alive = client.create_run(exp_id, run_name="still running", tags={"funnelrag.pid": str(os.getpid()),
+                                                                      "funnelrag.host": socket.gethostname()}).info.run_id
+    elsewhere = client.create_run(exp_id, run_name="other host", tags={"funnelrag.pid": str(dead.pid),
+                                                                       "funnelrag.host": "another-box"}).info.run_id
+    with flow_run(ws, "interrupts", "next", {}):
+        pass
+    runs = _runs(tmp_path, "interrupts")
+    assert runs[stale].info.status == "KILLED" and "dead" in runs[stale].data.tags["funnelrag.killed"]
+    assert runs[alive].info.status == "RUNNING" and runs[elsewhere].info.status == "RUNNING"
