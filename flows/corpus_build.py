@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
 from funnelrag.corpus import corpus_store
+from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
@@ -40,6 +41,8 @@ class CorpusSource(DataSource):
     """Dumps to build from (default: the Wikispeedia articles and link graph)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["wikispeedia-articles", "wikispeedia-graph"])
+    expected_file: ClassVar[str] = ("a dump file (a MediaWiki .xml or .xml.bz2 export, e.g. "
+                                    "enwiki-…-pages-articles-multistream.xml.bz2, or a file of ingest.format)")
 
 
 # Wikispeedia articles are whole articles (median 4,012 T5 tokens; 2,247 of 4,598 exceed 4,096),
@@ -291,6 +294,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     overriding one field never replaces the rest of the config.
     """
     config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
+    check_inputs(config)   # before the lock, MLflow and any stage: a wrong path fails in a second
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
     with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,

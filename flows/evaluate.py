@@ -20,13 +20,14 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig
+from funnelrag.inputs import QUESTIONS_FILE, check_inputs
 from funnelrag.stages import DataSource
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.evaluate.flat_dense import FlatDenseConfig
@@ -45,6 +46,7 @@ class EvalQuestions(DataSource):
     """Questions: a registered data set and/or files; ``limit`` sampled by hash of (seed, id)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-test"])
+    expected_file: ClassVar[str] = QUESTIONS_FILE
     format: Literal["auto", "tsv", "jsonl", "dpr-csv"] = "auto"   # auto: by file suffix
     limit: int | None = 200
     seed: int = 0
@@ -286,6 +288,7 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
     from funnelrag.threads import torch_threads  # noqa: PLC0415
 
     config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
+    check_inputs(config)   # before MLflow and the corpus: a wrong questions path fails in a second
     with torch_threads(config.torch_threads):
         return _evaluate(config)
 

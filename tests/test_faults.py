@@ -239,3 +239,70 @@ def test_a_dead_process_run_is_marked_killed_by_the_next_start(tmp_path):
     runs = _runs(tmp_path, "interrupts")
     assert runs[stale].info.status == "KILLED" and "dead" in runs[stale].data.tags["funnelrag.killed"]
     assert runs[alive].info.status == "RUNNING" and runs[elsewhere].info.status == "RUNNING"
+
+
+# ------------------------------------------------------------------ inputs checked before anything starts
+
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """Fail if the CLI gets as far as starting the Prefect API reaper or a flow."""
+    import funnelrag.reaper  # noqa: PLC0415
+
+    def started(*_a, **_k):
+        raise AssertionError("the command started before its inputs were checked")
+
+    monkeypatch.setattr(funnelrag.reaper, "start_reaper", started)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+
+
+def test_directory_given_as_a_dump_is_named_before_anything_starts(tmp_path, nothing_starts, capsys):
+    from funnelrag.cli import main  # noqa: PLC0415
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    assert main(["build-corpus", "--set", "ingest.format=mediawiki", "--set", f"source.paths=[{dumps}]"]) == 2
+    err = capsys.readouterr().err
+    assert f"source.paths: {dumps} is a directory" in err and "expected a dump file" in err
+
+
+def test_missing_inputs_are_all_named_before_anything_starts(tmp_path, nothing_starts, capsys):
+    from funnelrag.cli import main  # noqa: PLC0415
+
+    missing = tmp_path / "nq-test.tsv"
+    assert main(["evaluate", "--set", f"questions.paths=[{missing}, {tmp_path}]"]) == 2
+    err = capsys.readouterr().err
+    assert f"questions.paths: {missing} does not exist" in err
+    assert f"questions.paths: {tmp_path} is a directory; expected a questions file" in err
+    assert main(["distill", "--config", str(tmp_path)]) == 2
+    assert f"config file {tmp_path} is a directory" in capsys.readouterr().err
+    assert main(["build-corpus", "--set", f"gate.paths=[{missing}]"]) == 2
+    assert f"gate.paths: {missing} does not exist" in capsys.readouterr().err
+
+
+def test_flow_configs_list_their_input_files(tmp_path):
+    from flows.corpus_build import CorpusBuildConfig  # noqa: PLC0415
+    from flows.funnel import DistillationConfig  # noqa: PLC0415
+    from funnelrag.inputs import InputFileError, check_inputs  # noqa: PLC0415
+
+    qa = tmp_path / "dev.tsv"
+    qa.write_text("q\t['a']\n")
+    check_inputs(DistillationConfig.model_validate({"questions": {"paths": [str(qa)]}}))
+    with pytest.raises(InputFileError, match=r"questions\.paths: .*nope\.tsv does not exist"):
+        check_inputs(DistillationConfig.model_validate({"questions": {"paths": [str(tmp_path / "nope.tsv")]}}))
+    with pytest.raises(InputFileError, match=r"source\.paths: .* is a directory; expected a dump file"):
+        check_inputs(CorpusBuildConfig.model_validate({"source": {"paths": [str(tmp_path)]}}))
+
+
+@pytest.mark.slow
+def test_flows_check_inputs_before_mlflow(prefect_harness, workspace_home, tmp_path):
+    from flows.corpus_build import CorpusBuildConfig, corpus_build_flow  # noqa: PLC0415
+    from flows.evaluate import EvaluateConfig, evaluate_flow  # noqa: PLC0415
+    from funnelrag.inputs import InputFileError  # noqa: PLC0415
+
+    ws = {"home": str(workspace_home)}
+    with pytest.raises(InputFileError, match=r"source\.paths: .* is a directory"):
+        corpus_build_flow(CorpusBuildConfig.model_validate({"source": {"paths": [str(tmp_path)]}, "workspace": ws}))
+    with pytest.raises(InputFileError, match=r"questions\.paths: .*absent\.tsv does not exist"):
+        evaluate_flow(EvaluateConfig.model_validate({"questions": {"paths": [str(tmp_path / "absent.tsv")]},
+                                                     "workspace": ws}))
+    assert not (workspace_home / "mlflow.db").exists()
