@@ -306,3 +306,50 @@ def test_flows_check_inputs_before_mlflow(prefect_harness, workspace_home, tmp_p
         evaluate_flow(EvaluateConfig.model_validate({"questions": {"paths": [str(tmp_path / "absent.tsv")]},
                                                      "workspace": ws}))
     assert not (workspace_home / "mlflow.db").exists()
+
+
+# ------------------------------------------------------------------ a dead local worker
+
+def square_or_die(marker: str, x: int, die: str) -> int:
+    """``x * x``; when ``die`` is ``"once"`` and ``marker`` is absent (or ``"always"``), first kill
+    this worker process as the OOM killer would."""
+    import signal  # noqa: PLC0415
+
+    if die == "always" or (die == "once" and not Path(marker).exists()):
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x
+
+
+@pytest.mark.slow
+def test_a_shard_whose_worker_died_is_retried_on_a_fresh_pool(prefect_harness, tmp_path):
+    from prefect import flow  # noqa: PLC0415
+
+    from flows.runners import RunnerConfig, build_task_runner, submitter  # noqa: PLC0415
+
+    @flow(task_runner=build_task_runner(RunnerConfig(workers=2)))
+    def squares(die_at: int, die: str) -> list[int]:
+        submit = submitter()
+        futures = [submit(square_or_die, str(tmp_path / f"died-{i}"), i, die if i == die_at else "") for i in range(6)]
+        return [f.result() for f in futures]
+
+    import logging  # noqa: PLC0415
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines: list[str] = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    handler = Lines()
+    logging.getLogger("flows.shard_retry").addHandler(handler)
+    try:
+        assert squares(3, "once") == [i * i for i in range(6)]
+    finally:
+        logging.getLogger("flows.shard_retry").removeHandler(handler)
+    assert any("square_or_die" in m and "died-3', 3, 'once')" in m and "retrying it on a fresh process pool" in m
+               for m in handler.lines), handler.lines
+    with pytest.raises(RuntimeError, match=r"(?s)shard square_or_die\(.*died-4', 4, 'always'\).*3 attempts"):
+        squares(4, "always")
