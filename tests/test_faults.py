@@ -265,6 +265,7 @@ def test_directory_given_as_a_dump_is_named_before_anything_starts(tmp_path, not
     assert f"source.paths: {dumps} is a directory" in err and "expected a dump file" in err
 
 
+@pytest.mark.slow
 def test_missing_inputs_are_all_named_before_anything_starts(tmp_path, nothing_starts, capsys):
     from funnelrag.cli import main  # noqa: PLC0415
 
