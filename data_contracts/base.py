@@ -7,6 +7,7 @@ schema and a schema version (Kedro's catalog, pyserini's typed index names). A v
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -239,10 +240,15 @@ class ContractWriter:
         self._pending.append(table)
         self._n_pending += table.num_rows
         self.rows_written += table.num_rows
-        if self.row_group_size is None:
-            self._flush(table.num_rows)
-        while self.row_group_size is not None and self._n_pending >= self.row_group_size:
-            self._flush(self.row_group_size)
+        try:
+            if self.row_group_size is None:
+                self._flush(table.num_rows)
+            while self.row_group_size is not None and self._n_pending >= self.row_group_size:
+                self._flush(self.row_group_size)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(exc, self.final) from exc
+            raise
 
     def commit(self) -> Path:
         """Write the last row group, fsync and rename into place; returns the final path."""
@@ -257,8 +263,10 @@ class ContractWriter:
             else:
                 self._writer.close()
             replace_file(self._tmp, self.final)
-        except BaseException:
+        except BaseException as exc:
             self.abort()
+            if is_disk_full(exc):
+                raise disk_full_error(exc, self.final) from exc
             raise
         self._closed = True
         return self.final
@@ -345,10 +353,20 @@ def atomic_write(final: Path, writer: Callable[[Path], None], durable: bool = Tr
     (:func:`replace_file`), and is removed if anything raises, so ``final`` is either the old or
     the new complete file. ``durable=False`` skips the fsyncs (scratch files that a crash
     discards anyway).
+
+    Raises
+    ------
+    OSError
+        A disk-full or quota error (same type and errno) names ``final``; others pass unchanged.
     """
-    with temp_file_beside(final) as tmp:
-        writer(tmp)
-        replace_file(tmp, final, durable)
+    try:
+        with temp_file_beside(final) as tmp:
+            writer(tmp)
+            replace_file(tmp, final, durable)
+    except OSError as exc:
+        if is_disk_full(exc):   # ENOSPC / EDQUOT: name the file being written
+            raise disk_full_error(exc, final) from exc
+        raise
 
 
 @contextlib.contextmanager
@@ -394,6 +412,22 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for an ``OSError`` saying the file system or the user's quota is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_error(exc: OSError, path: Path) -> OSError:
+    """``exc`` (ENOSPC/EDQUOT) again as the same type and errno, naming ``path`` and what to do."""
+    reason = exc.strerror or os.strerror(exc.errno)
+    hint = ("the disk (or your quota) is full: free space on that file system, or point the "
+            "workspace home at a larger one; the previous file, if any, is unchanged")
+    try:
+        return type(exc)(exc.errno, f"{reason} while writing {path}: {hint}", str(path))
+    except TypeError:   # a subclass with another constructor
+        return OSError(exc.errno, f"{reason} while writing {path}: {hint}", str(path))
 
 
 def _readable_temp(final: Path) -> Path:

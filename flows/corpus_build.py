@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -24,6 +24,7 @@ from data_contracts.corpus import CLUSTERS
 from flows.runners import RunnerConfig, build_task_runner, submitter
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
+from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
@@ -48,6 +49,8 @@ class CorpusSource(DataSource):
     """Dumps to build from (default: the Wikispeedia articles and link graph)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["wikispeedia-articles", "wikispeedia-graph"])
+    expected_file: ClassVar[str] = ("a dump file (a MediaWiki .xml or .xml.bz2 export, e.g. "
+                                    "enwiki-…-pages-articles-multistream.xml.bz2, or a file of ingest.format)")
 
 
 # Wikispeedia articles are whole articles (median 4,012 T5 tokens; 2,247 of 4,598 exceed 4,096),
@@ -288,6 +291,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     overriding one field never replaces the rest of the config.
     """
     config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
+    check_inputs(config)   # before the lock, MLflow and any stage: a wrong path fails in a second
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
     with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from flows.embed import corpus_digest
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
+from funnelrag.inputs import QUESTIONS_FILE, check_inputs
 from funnelrag.registry import link_model_versions, missing_alias
 from funnelrag.stages import DataSource
 from funnelrag.store import write_json
@@ -80,6 +81,7 @@ class EvalQuestions(DataSource):
     """Questions: a registered data set and/or files; ``limit`` sampled by hash of (seed, id)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-test"])
+    expected_file: ClassVar[str] = QUESTIONS_FILE
     format: Literal["auto", "tsv", "jsonl", "dpr-csv"] = "auto"   # auto: by file suffix
     limit: int | None = 200
     seed: int = 0
@@ -302,6 +304,7 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
     passes the home and the corpus version a build just made current this way.
     """
     config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
+    check_inputs(config)   # before MLflow and the corpus: a wrong questions path fails in a second
     absent = _absent_required_models(config)
     if absent:   # e.g. the evaluate-champion automation on a home with no champion yet
         message = "nothing to evaluate: " + "; ".join(absent)

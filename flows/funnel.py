@@ -21,7 +21,7 @@ import logging
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
@@ -31,6 +31,7 @@ from data_contracts.base import sha256_file
 from data_contracts.funnel import QUESTIONS
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
+from funnelrag.inputs import QUESTIONS_FILE, check_inputs
 from funnelrag.registry import (
     champion_version,
     download_model,
@@ -68,6 +69,7 @@ class TrainQuestions(DataSource):
     """QA files the reader and the pre-ranker are trained on (default: NQ-open dev)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-dev"])
+    expected_file: ClassVar[str] = QUESTIONS_FILE
 
 
 class ReaderSection(BaseModel):
@@ -135,6 +137,7 @@ class Context:
 
     @classmethod
     def open(cls, cfg: DistillationConfig) -> "Context":
+        check_inputs(cfg)   # before the corpus, MLflow and any stage: a wrong questions path fails at once
         ws = Workspace(cfg.workspace.home)
         corpus = open_corpus(ws, cfg.corpus, cfg.corpus_version)
         tok = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)

@@ -20,6 +20,7 @@ from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.shard_retry import ShardFuture
 from tasks.corpus.shards import release_memory
 
 
@@ -77,8 +78,8 @@ def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
 
 
 def submitter() -> Callable[..., Any]:
-    """``submit(fn, *args) -> PrefectFuture`` on the current flow's task runner."""
+    """``submit(fn, *args) -> ShardFuture`` (:mod:`flows.shard_retry`) on the current flow's task runner."""
     def submit(fn: Callable[..., Any], *args: Any):
-        return shard_call.submit(fn, list(args))
+        return ShardFuture(shard_call.submit, fn, args)   # a shard whose worker died: retried on a fresh pool
 
     return submit

@@ -185,10 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "search":
         return _search(args)
     cmd = commands[args.command]
-    cfg = load_config(cmd.config_model, args.config, args.overrides)
-    if args.print_config:
-        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
-        return 0
+    from funnelrag.inputs import InputFileError, check_inputs  # noqa: PLC0415
+
+    try:   # config file and input files checked before any Prefect server or MLflow run starts
+        cfg = load_config(cmd.config_model, args.config, args.overrides)
+        if args.print_config:
+            print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+            return 0
+        check_inputs(cfg)
+    except (InputFileError, OSError) as exc:
+        print(f"funnelrag {args.command}: {exc}", file=sys.stderr)
+        return 2
     if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
         start_reaper()
     summary = cmd.run(cfg)

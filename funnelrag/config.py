@@ -105,6 +105,8 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
         (and the line and column of a syntax error).
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"config file {path} is a directory; expected a YAML file (e.g. configs/evaluate_demo.yaml)")
     if not path.exists():
         raise FileNotFoundError(f"config file {path} does not exist")
     try:

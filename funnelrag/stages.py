@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,6 +115,12 @@ class DataSource(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     datasets: list[str] = Field(default_factory=list)
     paths: list[Path] = Field(default_factory=list)
+    expected_file: ClassVar[str] = "an input file"   # what each of ``paths`` must be, for error messages
+
+    def input_files(self) -> list[tuple[str, Path, str]]:
+        """``(key, path, expected)`` of ``paths``, checked at the flow boundary
+        (:func:`funnelrag.inputs.check_inputs`) before anything starts."""
+        return [("paths", p, self.expected_file) for p in self.paths]
 
     def resolve(self, mirror: Path | None, downloads_dir: Path | None,
                 label: str = "paths") -> list[tuple[Path, str]]:
@@ -145,6 +151,8 @@ def hash_path(path: Path | str, field: str = "path") -> tuple[Path, str]:
         ``path`` is not a file (message names the config ``field``).
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{field}: {path} is a directory; expected a file (list each file, not the folder)")
     if not path.is_file():
         raise FileNotFoundError(f"{field}: {path} does not exist")
     return path, sha256_file(path)

@@ -4,6 +4,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import signal
+import socket
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -60,21 +64,107 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
              tracking_uri: str | None = None, tags: Mapping[str, str] | None = None) -> Iterator[Any]:
     """One MLflow run per flow run, with the config flattened into params.
 
-    Yields the active ``mlflow.ActiveRun``; a failure inside marks the run FAILED. Inside a
-    Prefect flow run the MLflow run is tagged with its id (:func:`prefect_run_tags`).
+    Yields the active ``mlflow.ActiveRun``; a failure inside marks the run FAILED, an interrupt
+    (Ctrl-C, SIGTERM) KILLED. Inside a Prefect flow run the MLflow run is tagged with its id
+    (:func:`prefect_run_tags`). The run is tagged with this process's pid, start time and host
+    (:func:`process_tags`), so a run left RUNNING by a process killed with ``kill -9`` is marked
+    KILLED by the next run of the same experiment on this host (:func:`end_stale_runs`).
     """
     import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     configure(ws, tracking_uri)
     exp_id = ensure_experiment(ws, experiment)
-    tags = {**prefect_run_tags(), **(tags or {})}
-    with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:
-        params = flatten_params(config)
-        # MLflow caps a param value at 6000 characters and a batch at 100 params.
-        items = [(k, v[:6000]) for k, v in sorted(params.items())]
-        for i in range(0, len(items), 100):
-            mlflow.log_params(dict(items[i:i + 100]))
-        yield run
+    end_stale_runs(exp_id)
+    tags = {**prefect_run_tags(), **process_tags(), **(tags or {})}
+    with _sigterm_raises(), mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:
+        try:
+            params = flatten_params(config)
+            # MLflow caps a param value at 6000 characters and a batch at 100 params.
+            items = [(k, v[:6000]) for k, v in sorted(params.items())]
+            for i in range(0, len(items), 100):
+                mlflow.log_params(dict(items[i:i + 100]))
+            yield run
+        except BaseException as exc:
+            if _is_interrupt(exc):
+                log.warning("MLflow run %s (%s) interrupted (%s): ended KILLED", run.info.run_id, run_name,
+                            type(exc).__name__)
+                mlflow.end_run(status="KILLED")
+            raise
+
+
+class Terminated(BaseException):
+    """SIGTERM received (raised by the handler :func:`flow_run` installs when none is set)."""
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    """Ctrl-C, SIGTERM (ours or Prefect's ``ExternalSignal``)."""
+    if isinstance(exc, (KeyboardInterrupt, Terminated)):
+        return True
+    from prefect.exceptions import ExternalSignal  # noqa: PLC0415
+
+    return isinstance(exc, ExternalSignal)
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """In the main thread, with SIGTERM's default action (die at once), make SIGTERM raise
+    :class:`Terminated` instead, so the run can end KILLED; restored afterwards. A handler set by
+    someone else (Prefect's flow engine raises its own ``TerminationSignal``) is left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(signum, _frame):
+        raise Terminated(f"signal {signum} (SIGTERM)")
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def process_tags() -> dict[str, str]:
+    """``funnelrag.pid``, ``funnelrag.pid_started`` (process start time, s) and ``funnelrag.host``."""
+    import psutil  # noqa: PLC0415
+
+    return {"funnelrag.pid": str(os.getpid()), "funnelrag.pid_started": f"{psutil.Process().create_time():.2f}",
+            "funnelrag.host": socket.gethostname()}
+
+
+def _process_gone(tags: Mapping[str, str]) -> bool:
+    """Whether the process recorded in ``tags`` (this host only) no longer runs: its pid is dead,
+    or now belongs to a process started at another time."""
+    import psutil  # noqa: PLC0415
+
+    if tags.get("funnelrag.host") != socket.gethostname() or not str(tags.get("funnelrag.pid", "")).isdigit():
+        return False
+    try:
+        proc = psutil.Process(int(tags["funnelrag.pid"]))
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+        started = tags.get("funnelrag.pid_started")
+        return started is not None and abs(proc.create_time() - float(started)) > 1.0
+    except psutil.NoSuchProcess:
+        return True
+
+
+def end_stale_runs(experiment_id: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of ``experiment_id`` whose recorded process (this host) is
+    gone, e.g. a CLI killed with ``kill -9``; returns their run ids."""
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    client = MlflowClient()
+    ended = []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        if _process_gone(run.data.tags):
+            why = f"its process (pid {run.data.tags['funnelrag.pid']} on {run.data.tags['funnelrag.host']}) is dead"
+            client.set_tag(run.info.run_id, "funnelrag.killed", why)
+            client.set_terminated(run.info.run_id, status="KILLED")
+            log.warning("MLflow run %s (%s) was left RUNNING but %s: marked KILLED", run.info.run_id,
+                        run.data.tags.get("mlflow.runName", "?"), why)
+            ended.append(run.info.run_id)
+    return ended
 
 
 def prefect_run_tags() -> dict[str, str]:

@@ -58,6 +58,11 @@ class GateConfig:
         if self.max_recall_drop < 0 or not 0 <= self.max_skipped_increase <= 1:
             raise ValueError("gate: tolerances must be >= 0 (max_skipped_increase at most 1)")
 
+    def input_files(self) -> list[tuple[str, Path, str]]:
+        """``(key, path, expected)`` of the question files, checked before a build starts
+        (:func:`funnelrag.inputs.check_inputs`)."""
+        return [("paths", Path(p), "a questions file (.tsv, .jsonl, .jsonl.gz or DPR .qa.csv)") for p in self.paths]
+
 
 @dataclass(frozen=True)
 class VersionFigures:
