@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from funnelrag.corpus import open_corpus  # noqa: E402
 from funnelrag.workspace import Workspace  # noqa: E402
 from models.preranker import PreRankerConfig, build_preranker  # noqa: E402
+from tasks.corpus.published import open_corpus  # noqa: E402
 from tasks.funnel.embeddings import embed_queries, embed_texts, passage_texts, with_precision  # noqa: E402
 
 DPR_PASSAGES = 21_015_324

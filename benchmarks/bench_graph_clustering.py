@@ -8,7 +8,7 @@ seconds are the compute time) and memory: the process's peak resident set size d
 step (absolute, sampled every 5 ms, so numba allocations count), its rise above the level
 before the step, and the tracemalloc peak of the step (NumPy buffers only).
 
-Targets (issue): coefficients at 1M/10M in ≤ 30 s and ≤ 2 GB; Algorithm 1 in ≤ 120 s.
+Targets: coefficients at 1M/10M in ≤ 30 s and ≤ 2 GB; Algorithm 1 in ≤ 120 s.
 
 Usage::
 

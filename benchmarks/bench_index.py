@@ -15,9 +15,9 @@ import bm25s
 import numpy as np
 import Stemmer
 
-from funnelrag.corpus import open_corpus
 from funnelrag.workspace import Workspace
 from tasks.corpus.index import BM25Config, BM25Index
+from tasks.corpus.published import open_corpus
 
 
 def main() -> None:

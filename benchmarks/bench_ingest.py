@@ -3,7 +3,7 @@
 * enwiki sample: MB of decompressed XML per CPU second of the whole ``ingest`` call (bz2
   decompression, XML parsing, text cleaning, link extraction, Parquet writing), i.e. per
   core, since ingest is single-threaded; plus the parts alone and mwparserfromhell's
-  ``strip_code`` on the same pages for comparison (the issue quotes WikiExtractor ~6.5 MB/s
+  ``strip_code`` on the same pages for comparison (WikiExtractor is quoted at ~6.5 MB/s
   and a full mwparserfromhell parse ~1.8 MB/s).
 * Wikispeedia: seconds (wall and CPU) of the full ingest (4,598 articles, 119,879 links).
 * ``--scale N``: peak RSS of ingesting the enwiki sample repeated N and 3N times (renamed

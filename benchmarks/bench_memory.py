@@ -1,5 +1,5 @@
 """Peak RSS of the corpus build's memory-bound steps, each in a fresh process, for the
-bytes-per-unit bounds of README *Memory at full scale*.
+bytes-per-unit bounds of ``docs/results/corpus-build-memory.md``.
 
 Input: the stage directories of a build (``ingest/``, ``tokens/``, ``cluster/``, ``segment/``), kept by
 ``bench_nightly.py DUMP --stages --keep DIR`` (then ``DIR/workers-2``). Every figure is the process's
@@ -21,7 +21,7 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
 * ``vocabulary --terms 450000 1800000``: bytes a vocabulary term: 8 shards of random 9-letter terms
   (each term in ~2 shards, 3 tokens each), merged, indexed and saved.
 
-Run: ``python benchmarks/bench_memory.py tasks /tmp/keep/workers-2 --kind segment --sizes 8000000 32000000``.
+Run: ``python benchmarks/bench_memory.py tasks KEEP/workers-2 --kind segment --sizes 8000000 32000000``.
 """
 from __future__ import annotations
 
@@ -135,8 +135,6 @@ def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, t
     as a nightly build's worker runs them."""
     import multiprocessing  # noqa: PLC0415
     from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
-
-    import pyarrow.parquet as pq  # noqa: PLC0415
 
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
     from tasks.corpus import cluster_index as CI  # noqa: PLC0415

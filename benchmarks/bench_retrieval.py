@@ -2,12 +2,12 @@
 over passages vs over clusters, and the bi-encoder's encoding throughput.
 
     python benchmarks/bench_retrieval.py                                 # dense scaling + encoder, ~1 min
-    python benchmarks/bench_retrieval.py --home /tmp/eval-home           # + BM25 on a published corpus
+    python benchmarks/bench_retrieval.py --home eval-home                 # + BM25 on a published corpus
     python benchmarks/bench_retrieval.py --sizes 10000 100000 1000000 --threads 2
 
 Prints, per line: what was measured, its size and the figure (ms per query, queries/s,
-tokens/s, bytes). ``float32`` is the index as searched (float16 files are upcast at load);
-``f16-blk`` keeps float16 in memory and upcasts block by block on every call. Dense search uses unit vectors drawn from a fixed seed (an exact search's cost
+tokens/s, bytes). Exact dense search is faiss ``IndexFlatIP`` (``tasks/evaluate/flat_dense.py``, kind
+``flat``) over float32 unit vectors drawn from a fixed seed (an exact search's cost
 does not depend on the values); the 21M line extrapolates linearly (exact search is O(n · d)).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _timeit(fn, repeat: int) -> float:
 
 
 def bench_dense(sizes: list[int], dim: int, batch: int) -> None:
-    from tasks.evaluate.dense import DenseIndex  # noqa: PLC0415
+    from tasks.evaluate.flat_dense import FlatDenseConfig, build_faiss_index  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
     q1 = rng.standard_normal((1, dim), dtype=np.float32)
@@ -41,22 +41,18 @@ def bench_dense(sizes: list[int], dim: int, batch: int) -> None:
     for n in sizes:
         emb = rng.standard_normal((n, dim), dtype=np.float32)
         emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-        for dtype in ("float32", "float16"):
-            index = DenseIndex(emb.astype(dtype), [str(i) for i in range(n)])
-            one = _timeit(lambda: index.search(q1, 400), repeat=5)
-            many = _timeit(lambda: index.search(qb, 400), repeat=2)
-            per_row[(n, dtype)] = one / n
-            label = dtype if dtype == "float32" else "f16-blk"   # float16 upcast per block and query
-            print(f"dense exact  n={n:>9,} d={dim} {label:<7}  memory {index.nbytes / 2**20:8.1f} MiB  "
-                  f"1 query {one * 1e3:8.2f} ms  batch {batch}: {batch / many:8.1f} queries/s")
+        index = build_faiss_index(emb, FlatDenseConfig(kind="flat"))
+        one = _timeit(lambda: index.search(q1, 400), repeat=5)
+        many = _timeit(lambda: index.search(qb, 400), repeat=2)
+        per_row[n] = one / n
+        print(f"dense exact  n={n:>9,} d={dim} float32  memory {emb.nbytes / 2**20:8.1f} MiB  "
+              f"1 query {one * 1e3:8.2f} ms  batch {batch}: {batch / many:8.1f} queries/s")
         del emb
     n = max(sizes)
-    for dtype in ("float32", "float16"):
-        est = per_row[(n, dtype)] * DPR_PASSAGES
-        mem = DPR_PASSAGES * dim * (4 if dtype == "float32" else 2)
-        label = dtype if dtype == "float32" else "f16-blk"
-        print(f"dense exact  n={DPR_PASSAGES:>9,} d={dim} {label:<7}  memory {mem / 2**30:8.1f} GiB  "
-              f"1 query ~{est * 1e3:7.0f} ms (linear extrapolation from n={n:,})")
+    est = per_row[n] * DPR_PASSAGES
+    mem = DPR_PASSAGES * dim * 4
+    print(f"dense exact  n={DPR_PASSAGES:>9,} d={dim} float32  memory {mem / 2**30:8.1f} GiB  "
+          f"1 query ~{est * 1e3:7.0f} ms (linear extrapolation from n={n:,})")
 
 
 def bench_encoder(threads: int, n_texts: int) -> None:
@@ -81,10 +77,10 @@ def bench_encoder(threads: int, n_texts: int) -> None:
 
 
 def bench_bm25(home: Path, corpus: str, n_questions: int) -> None:
-    from funnelrag.corpus import open_corpus  # noqa: PLC0415
     from funnelrag.datasets import default_mirror, resolve  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
-    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
+    from tasks.corpus.published import open_corpus  # noqa: PLC0415
+    from tasks.qa.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
     c = open_corpus(Workspace(home), corpus)
     questions, _ = load_questions([resolve("nq-open-test", default_mirror())], QuestionsConfig(limit=n_questions))

@@ -7,6 +7,7 @@ schema and a schema version (Kedro's catalog, pyserini's typed index names). A v
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -239,10 +240,15 @@ class ContractWriter:
         self._pending.append(table)
         self._n_pending += table.num_rows
         self.rows_written += table.num_rows
-        if self.row_group_size is None:
-            self._flush(table.num_rows)
-        while self.row_group_size is not None and self._n_pending >= self.row_group_size:
-            self._flush(self.row_group_size)
+        try:
+            if self.row_group_size is None:
+                self._flush(table.num_rows)
+            while self.row_group_size is not None and self._n_pending >= self.row_group_size:
+                self._flush(self.row_group_size)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(exc, self.final) from exc
+            raise
 
     def commit(self) -> Path:
         """Write the last row group, fsync and rename into place; returns the final path."""
@@ -256,11 +262,11 @@ class ContractWriter:
                                row_group_size=self.row_group_size or _ROW_GROUP_SIZE, write_statistics=True)
             else:
                 self._writer.close()
-            with open(self._tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(self._tmp, self.final)
-        except BaseException:
+            replace_file(self._tmp, self.final)
+        except BaseException as exc:
             self.abort()
+            if is_disk_full(exc):
+                raise disk_full_error(exc, self.final) from exc
             raise
         self._closed = True
         return self.final
@@ -333,24 +339,95 @@ class ContractWriter:
 
 
 # ---------------------------------------------------------------------- helpers
-def atomic_write(final: Path, writer: Callable[[Path], None]) -> None:
+def binary_labels(table: pa.Table):
+    """Contract check: every ``label`` is 0 or 1 (``(column, rows, reason)`` of the first bad rows, else None)."""
+    rows = _first_true(pc.invert(pc.is_in(table["label"], value_set=pa.array([0, 1], pa.int8()))))
+    return ("label", rows, "label must be 0 or 1") if rows else None
+
+
+def atomic_write(final: Path, writer: Callable[[Path], None], durable: bool = True) -> None:
     """Call ``writer(tmp_path)`` then rename ``tmp_path`` onto ``final`` atomically.
 
-    The temporary file lives in ``final``'s directory (same file system), is fsynced before
-    the rename, and is removed if ``writer`` raises, so ``final`` is either the old or the new
-    complete file.
+    The temporary file lives in ``final``'s directory (same file system,
+    :func:`temp_file_beside`), is fsynced before the rename and the directory after it
+    (:func:`replace_file`), and is removed if anything raises, so ``final`` is either the old or
+    the new complete file. ``durable=False`` skips the fsyncs (scratch files that a crash
+    discards anyway).
+
+    Raises
+    ------
+    OSError
+        A disk-full or quota error (same type and errno) names ``final``; others pass unchanged.
     """
+    try:
+        with temp_file_beside(final) as tmp:
+            writer(tmp)
+            replace_file(tmp, final, durable)
+    except OSError as exc:
+        if is_disk_full(exc):   # ENOSPC / EDQUOT: name the file being written
+            raise disk_full_error(exc, final) from exc
+        raise
+
+
+@contextlib.contextmanager
+def temp_file_beside(final: Path) -> Iterator[Path]:
+    """An empty temporary file (mode 0644) in ``final``'s directory, created with the directory;
+    removed when the block ends unless it was renamed away (:func:`replace_file`). For writers
+    that pick the final name only after writing (content-addressed files)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _readable_temp(final)
     try:
-        writer(tmp)
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def replace_file(tmp: Path, final: Path, durable: bool = True) -> None:
+    """Rename the complete file ``tmp`` onto ``final`` (same directory): with ``durable``, fsync
+    ``tmp`` before the rename and the directory after it, so after a crash ``final`` holds the
+    old or the new bytes, never an empty or partial file, and the rename itself survives."""
+    if durable:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    os.replace(tmp, final)
+    if durable:
+        fsync_directory(Path(final).parent)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` at ``dst`` (the same bytes, no copy), or copy it (with its times) where
+    a link cannot be made (another file system); ``dst``'s directory is created."""
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def fsync_directory(directory: Path) -> None:
+    """fsync a directory (its entries: a rename into it is on disk after this)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for an ``OSError`` saying the file system or the user's quota is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_error(exc: OSError, path: Path) -> OSError:
+    """``exc`` (ENOSPC/EDQUOT) again as the same type and errno, naming ``path`` and what to do."""
+    reason = exc.strerror or os.strerror(exc.errno)
+    hint = ("the disk (or your quota) is full: free space on that file system, or point the "
+            "workspace home at a larger one; the previous file, if any, is unchanged")
+    try:
+        return type(exc)(exc.errno, f"{reason} while writing {path}: {hint}", str(path))
+    except TypeError:   # a subclass with another constructor
+        return OSError(exc.errno, f"{reason} while writing {path}: {hint}", str(path))
 
 
 def _readable_temp(final: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Contracts of the corpus build (issue: nightly corpus build).
+"""Contracts of the corpus build (the nightly corpus build).
 
 Ids: ``doc_id`` is a dense int32 over kept articles (0..n-1, assigned in sorted title order so a
 rebuild of the same input gives the same ids); ``cluster_id`` is a dense int32 over clusters;
@@ -233,5 +233,5 @@ BUILD_CONFIG = BuildConfigContract(version=1, sections={
     "segment": ("passage_words", "unit_max_tokens", "tokenizer"),
     "bm25": ("k1", "b"),
 })
-"""Later chunking (:meth:`funnelrag.corpus.CorpusVersion.segment_config`) must cut units and
+"""Later chunking (:meth:`tasks.corpus.published.CorpusVersion.segment_config`) must cut units and
 passages exactly as the build did, so ``segment`` is read back through this contract."""

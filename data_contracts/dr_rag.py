@@ -7,15 +7,8 @@ is sorted by ``paragraph_id``.
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from data_contracts.base import Contract
-
-
-def _labels_binary(table: pa.Table):
-    bad = pc.invert(pc.is_in(table.column("label"), value_set=pa.array([0, 1], pa.int8())))
-    rows = [i for i, v in enumerate(bad.to_pylist()) if v]
-    return ("label", rows, "label must be 0 or 1") if rows else None
+from data_contracts.base import Contract, binary_labels
 
 
 def _ranks_from_one(table: pa.Table):
@@ -93,7 +86,7 @@ CLASSIFIER_PAIRS = Contract(
         pa.field("label", pa.int8(), nullable=False),            # 1 = the two together help answer q
     ]),
     unique=("question_id", "d1_id", "d2_id"),
-    checks=(_labels_binary,),
+    checks=(binary_labels,),
 )
 
 SELECTIONS = Contract(

@@ -1,4 +1,4 @@
-"""Contracts of the evaluation flow (issue 4): FunnelRAG Tables 2, 3, 9 and 11–13.
+"""Contracts of the evaluation flow: FunnelRAG Tables 2, 3, 9 and 11–13.
 
 One evaluation run compares retrieval *settings* (flat BM25 / dense, each with or without
 re-ranking; progressive clusters → document units → passages, with or without the FiD

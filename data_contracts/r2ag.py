@@ -1,4 +1,4 @@
-"""Contracts of R²AG (issue 6): ranked lists, retrieval features, QDM scores, ranking metrics.
+"""Contracts of R²AG: ranked lists, retrieval features, QDM scores, ranking metrics.
 
 One row per (query, document) of a ranked list of ``k`` documents; ``rank`` is the 0-based
 position in the retriever's ranking (rank 0 = the retriever's top document), so row ``rank`` of a
@@ -10,15 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_contracts.base import Contract
-
-
-def _labels_binary(table: pa.Table):
-    bad = pc.invert(pc.is_in(table["label"], value_set=pa.array([0, 1], pa.int8())))
-    if pc.any(bad).as_py():
-        rows = np.flatnonzero(bad.to_numpy(zero_copy_only=False))[:5].tolist()
-        return "label", rows, "label must be 0 or 1"
-    return None
+from data_contracts.base import Contract, binary_labels
 
 
 def _ranks_contiguous(table: pa.Table):
@@ -70,7 +62,7 @@ RANKED_LISTS = Contract(
         pa.field("label", pa.int8(), nullable=False),               # 1 = relevant (supporting / has_answer)
     ]),
     unique=("query_id", "rank"),
-    checks=(_labels_binary, _ranks_contiguous, _doc_unique_per_list),
+    checks=(binary_labels, _ranks_contiguous, _doc_unique_per_list),
 )
 
 RETRIEVAL_FEATURES = Contract(
@@ -86,7 +78,7 @@ RETRIEVAL_FEATURES = Contract(
         pa.field("label", pa.int8(), nullable=False),
     ]),
     unique=("query_id", "rank"),
-    checks=(_labels_binary, _ranks_contiguous,
+    checks=(binary_labels, _ranks_contiguous,
             _finite("relevance", "precedent_similarity", "neighbor_similarity")),
 )
 
@@ -102,7 +94,7 @@ QDM_SCORES = Contract(
         pa.field("qdm_score", pa.float32(), nullable=False),  # sigmoid of the QDM logit, Eq. 7
     ]),
     unique=("variant", "query_id", "rank"),
-    checks=(_labels_binary, _finite("qdm_score")),
+    checks=(binary_labels, _finite("qdm_score")),
 )
 
 RANKING_METRICS = Contract(

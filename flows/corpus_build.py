@@ -8,28 +8,38 @@ markdown summary artifact in Prefect.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.events import emit_event
 from pydantic import Field, model_validator
 
+from data_contracts.corpus import CLUSTERS
+from flows.runners import RunnerConfig, build_task_runner, submitter
+from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
-from funnelrag.corpus import corpus_store
+from funnelrag.inputs import check_inputs
+from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
+from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link
 from funnelrag.workspace import Workspace
-from flows.runners import RunnerConfig, build_task_runner, submitter
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
-from tasks.corpus.gate import GateConfig, GateDecision, GateRefused
+from tasks.corpus.gate import GateConfig, GateDecision, GateRefused, decide, question_pairs, version_figures
 from tasks.corpus.index import BM25Config
 from tasks.corpus.ingest import IngestConfig
+from tasks.corpus.published import corpus_store
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded_index import IndexLayout
+from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded
+from tasks.qa.questions import QuestionsConfig, load_questions
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +49,8 @@ class CorpusSource(DataSource):
     """Dumps to build from (default: the Wikispeedia articles and link graph)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["wikispeedia-articles", "wikispeedia-graph"])
+    expected_file: ClassVar[str] = ("a dump file (a MediaWiki .xml or .xml.bz2 export, e.g. "
+                                    "enwiki-…-pages-articles-multistream.xml.bz2, or a file of ingest.format)")
 
 
 # Wikispeedia articles are whole articles (median 4,012 T5 tokens; 2,247 of 4,598 exceed 4,096),
@@ -94,8 +106,6 @@ def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: Inges
 def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None,
                    runner: RunnerConfig) -> StageResult:
     """Window token counts by document shards as ``corpus-shard`` tasks (flow body only); same key and bytes as :func:`tasks.corpus.stages.run_tokens`."""
-    from tasks.corpus.shards import run_tokens_sharded  # noqa: PLC0415
-
     inputs = {"documents": ingest.files["documents.parquet"]}
     key_cfg = {"tokenizer": cfg.tokenizer, "passage_words": cfg.passage_words}
     return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: run_tokens_sharded(
@@ -113,8 +123,6 @@ def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult,
                     cfg: SegmentConfig, mirror: Path | None, runner: RunnerConfig) -> StageResult:
     """Units and passages by cluster ranges as ``corpus-shard`` tasks (flow body only); same key
     and bytes as :func:`tasks.corpus.stages.run_segment`."""
-    from tasks.corpus.shards import run_segment_sharded  # noqa: PLC0415
-
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
               "members": cluster.files["cluster_members.parquet"]}
     return run_cached(cache, S.run_segment, cfg, inputs, lambda out, _: run_segment_sharded(
@@ -143,7 +151,13 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
 
 
 @task(name="publish", cache_policy=NO_CACHE)
-def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult]) -> tuple[Path, dict]:
+def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult]) -> tuple[Path, dict, bool]:
+    """Publish the built files as a new version, or nothing when they equal ``current``'s.
+
+    Returns ``(version_dir, validation_checks, unchanged)``: with ``unchanged`` the content digest
+    equals the current version's, so no version is written and ``version_dir`` is the current
+    one (a rebuild of unchanged input is a no-op: no new version, no pointer move, no event).
+    """
     published = {
         "ingest": ["documents.parquet", "redirects.parquet", "links.parquet", "ingest_report.parquet"],
         "cluster": ["graph_metrics.parquet", "clusters.parquet", "cluster_members.parquet"],
@@ -165,6 +179,11 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
                    "passages": stages["segment"].summary["passages"]},
     }
     store = corpus_store(ws, cfg.name)
+    current = store.current_version()
+    if current is not None and store.read_manifest(current).get("content_digest") == digest:
+        get_run_logger().info("corpus %s unchanged: content digest %s equals current version %s; nothing published",
+                              cfg.name, digest[:12], current)
+        return store.versions_dir / current, {}, True
     version_id = store.new_version_id(digest)
     checks: dict[str, int] = {}
 
@@ -172,16 +191,12 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
         checks.update(S.validate_corpus(staging, cfg.clustering.max_tokens))
 
     path = store.publish(version_id, files, manifest_extra, _validate, make_current=not cfg.gate.enabled)
-    return path, checks
+    return path, checks, False
 
 
 @task(name="gate", cache_policy=NO_CACHE)
 def gate_task(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path) -> GateDecision:
     """The quality gate (:mod:`tasks.corpus.gate`): the new version against the current one."""
-    from funnelrag import datasets  # noqa: PLC0415
-    from tasks.corpus.gate import decide, question_pairs, version_figures  # noqa: PLC0415
-    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
-
     paths = [datasets.resolve(n, cfg.workspace.data_mirror, cache_dir=ws.downloads_dir) for n in cfg.gate.questions]
     table, _ = load_questions([*paths, *cfg.gate.paths], QuestionsConfig(limit=cfg.gate.limit))
     questions = question_pairs(table)
@@ -195,8 +210,6 @@ def gate_task(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path) -> GateD
 def promote(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path, decision: GateDecision | None) -> None:
     """Move ``current`` to a version that passed the gate (raise :class:`GateRefused` otherwise)
     and emit ``funnelrag.corpus.current`` (the ``evaluate-champion`` automation's trigger)."""
-    from prefect.events import emit_event  # noqa: PLC0415
-
     if decision is not None and not decision.passed:
         raise GateRefused(decision)
     if decision is not None:
@@ -210,11 +223,10 @@ CORPUS_CURRENT_EVENT = "funnelrag.corpus.current"
 
 
 def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> None:
-    import matplotlib  # noqa: PLC0415
+    import matplotlib  # noqa: PLC0415  (heavy: matplotlib, only when a plot is drawn)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    from data_contracts.corpus import CLUSTERS  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (heavy: matplotlib, only when a plot is drawn)
 
     sizes = CLUSTERS.read(version_dir, columns=["n_tokens"]).column("n_tokens").to_numpy()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -250,9 +262,12 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The Prefect artifact: counts and seconds per stage as markdown tables."""
     lines = [f"# corpus-build `{summary['corpus']}` → version `{summary['version']}`", "",
-             f"- MLflow run: `{summary['mlflow_run_id']}`",
+             f"- MLflow run: {summary.get('mlflow_run_link') or '`' + summary['mlflow_run_id'] + '`'}",
              f"- store: `{summary['store']}` (version directory `{summary['path']}`)",
              f"- S (max cluster tokens): {summary['max_cluster_tokens_S']:,}"]
+    if summary.get("unchanged"):
+        lines.append(f"- **unchanged**: the build's content digest equals the current version `{summary['version']}`; "
+                     "nothing was published, `current` did not move and no `corpus.current` event was emitted")
     if "gate" in summary:
         gate = summary["gate"]
         verdict = "passed: now current" if gate["passed"] else "REFUSED: " + "; ".join(gate["reasons"])
@@ -276,13 +291,28 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     overriding one field never replaces the rest of the config.
     """
     config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
-    import mlflow  # noqa: PLC0415
-    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
-
-    from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
-
+    check_inputs(config)   # before the lock, MLflow and any stage: a wrong path fails in a second
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
+    with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,
+                        f"corpus build of {config.name!r} in {ws.home}"):
+        summary = _build_and_publish(config, ws, logger)
+    if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
+        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415  (heavy: torch via the embedding flow, only when the build embeds the corpus)
+
+        summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=summary["version"],
+                                                       preranker=config.embed_preranker, workspace=config.workspace))
+    return summary
+
+
+# One build per corpus and home at a time: this file in the corpus store holds the flock.
+BUILD_LOCK = ".build.lock"
+
+
+def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict[str, Any]:
+    """The stages, publish, gate and promotion of one build (under the build lock)."""
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
+
     cache = StageCache(ws.cache_dir / "corpus")
     mirror = config.workspace.data_mirror
     t_flow = time.perf_counter()
@@ -306,15 +336,14 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
             walls[name] = time.perf_counter() - t0
             logger.info("stage %-8s %s in %.2f s", name, "cache hit" if stages[name].cache_hit else "built", walls[name])
         t0 = time.perf_counter()
-        version_dir, rows = publish_task(config, ws, stages)
+        version_dir, rows, unchanged = publish_task(config, ws, stages)
         walls["publish"] = time.perf_counter() - t0
-        decision = gate_task(config, ws, version_dir) if config.gate.enabled else None
+        decision = gate_task(config, ws, version_dir) if config.gate.enabled and not unchanged else None
         manifest = (version_dir / "manifest.json").read_text()
-        import json  # noqa: PLC0415
 
         man = json.loads(manifest)
         summary: dict[str, Any] = {
-            "corpus": config.name, "version": version_dir.name, "path": str(version_dir),
+            "corpus": config.name, "version": version_dir.name, "path": str(version_dir), "unchanged": unchanged,
             "counts": {"documents": man["counts"]["documents"], "links": man["counts"]["links"],
                        "redirects": man["counts"]["redirects"], "clusters": man["counts"]["clusters"],
                        "mean_cluster_tokens": man["counts"]["mean_cluster_tokens"],
@@ -332,6 +361,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
             "max_cluster_tokens_S": config.clustering.max_tokens,
             "store": str(corpus_store(ws, config.name).root),
             "mlflow_run_id": run.info.run_id,
+            "mlflow_run_link": run_link(run, config.workspace.tracking_uri),
             "prefect_flow_run_id": run.data.tags.get("prefect.flow_run_id"),
         }
         if decision is not None:
@@ -357,12 +387,9 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
         md = summary_markdown(summary)
         create_markdown_artifact(key=f"corpus-build-{config.name}".lower().replace("_", "-"), markdown=md,
                                  description="corpus-build summary")
-        promote(config, ws, version_dir, decision)
-    if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
-        from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415
-
-        summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=version_dir.name,
-                                                       preranker=config.embed_preranker, workspace=config.workspace))
+        mlflow.set_tag("corpus_unchanged", str(unchanged).lower())
+        if not unchanged:
+            promote(config, ws, version_dir, decision)
     return summary
 
 

@@ -11,6 +11,7 @@ from prefect import flow
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.runners import build_task_runner
 from funnelrag.config import resolve_flow_config
+from funnelrag.inputs import check_inputs
 
 
 @flow(name="corpus-build-nightly", log_prints=True)
@@ -19,4 +20,5 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
     """Resolve the config as ``corpus-build`` does (file + key-by-key overrides + home), then run
     ``corpus-build`` as a subflow whose task runner is ``config.runner``'s."""
     config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
+    check_inputs(config)
     return corpus_build_flow.with_options(task_runner=build_task_runner(config.runner))(config)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import Field
 
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge
@@ -46,8 +47,6 @@ class DemoConfig(FlowConfig):
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the selected steps; return ``{step: summary}`` plus seconds per step."""
-    import yaml  # noqa: PLC0415
-
     unknown = [s for s in [*cfg.steps, *cfg.overrides] if s not in STEPS]
     if unknown:
         raise ValueError(f"demo: unknown step(s) {unknown}; known: {list(STEPS)}")

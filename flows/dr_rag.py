@@ -19,19 +19,22 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import Field
 
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
+from funnelrag.registry import download_model, model_uri, register_model
 from funnelrag.stages import hash_path, resolve_dataset, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, write_json
+from funnelrag.tracking import configure, flow_run, log_artifact, log_metrics
 from funnelrag.workspace import Workspace
 from models.dr_rag import ClassifierConfig
+from tasks.corpus.index import BM25Config
 from tasks.dr_rag import stages as S
 from tasks.dr_rag.evaluate import EvalConfig, table5_wide
 from tasks.dr_rag.pairs import PairSamplingConfig
 from tasks.dr_rag.retrieval import SMConfig
-from tasks.corpus.index import BM25Config
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +97,6 @@ def pairs_task(cache: StageCache, coll: StageResult, cfg: PairSamplingConfig) ->
 
 @task(name="dr-rag-train-classifier", cache_policy=NO_CACHE)
 def train_task(coll: StageResult, pairs: StageResult, cfg: DRRAGConfig, out: Path) -> dict:
-    from funnelrag.tracking import log_metrics  # noqa: PLC0415
-
     return S.run_train(coll.path, pairs.path, cfg.classifier, cfg.train, cfg.eval.threshold, out,
                        log_metrics=lambda m, step: log_metrics(m, step=step))
 
@@ -117,8 +118,6 @@ def train_dr_rag_classifier_flow(config: DRRAGConfig | None = None, config_file:
                                  overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """Train, evaluate on dev pairs, and register the DR-RAG classifier; returns the summary."""
     config = resolve_flow_config(DRRAGConfig, config, config_file, overrides, home)
-    from funnelrag.registry import register_model  # noqa: PLC0415
-    from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
 
     logger = get_run_logger()
     ws, cache, coll = _prepare(config)
@@ -147,9 +146,6 @@ def train_dr_rag_classifier_flow(config: DRRAGConfig | None = None, config_file:
 def resolve_classifier(cfg: DRRAGConfig, ws: Workspace, dst: Path) -> Path:
     """The classifier directory named by ``cfg.classifier_source`` (local directory, registry
     alias or version number; registry models are downloaded into ``dst``)."""
-    from funnelrag.registry import download_model, model_uri  # noqa: PLC0415
-    from funnelrag.tracking import configure  # noqa: PLC0415
-
     local = Path(cfg.classifier_source)
     if local.is_dir():
         return local
@@ -162,9 +158,6 @@ def evaluate_dr_rag_flow(config: DRRAGConfig | None = None, config_file: str | N
                          overrides: list[str] | None = None, home: str | None = None, classifier_dir: str | None = None) -> dict[str, Any]:
     """BM25 / SM / QDC / CIS / CFS on the dev questions: the paper's Table 5 for ``eval.top_ks``."""
     config = resolve_flow_config(DRRAGConfig, config, config_file, overrides, home)
-    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
-
-    from funnelrag.tracking import flow_run, log_artifact, log_metrics  # noqa: PLC0415
 
     logger = get_run_logger()
     ws, cache, coll = _prepare(config)

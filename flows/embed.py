@@ -16,9 +16,16 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.states import Completed
 
-from funnelrag.config import FlowCommand, FlowConfig
-from tasks.funnel.embeddings import EmbeddingConfig
+from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
+from funnelrag.registry import missing_alias
+from funnelrag.threads import torch_threads
+from funnelrag.tracking import configure, flow_run, log_metrics
+from funnelrag.workspace import Workspace
+from tasks.corpus.published import open_corpus
+from tasks.evaluate.models import load_preranker_ref
+from tasks.funnel.embeddings import EmbeddingConfig, ensure_embedding_index
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +51,6 @@ class EmbedConfig(FlowConfig):
 
 @task(name="embed-passages", cache_policy=NO_CACHE)
 def embed_task(cfg: EmbedConfig, ws, corpus, model, tok) -> dict:
-    from tasks.funnel.embeddings import ensure_embedding_index  # noqa: PLC0415
-
     logger = get_run_logger()
     last = [time.perf_counter()]
 
@@ -73,17 +78,17 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
     (:func:`funnelrag.config.resolve_flow_config`): the ``embed-champion`` automation passes the
     home and the corpus version a build just made current this way.
     """
-    import mlflow  # noqa: PLC0415
-
-    from funnelrag.config import resolve_flow_config  # noqa: PLC0415
-    from funnelrag.corpus import open_corpus  # noqa: PLC0415
-    from funnelrag.threads import torch_threads  # noqa: PLC0415
-    from funnelrag.tracking import flow_run, log_metrics  # noqa: PLC0415
-    from funnelrag.workspace import Workspace  # noqa: PLC0415
-    from tasks.evaluate.models import load_preranker_ref  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     config = resolve_flow_config(EmbedConfig, config, config_file, overrides, home)
     ws = Workspace(config.workspace.home)
+    configure(ws, config.workspace.tracking_uri)
+    absent = missing_alias(config.preranker)
+    if absent is not None:   # e.g. the embed-champion automation on a home with no champion yet
+        message = f"nothing to embed: {absent}"
+        get_run_logger().info(message)
+        return Completed(message=message, data={"corpus": config.corpus, "preranker": config.preranker,
+                                                "skipped": message})
     corpus = open_corpus(ws, config.corpus, config.corpus_version)
     with torch_threads(config.torch_threads), flow_run(
             ws, config.experiment, f"embed-{config.corpus}", config.model_dump(exclude={"workspace"}),

@@ -20,19 +20,55 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from funnelrag.config import FlowCommand, FlowConfig
+from flows.embed import corpus_digest
+from funnelrag import datasets
+from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
+from funnelrag.inputs import QUESTIONS_FILE, check_inputs
+from funnelrag.registry import link_model_versions, missing_alias
 from funnelrag.stages import DataSource
+from funnelrag.store import write_json
+from funnelrag.threads import torch_threads
+from funnelrag.tracking import configure, flow_run, log_metrics, run_link
+from funnelrag.workspace import Workspace
+from tasks.corpus.published import open_corpus
+from tasks.corpus.tokenize import load_token_counter
+from tasks.evaluate.flat_dense import FlatDenseConfig, build_faiss_index, faiss_retriever
+from tasks.evaluate.models import load_preranker_ref, load_reader_ref
+from tasks.evaluate.report import (
+    SettingSpec,
+    metric_dict,
+    plot_answer_recall,
+    summarize,
+    tables,
+    to_markdown,
+    write_tables,
+)
+from tasks.evaluate.retrieval import (
+    FlatSetting,
+    LabeledPreRanker,
+    PassageLookup,
+    ProgressiveSetting,
+    questions_from_table,
+    run_flat,
+    run_progressive,
+)
+from tasks.evaluate.stages import answerability, bm25_retriever, generate_answers, sample_questions
+from tasks.evaluate.stored_retrieval import StoredPreRanker, fill_lazy_rows, run_progressive_stored
+from tasks.evaluate.timing import machine_info
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
-from tasks.evaluate.flat_dense import FlatDenseConfig
-from tasks.funnel.embeddings import EmbeddingConfig
-from tasks.evaluate.generation import GenerationConfig
-from tasks.evaluate.retrieval import FlatSetting, ProgressiveSetting
+from tasks.funnel.embeddings import EmbeddingConfig, EmbeddingIndexMismatch, ensure_embedding_index, model_version
+from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex, lazy_root
+from tasks.qa.generation import CausalLMGenerator, FiDGenerator, GenerationConfig
+from tasks.qa.metrics import TokenCache
+from tasks.qa.questions import QuestionsConfig, load_questions
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +81,7 @@ class EvalQuestions(DataSource):
     """Questions: a registered data set and/or files; ``limit`` sampled by hash of (seed, id)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-test"])
+    expected_file: ClassVar[str] = QUESTIONS_FILE
     format: Literal["auto", "tsv", "jsonl", "dpr-csv"] = "auto"   # auto: by file suffix
     limit: int | None = 200
     seed: int = 0
@@ -124,9 +161,6 @@ class EvaluateConfig(FlowConfig):
 # ---------------------------------------------------------------------------- tasks
 @task(name="evaluate-questions", cache_policy=NO_CACHE)
 def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bool], dict]:
-    from tasks.evaluate.stages import answerability, sample_questions  # noqa: PLC0415
-    from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
-
     files = cfg.questions.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "questions.paths")
     table, report = load_questions([p for p, _ in files], QuestionsConfig(format=cfg.questions.format))
     table = sample_questions(table, cfg.questions.limit, cfg.questions.seed)
@@ -138,11 +172,7 @@ def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bo
 def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dict[str, dict], dict[str, str]]:
     """Pre-rankers, the reader and their provenance; a missing model is skipped (and reported)
     or raises, per ``on_missing_model``."""
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
-
-    from funnelrag import datasets  # noqa: PLC0415
-    from tasks.evaluate.models import load_preranker_ref, load_reader_ref  # noqa: PLC0415
-    from tasks.evaluate.retrieval import LabeledPreRanker  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     missing = (OSError, ValueError, KeyError, MlflowException)  # no such file / version / alias
     prerankers, provenance, skipped = [], {}, {}
@@ -175,10 +205,6 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
 def embeddings_task(cfg: EvaluateConfig, ws, corpus, preranker) -> tuple[Any, dict]:
     """The published embedding index of (corpus, pre-ranker weights), embedded first when
     ``cfg.embeddings == "build"`` and none is published."""
-    from flows.embed import corpus_digest  # noqa: PLC0415
-    from tasks.funnel.embeddings import EmbeddingIndexMismatch, ensure_embedding_index, model_version  # noqa: PLC0415
-    from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex, lazy_root  # noqa: PLC0415
-
     digest = corpus_digest(corpus)
     try:
         return ensure_embedding_index(ws.home / "stores", ws.cache_dir, cfg.corpus, digest, corpus.passages,
@@ -197,32 +223,24 @@ def embeddings_task(cfg: EvaluateConfig, ws, corpus, preranker) -> tuple[Any, di
 @task(name="evaluate-progressive-stored", cache_policy=NO_CACHE)
 def progressive_stored_task(questions, cluster_index, index, lookup, setting: ProgressiveSetting, preranker,
                             tokens, reader, cfg: EvaluateConfig) -> dict:
-    from tasks.evaluate.stored_retrieval import run_progressive_stored  # noqa: PLC0415
-
     return run_progressive_stored(questions, cluster_index, index, lookup, setting, preranker, tokens, reader,
                                   cfg.attention, cfg.attention_run)
 
 
 @task(name="evaluate-flat", cache_policy=NO_CACHE)
 def flat_task(questions, retrieve, lookup, setting: FlatSetting, prerankers, tokens) -> dict:
-    from tasks.evaluate.retrieval import run_flat  # noqa: PLC0415
-
     return run_flat(questions, retrieve, lookup, setting, prerankers, tokens)
 
 
 @task(name="evaluate-progressive", cache_policy=NO_CACHE)
 def progressive_task(questions, cluster_index, members_of, seg_cfg, counter, setting: ProgressiveSetting, preranker,
                      reader, cfg: EvaluateConfig) -> dict:
-    from tasks.evaluate.retrieval import run_progressive  # noqa: PLC0415
-
     return run_progressive(questions, cluster_index, members_of, seg_cfg, counter, setting,
                            preranker, reader, cfg.attention, cfg.attention_run)
 
 
 @task(name="evaluate-generate", cache_policy=NO_CACHE)
 def generate_task(generator, results, question_text: dict[str, str]):
-    from tasks.evaluate.stages import generate_answers  # noqa: PLC0415
-
     return generate_answers(generator, results, question_text)
 
 
@@ -230,12 +248,7 @@ def generate_task(generator, results, question_text: dict[str, str]):
 def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info: dict, seconds: float) -> dict[str, Any]:
     """Write the tables (Parquet, CSV, markdown), the AR@k plot and ``summary.json`` into the
     run directory, log them and the metrics to MLflow, and create the Prefect markdown artifact."""
-    import mlflow  # noqa: PLC0415
-    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
-
-    from funnelrag.store import write_json  # noqa: PLC0415
-    from funnelrag.tracking import log_metrics  # noqa: PLC0415
-    from tasks.evaluate.report import metric_dict, plot_answer_recall, tables, to_markdown, write_tables  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     results, stages, per_q = tables(*rows)
     n_questions = results["n_questions"][0].as_py() if results.num_rows else 0
@@ -260,11 +273,19 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
                  "answer_in_corpus": summary["answer_in_corpus"], "seconds_total": seconds})
     for f in [*files, run_dir / "summary.json"]:
         mlflow.log_artifact(str(f), artifact_path="evaluation")
+    used = []
     for params in info.get("models", {}).values():
         mlflow.log_params(params)
+        used += [(v, params[k.replace(".registry_name", ".registry_version")]) for k, v in params.items()
+                 if k.endswith(".registry_name") and k.replace(".registry_name", ".registry_version") in params]
+    # the registered versions this evaluation used: tags, and its figures on their logged models
+    link_model_versions(sorted(set(used)), metric_dict(results, stages))
     mlflow.set_tags({"corpus_digest": corpus.digest, "skipped": json.dumps(sorted(info.get("skipped", {}))),
                      **{f"machine.{k}": str(v) for k, v in info.get("machine", {}).items()}})
-    create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"), markdown=md, description="flat vs progressive retrieval")
+    create_markdown_artifact(key=_slug(f"evaluate-{cfg.corpus}"),
+                             markdown=f"{md}\n\nMLflow run: {run_link(run, cfg.workspace.tracking_uri)} (the AR@k plot "
+                                      "`evaluation/answer_recall_at_k.png` is among its artifacts)\n",
+                             description="flat vs progressive retrieval")
     return summary
 
 
@@ -282,26 +303,29 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
     (:func:`funnelrag.config.resolve_flow_config`); the ``evaluate-champion`` automation
     passes the home and the corpus version a build just made current this way.
     """
-    from funnelrag.config import resolve_flow_config  # noqa: PLC0415
-    from funnelrag.threads import torch_threads  # noqa: PLC0415
-
     config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
+    check_inputs(config)   # before MLflow and the corpus: a wrong questions path fails in a second
+    absent = _absent_required_models(config)
+    if absent:   # e.g. the evaluate-champion automation on a home with no champion yet
+        message = "nothing to evaluate: " + "; ".join(absent)
+        get_run_logger().info(message)
+        return Completed(message=message, data={"corpus": config.corpus, "skipped": message})
     with torch_threads(config.torch_threads):
         return _evaluate(config)
 
 
-def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
-    from funnelrag.corpus import open_corpus  # noqa: PLC0415
-    from funnelrag.tracking import flow_run  # noqa: PLC0415
-    from funnelrag.workspace import Workspace  # noqa: PLC0415
-    from tasks.evaluate.generation import CausalLMGenerator, FiDGenerator  # noqa: PLC0415
-    from tasks.evaluate.metrics import TokenCache  # noqa: PLC0415
-    from tasks.evaluate.stages import bm25_retriever  # noqa: PLC0415
-    from tasks.evaluate.report import SettingSpec, summarize  # noqa: PLC0415
-    from tasks.evaluate.retrieval import PassageLookup, questions_from_table  # noqa: PLC0415
-    from tasks.evaluate.timing import machine_info  # noqa: PLC0415
-    from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
+def _absent_required_models(config: EvaluateConfig) -> list[str]:
+    """Why required registry aliases (``on_missing_model: error``) name no version yet, if so."""
+    if config.on_missing_model != "error":
+        return []
+    refs = [*config.prerankers.values(), *([config.reader] if config.reader else [])]
+    if not any(r.startswith("models:/") and "@" in r for r in refs):
+        return []
+    configure(Workspace(config.workspace.home), config.workspace.tracking_uri)
+    return [why for why in map(missing_alias, refs) if why is not None]
 
+
+def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
     logger = get_run_logger()
     t_flow = time.perf_counter()
     ws = Workspace(config.workspace.home)
@@ -348,8 +372,6 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
             elif config.flat.dense_preranker not in by_label:
                 skipped[f"flat {name}"] = f"pre-ranker {config.flat.dense_preranker!r} not loaded"
             else:
-                from tasks.evaluate.flat_dense import build_faiss_index, faiss_retriever  # noqa: PLC0415
-
                 pr = by_label[config.flat.dense_preranker]
                 t0 = time.perf_counter()
                 emb = stored_vectors(pr)
@@ -362,8 +384,6 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                 retrievers[name] = faiss_retriever(emb, faiss_index, pr)
         rerankers = prerankers
         if config.flat.rerank and config.flat.rerank_vectors == "stored":
-            from tasks.evaluate.stored_retrieval import StoredPreRanker  # noqa: PLC0415
-
             rerankers = [StoredPreRanker(pr, stored_vectors(pr)) if pr.model.kind == "bi" else pr for pr in prerankers]
         cluster_index = corpus.cluster_index() if config.progressive else None
         for setting in config.progressive:
@@ -376,8 +396,6 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
 
         def fill_stored_vectors(block) -> None:
             """Lazily filled indexes: embed what this block's stored-vector settings read, untimed."""
-            from tasks.evaluate.stored_retrieval import fill_lazy_rows  # noqa: PLC0415
-
             ks = [s.n_clusters for s in config.progressive if s.vectors == "stored"]
             for pr in prerankers:
                 if pr.label in vectors:

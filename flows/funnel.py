@@ -21,29 +21,44 @@ import logging
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from data_contracts.base import sha256_file
+from data_contracts.funnel import QUESTIONS
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
-from funnelrag.corpus import CorpusVersion, open_corpus
+from funnelrag.inputs import QUESTIONS_FILE, check_inputs
+from funnelrag.registry import (
+    champion_version,
+    download_model,
+    find_model_dir,
+    find_version,
+    model_uri,
+    question_set_digest,
+    register_model,
+)
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
-from funnelrag.workspace import Workspace
+from funnelrag.tracking import flow_run, log_metrics
 from funnelrag.training import TrainConfig
+from funnelrag.workspace import Workspace
 from models.fid import FiDConfig
 from models.fid_bert2bert import Bert2BertFiDConfig
-from models.preranker import PreRankerConfig
+from models.preranker import PreRankerConfig, build_preranker
+from tasks.corpus.published import CorpusVersion, open_corpus
+from tasks.corpus.tokenize import load_token_counter
 from tasks.funnel import stages as S
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
+from tasks.funnel.embeddings import find_embedding_index
 from tasks.funnel.labels import LabelConfig
-from tasks.funnel.questions import QuestionsConfig
-from tasks.funnel.reader import ReaderTrainConfig
+from tasks.funnel.reader import READER_CONFIG, ReaderTrainConfig
+from tasks.qa.questions import QuestionsConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +69,7 @@ class TrainQuestions(DataSource):
     """QA files the reader and the pre-ranker are trained on (default: NQ-open dev)."""
 
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-dev"])
+    expected_file: ClassVar[str] = QUESTIONS_FILE
 
 
 class ReaderSection(BaseModel):
@@ -121,6 +137,7 @@ class Context:
 
     @classmethod
     def open(cls, cfg: DistillationConfig) -> "Context":
+        check_inputs(cfg)   # before the corpus, MLflow and any stage: a wrong questions path fails at once
         ws = Workspace(cfg.workspace.home)
         corpus = open_corpus(ws, cfg.corpus, cfg.corpus_version)
         tok = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
@@ -128,8 +145,6 @@ class Context:
         return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent)
 
     def segment(self):
-        from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
-
         seg_cfg = self.corpus.segment_config()
         return seg_cfg, load_token_counter(seg_cfg.tokenizer, self.cfg.workspace.data_mirror)
 
@@ -157,8 +172,6 @@ class Context:
 
 
 def _metrics(prefix: str):
-    from funnelrag.tracking import log_metrics  # noqa: PLC0415
-
     return lambda metrics, step: log_metrics({f"{prefix}/{k.split('/', 1)[-1]}": v for k, v in metrics.items()}, step)
 
 
@@ -182,8 +195,6 @@ def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageRe
 
 @stage_task("train-reader")
 def reader_task(ctx: Context, train: StageResult) -> StageResult:
-    from data_contracts.base import sha256_file  # noqa: PLC0415
-
     reader_cfg = ctx.reader_config()
     fid = replace(reader_cfg.fid, tokenizer=None) if hasattr(reader_cfg.fid, "tokenizer") else reader_cfg.fid
     key_cfg = asdict(replace(reader_cfg, fid=fid))
@@ -216,9 +227,6 @@ def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> Stage
         index = None
         d = ctx.cfg.distill
         if d.unit_scoring == "maxp" and d.towers == "query" and ctx.cfg.preranker.kind == "bi":
-            from models.preranker import build_preranker  # noqa: PLC0415
-            from tasks.funnel.embeddings import find_embedding_index  # noqa: PLC0415
-
             index = find_embedding_index(ctx.ws.home / "stores", ctx.cfg.corpus, ctx.corpus.manifest.get(
                 "content_digest", ctx.corpus.digest), build_preranker(ctx.cfg.preranker)[0])
         return S.run_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train,
@@ -245,10 +253,6 @@ def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str,
     """Register ``model_dir`` under ``name`` once per distinct model (tag ``model_digest``) and
     run the champion gate, re-measuring the current champion with ``measure_champion(dir)`` on
     the same fixed dev question set (``dev``), whose digest is recorded with the decision."""
-    from data_contracts.funnel import QUESTIONS  # noqa: PLC0415
-    from funnelrag.registry import (champion_version, download_model, find_version, model_uri,  # noqa: PLC0415
-                                    question_set_digest, register_model)
-
     existing = find_version(name, "model_digest", model_digest)
     if existing is not None:
         return {"registered": False, "version": str(existing.version), "reason": "already_registered",
@@ -271,9 +275,26 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     pre-ranking stage at N, not worse than the champion's on the same dev pool."""
     n = ctx.cfg.candidates.n_units
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
-    return _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
-                           f"dev_prerank_ar_at_{n}",
-                           lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
+    outcome = _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
+                              f"dev_prerank_ar_at_{n}",
+                              lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
+    if outcome.get("promoted"):
+        emit_champion_event(ctx.cfg.registry_name, outcome["version"], ctx.cfg.corpus, ctx.ws.home)
+    return outcome
+
+
+# Emitted when a distillation promoted a new champion pre-ranker; prefect.yaml's embed-champion
+# trigger takes the corpus and home from its payload (not the deployment's defaults).
+CHAMPION_EVENT = "funnelrag.preranker.champion"
+
+
+def emit_champion_event(name: str, version: str, corpus: str, home: Path) -> None:
+    """Emit :data:`CHAMPION_EVENT` for registered model ``name`` v``version`` trained on ``corpus``
+    in ``home`` (resource ``funnelrag.model.<name>``)."""
+    from prefect.events import emit_event  # noqa: PLC0415
+
+    emit_event(event=CHAMPION_EVENT, resource={"prefect.resource.id": f"funnelrag.model.{name}"},
+               payload={"name": name, "version": str(version), "corpus": corpus, "home": str(home)})
 
 
 @task(name="register-reader", cache_policy=NO_CACHE)
@@ -281,9 +302,6 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
     """Register the FiD reader (``reader_registry_name``); gate: dev exact match, not worse than
     the champion reader's on the same dev candidates."""
     def champion_em(model_dir: Path) -> float:
-        from funnelrag.registry import find_model_dir  # noqa: PLC0415
-        from tasks.funnel.reader import READER_CONFIG  # noqa: PLC0415
-
         return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG))[1]["em"]
 
     metrics = {"dev_reader_em": reader_eval.summary["em"]}
@@ -297,9 +315,7 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
 @contextlib.contextmanager
 def tracked(ctx: Context, flow_name: str) -> Iterator[Any]:
     """One MLflow run per flow run; nested under the parent flow's run when there is one."""
-    import mlflow  # noqa: PLC0415
-
-    from funnelrag.tracking import flow_run  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     cfg = ctx.cfg
     tags = {"flow": flow_name, "corpus_version": ctx.corpus.version, "data_version": ctx.data_version}
@@ -317,8 +333,6 @@ def tracked(ctx: Context, flow_name: str) -> Iterator[Any]:
 
 
 def _log_stage(name: str, result: StageResult) -> dict[str, Any]:
-    from funnelrag.tracking import log_metrics  # noqa: PLC0415
-
     flat: dict[str, float] = {}
     for k, v in result.summary.items():
         if isinstance(v, dict):
@@ -377,9 +391,37 @@ def distill_preranker_flow(config: DistillationConfig | None = None, config_file
         evaluation = eval_task(ctx, dev, distilled)
         gate = register_task(ctx, dev, distilled, evaluation)
         recall = [{"k": k, "before": evaluation.summary[f"before_ar_at_{k}"],
-                   "after": evaluation.summary[f"after_ar_at_{k}"]} for k in config.recall_ks]
-        return {"mlflow_run_id": run.info.run_id, "distill": _log_stage("distill", distilled),
-                "evaluate": _log_stage("evaluate", evaluation), "answer_recall": recall, "gate": gate}
+                   "after": evaluation.summary[f"after_ar_at_{k}"]} for k in ctx.cfg.recall_ks]
+        summary = {"mlflow_run_id": run.info.run_id, "distill": _log_stage("distill", distilled),
+                   "evaluate": _log_stage("evaluate", evaluation), "answer_recall": recall, "gate": gate}
+        _distillation_artifact(ctx, run, summary)
+        return summary
+
+
+def distillation_markdown(corpus: str, corpus_version: str, questions: int, recall: list[dict[str, float]],
+                          gate: dict[str, Any], mlflow_run: str) -> str:
+    """The Prefect artifact of a distillation: dev answer recall of the pre-ranking stage before
+    and after BPR (Eq. 6) and the registry gate's decision."""
+    lines = [f"# distill-preranker on `{corpus}` version `{corpus_version}`", "",
+             f"- MLflow run: {mlflow_run}",
+             f"- registry: {gate.get('name', '')} v{gate.get('version')} — {gate.get('reason')}"
+             + (" (now champion)" if gate.get("promoted") else ""),
+             "", f"Answer recall of the pre-ranking stage on {questions} held-out dev questions:", "",
+             "| k | before | after | change |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r['k']} | {r['before']:.3f} | {r['after']:.3f} | {r['after'] - r['before']:+.3f} |" for r in recall]
+    return "\n".join(lines) + "\n"
+
+
+def _distillation_artifact(ctx: Context, run: Any, summary: dict[str, Any]) -> None:
+    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
+
+    from funnelrag.tracking import run_link  # noqa: PLC0415
+
+    md = distillation_markdown(ctx.cfg.corpus, ctx.corpus.version, int(summary["evaluate"].get("questions", 0)),
+                               summary["answer_recall"], {"name": ctx.cfg.registry_name, **summary["gate"]},
+                               run_link(run, ctx.cfg.workspace.tracking_uri))
+    create_markdown_artifact(key=f"distill-preranker-{ctx.cfg.corpus}".lower().replace("_", "-"), markdown=md,
+                             description="pre-ranker answer recall before/after distillation, registry gate")
 
 
 @flow(name="distillation-run", log_prints=True)

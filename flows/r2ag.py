@@ -1,4 +1,4 @@
-"""R²AG flows: ``train-r2former`` and ``evaluate-r2ag`` (issue 6).
+"""R²AG flows: ``train-r2former`` and ``evaluate-r2ag``.
 
 ``funnelrag train-r2former`` builds the ranked lists (HotpotQA context paragraphs or NQ-open BM25
 lists over the published corpus), extracts the retrieval features with the MiniLM bi-encoder,
@@ -24,20 +24,47 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pyarrow as pa
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
 from data_contracts import r2ag as R
+from data_contracts.base import atomic_write_bytes
+from funnelrag import tracking
 from funnelrag.config import FlowCommand, FlowConfig, config_hash, resolve_flow_config
+from funnelrag.datasets import resolve
+from funnelrag.registry import download_model, register_model
+from funnelrag.stages import resolve_dataset, run_cached
+from funnelrag.store import StageCache, write_json
 from funnelrag.workspace import Workspace
-from models.encoders import EncoderConfig
-from models.r2former import R2FormerConfig
+from models.encoders import BiEncoder, EncoderConfig, resolve_model_path
+from models.r2ag_generator import has_generator, load_r2ag, save_r2ag
+from models.r2former import R2FormerConfig, load_r2former, save_r2former
+from tasks.corpus.published import open_corpus
 from tasks.r2ag.features import FeatureConfig
-from tasks.r2ag.generation import R2AGGeneratorConfig, JointConfig
+from tasks.r2ag.generation import (
+    JointConfig,
+    R2AGGeneratorConfig,
+    answer_accuracy,
+    generate_answers,
+    prompted_lists,
+    train_joint,
+)
 from tasks.r2ag.lists import ListConfig
-from tasks.r2ag.stages import R2AGDataConfig, QDMTrainConfig
 from tasks.r2ag.prompting import PromptConfig
+from tasks.r2ag.qdm import qdm_score_table, score_lists
+from tasks.r2ag.stages import (
+    QDMTrainConfig,
+    R2AGDataConfig,
+    build_lists_and_features,
+    compare_rankings,
+    mlflow_key,
+    split_examples,
+    test_query_ids,
+    train_qdm,
+    variants,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,25 +126,17 @@ class EvaluateR2AGConfig(R2AGListsConfig):
 def features_task(ws: Workspace, mirror: Path | None, data: R2AGDataConfig, lists_cfg: ListConfig,
                   feat_cfg: FeatureConfig, enc_cfg: EncoderConfig):
     """Ranked lists + retrieval features, cached on content; returns (lists, features, report)."""
-    from funnelrag.stages import resolve_dataset, run_cached  # noqa: PLC0415
-    from funnelrag.store import StageCache  # noqa: PLC0415
-    from tasks.r2ag.stages import build_lists_and_features  # noqa: PLC0415
-
     path, sha = resolve_dataset(data.hotpotqa_file if data.dataset == "hotpotqa" else data.nq_file, mirror,
                                 ws.downloads_dir)
     inputs = {"data": sha}
     corpus = None
     if data.dataset == "nq":
-        from funnelrag.corpus import open_corpus  # noqa: PLC0415
-
         corpus = open_corpus(ws, name=data.corpus, version=data.corpus_version)
         inputs["corpus"] = corpus.digest
     data_version = inputs.get("corpus", inputs["data"])  # corpus manifest sha256, else the data file's
     key_cfg = {"data": data, "lists": lists_cfg, "features": feat_cfg, "encoder": enc_cfg}
 
     def build(tmp: Path, _key: str) -> dict:
-        from models.encoders import BiEncoder  # noqa: PLC0415
-
         encoder, tokenizer = BiEncoder.from_pretrained(enc_cfg)
         lists, features, report = build_lists_and_features(data, lists_cfg, feat_cfg, encoder, tokenizer,
                                                            data_path=path, corpus=corpus)
@@ -134,9 +153,7 @@ def features_task(ws: Workspace, mirror: Path | None, data: R2AGDataConfig, list
 
 @task(name="r2ag-train-qdm", cache_policy=NO_CACHE)
 def train_qdm_task(train, features, model_cfg, train_cfg, output_dir: Path, run_id: str | None, variant: str):
-    import mlflow  # noqa: PLC0415
-
-    from tasks.r2ag.stages import mlflow_key, train_qdm  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     def log_metrics(metrics: dict, step: int) -> None:
         if run_id is not None:
@@ -150,9 +167,7 @@ def train_qdm_task(train, features, model_cfg, train_cfg, output_dir: Path, run_
 def joint_task(retrieval, train, lists, joint: JointConfig, mirror: Path | None, ws: Workspace,
                output_dir: Path, run_id: str | None):
     """Eq. 9 training of R²-Former + projection (+ generator); returns (model, tokenizer, report)."""
-    import mlflow  # noqa: PLC0415
-
-    from tasks.r2ag.generation import train_joint  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     def log_metrics(metrics: dict, step: int) -> None:
         if run_id is not None:
@@ -166,13 +181,9 @@ def joint_task(retrieval, train, lists, joint: JointConfig, mirror: Path | None,
 def _resolve_tokenizer(gcfg: R2AGGeneratorConfig, mirror: Path | None, ws: Workspace) -> R2AGGeneratorConfig:
     """Resolve the tokenizer aliases ``"t5"`` (data mirror) and ``"minilm"`` to directories."""
     if gcfg.tokenizer == "t5":
-        from funnelrag.datasets import resolve  # noqa: PLC0415
-
         resolve("t5-tokenizer-config", mirror, cache_dir=ws.downloads_dir)
         return replace(gcfg, tokenizer=str(resolve("t5-tokenizer", mirror, cache_dir=ws.downloads_dir).parent))
     if gcfg.tokenizer == "minilm":
-        from models.encoders import resolve_model_path  # noqa: PLC0415
-
         return replace(gcfg, tokenizer=resolve_model_path("minilm"))
     return gcfg
 
@@ -187,8 +198,6 @@ def _list_texts(lists) -> dict:
 
 
 def _mlflow_run(ws: Workspace, cfg, name: str):
-    from funnelrag import tracking  # noqa: PLC0415
-
     return tracking.flow_run(ws, EXPERIMENT, name, cfg, tracking_uri=cfg.workspace.tracking_uri,
                              tags={"flow": name, "dataset": cfg.data.dataset})
 
@@ -196,9 +205,6 @@ def _mlflow_run(ws: Workspace, cfg, name: str):
 def _register(model_dir: Path, cfg, data_version: str, rows: list[dict]):
     """Register the model directory (``funnelrag.registry``), gated on the QDM MAP of the held-out
     lists; needs the active MLflow run. Returns the registry's GateDecision."""
-    from funnelrag.registry import register_model  # noqa: PLC0415
-    from tasks.r2ag.stages import mlflow_key  # noqa: PLC0415
-
     metrics = {mlflow_key(r["ranking"], k): float(v) for r in rows for k, v in r.items()
                if k != "ranking" and v == v}
     return register_model(model_dir, REGISTERED_MODEL.format(dataset=cfg.data.dataset), config=cfg,
@@ -212,15 +218,7 @@ def train_r2former_flow(cfg: TrainR2FormerConfig | None = None, config_file: str
                         overrides: list[str] | None = None, home: str | None = None) -> dict:
     """Train the R²-Former (QDM, Eqs. 7–8) and its feature ablations; compare rankings."""
     cfg = resolve_flow_config(TrainR2FormerConfig, cfg, config_file, overrides, home)
-    import mlflow  # noqa: PLC0415
-
-    from data_contracts.base import atomic_write_bytes  # noqa: PLC0415
-    from funnelrag.store import write_json  # noqa: PLC0415
-    from models.r2ag_generator import save_r2ag  # noqa: PLC0415
-    from models.r2former import save_r2former  # noqa: PLC0415
-    from tasks.r2ag.stages import (compare_rankings, mlflow_key, split_examples, test_query_ids,  # noqa: PLC0415
-                                     variants)
-    from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     ws = Workspace(cfg.workspace.home)
     mirror = cfg.workspace.data_mirror
@@ -261,7 +259,7 @@ def train_r2former_flow(cfg: TrainR2FormerConfig | None = None, config_file: str
             mlflow.log_metrics({mlflow_key("test", row["ranking"], k): float(v) for k, v in row.items()
                                 if k != "ranking" and v == v}, run_id=run_id)
         summary = {"dataset": cfg.data.dataset, "lists": feat_report, "train_lists": len(train),
-                   "test_lists": len(test), "final_train_loss": {n: l[-1] for n, l in losses.items()},
+                   "test_lists": len(test), "final_train_loss": {n: curve[-1] for n, curve in losses.items()},
                    "ranking (test lists, MAP / recall@k)": rows, "joint": joint_report,
                    "seconds": {k: round(v, 1) for k, v in seconds.items()},
                    "run_dir": str(run_dir), "model_dir": str(model_dir), "mlflow_run_id": run_id}
@@ -280,14 +278,7 @@ def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig | None = None, config_file: str |
                        overrides: list[str] | None = None, home: str | None = None) -> dict:
     """QDM ranking vs the retriever on held-out lists, and answers generated through <R> prompts."""
     cfg = resolve_flow_config(EvaluateR2AGConfig, cfg, config_file, overrides, home)
-    import mlflow  # noqa: PLC0415
-
-    from funnelrag.store import write_json  # noqa: PLC0415
-    from models.r2ag_generator import has_generator, load_r2ag  # noqa: PLC0415
-    from models.r2former import load_r2former  # noqa: PLC0415
-    from tasks.r2ag.generation import answer_accuracy, generate_answers, prompted_lists  # noqa: PLC0415
-    from tasks.r2ag.stages import compare_rankings, mlflow_key, split_examples, test_query_ids  # noqa: PLC0415
-    from tasks.r2ag.qdm import qdm_score_table, score_lists  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     ws = Workspace(cfg.workspace.home)
     run_dir = ws.run_dir("evaluate-r2ag", config_hash(cfg.model_dump(exclude={"workspace"}))[:16])
@@ -332,9 +323,6 @@ def _model_dir(cfg: EvaluateR2AGConfig, ws: Workspace, run_dir: Path) -> Path:
     if cfg.model_dir is not None:
         return Path(cfg.model_dir)
     if cfg.model_uri is not None:
-        from funnelrag import tracking  # noqa: PLC0415
-        from funnelrag.registry import download_model  # noqa: PLC0415
-
         tracking.configure(ws, cfg.workspace.tracking_uri)
         return download_model(cfg.model_uri, run_dir / "downloaded")
     pointer = ws.run_dir("train-r2former", LATEST_POINTER.format(dataset=cfg.data.dataset))
@@ -345,8 +333,6 @@ def _model_dir(cfg: EvaluateR2AGConfig, ws: Workspace, run_dir: Path) -> Path:
 
 
 def _concat(tables):
-    import pyarrow as pa  # noqa: PLC0415
-
     return pa.concat_tables(tables)
 
 

@@ -20,6 +20,9 @@ from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.shard_retry import ShardFuture
+from tasks.corpus.shards import release_memory
+
 
 class RunnerConfig(BaseModel):
     """Where and how wide the per-shard stages run (none of it changes an artifact byte).
@@ -68,8 +71,6 @@ def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
     """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...), then
     give the memory it freed back to the OS (:func:`tasks.corpus.shards.release_memory`), so a
     worker that runs many shards holds one shard's memory at a time, not its high-water mark."""
-    from tasks.corpus.shards import release_memory  # noqa: PLC0415
-
     try:
         return fn(*args)
     finally:
@@ -77,8 +78,8 @@ def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
 
 
 def submitter() -> Callable[..., Any]:
-    """``submit(fn, *args) -> PrefectFuture`` on the current flow's task runner."""
+    """``submit(fn, *args) -> ShardFuture`` (:mod:`flows.shard_retry`) on the current flow's task runner."""
     def submit(fn: Callable[..., Any], *args: Any):
-        return shard_call.submit(fn, list(args))
+        return ShardFuture(shard_call.submit, fn, args)   # a shard whose worker died: retried on a fresh pool
 
     return submit

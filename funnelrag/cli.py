@@ -8,6 +8,7 @@ Examples::
     funnelrag search "who wrote the origin of species"
     funnelrag distill --config configs/distillation_wikispeedia_cpu.yaml --set n_train=150
     funnelrag evaluate --config configs/evaluate_demo.yaml --print-config
+    funnelrag experiment --config configs/distillation_experiment_cpu.yaml --set parts=[candidates]
 """
 from __future__ import annotations
 
@@ -21,13 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from funnelrag.config import FlowCommand, load_config
+from funnelrag.config import FlowCommand, WorkspaceConfig, load_config
+from funnelrag.display import format_value
+from funnelrag.reaper import start_reaper
+from funnelrag.store import write_json
+from funnelrag.workspace import Workspace
 
 # Flow modules that export ``COMMANDS: list[FlowCommand]``; imported only when needed.
 FLOW_MODULES = (
     "flows.corpus_build",
     "flows.funnel",
     "flows.evaluate",
+    "flows.experiment",
     "flows.embed",
     "flows.dr_rag",
     "flows.r2ag",
@@ -43,6 +49,7 @@ COMMAND_INDEX = {
     "score-passages": "flows.funnel",
     "distill-preranker": "flows.funnel",
     "evaluate": "flows.evaluate",
+    "experiment": "flows.experiment",
     "embed-corpus": "flows.embed",
     "dr-rag": "flows.dr_rag",
     "dr-rag-train": "flows.dr_rag",
@@ -78,41 +85,29 @@ def print_summary(summary: Any, indent: int = 0, out=sys.stdout) -> None:
                 print(f"{pad}{k}:", file=out)
                 print_summary(v, indent + 2, out)
             else:
-                print(f"{pad}{str(k):<{width}} : {_fmt(v)}", file=out)
+                print(f"{pad}{str(k):<{width}} : {format_value(v)}", file=out)
     elif isinstance(summary, list):
         if summary and all(isinstance(r, dict) for r in summary):
             cols = list(dict.fromkeys(k for r in summary for k in r))
-            widths = {c: max(len(c), *(len(_fmt(r.get(c, ""))) for r in summary)) for c in cols}
+            widths = {c: max(len(c), *(len(format_value(r.get(c, ""))) for r in summary)) for c in cols}
             print(pad + "  ".join(f"{c:>{widths[c]}}" for c in cols), file=out)
             for r in summary:
-                print(pad + "  ".join(f"{_fmt(r.get(c, '')):>{widths[c]}}" for c in cols), file=out)
+                print(pad + "  ".join(f"{format_value(r.get(c, '')):>{widths[c]}}" for c in cols), file=out)
         else:
             for v in summary:
-                print(f"{pad}- {_fmt(v)}", file=out)
+                print(f"{pad}- {format_value(v)}", file=out)
     else:
-        print(f"{pad}{_fmt(summary)}", file=out)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return str(v)
+        print(f"{pad}{format_value(summary)}", file=out)
 
 
 def _search(args: argparse.Namespace) -> int:
-    from funnelrag.config import WorkspaceConfig  # noqa: PLC0415
-    from funnelrag.corpus import open_corpus  # noqa: PLC0415
-    from funnelrag.workspace import Workspace  # noqa: PLC0415
+    from tasks.corpus.published import list_corpora, open_corpus  # noqa: PLC0415  (pyarrow.compute + corpus reader, ~0.2 s: only for `funnelrag search`)
 
     ws_cfg = WorkspaceConfig(home=Path(args.home)) if args.home else WorkspaceConfig()
     ws = Workspace(ws_cfg.home)
     try:
         corpus = open_corpus(ws, name=args.corpus)
     except FileNotFoundError:
-        from funnelrag.corpus import list_corpora  # noqa: PLC0415
-
         found = list_corpora(ws)
         there = ", ".join(f"{n} (current {v})" for n, v in found.items()) or "none (run `funnelrag build-corpus`)"
         print(f"funnelrag search: no published corpus {args.corpus!r} in {ws.home}; corpora there: {there}. "
@@ -136,8 +131,8 @@ def _search(args: argparse.Namespace) -> int:
 
 def _print_passages(corpus, question: str, n: int, width: int = 300) -> None:
     """The top ``n`` passages by BM25 (flat index) with their title and text (cut to ``width``)."""
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415  (only for `funnelrag search`, see _search)
+    import pyarrow.compute as pc  # noqa: PLC0415  (only for `funnelrag search`, see _search)
 
     ids, scores = corpus.passage_index().search([question], k=n)
     rows = corpus.passages.filter(pc.is_in(corpus.passages["passage_id"], pa.array(ids[0], pa.string())))
@@ -159,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     if wanted == "compare":  # its own argument parser: funnelrag compare RUN_OR_MODEL ...
-        from funnelrag.compare import compare_main  # noqa: PLC0415
+        from funnelrag.compare import compare_main  # noqa: PLC0415  (heavy: torch via tasks.evaluate.models, only for `funnelrag compare`)
 
         return compare_main(argv[argv.index("compare") + 1:])
     commands = {} if wanted == "search" else _commands(wanted)
@@ -179,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("question")
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--corpus", default="wikispeedia", help="corpus name (store under home/stores/corpus/)")
-    s.add_argument("--home", default=None, help="funnelrag home (default: ./funnelrag-home)")
+    s.add_argument("--home", default=None, help="funnelrag home (default: $FUNNELRAG_HOME, else ./funnelrag-home)")
     s.add_argument("--passages", type=int, default=3, help="also print the top N passages with their text (0: none)")
     args = parser.parse_args(argv)
 
@@ -190,20 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "search":
         return _search(args)
     cmd = commands[args.command]
-    cfg = load_config(cmd.config_model, args.config, args.overrides)
-    if args.print_config:
-        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
-        return 0
-    if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
-        from funnelrag.reaper import start_reaper  # noqa: PLC0415
+    from funnelrag.inputs import InputFileError, check_inputs  # noqa: PLC0415
 
+    try:   # config file and input files checked before any Prefect server or MLflow run starts
+        cfg = load_config(cmd.config_model, args.config, args.overrides)
+        if args.print_config:
+            print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+            return 0
+        check_inputs(cfg)
+    except (InputFileError, OSError) as exc:
+        print(f"funnelrag {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
         start_reaper()
     summary = cmd.run(cfg)
     print()
     print_summary(summary)
     if args.json:
-        from funnelrag.store import write_json  # noqa: PLC0415
-
         write_json(args.json, summary)
     return 0
 

@@ -8,7 +8,7 @@ per param (``param.<key>``), model-version alias list (``model.aliases``), tag-m
 one column per reference; rows whose values differ are marked ``*``. Example::
 
     funnelrag compare models:/funnelrag-preranker@champion models:/funnelrag-preranker@challenger
-    funnelrag compare 3f2a... 9b1c... --metrics 'prog-*' --home /tmp/eval-home
+    funnelrag compare 3f2a... 9b1c... --metrics 'prog-*' --home eval-home
 """
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ import fnmatch
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence, TextIO
+
+from funnelrag.datasets import default_home
+from funnelrag.display import format_value
+from funnelrag.tracking import configure
+from funnelrag.workspace import Workspace
+from tasks.evaluate.models import is_registry_ref, registry_version
 
 METRIC_TAG = "metric."
 
@@ -39,9 +45,7 @@ def resolve_column(client, ref: str) -> Column:
     ValueError
         The reference names no run or model version (message names the reference).
     """
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
-
-    from tasks.evaluate.models import is_registry_ref, registry_version  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     values: dict[str, Any] = {}
     try:
@@ -71,14 +75,6 @@ def _number(text: str) -> Any:
         return text
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
 def compare_table(columns: Sequence[Column], metrics: Sequence[str] = (), params: bool = True,
                   only_diff: bool = False) -> list[list[str]]:
     """Rows ``[key, mark, value_1, ..., value_n]`` with a header row first.
@@ -99,10 +95,10 @@ def compare_table(columns: Sequence[Column], metrics: Sequence[str] = (), params
         if kind in ("metric", "version") and metrics and not any(fnmatch.fnmatch(name, p) for p in metrics):
             continue
         vals = [c.values.get(key) for c in columns]
-        differs = len({_fmt(v) for v in vals}) > 1
+        differs = len({format_value(v) for v in vals}) > 1
         if only_diff and not differs:
             continue
-        rows.append([key, "*" if differs else "", *(_fmt(v) for v in vals)])
+        rows.append([key, "*" if differs else "", *(format_value(v) for v in vals)])
     return rows
 
 
@@ -127,13 +123,11 @@ def format_rows(rows: list[list[str]], max_cell: int = 40) -> str:
 
 def compare_main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """CLI core of ``funnelrag compare``; returns the exit status (2 on a bad reference)."""
-    from funnelrag.tracking import configure  # noqa: PLC0415
-    from funnelrag.workspace import Workspace  # noqa: PLC0415
-
     out = out or sys.stdout
     p = argparse.ArgumentParser(prog="funnelrag compare", description=__doc__.split("\n")[0])
     p.add_argument("refs", nargs="+", metavar="RUN_OR_MODEL", help="run id, models:/name/version or models:/name@alias")
-    p.add_argument("--home", default="funnelrag-home", help="funnelrag home holding mlflow.db (default ./funnelrag-home)")
+    p.add_argument("--home", default=None,
+                   help="funnelrag home holding mlflow.db (default: $FUNNELRAG_HOME, else ./funnelrag-home)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///HOME/mlflow.db)")
     p.add_argument("--metrics", action="append", default=[], metavar="GLOB", help="only metrics matching (repeatable)")
     p.add_argument("--no-params", action="store_true", help="leave out the params")
@@ -143,9 +137,9 @@ def compare_main(argv: Sequence[str] | None = None, out: TextIO | None = None) -
     args = p.parse_args(list(argv) if argv is not None else None)
     if len(args.refs) < 2:
         p.error("give at least two runs or model versions to compare")
-    from mlflow import MlflowClient  # noqa: PLC0415
+    from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
-    configure(Workspace(args.home), args.tracking_uri)
+    configure(Workspace(args.home or default_home()), args.tracking_uri)
     client = MlflowClient()
     try:
         columns = [resolve_column(client, ref) for ref in args.refs]

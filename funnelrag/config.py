@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from funnelrag.datasets import default_mirror
+from funnelrag.datasets import default_home, default_mirror
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -24,14 +24,15 @@ M = TypeVar("M", bound=BaseModel)
 class WorkspaceConfig(BaseModel):
     """Where a flow reads real data and writes artifacts and tracking.
 
-    home : root of all outputs (artifact store, stage cache, MLflow SQLite + artifacts).
+    home : root of all outputs (artifact store, stage cache, MLflow SQLite + artifacts); default
+        ``$FUNNELRAG_HOME``, else ``./funnelrag-home``.
     data_mirror : directory holding the real data sets (see funnelrag.datasets); ``None`` means
         "use ``../shared/data`` if it exists, else download from the canonical URLs".
     tracking_uri : MLflow tracking URI; ``None`` = ``sqlite:///{home}/mlflow.db``.
     """
 
     model_config = ConfigDict(extra="forbid")
-    home: Path = Path("funnelrag-home")
+    home: Path = Field(default_factory=default_home)
     data_mirror: Path | None = Field(default_factory=default_mirror)
     tracking_uri: str | None = None
 
@@ -104,6 +105,8 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
         (and the line and column of a syntax error).
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"config file {path} is a directory; expected a YAML file (e.g. configs/evaluate_demo.yaml)")
     if not path.exists():
         raise FileNotFoundError(f"config file {path} does not exist")
     try:

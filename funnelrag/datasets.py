@@ -68,6 +68,18 @@ class DataUnavailable(FileNotFoundError):
     """A registered data file is neither in the mirror nor downloadable."""
 
 
+# What a process without a mirror (e.g. a Prefect worker started elsewhere than the checkout) lacks.
+_MIRROR_HINT = ("; no data mirror is configured: set FUNNELRAG_DATA_MIRROR to the data directory in the "
+                "environment of the process that runs the flow (for deployments: of `prefect worker start`), "
+                "or workspace.data_mirror in the config")
+
+
+def default_home() -> Path:
+    """The default funnelrag home: ``$FUNNELRAG_HOME`` or ``./funnelrag-home``. Only for use at the
+    configuration boundary (config defaults, CLI options)."""
+    return Path(os.environ.get("FUNNELRAG_HOME") or "funnelrag-home")
+
+
 def default_mirror(start: Path | None = None) -> Path | None:
     """The default data mirror: ``$FUNNELRAG_DATA_MIRROR`` or the first ``../shared/data``
     found from ``start`` (default: the current directory) or from this checkout. Only for
@@ -111,7 +123,8 @@ def resolve(name: str, mirror: Path | None, cache_dir: Path | None = None, verif
                 verify_checksum(path, entry.sha256, cache_dir)
             return path
     if cache_dir is None:
-        raise DataUnavailable(f"data file {name!r} ({entry.relpath}) is not in the mirror {mirror} and no cache_dir was given to download {entry.url}")
+        raise DataUnavailable(f"data file {name!r} ({entry.relpath}) is not in the mirror {mirror} and no cache_dir "
+                              f"was given to download {entry.url}{_MIRROR_HINT if mirror is None else ''}")
     target = Path(cache_dir) / entry.relpath
     try:
         def _download(tmp: Path) -> None:
@@ -119,7 +132,8 @@ def resolve(name: str, mirror: Path | None, cache_dir: Path | None = None, verif
                 shutil.copyfileobj(resp, out)
         atomic_write(target, _download)
     except OSError as exc:
-        raise DataUnavailable(f"data file {name!r} is not in the mirror {mirror} and downloading {entry.url} failed: {exc}") from exc
+        raise DataUnavailable(f"data file {name!r} is not in the mirror {mirror} and downloading {entry.url} failed: "
+                              f"{exc}{_MIRROR_HINT if mirror is None else ''}") from exc
     verify_checksum(target, entry.sha256, cache_dir)
     return target
 

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from funnelrag.display import format_value
+
 T = TypeVar("T")
 
 _log = logging.getLogger("funnelrag.progress")
@@ -30,12 +32,6 @@ def _fmt_seconds(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _fmt_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 class Progress:
@@ -100,7 +96,7 @@ class Progress:
             parts.append(f"~{_fmt_seconds((self.total - self.n) / rate)} left")
         text = f"{self.desc}: {done} {self.unit} ({', '.join(parts)})"
         if self.postfix:
-            text += " " + " ".join(f"{k}={_fmt_value(v)}" for k, v in self.postfix.items())
+            text += " " + " ".join(f"{k}={format_value(v)}" for k, v in self.postfix.items())
         return text
 
     def update(self, n: int = 1, **postfix: Any) -> None:
@@ -110,7 +106,7 @@ class Progress:
             self.postfix.update(postfix)
         if self._bar is not None:
             if postfix:
-                self._bar.set_postfix({k: _fmt_value(v) for k, v in self.postfix.items()}, refresh=False)
+                self._bar.set_postfix({k: format_value(v) for k, v in self.postfix.items()}, refresh=False)
             self._bar.update(n)
             return
         now = self._clock()

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 _TMP = re.compile(r"^\.tmp-.+-(\d+)$")
@@ -25,8 +27,6 @@ _TMP = re.compile(r"^\.tmp-.+-(\d+)$")
 
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (zombies count as gone)."""
-    import psutil  # noqa: PLC0415
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -63,8 +63,6 @@ def start_reaper(interval: float = 2.0) -> subprocess.Popen:
 
 def watch(parent: int, interval: float) -> None:
     """Body of the watcher: remember ``parent``'s descendants until it is gone, then stop them."""
-    import psutil  # noqa: PLC0415
-
     me = os.getpid()
     known: dict[int, float] = {}
     try:

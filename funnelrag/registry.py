@@ -1,23 +1,33 @@
 """Model registry on MLflow: log a trained model directory as a model version, gate promotion.
 
 Generic over models (pre-ranker, FiD reader, DR-RAG classifier, R²-Former): a model is a
-directory of files. :func:`register_model` logs it as artifacts of the active MLflow run
-(``model/``) with its config and data version, creates a version of the registered model
-``name`` (``MlflowClient.create_model_version``, no ``pyfunc`` flavour needed), gives it the
+directory of files. :func:`register_model` logs it as an MLflow 3 *logged model* of the active
+run (with ``registry_config.json``: its config, data version and metrics, which are also linked
+to the logged model), creates a version of the registered model ``name`` from it
+(``MlflowClient.create_model_version``, no ``pyfunc`` flavour needed), gives it the
 alias ``challenger`` and promotes it to ``champion`` only if its gate metric is not worse than
 the champion's. The gate's numbers are logged to the run and stored as version tags.
 
 Load with :func:`download_model` from ``models:/<name>@champion``, ``models:/<name>@challenger``
 or ``models:/<name>/<version>``.
+
+Integrity: every version records the sha256 of each file of its model directory (version tag
+``files_sha256``, canonical JSON ``{relative path: sha256}``); :func:`download_model` re-hashes
+the downloaded files and raises :class:`ModelIntegrityError` naming the model, the version and
+the file when one is missing or differs (an artifact store damaged or altered after
+registration). Versions registered before digests were recorded load with a warning.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from data_contracts.base import sha256_file
 from funnelrag.config import config_hash, to_jsonable
 
 log = logging.getLogger(__name__)
@@ -27,6 +37,62 @@ CHALLENGER = "challenger"
 MODEL_ARTIFACT = "model"
 METRIC_TAG = "metric."
 EVAL_SET_TAG = "eval_set_digest"
+FILES_TAG = "files_sha256"
+# Files MLflow writes into the model artifact at registration, not part of the trained model.
+_REGISTRY_FILES = frozenset({"registry_config.json"})
+
+
+class ModelIntegrityError(Exception):
+    """A registered model's downloaded files do not match the digests recorded at registration.
+
+    Deliberately not a ``ValueError``/``OSError``: code that skips a *missing* model must never
+    skip a *damaged* one.
+    """
+
+
+def model_file_digests(model_dir: Path) -> dict[str, str]:
+    """``{relative posix path: sha256 hex}`` of every file below ``model_dir``, sorted by path.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``model_dir`` is not a directory.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {model_dir} does not exist")
+    return {p.relative_to(model_dir).as_posix(): sha256_file(p)
+            for p in sorted(model_dir.rglob("*")) if p.is_file()}
+
+
+def verify_model_files(model_dir: Path, expected: Mapping[str, str], *, name: str, version: str) -> None:
+    """Check that every file recorded at registration is in ``model_dir`` with its sha256.
+
+    Parameters
+    ----------
+    model_dir : the downloaded model directory.
+    expected : ``{relative path: sha256}`` recorded at registration (:func:`model_file_digests`).
+    name, version : the registered model and version, for the error message.
+
+    Raises
+    ------
+    ModelIntegrityError
+        A recorded file is missing or its sha256 differs (names model, version and file), or a
+        file appeared that was not there at registration.
+    """
+    actual = model_file_digests(model_dir)
+    for rel, digest in sorted(expected.items()):
+        if rel not in actual:
+            raise ModelIntegrityError(f"registered model {name} v{version}: file {rel} is missing from "
+                                      f"{model_dir} (recorded at registration)")
+        if actual[rel] != digest:
+            raise ModelIntegrityError(f"registered model {name} v{version}: file {rel} has sha256 "
+                                      f"{actual[rel][:16]}…, recorded {digest[:16]}… at registration "
+                                      "(the artifact store copy is damaged or was altered)")
+    extra = sorted(set(actual) - set(expected) - _REGISTRY_FILES)
+    if extra:
+        raise ModelIntegrityError(f"registered model {name} v{version}: files not present at registration: "
+                                  f"{', '.join(extra[:5])}")
 
 
 @dataclass(frozen=True)
@@ -56,13 +122,11 @@ class GateDecision:
 
 def question_set_digest(question_ids) -> str:
     """sha256 of the sorted question ids joined by newlines: the identity of a fixed held-out set."""
-    import hashlib  # noqa: PLC0415
-
     return hashlib.sha256("\n".join(sorted(question_ids)).encode()).hexdigest()
 
 
 def _client():
-    from mlflow import MlflowClient  # noqa: PLC0415
+    from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     return MlflowClient()
 
@@ -70,7 +134,7 @@ def _client():
 def champion_version(name: str, alias: str = CHAMPION):
     """The ``ModelVersion`` holding ``alias`` of registered model ``name``, or None (no model or
     no such alias)."""
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     client = _client()
     try:
@@ -81,6 +145,19 @@ def champion_version(name: str, alias: str = CHAMPION):
         raise
     version = model.aliases.get(alias)
     return None if version is None else client.get_model_version(name, str(version))
+
+
+def missing_alias(ref: str) -> str | None:
+    """Why a ``models:/<name>@<alias>`` reference names no version yet (``None`` if it names one,
+    or ``ref`` is not an alias reference): on a fresh home there is no champion before the first
+    distillation, which is a normal state, not a failure.
+    """
+    body = ref[len("models:/"):] if ref.startswith("models:/") else ""
+    name, sep, alias = body.partition("@")
+    if not (sep and name and alias) or champion_version(name, alias) is not None:
+        return None
+    return (f"registered model {name} has no version with alias {alias!r} yet "
+            "(no distillation has registered one in this home)")
 
 
 def find_version(name: str, tag: str, value: str):
@@ -142,8 +219,8 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     FileNotFoundError
         ``model_dir`` is not a directory.
     """
-    import mlflow  # noqa: PLC0415
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     run = mlflow.active_run()
     if run is None:
@@ -159,19 +236,31 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
         raise ValueError(f"{name} champion v{champion.version} was measured on question set "
                          f"{champion.tags.get(EVAL_SET_TAG)}, not {eval_set}: re-measure it (champion_value)")
     client = _client()
-    mlflow.log_artifacts(str(model_dir), artifact_path=MODEL_ARTIFACT)
+    digests = model_file_digests(model_dir)
     cfg_json = to_jsonable(config)
-    mlflow.log_dict({"config": cfg_json, "data_version": data_version, "metrics": dict(metrics)},
-                    f"{MODEL_ARTIFACT}/registry_config.json")
+    # An MLflow 3 logged model (the run's "Logged models" view) holding the model directory and
+    # the registry config; its metrics are linked to it; the version's source is the logged model.
+    logged = mlflow.initialize_logged_model(name=name, source_run_id=run.info.run_id,
+                                            tags={"data_version": data_version, **dict(tags or {})})
+    client.log_model_artifacts(logged.model_id, str(model_dir))
+    with tempfile.TemporaryDirectory() as tmp:
+        reg_cfg = Path(tmp) / "registry_config.json"
+        reg_cfg.write_text(json.dumps({"config": cfg_json, "data_version": data_version, "metrics": dict(metrics)},
+                                      indent=2, sort_keys=True))
+        client.log_model_artifact(logged.model_id, str(reg_cfg))
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, model_id=logged.model_id)
+    mlflow.finalize_logged_model(logged.model_id, "READY")
     try:
         client.create_registered_model(name)
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    version_tags = {**({EVAL_SET_TAG: eval_set} if eval_set else {}),"data_version": data_version, "config_sha256": config_hash(cfg_json),
+    version_tags = {**({EVAL_SET_TAG: eval_set} if eval_set else {}), "data_version": data_version,
+                    "config_sha256": config_hash(cfg_json),
+                    FILES_TAG: json.dumps(digests, sort_keys=True, separators=(",", ":")),
                     **{METRIC_TAG + k: repr(float(v)) for k, v in metrics.items()}, **dict(tags or {})}
-    mv = client.create_model_version(name, source=f"runs:/{run.info.run_id}/{MODEL_ARTIFACT}",
-                                     run_id=run.info.run_id, tags=version_tags)
+    mv = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run.info.run_id,
+                                     tags=version_tags, model_id=logged.model_id)
     client.set_registered_model_alias(name, CHALLENGER, mv.version)
     value = float(metrics[gate_metric])
     if champion is None:
@@ -195,26 +284,103 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     return decision
 
 
+def logged_model_id(mv) -> str | None:
+    """The logged model behind a model version (``None`` for versions registered from a run
+    artifact). The SQLite registry does not keep ``model_id`` on the version; its source
+    ``models:/<model id>`` names it."""
+    if getattr(mv, "model_id", None):
+        return mv.model_id
+    source = getattr(mv, "source", "") or ""
+    return source[len("models:/"):] if source.startswith("models:/m-") else None
+
+
+def link_model_versions(versions: Sequence[tuple[str, str]], metrics: Mapping[str, float] | None = None) -> list[str]:
+    """Record on the active MLflow run that it used these registered model versions: tags
+    ``model_version.<name> = <version>`` (searchable), and ``metrics`` logged against each
+    version's logged model (MLflow 3: the model's page then lists this run's figures beside its
+    training metrics). Versions registered from a run artifact get the tag only.
+
+    Returns
+    -------
+    list of str
+        The logged model ids the metrics were linked to.
+
+    Raises
+    ------
+    mlflow.exceptions.MlflowException
+        No such model version.
+    """
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when tracking)
+
+    client, linked = _client(), []
+    for name, version in versions:
+        mv = client.get_model_version(name, str(version))
+        mlflow.set_tag(f"model_version.{name}", str(version))
+        model_id = logged_model_id(mv)
+        if model_id:
+            linked.append(model_id)
+            clean = {k: float(v) for k, v in (metrics or {}).items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if clean:
+                mlflow.log_metrics(clean, model_id=model_id)
+    return linked
+
+
 def model_uri(name: str, ref: str | int = CHAMPION) -> str:
     """``models:/<name>@<alias>`` for an alias, ``models:/<name>/<version>`` for a version number."""
     ref = str(ref)
     return f"models:/{name}/{ref}" if ref.isdigit() else f"models:/{name}@{ref}"
 
 
+def resolve_version(uri: str):
+    """The ``ModelVersion`` a ``models:/<name>@<alias>`` or ``models:/<name>/<version>`` URI names.
+
+    Raises
+    ------
+    ValueError
+        ``uri`` is not of either form.
+    mlflow.exceptions.MlflowException
+        No such model, version or alias.
+    """
+    body = uri[len("models:/"):] if uri.startswith("models:/") else ""
+    if "@" in body:
+        name, alias = body.split("@", 1)
+        if name and alias:
+            return _client().get_model_version_by_alias(name, alias)
+    else:
+        name, _, version = body.rpartition("/")
+        if name and version.isdigit():
+            return _client().get_model_version(name, version)
+    raise ValueError(f"{uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+
+
 def download_model(uri: str, dst: Path) -> Path:
     """Download the model directory of ``uri`` (``models:/name@champion``, ``models:/name/3``)
-    into ``dst``; returns the local directory.
+    into ``dst`` and verify its files against the digests recorded at registration; returns the
+    local directory.
 
     Raises
     ------
     mlflow.exceptions.MlflowException
         No such model, version or alias.
+    ModelIntegrityError
+        A downloaded file is missing or differs from its recorded sha256 (names model, version, file).
     """
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a model is loaded)
 
+    mv = resolve_version(uri)
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
+    # Download the resolved version, not the alias: an alias moved meanwhile cannot mix versions.
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{mv.name}/{mv.version}",
+                                                     dst_path=str(dst)))
+    recorded = mv.tags.get(FILES_TAG)
+    if recorded is None:
+        log.warning("registered model %s v%s has no recorded file digests (registered before they were "
+                    "kept): loaded unverified", mv.name, mv.version)
+    else:
+        verify_model_files(local, json.loads(recorded), name=mv.name, version=str(mv.version))
+    return local
 
 
 def find_model_dir(root: Path, marker: str) -> Path:

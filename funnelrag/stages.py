@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from data_contracts.base import sha256_file
 from funnelrag import datasets
+from funnelrag.errors import BadInput
 from funnelrag.store import StageCache, StageResult
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -86,21 +88,20 @@ def run_cached(cache: StageCache, core: Callable[..., Any], config: Any, inputs:
 def stage_task(name: str) -> Callable[[F], F]:
     """The Prefect ``@task`` of a cached stage: one retry after 2 s of a failure that may be
     transient (:func:`retry_transient`), Prefect caching off."""
-    from prefect import task  # noqa: PLC0415
-    from prefect.cache_policies import NONE  # noqa: PLC0415
+    from prefect import task  # noqa: PLC0415  (heavy: prefect; stage cores import this module without it)
+    from prefect.cache_policies import NONE  # noqa: PLC0415  (heavy: prefect; stage cores import this module without it)
 
     return task(name=name, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_transient, cache_policy=NONE)
 
 
 def retry_transient(task, task_run, state) -> bool:
     """Prefect ``retry_condition_fn``: retry only failures that may pass on a second try (I/O,
-    a killed subprocess). Bad input or config fails the same way every time (a full dump would
-    be read twice before failing), so those errors are never retried."""
-    from tasks.corpus.ingest import IngestError  # noqa: PLC0415
-
+    a killed subprocess). Bad input (:class:`funnelrag.errors.BadInput` and its subclasses) or
+    config fails the same way every time (a full dump would be read twice before failing), so
+    those errors are never retried."""
     try:
         state.result()
-    except (IngestError, ValueError, TypeError, KeyError, FileNotFoundError):  # deterministic
+    except (BadInput, ValueError, TypeError, KeyError, FileNotFoundError):  # deterministic
         return False
     except Exception:  # noqa: BLE001 - anything else may be transient
         return True
@@ -114,6 +115,12 @@ class DataSource(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     datasets: list[str] = Field(default_factory=list)
     paths: list[Path] = Field(default_factory=list)
+    expected_file: ClassVar[str] = "an input file"   # what each of ``paths`` must be, for error messages
+
+    def input_files(self) -> list[tuple[str, Path, str]]:
+        """``(key, path, expected)`` of ``paths``, checked at the flow boundary
+        (:func:`funnelrag.inputs.check_inputs`) before anything starts."""
+        return [("paths", p, self.expected_file) for p in self.paths]
 
     def resolve(self, mirror: Path | None, downloads_dir: Path | None,
                 label: str = "paths") -> list[tuple[Path, str]]:
@@ -143,9 +150,9 @@ def hash_path(path: Path | str, field: str = "path") -> tuple[Path, str]:
     FileNotFoundError
         ``path`` is not a file (message names the config ``field``).
     """
-    from data_contracts.base import sha256_file  # noqa: PLC0415
-
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{field}: {path} is a directory; expected a file (list each file, not the folder)")
     if not path.is_file():
         raise FileNotFoundError(f"{field}: {path} does not exist")
     return path, sha256_file(path)

@@ -21,8 +21,10 @@ from typing import Any, Callable, Mapping
 
 import pyarrow.parquet as pq
 
-from data_contracts.base import atomic_write, atomic_write_bytes, sha256_file
+from data_contracts.base import atomic_write, atomic_write_bytes, link_or_copy, sha256_file
+from funnelrag import __version__
 from funnelrag.config import config_hash, to_jsonable
+from funnelrag.reaper import sweep_stale_temp_dirs
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +35,6 @@ MANIFEST_VERSION = 1
 
 def code_version() -> str:
     """``funnelrag <version>+g<git sha>[.dirty]`` of the checkout, or the package version alone."""
-    from funnelrag import __version__  # noqa: PLC0415
-
     root = Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
@@ -108,7 +108,6 @@ class StageCache:
             meta = json.loads(marker.read_text())
             log.info("stage %s: cache hit %s", stage, key[:12])
             return StageResult(final, meta["files"], meta["summary"], True)
-        from funnelrag.reaper import sweep_stale_temp_dirs  # noqa: PLC0415
 
         sweep_stale_temp_dirs(self.root / stage)  # left by killed runs (GBs at full scale)
         tmp = self.root / stage / f".tmp-{key}-{os.getpid()}"
@@ -220,12 +219,7 @@ class ArtifactStore:
         staging.mkdir(parents=True)
         try:
             for name, src in sorted(files.items()):
-                dst = staging / name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(src, dst)
-                except OSError:
-                    shutil.copy2(src, dst)
+                link_or_copy(src, staging / name)
             described = {name: describe_file(staging / name) for name in sorted(files)}
             manifest = {"manifest_version": MANIFEST_VERSION, "files": described, **manifest_extra}
             atomic_write_bytes(staging / MANIFEST, canonical_json(manifest))  # written last

@@ -2,30 +2,55 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
+import signal
+import socket
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from funnelrag.config import flatten_params
+from funnelrag.locks import exclusive_lock
 from funnelrag.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 
 def configure(ws: Workspace, tracking_uri: str | None = None) -> str:
-    """Point MLflow at ``tracking_uri`` or ``sqlite:///{home}/mlflow.db``; returns the URI."""
-    import mlflow  # noqa: PLC0415
+    """Point MLflow at ``tracking_uri`` or ``sqlite:///{home}/mlflow.db``; returns the URI.
+
+    A SQLite database is created and migrated by one process at a time
+    (:func:`ensure_sqlite_database`), so runs that start together on a fresh home do not race
+    in MLflow's schema migration.
+    """
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when tracking)
 
     ws.home.mkdir(parents=True, exist_ok=True)
     uri = ws.tracking_uri(tracking_uri)
+    if uri.startswith("sqlite:///"):
+        ensure_sqlite_database(uri)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return uri
 
 
+@functools.lru_cache(maxsize=None)
+def ensure_sqlite_database(uri: str) -> None:
+    """Create and migrate the MLflow SQLite database of ``uri`` under an inter-process lock
+    (``<db>.lock`` beside it); other processes wait, then find it ready. Once per process and URI.
+    """
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when tracking)
+
+    db = Path(uri[len("sqlite:///"):])
+    with exclusive_lock(db.with_name(db.name + ".lock"), f"creating the MLflow database {db}", wait=True):
+        MlflowClient(uri).search_experiments(max_results=1)  # creates the tables on first use
+
+
 def ensure_experiment(ws: Workspace, name: str) -> str:
     """Experiment id of ``name``, created with artifacts under ``home/mlruns`` if new."""
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
@@ -39,27 +64,113 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
              tracking_uri: str | None = None, tags: Mapping[str, str] | None = None) -> Iterator[Any]:
     """One MLflow run per flow run, with the config flattened into params.
 
-    Yields the active ``mlflow.ActiveRun``; a failure inside marks the run FAILED. Inside a
-    Prefect flow run the MLflow run is tagged with its id (:func:`prefect_run_tags`).
+    Yields the active ``mlflow.ActiveRun``; a failure inside marks the run FAILED, an interrupt
+    (Ctrl-C, SIGTERM) KILLED. Inside a Prefect flow run the MLflow run is tagged with its id
+    (:func:`prefect_run_tags`). The run is tagged with this process's pid, start time and host
+    (:func:`process_tags`), so a run left RUNNING by a process killed with ``kill -9`` is marked
+    KILLED by the next run of the same experiment on this host (:func:`end_stale_runs`).
     """
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     configure(ws, tracking_uri)
     exp_id = ensure_experiment(ws, experiment)
-    tags = {**prefect_run_tags(), **(tags or {})}
-    with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:
-        params = flatten_params(config)
-        # MLflow caps a param value at 6000 characters and a batch at 100 params.
-        items = [(k, v[:6000]) for k, v in sorted(params.items())]
-        for i in range(0, len(items), 100):
-            mlflow.log_params(dict(items[i:i + 100]))
-        yield run
+    end_stale_runs(exp_id)
+    tags = {**prefect_run_tags(), **process_tags(), **(tags or {})}
+    with _sigterm_raises(), mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:
+        try:
+            params = flatten_params(config)
+            # MLflow caps a param value at 6000 characters and a batch at 100 params.
+            items = [(k, v[:6000]) for k, v in sorted(params.items())]
+            for i in range(0, len(items), 100):
+                mlflow.log_params(dict(items[i:i + 100]))
+            yield run
+        except BaseException as exc:
+            if _is_interrupt(exc):
+                log.warning("MLflow run %s (%s) interrupted (%s): ended KILLED", run.info.run_id, run_name,
+                            type(exc).__name__)
+                mlflow.end_run(status="KILLED")
+            raise
+
+
+class Terminated(BaseException):
+    """SIGTERM received (raised by the handler :func:`flow_run` installs when none is set)."""
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    """Ctrl-C, SIGTERM (ours or Prefect's ``ExternalSignal``)."""
+    if isinstance(exc, (KeyboardInterrupt, Terminated)):
+        return True
+    from prefect.exceptions import ExternalSignal  # noqa: PLC0415
+
+    return isinstance(exc, ExternalSignal)
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """In the main thread, with SIGTERM's default action (die at once), make SIGTERM raise
+    :class:`Terminated` instead, so the run can end KILLED; restored afterwards. A handler set by
+    someone else (Prefect's flow engine raises its own ``TerminationSignal``) is left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def _raise(signum, _frame):
+        raise Terminated(f"signal {signum} (SIGTERM)")
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def process_tags() -> dict[str, str]:
+    """``funnelrag.pid``, ``funnelrag.pid_started`` (process start time, s) and ``funnelrag.host``."""
+    import psutil  # noqa: PLC0415
+
+    return {"funnelrag.pid": str(os.getpid()), "funnelrag.pid_started": f"{psutil.Process().create_time():.2f}",
+            "funnelrag.host": socket.gethostname()}
+
+
+def _process_gone(tags: Mapping[str, str]) -> bool:
+    """Whether the process recorded in ``tags`` (this host only) no longer runs: its pid is dead,
+    or now belongs to a process started at another time."""
+    import psutil  # noqa: PLC0415
+
+    if tags.get("funnelrag.host") != socket.gethostname() or not str(tags.get("funnelrag.pid", "")).isdigit():
+        return False
+    try:
+        proc = psutil.Process(int(tags["funnelrag.pid"]))
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+        started = tags.get("funnelrag.pid_started")
+        return started is not None and abs(proc.create_time() - float(started)) > 1.0
+    except psutil.NoSuchProcess:
+        return True
+
+
+def end_stale_runs(experiment_id: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of ``experiment_id`` whose recorded process (this host) is
+    gone, e.g. a CLI killed with ``kill -9``; returns their run ids."""
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    client = MlflowClient()
+    ended = []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        if _process_gone(run.data.tags):
+            why = f"its process (pid {run.data.tags['funnelrag.pid']} on {run.data.tags['funnelrag.host']}) is dead"
+            client.set_tag(run.info.run_id, "funnelrag.killed", why)
+            client.set_terminated(run.info.run_id, status="KILLED")
+            log.warning("MLflow run %s (%s) was left RUNNING but %s: marked KILLED", run.info.run_id,
+                        run.data.tags.get("mlflow.runName", "?"), why)
+            ended.append(run.info.run_id)
+    return ended
 
 
 def prefect_run_tags() -> dict[str, str]:
     """``{"prefect.flow_run_id": ..., "prefect.flow_run_name": ..., "prefect.deployment_id": ...}``
     of the Prefect flow run this code runs in (``{}`` outside one): the MLflow → Prefect link."""
-    from prefect.runtime import deployment, flow_run  # noqa: PLC0415
+    from prefect.runtime import deployment, flow_run  # noqa: PLC0415  (heavy: prefect, only inside a flow run)
 
     found = {"prefect.flow_run_id": flow_run.id, "prefect.flow_run_name": flow_run.name,
              "prefect.deployment_id": deployment.id}
@@ -68,7 +179,7 @@ def prefect_run_tags() -> dict[str, str]:
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     """Log numeric metrics to the active run (non-numeric values are skipped)."""
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if clean:
@@ -76,6 +187,32 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
 
 
 def log_artifact(path: Path, artifact_path: str | None = None) -> None:
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def run_link(run: Any, tracking_uri: str | None = None) -> str:
+    """Markdown naming an MLflow run, clickable when the tracking URI is an MLflow server.
+
+    Parameters
+    ----------
+    run : an ``mlflow.ActiveRun`` / ``Run`` (``run.info.run_id``, ``run.info.experiment_id``).
+    tracking_uri : the configured tracking URI (default: MLflow's current one).
+
+    Returns
+    -------
+    str
+        ``[<run id>](<server>/#/experiments/<id>/runs/<id>)`` for an ``http(s)`` URI; for a local
+        SQLite store the run id and the ``mlflow ui`` command that serves it (its default address
+        is http://127.0.0.1:5000).
+    """
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when tracking)
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    run_id, exp_id = run.info.run_id, run.info.experiment_id
+    if uri.startswith(("http://", "https://")):
+        return f"[{run_id}]({uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id})"
+    return (f"`{run_id}` (serve it with `mlflow ui --backend-store-uri {uri}`, then "
+            f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{run_id})")
+

@@ -12,7 +12,7 @@ class Workspace:
     Layout::
 
         home/
-          stores/corpus/<name>/versions/<version_id>/   published corpus versions (funnelrag.corpus)
+          stores/corpus/<name>/versions/<version_id>/   published corpus versions (tasks.corpus.published)
           stores/corpus/<name>/current                  text file naming the current version
           cache/<pipeline>/<stage>/<key>/...            content-keyed stage outputs (funnelrag.stages);
                                                         pipeline: corpus, distillation, evaluate, dr_rag, r2ag

@@ -2,10 +2,10 @@
 pages corrupted by invalid UTF-8 bytes (the pages stay parseable XML, so the ingest stage skips
 and counts them, reason ``invalid_utf8``, and the build still succeeds with a smaller corpus).
 
-Used by the quality-gate test and the closing-note demonstration::
+Used by the quality-gate test, and by hand::
 
     python -m infra.faults ../shared/data/enwiki-sample/enwiki-20160501-pages-articles-shortened.xml.bz2 \\
-        /tmp/enwiki-corrupt-20.xml.bz2 --fraction 0.2
+        enwiki-corrupt-20.xml.bz2 --fraction 0.2
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.encoders import resolve_model_path
 from models.saving import read_config, save_pretrained_dir
 
 CONFIG_FILE = "classifier_config.json"
@@ -68,9 +69,7 @@ class DRRAGClassifier(nn.Module):
     @classmethod
     def from_pretrained(cls, cfg: ClassifierConfig = ClassifierConfig()) -> tuple["DRRAGClassifier", object]:
         """Backbone weights + a new classification head, and the tokenizer. Returns ``(model, tokenizer)``."""
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
-
-        from models.encoders import resolve_model_path  # noqa: PLC0415
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
         path = resolve_model_path(cfg.name_or_path)
         tok = AutoTokenizer.from_pretrained(path)
@@ -184,7 +183,7 @@ def load_classifier(directory: Path) -> tuple[DRRAGClassifier, object]:
     FileNotFoundError
         ``directory`` has no ``classifier_config.json``.
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
     directory = Path(directory)
     saved = read_config(directory, CONFIG_FILE, "DR-RAG classifier")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,7 +68,7 @@ class BiEncoder(nn.Module):
     @classmethod
     def from_pretrained(cls, cfg: EncoderConfig = EncoderConfig()) -> tuple["BiEncoder", object]:
         """Load weights and tokenizer. Returns ``(model, tokenizer)``; model in eval mode."""
-        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
         path = resolve_model_path(cfg.name_or_path)
         tok = AutoTokenizer.from_pretrained(path)
@@ -104,3 +105,14 @@ def encode(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 
         emb = model(enc["input_ids"], enc["attention_mask"]).embeddings.float().cpu()
         out[torch.tensor(idx)] = emb
     return out
+
+
+def encode_texts(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    """L2-normalised embeddings of ``texts`` as float32 numpy ``(len(texts), dim)`` (input order):
+    the one batch encoder behind every stored or searched vector (passage and query embeddings
+    of the pre-ranker's towers, dense retrieval).
+
+    Rows are re-normalised here in case ``model.cfg`` does not normalise.
+    """
+    emb = encode(model, tokenizer, list(texts), batch_size=batch_size)  # (n, dim) float32
+    return F.normalize(emb, p=2, dim=-1).numpy().astype(np.float32) if len(texts) else emb.numpy()

@@ -230,7 +230,7 @@ class FiDReader(FusionInDecoder):
         ValueError
             ``base="scratch"`` without ``tokenizer``.
         """
-        from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration  # noqa: PLC0415
+        from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
         if cfg.base != SCRATCH:
             tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.base)
@@ -310,7 +310,7 @@ class FiDReader(FusionInDecoder):
                  max_answer_tokens: int | None = None) -> torch.Tensor:
         """Greedy answers: ``(batch, <= max_answer_tokens + 1)`` token ids starting with the
         decoder start token (decode with ``skip_special_tokens=True``)."""
-        from transformers.modeling_outputs import BaseModelOutput  # noqa: PLC0415
+        from transformers.modeling_outputs import BaseModelOutput  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
         hidden, mask = self.encode(input_ids, attention_mask)
         return self.t5.generate(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=mask,

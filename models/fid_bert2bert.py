@@ -97,8 +97,8 @@ class Bert2BertFiDReader(FusionInDecoder):
     def from_config(cls, cfg: Bert2BertFiDConfig) -> tuple["Bert2BertFiDReader", object]:
         """Build ``(model, tokenizer)``: warm start from ``cfg.base`` (new weights seeded by
         ``cfg.seed``), or load a saved encoder-decoder directory."""
-        from transformers import AutoTokenizer, EncoderDecoderModel  # noqa: PLC0415
-        from transformers.utils import logging as hf_logging  # noqa: PLC0415
+        from transformers import AutoTokenizer, EncoderDecoderModel  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
         path = resolve_model_path(cfg.base)
         tok = AutoTokenizer.from_pretrained(path)

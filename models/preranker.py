@@ -15,6 +15,7 @@ Two real implementations behind one interface (``forward(**batch) -> PreRankerOu
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.encoders import BiEncoder, EncoderConfig, resolve_model_path
+from models.encoders import BiEncoder, EncoderConfig, encode, resolve_model_path
 from models.saving import read_config, save_pretrained_dir
 
 CONFIG_FILE = "preranker.json"
@@ -98,8 +99,6 @@ class BiEncoderPreRanker(nn.Module):
     def separate_towers(self) -> None:
         """Give the model its own query tower, a copy of the document tower (same scores until
         one of them is trained); a no-op when it has one already."""
-        import copy  # noqa: PLC0415
-
         if self.query_encoder is None:
             self.query_encoder = copy.deepcopy(self.encoder)
             self.cfg = replace(self.cfg, towers="separate")
@@ -219,7 +218,7 @@ def build_preranker(cfg: PreRankerConfig = PreRankerConfig()) -> tuple[PreRanker
     OSError
         The weights cannot be found (no local directory and no reachable hub).
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
     if cfg.max_length is None:
         cfg = replace(cfg, max_length=native_max_length(resolve_model_path(cfg.name_or_path)))
@@ -273,6 +272,30 @@ def load_preranker(directory: Path) -> tuple[PreRanker, object]:
     return build_preranker(PreRankerConfig(**{**saved, "name_or_path": str(directory)}))
 
 
+class NonFiniteScoresError(ValueError):
+    """A pre-ranker produced NaN or infinite scores or embeddings (damaged or diverged weights)."""
+
+
+def require_finite(values: np.ndarray, what: str) -> np.ndarray:
+    """Return ``values`` unchanged if every element is finite.
+
+    Parameters
+    ----------
+    values : any float array (scores ``(n,)`` or embeddings ``(n, dim)``).
+    what : what the values are, for the message (e.g. ``"pre-ranker scores"``).
+
+    Raises
+    ------
+    NonFiniteScoresError
+        Some element is NaN or ±inf: ranking on them would be silently arbitrary.
+    """
+    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise NonFiniteScoresError(f"{what}: {bad} of {values.size} values are NaN or infinite "
+                                   "(damaged weights or a diverged model); refusing to rank on them")
+    return values
+
+
 @torch.no_grad()
 def score_pairs(model: PreRanker, tokenizer, queries: Sequence[str], docs: Sequence[str],
                 batch_size: int = 32) -> np.ndarray:
@@ -284,6 +307,8 @@ def score_pairs(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seque
     ------
     ValueError
         ``queries`` and ``docs`` differ in length.
+    NonFiniteScoresError
+        A score is NaN or infinite.
     """
     if len(queries) != len(docs):
         raise ValueError(f"score_pairs: {len(queries)} queries but {len(docs)} documents")
@@ -300,7 +325,7 @@ def score_pairs(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seque
         scores = model(**{k: v.to(device) for k, v in batch.items()}).scores  # (len(idx),)
         out[np.asarray(idx)] = scores.float().cpu().numpy()
     model.train(was_training)
-    return out
+    return require_finite(out, "pre-ranker scores")
 
 
 @torch.no_grad()
@@ -311,12 +336,16 @@ def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seq
     Same values as :func:`score_pairs`; a bi-encoder embeds each distinct query and document
     once (documents shared by many questions, as in the FunnelRAG funnel, are encoded once),
     a cross-encoder scores every pair.
+
+    Raises
+    ------
+    NonFiniteScoresError
+        A score is NaN or infinite.
     """
     if not pairs:
         return np.zeros(0, dtype=np.float32)
     if model.kind != "bi":
         return score_pairs(model, tokenizer, [queries[i] for i, _ in pairs], [docs[j] for _, j in pairs], batch_size)
-    from models.encoders import encode  # noqa: PLC0415
 
     was_training = model.training
     model.eval()
@@ -333,7 +362,8 @@ def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seq
     qi = torch.tensor([q_row[i] for i, _ in pairs])
     dj = torch.tensor([d_row[j] for _, j in pairs])
     model.train(was_training)
-    return (q_emb[qi] * d_emb[dj]).sum(-1).numpy().astype(np.float32)  # (n_pairs,)
+    scores = (q_emb[qi] * d_emb[dj]).sum(-1).numpy().astype(np.float32)  # (n_pairs,)
+    return require_finite(scores, "pre-ranker scores")
 
 
 def score(model: PreRanker, tokenizer, query: str, docs: Sequence[str], batch_size: int = 32) -> np.ndarray:

@@ -214,7 +214,7 @@ def load_r2ag(directory: Path) -> tuple[R2AGModel, object, tuple[str, ...]]:
     FileNotFoundError
         ``directory`` lacks the R²-Former, the projection or the generator.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
     directory = Path(directory)
     retrieval, features = load_r2former(directory)

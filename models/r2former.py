@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.saving import atomic_directory, read_config, write_config
@@ -169,8 +170,6 @@ class R2FormerQDM(nn.Module):
 # ---------------------------------------------------------------------------- save / load
 def save_weights(module: nn.Module, path: Path) -> None:
     """``module``'s state dict as safetensors at ``path`` (inside a directory being built)."""
-    from safetensors.torch import save_file  # noqa: PLC0415
-
     save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, str(path))
 
 
@@ -182,8 +181,6 @@ def load_weights(module: nn.Module, path: Path) -> None:
     FileNotFoundError
         ``path`` does not exist.
     """
-    from safetensors.torch import load_file  # noqa: PLC0415
-
     if not path.exists():
         raise FileNotFoundError(f"no weights at {path}")
     module.load_state_dict(load_file(str(path)))

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from models.fid import KIND as T5_KIND
-from models.fid import FiDConfig
+from models.fid import FiDConfig, FiDReader
 from models.fid_bert2bert import KIND as BERT2BERT_KIND
-from models.fid_bert2bert import Bert2BertFiDConfig
+from models.fid_bert2bert import Bert2BertFiDConfig, Bert2BertFiDReader
 
 CONFIGS = {T5_KIND: FiDConfig, BERT2BERT_KIND: Bert2BertFiDConfig}
 ReaderConfig = FiDConfig | Bert2BertFiDConfig
@@ -37,9 +37,6 @@ def reader_config_from_dict(d: Mapping[str, Any]) -> ReaderConfig:
 def build_reader(cfg: ReaderConfig):
     """``(model, tokenizer)`` of the reader class for ``cfg.kind`` (``from_config``)."""
     if cfg.kind == T5_KIND:
-        from models.fid import FiDReader  # noqa: PLC0415
-
         return FiDReader.from_config(cfg)
-    from models.fid_bert2bert import Bert2BertFiDReader  # noqa: PLC0415
 
     return Bert2BertFiDReader.from_config(cfg)

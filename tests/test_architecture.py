@@ -1,7 +1,12 @@
-"""ARCHITECTURE.md names only things that exist: every path, and every ``path:function``."""
+"""ARCHITECTURE.md names only things that exist (every path, every ``path:function``), and the
+layers it describes hold (the import-linter contract in pyproject.toml)."""
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,3 +35,45 @@ def test_every_named_path_and_function_exists():
         elif name and not re.search(rf"^\s*(?:def|class) {name}\b", target.read_text(), re.MULTILINE):
             missing.append(f"{path}:{name}")
     assert not missing, f"ARCHITECTURE.md names what does not exist: {missing}"
+
+
+# ---------------------------------------------------------------------------- the layers contract
+LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+PACKAGES = ("funnelrag", "flows", "tasks", "models", "data_contracts", "infra")
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` on the checkout at ``root`` (its pyproject contract, its own sources)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-c", LINT, "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_layers_contract_is_kept():
+    """``[tool.importlinter]`` in pyproject.toml: every layer imports only the layers below it."""
+    out = _lint_imports(ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Layers import downward only KEPT" in out.stdout
+
+
+def test_layers_contract_breaks_on_an_upward_import(tmp_path):
+    """The same contract on a copy of the sources with one deferred upward import (the platform's
+    stage plumbing reaching into a stage package, as it once did) fails and names it."""
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.json"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    stages = tmp_path / "funnelrag" / "stages.py"
+    stages.write_text(stages.read_text() + "\n\ndef _upward():\n    from tasks.corpus.ingest import IngestError\n")
+    out = _lint_imports(tmp_path)
+    assert out.returncode != 0 and "funnelrag.stages is not allowed to import tasks.corpus" in out.stdout, out.stdout
+
+
+def test_layers_table_is_the_contract():
+    """The first column of ARCHITECTURE.md's layers table is the contract's layers, in order."""
+    import tomllib
+
+    contract = next(c for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+                    if c["type"] == "layers")
+    section = DOC.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    table = [m.group(1).replace("\\|", "|") for m in re.finditer(r"^\| `((?:[^`])+)` \|", section, re.MULTILINE)]
+    assert table == contract["layers"]

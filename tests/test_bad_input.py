@@ -1,4 +1,4 @@
-"""Bad input never passes quietly (issue 13, fault-injection findings 1, 2, 3, 5, 6)."""
+"""Bad input never passes quietly (fault injection: bad question files, empty or corrupt dumps)."""
 from __future__ import annotations
 
 import ast
@@ -16,7 +16,7 @@ from funnelrag.config import load_config
 from tasks.corpus import stages as corpus_stages
 from tasks.corpus.ingest import IngestError
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
-from tasks.funnel.questions import QuestionsConfig, load_questions, read_questions
+from tasks.qa.questions import QuestionsConfig, load_questions, read_questions
 
 DUMP = "enwiki-sample/enwiki-20160501-pages-articles-shortened.xml.bz2"
 NO_PAGES = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">\n'

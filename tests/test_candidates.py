@@ -1,19 +1,18 @@
 """The funnel (BM25 clusters → later chunking → pre-ranking → passages) on real NQ gold passages."""
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from oracle_corpus import oracle_clusters
 
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
-from oracle_corpus import oracle_clusters
 from models.preranker import PreRankerConfig, build_preranker
-from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, chunk_clusters, rerank_pool
-from tasks.funnel.questions import QuestionsConfig, has_answer, load_questions
 from tasks.corpus.segment import SegmentConfig, segment_cluster
 from tasks.corpus.tokenize import WhitespaceCounter
+from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, chunk_clusters, rerank_pool
+from tasks.qa.questions import QuestionsConfig, has_answer, load_questions
 
 N_RECORDS = 36
 SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace")

@@ -1,4 +1,4 @@
-"""What a killed build leaves behind is cleaned up (issue 13, finding 4): the ephemeral Prefect
+"""What a killed build leaves behind is cleaned up: the ephemeral Prefect
 server stops with the CLI, and a later run removes ``.tmp-<key>-<pid>`` directories of dead pids."""
 from __future__ import annotations
 

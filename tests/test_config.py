@@ -1,4 +1,6 @@
 """Flow configuration: embedded defaults, YAML file, dotted overrides, typed validation."""
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -57,3 +59,21 @@ def test_old_passage_shard_count_is_rejected():
         load_config(CorpusBuildConfig, None, ["index.passage_shards=64"])
     with pytest.raises(ValidationError, match="passage_shard_tokens must be >= 0"):
         load_config(CorpusBuildConfig, None, ["index.passage_shard_tokens=-1"])
+
+
+def test_home_defaults_to_funnelrag_home_env(monkeypatch, tmp_path):
+    """Every command's home (flow configs, search, compare) honours $FUNNELRAG_HOME."""
+    from funnelrag.config import WorkspaceConfig
+
+    monkeypatch.delenv("FUNNELRAG_HOME", raising=False)
+    assert WorkspaceConfig().home == Path("funnelrag-home")
+    monkeypatch.setenv("FUNNELRAG_HOME", str(tmp_path / "srv"))
+    assert WorkspaceConfig().home == tmp_path / "srv"
+    assert WorkspaceConfig(home=tmp_path / "other").home == tmp_path / "other"   # explicit wins
+
+
+def test_missing_mirror_error_names_the_setting(tmp_path):
+    from funnelrag.datasets import DataUnavailable, resolve
+
+    with pytest.raises(DataUnavailable, match="set FUNNELRAG_DATA_MIRROR .* `prefect worker start`"):
+        resolve("enwiki-sample", None)

@@ -1,7 +1,7 @@
 """Artifact contracts: every violation names the artifact, the column and the rows."""
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-import polars as pl
 import pytest
 
 from data_contracts import ContractViolation
@@ -88,7 +88,7 @@ def test_corpus_build_config_contract_reads_segment_back(tmp_path):
     from data_contracts.corpus import BUILD_CONFIG
     from flows.corpus_build import CorpusBuildConfig
     from funnelrag.config import to_jsonable
-    from funnelrag.corpus import CorpusVersion
+    from tasks.corpus.published import CorpusVersion
     from tasks.corpus.segment import SegmentConfig
 
     cfg = CorpusBuildConfig.model_validate({"segment": {"passage_words": 50, "unit_max_tokens": 300}})
@@ -104,3 +104,75 @@ def test_corpus_build_config_contract_reads_segment_back(tmp_path):
         CorpusVersion(path=tmp_path, version="v", manifest={**manifest, "config_version": 99}).segment_config()
     with pytest.raises(ValueError, match="lacks"):
         BUILD_CONFIG.stamp({**manifest["config"], "bm25": {"k1": 0.9}})
+
+
+def test_an_error_mid_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    """Every hand-off of a file goes through ``atomic_write`` / ``replace_file``: a writer that
+    fails after writing part of the bytes leaves the old file and nothing else; a complete
+    write fsyncs the file before the rename and the directory after it."""
+    import os
+
+    from data_contracts.base import atomic_write, atomic_write_bytes, replace_file, temp_file_beside
+
+    final = tmp_path / "sub" / "data.bin"
+    atomic_write_bytes(final, b"old")
+
+    def half(tmp):
+        tmp.write_bytes(b"ne")   # part of the new bytes, then a crash
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(final, half)
+    assert final.read_bytes() == b"old" and [p.name for p in final.parent.iterdir()] == ["data.bin"]
+
+    with pytest.raises(KeyboardInterrupt), temp_file_beside(final) as tmp:   # content-addressed writers
+        tmp.write_bytes(b"new")
+        raise KeyboardInterrupt
+    assert [p.name for p in final.parent.iterdir()] == ["data.bin"]
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.path.isdir(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    atomic_write(final, lambda tmp: tmp.write_bytes(b"new"))
+    assert final.read_bytes() == b"new" and synced == [False, True]   # the file, then its directory
+    assert oct(final.stat().st_mode & 0o777) == "0o644" and [p.name for p in final.parent.iterdir()] == ["data.bin"]
+    synced.clear()
+    with temp_file_beside(final) as tmp:
+        tmp.write_bytes(b"scratch")
+        replace_file(tmp, final.with_name("other.bin"), durable=False)
+    assert synced == [] and sorted(p.name for p in final.parent.iterdir()) == ["data.bin", "other.bin"]
+
+
+def test_a_failed_partition_write_leaves_no_temp_file(tmp_path, monkeypatch):
+    """The segment stage's document partition (a retried worker call) writes through the same helper."""
+    import numpy as np
+
+    from data_contracts.corpus import DOCUMENTS as DOCS
+    from tasks.corpus import shards
+
+    DOCS.write(_docs(page_id=[3, 7]), tmp_path / "ingest")
+    np.save(tmp_path / "shard_of_doc.npy", np.array([0, 1], np.int32))
+    out = tmp_path / "parts"
+    assert shards.partition_range(str(tmp_path / "ingest"), 0, 2, str(tmp_path / "shard_of_doc.npy"), str(out)) == 2
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def failing(table, where, **kwargs):
+        open(where, "wb").write(b"PAR1 half")
+        raise OSError("killed mid-write")
+
+    monkeypatch.setattr(shards.pq, "write_table", failing)
+    with pytest.raises(OSError, match="mid-write"):
+        shards.partition_range(str(tmp_path / "ingest"), 0, 2, str(tmp_path / "shard_of_doc.npy"), str(out))
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_binary_labels_names_the_first_rows_that_are_not_0_or_1():
+    from data_contracts import dr_rag, r2ag
+    from data_contracts.base import binary_labels
+
+    labels = pa.table({"label": pa.array([0, 1, 2, 1, -1], pa.int8())})
+    assert binary_labels(labels) == ("label", [2, 4], "label must be 0 or 1")
+    assert binary_labels(labels.slice(0, 2)) is None
+    users = [c for m in (dr_rag, r2ag) for c in vars(m).values()
+             if isinstance(c, Contract) and binary_labels in c.checks]
+    assert len(users) >= 4   # DR-RAG pairs, R²AG lists, features, scores: one check

@@ -1,4 +1,4 @@
-"""The quality gate before ``current`` moves (issue 13, finding 7): a corpus built from a dump
+"""The quality gate before ``current`` moves: a corpus built from a dump
 that lost pages is published but does not become current, and the run fails with the figures."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import mlflow
 import pytest
 
 from flows.corpus_build import corpus_build_flow, enwiki_sample_config, summary_markdown
-from funnelrag.corpus import corpus_store
 from funnelrag.workspace import Workspace
 from infra.faults import corrupt_dump
 from tasks.corpus.gate import GateConfig, GateRefused, VersionFigures, decide
+from tasks.corpus.published import corpus_store
 
 DUMP = "enwiki-sample/enwiki-20160501-pages-articles-shortened.xml.bz2"
 
@@ -67,17 +67,28 @@ def test_gate_refuses_a_build_from_a_dump_with_20_percent_of_pages_corrupted(
     assert runs[0].info.status == "FAILED" and runs[0].data.metrics["gate_passed"] == 0
     assert runs[0].data.metrics["gate_skipped_fraction"] == pytest.approx(decision.candidate.skipped_fraction)
 
-    # a clean rebuild passes and moves current
+    # an unchanged rebuild publishes nothing: the same version stays current, no gate runs
     again = corpus_build_flow(enwiki_sample_config(workspace=ws_cfg, gate=gate))
-    assert again["gate"]["passed"] and store.current_version() == again["version"]
-    summary = json.loads((Workspace(workspace_home).run_dir("corpus-build", again["mlflow_run_id"]) / "summary.json").read_text())
+    assert again["unchanged"] and again["version"] == good["version"] and "gate" not in again
+    assert store.current_version() == good["version"] and len(store.versions()) == 2
+    md = summary_markdown(again)
+    assert "**unchanged**" in md and "| ingest | cached | hit |" in md
+
+    # a clean rebuild of other content (2% of pages damaged: within the skipped tolerance; the
+    # recall tolerance opened so that only the comparison with current is under test) passes
+    # the gate against current and moves current
+    light = tmp_path / "enwiki-corrupt-2.xml.bz2"
+    corrupt_dump(data_mirror / DUMP, light, 0.02)
+    moved = corpus_build_flow(enwiki_sample_config(workspace=ws_cfg, gate={**gate, "max_recall_drop": 1.0},
+                                                   source={"datasets": [], "paths": [light]}))
+    assert moved["gate"]["passed"] and not moved["unchanged"] and store.current_version() == moved["version"]
+    summary = json.loads((Workspace(workspace_home).run_dir("corpus-build", moved["mlflow_run_id"]) / "summary.json").read_text())
     assert summary["gate"]["current"]["version"] == good["version"]
 
     # Prefect <-> MLflow: the MLflow run names the Prefect flow run, the Prefect artifact names
     # the MLflow run, the store and S, and shows cache hits as cached (not the original seconds)
     tags = client.get_run(again["mlflow_run_id"]).data.tags
     assert again["prefect_flow_run_id"] and tags["prefect.flow_run_id"] == again["prefect_flow_run_id"]
-    md = summary_markdown(again)
     assert again["mlflow_run_id"] in md and again["store"] in md and "S (max cluster tokens): 4,096" in md
-    assert "| ingest | cached | hit |" in md and "quality gate: passed" in md
+    assert "quality gate: passed" in summary_markdown(moved)
     assert again["stages"]["ingest"]["seconds"] == again["stages"]["ingest"]["wall_seconds"]

@@ -1,6 +1,6 @@
 """Deployment parameters come from configs/ and merge key by key; the home is templated from the
 environment; the evaluate-champion automation follows every corpus build that made a version
-current, with its home and version (issue 13, findings on deployments)."""
+current, with its home and version."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -118,3 +118,35 @@ def test_every_deployment_merges_one_overridden_field_into_its_config(name, monk
                                   home="/srv/a")
     assert changed.workspace.home == tmp_path
     assert changed.model_dump(exclude={"workspace"}) == base.model_dump(exclude={"workspace"})
+
+
+def test_every_automation_is_named_and_described():
+    """Automations show a name and a purpose in the Prefect UI (not ``<deployment>__automation_1``)."""
+    triggers = [(name, t) for name, dep in DEPLOYMENTS.items() for t in dep.get("triggers", [])]
+    assert triggers
+    for dep_name, trigger in triggers:
+        assert trigger.get("name") and len(trigger.get("description", "")) > 20, dep_name
+    names = [t["name"] for _, t in triggers]
+    assert len(names) == len(set(names))
+
+
+def test_embed_champion_after_a_distillation_embeds_the_corpus_and_home_it_trained_on(monkeypatch):
+    from flows.embed import EmbedConfig
+    from flows.funnel import CHAMPION_EVENT
+
+    monkeypatch.chdir(ROOT)
+    dep = DEPLOYMENTS["embed-champion"]
+    (trigger,) = [t for t in dep["triggers"] if t["expect"] == [CHAMPION_EVENT]]
+    assert trigger["match"] == {"prefect.resource.id": "funnelrag.model.*"}
+    event = {"payload": {"name": "funnelrag-preranker", "version": "3", "corpus": "enwiki-sample",
+                         "home": "/srv/funnelrag"}}
+
+    def render(value):
+        if isinstance(value, list):
+            return [render(v) for v in value]
+        return jinja2.Template(value).render(event=event) if isinstance(value, str) else value
+    params = {k: render(v) for k, v in trigger["parameters"].items()}
+    cfg = resolve_flow_config(EmbedConfig, config_file=params["config_file"], overrides=params["overrides"],
+                              home=params["home"])
+    assert cfg.workspace.home == Path("/srv/funnelrag") and cfg.corpus == "enwiki-sample"
+    assert cfg.preranker == "models:/funnelrag-preranker@champion"

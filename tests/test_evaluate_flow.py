@@ -18,10 +18,10 @@ import pytest
 from data_contracts.evaluation import EVAL_PER_QUESTION, EVAL_RESULTS, EVAL_STAGES
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.evaluate import EvaluateConfig, evaluate_flow
-from funnelrag.corpus import open_corpus
 from funnelrag.datasets import resolve
 from funnelrag.workspace import Workspace
-from tasks.funnel.questions import has_answer
+from tasks.corpus.published import open_corpus
+from tasks.qa.questions import has_answer
 
 N_DOCS = 8
 N_TEST = 2
@@ -42,7 +42,7 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
     (tmp / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     with open(resolve("nq-open-dev", data_mirror), encoding="utf-8") as fh:  # disjoint from the oracle (test) set
         test_lines = [next(fh) for _ in range(N_TEST)]
-    from tasks.funnel.questions import _parse_tsv  # noqa: PLC0415 - the loader's own parser
+    from tasks.qa.questions import _parse_tsv  # noqa: PLC0415 - the loader's own parser
 
     extra = [_parse_tsv(tmp, i, line.rstrip("\n")) for i, line in enumerate(test_lines, 1)]
     qs = [{"question": r["question"], "answers": r["answers"]} for r in records]
@@ -58,8 +58,8 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
     # a scratch FiD reader, registered as the champion reader
     from funnelrag.registry import register_model  # noqa: PLC0415
     from funnelrag.tracking import flow_run  # noqa: PLC0415
-    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
     from funnelrag.training import TrainConfig  # noqa: PLC0415
+    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
     from tasks.funnel.reader import ReaderTrainConfig, save_reader  # noqa: PLC0415
 
     tok_dir = resolve("t5-tokenizer", data_mirror).parent
@@ -154,6 +154,11 @@ def test_mlflow_run_and_artifacts(evaluated):
     assert m["flat-bm25-8p-4p.all.ar_4"] == pytest.approx(row["ar_4"])
     assert "prog-3c-2d-minilm-fid-4p.stage3_postranking.seconds" in m and m["questions"] == s["questions"]
     assert run.data.params["reader"] == "models:/funnelrag-reader@champion"
+    # the registered reader version it used: tagged, and its figures linked to that logged model
+    version = run.data.tags["model_version.funnelrag-reader"]
+    from funnelrag.registry import logged_model_id  # noqa: PLC0415
+    logged = client.get_logged_model(logged_model_id(client.get_model_version("funnelrag-reader", version)))
+    assert {mm.key for mm in logged.metrics if mm.run_id == run.info.run_id} >= {"flat-bm25-8p-4p.all.ar_4"}
     names = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert {"evaluation/results.evaluation.md", "evaluation/results.evaluation.csv",
             "evaluation/answer_recall_at_k.png", "evaluation/results.evaluation.parquet"} <= names
@@ -171,6 +176,7 @@ def test_prefect_markdown_artifact(evaluated):
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["evaluate-oracle-mini"])))
     assert arts and arts[-1].type == "markdown"
     assert "| prog-3c-2d-minilm-fid-4p |" in arts[-1].data and "## stages" in arts[-1].data
+    assert "MLflow run: `" in arts[-1].data and "mlflow ui --backend-store-uri sqlite:///" in arts[-1].data
 
 
 def test_stored_vectors_rank_as_on_the_fly_and_embed_flow_reuses_them(evaluated):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.encoders import resolve_model_path
-from tasks.evaluate.generation import CausalLMGenerator, FiDGenerator, GenerationConfig, build_prompt
+from tasks.qa.generation import CausalLMGenerator, FiDGenerator, GenerationConfig, build_prompt
 
 PASSAGES = [("Charles Darwin", "Darwin published On the Origin of Species in 1859."),
             ("Alfred Russel Wallace", "Wallace co-discovered natural selection.")]

@@ -8,12 +8,19 @@ import math
 import pytest
 
 from funnelrag.datasets import resolve
-from tasks.evaluate.metrics import (CorpusAnswers, TokenCache, answer_recall, exact_match_rate, first_hit,
-                                    passage_hits, title_entropy)
 from tasks.evaluate.report import SettingSpec, StageSummary, summarize
 from tasks.evaluate.retrieval import QueryResult
 from tasks.evaluate.timing import StageOutcome, compact_count, funnel_label
-from tasks.funnel.questions import has_answer
+from tasks.qa.metrics import (
+    CorpusAnswers,
+    TokenCache,
+    answer_recall,
+    exact_match_rate,
+    first_hit,
+    passage_hits,
+    title_entropy,
+)
+from tasks.qa.questions import has_answer
 
 
 def test_answer_recall_hand_computed():

@@ -64,38 +64,6 @@ def test_bootstrap_interval_contains_the_mean_and_paired_difference_of_equal_row
     assert figures["b"]["diff@1"] == (0.0, 0.0, 0.0) and "minus a" in text
 
 
-def test_experiment_config_reads_the_shipped_yaml_and_refuses_stored_vectors_without_maxp():
-    from pathlib import Path
-
-    import yaml
-
-    from tasks.funnel.experiment import ExperimentConfig
-
-    root = Path(__file__).resolve().parents[1]
-    cfg = ExperimentConfig.from_dict(yaml.safe_load((root / "configs/distillation_experiment_cpu.yaml").read_text()))
-    assert cfg.train_vectors == "stored" and cfg.train_candidates.unit_scoring == "maxp"
-    assert cfg.heldout_vectors == "stored" and cfg.candidates.unit_scoring == "maxp"   # the funnel of issue 10
-    assert cfg.train_preranker.max_length is None and cfg.preranker.max_length is None   # the model's own length
-    assert cfg.distill.unit_scoring == "maxp" and cfg.distill.towers == "query"
-    assert cfg.distill_select and cfg.validation.lrs == (2e-5, 5e-5, 1e-4)   # chosen on the train split
-    assert cfg.reader.fid.kind == "minilm-bert2bert" and cfg.reader.train.keep_checkpoints >= cfg.reader.train.epochs
-    from funnelrag.config import deep_merge, parse_overrides
-
-    raw = yaml.safe_load((root / "configs/distillation_experiment_cpu.yaml").read_text())
-    one = ExperimentConfig.from_dict(deep_merge(raw, parse_overrides(["distill.epochs=1"])))   # what --set does
-    assert one.distill.epochs == 1 and one.distill.score_scale == cfg.distill.score_scale and one.reader == cfg.reader
-    with pytest.raises(ValueError, match="unit_scoring must be 'maxp'"):
-        ExperimentConfig.from_dict({"train_vectors": "stored"})
-    with pytest.raises(ValueError, match="train_vectors"):
-        ExperimentConfig.from_dict({"train_vectors": "cached"})
-    with pytest.raises(ValueError, match="heldout_vectors='stored'"):
-        ExperimentConfig.from_dict({"heldout_vectors": "stored"})   # the default held-out pool scores unit texts
-    with pytest.raises(ValueError, match="towers"):
-        ExperimentConfig.from_dict({"distill": {"towers": "document"}})
-    with pytest.raises(ValueError, match="distill_select needs a validation"):
-        ExperimentConfig.from_dict({"distill_select": True})
-
-
 def test_answerable_counts_answer_passages_within_the_reader_input(tmp_path):
     from tasks.funnel.experiment_data import answerable
 

@@ -9,9 +9,9 @@ import pytest
 
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow, enwiki_sample_config
 from funnelrag.config import load_config
-from funnelrag.corpus import corpus_store, open_corpus
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as corpus_stages
+from tasks.corpus.published import corpus_store, open_corpus
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -24,9 +24,15 @@ def _manifest(version_dir):
     return json.loads((version_dir / "manifest.json").read_text())
 
 
-def test_enwiki_sample_builds_publishes_and_reuses_cache(prefect_harness, workspace_home, data_mirror):
+def test_enwiki_sample_builds_publishes_and_reuses_cache(prefect_harness, workspace_home, data_mirror, monkeypatch):
+    import prefect.events
+
+    events = []
+    real_emit = prefect.events.emit_event
+    monkeypatch.setattr(prefect.events, "emit_event", lambda **kw: (events.append(kw), real_emit(**kw))[1])
     cfg = enwiki_sample_config(workspace=_ws(workspace_home, data_mirror))
     first = corpus_build_flow(cfg)
+    assert not first["unchanged"] and [e["event"] for e in events] == ["funnelrag.corpus.current"]
     ws = Workspace(workspace_home)
     corpus = open_corpus(ws, "enwiki-sample")
     assert corpus.version == first["version"]
@@ -47,14 +53,18 @@ def test_enwiki_sample_builds_publishes_and_reuses_cache(prefect_harness, worksp
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"manifest.json", "ingest_report.parquet", "cluster_sizes.png"} <= names
 
-    # a re-run reuses every stage and publishes byte-identical artifacts as a new version
+    # a re-run reuses every stage; its content equals current's, so it publishes nothing new,
+    # moves nothing and emits no corpus.current event
+    manifest_before = (ws.store_dir("corpus/enwiki-sample") / "versions" / first["version"] / "manifest.json").read_bytes()
     second = corpus_build_flow(cfg)
     assert all(v["cache_hit"] for k, v in second["stages"].items() if k != "publish")
-    assert second["version"] != first["version"]
-    m1 = _manifest(ws.store_dir("corpus/enwiki-sample") / "versions" / first["version"])
-    m2 = _manifest(ws.store_dir("corpus/enwiki-sample") / "versions" / second["version"])
-    assert m1 == m2
-    assert corpus_store(ws, "enwiki-sample").versions() == sorted([first["version"], second["version"]])
+    assert second["unchanged"] and second["version"] == first["version"]
+    assert corpus_store(ws, "enwiki-sample").versions() == [first["version"]]
+    assert corpus_store(ws, "enwiki-sample").current_version() == first["version"]
+    assert (ws.store_dir("corpus/enwiki-sample") / "versions" / first["version"] / "manifest.json").read_bytes() \
+        == manifest_before
+    assert len(events) == 1
+    assert client.get_run(second["mlflow_run_id"]).data.tags["corpus_unchanged"] == "true"
 
 
 def test_failed_validation_leaves_current_untouched(prefect_harness, workspace_home, data_mirror, monkeypatch):
@@ -65,8 +75,10 @@ def test_failed_validation_leaves_current_untouched(prefect_harness, workspace_h
     def broken(version_dir, max_tokens):
         raise ValueError("clusters: injected validation failure")
     monkeypatch.setattr(corpus_stages, "validate_corpus", broken)
+    # other content (shorter passages): an unchanged rebuild would publish nothing and validate nothing
+    other = enwiki_sample_config(workspace=_ws(workspace_home, data_mirror), segment={"passage_words": 80})
     with pytest.raises(Exception, match="injected validation failure"):
-        corpus_build_flow(cfg)
+        corpus_build_flow(other)
     assert store.current_version() == good["version"] and store.versions() == [good["version"]]
     store.verify()
 
@@ -94,6 +106,7 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
     """``index.passage_shard_tokens: 250000`` (~4 shards) publishes shards that answer 20 real NQ questions with the ids
     and scores of the one-index build, and the quality gate's figures are the same."""
     from same_search import assert_same_search  # noqa: PLC0415
+
     from tasks.corpus.gate import version_figures  # noqa: PLC0415
     from tasks.corpus.index import BM25Index  # noqa: PLC0415
     from tasks.corpus.sharded_index import ShardedBM25  # noqa: PLC0415
@@ -119,10 +132,10 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
     assert _manifest(sharded.path)["content_digest"] != _manifest(single.path)["content_digest"]
 
 
-# README "Measured here": documents, links, clusters, units, passages of both real samples with
+# docs/results/corpus-build.md "The real samples": documents, links, clusters, units, passages of both real samples with
 # the shipped configs, and the content digest (sha256 over every published file). A change means
 # the published corpus changed: if intended, bump the stage version (``@stage`` in
-# tasks/corpus/stages.py) and update these figures and the README.
+# tasks/corpus/stages.py) and update these figures and docs/results/corpus-build.md.
 FIGURES = {
     "wikispeedia": {"config": "corpus_wikispeedia.yaml", "docs_per_shard": 1_000, "tokens_per_shard": 2_000_000, "documents": 4_598, "links": 119_879, "clusters": 1_573,
                     "document_units": 23_397, "passages": 146_402, "max_cluster_tokens": 25_793,
@@ -164,7 +177,6 @@ def test_cluster_index_is_the_one_process_index(shipped_builds, name, tmp_path):
     the bytes of one ``BM25Index.build`` over all cluster texts of the published tables."""
     from data_contracts.base import sha256_file  # noqa: PLC0415
     from tasks.corpus.index import BM25Config, BM25Index  # noqa: PLC0415
-
     from tasks.corpus.shards import read_cluster_ranges  # noqa: PLC0415
 
     corpus = open_corpus(shipped_builds, name)

@@ -15,12 +15,11 @@ import pytest
 
 from data_contracts.funnel import ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, READER_PREDICTIONS
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
-from flows.funnel import (COMMANDS, DistillationConfig, distillation_run_flow, score_passages_flow,
-                                train_reader_flow)
-from funnelrag.corpus import open_corpus
+from flows.funnel import COMMANDS, DistillationConfig, distillation_run_flow, score_passages_flow, train_reader_flow
 from funnelrag.datasets import resolve
 from funnelrag.registry import champion_version, download_model, find_model_dir, model_uri
 from funnelrag.workspace import Workspace
+from tasks.corpus.published import open_corpus
 from tasks.funnel.reader import READER_CONFIG
 
 N_RECORDS = 60

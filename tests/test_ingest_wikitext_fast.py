@@ -1,6 +1,6 @@
 """The fast wikitext cleaner gives the reference cleaner's output, character for character.
 
-``tests/wikitext_reference.py`` is ``clean_wikitext`` as it was before the speed-up (issue 12); the
+``tests/wikitext_reference.py`` is ``clean_wikitext`` as it was before its 2x speed-up; the
 pipeline's cleaner must not change one byte of any document (the corpus digests are pinned
 elsewhere). Checked on every page of the real enwiki sample, on synthetic enwiki-like pages, on
 hand-written edge cases and on random strings made of wikitext's special tokens.

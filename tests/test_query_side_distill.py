@@ -10,12 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from oracle_corpus import oracle_clusters
 
 from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNIT_POOL, UNITS
 from funnelrag.training import TrainConfig
-from models.preranker import (QUERY_ENCODER_DIR, PreRankerConfig, build_preranker, load_preranker,
-                              save_preranker, score)
-from oracle_corpus import oracle_clusters
+from models.preranker import QUERY_ENCODER_DIR, PreRankerConfig, build_preranker, load_preranker, save_preranker, score
 from tasks.corpus.segment import SegmentConfig, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import WhitespaceCounter
 from tasks.funnel import stages as S
@@ -23,7 +22,7 @@ from tasks.funnel.candidates import CandidatesConfig, build_candidates, rerank_p
 from tasks.funnel.distill import DistillConfig, MaxPBPRHooks, PairItem, bpr_loss, prepare_for_distillation
 from tasks.funnel.embeddings import build_embedding_index, embed_queries, embed_texts, model_version
 from tasks.funnel.labels import LabelConfig, make_labels
-from tasks.funnel.questions import QuestionsConfig, load_questions
+from tasks.qa.questions import QuestionsConfig, load_questions
 
 SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace")
 QUERIES = ["who painted the mona lisa", "what is the capital of france"]
@@ -192,8 +191,13 @@ def test_maxp_rerank_from_stored_vectors_equals_computed(mini, one_torch_thread)
 def test_validation_search_measures_every_epoch_on_train_split_questions_only(mini, tmp_path, one_torch_thread):
     """The BPR search trains on the fit part, measures a checkpoint per epoch on the validation part
     (disjoint, by hash), and the last checkpoint is the run's trained pre-ranker."""
-    from tasks.funnel.experiment_validation import (ValidationConfig, load_checkpoint_preranker, validation_curve,
-                                                    validation_ids, validation_table)
+    from tasks.funnel.experiment_validation import (
+        ValidationConfig,
+        load_checkpoint_preranker,
+        validation_curve,
+        validation_ids,
+        validation_table,
+    )
 
     model, tok = _bi()
     _, cand_dir, label_dir = _stage_dirs(mini, model, tok, tmp_path)

@@ -9,8 +9,17 @@ import pytest
 
 from data_contracts.funnel import QUESTIONS
 from funnelrag.datasets import resolve
-from tasks.funnel.questions import (AnswerMatcher, QuestionsConfig, dpr_tokens, exact_match, has_answer,
-                             load_questions, normalize_answer, read_questions, split_of)
+from tasks.qa.questions import (
+    AnswerMatcher,
+    QuestionsConfig,
+    dpr_tokens,
+    exact_match,
+    has_answer,
+    load_questions,
+    normalize_answer,
+    read_questions,
+    split_of,
+)
 
 
 # ---------------------------------------------------------------------------- DPR has_answer

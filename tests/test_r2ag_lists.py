@@ -77,7 +77,7 @@ def wikispeedia_passages(data_mirror) -> pa.Table:
 
 def test_nq_bm25_lists_follow_bm25_order_and_has_answer(data_mirror, wikispeedia_passages):
     from tasks.corpus.index import BM25Index
-    from tasks.funnel.questions import QuestionsConfig, has_answer, load_questions
+    from tasks.qa.questions import QuestionsConfig, has_answer, load_questions
 
     passages = wikispeedia_passages
     index = BM25Index.build(passages["text"].to_pylist(), passages["passage_id"].to_pylist())

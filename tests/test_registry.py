@@ -110,3 +110,83 @@ def test_gate_compares_on_one_fixed_question_set_and_records_its_digest(ws, tmp_
         _register(ws, tmp_path, "f3", 0.90, name=name, eval_set=other)
     remeasured = _register(ws, tmp_path, "f4", 0.20, name=name, eval_set=other, champion_value=0.25)
     assert not remeasured.promoted and remeasured.eval_set == other
+
+
+def _artifact_file(mv, rel: str):
+    """The artifact store's own copy of a registered file (the version's logged model, a local store here)."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    from mlflow import MlflowClient
+
+    from funnelrag.registry import logged_model_id
+
+    root = MlflowClient().get_logged_model(logged_model_id(mv)).artifact_location
+    return Path(unquote(urlparse(root).path) if root.startswith("file:") else root) / rel
+
+
+def test_versions_are_logged_models_and_evaluation_runs_link_them(ws, tmp_path):
+    """A registered version is an MLflow 3 logged model of its training run (with its metrics);
+    a run that used it records the link (run inputs) and a searchable tag."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from funnelrag.registry import link_model_versions, logged_model_id, resolve_version
+
+    name = "test-logged"
+    _register(ws, tmp_path, "a", 0.5, name=name)
+    mv = resolve_version(model_uri(name, 1))
+    logged = MlflowClient().get_logged_model(logged_model_id(mv))
+    assert logged.source_run_id == mv.run_id and logged.name == name
+    assert {m.key for m in logged.metrics} >= {"dev_ar", "other"}
+    with flow_run(ws, "registry-test", "evaluate", {}) as run:
+        assert link_model_versions([(name, "1")], {"prog_ar_4": 0.25, "note": "x"}) == [logged.model_id]
+    got = MlflowClient().get_run(run.info.run_id)
+    assert got.data.tags[f"model_version.{name}"] == "1"
+    evaluated = MlflowClient().get_logged_model(logged.model_id)
+    assert [(m.key, m.value, m.run_id) for m in evaluated.metrics if m.key == "prog_ar_4"] == \
+        [("prog_ar_4", 0.25, run.info.run_id)]
+    assert mlflow.active_run() is None
+
+
+def test_registered_files_are_verified_on_load(ws, tmp_path):
+    """Same-size corruption and truncation of a registered weight file fail the load with the
+    model, version and file named; an untouched version loads."""
+    from funnelrag.registry import FILES_TAG, ModelIntegrityError, resolve_version
+
+    name = "test-integrity"
+    _register(ws, tmp_path, "a", 0.5, name=name)
+    mv = resolve_version(model_uri(name, 1))
+    assert json.loads(mv.tags[FILES_TAG]) == {
+        "preranker.json": __import__("hashlib").sha256(b'{"kind": "bi", "tag": "a"}').hexdigest(),
+        "weights.txt": __import__("hashlib").sha256(b"weights of a\n").hexdigest()}
+    assert (download_model(model_uri(name, CHAMPION), tmp_path / "ok") / "weights.txt").exists()
+
+    stored = _artifact_file(mv, "weights.txt")
+    original = stored.read_bytes()
+    stored.write_bytes(b"X" * len(original))                    # same size, other bytes
+    with pytest.raises(ModelIntegrityError, match=rf"{name} v1: file weights.txt has sha256"):
+        download_model(model_uri(name, CHAMPION), tmp_path / "bad")
+    stored.write_bytes(original[:5])                            # truncated
+    with pytest.raises(ModelIntegrityError, match="weights.txt"):
+        download_model(model_uri(name, 1), tmp_path / "bad2")
+    stored.unlink()                                             # gone
+    with pytest.raises(ModelIntegrityError, match="weights.txt is missing"):
+        download_model(model_uri(name, 1), tmp_path / "bad3")
+    stored.write_bytes(original)
+    assert (download_model(model_uri(name, 1), tmp_path / "again") / "weights.txt").read_bytes() == original
+
+
+def test_verify_model_files_rejects_added_files(tmp_path):
+    from funnelrag.registry import ModelIntegrityError, model_file_digests, verify_model_files
+
+    d = _model_dir(tmp_path, "x")
+    digests = model_file_digests(d)
+    verify_model_files(d, digests, name="m", version="1")
+    (d / "registry_config.json").write_text("{}")               # written by the registry itself: allowed
+    verify_model_files(d, digests, name="m", version="1")
+    (d / "extra.bin").write_bytes(b"?")
+    with pytest.raises(ModelIntegrityError, match="extra.bin"):
+        verify_model_files(d, digests, name="m", version="1")
+    with pytest.raises(ValueError, match="expected models:/"):
+        __import__("funnelrag.registry", fromlist=["resolve_version"]).resolve_version("runs:/abc/model")

@@ -11,19 +11,26 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from corpus_stages import enwiki_sample_stages
+from same_search import assert_same_search
+
 from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTERS, DOCUMENTS, PASSAGES
 from funnelrag.datasets import resolve
-from same_search import assert_same_search
-from tasks.corpus import stages as S
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import article_windows
-from tasks.corpus.sharded_index import (SHARDS_FILE, ShardedBM25, build_passage_shards, build_shard,
-                                        load_passage_index, merge_stats, read_passage_range, save_stats,
-                                        shard_stats)
+from tasks.corpus.sharded_index import (
+    SHARDS_FILE,
+    ShardedBM25,
+    build_passage_shards,
+    build_shard,
+    load_passage_index,
+    merge_stats,
+    read_passage_range,
+    save_stats,
+    shard_stats,
+)
 from tasks.corpus.shards import read_cluster_ranges, run_here
 
 

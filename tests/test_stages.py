@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from funnelrag.stages import DataSource, hash_path, input_digests, run_cached, stage, stage_of
+from funnelrag.errors import BadInput
+from funnelrag.stages import DataSource, hash_path, input_digests, retry_transient, run_cached, stage, stage_of
 from funnelrag.store import StageCache
 from tasks.corpus import stages as corpus
+from tasks.corpus.ingest import IngestError
 from tasks.dr_rag import stages as dr_rag
-from tasks.evaluate import stages as evaluate
 from tasks.funnel import stages as funnel
 from tasks.r2ag import stages as r2ag
 
@@ -60,7 +61,7 @@ def test_undeclared_function_is_refused(tmp_path):
     (funnel.run_distill, "distill", "1"), (funnel.run_eval, "eval", "1"),
     (dr_rag.run_collection, "collection", "1"), (dr_rag.run_embeddings, "embeddings", "1"),
     (dr_rag.run_rankings, "rankings", "1"), (dr_rag.run_pairs, "pairs", "2"),
-    (r2ag.build_lists_and_features, "r2ag-features", "1"), (evaluate.dense_index, "dense-index", "1"),
+    (r2ag.build_lists_and_features, "r2ag-features", "1"),
 ])
 def test_every_cached_stage_declares_its_cache_name(core, name, version):
     """Cache directory names are part of the workspace layout; a version may only go up."""
@@ -87,3 +88,22 @@ def test_data_source_resolves_registered_sets_in_the_mirror(data_mirror):
     assert path.is_file() and sha == REGISTRY["nq-open-dev"].sha256
     with pytest.raises(KeyError):
         DataSource(datasets=["no-such-set"]).resolve(data_mirror, None)
+
+
+class _Failed:
+    """A Prefect task state whose result raises ``exc``."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def result(self):
+        raise self.exc
+
+
+def test_bad_input_is_never_retried_other_failures_are():
+    """The platform knows stage input errors only through its own base class (an ingest error
+    is a :class:`funnelrag.errors.BadInput`), so it needs no import of a stage package."""
+    assert issubclass(IngestError, BadInput) and issubclass(IngestError, RuntimeError)
+    for exc in (IngestError("dump.xml.bz2: truncated"), BadInput("empty file"), ValueError("bad config")):
+        assert retry_transient(None, None, _Failed(exc)) is False
+    assert retry_transient(None, None, _Failed(OSError("disk full"))) is True

@@ -2,23 +2,31 @@
 stored vectors, on a real mini corpus (NQ-open oracle gold passages, 3 articles per cluster)."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
-
 from oracle_corpus import oracle_clusters
+
 from models.preranker import PreRankerConfig, build_preranker, score
 from tasks.corpus.segment import SegmentConfig, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import WhitespaceCounter
 from tasks.funnel.candidates import CandidatesConfig, build_candidates
-from tasks.funnel.embeddings import (EmbeddingConfig, EmbeddingIndexMismatch, build_embedding_index, embed_texts,
-                                     ensure_embedding_index, model_version, open_embedding_index, passage_text,
-                                     publish_embedding_index, store_root)
+from tasks.funnel.embeddings import (
+    EmbeddingConfig,
+    EmbeddingIndexMismatch,
+    build_embedding_index,
+    embed_texts,
+    ensure_embedding_index,
+    model_version,
+    open_embedding_index,
+    passage_text,
+    publish_embedding_index,
+    store_root,
+)
 from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex
-from tasks.funnel.questions import QuestionsConfig, load_questions
 from tasks.funnel.stored import rank_units_stored
 from tasks.funnel.unit_scoring import group_max
+from tasks.qa.questions import QuestionsConfig, load_questions
 
 N_RECORDS = 24
 SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace")

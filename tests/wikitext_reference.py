@@ -1,5 +1,5 @@
 """Reference for the fast wikitext cleaner: ``clean_wikitext`` of ``tasks/corpus/ingest/wikitext.py``
-as it was before the speed-up of issue 12 (commit 3644532), frozen. ``tests/test_ingest_wikitext_fast.py``
+as it was before its 2x speed-up, frozen. ``tests/test_ingest_wikitext_fast.py``
 checks that the pipeline's cleaner gives the same string, character for character, on real, synthetic
 and random wikitext. Not used by the pipeline.
 """

@@ -112,7 +112,7 @@ def doc_freqs(chunks: TokenChunks, n_vocab: int) -> tuple[np.ndarray, np.ndarray
 def idf_array(df: np.ndarray, n_docs: int, idf_fn: Callable[..., float], dtype: str = "float32") -> np.ndarray:
     """bm25s's ``_build_idf_array`` (``idf_fn(df, N=n_docs)`` per term, 0 where ``df == 0``, cast to
     ``dtype``), with one Python call per distinct ``df`` value instead of per term."""
-    from bm25s.scoring import _build_idf_array  # noqa: PLC0415
+    from bm25s.scoring import _build_idf_array  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
     values, inverse = np.unique(df, return_inverse=True)
     per_value = _build_idf_array(doc_frequencies=dict(enumerate(values.tolist())), n_docs=n_docs,

@@ -14,6 +14,7 @@ nothing to compare with and passes.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,8 +24,9 @@ import pyarrow.compute as pc
 
 from data_contracts.corpus import INGEST_REPORT, PASSAGES
 from tasks.corpus.ingest.config import SKIPPED
-from tasks.evaluate.metrics import answer_recall
-from tasks.funnel.questions import AnswerMatcher
+from tasks.corpus.sharded_index import load_passage_index
+from tasks.qa.metrics import answer_recall
+from tasks.qa.questions import AnswerMatcher
 
 PASSAGE_INDEX = "index/passages.bm25"
 
@@ -55,6 +57,11 @@ class GateConfig:
             raise ValueError(f"gate: k and limit must be >= 1, got k={self.k}, limit={self.limit}")
         if self.max_recall_drop < 0 or not 0 <= self.max_skipped_increase <= 1:
             raise ValueError("gate: tolerances must be >= 0 (max_skipped_increase at most 1)")
+
+    def input_files(self) -> list[tuple[str, Path, str]]:
+        """``(key, path, expected)`` of the question files, checked before a build starts
+        (:func:`funnelrag.inputs.check_inputs`)."""
+        return [("paths", Path(p), "a questions file (.tsv, .jsonl, .jsonl.gz or DPR .qa.csv)") for p in self.paths]
 
 
 @dataclass(frozen=True)
@@ -118,8 +125,6 @@ def version_figures(version_dir: Path, questions: Sequence[tuple[str, Sequence[s
     questions : ``[(question, answers)]``, ``(n_questions,)``
     k : cut-off in passages.
     """
-    from tasks.corpus.sharded_index import load_passage_index  # noqa: PLC0415
-
     report = INGEST_REPORT.read(version_dir, columns=["status"])
     skipped = int(pc.sum(pc.equal(report["status"], SKIPPED)).as_py() or 0)
     passages = PASSAGES.read(version_dir, columns=["passage_id", "text"])
@@ -130,7 +135,6 @@ def version_figures(version_dir: Path, questions: Sequence[tuple[str, Sequence[s
         for (_, answers), ranked in zip(questions, ids):
             matcher = AnswerMatcher(answers)
             hits.append([matcher(text_of[pid]) for pid in ranked])
-    import json  # noqa: PLC0415
 
     documents = int(json.loads((version_dir / "manifest.json").read_text())["counts"]["documents"])
     return VersionFigures(version=version_dir.name, answer_recall=answer_recall(hits, [k])[k],

@@ -73,8 +73,8 @@ def tokenize_ids(texts: Sequence[str], cfg: BM25Config, stem=None):
         ``ids``: ``n`` lists of token ids; ``vocab``: token (stem) → id, ids ``0..V-1`` in sorted
         token order when stemming, first-occurrence order otherwise.
     """
-    import bm25s  # noqa: PLC0415
-    from bm25s.tokenization import Tokenized  # noqa: PLC0415
+    import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
+    from bm25s.tokenization import Tokenized  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
     raw = bm25s.tokenize(list(texts), lower=cfg.lower, stopwords=cfg.stopwords, stemmer=None,
                          return_ids=True, show_progress=False)
@@ -120,7 +120,7 @@ class TokenIds:
     def tokenized(self):
         """A bm25s ``Tokenized`` over these arrays (ids per text made as lists when read) for
         ``bm25s.BM25.index``: the index of :func:`tokenize_ids`' output, same bytes."""
-        from bm25s.tokenization import Tokenized  # noqa: PLC0415
+        from bm25s.tokenization import Tokenized  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
         return Tokenized(ids=_IdLists(self.ids, self.offsets), vocab={t: i for i, t in enumerate(self.terms)})
 
@@ -166,7 +166,7 @@ def bm25_from_token_ids(tokens: TokenIds, cfg: BM25Config, chunk_tokens: int = 1
     (its lists and loops). Memory besides the token ids: the index (8 bytes a (text, term) pair)
     and ~40 bytes a vocabulary term.
     """
-    from tasks.corpus.bm25_csc import array_chunks  # noqa: PLC0415
+    from tasks.corpus.bm25_csc import array_chunks  # noqa: PLC0415  (heavy: numba kernels, only when an index is built)
 
     return bm25_from_token_chunks(lambda: array_chunks(tokens.ids, tokens.offsets, chunk_tokens), len(tokens),
                                   {t: i for i, t in enumerate(tokens.terms)}, cfg)
@@ -196,11 +196,11 @@ def bm25_from_token_chunks(chunks, n_texts: int, vocab: dict[str, int], cfg: BM2
         The chunks do not hold ``n_texts`` texts, a token id is outside the vocabulary, or the
         two passes differ.
     """
-    import bm25s  # noqa: PLC0415
-    from bm25s.scoring import _select_idf_scorer  # noqa: PLC0415
-    from bm25s.tokenization import Tokenized  # noqa: PLC0415
+    import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
+    from bm25s.scoring import _select_idf_scorer  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
+    from bm25s.tokenization import Tokenized  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
-    from tasks.corpus.bm25_csc import METHODS, bm25_csc  # noqa: PLC0415
+    from tasks.corpus.bm25_csc import METHODS, bm25_csc  # noqa: PLC0415  (heavy: numba kernels, only when an index is built)
 
     class ChunksBM25(bm25s.BM25):
         def build_index_from_ids(self, unique_token_ids, corpus_token_ids, show_progress=True, leave_progress=False):
@@ -246,7 +246,7 @@ class BM25Index:
     # ------------------------------------------------------------------ build / save / load
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
         """Tokens (strings) of ``texts`` with this index's lower-casing, stop words and stemmer."""
-        import bm25s  # noqa: PLC0415
+        import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
         return bm25s.tokenize(list(texts), lower=self.cfg.lower, stopwords=self.cfg.stopwords,
                               stemmer=self._stem, return_ids=False, show_progress=False)
@@ -260,7 +260,7 @@ class BM25Index:
         ValueError
             ``texts`` and ``doc_ids`` differ in length, or ids repeat.
         """
-        import bm25s  # noqa: PLC0415
+        import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
         texts = list(texts)
         ids = [str(i) for i in doc_ids]
@@ -296,7 +296,7 @@ class BM25Index:
         FileNotFoundError
             The directory or its tokenizer/id files are missing.
         """
-        import bm25s  # noqa: PLC0415
+        import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
         directory = Path(directory)
         for name in (TOKENIZER_FILE, IDS_FILE, "params.index.json"):

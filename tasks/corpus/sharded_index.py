@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_contracts.base import atomic_write_bytes, sha256_file
+from data_contracts.base import atomic_write_bytes, link_or_copy, replace_file, sha256_file, temp_file_beside
 from data_contracts.corpus import CLUSTERS, PASSAGES
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges, texts_key
@@ -111,8 +109,8 @@ def merge_stats(parts: Sequence[CorpusStats]) -> CorpusStats:
 
 
 def _global_bm25(cfg: BM25Config, stats: CorpusStats, vocab: dict[str, int]):
-    import bm25s  # noqa: PLC0415
-    from bm25s.scoring import (_build_idf_array, _build_scores_and_indices_for_matrix,  # noqa: PLC0415
+    import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
+    from bm25s.scoring import (_build_idf_array, _build_scores_and_indices_for_matrix,  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
                                _calculate_doc_freqs, _select_idf_scorer)
 
     class GlobalBM25(bm25s.BM25):
@@ -278,12 +276,11 @@ def merge_stats_files(work_dir: Path, keys: Sequence[str], n_docs: int, total_le
         merged = part
     merged = (merged if merged is not None else pa.table({"term": pa.array([], pa.string()),
                                                           "df": pa.array([], pa.int64())})).sort_by("term")
-    tmp = Path(work_dir) / "passage-stats" / f".tmp-global-{os.getpid()}.parquet"
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(merged.select(["term", "df"]), tmp)
-    digest = sha256_file(tmp)
-    final = tmp.with_name(f"global-{digest}.parquet")
-    os.replace(tmp, final)
+    with temp_file_beside(Path(work_dir) / "passage-stats" / "global.parquet") as tmp:   # named by its digest
+        pq.write_table(merged.select(["term", "df"]), tmp)
+        digest = sha256_file(tmp)
+        final = tmp.with_name(f"global-{digest}.parquet")
+        replace_file(tmp, final)
     global_key = hashlib.sha256(json.dumps([digest, n_docs, total_len]).encode()).hexdigest()
     return final, global_key
 
@@ -324,12 +321,8 @@ def _link_tree(src: Path, dst: Path) -> None:
         target = dst / path.relative_to(src)
         if path.is_dir():
             target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
+        else:
+            link_or_copy(path, target)
 
 
 def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cfg: BM25Config, shard_tokens: int,

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -34,8 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from tasks.corpus.segment import (SegmentConfig, check_members, count_window_tokens, segment_cluster,
-                                  segments_to_tables)
+from data_contracts.base import atomic_write
+from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,6 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int)
 def texts_key(version: str, cfg: Any, ids: list[str], texts: list[str]) -> str:
     """sha256 cache key of a shard's input: ``version``, the settings ``cfg`` (a dataclass), and
     every id and text, each length-prefixed (no two inputs collide by concatenation)."""
-    from dataclasses import asdict  # noqa: PLC0415
-
     h = hashlib.sha256(json.dumps([version, asdict(cfg), len(texts)], sort_keys=True).encode())
     for s in (*ids, *texts):
         h.update(len(s).to_bytes(8, "little"))
@@ -219,10 +218,7 @@ def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_di
             continue
         rows = table.take(pa.array(np.sort(order[a:b])))
         path = Path(out_dir) / f"{k:06d}" / f"{lo:010d}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-        pq.write_table(rows, tmp, compression="none")
-        os.replace(tmp, path)
+        atomic_write(path, functools.partial(pq.write_table, rows, compression="none"))
         written += rows.num_rows
     return written
 

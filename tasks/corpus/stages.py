@@ -21,13 +21,19 @@ import pyarrow.compute as pc
 from data_contracts import corpus as C
 from funnelrag.stages import stage
 from tasks.corpus.cluster_index import build_cluster_index, cluster_texts  # noqa: F401 - cluster_texts re-exported
-from tasks.corpus.clustering import (ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
-                              clusters_table, graph_metrics_table)
+from tasks.corpus.clustering import (
+    ClusteringConfig,
+    check_clustering,
+    cluster_documents,
+    cluster_members_table,
+    clusters_table,
+    graph_metrics_table,
+)
 from tasks.corpus.graph import graph_from_links, graph_metrics
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
-from tasks.corpus.sharded_index import STATS_FILE, load_passage_index
+from tasks.corpus.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
 from tasks.corpus.shards import release_memory, run_here
 from tasks.corpus.tokenize import load_token_counter
 
@@ -179,8 +185,6 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     t1 = time.perf_counter()
     sharded: dict[str, Any] = {}
     if passage_shard_tokens > 0:
-        from tasks.corpus.sharded_index import build_passage_shards  # noqa: PLC0415
-
         sharded = build_passage_shards(segment_dir, cluster_dir, out_dir / PASSAGE_INDEX_DIR, cfg,
                                        passage_shard_tokens, submit, work, window=window)
         n_passages = sharded["passage_index_docs"]

@@ -18,6 +18,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from funnelrag.datasets import resolve
+
 TOKENIZER_NAMES = ("t5", "whitespace")
 
 
@@ -98,7 +100,5 @@ def load_token_counter(name: str, mirror: Path | None) -> TokenCounter:
     if name == "whitespace":
         return WhitespaceCounter()
     if name == "t5":
-        from funnelrag.datasets import resolve  # noqa: PLC0415
-
         return HFTokenizerCounter("t5", resolve("t5-tokenizer", mirror))
     raise ValueError(f"unknown tokenizer {name!r}; expected one of {TOKENIZER_NAMES}")

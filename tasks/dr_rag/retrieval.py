@@ -12,8 +12,9 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-from tasks.dr_rag.collection import ParagraphCollection, paragraph_text
+from models.encoders import encode
 from tasks.corpus.index import BM25Config, BM25Index
+from tasks.dr_rag.collection import ParagraphCollection, paragraph_text
 
 
 class Retriever(Protocol):
@@ -89,6 +90,4 @@ class SMRetriever:
 
 def encoder_fn(model, tokenizer, batch_size: int = 64):
     """Wrap :func:`models.encoders.encode` as ``texts -> (n, dim)`` for :class:`SMRetriever`."""
-    from models.encoders import encode  # noqa: PLC0415
-
     return lambda texts: encode(model, tokenizer, texts, batch_size=batch_size)

@@ -19,16 +19,24 @@ import torch
 
 from data_contracts import dr_rag as C
 from funnelrag.stages import stage
-from funnelrag.training import TrainConfig
+from funnelrag.training import TrainConfig, train
 from models.dr_rag import ClassifierConfig, DRRAGClassifier, load_classifier, save_classifier
+from models.encoders import BiEncoder, EncoderConfig, encode
+from tasks.corpus.index import BM25Config
 from tasks.dr_rag.classifier import ClassifierHooks, PairProbs, question_scorer, score_triples
 from tasks.dr_rag.collection import ParagraphCollection, Question, build_collection, paragraph_text, qrels_table
-from tasks.dr_rag.evaluate import (EvalConfig, compute_rankings, rankings_from_table, rankings_table, select_all,
-                                   selections_table, table5)
+from tasks.dr_rag.evaluate import (
+    EvalConfig,
+    compute_rankings,
+    rankings_from_table,
+    rankings_table,
+    select_all,
+    selections_table,
+    table5,
+)
+from tasks.dr_rag.hotpotqa import SplitConfig, read_hotpotqa, split_train_dev
 from tasks.dr_rag.pairs import PairSamplingConfig, build_pairs, pairs_from_table, pairs_table
 from tasks.dr_rag.retrieval import BM25Retriever, SMConfig, SMRetriever, encoder_fn
-from tasks.dr_rag.hotpotqa import SplitConfig, read_hotpotqa, split_train_dev
-from tasks.corpus.index import BM25Config
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +141,6 @@ def read_collection(directory: Path) -> Collection:
 @stage("embeddings", version="1")
 def run_embeddings(collection_dir: Path, cfg: SMConfig, out: Path) -> dict:
     """Encode every paragraph with the bi-encoder (``paragraph_embeddings.sm.parquet``)."""
-    from models.encoders import BiEncoder, EncoderConfig, encode  # noqa: PLC0415
-
     coll = ParagraphCollection.from_table(C.PARAGRAPHS.read(collection_dir))
     model, tok = BiEncoder.from_pretrained(EncoderConfig(name_or_path=cfg.encoder, max_length=cfg.max_length))
     t0 = time.perf_counter()
@@ -154,8 +160,6 @@ def load_sm_retriever(collection_dir: Path, embeddings_dir: Path, cfg: SMConfig)
     ValueError
         The embeddings do not cover exactly the collection's paragraphs (in order).
     """
-    from models.encoders import BiEncoder, EncoderConfig  # noqa: PLC0415
-
     ids = C.PARAGRAPHS.read(collection_dir, columns=["paragraph_id"]).column("paragraph_id").to_pylist()
     table = C.EMBEDDINGS.read(embeddings_dir)
     if table.column("paragraph_id").to_pylist() != ids:
@@ -197,7 +201,7 @@ def run_pairs(collection_dir: Path, cfg: PairSamplingConfig, out: Path) -> dict:
 
 def pair_metrics(probs: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
     """Accuracy at ``threshold`` and ROC AUC (Mann–Whitney, ties counted half) of pair scores."""
-    from scipy.stats import rankdata  # noqa: PLC0415
+    from scipy.stats import rankdata  # noqa: PLC0415  (heavy: scipy.stats, only for the rankings)
 
     acc = float(((probs >= threshold).astype(int) == labels).mean()) if len(labels) else float("nan")
     n_pos, n_neg = int(labels.sum()), int((1 - labels).sum())
@@ -212,8 +216,6 @@ def run_train(collection_dir: Path, pairs_dir: Path, clf: ClassifierConfig, sett
               threshold: float, out: Path, log_metrics: Callable[[dict, int], None] | None = None) -> dict:
     """Fine-tune C(q, d1, d2) on the train pairs with the shared accelerate loop, score the dev
     pairs, and save the model to ``out / "classifier"``."""
-    from funnelrag.training import train  # noqa: PLC0415
-
     coll = read_collection(collection_dir)
     table = C.CLASSIFIER_PAIRS.read(pairs_dir)
     train_pairs, dev_pairs = pairs_from_table(table, "train"), pairs_from_table(table, "dev")

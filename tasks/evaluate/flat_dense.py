@@ -58,7 +58,7 @@ def build_faiss_index(vectors: np.ndarray, cfg: FlatDenseConfig = FlatDenseConfi
     ValueError
         ``vectors`` is not a non-empty 2-D array.
     """
-    import faiss  # noqa: PLC0415
+    import faiss  # noqa: PLC0415  (heavy: faiss, only for a flat dense setting)
 
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     if x.ndim != 2 or not x.shape[0]:

@@ -18,10 +18,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from funnelrag.registry import find_model_dir
+from funnelrag.registry import download_model, find_model_dir
 from models.encoders import MINILM
+from models.fid import FiDConfig, FiDReader
 from models.preranker import CONFIG_FILE as PRERANKER_FILE  # the file that marks a saved pre-ranker
+from models.preranker import PreRankerConfig, build_preranker, load_preranker
 from tasks.funnel.reader import READER_CONFIG as READER_FILE  # ... and a saved FiD reader
+from tasks.funnel.reader import load_reader
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ def registry_version(ref: str):
     mlflow.exceptions.MlflowException
         No such model, version or alias.
     """
-    from mlflow import MlflowClient  # noqa: PLC0415
+    from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     name, alias, version = parse_registry_ref(ref)
     client = MlflowClient()
@@ -101,8 +104,6 @@ def resolve(ref: str, marker: str, download_dir: Path) -> ResolvedRef:
         A registry reference names no model version.
     """
     if is_registry_ref(ref):
-        from funnelrag.registry import download_model  # noqa: PLC0415
-
         mv = registry_version(ref)
         dst = Path(download_dir) / f"{mv.name}-v{mv.version}"
         local = download_model(f"models:/{mv.name}/{mv.version}", dst)
@@ -120,8 +121,6 @@ def load_preranker_ref(ref: str, download_dir: Path):
     ``preranker.json`` for a saved or registered pre-ranker (no override: before/after
     comparisons run both at the lengths they were built with, reported per model).
     """
-    from models.preranker import PreRankerConfig, build_preranker, load_preranker  # noqa: PLC0415
-
     if ref == MINILM:
         cfg = PreRankerConfig(kind="bi", name_or_path=MINILM)
         model, tok = build_preranker(cfg)
@@ -139,9 +138,6 @@ def load_reader_ref(ref: str, download_dir: Path, tokenizer_dir: Path | None):
     ValueError
         ``"scratch"`` without the T5 tokenizer directory.
     """
-    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
-    from tasks.funnel.reader import load_reader  # noqa: PLC0415
-
     if ref == SCRATCH:
         if tokenizer_dir is None:
             raise ValueError("reader 'scratch' needs the T5 tokenizer directory")

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.csv as pcsv
 
+from data_contracts.base import atomic_write
 from data_contracts.evaluation import EVAL_PER_QUESTION, EVAL_RESULTS, EVAL_STAGES, SUBSETS
-from tasks.evaluate.metrics import answer_recall, exact_match_rate, title_entropy
 from tasks.evaluate.retrieval import QueryResult
 from tasks.evaluate.timing import StageOutcome, funnel_label
+from tasks.qa.metrics import answer_recall, exact_match_rate, title_entropy
 
 KS = (1, 2, 3, 4)
 ENTROPY_TOP = 4  # Table 9: entropy of the titles of the top-4 passages
@@ -176,10 +178,6 @@ def write_tables(out_dir: Path, results: pa.Table, stages: pa.Table, per_questio
                  markdown: str) -> list[Path]:
     """Write the three contract tables (Parquet), ``results.evaluation.csv`` and
     ``results.evaluation.md`` into ``out_dir`` atomically; returns the paths."""
-    import pyarrow.csv as pcsv  # noqa: PLC0415
-
-    from data_contracts.base import atomic_write  # noqa: PLC0415
-
     out_dir = Path(out_dir)
     files = [EVAL_RESULTS.write(results, out_dir), EVAL_STAGES.write(stages, out_dir),
              EVAL_PER_QUESTION.write(per_question, out_dir)]
@@ -225,10 +223,10 @@ def to_markdown(results: pa.Table, stages: pa.Table, title: str = "Evaluation") 
 
 def plot_answer_recall(results: pa.Table, out_png: Path) -> Path:
     """AR@1..4 per setting, one panel per subset, saved as a PNG (no timestamp metadata)."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib  # noqa: PLC0415  (heavy: matplotlib, only when a plot is drawn)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (heavy: matplotlib, only when a plot is drawn)
 
     rows = results.to_pylist()
     fig, axes = plt.subplots(1, len(SUBSETS), figsize=(12, 4.5), sharey=True)

@@ -24,8 +24,12 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tasks.evaluate.metrics import TokenCache, passage_hits
+from models.preranker import score_grouped
 from tasks.evaluate.timing import StageClock, StageOutcome
+from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
+from tasks.funnel.candidates import CandidatesConfig, build_candidates
+from tasks.funnel.unit_scoring import UNIT_SCORING
+from tasks.qa.metrics import TokenCache, passage_hits
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +73,6 @@ class ProgressiveSetting:
     vectors: str = "on-the-fly"
 
     def __post_init__(self) -> None:
-        from tasks.funnel.unit_scoring import UNIT_SCORING  # noqa: PLC0415
-
         if min(self.n_clusters, self.n_units, self.n_final) < 1:
             raise ValueError(f"ProgressiveSetting sizes must be >= 1, got {self}")
         if self.unit_scoring not in UNIT_SCORING or self.vectors not in VECTORS:
@@ -150,8 +152,6 @@ class LabeledPreRanker:
 
     def score(self, question: str, docs: Sequence[str]) -> np.ndarray:
         """``f(q, d)`` for each document, float32 ``(len(docs),)``."""
-        from models.preranker import score_grouped  # noqa: PLC0415
-
         return score_grouped(self.model, self.tokenizer, [question], list(docs),
                              [(0, j) for j in range(len(docs))], self.batch_size)
 
@@ -226,8 +226,8 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
     ----------
     questions : pa.Table
         ``questions`` rows (:data:`data_contracts.funnel.QUESTIONS`).
-    cluster_index : BM25 over clusters (:meth:`funnelrag.corpus.CorpusVersion.cluster_index`).
-    members_of : :meth:`funnelrag.corpus.CorpusVersion.members_of`.
+    cluster_index : BM25 over clusters (:meth:`tasks.corpus.published.CorpusVersion.cluster_index`).
+    members_of : :meth:`tasks.corpus.published.CorpusVersion.members_of`.
     seg_cfg, token_counter : the corpus build's segmentation config and token counter, so later
         chunking cuts the same units and passages as the corpus.
     setting : ProgressiveSetting
@@ -244,9 +244,6 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
         reader). Stages: ``retrieval`` (→ K c), ``chunking`` (→ units d), ``preranking``
         (→ N d) and, post-ranked, ``postranking`` (→ H p).
     """
-    from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: PLC0415
-    from tasks.funnel.candidates import CandidatesConfig, build_candidates  # noqa: PLC0415
-
     cand_cfg = CandidatesConfig(n_clusters=setting.n_clusters, n_units=setting.n_units, batch_size=preranker.batch_size,
                                 unit_scoring=setting.unit_scoring)
     attention_cfg = attention_cfg or AttentionScoreConfig()

@@ -12,16 +12,19 @@ one of its passages does.
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from data_contracts.funnel import CANDIDATES
-from tasks.evaluate.metrics import TokenCache, passage_hits
-from tasks.evaluate.retrieval import PassageLookup, LabeledPreRanker, ProgressiveSetting, Question, QueryResult
+from tasks.evaluate.retrieval import LabeledPreRanker, PassageLookup, ProgressiveSetting, QueryResult, Question
 from tasks.evaluate.timing import StageClock, StageOutcome
+from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
 from tasks.funnel.embeddings import EmbeddingIndex, embed_queries
 from tasks.funnel.stored import rank_units_stored
+from tasks.qa.metrics import TokenCache, passage_hits
 
 
 class StoredPreRanker:
@@ -95,8 +98,6 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
         ``retrieval`` (→ K c), ``preranking`` (units of the K clusters → N d) and, post-ranked,
         ``postranking`` (→ H p).
     """
-    from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: PLC0415
-
     attention_cfg = attention_cfg or AttentionScoreConfig()
     attention_run = attention_run or AttentionRunConfig()
     n_total = len(cluster_index)
@@ -144,10 +145,6 @@ def fill_lazy_rows(index, questions: Sequence[str], preranker: LabeledPreRanker,
     every passage the stored-vector settings will read for ``questions``: those of their top-K
     clusters for each K in ``cluster_ks`` and their BM25 top ``n_retrieve`` passages (flat
     re-ranking). Returns ``(passages embedded, seconds)``; a no-op on a full index."""
-    import time  # noqa: PLC0415
-
-    import numpy as np  # noqa: PLC0415
-
     if not hasattr(index, "ensure") or not questions:
         return 0, 0.0
     t0 = time.perf_counter()

@@ -79,7 +79,7 @@ def funnel_label(stages, n_final: int | None = None) -> str:
 
 def machine_info() -> dict[str, Any]:
     """CPU model, cores, torch threads and load average: the context of every timing."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415  (heavy: torch, only for the machine description)
 
     cpu = platform.processor() or platform.machine()
     try:

@@ -27,6 +27,7 @@ import pyarrow as pa
 import torch
 
 from data_contracts.funnel import ATTENTION_SCORES
+from models.fid import encode_fid_inputs
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +172,6 @@ def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer
         The reader does not use eager attention, or a candidate question is missing from
         ``questions``.
     """
-    from models.fid import encode_fid_inputs  # noqa: PLC0415
-
     impl = model.attn_implementation
     if impl != "eager":
         raise ValueError(f"attention scores need the reader built with attn_implementation='eager', got {impl!r}")

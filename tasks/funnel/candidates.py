@@ -11,7 +11,7 @@
    (FunnelRAG: N = 8) go on.
 4. Their passages form the post-ranker's input (the candidates table).
 
-Answer recall uses DPR ``has_answer`` (:mod:`tasks.funnel.questions`) on unit and passage texts.
+Answer recall uses DPR ``has_answer`` (:mod:`tasks.qa.questions`) on unit and passage texts.
 Per-stage wall times are reported in seconds.
 """
 from __future__ import annotations
@@ -23,13 +23,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from models.preranker import score_grouped
-from tasks.funnel.embeddings import passage_text
-from tasks.funnel.questions import AnswerMatcher, dpr_tokens
-from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores, stored_maxp_pool_scores
 from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
+from tasks.funnel.embeddings import passage_text
+from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores, stored_maxp_pool_scores
+from tasks.qa.metrics import first_hit_ranks, recall_at_ranks
+from tasks.qa.questions import AnswerMatcher, dpr_tokens
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
         BM25 over cluster texts; ids are cluster ids as strings.
     members_of : callable
         ``members_of(cluster_ids) -> {cluster_id: [(doc_id, title, text), ...]}`` in cluster
-        order (:meth:`funnelrag.corpus.CorpusVersion.members_of`).
+        order (:meth:`tasks.corpus.published.CorpusVersion.members_of`).
     seg_cfg, token_counter : the corpus build's segmentation config and its token counter.
     model, tokenizer : the pre-ranker (:mod:`models.preranker`).
     cfg : CandidatesConfig
@@ -263,8 +265,6 @@ def unit_passages(passages: pa.Table, unit_ids) -> dict[str, list[tuple[str, str
     """``unit_id → [(passage_id, passage_text)]`` of ``unit_ids`` from a corpus ``passages``
     table, passages in table (= position) order; the text is what a pre-ranker reads
     (:func:`tasks.funnel.embeddings.passage_text`)."""
-    import pyarrow.compute as pc  # noqa: PLC0415
-
     wanted = sorted(set(unit_ids))
     sub = passages.filter(pc.is_in(passages["unit_id"], pa.array(wanted, pa.string())))
     out: dict[str, list[tuple[str, str]]] = {}
@@ -282,22 +282,21 @@ def answer_recall(pool: pa.Table, ks: Sequence[int], questions: Sequence[str] | 
     ----------
     pool : pa.Table
         ``unit_pool`` rows (question_id, prerank_rank, has_answer).
-    ks : cut-offs.
+    ks : cut-offs (each >= 1).
     questions : question ids to average over (default: those in ``pool``); a question without
         pool rows counts as a miss.
 
     Returns
     -------
     dict
-        ``{k: AR@k}``, each in [0, 1].
+        ``{k: AR@k}``, each in [0, 1] (:func:`tasks.qa.metrics.recall_at_ranks`).
+
+    Raises
+    ------
+    ValueError
+        A cut-off is < 1.
     """
-    best: dict[str, int] = {}
-    for q, rank, hit in zip(pool["question_id"].to_pylist(), pool["prerank_rank"].to_pylist(),
-                            pool["has_answer"].to_pylist()):
-        best.setdefault(q, 1 << 30)
-        if hit:
-            best[q] = min(best[q], rank)
-    qs = list(questions) if questions is not None else sorted(best)
-    if not qs:
-        return {int(k): 0.0 for k in ks}
-    return {int(k): sum(best.get(q, 1 << 30) < k for q in qs) / len(qs) for k in ks}
+    first = first_hit_ranks(pool["question_id"].to_pylist(), pool["prerank_rank"].to_pylist(),
+                            pool["has_answer"].to_pylist())
+    qs = list(questions) if questions is not None else sorted(first)
+    return recall_at_ranks([first.get(q) for q in qs], ks)

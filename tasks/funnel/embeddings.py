@@ -19,6 +19,7 @@ Layout (``home/stores/embeddings/<corpus>/<model version[:16]>/``, an
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -30,10 +31,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from data_contracts.base import atomic_write, sha256_file
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
 from funnelrag.stages import stage, stage_of
+from funnelrag.store import ArtifactStore
+from models.encoders import encode_texts
+from models.preranker import require_finite
 
 log = logging.getLogger(__name__)
 
@@ -99,17 +104,19 @@ def model_version(model) -> str:
 def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
     """L2-normalised document-tower embeddings ``E_d(d)`` of a bi-encoder pre-ranker, float32
     ``(len(texts), dim)``: what the embedding index stores."""
-    from tasks.evaluate.dense import encode_texts  # noqa: PLC0415
-
     return encode_texts(model.encoder, tokenizer, texts, batch_size)
 
 
 def embed_queries(model, tokenizer, questions: Sequence[str], batch_size: int = 64) -> np.ndarray:
     """L2-normalised query-tower embeddings ``E_q(q)`` of a bi-encoder pre-ranker, float32
-    ``(len(questions), dim)`` (the shared encoder's when the model has no separate query tower)."""
-    from tasks.evaluate.dense import encode_texts  # noqa: PLC0415
+    ``(len(questions), dim)`` (the shared encoder's when the model has no separate query tower).
 
-    return encode_texts(model.query_tower(), tokenizer, questions, batch_size)
+    Raises
+    ------
+    models.preranker.NonFiniteScoresError
+        An embedding has a NaN or infinite value (damaged weights).
+    """
+    return require_finite(encode_texts(model.query_tower(), tokenizer, questions, batch_size), "query embeddings")
 
 
 def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(),
@@ -290,8 +297,6 @@ def publish_embedding_index(root: Path, index: EmbeddingIndex, extra: dict | Non
     Path
         The published version directory.
     """
-    from funnelrag.store import ArtifactStore  # noqa: PLC0415
-
     store = ArtifactStore(root)
     staging = Path(root) / f".build-{os.getpid()}"
     path = PASSAGE_EMBEDDINGS.write(index.to_table(), staging)
@@ -319,8 +324,6 @@ def open_embedding_index(root: Path, corpus_digest: str, version: str) -> Embedd
     EmbeddingIndexMismatch
         The current version was built from another corpus digest or model version.
     """
-    from funnelrag.store import ArtifactStore  # noqa: PLC0415
-
     store = ArtifactStore(root)
     manifest = store.read_manifest()
     meta = {k: manifest.get(k) for k in (*MANIFEST_KEYS, "dim", "max_length", "text")}
@@ -371,8 +374,6 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
     FileNotFoundError, EmbeddingIndexMismatch
         ``build`` is False and no index of this corpus and model is published.
     """
-    from funnelrag.store import ArtifactStore  # noqa: PLC0415
-
     version = model_version(model)
     root = store_root(stores_dir, corpus, version)
     try:
@@ -407,10 +408,6 @@ def with_precision(model, precision: str):
     ValueError
         Unknown ``precision``.
     """
-    import copy  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "fp32":

@@ -1,4 +1,4 @@
-"""Stage-directory helpers of the distillation experiment (:mod:`tasks.funnel.experiment`):
+"""Stage-directory helpers of the distillation experiment (:mod:`flows.experiment`):
 question subsets of a candidates stage, answerable questions, and the flat-BM25 reader input."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts.funnel import CANDIDATES, QUESTIONS, UNIT_POOL, UNITS
+from tasks.qa.questions import AnswerMatcher
 
 
 def subset(stage_dir: Path, question_ids: set[str], out_dir: Path) -> dict[str, Any]:
@@ -48,8 +49,6 @@ def bm25_passage_candidates(corpus, questions: pa.Table, n_passages: int, search
     Flat BM25 costs ~0.03 s per question; the funnel's pre-ranking of ~1K-token units costs
     seconds per question, which 2 shared CPU cores cannot spend on thousands of questions.
     """
-    from tasks.funnel.questions import AnswerMatcher  # noqa: PLC0415
-
     passages = corpus.passages
     row_of = {p: i for i, p in enumerate(passages["passage_id"].to_pylist())}
     ids, scores = corpus.passage_index().search(questions["question"].to_pylist(), search_k)

@@ -13,17 +13,15 @@ from typing import Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from tasks.qa.metrics import first_hit, first_hit_ranks, recall_per_question
+
 
 def per_question_unit_recall(pool: pa.Table, ks: Sequence[int], question_ids: Sequence[str]) -> dict[int, np.ndarray]:
     """``{k: (n_questions,) float 0/1}``: an answer unit among the top-k pre-ranked units
     (``prerank_rank < k``); a question without pool rows is a miss."""
-    best: dict[str, int] = {}
-    for q, rank, hit in zip(pool["question_id"].to_pylist(), pool["prerank_rank"].to_pylist(),
-                            pool["has_answer"].to_pylist()):
-        if hit:
-            best[q] = min(best.get(q, 1 << 30), rank)
-    first = np.array([best.get(q, 1 << 30) for q in question_ids])   # (n_questions,)
-    return {int(k): (first < k).astype(float) for k in ks}
+    first = first_hit_ranks(pool["question_id"].to_pylist(), pool["prerank_rank"].to_pylist(),
+                            pool["has_answer"].to_pylist())
+    return recall_per_question([first.get(q) for q in question_ids], ks)
 
 
 def per_question_passage_recall(candidates: pa.Table, ks: Sequence[int], question_ids: Sequence[str],
@@ -45,12 +43,8 @@ def per_question_passage_recall(candidates: pa.Table, ks: Sequence[int], questio
             raise KeyError(f"no Eq. 3 score for question {q} passage {pid}")
         key = (rank, pos) if scores is None else (-scores[(q, pid)], rank, pos)
         per_q.setdefault(q, []).append((key, hit))
-    first = []
-    for q in question_ids:
-        hits = [h for _, h in sorted(per_q.get(q, []))]
-        first.append(hits.index(True) if True in hits else 1 << 30)
-    first_arr = np.array(first)                                         # (n_questions,)
-    return {int(k): (first_arr < k).astype(float) for k in ks}
+    first = [first_hit([h for _, h in sorted(per_q.get(q, []))]) for q in question_ids]
+    return recall_per_question(first, ks)
 
 
 def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:

@@ -1,29 +1,28 @@
-"""The text tables and JSON figures of the distillation experiment (:mod:`tasks.funnel.experiment`):
+"""The text tables and JSON figures of the distillation experiment (:mod:`flows.experiment`):
 pre-ranker answer recall before / after distillation, the reader's learning curve, and FiD Eq. 3
 post-ranking against the pre-ranker's passage order — each with bootstrap 95% intervals
-(:mod:`tasks.funnel.experiment_eval`)."""
+(:mod:`tasks.funnel.experiment_eval`).
+
+``cfg`` is the experiment's configuration (``flows.experiment.ExperimentConfig``; the fields
+read are named where they are used); ``done`` maps step names to their cached outputs."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
-from data_contracts.funnel import CANDIDATES
+from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, READER_PREDICTIONS
+from funnelrag.registry import question_set_digest
 from funnelrag.store import StageResult
-
-if TYPE_CHECKING:
-    from tasks.funnel.experiment import Experiment
+from tasks.funnel import experiment_eval as E
 
 
-def distillation_report(exp: Experiment, heldout: StageResult, done: dict[str, StageResult]) -> tuple[str, dict]:
-    """Pre-ranker AR@k before / after answer-only (and, when done, L2G) distillation on the held-out pool."""
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
-    c = exp.cfg
-    recalls = {name: exp.preranker_recall(f"recall_{name}", heldout, d) for name, d in
-               (("before", None), ("answer_only", done["answer_only"]), ("l2g", done.get("l2g"))) if d or name == "before"}
+def distillation_report(cfg: Any, recalls: dict[str, StageResult], done: dict[str, StageResult]) -> tuple[str, dict]:
+    """Pre-ranker AR@k before / after answer-only (and, when done, L2G) distillation on the
+    held-out pool; ``recalls``: the ``recall.json`` steps ``"before"``, ``"answer_only"`` and
+    optionally ``"l2g"`` (:func:`tasks.funnel.experiment_steps.build_preranker_recall`)."""
+    c = cfg
     per = {n: json.loads((r.path / "recall.json").read_text()) for n, r in recalls.items()}
     qids = per["before"]["question_ids"]
     ks = [k for k in per["before"] if k != "question_ids"]
@@ -43,12 +42,10 @@ def distillation_report(exp: Experiment, heldout: StageResult, done: dict[str, S
                   **{n: done[n].summary for n in ("answer_only", "l2g") if n in done}}
 
 
-def reader_curve_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
+def reader_curve_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, dict]:
     """The reader's learning curve: training loss (mean over the steps up to each checkpoint
     since the previous one) and held-out EM with its 95% bootstrap interval per checkpoint."""
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
-    c = exp.cfg
+    c = cfg
     curve = json.loads((done["reader_curve"].path / "curve.json").read_text())
     losses = json.loads((done["reader"].path / "losses.json").read_text())
     n = len(curve[0]["per_question"]) if curve else 0
@@ -67,13 +64,9 @@ def reader_curve_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[
     return "\n".join(lines), {"reader_curve": rows}
 
 
-def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[str, dict]:
+def postranker_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, dict]:
     """Eq. 3 post-ranking vs pre-ranker passage order (same N units), and the reader's EM."""
-    from data_contracts.funnel import ATTENTION_SCORES, READER_PREDICTIONS  # noqa: PLC0415
-    from funnelrag.registry import question_set_digest  # noqa: PLC0415
-    from tasks.funnel import experiment_eval as E  # noqa: PLC0415
-
-    c = exp.cfg
+    c = cfg
     cands = CANDIDATES.read(done["postrank_data"].path)
     pq = sorted(set(cands["question_id"].to_pylist()))
     att = ATTENTION_SCORES.read(done["postrank"].path)
@@ -95,3 +88,27 @@ def postranker_report(exp: Experiment, done: dict[str, StageResult]) -> tuple[st
           f"(top {c.reader.n_passages} passages) holds an answer: {E.fmt(em_ci)}")
     return f"{t2}\n\n{t3}", {"postranker": f2, "postrank_digest": question_set_digest(pq), "reader_em": em_ci,
                               "reader": done["reader"].summary, "reader_eval": done["reader_eval"].summary}
+
+
+def experiment_report(cfg: Any, done: dict[str, StageResult], recalls: dict[str, StageResult]) -> tuple[str, dict]:
+    """The tables (text, ``""`` when no reported step ran) and figures of the steps in ``done``:
+    the validation search, pre-ranker recall before / after distillation (``recalls``), the
+    reader's learning curve, post-ranking and reader EM."""
+    texts, figures = [], {}
+    if "validation" in done:
+        from tasks.funnel.experiment_validation import validation_table  # noqa: PLC0415
+
+        curve = json.loads((done["validation"].path / "validation.json").read_text())
+        texts.append(validation_table(curve))
+        figures["validation"] = curve
+    parts = []
+    if "answer_only" in done:
+        parts.append(distillation_report(cfg, recalls, done))
+    if "reader_curve" in done:
+        parts.append(reader_curve_report(cfg, done))
+    if {"postrank", "reader_eval"} <= set(done):
+        parts.append(postranker_report(cfg, done))
+    for text, fig in parts:
+        texts.append(text)
+        figures.update(fig)
+    return "\n\n".join(texts), figures

@@ -1,7 +1,7 @@
 """Choosing the BPR learning rate and epochs on a validation part of the TRAIN split, never on
 the held-out questions.
 
-The train-split questions are split again by hash (:func:`tasks.funnel.questions.split_of` with
+The train-split questions are split again by hash (:func:`tasks.qa.questions.split_of` with
 its own seed): distillation runs on the answerable questions of the *fit* part, once per learning
 rate, with a checkpoint after every epoch's worth of pairs; every checkpoint re-ranks the unit
 pools of the *validation* part (every validation question, answerable or not, as the held-out
@@ -23,6 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts.funnel import LABELS, QUESTIONS, UNIT_POOL, UNITS
+from funnelrag.training import checkpoint_dirs, load_checkpoint_weights
+from models.preranker import build_preranker
+from tasks.funnel import stages as S
+from tasks.funnel.candidates import answer_recall, rerank_pool, unit_passages
+from tasks.funnel.distill import prepare_for_distillation
+from tasks.qa.questions import split_of
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,6 @@ class ValidationConfig:
 
 def validation_ids(questions: pa.Table, cfg: ValidationConfig) -> set[str]:
     """Question ids of the validation part (hash of the question text with ``cfg.seed``)."""
-    from tasks.funnel.questions import split_of  # noqa: PLC0415
-
     return {q for q, text in zip(questions["question_id"].to_pylist(), questions["question"].to_pylist())
             if split_of(text, cfg.seed, cfg.fraction) == "dev"}
 
@@ -66,10 +70,6 @@ def load_checkpoint_preranker(checkpoint_dir: Path, preranker_cfg, distill_cfg):
     RuntimeError
         The weights do not fit the module.
     """
-    from funnelrag.training import load_checkpoint_weights  # noqa: PLC0415
-    from models.preranker import build_preranker  # noqa: PLC0415
-    from tasks.funnel.distill import prepare_for_distillation  # noqa: PLC0415
-
     model, tok = build_preranker(preranker_cfg)
     prepare_for_distillation(model, distill_cfg)   # the query tower the checkpoint holds
     return load_checkpoint_weights(model, checkpoint_dir), tok
@@ -98,11 +98,6 @@ def validation_curve(train_dir: Path, data_dir: Path, labels_dir: Path, passages
         "epochs", "ar": {"k": AR}}], "best": {"lr", "epochs", "ar"}}`` (AR@k in [0, 1], keys
         the cut-offs as strings, JSON-ready).
     """
-    from models.preranker import build_preranker  # noqa: PLC0415
-    from tasks.funnel import stages as S  # noqa: PLC0415
-    from tasks.funnel.candidates import answer_recall, rerank_pool, unit_passages  # noqa: PLC0415
-    from funnelrag.training import checkpoint_dirs  # noqa: PLC0415
-
     questions = QUESTIONS.read(train_dir)
     val = validation_ids(questions, cfg)
     keep = pa.array(sorted(val), pa.string())

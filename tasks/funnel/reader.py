@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 
 from data_contracts.base import atomic_directory
-from funnelrag.training import TrainConfig, TrainResult, train
+from funnelrag.training import TrainConfig, TrainResult, load_checkpoint_weights, train
 from models.fid import encode_fid_inputs, t5_answer_labels
 from models.readers import ReaderConfig, build_reader, reader_config_from_dict
 
@@ -197,7 +197,7 @@ def train_reader(examples: Sequence[ReaderExample], cfg: ReaderTrainConfig, *,
         data, hooks = kept, ReaderHooks(tokenizer, cfg, model.answer_labels)
     result = train(model, data, hooks, cfg.train, log_metrics=log_metrics, resume=resume)
     model_dir = None
-    from accelerate import PartialState  # noqa: PLC0415
+    from accelerate import PartialState  # noqa: PLC0415  (heavy: accelerate, only when a reader is trained)
 
     state = PartialState()
     if state.is_main_process:
@@ -261,7 +261,5 @@ def reader_from_checkpoint(checkpoint_dir: str | Path, cfg: ReaderTrainConfig, o
     RuntimeError
         The weights do not fit the module (a key missing other than a tied one, or unexpected).
     """
-    from funnelrag.training import load_checkpoint_weights  # noqa: PLC0415
-
     model, tokenizer = build_reader(cfg.fid)
     return save_reader(load_checkpoint_weights(model, checkpoint_dir), tokenizer, cfg, Path(out_dir))

@@ -21,16 +21,34 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_contracts.funnel import (ANSWER_RECALL, ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS,
-                                     READER_PREDICTIONS, UNIT_POOL, UNITS)
+from data_contracts.funnel import (
+    ANSWER_RECALL,
+    ATTENTION_SCORES,
+    CANDIDATES,
+    LABELS,
+    QUESTIONS,
+    READER_PREDICTIONS,
+    UNIT_POOL,
+    UNITS,
+)
 from funnelrag.stages import stage
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
-from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, rerank_pool
-from tasks.funnel.distill import BPRHooks, DistillConfig, PairDataset, build_examples, prepare_for_distillation
+from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, rerank_pool, unit_passages
+from tasks.funnel.distill import (
+    BPRHooks,
+    DistillConfig,
+    MaxPBPRHooks,
+    PairDataset,
+    build_examples,
+    prepare_for_distillation,
+)
+from tasks.funnel.embeddings import embed_texts, model_version, open_embedding_index, passage_text, store_root
 from tasks.funnel.labels import LabelConfig, make_labels
-from tasks.funnel.questions import QuestionsConfig, load_questions
+from tasks.funnel.reader import ReaderExample, load_reader, train_reader
+from tasks.qa.generation import FiDGenerator, GenerationConfig
+from tasks.qa.questions import QuestionsConfig, exact_match, load_questions
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +97,6 @@ def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, s
     model, tok = build_preranker(preranker)
     index = None
     if stores_dir is not None:
-        from tasks.funnel.embeddings import model_version, open_embedding_index, store_root  # noqa: PLC0415
-
         version = model_version(model)
         index = open_embedding_index(store_root(stores_dir, corpus_name or "", version),
                                      corpus.manifest.get("content_digest", corpus.digest), version)
@@ -100,8 +116,6 @@ def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, s
 
 def reader_examples(candidates: pa.Table, questions: pa.Table) -> list:
     """:class:`tasks.funnel.reader.ReaderExample` per question: passages in pre-ranker order."""
-    from tasks.funnel.reader import ReaderExample  # noqa: PLC0415
-
     answers = dict(zip(questions["question_id"].to_pylist(), questions["answers"].to_pylist()))
     text = dict(zip(questions["question_id"].to_pylist(), questions["question"].to_pylist()))
     rows = sorted(zip(candidates["question_id"].to_pylist(), candidates["unit_rank"].to_pylist(),
@@ -117,8 +131,6 @@ def reader_examples(candidates: pa.Table, questions: pa.Table) -> list:
 def run_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None) -> dict[str, Any]:
     """Train the FiD reader (helper: :func:`tasks.funnel.reader.train_reader`) on the train
     candidates; checkpoints go to ``work_dir``, the final reader to ``out_dir/reader``."""
-    from tasks.funnel.reader import train_reader  # noqa: PLC0415
-
     t0 = time.perf_counter()
     examples = reader_examples(CANDIDATES.read(candidates_dir), QUESTIONS.read(candidates_dir))
     cfg = replace(reader_cfg, train=replace(reader_cfg.train, output_dir=str(work_dir)))
@@ -157,10 +169,6 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
     ValueError
         ``candidates_dir`` has no candidate passage.
     """
-    from tasks.evaluate.generation import FiDGenerator, GenerationConfig  # noqa: PLC0415
-    from tasks.funnel.questions import exact_match  # noqa: PLC0415
-    from tasks.funnel.reader import load_reader  # noqa: PLC0415
-
     model, tok, cfg = load_reader(reader_dir)
     cands = CANDIDATES.read(candidates_dir)
     examples = reader_examples(cands, QUESTIONS.read(candidates_dir))
@@ -197,8 +205,6 @@ def run_reader_eval(candidates_dir: Path, reader_stage_dir: Path, out_dir: Path)
 def run_attention(candidates_dir: Path, reader_dir: Path, cfg: AttentionScoreConfig, run: AttentionRunConfig,
                   out_dir: Path) -> dict[str, Any]:
     """Eq. 3 scores of every candidate passage with the trained reader → ``attention_scores``."""
-    from tasks.funnel.reader import load_reader  # noqa: PLC0415
-
     model, tok, _ = load_reader(Path(reader_dir) / READER_DIR)
     cands = CANDIDATES.read(candidates_dir)
     t0 = time.perf_counter()
@@ -238,9 +244,6 @@ def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConf
     KeyError
         A candidate passage is not in ``index``.
     """
-    from tasks.funnel.distill import MaxPBPRHooks  # noqa: PLC0415
-    from tasks.funnel.embeddings import embed_texts, model_version, passage_text  # noqa: PLC0415
-
     t0 = time.perf_counter()
     model, tok = build_preranker(preranker)
     trainable = prepare_for_distillation(model, cfg)
@@ -291,8 +294,6 @@ def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[i
     With ``passages`` (the corpus ``passages`` table) units are re-scored by MaxP over their
     passages, as a pool built with ``unit_scoring="maxp"`` was ranked; else from their text.
     """
-    from tasks.funnel.candidates import unit_passages  # noqa: PLC0415
-
     pool = UNIT_POOL.read(dev_dir)
     questions = QUESTIONS.read(dev_dir)
     if preranker_dir is not None:

@@ -18,6 +18,9 @@ from typing import Sequence
 
 import numpy as np
 
+from models.preranker import score_grouped
+from tasks.funnel.embeddings import embed_queries
+
 UNIT_SCORING = ("first", "maxp")
 
 
@@ -60,8 +63,6 @@ def maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Sequence[
     ValueError
         A pool unit has no passages.
     """
-    from models.preranker import score_grouped  # noqa: PLC0415
-
     p_row: dict[str, int] = {}
     texts: list[str] = []
     for uid in sorted({u for _, u in pool}):
@@ -111,8 +112,6 @@ def stored_maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Se
     KeyError
         A passage of a pool unit is not in the embedding index (names it).
     """
-    from tasks.funnel.embeddings import embed_queries  # noqa: PLC0415
-
     row_of = index.row_of()
     rows_of: dict[str, np.ndarray] = {}
     for uid in sorted({u for _, u in pool}):

@@ -14,9 +14,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from funnelrag.training import TrainConfig
+from funnelrag.training import train as run_training
+from models.r2ag_generator import ProjectionConfig, R2AGModel, RetrievalProjection
+from tasks.qa.questions import exact_match, has_answer
+from tasks.r2ag.features import FEATURE_NAMES, feature_columns
 from tasks.r2ag.prompting import IGNORE_INDEX, PromptConfig, PromptTooLong, add_r_token, encode_prompt
 from tasks.r2ag.qdm import ListExample, collate_lists
-from tasks.r2ag.features import FEATURE_NAMES, feature_columns
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ def build_generator(cfg: R2AGGeneratorConfig, max_positions: int):
     ValueError
         Neither a model nor a tokenizer is named.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
     tok_src = cfg.tokenizer or cfg.name_or_path
     if tok_src is None:
@@ -120,9 +124,6 @@ def train_joint(retrieval, train: Sequence[ListExample], texts: dict, cfg: Joint
     -------
     (R2AGModel in eval mode on CPU, tokenizer, report dict with prompt counts and losses)
     """
-    from funnelrag.training import TrainConfig, train as run_training  # noqa: PLC0415
-    from models.r2ag_generator import ProjectionConfig, R2AGModel, RetrievalProjection  # noqa: PLC0415
-
     gcfg = cfg.generator
     if gcfg.name_or_path is None and gcfg.freeze:
         log.warning("joint training against a frozen generator initialised from scratch: L_LM cannot fall "
@@ -248,8 +249,6 @@ def generate_answers(model, items: Sequence[PromptedList], tokenizer, features: 
 
 def answer_accuracy(predictions: Sequence[str], answers: Sequence[Sequence[str]]) -> dict[str, float]:
     """The paper's Acc (a gold answer occurs in the output, DPR ``has_answer``) and SQuAD EM."""
-    from tasks.funnel.questions import exact_match, has_answer  # noqa: PLC0415
-
     if not predictions:
         return {"accuracy": float("nan"), "exact_match": float("nan"), "n": 0}
     acc = np.mean([has_answer(list(a), p) for p, a in zip(predictions, answers)])

@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import r2ag as R
+from models.encoders import encode
+from tasks.qa.questions import AnswerMatcher
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +109,6 @@ def nq_bm25_lists(questions: pa.Table, index, passages: pa.Table, cfg: ListConfi
     KeyError
         The index returns a passage id missing from ``passages`` (index and table disagree).
     """
-    from tasks.funnel.questions import AnswerMatcher  # noqa: PLC0415
-
     row_of = {pid: i for i, pid in enumerate(passages["passage_id"].to_pylist())}
     titles, texts = passages["title"], passages["text"]
     qids, qs, answers = (questions[c].to_pylist() for c in ("question_id", "question", "answers"))
@@ -169,8 +169,6 @@ def embed_lists(lists: pa.Table, model, tokenizer, include_title: bool = True,
     query_embs : float32 ``(n_queries, dim)`` in order of first appearance of ``query_id``.
     doc_embs : float32 ``(lists.num_rows, dim)`` row-aligned with ``lists``.
     """
-    from models.encoders import encode  # noqa: PLC0415
-
     queries, docs = list_texts(lists, include_title)
     unique = list(dict.fromkeys(docs))
     where = {t: i for i, t in enumerate(unique)}

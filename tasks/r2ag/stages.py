@@ -16,10 +16,19 @@ import torch
 from data_contracts import r2ag as R
 from funnelrag.stages import stage
 from funnelrag.training import TrainConfig
+from funnelrag.training import train as run_training
 from models.r2former import R2FormerConfig, R2FormerQDM
+from tasks.dr_rag.hotpotqa import load_hotpotqa, split_unit
+from tasks.qa.questions import QuestionsConfig, load_questions, split_of
 from tasks.r2ag.features import FeatureConfig, feature_table
-from tasks.r2ag.lists import (ListConfig, embed_lists, hotpotqa_candidates, nq_bm25_lists, rank_by_relevance,
-                              relevant_counts)
+from tasks.r2ag.lists import (
+    ListConfig,
+    embed_lists,
+    hotpotqa_candidates,
+    nq_bm25_lists,
+    rank_by_relevance,
+    relevant_counts,
+)
 from tasks.r2ag.metrics import DEFAULT_KS, ranking_metrics
 from tasks.r2ag.qdm import ABLATIONS, ListExample, QDMHooks, list_examples
 
@@ -67,7 +76,7 @@ def build_lists_and_features(data: R2AGDataConfig, lists_cfg: ListConfig, feat_c
     data, lists_cfg, feat_cfg : configs.
     encoder, tokenizer : the bi-encoder (:class:`models.encoders.BiEncoder`) giving ``x^q, x^d``.
     data_path : the HotpotQA or NQ-open file.
-    corpus : :class:`funnelrag.corpus.CorpusVersion` (NQ only: passages + passage BM25 index).
+    corpus : :class:`tasks.corpus.published.CorpusVersion` (NQ only: passages + passage BM25 index).
 
     Returns
     -------
@@ -79,8 +88,6 @@ def build_lists_and_features(data: R2AGDataConfig, lists_cfg: ListConfig, feat_c
         NQ without a corpus.
     """
     if data.dataset == "hotpotqa":
-        from tasks.dr_rag.hotpotqa import load_hotpotqa  # noqa: PLC0415
-
         records = load_hotpotqa(data_path)[:data.max_questions]
         lists, report = hotpotqa_candidates(records, lists_cfg)
         q_emb, d_emb = embed_lists(lists, encoder, tokenizer, feat_cfg.include_title)
@@ -88,7 +95,6 @@ def build_lists_and_features(data: R2AGDataConfig, lists_cfg: ListConfig, feat_c
     else:
         if corpus is None:
             raise ValueError("dataset 'nq' needs a published corpus (passages + BM25 index)")
-        from tasks.funnel.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
         questions, qreport = load_questions([data_path], QuestionsConfig(limit=data.max_questions))
         lists, report = nq_bm25_lists(questions, corpus.passage_index(), corpus.passages, lists_cfg)
@@ -102,14 +108,11 @@ def build_lists_and_features(data: R2AGDataConfig, lists_cfg: ListConfig, feat_c
 def test_query_ids(lists: pa.Table, data: R2AGDataConfig) -> set[str]:
     """Held-out questions: hash of ``(split_seed, question_id)`` (HotpotQA, as
     :func:`tasks.dr_rag.hotpotqa.split_train_dev`) or of the question text (NQ, as
-    :func:`tasks.funnel.questions.split_of`, so the split agrees with the other flows')."""
+    :func:`tasks.qa.questions.split_of`, so the split agrees with the other flows')."""
     qids = lists["query_id"].to_pylist()
     questions = dict(zip(qids, lists["question"].to_pylist()))
     if data.dataset == "hotpotqa":
-        from tasks.dr_rag.hotpotqa import split_unit  # noqa: PLC0415
-
         return {q for q in questions if split_unit(data.split_seed, q) < data.test_fraction}
-    from tasks.funnel.questions import split_of  # noqa: PLC0415
 
     return {q for q, text in questions.items() if split_of(text, data.split_seed, data.test_fraction) == "dev"}
 
@@ -144,8 +147,6 @@ def train_qdm(train: Sequence[ListExample], features: tuple[str, ...], model_cfg
 
     Returns the trained model (eval mode, CPU) and the loss of every step.
     """
-    from funnelrag.training import train as run_training  # noqa: PLC0415
-
     max_k = max(len(e.labels) for e in train)
     mcfg = replace(model_cfg, n_features=len(features), max_docs=max(model_cfg.max_docs, max_k))
     with torch.random.fork_rng(devices=[]):

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from funnelrag.errors import BadInput
 from tasks.corpus.ingest.wikitext import DEFAULT_DISAMBIGUATION_TEMPLATES
 
 FORMATS = ("wikispeedia", "mediawiki", "jsonl")
@@ -21,8 +22,9 @@ EMPTY_TEXT = "empty_text"
 MALFORMED_LINK = "malformed_link"
 
 
-class IngestError(RuntimeError):
-    """An input cannot be read to the end (truncated archive, malformed XML).
+class IngestError(BadInput):
+    """An input cannot be read to the end (truncated archive, malformed XML); never retried
+    (a :class:`funnelrag.errors.BadInput`).
 
     The message names the file, the position (line/column or decompressed byte offset) and
     the last complete record read before the failure. No artifact is written.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bz2
 import io
+import logging
 import mmap
 import re
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import indexed_bzip2
+
+log = logging.getLogger(__name__)
 
 STREAM_HEADER = re.compile(rb"BZh[1-9]1AY&SY")
 PIECE_OPEN, PIECE_CLOSE = b"<pieces>", b"</pieces>"
@@ -60,9 +63,18 @@ def index_offsets(index: Path) -> list[int]:
     Read in blocks of whole lines; a block of ``digits:`` lines (the normal case) is taken with one
     regex, any other block line by line as text (the error below names the line).
 
-    Raises ``ValueError`` naming the file and line of a line without an integer offset, and
+    Raises ``ValueError`` naming the file and line of a line without an integer offset, or naming
+    the file when it is truncated or not bz2 (``EOFError``/``OSError`` of the decompressor), and
     ``UnicodeDecodeError`` on bytes that are not UTF-8.
     """
+    try:
+        return _index_offsets(index)
+    except (EOFError, OSError) as exc:
+        raise ValueError(f"multistream index {index}: truncated or corrupt ({exc}); re-download it "
+                         "or delete it to have the dump scanned for stream headers") from exc
+
+
+def _index_offsets(index: Path) -> list[int]:
     with open(index, "rb") as fh:
         opener = bz2.open if fh.read(3) == b"BZh" else open
     heads: set[bytes] = set()
@@ -121,6 +133,26 @@ def scan_offsets(path: Path, start: int = 0) -> list[int]:
             return [m.start() for m in STREAM_HEADER.finditer(mm, start)]
 
 
+def _checked_index_offsets(dump: Path, index: Path) -> list[int] | None:
+    """The offsets of ``index`` when it can be read and each one is at a bz2 stream header of
+    ``dump`` (``BZh[1-9]`` + block magic); otherwise None after a warning naming the index and the
+    reason (truncated, not an index, an index of another dump), so the dump is scanned instead."""
+    try:
+        offsets = index_offsets(index)
+    except ValueError as exc:   # UnicodeDecodeError included
+        log.warning("multistream index %s is unusable (%s); scanning %s for stream headers instead",
+                    index, exc, dump.name)
+        return None
+    with open(dump, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        bad = [o for o in offsets if not STREAM_HEADER.match(mm, o)]
+    if bad:
+        log.warning("multistream index %s does not match %s: %d of %d offsets are not at a bz2 stream header "
+                    "(first: byte %d; an index of another dump?); scanning the dump for stream headers instead",
+                    index, dump, len(bad), len(offsets), bad[0])
+        return None
+    return offsets
+
+
 def _decompress(path: Path, start: int, end: int) -> bytes:
     with open(path, "rb") as fh:
         fh.seek(start)
@@ -140,8 +172,8 @@ def plan_layout(path: Path, streams_per_piece: int, use_index: bool = True) -> L
             return None
         size = fh.seek(0, 2)
     ix = index_path(path)
-    if use_index and ix.is_file():
-        offsets = index_offsets(ix)
+    offsets = _checked_index_offsets(path, ix) if use_index and ix.is_file() else None
+    if offsets is not None:
         bounds, source = sorted({0, *offsets, *scan_offsets(path, offsets[-1] + 1 if offsets else 0)}), "index"
     else:
         bounds, source = scan_offsets(path), "scan"

@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from data_contracts.base import atomic_write
+
 SHARD_SCHEMA = pa.schema([
     pa.field("title", pa.string(), nullable=False),
     pa.field("text", pa.string(), nullable=False),
@@ -116,12 +118,12 @@ def merge_run(paths: list[str], out: str, group_rows: int) -> str:
     """Merge title-sorted shards ``paths`` into one title-sorted run file ``out`` (row groups of
     at most ``group_rows`` pages, written under a temporary name and renamed), delete the inputs
     and return ``out``. A pass-2 step that runs in a worker process (:func:`merge_shards`)."""
-    target = Path(out)
-    tmp = target.with_name(f".tmp-{target.name}")
-    with pq.ParquetWriter(tmp, SHARD_SCHEMA, **SHARD_WRITE_OPTIONS) as writer:
-        for table in _merge_sorted([_row_groups(Path(p)) for p in paths]):
-            writer.write_table(table, row_group_size=group_rows)
-    tmp.replace(target)
+    def write(tmp: Path) -> None:
+        with pq.ParquetWriter(tmp, SHARD_SCHEMA, **SHARD_WRITE_OPTIONS) as writer:
+            for table in _merge_sorted([_row_groups(Path(p)) for p in paths]):
+                writer.write_table(table, row_group_size=group_rows)
+
+    atomic_write(Path(out), write, durable=False)   # scratch of pass 2: a crash discards the whole directory
     for p in paths:
         Path(p).unlink()
     return out

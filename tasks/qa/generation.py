@@ -15,6 +15,8 @@ from typing import Protocol, Sequence
 
 import torch
 
+from models.fid import encode_fid_inputs
+
 Passage = tuple[str, str]  # (title, text)
 
 PROMPT = ("Answer the question with a short phrase, using the passages.\n\n{passages}\n\n"
@@ -54,8 +56,6 @@ class FiDGenerator:
     @torch.no_grad()
     def __call__(self, question: str, passages: Sequence[Passage]) -> str:
         """The decoded answer (special tokens skipped); ``""`` when there is no passage."""
-        from models.fid import encode_fid_inputs  # noqa: PLC0415
-
         passages = list(passages)[: self.cfg.n_passages]
         if not passages:
             return ""
@@ -82,7 +82,7 @@ class CausalLMGenerator:
     """
 
     def __init__(self, label: str, name_or_path: str, cfg: GenerationConfig = GenerationConfig()):
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415  (heavy: transformers, only when weights are loaded)
 
         self.label, self.cfg = label, cfg
         self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)

@@ -195,11 +195,16 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             yield lineno, line.rstrip("\n")
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, row)`` of a DPR ``.qa.csv`` (csv module, tab delimiter, CSV quoting)."""
+def _csv_rows(path: Path, delimiter: str | None = None) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, row)`` of a DPR ``.qa.csv`` (csv module, CSV quoting); the delimiter is a
+    tab (DPR's) unless the first non-blank line has none and is quoted comma-separated (pyserini's
+    TriviaQA ``"question","['answer', ...]"``)."""
+    if delimiter is None:
+        first = next((line for _, line in _lines(path) if line.strip()), "")
+        delimiter = "\t" if "\t" in first or not first.startswith('"') else ","
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8", newline="") as fh:
-        reader = csv.reader(fh, delimiter="\t")
+        reader = csv.reader(fh, delimiter=delimiter)
         try:
             for row in reader:
                 yield reader.line_num, row
@@ -228,8 +233,32 @@ def _parse_tsv(path: Path, lineno: int, line: str) -> tuple[str, list]:
     except (ValueError, SyntaxError) as exc:
         raise ValueError(f"{path}:{lineno}: answers are not a Python list literal ({exc}): {raw[:80]!r}") from exc
     if not isinstance(answers, list):
-        raise ValueError(f"{path}:{lineno}: answers must be a list, got {type(answers).__name__}")
+        hint = (" (the record is CSV-quoted, DPR's qa.csv format: set format: dpr-csv, e.g. "
+                "evaluate --set questions.format=dpr-csv)" if raw.strip().startswith('"') else "")
+        raise ValueError(f"{path}:{lineno}: answers must be a list, got {type(answers).__name__}{hint}")
     return question, answers
+
+
+def _csv_quoted(path: Path) -> bool:
+    """Whether the first non-blank line of a ``.tsv`` is DPR's CSV quoting rather than plain TSV:
+    it does not parse as ``question TAB [list]`` but does as a quoted CSV record (tab or comma)."""
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            _parse_tsv(path, lineno, line)
+            return False
+        except ValueError:
+            pass
+        for delimiter in ("\t", ","):
+            row = next(csv.reader([line], delimiter=delimiter), [])
+            try:
+                if len(row) >= 2 and isinstance(ast.literal_eval(row[1].strip()), list):
+                    return True
+            except (ValueError, SyntaxError):
+                continue
+        return False
+    return False
 
 
 def _parse_jsonl(path: Path, lineno: int, line: str) -> tuple[str, list]:
@@ -266,6 +295,9 @@ def read_questions(path: Path, cfg: QuestionsConfig = QuestionsConfig(),
     if not path.exists():
         raise FileNotFoundError(f"questions file {path} does not exist")
     fmt = _format_of(path, cfg.format)
+    if fmt == "tsv" and cfg.format == "auto" and _csv_quoted(path):
+        log.info("questions: %s is CSV-quoted (DPR's qa.csv format); reading it as dpr-csv", path)
+        fmt = "dpr-csv"
     parse = {"tsv": _parse_tsv, "jsonl": _parse_jsonl, "dpr-csv": _parse_dpr_csv}[fmt]
     records = _csv_rows(path) if fmt == "dpr-csv" else _lines(path)
     report = report if report is not None else LoadReport()

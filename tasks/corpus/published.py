@@ -26,8 +26,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import corpus as C
+from data_contracts.base import sha256_file
 from funnelrag.store import ArtifactStore
 from funnelrag.workspace import Workspace
+from tasks.corpus.index import BM25Index
+from tasks.corpus.segment import SegmentConfig
+from tasks.corpus.sharded_index import load_passage_index
 
 CORPUS_STORE = "corpus"
 DEFAULT_CORPUS = "wikispeedia"
@@ -50,8 +54,6 @@ class CorpusVersion:
     @property
     def digest(self) -> str:
         """sha256 of the manifest: the data version logged with every model trained on it."""
-        from data_contracts.base import sha256_file  # noqa: PLC0415
-
         return sha256_file(self.path / "manifest.json")
 
     def table(self, contract) -> pa.Table:
@@ -79,21 +81,15 @@ class CorpusVersion:
     def segment_config(self):
         """The :class:`tasks.corpus.segment.SegmentConfig` the version was built with: later
         chunking at query time must cut clusters exactly as the build did."""
-        from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-
         return SegmentConfig(**self.build_config("segment"))
 
     def cluster_index(self):
-        from tasks.corpus.index import BM25Index  # noqa: PLC0415
-
         return BM25Index.load(self.path / CLUSTER_INDEX)
 
     def passage_index(self):
         """The flat passage BM25 index: a :class:`tasks.corpus.index.BM25Index`, or a
         :class:`tasks.corpus.sharded_index.ShardedBM25` for a version built with
         ``index.passage_shard_tokens`` > 0 (same ``search``, ``search_rows``, ``doc_ids``, equal results)."""
-        from tasks.corpus.sharded_index import load_passage_index  # noqa: PLC0415
-
         return load_passage_index(self.path / PASSAGE_INDEX)
 
     def members_of(self, cluster_ids: list[int]) -> dict[int, list[tuple[int, str, str]]]:

@@ -1,0 +1,25 @@
+"""What a person sees: Prefect artifacts link their MLflow run; distillation has its own artifact."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from flows.funnel import distillation_markdown
+from funnelrag.tracking import run_link
+
+RUN = SimpleNamespace(info=SimpleNamespace(run_id="abc123", experiment_id="7"))
+
+
+def test_run_link_is_clickable_for_a_server_and_says_how_to_serve_sqlite():
+    assert run_link(RUN, "http://127.0.0.1:5000/") == "[abc123](http://127.0.0.1:5000/#/experiments/7/runs/abc123)"
+    local = run_link(RUN, "sqlite:////srv/funnelrag/mlflow.db")
+    assert local.startswith("`abc123`") and "mlflow ui --backend-store-uri sqlite:////srv/funnelrag/mlflow.db" in local
+    assert "#/experiments/7/runs/abc123" in local
+
+
+def test_distillation_artifact_shows_recall_before_after_and_the_gate():
+    md = distillation_markdown("wikispeedia", "v1", 40, [{"k": 4, "before": 0.25, "after": 0.3},
+                                                         {"k": 8, "before": 0.5, "after": 0.45}],
+                               {"name": "funnelrag-preranker", "version": "2", "reason": "worse", "promoted": False},
+                               "[abc](http://x)")
+    assert "| 4 | 0.250 | 0.300 | +0.050 |" in md and "| 8 | 0.500 | 0.450 | -0.050 |" in md
+    assert "funnelrag-preranker v2 — worse" in md and "champion" not in md and "MLflow run: [abc](http://x)" in md
