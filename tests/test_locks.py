@@ -57,6 +57,7 @@ def _configure(home: str, q) -> None:
         q.put(f"error: {exc!r}")
 
 
+@pytest.mark.slow  # three processes race to create one MLflow SQLite store
 def test_mlflow_database_created_once_when_runs_race(tmp_path):
     """Three processes configure tracking on a fresh home at once: all succeed (no alembic race)."""
     ctx = mp.get_context("spawn")
