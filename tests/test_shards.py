@@ -248,10 +248,9 @@ def test_release_memory_gives_a_finished_tasks_heap_back():
 
 def test_shard_call_releases_memory_after_the_call_even_when_it_fails(monkeypatch):
     from flows import runners
-    from tasks.corpus import shards
 
     calls = []
-    monkeypatch.setattr(shards, "release_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(runners, "release_memory", lambda: calls.append("release"))
     assert runners.shard_call.fn(lambda a, b: calls.append("call") or a + b, [2, 3]) == 5
     assert calls == ["call", "release"]
 
