@@ -30,6 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
 from funnelrag.corpus import CorpusVersion, open_corpus
+from funnelrag.launch import TrainingSection
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
 from funnelrag.workspace import Workspace
@@ -101,6 +102,9 @@ class DistillationConfig(FlowConfig):
     recall_at: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
     registry_name: str = "funnelrag-preranker"
     reader_registry_name: str = "funnelrag-reader"
+    # how the reader and the pre-ranker are trained (in this process or under accelerate launch);
+    # not part of any cache key: a launch trains the same global batches (funnelrag/launch.py)
+    training: TrainingSection = TrainingSection()
 
     @property
     def recall_ks(self) -> list[int]:
@@ -162,6 +166,16 @@ def _metrics(prefix: str):
     return lambda metrics, step: log_metrics({f"{prefix}/{k.split('/', 1)[-1]}": v for k, v in metrics.items()}, step)
 
 
+def _tracking(prefix: str) -> dict[str, str]:
+    """Where a launched training's main rank logs its step metrics: this flow's MLflow run."""
+    import mlflow  # noqa: PLC0415
+
+    run = mlflow.active_run()
+    if run is None:
+        return {"kind": "none"}
+    return {"kind": "mlflow", "uri": mlflow.get_tracking_uri(), "run_id": run.info.run_id, "prefix": prefix}
+
+
 @stage_task("questions")
 def questions_task(ctx: Context) -> StageResult:
     files = ctx.cfg.questions.resolve(ctx.cfg.workspace.data_mirror, ctx.ws.downloads_dir, "questions.paths")
@@ -188,8 +202,18 @@ def reader_task(ctx: Context, train: StageResult) -> StageResult:
     fid = replace(reader_cfg.fid, tokenizer=None) if hasattr(reader_cfg.fid, "tokenizer") else reader_cfg.fid
     key_cfg = asdict(replace(reader_cfg, fid=fid))
     inputs = {"candidates": train.digest, "tokenizer": sha256_file(ctx.tokenizer_dir / "tokenizer.json")}
-    return ctx.run(S.run_reader, key_cfg, inputs, lambda out, key: S.run_reader(
-        train.path, reader_cfg, ctx.ws.run_dir("train-reader", key[:16]), out, _metrics("reader")))
+    launch = ctx.cfg.training.launch
+
+    def build(out: Path, key: str) -> dict[str, Any]:
+        work = ctx.ws.run_dir("train-reader", key[:16])
+        if launch.kind == "accelerate":
+            from flows.launched.reader import launch_reader  # noqa: PLC0415
+
+            return launch_reader(train.path, reader_cfg, work, out, launch, tracking=_tracking("reader"),
+                                 logger=get_run_logger())
+        return S.run_reader(train.path, reader_cfg, work, out, _metrics("reader"))
+
+    return ctx.run(S.run_reader, key_cfg, inputs, build)
 
 
 @stage_task("attention")
@@ -221,8 +245,17 @@ def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> Stage
 
             index = find_embedding_index(ctx.ws.home / "stores", ctx.cfg.corpus, ctx.corpus.manifest.get(
                 "content_digest", ctx.corpus.digest), build_preranker(ctx.cfg.preranker)[0])
+        work = ctx.ws.run_dir("distill-preranker", key[:16])
+        if ctx.cfg.training.launch.kind == "accelerate":
+            from flows.launched.preranker import launch_distill  # noqa: PLC0415
+
+            where = None if index is None else {"stores_dir": str(ctx.ws.home / "stores"), "corpus": ctx.cfg.corpus,
+                                                "corpus_digest": ctx.corpus.manifest.get("content_digest", ctx.corpus.digest)}
+            return launch_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train, work, out,
+                                  ctx.cfg.training.launch, index=where, tracking=_tracking("distill"),
+                                  logger=get_run_logger())
         return S.run_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train,
-                             ctx.ws.run_dir("distill-preranker", key[:16]), out, _metrics("distill"), index=index)
+                             work, out, _metrics("distill"), index=index)
 
     return ctx.run(S.run_distill, key_cfg, inputs, build)
 

@@ -32,6 +32,9 @@ Contract
 * Metrics: ``log_metrics(metrics, step)`` is called on the main process only, every
   ``log_every`` steps and at the last step, with ``train/loss`` (mean over the window),
   ``train/lr``, ``train/epoch`` and the hook's extras as ``train/<name>`` (main-process values).
+* Progress: the main process reports through :class:`funnelrag.progress.Progress` (unit
+  ``steps``, rate, the last step's ``loss`` as postfix): a tqdm bar on a terminal, else an INFO
+  line on ``funnelrag.progress`` at most every 30 s and one at the end.
 * Precision: ``"no"`` (fp32) or ``"bf16"``. fp16 is refused: T5's activations overflow in fp16.
 * Processes: run under ``accelerate launch --config_file infra/accelerate/<setup>.yaml``; on CPU
   use ``infra/accelerate/cpu_2proc.yaml`` (gloo) — ``cpu=True``/``ACCELERATE_USE_CPU=1`` is
@@ -54,6 +57,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Sampler
+
+from funnelrag.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -371,48 +376,56 @@ def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_se
     extras: dict[str, list[float]] = {}
     micro_losses: list[torch.Tensor] = []
     model.train()
-    while global_step < total_steps:
-        loader.set_epoch(epoch)
-        epoch_loader = accelerator.skip_first_batches(loader, skip) if skip else loader
-        epoch_loader.set_epoch(epoch)
-        batch_idx = skip
-        for batch in epoch_loader:
-            with accelerator.accumulate(model):
-                with accelerator.autocast():
-                    loss, metrics = hooks.loss(model, batch)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and cfg.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            batch_idx += 1
-            micro_losses.append(loss.detach().float())
-            for k, v in metrics.items():
-                extras.setdefault(k, []).append(float(v))
-            if not accelerator.sync_gradients:
-                continue
-            if not accelerator.optimizer_step_was_skipped:
-                scheduler.step()
-            global_step += 1
-            step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
-            micro_losses = []
-            losses.append(step_loss)
-            window.append(step_loss)
-            done = global_step >= total_steps
-            if done or global_step % cfg.log_every == 0:
-                if accelerator.is_main_process and log_metrics is not None:
-                    log = {"train/loss": sum(window) / len(window), "train/lr": scheduler.get_last_lr()[0],
-                           "train/epoch": float(epoch)}
-                    log.update({f"train/{k}": sum(v) / len(v) for k, v in extras.items()})
-                    log_metrics(log, global_step)
-                window, extras = [], {}
-            if cfg.checkpoint_every and (done or global_step % cfg.checkpoint_every == 0):
-                pos = (epoch + 1, 0) if batch_idx >= n_batches else (epoch, batch_idx)
-                last_ckpt = _save_checkpoint(accelerator, ckpt_root, cfg, global_step, pos, losses, fingerprint)
-            if done:
-                break
-        if global_step < total_steps:
-            epoch, skip = epoch + 1, 0
+    bar = (Progress(f"train {out.name}", total=total_steps - global_step, unit="steps")
+           if accelerator.is_main_process else None)
+    try:
+        while global_step < total_steps:
+            loader.set_epoch(epoch)
+            epoch_loader = accelerator.skip_first_batches(loader, skip) if skip else loader
+            epoch_loader.set_epoch(epoch)
+            batch_idx = skip
+            for batch in epoch_loader:
+                with accelerator.accumulate(model):
+                    with accelerator.autocast():
+                        loss, metrics = hooks.loss(model, batch)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and cfg.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                batch_idx += 1
+                micro_losses.append(loss.detach().float())
+                for k, v in metrics.items():
+                    extras.setdefault(k, []).append(float(v))
+                if not accelerator.sync_gradients:
+                    continue
+                if not accelerator.optimizer_step_was_skipped:
+                    scheduler.step()
+                global_step += 1
+                step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
+                micro_losses = []
+                losses.append(step_loss)
+                if bar is not None:
+                    bar.update(1, loss=step_loss)
+                window.append(step_loss)
+                done = global_step >= total_steps
+                if done or global_step % cfg.log_every == 0:
+                    if accelerator.is_main_process and log_metrics is not None:
+                        log = {"train/loss": sum(window) / len(window), "train/lr": scheduler.get_last_lr()[0],
+                               "train/epoch": float(epoch)}
+                        log.update({f"train/{k}": sum(v) / len(v) for k, v in extras.items()})
+                        log_metrics(log, global_step)
+                    window, extras = [], {}
+                if cfg.checkpoint_every and (done or global_step % cfg.checkpoint_every == 0):
+                    pos = (epoch + 1, 0) if batch_idx >= n_batches else (epoch, batch_idx)
+                    last_ckpt = _save_checkpoint(accelerator, ckpt_root, cfg, global_step, pos, losses, fingerprint)
+                if done:
+                    break
+            if global_step < total_steps:
+                epoch, skip = epoch + 1, 0
+    finally:
+        if bar is not None:
+            bar.close()
     accelerator.wait_for_everyone()
     full = _zero3_state_dict(accelerator, model)
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # drop the autocast forward patch

@@ -238,10 +238,27 @@ def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConf
     KeyError
         A candidate passage is not in ``index``.
     """
+    t0 = time.perf_counter()
+    model, tok, trainable, data, hooks, report = distill_setup(candidates_dir, labels_dir, preranker, cfg, index)
+    result = train(model, data, hooks, replace(train_cfg, output_dir=str(work_dir)), log_metrics=log_metrics)
+    save_preranker(model, tok, Path(out_dir) / PRERANKER_DIR)
+    return distill_summary(report, trainable, result, cfg, time.perf_counter() - t0)
+
+
+def distill_summary(report: dict[str, Any], trainable: int, result, cfg: DistillConfig, seconds: float) -> dict[str, Any]:
+    """The ``distill`` stage summary of a finished :func:`funnelrag.training.train` ``result``."""
+    losses = result.losses
+    return {**report, "trainable_parameters": trainable, "steps": result.global_step,
+            "unit_scoring": cfg.unit_scoring, "towers": cfg.towers,
+            "first_loss": losses[0], "last_loss": losses[-1], "seconds": seconds}
+
+
+def distill_setup(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig, index=None):
+    """What :func:`run_distill` trains: ``(model, tokenizer, trainable parameters, PairDataset,
+    hooks, example report)`` (also the launched entry point's, :mod:`flows.launched.preranker`)."""
     from tasks.funnel.distill import MaxPBPRHooks  # noqa: PLC0415
     from tasks.funnel.embeddings import embed_texts, model_version, passage_text  # noqa: PLC0415
 
-    t0 = time.perf_counter()
     model, tok = build_preranker(preranker)
     trainable = prepare_for_distillation(model, cfg)
     labels, questions, units = LABELS.read(labels_dir), QUESTIONS.read(candidates_dir), UNITS.read(candidates_dir)
@@ -274,13 +291,7 @@ def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConf
             passages_of = {u: tuple(ps.values()) for u, ps in passages.items()}
         examples, report = build_examples(labels, questions, units, passages_of)
         hooks = MaxPBPRHooks(tok, model.cfg.max_length, cfg.score_scale, vectors)
-    result = train(model, PairDataset(examples, cfg), hooks, replace(train_cfg, output_dir=str(work_dir)),
-                   log_metrics=log_metrics)
-    save_preranker(model, tok, Path(out_dir) / PRERANKER_DIR)
-    losses = result.losses
-    return {**report, "trainable_parameters": trainable, "steps": result.global_step,
-            "unit_scoring": cfg.unit_scoring, "towers": cfg.towers,
-            "first_loss": losses[0], "last_loss": losses[-1], "seconds": time.perf_counter() - t0}
+    return model, tok, trainable, PairDataset(examples, cfg), hooks, report
 
 
 def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int],
