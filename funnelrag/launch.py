@@ -334,3 +334,10 @@ def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
 
 def is_main_process() -> bool:
     return rank() == 0
+
+
+def peak_gpu_memory_gib() -> float | None:
+    """Peak GPU memory allocated by this process (GiB), None without CUDA."""
+    import torch  # noqa: PLC0415
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None

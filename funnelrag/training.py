@@ -265,7 +265,8 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
         Empty ``train_data`` or ``cfg.output_dir``; a checkpoint written with a different data order / schedule
         (seed, batch size, accumulation, LR settings, data size or number of processes).
     RuntimeError
-        Launched as several processes but accelerate sees one (CPU without ``cpu=True``).
+        Launched as several processes but accelerate sees one (CPU without ``cpu=True``);
+        launched with a DeepSpeed config that accelerate dropped (CPU).
     RunDirLocked
         Another live process is training into ``cfg.output_dir`` (:func:`run_dir_lock`).
     """
@@ -286,6 +287,11 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
             raise RuntimeError(f"launched as {launched} processes but accelerate sees 1 (every rank would "
                                "train alone as rank 0); on a CPU-only machine set TrainConfig(cpu=True) or "
                                "ACCELERATE_USE_CPU=1 (accelerate runs DeepSpeed on GPUs only)")
+        if (os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+                and getattr(accelerator.state, "deepspeed_plugin", None) is None):
+            raise RuntimeError("launched with a DeepSpeed config but accelerate runs without DeepSpeed (it drops "
+                               "DeepSpeed on CPU, cpu=True / ACCELERATE_USE_CPU=1): use a GPU machine or a "
+                               "non-DeepSpeed YAML (infra/accelerate/cpu_2proc.yaml)")
         with run_dir_lock(Path(cfg.output_dir), accelerator.is_main_process):
             return _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_seed)
     finally:

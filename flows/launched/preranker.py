@@ -55,6 +55,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     summary = distill_summary(report, trainable, result, dcfg, time.perf_counter() - t0)
     train_s = t_train - t_setup
     res = {"summary": summary, "global_step": result.global_step, "losses": result.losses, "world_size": world,
+           "peak_gpu_mem_gib": L.peak_gpu_memory_gib(),
            "seconds": {"setup": t_setup - t0, "train": train_s, "save": time.perf_counter() - t_train},
            "examples_per_s": len(result.losses) * train_cfg.batch_size * train_cfg.grad_accum / max(train_s, 1e-9)}
     L.write_result(spec, res)
@@ -63,7 +64,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
 
 def launch_distill(candidates_dir: Path, labels_dir: Path, preranker, distill, train_cfg, work_dir: Path, out_dir: Path,
                    launch_cfg: L.LaunchConfig, *, index: dict[str, str] | None = None,
-                   tracking: dict[str, Any] | None = None, logger=None) -> dict[str, Any]:
+                   tracking: dict[str, Any] | None = None, logger=None, **launch_kw) -> dict[str, Any]:
     """Flow side: BPR distillation under ``accelerate launch``; returns the ``distill`` stage summary.
 
     Raises
@@ -75,7 +76,7 @@ def launch_distill(candidates_dir: Path, labels_dir: Path, preranker, distill, t
             "preranker": asdict(preranker), "distill": asdict(distill),
             "train": json.loads(json.dumps(asdict(train_cfg))), "index": index,
             "work_dir": str(work_dir), "out_dir": str(out_dir), "tracking": tracking or {"kind": "none"}}
-    return L.launch(MODULE, spec, Path(work_dir) / "launch", launch_cfg, logger=logger)["summary"]
+    return L.launch(MODULE, spec, Path(work_dir) / "launch", launch_cfg, logger=logger, **launch_kw)["summary"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,6 +64,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
                "skipped_too_few_passages": result.report.skipped_too_few_passages,
                "seconds": time.perf_counter() - t0}
     res = {"summary": summary, "global_step": result.train.global_step, "losses": losses, "world_size": world,
+           "peak_gpu_mem_gib": L.peak_gpu_memory_gib(),
            "seconds": {"setup": t_setup - t0, "train": train_s, "save": time.perf_counter() - t_train},
            "examples_per_s": examples_per_s,
            "tokens_per_s": examples_per_s * reader_cfg.n_passages * reader_cfg.max_passage_tokens}
@@ -72,9 +73,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def launch_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Path, launch_cfg: L.LaunchConfig, *,
-                  tracking: dict[str, Any] | None = None, logger=None) -> dict[str, Any]:
+                  tracking: dict[str, Any] | None = None, logger=None, **launch_kw) -> dict[str, Any]:
     """Flow side: train the reader under ``accelerate launch`` and return the ``reader`` stage
     summary (the keys of :func:`tasks.funnel.stages.run_reader`); ``out_dir`` receives its files.
+
+    ``launch_kw`` go to :func:`funnelrag.launch.launch` (``env``, ``on_start``).
 
     Raises
     ------
@@ -85,7 +88,7 @@ def launch_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Pat
 
     spec = {"candidates_dir": str(candidates_dir), "reader": json.loads(json.dumps(asdict(reader_cfg))),
             "work_dir": str(work_dir), "out_dir": str(out_dir), "tracking": tracking or {"kind": "none"}}
-    result = L.launch(MODULE, spec, Path(work_dir) / "launch", launch_cfg, logger=logger)
+    result = L.launch(MODULE, spec, Path(work_dir) / "launch", launch_cfg, logger=logger, **launch_kw)
     return result["summary"]
 
 
