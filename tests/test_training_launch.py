@@ -102,7 +102,7 @@ def _reader_cfg(data_mirror: Path, **train):
     from tasks.funnel.reader import ReaderTrainConfig  # noqa: PLC0415
 
     tok = str(resolve("t5-tokenizer", data_mirror).parent)
-    t = TrainConfig(max_steps=8, batch_size=4, lr=1e-3, warmup_steps=1, checkpoint_every=2, log_every=1, cpu=True)
+    t = TrainConfig(max_steps=24, batch_size=4, lr=1e-3, warmup_steps=1, checkpoint_every=4, log_every=1, cpu=True)
     return ReaderTrainConfig(fid=FiDConfig(tokenizer=tok, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0),
                              train=replace(t, **train), n_passages=4, max_passage_tokens=64, max_answer_tokens=8)
 
@@ -117,7 +117,7 @@ def _launch_reader(cands: Path, cfg, root: Path, n: int, **kw) -> dict:
 
 @pytest.fixture(scope="module")
 def launched(data_mirror, tmp_path_factory):
-    """The sample and one straight 2-process run of 8 steps (global batch 4, checkpoints every 2)."""
+    """The sample and one straight 2-process run of 24 steps (global batch 4, checkpoints every 4)."""
     root = tmp_path_factory.mktemp("launch")
     cands = _sample(data_mirror, root / "cands")
     cfg = _reader_cfg(data_mirror)
@@ -130,14 +130,14 @@ def launched(data_mirror, tmp_path_factory):
 def test_two_processes_train_the_weights_of_one_process(launched):
     root = launched["root"]
     two = launched["two"]
-    assert two["steps"] == 8 and two["kept"] == 16
+    assert two["steps"] == 24 and two["kept"] == 16
     result = json.loads((root / "two/work/launch/result.json").read_text())
-    assert result["world_size"] == 2 and result["global_step"] == 8
-    ckpt = root / "two/work/checkpoints/step_00000008"
+    assert result["world_size"] == 2 and result["global_step"] == 24
+    ckpt = root / "two/work/checkpoints/step_00000024"
     assert {p.name for p in ckpt.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
     # main rank only: one metrics line per step, the flow's names
     lines = [json.loads(x) for x in (root / "two/metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == list(range(1, 9)) and "reader/loss" in lines[0]
+    assert [x["step"] for x in lines] == list(range(1, 25)) and "reader/loss" in lines[0]
     # the saved reader names the global batch, as the in-process one does
     saved = json.loads((root / "two/out/reader/reader_config.json").read_text())
     assert saved["train"]["batch_size"] == 4
@@ -167,8 +167,8 @@ def test_sigkill_of_the_launch_after_a_checkpoint_resumes_to_the_same_weights(la
                 return
             time.sleep(0.02)
 
-    # a slower schedule than the straight run's would change the fingerprint: same cfg, and the
-    # watcher kills as soon as step 2's checkpoint is complete (steps 3..8 still to go)
+    # the straight run's config (a resume checks the schedule's fingerprint); the watcher kills as
+    # soon as step 4's checkpoint is complete (steps 5..24 still to go)
     watcher = threading.Thread(target=kill_after_first_checkpoint)
     watcher.start()
     with pytest.raises(L.LaunchFailed):
@@ -176,9 +176,9 @@ def test_sigkill_of_the_launch_after_a_checkpoint_resumes_to_the_same_weights(la
     watcher.join()
     assert killed.is_set()
     ckpts = sorted(p.parent.name for p in (run / "work/checkpoints").glob("step_*/COMPLETE"))
-    assert ckpts and ckpts[-1] < "step_00000008", ckpts   # killed mid-training
+    assert ckpts and ckpts[-1] < "step_00000024", ckpts   # killed mid-training
     resumed = _launch_reader(launched["cands"], launched["cfg"], run, 2)
-    assert resumed["steps"] == 8
+    assert resumed["steps"] == 24
     assert _max_diff(_weights(run / "out/reader"), _weights(root / "two/out/reader")) < 1e-6
     assert resumed["last_loss"] == pytest.approx(launched["two"]["last_loss"], rel=1e-6)
 

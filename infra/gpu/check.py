@@ -268,7 +268,9 @@ class Check:
         self.phase("embedding", self.embedding)
         self.phase("bpr", self.bpr)
         self.figures["failed"] = self.failed
-        print(json.dumps(self.figures, indent=1, sort_keys=True))
+        text = json.dumps(self.figures, indent=1, sort_keys=True)
+        (self.work / "figures.json").write_text(text)
+        print(text)
         return 1 if self.failed else 0
 
 
