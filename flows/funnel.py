@@ -105,6 +105,9 @@ class DistillationConfig(FlowConfig):
     # how the reader and the pre-ranker are trained (in this process or under accelerate launch);
     # not part of any cache key: a launch trains the same global batches (funnelrag/launch.py)
     training: TrainingSection = TrainingSection()
+    # where the inference stages run (pre-ranking, Eq. 3 scoring, evaluation loads): auto = cuda if available;
+    # fp32 on every device, so not part of any cache key
+    device: str = "auto"
 
     @property
     def recall_ks(self) -> list[int]:
@@ -122,6 +125,7 @@ class Context:
     corpus: CorpusVersion
     data_version: str
     tokenizer_dir: Path
+    device: str = "cpu"
 
     @classmethod
     def open(cls, cfg: DistillationConfig) -> "Context":
@@ -129,7 +133,10 @@ class Context:
         corpus = open_corpus(ws, cfg.corpus, cfg.corpus_version)
         tok = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
         datasets.resolve("t5-tokenizer-config", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
-        return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent)
+        from funnelrag.device import resolve_device  # noqa: PLC0415
+
+        return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent,
+                   resolve_device(cfg.device))
 
     def segment(self):
         from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
@@ -191,7 +198,8 @@ def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageRe
                "segment": seg_cfg}
     inputs = {"questions": questions.files["questions.parquet"], "corpus": ctx.data_version}
     return ctx.run(S.run_candidates, key_cfg, inputs, lambda out, _: S.run_candidates(
-        questions.path, split, limit, ctx.corpus, seg_cfg, counter, ctx.cfg.preranker, ctx.cfg.candidates, out))
+        questions.path, split, limit, ctx.corpus, seg_cfg, counter, ctx.cfg.preranker, ctx.cfg.candidates, out,
+        device=ctx.device))
 
 
 @stage_task("train-reader")
@@ -221,7 +229,7 @@ def attention_task(ctx: Context, train: StageResult, reader: StageResult) -> Sta
     key_cfg = {"score": ctx.cfg.attention, "run": ctx.cfg.attention_run}
     inputs = {"candidates": train.digest, "reader": reader.digest}
     return ctx.run(S.run_attention, key_cfg, inputs, lambda out, _: S.run_attention(
-        train.path, reader.path, ctx.cfg.attention, ctx.cfg.attention_run, out))
+        train.path, reader.path, ctx.cfg.attention, ctx.cfg.attention_run, out, ctx.device))
 
 
 @stage_task("labels")
@@ -264,13 +272,15 @@ def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> Stage
 def eval_task(ctx: Context, dev: StageResult, distilled: StageResult) -> StageResult:
     inputs = {"dev": dev.digest, "distilled": distilled.digest}
     return ctx.run(S.run_eval, {"ks": ctx.cfg.recall_ks, **ctx.maxp_key()}, inputs,
-                   lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out, ctx.maxp_passages()))
+                   lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out, ctx.maxp_passages(),
+                                             ctx.device))
 
 
 @stage_task("reader-eval")
 def reader_eval_task(ctx: Context, dev: StageResult, reader: StageResult) -> StageResult:
     inputs = {"dev": dev.digest, "reader": reader.digest}
-    return ctx.run(S.run_reader_eval, {}, inputs, lambda out, _: S.run_reader_eval(dev.path, reader.path, out))
+    return ctx.run(S.run_reader_eval, {}, inputs,
+                   lambda out, _: S.run_reader_eval(dev.path, reader.path, out, ctx.device))
 
 
 def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str, metrics: dict[str, float],
@@ -306,7 +316,8 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
     return _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
                            f"dev_prerank_ar_at_{n}",
-                           lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
+                           lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages(),
+                                                          device=ctx.device)[n], dev)
 
 
 @task(name="register-reader", cache_policy=NO_CACHE)
@@ -317,7 +328,7 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
         from funnelrag.registry import find_model_dir  # noqa: PLC0415
         from tasks.funnel.reader import READER_CONFIG  # noqa: PLC0415
 
-        return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG))[1]["em"]
+        return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG), ctx.device)[1]["em"]
 
     metrics = {"dev_reader_em": reader_eval.summary["em"]}
     if reader.summary.get("last_loss") is not None:

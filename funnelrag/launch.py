@@ -24,6 +24,7 @@ point tolerance), which is why the launch settings are not part of any cache key
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -236,10 +237,21 @@ def launch(module: str, spec: dict[str, Any], spec_dir: Path, cfg: LaunchConfig,
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every rank. torchrun starts each rank in a session of its own, so
+    the launcher's process group does not hold them: the descendants are collected first."""
+    import psutil  # noqa: PLC0415
+
+    try:
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        ranks = []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for child in ranks:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
     proc.wait()
 
 
@@ -261,6 +273,21 @@ def read_spec(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description="a funnelrag training entry point (run under accelerate launch)")
     parser.add_argument("--spec", required=True, type=Path, help="spec JSON written by funnelrag.launch.launch")
     return json.loads(parser.parse_args(argv).spec.read_text())
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this rank when its parent (the torchrun agent) dies (Linux
+    ``PR_SET_PDEATHSIG``). torchrun puts every rank in a session of its own, so a SIGKILL of the
+    launch's process group (a killed flow task or worker) would otherwise leave the ranks training
+    as orphans, holding the run directory's lock against the relaunch that should resume it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes  # noqa: PLC0415
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before the call: do not train as an orphan
+        os._exit(1)
 
 
 def rank() -> int:

@@ -94,6 +94,7 @@ def launch_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Pat
 
 def main(argv: list[str] | None = None) -> None:
     spec = L.read_spec(argv)
+    L.die_with_parent()
     L.configure_logging()
     with L.rank_guard(spec):
         run(spec)
