@@ -276,3 +276,25 @@ def _flow_config(tmp_path: Path, data_mirror: Path, home: Path):
                    "train": {"max_steps": 4, "batch_size": 4, "lr": 1e-3, "cpu": True, "log_every": 1},
                    "n_passages": 4, "max_passage_tokens": 64},
         "registry_name": "test-preranker", "reader_registry_name": "test-reader"})
+
+
+def test_the_loop_reports_steps_rate_and_loss_on_the_main_process(tmp_path, caplog):
+    import logging  # noqa: PLC0415
+
+    from funnelrag.training import train  # noqa: PLC0415
+
+    class Hooks:
+        def collate(self, examples):
+            return {"x": torch.stack([e[0] for e in examples]), "y": torch.stack([e[1] for e in examples])}
+
+        def loss(self, model, batch):
+            return torch.nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"]), {}
+
+    x = torch.randn(16, 3, generator=torch.Generator().manual_seed(0))
+    data = [(x[i], x[i].sum()) for i in range(16)]
+    with caplog.at_level(logging.INFO, logger="funnelrag.progress"):
+        res = train(torch.nn.Linear(3, 1), data, Hooks(), TrainConfig(output_dir=str(tmp_path / "run"), epochs=2,
+                                                                        batch_size=4, cpu=True))
+    lines = [r.getMessage() for r in caplog.records if r.name == "funnelrag.progress"]
+    assert res.global_step == 8 and lines[-1].startswith("train run: 8/8 steps (")
+    assert "steps/s" in lines[-1] and f"loss={res.losses[-1]:.4g}" in lines[-1] and lines[-1].endswith("(done)")
