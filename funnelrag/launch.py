@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -187,7 +188,7 @@ def launch(module: str, spec: dict[str, Any], spec_dir: Path, cfg: LaunchConfig,
     ------
     LaunchFailed
         A rank failed (message: rank, exit status and the last lines of its traceback), the
-        launch timed out, or it ended without a result.
+        launch ran past ``cfg.timeout_s`` (launcher and ranks killed), or it ended without a result.
     """
     logger = logger or log
     spec_dir = Path(spec_dir)
@@ -209,22 +210,36 @@ def launch(module: str, spec: dict[str, Any], spec_dir: Path, cfg: LaunchConfig,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
     if on_start is not None:
         on_start(proc)
+    timed_out = threading.Event()
+
+    def on_timeout() -> None:
+        timed_out.set()
+        _kill_group(proc)
+
+    timer = threading.Timer(cfg.timeout_s, on_timeout) if cfg.timeout_s is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")
             tail.append(line)
             logger.info("%s", line)
-            if cfg.timeout_s is not None and time.monotonic() - t0 > cfg.timeout_s:
-                raise TimeoutError(f"{module}: launch exceeded training.launch.timeout_s={cfg.timeout_s}")
         rc = proc.wait()
-    except BaseException:  # timeout, interrupt, a failing logger: no rank may outlive its launcher
+    except BaseException:  # interrupt, a failing logger: no rank may outlive its launcher
         _kill_group(proc)
         raise
     finally:
+        if timer is not None:
+            timer.cancel()
         if proc.stdout is not None:
             proc.stdout.close()
     seconds = time.monotonic() - t0
+    if timed_out.is_set():
+        raise LaunchFailed(f"{module}: killed after training.launch.timeout_s={cfg.timeout_s} s (resumes from its "
+                           f"last checkpoint when relaunched):\n" + "\n".join(list(tail)[-TAIL_LINES:]),
+                           None, rc, "\n".join(list(tail)[-TAIL_LINES:]))
     if rc != 0 or not result_path.is_file():
         rank, text = failed_rank(errors)
         where = f"rank {rank}" if rank is not None else "a rank"

@@ -298,3 +298,20 @@ def test_the_loop_reports_steps_rate_and_loss_on_the_main_process(tmp_path, capl
     lines = [r.getMessage() for r in caplog.records if r.name == "funnelrag.progress"]
     assert res.global_step == 8 and lines[-1].startswith("train run: 8/8 steps (")
     assert "steps/s" in lines[-1] and f"loss={res.losses[-1]:.4g}" in lines[-1] and lines[-1].endswith("(done)")
+
+
+def test_a_launch_past_its_timeout_is_killed_with_its_ranks(tmp_path):
+    import psutil  # noqa: PLC0415
+
+    module = tmp_path / "mods" / "sleeper.py"
+    module.parent.mkdir()
+    module.write_text("import time\ntime.sleep(120)\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(module.parent)])}
+    procs: list[subprocess.Popen] = []
+    t0 = time.perf_counter()
+    with pytest.raises(L.LaunchFailed, match="timeout_s=8"):
+        L.launch("sleeper", {}, tmp_path / "spec", L.LaunchConfig(kind="accelerate", config=CPU2, timeout_s=8),
+                 env=env, on_start=procs.append)
+    assert time.perf_counter() - t0 < 60
+    left = [p for p in psutil.process_iter(["cmdline"]) if "sleeper" in " ".join(p.info["cmdline"] or [])]
+    assert not left
