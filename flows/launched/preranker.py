@@ -72,6 +72,7 @@ def launch_distill(candidates_dir: Path, labels_dir: Path, preranker, distill, t
     funnelrag.launch.LaunchFailed
         A rank failed (its traceback in the message).
     """
+    L.per_process_train_config(train_cfg, L.resolve_processes(launch_cfg)[0])   # refuse before launching
     spec = {"candidates_dir": str(candidates_dir), "labels_dir": str(labels_dir),
             "preranker": asdict(preranker), "distill": asdict(distill),
             "train": json.loads(json.dumps(asdict(train_cfg))), "index": index,

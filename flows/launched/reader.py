@@ -81,11 +81,14 @@ def launch_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Pat
 
     Raises
     ------
+    ValueError
+        The global batch is not a multiple of the number of processes (before anything starts).
     funnelrag.launch.LaunchFailed
         A rank failed (its traceback in the message).
     """
     from dataclasses import asdict  # noqa: PLC0415
 
+    L.per_process_train_config(reader_cfg.train, L.resolve_processes(launch_cfg)[0])   # refuse before launching
     spec = {"candidates_dir": str(candidates_dir), "reader": json.loads(json.dumps(asdict(reader_cfg))),
             "work_dir": str(work_dir), "out_dir": str(out_dir), "tracking": tracking or {"kind": "none"}}
     result = L.launch(MODULE, spec, Path(work_dir) / "launch", launch_cfg, logger=logger, **launch_kw)
