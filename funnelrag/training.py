@@ -41,7 +41,8 @@ Contract
   needed or every rank believes it is rank 0. Checkpoints assume one shared file system.
 * After ``train`` returns, the caller's ``model`` object holds the trained weights (single
   process, DDP, ZeRO-1/2). Under ZeRO-3 parameters stay partitioned; the gathered weights are
-  in ``TrainResult.full_state_dict`` on the main process.
+  in ``TrainResult.full_state_dict`` on the main process: load them into a freshly built module
+  with :func:`load_full_state_dict` before saving.
 """
 from __future__ import annotations
 
@@ -209,6 +210,24 @@ def load_checkpoint_weights(model: torch.nn.Module, checkpoint_dir: str | Path) 
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"{weights}: missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
     return model.eval()
+
+
+def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Load ``TrainResult.full_state_dict`` (ZeRO-3's gathered weights, possibly bf16) into a freshly
+    built ``model``: the trained module's own parameters stay partitioned (empty) after ZeRO-3, so
+    its weights go into a new instance. Tied parameters may be stored once.
+
+    Raises
+    ------
+    RuntimeError
+        A key is missing (other than a tied parameter) or unexpected.
+    """
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"gathered weights do not fit {type(model).__name__}: missing "
+                           f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    return model
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:

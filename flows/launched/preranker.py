@@ -50,7 +50,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     if not L.is_main_process():
         return None
     if result.full_state_dict is not None:  # ZeRO-3: the module's own parameters are partitioned
-        model.load_state_dict(result.full_state_dict)
+        from funnelrag.training import load_full_state_dict  # noqa: PLC0415
+        from models.preranker import build_preranker  # noqa: PLC0415
+        from tasks.funnel.distill import prepare_for_distillation  # noqa: PLC0415
+
+        fresh = build_preranker(pre)[0]
+        prepare_for_distillation(fresh, dcfg)
+        model = load_full_state_dict(fresh, result.full_state_dict)
     save_preranker(model, tok, Path(spec["out_dir"]) / PRERANKER_DIR)
     summary = distill_summary(report, trainable, result, dcfg, time.perf_counter() - t0)
     train_s = t_train - t_setup
