@@ -291,15 +291,18 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
     """
     from accelerate import Accelerator  # noqa: PLC0415 - heavy import kept off module import
     from accelerate.state import AcceleratorState  # noqa: PLC0415
-    from accelerate.utils import set_seed  # noqa: PLC0415
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed  # noqa: PLC0415
 
     if len(train_data) == 0:
         raise ValueError("train_data is empty")
     if not cfg.output_dir:
         raise ValueError("TrainConfig.output_dir is empty: set the run directory before training")
+    # DDP must tolerate parameters without a gradient: MiniLM's pooler is never used by mean pooling
+    # (a plain DDP step fails on it); the check costs one graph traversal per step.
     accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=cfg.mixed_precision,
                               gradient_accumulation_steps=cfg.grad_accum,
-                              step_scheduler_with_optimizer=False)
+                              step_scheduler_with_optimizer=False,
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     try:
         launched = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
         if launched > 1 and accelerator.num_processes == 1:
