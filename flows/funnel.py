@@ -30,6 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
 from funnelrag.corpus import CorpusVersion, open_corpus
+from funnelrag.device import resolve_device
 from funnelrag.launch import TrainingSection
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
@@ -133,8 +134,6 @@ class Context:
         corpus = open_corpus(ws, cfg.corpus, cfg.corpus_version)
         tok = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
         datasets.resolve("t5-tokenizer-config", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
-        from funnelrag.device import resolve_device  # noqa: PLC0415
-
         return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent,
                    resolve_device(cfg.device))
 
