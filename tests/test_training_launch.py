@@ -215,7 +215,7 @@ def test_a_failing_rank_is_reported_with_its_traceback(tmp_path):
 def test_train_reader_flow_under_accelerate_matches_in_process(tmp_path, data_mirror, workspace_home, prefect_harness):
     import mlflow  # noqa: PLC0415
 
-    from flows.funnel import Context, DistillationConfig, train_reader_flow  # noqa: PLC0415
+    from flows.funnel import Context, train_reader_flow  # noqa: PLC0415
     from tasks.funnel import stages as S  # noqa: PLC0415
 
     cfg = _flow_config(tmp_path, data_mirror, workspace_home)
