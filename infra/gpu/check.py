@@ -317,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(REPO / ".gl/gpu-check"), help="scratch directory (emptied first)")
     parser.add_argument("--phase-timeout-s", type=float, default=240.0, help="limit of one launch")
     args = parser.parse_args(argv)
+    import logging  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")   # the ranks' lines
     if args.device.startswith("cuda"):
         import torch  # noqa: PLC0415
 
