@@ -104,22 +104,30 @@ def config_path(config: str | Path) -> Path:
     return path
 
 
-def yaml_num_processes(config: str | Path) -> int:
-    """``num_processes`` of an accelerate YAML (1 when absent)."""
+def _yaml(config: str | Path) -> dict[str, Any]:
     import yaml  # noqa: PLC0415
 
-    return int((yaml.safe_load(config_path(config).read_text()) or {}).get("num_processes", 1))
+    return yaml.safe_load(config_path(config).read_text()) or {}
+
+
+def yaml_num_processes(config: str | Path) -> int:
+    """``num_processes`` of an accelerate YAML (1 when absent)."""
+    return int(_yaml(config).get("num_processes", 1))
 
 
 def resolve_processes(cfg: LaunchConfig) -> tuple[int, bool]:
-    """``(num_processes, cpu)`` of a launch: GPUs visible → all of them, on GPU; else the YAML's
-    count, on CPU. Explicit ``num_processes`` / ``cpu`` win."""
+    """``(num_processes, cpu)`` of a launch: GPUs visible → all of them, on GPU (one for a
+    single-process YAML, ``distributed_type: 'NO'``); else the YAML's count, on CPU. Explicit
+    ``num_processes`` / ``cpu`` win."""
     import torch  # noqa: PLC0415
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cpu = cfg.cpu if cfg.cpu is not None else gpus == 0
-    n = cfg.num_processes or (yaml_num_processes(cfg.config) if cpu or gpus == 0 else gpus)
-    return n, cpu
+    if cfg.num_processes:
+        return cfg.num_processes, cpu
+    if cpu or gpus == 0 or str(_yaml(cfg.config).get("distributed_type", "NO")).upper() == "NO":
+        return yaml_num_processes(cfg.config), cpu
+    return gpus, cpu
 
 
 def per_process_train_config(train_cfg, num_processes: int):
