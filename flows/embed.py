@@ -19,6 +19,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.states import Completed
 
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
+from funnelrag.device import resolve_device
 from funnelrag.registry import missing_alias
 from funnelrag.threads import torch_threads
 from funnelrag.tracking import configure, flow_run, log_metrics
@@ -39,6 +40,8 @@ class EmbedConfig(FlowConfig):
     preranker : reference of a bi-encoder pre-ranker (:mod:`tasks.evaluate.models`).
     embedding : batch and shard sizes.
     torch_threads : intra-op threads (None: torch's default).
+    device : ``auto`` (cuda if available) | ``cpu`` | ``cuda[:i]``: where the encoder runs (fp32;
+        bf16 only after ``tasks/funnel/precision.py:bf16_topk_agreement`` says it keeps the top 10).
     """
 
     corpus: str = "wikispeedia"
@@ -46,6 +49,7 @@ class EmbedConfig(FlowConfig):
     preranker: str = "minilm"
     embedding: EmbeddingConfig = EmbeddingConfig()
     torch_threads: int | None = None
+    device: str = "auto"
     experiment: str = EXPERIMENT
 
 
@@ -94,6 +98,7 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
             ws, config.experiment, f"embed-{config.corpus}", config.model_dump(exclude={"workspace"}),
             tracking_uri=config.workspace.tracking_uri, tags={"corpus": config.corpus, "corpus_version": corpus.version}) as run:
         model, tok, resolved = load_preranker_ref(config.preranker, ws.run_dir("embed", run.info.run_id) / "models")
+        model.to(resolve_device(config.device))
         info = embed_task(config, ws, corpus, model, tok)
         mlflow.log_params({**resolved.as_params("preranker"), "model_version": info["model_version"][:16]})
         mlflow.set_tags({"corpus_digest": corpus_digest(corpus), "embedding_version": info["version"]})

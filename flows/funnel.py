@@ -25,13 +25,16 @@ from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.events import emit_event
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from data_contracts.base import sha256_file
 from data_contracts.funnel import QUESTIONS
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
+from funnelrag.device import resolve_device
 from funnelrag.inputs import QUESTIONS_FILE, check_inputs
+from funnelrag.launch import TrainingSection
 from funnelrag.registry import (
     champion_version,
     download_model,
@@ -117,6 +120,12 @@ class DistillationConfig(FlowConfig):
     recall_at: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
     registry_name: str = "funnelrag-preranker"
     reader_registry_name: str = "funnelrag-reader"
+    # how the reader and the pre-ranker are trained (in this process or under accelerate launch);
+    # not part of any cache key: a launch trains the same global batches (funnelrag/launch.py)
+    training: TrainingSection = TrainingSection()
+    # where the inference stages run (pre-ranking, Eq. 3 scoring, evaluation loads): auto = cuda if available;
+    # fp32 on every device, so not part of any cache key
+    device: str = "auto"
 
     @property
     def recall_ks(self) -> list[int]:
@@ -134,6 +143,7 @@ class Context:
     corpus: CorpusVersion
     data_version: str
     tokenizer_dir: Path
+    device: str = "cpu"
 
     @classmethod
     def open(cls, cfg: DistillationConfig) -> "Context":
@@ -142,7 +152,8 @@ class Context:
         corpus = open_corpus(ws, cfg.corpus, cfg.corpus_version)
         tok = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
         datasets.resolve("t5-tokenizer-config", cfg.workspace.data_mirror, cache_dir=ws.downloads_dir)
-        return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent)
+        return cls(cfg, ws, StageCache(ws.cache_dir / EXPERIMENT), corpus, corpus.digest, tok.parent,
+                   resolve_device(cfg.device))
 
     def segment(self):
         seg_cfg = self.corpus.segment_config()
@@ -175,6 +186,16 @@ def _metrics(prefix: str):
     return lambda metrics, step: log_metrics({f"{prefix}/{k.split('/', 1)[-1]}": v for k, v in metrics.items()}, step)
 
 
+def _tracking(prefix: str) -> dict[str, str]:
+    """Where a launched training's main rank logs its step metrics: this flow's MLflow run."""
+    import mlflow  # noqa: PLC0415
+
+    run = mlflow.active_run()
+    if run is None:
+        return {"kind": "none"}
+    return {"kind": "mlflow", "uri": mlflow.get_tracking_uri(), "run_id": run.info.run_id, "prefix": prefix}
+
+
 @stage_task("questions")
 def questions_task(ctx: Context) -> StageResult:
     files = ctx.cfg.questions.resolve(ctx.cfg.workspace.data_mirror, ctx.ws.downloads_dir, "questions.paths")
@@ -190,7 +211,8 @@ def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageRe
                "segment": seg_cfg}
     inputs = {"questions": questions.files["questions.parquet"], "corpus": ctx.data_version}
     return ctx.run(S.run_candidates, key_cfg, inputs, lambda out, _: S.run_candidates(
-        questions.path, split, limit, ctx.corpus, seg_cfg, counter, ctx.cfg.preranker, ctx.cfg.candidates, out))
+        questions.path, split, limit, ctx.corpus, seg_cfg, counter, ctx.cfg.preranker, ctx.cfg.candidates, out,
+        device=ctx.device))
 
 
 @stage_task("train-reader")
@@ -199,8 +221,18 @@ def reader_task(ctx: Context, train: StageResult) -> StageResult:
     fid = replace(reader_cfg.fid, tokenizer=None) if hasattr(reader_cfg.fid, "tokenizer") else reader_cfg.fid
     key_cfg = asdict(replace(reader_cfg, fid=fid))
     inputs = {"candidates": train.digest, "tokenizer": sha256_file(ctx.tokenizer_dir / "tokenizer.json")}
-    return ctx.run(S.run_reader, key_cfg, inputs, lambda out, key: S.run_reader(
-        train.path, reader_cfg, ctx.ws.run_dir("train-reader", key[:16]), out, _metrics("reader")))
+    launch = ctx.cfg.training.launch
+
+    def build(out: Path, key: str) -> dict[str, Any]:
+        work = ctx.ws.run_dir("train-reader", key[:16])
+        if launch.kind == "accelerate":
+            from flows.launched.reader import launch_reader  # noqa: PLC0415
+
+            return launch_reader(train.path, reader_cfg, work, out, launch, tracking=_tracking("reader"),
+                                 logger=get_run_logger())
+        return S.run_reader(train.path, reader_cfg, work, out, _metrics("reader"))
+
+    return ctx.run(S.run_reader, key_cfg, inputs, build)
 
 
 @stage_task("attention")
@@ -208,7 +240,7 @@ def attention_task(ctx: Context, train: StageResult, reader: StageResult) -> Sta
     key_cfg = {"score": ctx.cfg.attention, "run": ctx.cfg.attention_run}
     inputs = {"candidates": train.digest, "reader": reader.digest}
     return ctx.run(S.run_attention, key_cfg, inputs, lambda out, _: S.run_attention(
-        train.path, reader.path, ctx.cfg.attention, ctx.cfg.attention_run, out))
+        train.path, reader.path, ctx.cfg.attention, ctx.cfg.attention_run, out, ctx.device))
 
 
 @stage_task("labels")
@@ -229,8 +261,17 @@ def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> Stage
         if d.unit_scoring == "maxp" and d.towers == "query" and ctx.cfg.preranker.kind == "bi":
             index = find_embedding_index(ctx.ws.home / "stores", ctx.cfg.corpus, ctx.corpus.manifest.get(
                 "content_digest", ctx.corpus.digest), build_preranker(ctx.cfg.preranker)[0])
+        work = ctx.ws.run_dir("distill-preranker", key[:16])
+        if ctx.cfg.training.launch.kind == "accelerate":
+            from flows.launched.preranker import launch_distill  # noqa: PLC0415
+
+            where = None if index is None else {"stores_dir": str(ctx.ws.home / "stores"), "corpus": ctx.cfg.corpus,
+                                                "corpus_digest": ctx.corpus.manifest.get("content_digest", ctx.corpus.digest)}
+            return launch_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train, work, out,
+                                  ctx.cfg.training.launch, index=where, tracking=_tracking("distill"),
+                                  logger=get_run_logger())
         return S.run_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train,
-                             ctx.ws.run_dir("distill-preranker", key[:16]), out, _metrics("distill"), index=index)
+                             work, out, _metrics("distill"), index=index)
 
     return ctx.run(S.run_distill, key_cfg, inputs, build)
 
@@ -239,13 +280,15 @@ def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> Stage
 def eval_task(ctx: Context, dev: StageResult, distilled: StageResult) -> StageResult:
     inputs = {"dev": dev.digest, "distilled": distilled.digest}
     return ctx.run(S.run_eval, {"ks": ctx.cfg.recall_ks, **ctx.maxp_key()}, inputs,
-                   lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out, ctx.maxp_passages()))
+                   lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out, ctx.maxp_passages(),
+                                             ctx.device))
 
 
 @stage_task("reader-eval")
 def reader_eval_task(ctx: Context, dev: StageResult, reader: StageResult) -> StageResult:
     inputs = {"dev": dev.digest, "reader": reader.digest}
-    return ctx.run(S.run_reader_eval, {}, inputs, lambda out, _: S.run_reader_eval(dev.path, reader.path, out))
+    return ctx.run(S.run_reader_eval, {}, inputs,
+                   lambda out, _: S.run_reader_eval(dev.path, reader.path, out, ctx.device))
 
 
 def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str, metrics: dict[str, float],
@@ -277,7 +320,8 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
     outcome = _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
                               f"dev_prerank_ar_at_{n}",
-                              lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages())[n], dev)
+                              lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages(),
+                                                             device=ctx.device)[n], dev)
     if outcome.get("promoted"):
         emit_champion_event(ctx.cfg.registry_name, outcome["version"], ctx.cfg.corpus, ctx.ws.home)
     return outcome
@@ -291,8 +335,6 @@ CHAMPION_EVENT = "funnelrag.preranker.champion"
 def emit_champion_event(name: str, version: str, corpus: str, home: Path) -> None:
     """Emit :data:`CHAMPION_EVENT` for registered model ``name`` v``version`` trained on ``corpus``
     in ``home`` (resource ``funnelrag.model.<name>``)."""
-    from prefect.events import emit_event  # noqa: PLC0415
-
     emit_event(event=CHAMPION_EVENT, resource={"prefect.resource.id": f"funnelrag.model.{name}"},
                payload={"name": name, "version": str(version), "corpus": corpus, "home": str(home)})
 
@@ -302,7 +344,7 @@ def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, re
     """Register the FiD reader (``reader_registry_name``); gate: dev exact match, not worse than
     the champion reader's on the same dev candidates."""
     def champion_em(model_dir: Path) -> float:
-        return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG))[1]["em"]
+        return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG), ctx.device)[1]["em"]
 
     metrics = {"dev_reader_em": reader_eval.summary["em"]}
     if reader.summary.get("last_loss") is not None:

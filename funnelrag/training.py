@@ -32,13 +32,17 @@ Contract
 * Metrics: ``log_metrics(metrics, step)`` is called on the main process only, every
   ``log_every`` steps and at the last step, with ``train/loss`` (mean over the window),
   ``train/lr``, ``train/epoch`` and the hook's extras as ``train/<name>`` (main-process values).
+* Progress: the main process reports through :class:`funnelrag.progress.Progress` (unit
+  ``steps``, rate, the last step's ``loss`` as postfix): a tqdm bar on a terminal, else an INFO
+  line on ``funnelrag.progress`` at most every 30 s and one at the end.
 * Precision: ``"no"`` (fp32) or ``"bf16"``. fp16 is refused: T5's activations overflow in fp16.
 * Processes: run under ``accelerate launch --config_file infra/accelerate/<setup>.yaml``; on CPU
   use ``infra/accelerate/cpu_2proc.yaml`` (gloo) — ``cpu=True``/``ACCELERATE_USE_CPU=1`` is
   needed or every rank believes it is rank 0. Checkpoints assume one shared file system.
 * After ``train`` returns, the caller's ``model`` object holds the trained weights (single
   process, DDP, ZeRO-1/2). Under ZeRO-3 parameters stay partitioned; the gathered weights are
-  in ``TrainResult.full_state_dict`` on the main process.
+  in ``TrainResult.full_state_dict`` on the main process: load them into a freshly built module
+  with :func:`load_full_state_dict` before saving.
 """
 from __future__ import annotations
 
@@ -54,6 +58,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Sampler
+
+from funnelrag.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +212,24 @@ def load_checkpoint_weights(model: torch.nn.Module, checkpoint_dir: str | Path) 
     return model.eval()
 
 
+def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Load ``TrainResult.full_state_dict`` (ZeRO-3's gathered weights, possibly bf16) into a freshly
+    built ``model``: the trained module's own parameters stay partitioned (empty) after ZeRO-3, so
+    its weights go into a new instance. Tied parameters may be stored once.
+
+    Raises
+    ------
+    RuntimeError
+        A key is missing (other than a tied parameter) or unexpected.
+    """
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"gathered weights do not fit {type(model).__name__}: missing "
+                           f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    return model
+
+
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     """Newest complete checkpoint directory, or None when there is none."""
     dirs = checkpoint_dirs(output_dir)
@@ -260,27 +284,36 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
         Empty ``train_data`` or ``cfg.output_dir``; a checkpoint written with a different data order / schedule
         (seed, batch size, accumulation, LR settings, data size or number of processes).
     RuntimeError
-        Launched as several processes but accelerate sees one (CPU without ``cpu=True``).
+        Launched as several processes but accelerate sees one (CPU without ``cpu=True``);
+        launched with a DeepSpeed config that accelerate dropped (CPU).
     RunDirLocked
         Another live process is training into ``cfg.output_dir`` (:func:`run_dir_lock`).
     """
     from accelerate import Accelerator  # noqa: PLC0415 - heavy import kept off module import
     from accelerate.state import AcceleratorState  # noqa: PLC0415
-    from accelerate.utils import set_seed  # noqa: PLC0415
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed  # noqa: PLC0415
 
     if len(train_data) == 0:
         raise ValueError("train_data is empty")
     if not cfg.output_dir:
         raise ValueError("TrainConfig.output_dir is empty: set the run directory before training")
+    # DDP must tolerate parameters without a gradient: MiniLM's pooler is never used by mean pooling
+    # (a plain DDP step fails on it); the check costs one graph traversal per step.
     accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=cfg.mixed_precision,
                               gradient_accumulation_steps=cfg.grad_accum,
-                              step_scheduler_with_optimizer=False)
+                              step_scheduler_with_optimizer=False,
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     try:
         launched = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
         if launched > 1 and accelerator.num_processes == 1:
             raise RuntimeError(f"launched as {launched} processes but accelerate sees 1 (every rank would "
                                "train alone as rank 0); on a CPU-only machine set TrainConfig(cpu=True) or "
                                "ACCELERATE_USE_CPU=1 (accelerate runs DeepSpeed on GPUs only)")
+        if (os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+                and getattr(accelerator.state, "deepspeed_plugin", None) is None):
+            raise RuntimeError("launched with a DeepSpeed config but accelerate runs without DeepSpeed (it drops "
+                               "DeepSpeed on CPU, cpu=True / ACCELERATE_USE_CPU=1): use a GPU machine or a "
+                               "non-DeepSpeed YAML (infra/accelerate/cpu_2proc.yaml)")
         with run_dir_lock(Path(cfg.output_dir), accelerator.is_main_process):
             return _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_seed)
     finally:
@@ -371,48 +404,56 @@ def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_se
     extras: dict[str, list[float]] = {}
     micro_losses: list[torch.Tensor] = []
     model.train()
-    while global_step < total_steps:
-        loader.set_epoch(epoch)
-        epoch_loader = accelerator.skip_first_batches(loader, skip) if skip else loader
-        epoch_loader.set_epoch(epoch)
-        batch_idx = skip
-        for batch in epoch_loader:
-            with accelerator.accumulate(model):
-                with accelerator.autocast():
-                    loss, metrics = hooks.loss(model, batch)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and cfg.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            batch_idx += 1
-            micro_losses.append(loss.detach().float())
-            for k, v in metrics.items():
-                extras.setdefault(k, []).append(float(v))
-            if not accelerator.sync_gradients:
-                continue
-            if not accelerator.optimizer_step_was_skipped:
-                scheduler.step()
-            global_step += 1
-            step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
-            micro_losses = []
-            losses.append(step_loss)
-            window.append(step_loss)
-            done = global_step >= total_steps
-            if done or global_step % cfg.log_every == 0:
-                if accelerator.is_main_process and log_metrics is not None:
-                    log = {"train/loss": sum(window) / len(window), "train/lr": scheduler.get_last_lr()[0],
-                           "train/epoch": float(epoch)}
-                    log.update({f"train/{k}": sum(v) / len(v) for k, v in extras.items()})
-                    log_metrics(log, global_step)
-                window, extras = [], {}
-            if cfg.checkpoint_every and (done or global_step % cfg.checkpoint_every == 0):
-                pos = (epoch + 1, 0) if batch_idx >= n_batches else (epoch, batch_idx)
-                last_ckpt = _save_checkpoint(accelerator, ckpt_root, cfg, global_step, pos, losses, fingerprint)
-            if done:
-                break
-        if global_step < total_steps:
-            epoch, skip = epoch + 1, 0
+    bar = (Progress(f"train {out.name}", total=total_steps - global_step, unit="steps")
+           if accelerator.is_main_process else None)
+    try:
+        while global_step < total_steps:
+            loader.set_epoch(epoch)
+            epoch_loader = accelerator.skip_first_batches(loader, skip) if skip else loader
+            epoch_loader.set_epoch(epoch)
+            batch_idx = skip
+            for batch in epoch_loader:
+                with accelerator.accumulate(model):
+                    with accelerator.autocast():
+                        loss, metrics = hooks.loss(model, batch)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and cfg.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                batch_idx += 1
+                micro_losses.append(loss.detach().float())
+                for k, v in metrics.items():
+                    extras.setdefault(k, []).append(float(v))
+                if not accelerator.sync_gradients:
+                    continue
+                if not accelerator.optimizer_step_was_skipped:
+                    scheduler.step()
+                global_step += 1
+                step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
+                micro_losses = []
+                losses.append(step_loss)
+                if bar is not None:
+                    bar.update(1, loss=step_loss)
+                window.append(step_loss)
+                done = global_step >= total_steps
+                if done or global_step % cfg.log_every == 0:
+                    if accelerator.is_main_process and log_metrics is not None:
+                        log = {"train/loss": sum(window) / len(window), "train/lr": scheduler.get_last_lr()[0],
+                               "train/epoch": float(epoch)}
+                        log.update({f"train/{k}": sum(v) / len(v) for k, v in extras.items()})
+                        log_metrics(log, global_step)
+                    window, extras = [], {}
+                if cfg.checkpoint_every and (done or global_step % cfg.checkpoint_every == 0):
+                    pos = (epoch + 1, 0) if batch_idx >= n_batches else (epoch, batch_idx)
+                    last_ckpt = _save_checkpoint(accelerator, ckpt_root, cfg, global_step, pos, losses, fingerprint)
+                if done:
+                    break
+            if global_step < total_steps:
+                epoch, skip = epoch + 1, 0
+    finally:
+        if bar is not None:
+            bar.close()
     accelerator.wait_for_everyone()
     full = _zero3_state_dict(accelerator, model)
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # drop the autocast forward patch

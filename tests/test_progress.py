@@ -42,6 +42,15 @@ def test_unknown_total_and_idempotent_close(caplog):
     assert [r.getMessage() for r in caplog.records] == ["ingest: 8 pages (2.0 pages/s, 4 s) (done)"]
 
 
+def test_slow_rates_keep_their_digits(caplog):
+    clock = FakeClock()
+    caplog.set_level(logging.INFO, logger="funnelrag.progress")
+    with Progress("train reader", total=100, unit="steps", show_bar=False, clock=clock) as bar:
+        clock.t += 50
+        bar.update(2)
+    assert caplog.records[0].getMessage().startswith("train reader: 2/100 steps (0.04 steps/s, 50 s, ~41 min left)")
+
+
 def test_iterator_wrapper_counts_every_item_and_takes_len(caplog):
     caplog.set_level(logging.INFO, logger="funnelrag.progress")
     out = list(progress(["a", "b", "c"], "questions", unit="questions", show_bar=False))

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 
 from data_contracts.base import atomic_directory
-from funnelrag.training import TrainConfig, TrainResult, load_checkpoint_weights, train
+from funnelrag.training import TrainConfig, TrainResult, load_checkpoint_weights, load_full_state_dict, train
 from models.fid import encode_fid_inputs, t5_answer_labels
 from models.readers import ReaderConfig, build_reader, reader_config_from_dict
 
@@ -202,7 +202,7 @@ def train_reader(examples: Sequence[ReaderExample], cfg: ReaderTrainConfig, *,
     state = PartialState()
     if state.is_main_process:
         if result.full_state_dict is not None:  # ZeRO-3: the module's own parameters are partitioned
-            model.load_state_dict(result.full_state_dict)
+            model = load_full_state_dict(build_reader(cfg.fid)[0], result.full_state_dict)
         model_dir = save_reader(model, tokenizer, cfg, Path(cfg.train.output_dir) / READER_DIR)
     state.wait_for_everyone()
     return ReaderTrainResult(model_dir=model_dir, train=result, report=report)

@@ -76,7 +76,7 @@ def select_questions(questions: pa.Table, split: str, limit: int | None) -> pa.T
 @stage("candidates", version="1")
 def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, seg_cfg, token_counter,
                    preranker: PreRankerConfig, cfg: CandidatesConfig, out_dir: Path,
-                   stores_dir: Path | None = None, corpus_name: str | None = None) -> dict[str, Any]:
+                   stores_dir: Path | None = None, corpus_name: str | None = None, device: str = "cpu") -> dict[str, Any]:
     """Funnel of one split's questions: writes ``unit_pool``, ``candidates``, ``units`` and
     ``questions`` (the subset) tables; summary has per-stage seconds and counts.
 
@@ -95,6 +95,7 @@ def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, s
     if questions.num_rows == 0:
         raise ValueError(f"no {split!r} question in {questions_dir}")
     model, tok = build_preranker(preranker)
+    model.to(device)   # the pre-ranker scores on ``device`` (funnelrag.device.resolve_device at the flow)
     index = None
     if stores_dir is not None:
         version = model_version(model)
@@ -144,7 +145,7 @@ def run_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Path, 
             "seconds": time.perf_counter() - t0}
 
 
-def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, dict[str, Any]]:
+def evaluate_reader(candidates_dir: Path, reader_dir: Path, device: str = "cpu") -> tuple[pa.Table, dict[str, Any]]:
     """Dev exact match of a saved FiD reader (FunnelRAG Table 3's EM, SQuAD normalisation).
 
     Each question of ``candidates_dir`` gets a greedy answer from its first ``n_passages``
@@ -155,6 +156,7 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
     ----------
     candidates_dir : a ``candidates`` stage directory (``candidates`` + ``questions`` tables).
     reader_dir : a directory saved by :func:`tasks.funnel.reader.save_reader`.
+    device : where the reader generates (``cpu``, ``cuda[:i]``; fp32 either way).
 
     Returns
     -------
@@ -170,6 +172,7 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
         ``candidates_dir`` has no candidate passage.
     """
     model, tok, cfg = load_reader(reader_dir)
+    model.to(device)
     cands = CANDIDATES.read(candidates_dir)
     examples = reader_examples(cands, QUESTIONS.read(candidates_dir))
     if not examples:
@@ -194,18 +197,19 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path) -> tuple[pa.Table, d
 
 
 @stage("reader_eval", version="1")
-def run_reader_eval(candidates_dir: Path, reader_stage_dir: Path, out_dir: Path) -> dict[str, Any]:
+def run_reader_eval(candidates_dir: Path, reader_stage_dir: Path, out_dir: Path, device: str = "cpu") -> dict[str, Any]:
     """:func:`evaluate_reader` of the trained reader on the dev candidates → ``reader_predictions``."""
-    table, summary = evaluate_reader(candidates_dir, Path(reader_stage_dir) / READER_DIR)
+    table, summary = evaluate_reader(candidates_dir, Path(reader_stage_dir) / READER_DIR, device)
     READER_PREDICTIONS.write(table, out_dir)
     return summary
 
 
 @stage("attention", version="1")
 def run_attention(candidates_dir: Path, reader_dir: Path, cfg: AttentionScoreConfig, run: AttentionRunConfig,
-                  out_dir: Path) -> dict[str, Any]:
-    """Eq. 3 scores of every candidate passage with the trained reader → ``attention_scores``."""
+                  out_dir: Path, device: str = "cpu") -> dict[str, Any]:
+    """Eq. 3 scores of every candidate passage with the trained reader on ``device`` (fp32) → ``attention_scores``."""
     model, tok, _ = load_reader(Path(reader_dir) / READER_DIR)
+    model.to(device)
     cands = CANDIDATES.read(candidates_dir)
     t0 = time.perf_counter()
     scores = score_candidates(cands, QUESTIONS.read(candidates_dir), model, tok, cfg, run)
@@ -245,6 +249,23 @@ def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConf
         A candidate passage is not in ``index``.
     """
     t0 = time.perf_counter()
+    model, tok, trainable, data, hooks, report = distill_setup(candidates_dir, labels_dir, preranker, cfg, index)
+    result = train(model, data, hooks, replace(train_cfg, output_dir=str(work_dir)), log_metrics=log_metrics)
+    save_preranker(model, tok, Path(out_dir) / PRERANKER_DIR)
+    return distill_summary(report, trainable, result, cfg, time.perf_counter() - t0)
+
+
+def distill_summary(report: dict[str, Any], trainable: int, result, cfg: DistillConfig, seconds: float) -> dict[str, Any]:
+    """The ``distill`` stage summary of a finished :func:`funnelrag.training.train` ``result``."""
+    losses = result.losses
+    return {**report, "trainable_parameters": trainable, "steps": result.global_step,
+            "unit_scoring": cfg.unit_scoring, "towers": cfg.towers,
+            "first_loss": losses[0], "last_loss": losses[-1], "seconds": seconds}
+
+
+def distill_setup(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig, index=None):
+    """What :func:`run_distill` trains: ``(model, tokenizer, trainable parameters, PairDataset,
+    hooks, example report)`` (also the launched entry point's, :mod:`flows.launched.preranker`)."""
     model, tok = build_preranker(preranker)
     trainable = prepare_for_distillation(model, cfg)
     labels, questions, units = LABELS.read(labels_dir), QUESTIONS.read(candidates_dir), UNITS.read(candidates_dir)
@@ -277,17 +298,11 @@ def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConf
             passages_of = {u: tuple(ps.values()) for u, ps in passages.items()}
         examples, report = build_examples(labels, questions, units, passages_of)
         hooks = MaxPBPRHooks(tok, model.cfg.max_length, cfg.score_scale, vectors)
-    result = train(model, PairDataset(examples, cfg), hooks, replace(train_cfg, output_dir=str(work_dir)),
-                   log_metrics=log_metrics)
-    save_preranker(model, tok, Path(out_dir) / PRERANKER_DIR)
-    losses = result.losses
-    return {**report, "trainable_parameters": trainable, "steps": result.global_step,
-            "unit_scoring": cfg.unit_scoring, "towers": cfg.towers,
-            "first_loss": losses[0], "last_loss": losses[-1], "seconds": time.perf_counter() - t0}
+    return model, tok, trainable, PairDataset(examples, cfg), hooks, report
 
 
 def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int],
-                       batch_size: int = 32, passages: pa.Table | None = None) -> dict[int, float]:
+                       batch_size: int = 32, passages: pa.Table | None = None, device: str = "cpu") -> dict[int, float]:
     """AR@k of the pre-ranking stage on the dev unit pool for a saved pre-ranker (or, with
     ``preranker_dir=None``, the base one the pool was ranked with).
 
@@ -298,6 +313,7 @@ def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[i
     questions = QUESTIONS.read(dev_dir)
     if preranker_dir is not None:
         model, tok = load_preranker(preranker_dir)
+        model.to(device)
         passages_of = None if passages is None else unit_passages(passages, pool["unit_id"].to_pylist())
         pool = rerank_pool(pool, UNITS.read(dev_dir), questions, model, tok, batch_size, passages_of)
     return answer_recall(pool, ks, questions["question_id"].to_pylist())
@@ -305,14 +321,14 @@ def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[i
 
 @stage("eval", version="1")
 def run_eval(dev_dir: Path, distill_dir: Path, ks: Sequence[int], out_dir: Path,
-             passages: pa.Table | None = None) -> dict[str, Any]:
+             passages: pa.Table | None = None, device: str = "cpu") -> dict[str, Any]:
     """Answer recall of the pre-ranking stage before (base) and after distillation → ``answer_recall``
     (``passages``: MaxP re-ranking, :func:`evaluate_preranker`)."""
     t0 = time.perf_counter()
     n = QUESTIONS.read(dev_dir).num_rows
     rows = []
     for name, directory in (("before", None), ("after", Path(distill_dir) / PRERANKER_DIR)):
-        for k, v in evaluate_preranker(dev_dir, directory, ks, passages=passages).items():
+        for k, v in evaluate_preranker(dev_dir, directory, ks, passages=passages, device=device).items():
             rows.append({"model": name, "k": k, "answer_recall": v, "n_questions": n})
     ANSWER_RECALL.write(pa.Table.from_pylist(rows, schema=ANSWER_RECALL.schema), out_dir)
     out: dict[str, Any] = {"questions": n, "seconds": time.perf_counter() - t0}
