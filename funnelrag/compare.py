@@ -22,7 +22,7 @@ from funnelrag.datasets import default_home
 from funnelrag.display import format_value
 from funnelrag.tracking import configure
 from funnelrag.workspace import Workspace
-from tasks.evaluate.models import is_registry_ref, registry_version
+from funnelrag.registry import is_registry_ref, resolve_version
 
 METRIC_TAG = "metric."
 
@@ -50,7 +50,7 @@ def resolve_column(client, ref: str) -> Column:
     values: dict[str, Any] = {}
     try:
         if is_registry_ref(ref):
-            mv = registry_version(ref)
+            mv = resolve_version(ref)
             if not mv.run_id:
                 raise ValueError(f"{ref}: model version {mv.name} v{mv.version} has no run")
             run_id, label = mv.run_id, f"{mv.name} v{mv.version}"

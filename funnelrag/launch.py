@@ -338,6 +338,16 @@ def rank_guard(spec: dict[str, Any]) -> Iterator[None]:
         raise
 
 
+def entry_main(run: Callable[[dict[str, Any]], Any], argv: list[str] | None = None) -> None:
+    """The ``main`` of every training entry module: read ``--spec``, die with the torchrun agent,
+    log with the rank, and run ``run(spec)`` with this rank's error written for the launcher."""
+    spec = read_spec(argv)
+    die_with_parent()
+    configure_logging()
+    with rank_guard(spec):
+        run(spec)
+
+
 def metrics_logger(spec: dict[str, Any]) -> Callable[[dict[str, float], int], None] | None:
     """``log_metrics`` of the main rank from ``spec["tracking"]``:
 

@@ -332,6 +332,33 @@ def model_uri(name: str, ref: str | int = CHAMPION) -> str:
     return f"models:/{name}/{ref}" if ref.isdigit() else f"models:/{name}@{ref}"
 
 
+def is_registry_ref(ref: str) -> bool:
+    """``ref`` names a registered model (``models:/...``)."""
+    return ref.startswith("models:/")
+
+
+def parse_registry_ref(ref: str) -> tuple[str, str | None, str | None]:
+    """``models:/name@alias`` → ``(name, alias, None)``; ``models:/name/3`` → ``(name, None, "3")``.
+
+    Raises
+    ------
+    ValueError
+        Not of either form (names the reference).
+    """
+    if not is_registry_ref(ref):
+        raise ValueError(f"{ref!r} is not a models:/ reference")
+    body = ref[len("models:/"):]
+    if "@" in body:
+        name, alias = body.split("@", 1)
+        if name and alias:
+            return name, alias, None
+    else:
+        name, _, version = body.rpartition("/")
+        if name and version.isdigit():
+            return name, None, version
+    raise ValueError(f"{ref!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+
+
 def resolve_version(uri: str):
     """The ``ModelVersion`` a ``models:/<name>@<alias>`` or ``models:/<name>/<version>`` URI names.
 
@@ -342,16 +369,10 @@ def resolve_version(uri: str):
     mlflow.exceptions.MlflowException
         No such model, version or alias.
     """
-    body = uri[len("models:/"):] if uri.startswith("models:/") else ""
-    if "@" in body:
-        name, alias = body.split("@", 1)
-        if name and alias:
-            return _client().get_model_version_by_alias(name, alias)
-    else:
-        name, _, version = body.rpartition("/")
-        if name and version.isdigit():
-            return _client().get_model_version(name, version)
-    raise ValueError(f"{uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+    name, alias, version = parse_registry_ref(uri)
+    if alias is not None:
+        return _client().get_model_version_by_alias(name, alias)
+    return _client().get_model_version(name, version)
 
 
 def download_model(uri: str, dst: Path) -> Path:

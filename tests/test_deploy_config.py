@@ -70,6 +70,15 @@ def test_yaml_syntax_error_names_the_file(tmp_path):
         load_config(CorpusBuildConfig, bad)
 
 
+def _render_parameters(trigger: dict, event: dict) -> dict:
+    """A trigger's parameters as the Prefect server renders its templates with the event."""
+    def render(value):
+        if isinstance(value, list):
+            return [render(v) for v in value]
+        return jinja2.Template(value).render(event=event) if isinstance(value, str) else value
+    return {k: render(v) for k, v in trigger["parameters"].items()}
+
+
 def test_evaluate_champion_follows_every_corpus_build_with_its_home_and_version(monkeypatch):
     monkeypatch.chdir(ROOT)
     dep = DEPLOYMENTS["evaluate-champion"]
@@ -80,12 +89,7 @@ def test_evaluate_champion_follows_every_corpus_build_with_its_home_and_version(
     # the server renders the templates with the event; the evaluation then runs on that build
     event = {"payload": {"corpus": "enwiki-sample", "version": "20261123T020000.000000Z-abcdef12",
                          "home": "/srv/funnelrag"}}
-
-    def render(value):
-        if isinstance(value, list):
-            return [render(v) for v in value]
-        return jinja2.Template(value).render(event=event) if isinstance(value, str) else value
-    params = {k: render(v) for k, v in trigger["parameters"].items()}
+    params = _render_parameters(trigger, event)
     cfg = resolve_flow_config(EvaluateConfig, config_file=params["config_file"], overrides=params["overrides"],
                               home=params["home"])
     assert cfg.workspace.home == Path("/srv/funnelrag") and cfg.corpus == "enwiki-sample"
@@ -140,12 +144,7 @@ def test_embed_champion_after_a_distillation_embeds_the_corpus_and_home_it_train
     assert trigger["match"] == {"prefect.resource.id": "funnelrag.model.*"}
     event = {"payload": {"name": "funnelrag-preranker", "version": "3", "corpus": "enwiki-sample",
                          "home": "/srv/funnelrag"}}
-
-    def render(value):
-        if isinstance(value, list):
-            return [render(v) for v in value]
-        return jinja2.Template(value).render(event=event) if isinstance(value, str) else value
-    params = {k: render(v) for k, v in trigger["parameters"].items()}
+    params = _render_parameters(trigger, event)
     cfg = resolve_flow_config(EmbedConfig, config_file=params["config_file"], overrides=params["overrides"],
                               home=params["home"])
     assert cfg.workspace.home == Path("/srv/funnelrag") and cfg.corpus == "enwiki-sample"

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.evaluate.models import PRERANKER_FILE, ResolvedRef, parse_registry_ref, resolve
+from funnelrag.registry import parse_registry_ref
+from tasks.evaluate.models import PRERANKER_FILE, ResolvedRef, resolve
 
 
 def test_parse_registry_refs():

@@ -87,11 +87,8 @@ def launch_distill(candidates_dir: Path, labels_dir: Path, preranker, distill, t
 
 
 def main(argv: list[str] | None = None) -> None:
-    spec = L.read_spec(argv)
-    L.die_with_parent()
-    L.configure_logging()
-    with L.rank_guard(spec):
-        run(spec)
+    """Entry point of every rank: ``python -m flows.launched.preranker --spec <json>``."""
+    L.entry_main(run, argv)
 
 
 if __name__ == "__main__":

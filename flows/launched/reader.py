@@ -96,11 +96,8 @@ def launch_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Pat
 
 
 def main(argv: list[str] | None = None) -> None:
-    spec = L.read_spec(argv)
-    L.die_with_parent()
-    L.configure_logging()
-    with L.rank_guard(spec):
-        run(spec)
+    """Entry point of every rank: ``python -m flows.launched.reader --spec <json>``."""
+    L.entry_main(run, argv)
 
 
 if __name__ == "__main__":

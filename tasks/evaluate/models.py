@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from funnelrag.registry import download_model, find_model_dir
+from funnelrag.registry import download_model, find_model_dir, is_registry_ref, resolve_version
 from models.encoders import MINILM
 from models.fid import FiDConfig, FiDReader
 from models.preranker import CONFIG_FILE as PRERANKER_FILE  # the file that marks a saved pre-ranker
@@ -48,51 +48,6 @@ class ResolvedRef:
         return {f"{prefix}.{k}": str(v) for k, v in out.items() if v is not None}
 
 
-def is_registry_ref(ref: str) -> bool:
-    return ref.startswith("models:/")
-
-
-def registry_version(ref: str):
-    """The MLflow ``ModelVersion`` of ``models:/name@alias`` or ``models:/name/version``.
-
-    Raises
-    ------
-    ValueError
-        ``ref`` is not a registry reference.
-    mlflow.exceptions.MlflowException
-        No such model, version or alias.
-    """
-    from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
-
-    name, alias, version = parse_registry_ref(ref)
-    client = MlflowClient()
-    if alias is not None:
-        return client.get_model_version_by_alias(name, alias)
-    return client.get_model_version(name, version)
-
-
-def parse_registry_ref(ref: str) -> tuple[str, str | None, str | None]:
-    """``models:/name@alias`` → ``(name, alias, None)``; ``models:/name/3`` → ``(name, None, "3")``.
-
-    Raises
-    ------
-    ValueError
-        Not of either form (names the reference).
-    """
-    if not is_registry_ref(ref):
-        raise ValueError(f"{ref!r} is not a models:/ reference")
-    body = ref[len("models:/"):]
-    if "@" in body:
-        name, alias = body.split("@", 1)
-        if name and alias:
-            return name, alias, None
-    else:
-        name, _, version = body.rpartition("/")
-        if name and version.isdigit():
-            return name, None, version
-    raise ValueError(f"{ref!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
-
-
 def resolve(ref: str, marker: str, download_dir: Path) -> ResolvedRef:
     """Resolve a registry or directory reference to a local model directory holding ``marker``.
 
@@ -104,7 +59,7 @@ def resolve(ref: str, marker: str, download_dir: Path) -> ResolvedRef:
         A registry reference names no model version.
     """
     if is_registry_ref(ref):
-        mv = registry_version(ref)
+        mv = resolve_version(ref)
         dst = Path(download_dir) / f"{mv.name}-v{mv.version}"
         local = download_model(f"models:/{mv.name}/{mv.version}", dst)
         return ResolvedRef(ref, find_model_dir(local, marker), mv.name, str(mv.version), mv.run_id)
