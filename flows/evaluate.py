@@ -27,6 +27,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from funnelrag.config import FlowCommand, FlowConfig
+from funnelrag.progress import Progress
 from funnelrag.stages import DataSource
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.evaluate.flat_dense import FlatDenseConfig
@@ -393,6 +394,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
 
         # Settings are interleaved block by block, so a change of machine load during the run
         # affects every setting alike instead of biasing the one that happened to run then.
+        bar = Progress("evaluate", total=len(questions), unit="questions")
         for start in range(0, len(questions), config.block_questions):
             block, block_table = questions[start:start + config.block_questions], qtable.slice(start, config.block_questions)
             fill_stored_vectors(block)
@@ -420,7 +422,8 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                                 f"{'-stored' if setting.vectors == 'stored' else ''}")
                         add(SettingSpec(_slug(f"{base}{'-fid' if post else ''}-{setting.n_final}p"), "progressive",
                                         "bm25-clusters", pr.label, reader_label if post else "", setting.n_final), results)
-            logger.info("evaluated %d/%d questions", min(start + config.block_questions, len(questions)), len(questions))
+            bar.update(len(block), settings=len(specs))
+        bar.close()
         runs = [(specs[n], by_setting[n]) for n in specs]
         rows: tuple[list, list, list] = ([], [], [])
         for spec, results in runs:

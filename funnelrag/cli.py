@@ -52,6 +52,39 @@ COMMAND_INDEX = {
 }
 
 
+# A fresh PREFECT_HOME creates and migrates the API's database on the first start: more than
+# Prefect's default 20 s on a busy 2-core box. The user's own value (env, .env, prefect.toml,
+# pyproject.toml or profile) wins.
+EPHEMERAL_STARTUP_TIMEOUT_S = 300
+# Our module loggers (progress lines included) also go to the Prefect run logs (the UI).
+RUN_LOGGERS = ("funnelrag", "flows", "tasks", "models")
+
+
+def prefect_process_defaults() -> None:
+    """Process-level Prefect settings of a flow command, set before any flow module is imported.
+
+    * ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` = :data:`EPHEMERAL_STARTUP_TIMEOUT_S`
+      unless the user set it in any Prefect settings source;
+    * :data:`RUN_LOGGERS` added to ``PREFECT_LOGGING_EXTRA_LOGGERS`` (kept: the user's names), so
+      their lines reach the flow and task run logs; lines logged outside a run are not sent to the
+      API (``PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW=ignore`` unless set).
+
+    Set in ``os.environ``, so spawned workers read the same values, and Prefect's global settings
+    are refreshed from them. Importing ``prefect.settings`` does not configure logging yet.
+    """
+    from prefect.settings import Settings  # noqa: PLC0415  (after argv: `search` never imports prefect)
+
+    current = Settings()
+    if "startup_timeout_seconds" not in current.server.ephemeral.model_fields_set:
+        os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = str(EPHEMERAL_STARTUP_TIMEOUT_S)
+    extra = [str(n) for n in (current.logging.extra_loggers or [])]
+    os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join([*extra, *(n for n in RUN_LOGGERS if n not in extra)])
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+    import prefect.context  # noqa: PLC0415
+
+    prefect.context.refresh_global_settings_context()
+
+
 def _commands(only: str | None = None) -> dict[str, FlowCommand]:
     """Import flow modules and collect their commands (only the module of ``only`` if known)."""
     found: dict[str, FlowCommand] = {}
@@ -162,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         from funnelrag.compare import compare_main  # noqa: PLC0415
 
         return compare_main(argv[argv.index("compare") + 1:])
+    if wanted != "search":
+        prefect_process_defaults()
     commands = {} if wanted == "search" else _commands(wanted)
     parser = argparse.ArgumentParser(prog="funnelrag", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -183,8 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--passages", type=int, default=3, help="also print the top N passages with their text (0: none)")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    level = logging.DEBUG if args.verbose else logging.INFO
+    # A no-op once prefect is imported (its console handler is on the root logger, at WARNING):
+    # our loggers get their level themselves, so their INFO lines (progress) reach the terminal.
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for name in RUN_LOGGERS:
+        logging.getLogger(name).setLevel(level)
     for noisy in ("httpx", "alembic", "mlflow", "urllib3", "filelock", "numba"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.command == "search":

@@ -86,10 +86,11 @@ class BiEncoder(nn.Module):
 
 
 @torch.no_grad()
-def encode(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 64) -> torch.Tensor:
+def encode(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 64, bar=None) -> torch.Tensor:
     """Embed ``texts`` in batches; returns a float32 tensor ``(len(texts), dim)`` on CPU.
 
     Texts are sorted by length for batching (less padding) and returned in input order.
+    ``bar`` (a :class:`funnelrag.progress.Progress`, optional) counts the texts embedded.
     """
     if len(texts) == 0:
         dim = model.backbone.config.hidden_size
@@ -103,4 +104,6 @@ def encode(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 
                         max_length=model.cfg.max_length, return_tensors="pt").to(device)
         emb = model(enc["input_ids"], enc["attention_mask"]).embeddings.float().cpu()
         out[torch.tensor(idx)] = emb
+        if bar is not None:
+            bar.update(len(idx))
     return out

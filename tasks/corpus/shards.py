@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
+from funnelrag.progress import Progress
 from tasks.corpus.segment import (SegmentConfig, check_members, count_window_tokens, segment_cluster,
                                   segments_to_tables)
 from tasks.corpus.tokenize import load_token_counter
@@ -99,16 +100,27 @@ def run_here(fn: Callable[..., Any], *args: Any) -> Done:
     return Done(fn(*args))
 
 
-def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int) -> Iterator[Any]:
+def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
+                    desc: str | None = None) -> Iterator[Any]:
     """Results of ``submit(*call)`` for each call, in call order, with at most ``window`` calls
-    submitted and not yet consumed (bounds the coordinator's memory)."""
+    submitted and not yet consumed (bounds the coordinator's memory). With ``desc``, finished
+    shards are reported (:class:`funnelrag.progress.Progress`, unit ``shards``)."""
     pending: deque = deque()
-    for call in calls:
-        pending.append(submit(*call))
-        if len(pending) >= max(window, 1):
+    bar = Progress(desc, total=len(calls), unit="shards") if desc else None
+    try:
+        for call in calls:
+            pending.append(submit(*call))
+            if len(pending) >= max(window, 1):
+                yield pending.popleft().result()
+                if bar is not None:
+                    bar.update()
+        while pending:
             yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def texts_key(version: str, cfg: Any, ids: list[str], texts: list[str]) -> str:
@@ -266,7 +278,7 @@ def partition_documents(ingest_dir: Path, ranges: list[tuple[int, int]], cluster
     np.save(out_dir / "shard_of_doc.npy", shard_of_doc)
     calls = [(partition_range, str(ingest_dir), lo, hi, str(out_dir / "shard_of_doc.npy"), str(out_dir))
              for lo, hi in doc_shards(n_docs, docs_per_range)]
-    written = sum(ordered_results(submit, calls, window))
+    written = sum(ordered_results(submit, calls, window, "split documents by shard"))
     if written != int(np.count_nonzero(shard_of_doc >= 0)):
         raise ValueError(f"{out_dir}: {written} documents partitioned, {int(np.count_nonzero(shard_of_doc >= 0))} expected")
     return [out_dir / f"{k:06d}" for k in range(len(ranges))]
@@ -334,11 +346,13 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     reused = 0
     calls = [(count_shard, str(ingest_dir), lo, hi, cfg, str(mirror) if mirror else None,
               str(cache_dir) if cache_dir else None) for lo, hi in shards]
-    for windows, n_tokens, name, hit in ordered_results(submit, calls, window):
-        reused += hit
-        per_doc.append(windows)
-        tokens.append(n_tokens)
-        names.add(name)
+    with Progress("token counts", total=n_docs, unit="documents") as bar:
+        for windows, n_tokens, name, hit in ordered_results(submit, calls, window):
+            reused += hit
+            per_doc.append(windows)
+            tokens.append(n_tokens)
+            names.add(name)
+            bar.update(len(windows), shards=len(per_doc))
     counts = np.concatenate(per_doc) if per_doc else np.zeros(0, np.int32)
     n_tokens = np.concatenate(tokens) if tokens else np.zeros(0, np.int32)
     offsets = np.zeros(n_docs + 1, dtype=np.int32)
@@ -554,7 +568,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
                   str(mirror) if mirror else None, str(rows_dir), str(d)) for (lo, hi), d in zip(ranges, docs_dirs)]
         with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-            for kept, empty, hit in ordered_results(submit, calls, window):
+            for kept, empty, hit in ordered_results(submit, calls, window, "segment shards"):
                 units = pq.read_table(Path(kept) / "units.parquet")
                 units_out.write(units)
                 n_units += units.num_rows

@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from data_contracts.base import atomic_directory
+from funnelrag.progress import Progress
 from models.encoders import EncoderConfig
 
 IDS_FILE = "doc_ids.index.json"
@@ -212,8 +213,9 @@ class DenseIndex:
 
 
 # ---------------------------------------------------------------------------- building
-def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-    """L2-normalised bi-encoder embeddings, float32 ``(len(texts), dim)`` (input order).
+def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64, bar=None) -> np.ndarray:
+    """L2-normalised bi-encoder embeddings, float32 ``(len(texts), dim)`` (input order); ``bar``
+    (:class:`funnelrag.progress.Progress`, optional) counts the texts embedded.
 
     ``model`` is a :class:`models.encoders.BiEncoder`; rows are re-normalised here in case its
     config does not normalise.
@@ -222,7 +224,7 @@ def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64) -
 
     from models.encoders import encode  # noqa: PLC0415
 
-    emb = encode(model, tokenizer, list(texts), batch_size=batch_size)  # (n, dim) float32
+    emb = encode(model, tokenizer, list(texts), batch_size=batch_size, bar=bar)  # (n, dim) float32
     return F.normalize(emb, p=2, dim=-1).numpy().astype(np.float32) if len(texts) else emb.numpy()
 
 
@@ -249,7 +251,8 @@ def build_dense_index(texts: Sequence[str], ids: Sequence[str], model, tokenizer
     """
     if len(texts) != len(ids):
         raise ValueError(f"dense index build: {len(texts)} texts but {len(ids)} ids")
-    emb = encode_texts(model, tokenizer, texts, cfg.batch_size).astype(cfg.dtype)  # (n, dim)
+    with Progress("embed passages", total=len(texts), unit="passages") as bar:
+        emb = encode_texts(model, tokenizer, texts, cfg.batch_size, bar).astype(cfg.dtype)  # (n, dim)
     meta = {"encoder": asdict(cfg.encoder), **dict(params or {})}
     return DenseIndex(emb, [str(i) for i in ids], meta, cfg.block_rows)
 

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 
+from funnelrag.progress import progress
 from funnelrag.stages import run_cached, stage
 from tasks.evaluate.dense import DenseIndex, DenseIndexConfig, build_dense_index, encode_texts
 from tasks.evaluate.metrics import CorpusAnswers
@@ -100,7 +101,7 @@ def dense_retriever(index: DenseIndex, encoder, tokenizer) -> Callable[[str, int
 def generate_answers(generator, results: Sequence[QueryResult], questions: dict[str, str]) -> Generated:
     """Run ``generator(question, [(title, text)])`` on each result's final passages, timed."""
     answers, seconds = {}, {}
-    for r in results:
+    for r in progress(results, f"reader answers ({generator.label})", unit="questions"):
         t0 = time.perf_counter()
         answers[r.question_id] = generator(questions[r.question_id], [(t, x) for _, t, x in r.passages])
         seconds[r.question_id] = time.perf_counter() - t0

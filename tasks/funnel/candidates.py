@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
+from funnelrag.progress import progress
 from models.preranker import score_grouped
 from tasks.funnel.embeddings import passage_text
 from tasks.funnel.questions import AnswerMatcher, dpr_tokens
@@ -84,7 +85,8 @@ def chunk_clusters(cluster_ids: Sequence[int], members_of: MembersOf, seg_cfg: S
     """Later chunking of the distinct ``cluster_ids``: ``{cluster_id: ClusterSegments}``."""
     unique = sorted({int(c) for c in cluster_ids})
     members = members_of(unique)
-    return {c: segment_cluster(c, members[c], seg_cfg, token_counter) for c in unique}
+    return {c: segment_cluster(c, members[c], seg_cfg, token_counter)
+            for c in progress(unique, "later chunking of candidate clusters", unit="clusters")}
 
 
 def _units_table(segments: dict[int, ClusterSegments]) -> pa.Table:

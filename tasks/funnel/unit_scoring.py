@@ -18,6 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
+from funnelrag.progress import Progress
+
 UNIT_SCORING = ("first", "maxp")
 
 
@@ -75,7 +77,8 @@ def maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Sequence[
         for pid, _ in passages_of[uid]:
             pairs.append((qi, p_row[pid]))
             owner.append(r)
-    scores = score_grouped(model, tokenizer, list(questions), texts, pairs, batch_size)   # (n_pairs,)
+    with Progress("pre-rank candidate passages", total=len(texts), unit="passages") as bar:
+        scores = score_grouped(model, tokenizer, list(questions), texts, pairs, batch_size, bar)   # (n_pairs,)
     unit_scores = group_max(scores, np.asarray(owner), len(pool))                        # (len(pool),)
     pids = list(p_row)
     passage_scores = {(qi, pids[j]): float(s) for (qi, j), s in zip(pairs, scores)}
