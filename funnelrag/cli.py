@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         prefect_process_defaults()
     commands = {} if wanted == "search" else _commands(wanted)
     parser = argparse.ArgumentParser(prog="funnelrag", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and a flow's full summary")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, cmd in sorted(commands.items()):
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="override a config value, e.g. clustering.max_tokens=2048 (repeatable)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="debug logging, and the full summary (not the one-screen digest)")
     sub.add_parser("compare", help="print MLflow runs or registered model versions side by side "
                    "(funnelrag compare RUN_OR_MODEL RUN_OR_MODEL ... [--home DIR] [--diff])", add_help=False)
     s = sub.add_parser("search", help="print the top clusters of the current corpus for a question")
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for name in RUN_LOGGERS:
         logging.getLogger(name).setLevel(level)
-    for noisy in ("httpx", "alembic", "mlflow", "urllib3", "filelock", "numba"):
+    for noisy in ("httpx", "alembic", "mlflow", "urllib3", "filelock", "numba", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.command == "search":
         return _search(args)
@@ -239,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         start_reaper()
     summary = cmd.run(cfg)
     print()
-    print_summary(summary)
+    if cmd.screen is not None and not args.verbose:
+        print(cmd.screen(cfg, summary))
+    else:
+        print_summary(summary)
     if args.json:
         from funnelrag.store import write_json  # noqa: PLC0415
 
