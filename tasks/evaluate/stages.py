@@ -36,7 +36,7 @@ def sample_questions(questions: pa.Table, limit: int | None, seed: int) -> pa.Ta
 def answerability(passage_texts: Sequence[str], questions: pa.Table) -> tuple[dict[str, bool], float]:
     """``({question_id: some corpus passage has an answer}, seconds)`` (DPR ``has_answer``)."""
     t0 = time.perf_counter()
-    corpus = CorpusAnswers(passage_texts)
+    corpus = CorpusAnswers(progress(passage_texts, "answerability: tokenize passages", unit="passages"))
     out = {q: corpus.contains(a) for q, a in zip(questions["question_id"].to_pylist(), questions["answers"].to_pylist())}
     return out, time.perf_counter() - t0
 
