@@ -70,8 +70,11 @@ def prefect_process_defaults() -> None:
       API (``PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW=ignore`` unless set).
 
     Set in ``os.environ``, so spawned workers read the same values, and Prefect's global settings
-    are refreshed from them. Importing ``prefect.settings`` does not configure logging yet.
+    are refreshed from them (importing ``prefect.settings`` does not configure logging yet). When
+    prefect is already set up in this process (``main`` called from Python, e.g. under the test
+    harness), only the environment is set: its settings contexts are left alone.
     """
+    already_set_up = "prefect.main" in sys.modules
     from prefect.settings import Settings  # noqa: PLC0415  (after argv: `search` never imports prefect)
 
     current = Settings()
@@ -80,9 +83,10 @@ def prefect_process_defaults() -> None:
     extra = [str(n) for n in (current.logging.extra_loggers or [])]
     os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join([*extra, *(n for n in RUN_LOGGERS if n not in extra)])
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
-    import prefect.context  # noqa: PLC0415
+    if not already_set_up:
+        import prefect.context  # noqa: PLC0415
 
-    prefect.context.refresh_global_settings_context()
+        prefect.context.refresh_global_settings_context()
 
 
 def _commands(only: str | None = None) -> dict[str, FlowCommand]:
