@@ -19,6 +19,7 @@ each worker point at the parent's server.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Literal
 
@@ -100,7 +101,23 @@ def build_task_runner(cfg: RunnerConfig):
         return LocalDaskTaskRunner(cluster_class="distributed.LocalCluster",
                                    cluster_kwargs={"n_workers": cfg.n_workers(), "threads_per_worker": 1,
                                                    "processes": True, "dashboard_address": None})
-    return SharedAPIProcessPoolTaskRunner(max_workers=cfg.n_workers())
+    return SharedAPIProcessPoolTaskRunner(max_workers=cfg.n_workers(), initializer=set_log_levels,
+                                          initargs=(run_log_levels(),))
+
+
+RUN_LOGGERS = ("funnelrag", "flows", "tasks", "models")
+
+
+def run_log_levels() -> dict[str, int]:
+    """The levels set on our loggers in this process (the CLI sets INFO), for the workers."""
+    return {n: logging.getLogger(n).level for n in RUN_LOGGERS if logging.getLogger(n).level}
+
+
+def set_log_levels(levels: dict[str, int]) -> None:
+    """Pool initializer: the parent's levels in a spawned worker, so a shard's progress lines
+    reach the terminal and (through Prefect's forwarding) the task run logs."""
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):

@@ -89,6 +89,25 @@ def prefect_process_defaults() -> None:
         prefect.context.refresh_global_settings_context()
 
 
+def start_ephemeral_api() -> None:
+    """Start the ephemeral Prefect API now, with a line every 30 s while it starts (a fresh
+    PREFECT_HOME creates and migrates its database: minutes on a busy box), instead of silently
+    inside the first flow call. The flows then find it running (Prefect keeps one per process).
+    Nothing happens when an API URL is configured or ephemeral mode is off."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
+
+    from funnelrag.progress import heartbeat  # noqa: PLC0415
+
+    server = SubprocessASGIServer()
+    if not server.running:
+        with heartbeat("starting the ephemeral Prefect API (a new PREFECT_HOME creates its database first)"):
+            server.start()
+
+
 def _commands(only: str | None = None) -> dict[str, FlowCommand]:
     """Import flow modules and collect their commands (only the module of ``only`` if known)."""
     found: dict[str, FlowCommand] = {}
@@ -243,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         from funnelrag.reaper import start_reaper  # noqa: PLC0415
 
         start_reaper()
+        start_ephemeral_api()
     summary = cmd.run(cfg)
     print()
     if cmd.screen is not None and not args.verbose:

@@ -44,8 +44,12 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
     """
     import mlflow  # noqa: PLC0415
 
-    configure(ws, tracking_uri)
-    exp_id = ensure_experiment(ws, experiment)
+    from funnelrag.progress import heartbeat  # noqa: PLC0415
+
+    fresh = tracking_uri is None and not ws.mlflow_db.exists()
+    with heartbeat(f"MLflow: creating the tracking store {ws.mlflow_db}") if fresh else contextlib.nullcontext():
+        configure(ws, tracking_uri)
+        exp_id = ensure_experiment(ws, experiment)
     tags = {**prefect_run_tags(), **(tags or {})}
     with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:
         params = flatten_params(config)

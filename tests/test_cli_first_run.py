@@ -31,6 +31,7 @@ def test_build_corpus_on_a_fresh_prefect_home_starts_one_server(tmp_path, data_m
     assert log.count("Starting temporary server") == 1, log[-4000:]
     assert "ingest pass 1: " in log and "token counts: 98/98 documents" in log   # funnelrag.progress lines
     assert "funnelrag.store - published" in log                                 # module loggers reach the terminal
+    assert "token counts of documents 0-97: 98/98 documents" in log             # and those of a pool worker
     assert (home / "stores" / "corpus" / "enwiki-sample").is_dir()
 
 

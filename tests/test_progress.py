@@ -60,3 +60,16 @@ def test_bar_mode_uses_tqdm(capsys):
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         Progress("x", **kwargs)
+
+
+def test_heartbeat_logs_while_a_wait_lasts(caplog):
+    import time  # noqa: PLC0415
+
+    from funnelrag.progress import heartbeat  # noqa: PLC0415
+
+    caplog.set_level(logging.INFO, logger="funnelrag.progress")
+    with heartbeat("starting the API", interval_s=0.05):
+        time.sleep(0.3)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "starting the API ..." and lines[-1].startswith("starting the API: done in ")
+    assert any(line.startswith("starting the API: still waiting (") for line in lines[1:-1])

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from funnelrag.progress import Progress
+from funnelrag.progress import Progress, progress
 from tasks.corpus.segment import (SegmentConfig, check_members, count_window_tokens, segment_cluster,
                                   segments_to_tables)
 from tasks.corpus.tokenize import load_token_counter
@@ -317,7 +317,9 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
     if cached is not None and (cached / "COMPLETE").exists():
         return (np.load(cached / "windows.npy"), np.load(cached / "tokens.npy"),
                 (cached / "COMPLETE").read_text().strip(), True)
-    wt = count_window_tokens(texts, cfg, load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None))
+    with Progress(f"token counts of documents {lo:,}-{hi - 1:,}", total=hi - lo, unit="documents") as bar:
+        wt = count_window_tokens(texts, cfg, load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None),
+                                 bar=bar)
     windows = np.diff(wt.indptr).astype(np.int32)
     if cached is not None:
         def write(tmp: Path) -> None:
@@ -516,7 +518,8 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], cids.size]
     segs = []
-    for s, e in zip(starts.tolist(), ends.tolist()):
+    for s, e in progress(list(zip(starts.tolist(), ends.tolist())), f"segment clusters {lo:,}-{hi - 1:,}",
+                         unit="clusters"):
         rs = rows[s:e].tolist()
         segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[r]), titles[r], texts[r]) for r in rs], cfg, counter,
                                     [values[offsets[r]:offsets[r + 1]] for r in rs]))
