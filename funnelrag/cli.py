@@ -249,8 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for name in RUN_LOGGERS:
         logging.getLogger(name).setLevel(level)
-    for noisy in ("httpx", "alembic", "mlflow", "urllib3", "filelock", "numba", "bm25s"):
+    for noisy in ("httpx", "alembic", "mlflow", "urllib3", "filelock", "numba"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # bm25s sets its logger to DEBUG when imported (later): a filter outlives that.
+    logging.getLogger("bm25s").addFilter(lambda record: record.levelno >= logging.WARNING)
     if args.command == "search":
         return _search(args)
     cmd = commands[args.command]

@@ -118,6 +118,8 @@ class Progress:
                 self._bar.set_postfix({k: _fmt_value(v) for k, v in self.postfix.items()}, refresh=False)
             self._bar.update(n)
             return
+        if self.total is not None and self.n >= self.total:
+            return   # the closing line follows
         now = self._clock()
         if now - self._last_line >= self.interval_s:
             self._last_line = now
