@@ -147,8 +147,10 @@ class AttentionRunConfig:
 
 def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer,
                      cfg: AttentionScoreConfig = AttentionScoreConfig(),
-                     run: AttentionRunConfig = AttentionRunConfig()) -> pa.Table:
-    """Eq. 3 score of every candidate passage: one FiD pass per question over all its passages.
+                     run: AttentionRunConfig = AttentionRunConfig(), show_progress: bool = True) -> pa.Table:
+    """Eq. 3 score of every candidate passage: one FiD pass per question over all its passages
+    (``show_progress``: report the questions scored, :class:`funnelrag.progress.Progress`; off for
+    the one-question calls of query-time post-ranking).
 
     Parameters
     ----------
@@ -191,7 +193,8 @@ def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    with Progress("Eq. 3 attention scores", total=len(per_q), unit="questions") as bar:
+    bar = Progress("Eq. 3 attention scores", total=len(per_q), unit="questions") if show_progress else None
+    try:
         for _, group in groupby(per_q, key=lambda item: len(item[1])):
             group = list(group)
             for start in range(0, len(group), run.batch_size):
@@ -204,7 +207,11 @@ def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer
                     for j, r in enumerate(ps):
                         out["question_id"].append(q), out["unit_id"].append(r[3]), out["passage_id"].append(r[4])
                         out["score"].append(float(scores[b, j])), out["attention"].append(ATTENTION_KIND)
-                bar.update(len(batch))
+                if bar is not None:
+                    bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
     model.train(was_training)
     table = pa.table(out, schema=ATTENTION_SCORES.schema)
     return ATTENTION_SCORES.validate(table.sort_by([("question_id", "ascending"), ("passage_id", "ascending")]))
