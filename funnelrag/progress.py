@@ -100,7 +100,8 @@ class Progress:
         elapsed = self.elapsed_s
         rate = self.n / elapsed if elapsed > 0 else 0.0
         done = f"{self.n:,}/{self.total:,}" if self.total is not None else f"{self.n:,}"
-        parts = [f"{rate:,.1f} {self.unit}/s", _fmt_seconds(elapsed)]
+        speed = f"{rate:,.1f} {self.unit}/s" if rate >= 1 or rate == 0 else f"{1 / rate:,.1f} s each"
+        parts = [speed, _fmt_seconds(elapsed)]
         if self.total is not None and rate > 0 and self.n < self.total:
             parts.append(f"~{_fmt_seconds((self.total - self.n) / rate)} left")
         text = f"{self.desc}: {done} {self.unit} ({', '.join(parts)})"
