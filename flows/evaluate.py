@@ -404,6 +404,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                 for label, results in out.items():
                     add(SettingSpec(_slug(f"flat-{name}-{flat.n_retrieve}p-{label + '-' if label else ''}{flat.n_final}p"),
                                     "flat", name, label, "", flat.n_final), results)
+                bar.update(0, block_setting=f"flat-{name}")   # a line within a long block too
             for setting in config.progressive:
                 for pr in prerankers:
                     post_reader = reader if config.post_rank else None
@@ -422,6 +423,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                                 f"{'-stored' if setting.vectors == 'stored' else ''}")
                         add(SettingSpec(_slug(f"{base}{'-fid' if post else ''}-{setting.n_final}p"), "progressive",
                                         "bm25-clusters", pr.label, reader_label if post else "", setting.n_final), results)
+                    bar.update(0, block_setting=f"prog-{setting.n_clusters}c-{pr.label}")
             bar.update(len(block), settings=len(specs))
         bar.close()
         runs = [(specs[n], by_setting[n]) for n in specs]
