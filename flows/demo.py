@@ -15,7 +15,9 @@ from typing import Any
 import yaml
 from pydantic import Field
 
+from flows.demo_screen import SUMMARY_FILE, demo_screen
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge
+from funnelrag.store import write_json
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -46,7 +48,8 @@ class DemoConfig(FlowConfig):
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
-    """Run the selected steps; return ``{step: summary}`` plus seconds per step."""
+    """Run the selected steps; return ``{step: summary}`` plus seconds per step (also written to
+    :func:`summary_path`)."""
     unknown = [s for s in [*cfg.steps, *cfg.overrides] if s not in STEPS]
     if unknown:
         raise ValueError(f"demo: unknown step(s) {unknown}; known: {list(STEPS)}")
@@ -54,17 +57,31 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     if missing:
         raise FileNotFoundError(f"demo: step config(s) {missing} missing in {CONFIG_DIR}")
     out: dict[str, Any] = {}
-    for step in cfg.steps:
-        module, command, config_file = STEPS[step]
-        cmd = next(c for c in importlib.import_module(module).COMMANDS if c.name == command)
-        data = yaml.safe_load((CONFIG_DIR / config_file).read_text()) or {}
-        data = deep_merge(deep_merge(data, cfg.overrides.get(step, {})), {"workspace": cfg.workspace.model_dump()})
-        step_cfg = cmd.config_model.model_validate(data)
-        log.info("demo: step %s (%s, %s)", step, command, config_file)
+    for i, step in enumerate(cfg.steps, 1):
+        cmd, step_cfg = step_command(cfg, step)
+        log.info("demo: step %d/%d %s (%s, %s)", i, len(cfg.steps), step, cmd.name, STEPS[step][2])
         t0 = time.perf_counter()
         out[step] = cmd.run(step_cfg)
         out[step]["step_seconds"] = time.perf_counter() - t0
+        log.info("demo: step %s done in %.0f s", step, out[step]["step_seconds"])
+    write_json(summary_path(cfg), out)
     return out
 
 
-COMMANDS = [FlowCommand("demo", "run the main job on the embedded defaults and the real sample data", DemoConfig, run_demo)]
+def step_command(cfg: DemoConfig, step: str) -> tuple[FlowCommand, Any]:
+    """The command of ``step`` and its config: the YAML file, ``cfg.overrides[step]``, the demo's workspace."""
+
+    module, command, config_file = STEPS[step]
+    cmd = next(c for c in importlib.import_module(module).COMMANDS if c.name == command)
+    data = yaml.safe_load((CONFIG_DIR / config_file).read_text()) or {}
+    data = deep_merge(deep_merge(data, cfg.overrides.get(step, {})), {"workspace": cfg.workspace.model_dump()})
+    return cmd, cmd.config_model.model_validate(data)
+
+
+def summary_path(cfg: DemoConfig) -> Path:
+    """Where the demo writes its full summary (every step's): ``<home>/demo-summary.json``."""
+    return Path(cfg.workspace.home) / SUMMARY_FILE
+
+
+COMMANDS = [FlowCommand("demo", "run the main job on the embedded defaults and the real sample data", DemoConfig, run_demo,
+                        screen=lambda cfg, out: demo_screen(out, cfg, step_command, summary_path(cfg)))]

@@ -32,6 +32,7 @@ from flows.embed import corpus_digest
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
 from funnelrag.inputs import QUESTIONS_FILE, check_inputs
+from funnelrag.progress import Progress
 from funnelrag.registry import link_model_versions, missing_alias
 from funnelrag.stages import DataSource
 from funnelrag.store import write_json
@@ -411,6 +412,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
 
         # Settings are interleaved block by block, so a change of machine load during the run
         # affects every setting alike instead of biasing the one that happened to run then.
+        bar = Progress("evaluate", total=len(questions), unit="questions")
         for start in range(0, len(questions), config.block_questions):
             block, block_table = questions[start:start + config.block_questions], qtable.slice(start, config.block_questions)
             fill_stored_vectors(block)
@@ -420,6 +422,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                 for label, results in out.items():
                     add(SettingSpec(_slug(f"flat-{name}-{flat.n_retrieve}p-{label + '-' if label else ''}{flat.n_final}p"),
                                     "flat", name, label, "", flat.n_final), results)
+                bar.update(0, block_setting=f"flat-{name}")   # a line within a long block too
             for setting in config.progressive:
                 for pr in prerankers:
                     post_reader = reader if config.post_rank else None
@@ -438,7 +441,9 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                                 f"{'-stored' if setting.vectors == 'stored' else ''}")
                         add(SettingSpec(_slug(f"{base}{'-fid' if post else ''}-{setting.n_final}p"), "progressive",
                                         "bm25-clusters", pr.label, reader_label if post else "", setting.n_final), results)
-            logger.info("evaluated %d/%d questions", min(start + config.block_questions, len(questions)), len(questions))
+                    bar.update(0, block_setting=f"prog-{setting.n_clusters}c-{pr.label}")
+            bar.update(len(block), settings=len(specs))
+        bar.close()
         runs = [(specs[n], by_setting[n]) for n in specs]
         rows: tuple[list, list, list] = ([], [], [])
         for spec, results in runs:

@@ -10,14 +10,22 @@ which must be on storage shared by the workers (NFS, or the same disk for a Loca
 The pure stage cores take ``submit(fn, *args) -> future``; :func:`submitter` makes one that runs
 ``fn(*args)`` as the Prefect task ``corpus-shard`` on the flow's task runner. It must be called in
 the flow body (not inside a task), so the submissions reach the flow's runner.
+
+One API for every worker: without ``PREFECT_API_URL`` the flow runs against the ephemeral API
+server that Prefect starts in a subprocess, and each spawned worker (local processes, or a Dask
+LocalCluster's) would start a server of its own (~10 s and ~220 MB each). The runners built here
+submit under the parent's API URL (:func:`parent_api_url`), so the settings that Prefect hands to
+each worker point at the parent's server.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Literal
 
 from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.shard_retry import ShardFuture
@@ -51,19 +59,75 @@ class RunnerConfig(BaseModel):
         return self.workers or os.cpu_count() or 1
 
 
+def parent_api_url() -> str | None:
+    """The URL of the ephemeral API this flow run talks to, when no ``PREFECT_API_URL`` is set.
+
+    ``None`` when an API URL is configured (workers inherit it already), outside a flow run, or
+    when the flow's client is not an HTTP client of a local server.
+    """
+    from prefect.context import FlowRunContext  # noqa: PLC0415
+    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
+
+    if PREFECT_API_URL.value():
+        return None
+    ctx = FlowRunContext.get()
+    client = getattr(ctx, "client", None) if ctx else None
+    url = str(getattr(client, "api_url", "") or "").rstrip("/")
+    return url if url.startswith(("http://127.0.0.1:", "http://localhost:")) else None
+
+
+def _submit_under_parent_api(submit: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a runner's ``submit`` with the parent's API URL in the settings Prefect serializes
+    for the worker (its ``SettingsContext`` and environment), so the worker starts no server."""
+    url = parent_api_url()
+    if url is None:
+        return submit(*args, **kwargs)
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        return submit(*args, **kwargs)
+
+
 def build_task_runner(cfg: RunnerConfig):
-    """The Prefect task runner for ``cfg``: ``ProcessPoolTaskRunner`` or prefect-dask's ``DaskTaskRunner``."""
+    """The Prefect task runner for ``cfg``: ``ProcessPoolTaskRunner`` or prefect-dask's ``DaskTaskRunner``
+    (local ones submit under the parent's API URL: :func:`parent_api_url`)."""
     if cfg.kind == "dask":
         from prefect_dask import DaskTaskRunner  # noqa: PLC0415
 
-        if cfg.address:
+        if cfg.address:  # remote workers cannot reach this box's 127.0.0.1: their own settings apply
             return DaskTaskRunner(address=cfg.address)
-        return DaskTaskRunner(cluster_class="distributed.LocalCluster",
-                              cluster_kwargs={"n_workers": cfg.n_workers(), "threads_per_worker": 1,
-                                              "processes": True, "dashboard_address": None})
-    from prefect.task_runners import ProcessPoolTaskRunner  # noqa: PLC0415
 
-    return ProcessPoolTaskRunner(max_workers=cfg.n_workers())
+        class LocalDaskTaskRunner(DaskTaskRunner):
+            def submit(self, *args: Any, **kwargs: Any) -> Any:
+                return _submit_under_parent_api(super().submit, *args, **kwargs)
+
+        return LocalDaskTaskRunner(cluster_class="distributed.LocalCluster",
+                                   cluster_kwargs={"n_workers": cfg.n_workers(), "threads_per_worker": 1,
+                                                   "processes": True, "dashboard_address": None})
+    return SharedAPIProcessPoolTaskRunner(max_workers=cfg.n_workers(), initializer=set_log_levels,
+                                          initargs=(run_log_levels(),))
+
+
+RUN_LOGGERS = ("funnelrag", "flows", "tasks", "models")
+
+
+def run_log_levels() -> dict[str, int]:
+    """The levels set on our loggers in this process (the CLI sets INFO), for the workers."""
+    return {n: logging.getLogger(n).level for n in RUN_LOGGERS if logging.getLogger(n).level}
+
+
+def set_log_levels(levels: dict[str, int]) -> None:
+    """Pool initializer: the parent's levels in a spawned worker, so a shard's progress lines
+    reach the terminal and (through Prefect's forwarding) the task run logs."""
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
+    """Prefect's ``ProcessPoolTaskRunner`` whose spawned workers use the parent's API (no server each)."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        return _submit_under_parent_api(super().submit, *args, **kwargs)
 
 
 @task(name="corpus-shard", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=2)

@@ -59,6 +59,62 @@ COMMAND_INDEX = {
 }
 
 
+# A fresh PREFECT_HOME creates and migrates the API's database on the first start: more than
+# Prefect's default 20 s on a busy 2-core box. The user's own value (env, .env, prefect.toml,
+# pyproject.toml or profile) wins.
+EPHEMERAL_STARTUP_TIMEOUT_S = 300
+# Our module loggers (progress lines included) also go to the Prefect run logs (the UI).
+RUN_LOGGERS = ("funnelrag", "flows", "tasks", "models")
+
+
+def prefect_process_defaults() -> None:
+    """Process-level Prefect settings of a flow command, set before any flow module is imported.
+
+    * ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` = :data:`EPHEMERAL_STARTUP_TIMEOUT_S`
+      unless the user set it in any Prefect settings source;
+    * :data:`RUN_LOGGERS` added to ``PREFECT_LOGGING_EXTRA_LOGGERS`` (kept: the user's names), so
+      their lines reach the flow and task run logs; lines logged outside a run are not sent to the
+      API (``PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW=ignore`` unless set).
+
+    Set in ``os.environ``, so spawned workers read the same values, and Prefect's global settings
+    are refreshed from them (importing ``prefect.settings`` does not configure logging yet). When
+    prefect is already set up in this process (``main`` called from Python, e.g. under the test
+    harness), only the environment is set: its settings contexts are left alone.
+    """
+    already_set_up = "prefect.main" in sys.modules
+    from prefect.settings import Settings  # noqa: PLC0415  (after argv: `search` never imports prefect)
+
+    current = Settings()
+    if "startup_timeout_seconds" not in current.server.ephemeral.model_fields_set:
+        os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = str(EPHEMERAL_STARTUP_TIMEOUT_S)
+    extra = [str(n) for n in (current.logging.extra_loggers or [])]
+    os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join([*extra, *(n for n in RUN_LOGGERS if n not in extra)])
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+    if not already_set_up:
+        import prefect.context  # noqa: PLC0415
+
+        prefect.context.refresh_global_settings_context()
+
+
+def start_ephemeral_api() -> None:
+    """Start the ephemeral Prefect API now, with a line every 30 s while it starts (a fresh
+    PREFECT_HOME creates and migrates its database: minutes on a busy box), instead of silently
+    inside the first flow call. The flows then find it running (Prefect keeps one per process).
+    Nothing happens when an API URL is configured or ephemeral mode is off."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
+
+    from funnelrag.progress import heartbeat  # noqa: PLC0415
+
+    server = SubprocessASGIServer()
+    if not server.running:
+        with heartbeat("starting the ephemeral Prefect API (a new PREFECT_HOME creates its database first)"):
+            server.start()
+
+
 def _commands(only: str | None = None) -> dict[str, FlowCommand]:
     """Import flow modules and collect their commands (only the module of ``only`` if known)."""
     found: dict[str, FlowCommand] = {}
@@ -157,9 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         from funnelrag.compare import compare_main  # noqa: PLC0415  (heavy: torch via tasks.evaluate.models, only for `funnelrag compare`)
 
         return compare_main(argv[argv.index("compare") + 1:])
+    if wanted != "search":
+        prefect_process_defaults()
     commands = {} if wanted == "search" else _commands(wanted)
     parser = argparse.ArgumentParser(prog="funnelrag", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and a flow's full summary")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, cmd in sorted(commands.items()):
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
@@ -168,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="override a config value, e.g. clustering.max_tokens=2048 (repeatable)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="debug logging, and the full summary (not the one-screen digest)")
     sub.add_parser("compare", help="print MLflow runs or registered model versions side by side "
                    "(funnelrag compare RUN_OR_MODEL RUN_OR_MODEL ... [--home DIR] [--diff])", add_help=False)
     s = sub.add_parser("search", help="print the top clusters of the current corpus for a question")
@@ -178,10 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--passages", type=int, default=3, help="also print the top N passages with their text (0: none)")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    level = logging.DEBUG if args.verbose else logging.INFO
+    # A no-op once prefect is imported (its console handler is on the root logger, at WARNING):
+    # our loggers get their level themselves, so their INFO lines (progress) reach the terminal.
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for name in RUN_LOGGERS:
+        logging.getLogger(name).setLevel(level)
     for noisy in ("httpx", "alembic", "mlflow", "urllib3", "filelock", "numba"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # bm25s sets its logger to DEBUG when imported (later): a filter outlives that.
+    logging.getLogger("bm25s").addFilter(lambda record: record.levelno >= logging.WARNING)
     if args.command == "search":
         return _search(args)
     cmd = commands[args.command]
@@ -198,9 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
         start_reaper()
+        start_ephemeral_api()
     summary = cmd.run(cfg)
     print()
-    print_summary(summary)
+    if cmd.screen is not None and not args.verbose:
+        print(cmd.screen(cfg, summary))
+    else:
+        print_summary(summary)
     if args.json:
         write_json(args.json, summary)
     return 0

@@ -190,10 +190,12 @@ def flatten_params(obj: Any, prefix: str = "") -> dict[str, str]:
 class FlowCommand:
     """A CLI subcommand: its config model and the function that runs the flow.
 
-    ``run(cfg) -> dict`` returns a summary printed by the CLI as a table.
+    ``run(cfg) -> dict`` returns a summary printed by the CLI as a table; with ``screen``,
+    ``screen(cfg, summary) -> str`` is printed instead (one screen), the table with ``--verbose``.
     """
 
     name: str
     help: str
     config_model: type[BaseModel]
     run: Callable[[Any], dict]
+    screen: Callable[[Any, dict], str] | None = None

@@ -12,8 +12,11 @@ off, as their ``show_progress`` does.)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import sys
+import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -44,7 +47,8 @@ class Progress:
     unit : the unit counted, plural (``"pages"``, ``"documents"``, ``"passages"``, ``"steps"``,
         ``"questions"``).
     show_bar : ``True`` a tqdm bar, ``False`` log lines; ``None`` (default) a bar only when
-        standard error is a terminal.
+        standard error is a terminal and this is not a worker process (the bars of parallel
+        workers would overwrite each other).
     interval_s : seconds between log lines (and the bar's minimum refresh interval), > 0.
     logger : where log lines go (default ``funnelrag.progress``).
     clock : a monotonic clock in seconds (tests inject one).
@@ -73,7 +77,8 @@ class Progress:
         self._last_line = self._start
         self._closed = False
         if show_bar is None:
-            show_bar = bool(getattr(sys.stderr, "isatty", lambda: False)())
+            show_bar = (bool(getattr(sys.stderr, "isatty", lambda: False)())
+                        and multiprocessing.parent_process() is None)
         self._bar = None
         if show_bar:
             from tqdm.auto import tqdm  # noqa: PLC0415  (optional: only on a terminal)
@@ -91,8 +96,8 @@ class Progress:
         elapsed = self.elapsed_s
         rate = self.n / elapsed if elapsed > 0 else 0.0
         done = f"{self.n:,}/{self.total:,}" if self.total is not None else f"{self.n:,}"
-        shown = f"{rate:,.1f}" if rate >= 1 or rate == 0 else f"{rate:.2g}"   # slow steps: 0.04 steps/s, not 0.0
-        parts = [f"{shown} {self.unit}/s", _fmt_seconds(elapsed)]
+        speed = f"{rate:,.1f} {self.unit}/s" if rate >= 1 or rate == 0 else f"{1 / rate:,.1f} s each"
+        parts = [speed, _fmt_seconds(elapsed)]
         if self.total is not None and rate > 0 and self.n < self.total:
             parts.append(f"~{_fmt_seconds((self.total - self.n) / rate)} left")
         text = f"{self.desc}: {done} {self.unit} ({', '.join(parts)})"
@@ -110,6 +115,8 @@ class Progress:
                 self._bar.set_postfix({k: format_value(v) for k, v in self.postfix.items()}, refresh=False)
             self._bar.update(n)
             return
+        if self.total is not None and self.n >= self.total:
+            return   # the closing line follows
         now = self._clock()
         if now - self._last_line >= self.interval_s:
             self._last_line = now
@@ -143,3 +150,28 @@ def progress(items: Iterable[T], desc: str, total: int | None = None, unit: str 
         for item in items:
             yield item
             bar.update(1)
+
+
+@contextlib.contextmanager
+def heartbeat(desc: str, interval_s: float = DEFAULT_INTERVAL_S,
+              logger: logging.Logger | None = None) -> Iterator[None]:
+    """A wait that cannot be counted (a server starting, a database created): ``desc`` is logged
+    when it starts and, from a daemon thread, ``"desc: still waiting (N s)"`` every ``interval_s``
+    seconds until the block ends; then one line with the seconds it took."""
+    out = logger or _log
+    done = threading.Event()
+    start = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(interval_s):
+            out.info("%s: still waiting (%s)", desc, _fmt_seconds(time.monotonic() - start))
+
+    out.info("%s ...", desc)
+    thread = threading.Thread(target=beat, name="funnelrag-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=1.0)
+        out.info("%s: done in %s", desc, _fmt_seconds(time.monotonic() - start))

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Mapping
 
 from funnelrag.config import flatten_params
 from funnelrag.locks import exclusive_lock
+from funnelrag.progress import heartbeat
 from funnelrag.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,10 @@ def flow_run(ws: Workspace, experiment: str, run_name: str, config: Any,
     """
     import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
-    configure(ws, tracking_uri)
-    exp_id = ensure_experiment(ws, experiment)
+    fresh = tracking_uri is None and not ws.mlflow_db.exists()
+    with heartbeat(f"MLflow: creating the tracking store {ws.mlflow_db}") if fresh else contextlib.nullcontext():
+        configure(ws, tracking_uri)
+        exp_id = ensure_experiment(ws, experiment)
     end_stale_runs(exp_id)
     tags = {**prefect_run_tags(), **process_tags(), **(tags or {})}
     with _sigterm_raises(), mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:

@@ -87,10 +87,11 @@ class BiEncoder(nn.Module):
 
 
 @torch.no_grad()
-def encode(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 64) -> torch.Tensor:
+def encode(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 64, bar=None) -> torch.Tensor:
     """Embed ``texts`` in batches; returns a float32 tensor ``(len(texts), dim)`` on CPU.
 
     Texts are sorted by length for batching (less padding) and returned in input order.
+    ``bar`` (a :class:`funnelrag.progress.Progress`, optional) counts the texts embedded.
     """
     if len(texts) == 0:
         dim = model.backbone.config.hidden_size
@@ -104,15 +105,18 @@ def encode(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 
                         max_length=model.cfg.max_length, return_tensors="pt").to(device)
         emb = model(enc["input_ids"], enc["attention_mask"]).embeddings.float().cpu()
         out[torch.tensor(idx)] = emb
+        if bar is not None:
+            bar.update(len(idx))
     return out
 
 
-def encode_texts(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+def encode_texts(model: BiEncoder, tokenizer, texts: Sequence[str], batch_size: int = 64, bar=None) -> np.ndarray:
     """L2-normalised embeddings of ``texts`` as float32 numpy ``(len(texts), dim)`` (input order):
     the one batch encoder behind every stored or searched vector (passage and query embeddings
-    of the pre-ranker's towers, dense retrieval).
+    of the pre-ranker's towers, dense retrieval); ``bar`` (:class:`funnelrag.progress.Progress`,
+    optional) counts the texts embedded.
 
     Rows are re-normalised here in case ``model.cfg`` does not normalise.
     """
-    emb = encode(model, tokenizer, list(texts), batch_size=batch_size)  # (n, dim) float32
+    emb = encode(model, tokenizer, list(texts), batch_size=batch_size, bar=bar)  # (n, dim) float32
     return F.normalize(emb, p=2, dim=-1).numpy().astype(np.float32) if len(texts) else emb.numpy()

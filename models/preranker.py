@@ -330,8 +330,9 @@ def score_pairs(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seque
 
 @torch.no_grad()
 def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Sequence[str],
-                  pairs: Sequence[tuple[int, int]], batch_size: int = 32) -> np.ndarray:
-    """Scores of ``(queries[i], docs[j])`` for each ``(i, j)`` in ``pairs``, float32 ``(n_pairs,)``.
+                  pairs: Sequence[tuple[int, int]], batch_size: int = 32, bar=None) -> np.ndarray:
+    """Scores of ``(queries[i], docs[j])`` for each ``(i, j)`` in ``pairs``, float32 ``(n_pairs,)``;
+    ``bar`` (:class:`funnelrag.progress.Progress`, optional) counts a bi-encoder's documents embedded.
 
     Same values as :func:`score_pairs`; a bi-encoder embeds each distinct query and document
     once (documents shared by many questions, as in the FunnelRAG funnel, are encoded once),
@@ -352,7 +353,7 @@ def score_grouped(model: PreRanker, tokenizer, queries: Sequence[str], docs: Seq
     q_idx = sorted({i for i, _ in pairs})
     d_idx = sorted({j for _, j in pairs})
     q_emb = encode(model.query_tower(), tokenizer, [queries[i] for i in q_idx], batch_size)  # (n_q, dim)
-    d_emb = encode(model.encoder, tokenizer, [docs[j] for j in d_idx], batch_size)           # (n_d, dim)
+    d_emb = encode(model.encoder, tokenizer, [docs[j] for j in d_idx], batch_size, bar)      # (n_d, dim)
     if not model.query_tower().cfg.normalize:
         q_emb = F.normalize(q_emb, dim=-1)
     if not model.encoder.cfg.normalize:

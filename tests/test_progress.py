@@ -48,7 +48,7 @@ def test_slow_rates_keep_their_digits(caplog):
     with Progress("train reader", total=100, unit="steps", show_bar=False, clock=clock) as bar:
         clock.t += 50
         bar.update(2)
-    assert caplog.records[0].getMessage().startswith("train reader: 2/100 steps (0.04 steps/s, 50 s, ~41 min left)")
+    assert caplog.records[0].getMessage().startswith("train reader: 2/100 steps (25.0 s each, 50 s, ~41 min left)")
 
 
 def test_iterator_wrapper_counts_every_item_and_takes_len(caplog):
@@ -69,3 +69,16 @@ def test_bar_mode_uses_tqdm(capsys):
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         Progress("x", **kwargs)
+
+
+def test_heartbeat_logs_while_a_wait_lasts(caplog):
+    import time  # noqa: PLC0415
+
+    from funnelrag.progress import heartbeat  # noqa: PLC0415
+
+    caplog.set_level(logging.INFO, logger="funnelrag.progress")
+    with heartbeat("starting the API", interval_s=0.05):
+        time.sleep(0.3)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "starting the API ..." and lines[-1].startswith("starting the API: done in ")
+    assert any(line.startswith("starting the API: still waiting (") for line in lines[1:-1])

@@ -228,7 +228,7 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
         t_partition = time.perf_counter() - t0
         calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d))
                  for (lo, hi), d in zip(ranges, docs_dirs)]
-        for ids, terms, key, hit in ordered_results(submit, calls, window):
+        for ids, terms, key, hit in ordered_results(submit, calls, window, "cluster index token shards"):
             doc_ids.extend(ids)
             keys.append(key)
             merge.add(terms)

@@ -280,7 +280,7 @@ def _by_doc_id(documents: pa.Table) -> pa.Table:
 
 
 def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tokenizer: TokenCounter,
-                        batch_windows: int = 16384) -> WindowTokens:
+                        batch_windows: int = 16384, bar=None) -> WindowTokens:
     """Count the tokens of every window of every article, in large tokenizer batches.
 
     The article lengths of Algorithm 1 are ``count_window_tokens(...).article_tokens()``.
@@ -295,6 +295,8 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
         Counter named ``cfg.tokenizer``.
     batch_windows : int
         Windows per ``tokenizer.count`` call (bounds memory).
+    bar : funnelrag.progress.Progress, optional
+        Counts the documents whose windows were counted.
 
     Returns
     -------
@@ -319,8 +321,12 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
         if len(pending) >= batch_windows:
             chunks.append(tokenizer.count(pending))
             pending = []
+            if bar is not None:
+                bar.update(d + 1 - bar.n)
     if pending:
         chunks.append(tokenizer.count(pending))
+    if bar is not None:
+        bar.update(n_docs - bar.n)
     n_tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
     return WindowTokens(indptr=indptr, n_tokens=n_tokens.astype(np.int32), tokenizer=tokenizer.name)
 

@@ -347,7 +347,7 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     t0 = time.perf_counter()
     ranges = read_cluster_ranges(cluster_dir, shard_tokens)
     calls = [(passage_stats_shard, str(segment_dir), lo, hi, cfg, str(work_dir)) for lo, hi in ranges]
-    stats = list(ordered_results(submit, calls, window))
+    stats = list(ordered_results(submit, calls, window, "passage index statistics shards"))
     kept = [(r, s) for r, s in zip(ranges, stats) if s[1] > 0]
     n_docs, total_len = sum(s[1] for _, s in kept), sum(s[2] for _, s in kept)
     n_rows = pq.read_metadata(Path(segment_dir) / PASSAGES.filename).num_rows
@@ -362,7 +362,7 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     reused = 0
-    for name, (path, hit) in zip(names, ordered_results(submit, calls, window)):
+    for name, (path, hit) in zip(names, ordered_results(submit, calls, window, "passage index shards")):
         _link_tree(Path(path), out_dir / name)
         reused += hit
     (out_dir / SHARDS_FILE).write_text(json.dumps(names) + "\n")

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from data_contracts.base import atomic_write
+from funnelrag.progress import Progress, progress
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import load_token_counter
 
@@ -100,16 +101,27 @@ def run_here(fn: Callable[..., Any], *args: Any) -> Done:
     return Done(fn(*args))
 
 
-def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int) -> Iterator[Any]:
+def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
+                    desc: str | None = None) -> Iterator[Any]:
     """Results of ``submit(*call)`` for each call, in call order, with at most ``window`` calls
-    submitted and not yet consumed (bounds the coordinator's memory)."""
+    submitted and not yet consumed (bounds the coordinator's memory). With ``desc``, finished
+    shards are reported (:class:`funnelrag.progress.Progress`, unit ``shards``)."""
     pending: deque = deque()
-    for call in calls:
-        pending.append(submit(*call))
-        if len(pending) >= max(window, 1):
+    bar = Progress(desc, total=len(calls), unit="shards") if desc else None
+    try:
+        for call in calls:
+            pending.append(submit(*call))
+            if len(pending) >= max(window, 1):
+                yield pending.popleft().result()
+                if bar is not None:
+                    bar.update()
+        while pending:
             yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def texts_key(version: str, cfg: Any, ids: list[str], texts: list[str]) -> str:
@@ -262,7 +274,7 @@ def partition_documents(ingest_dir: Path, ranges: list[tuple[int, int]], cluster
     np.save(out_dir / "shard_of_doc.npy", shard_of_doc)
     calls = [(partition_range, str(ingest_dir), lo, hi, str(out_dir / "shard_of_doc.npy"), str(out_dir))
              for lo, hi in doc_shards(n_docs, docs_per_range)]
-    written = sum(ordered_results(submit, calls, window))
+    written = sum(ordered_results(submit, calls, window, "split documents by shard"))
     if written != int(np.count_nonzero(shard_of_doc >= 0)):
         raise ValueError(f"{out_dir}: {written} documents partitioned, {int(np.count_nonzero(shard_of_doc >= 0))} expected")
     return [out_dir / f"{k:06d}" for k in range(len(ranges))]
@@ -301,7 +313,9 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
     if cached is not None and (cached / "COMPLETE").exists():
         return (np.load(cached / "windows.npy"), np.load(cached / "tokens.npy"),
                 (cached / "COMPLETE").read_text().strip(), True)
-    wt = count_window_tokens(texts, cfg, load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None))
+    with Progress(f"token counts of documents {lo:,}-{hi - 1:,}", total=hi - lo, unit="documents") as bar:
+        wt = count_window_tokens(texts, cfg, load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None),
+                                 batch_windows=4096, bar=bar)   # smaller batches: a line at least every ~30 s
     windows = np.diff(wt.indptr).astype(np.int32)
     if cached is not None:
         def write(tmp: Path) -> None:
@@ -330,11 +344,13 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     reused = 0
     calls = [(count_shard, str(ingest_dir), lo, hi, cfg, str(mirror) if mirror else None,
               str(cache_dir) if cache_dir else None) for lo, hi in shards]
-    for windows, n_tokens, name, hit in ordered_results(submit, calls, window):
-        reused += hit
-        per_doc.append(windows)
-        tokens.append(n_tokens)
-        names.add(name)
+    with Progress("token counts", total=n_docs, unit="documents") as bar:
+        for windows, n_tokens, name, hit in ordered_results(submit, calls, window):
+            reused += hit
+            per_doc.append(windows)
+            tokens.append(n_tokens)
+            names.add(name)
+            bar.update(len(windows), shards=len(per_doc))
     counts = np.concatenate(per_doc) if per_doc else np.zeros(0, np.int32)
     n_tokens = np.concatenate(tokens) if tokens else np.zeros(0, np.int32)
     offsets = np.zeros(n_docs + 1, dtype=np.int32)
@@ -498,7 +514,8 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], cids.size]
     segs = []
-    for s, e in zip(starts.tolist(), ends.tolist()):
+    for s, e in progress(list(zip(starts.tolist(), ends.tolist())), f"segment clusters {lo:,}-{hi - 1:,}",
+                         unit="clusters"):
         rs = rows[s:e].tolist()
         segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[r]), titles[r], texts[r]) for r in rs], cfg, counter,
                                     [values[offsets[r]:offsets[r + 1]] for r in rs]))
@@ -550,7 +567,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
                   str(mirror) if mirror else None, str(rows_dir), str(d)) for (lo, hi), d in zip(ranges, docs_dirs)]
         with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-            for kept, empty, hit in ordered_results(submit, calls, window):
+            for kept, empty, hit in ordered_results(submit, calls, window, "segment shards"):
                 units = pq.read_table(Path(kept) / "units.parquet")
                 units_out.write(units)
                 n_units += units.num_rows

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import torch
 
 from data_contracts import dr_rag as C
+from funnelrag.progress import Progress
 from funnelrag.stages import stage
 from funnelrag.training import TrainConfig, train
 from models.dr_rag import ClassifierConfig, DRRAGClassifier, load_classifier, save_classifier
@@ -144,7 +145,8 @@ def run_embeddings(collection_dir: Path, cfg: SMConfig, out: Path) -> dict:
     coll = ParagraphCollection.from_table(C.PARAGRAPHS.read(collection_dir))
     model, tok = BiEncoder.from_pretrained(EncoderConfig(name_or_path=cfg.encoder, max_length=cfg.max_length))
     t0 = time.perf_counter()
-    emb = encode(model, tok, coll.retrieval_texts(), batch_size=cfg.batch_size)  # (n_docs, dim)
+    with Progress("embed paragraphs", total=len(coll), unit="paragraphs") as bar:
+        emb = encode(model, tok, coll.retrieval_texts(), batch_size=cfg.batch_size, bar=bar)  # (n_docs, dim)
     seconds = time.perf_counter() - t0
     C.EMBEDDINGS.write(pa.table({"paragraph_id": list(coll.ids),
                                  "embedding": pa.array(list(emb.numpy()), pa.list_(pa.float32()))}), out)

@@ -279,7 +279,7 @@ def run_progressive(questions: pa.Table, cluster_index, members_of, seg_cfg, tok
         clock = StageClock()
         with clock.stage("postranking"):
             if cands:
-                scored = score_candidates(c, qrow, reader[0], reader[1], attention_cfg, attention_run)
+                scored = score_candidates(c, qrow, reader[0], reader[1], attention_cfg, attention_run, show_progress=False)
                 score = dict(zip(scored["passage_id"].to_pylist(), scored["score"].to_pylist()))
                 ranked = sorted(range(len(cands)), key=lambda j: (-score[cands[j][2]], j))[:setting.n_final]
             else:

@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 
+from funnelrag.progress import progress
 from tasks.evaluate.report import Generated
 from tasks.evaluate.retrieval import QueryResult
 from tasks.qa.metrics import CorpusAnswers
@@ -31,7 +32,7 @@ def sample_questions(questions: pa.Table, limit: int | None, seed: int) -> pa.Ta
 def answerability(passage_texts: Sequence[str], questions: pa.Table) -> tuple[dict[str, bool], float]:
     """``({question_id: some corpus passage has an answer}, seconds)`` (DPR ``has_answer``)."""
     t0 = time.perf_counter()
-    corpus = CorpusAnswers(passage_texts)
+    corpus = CorpusAnswers(progress(passage_texts, "answerability: tokenize passages", unit="passages"))
     out = {q: corpus.contains(a) for q, a in zip(questions["question_id"].to_pylist(), questions["answers"].to_pylist())}
     return out, time.perf_counter() - t0
 
@@ -46,7 +47,7 @@ def bm25_retriever(index) -> Callable[[str, int], list[str]]:
 def generate_answers(generator, results: Sequence[QueryResult], questions: dict[str, str]) -> Generated:
     """Run ``generator(question, [(title, text)])`` on each result's final passages, timed."""
     answers, seconds = {}, {}
-    for r in results:
+    for r in progress(results, f"reader answers ({generator.label})", unit="questions"):
         t0 = time.perf_counter()
         answers[r.question_id] = generator(questions[r.question_id], [(t, x) for _, t, x in r.passages])
         seconds[r.question_id] = time.perf_counter() - t0

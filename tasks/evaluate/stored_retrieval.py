@@ -128,7 +128,8 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
             cands = _candidates(q.question_id, index, ranking, top_units, lookup, hit, unit_hit,
                                 {int(c): float(s) for c, s in zip(ids[0], bm25[0])})
             qtable = pa.table({"question_id": [q.question_id], "question": [q.question]})
-            scored = score_candidates(cands, qtable, reader[0], reader[1], attention_cfg, attention_run)
+            scored = score_candidates(cands, qtable, reader[0], reader[1], attention_cfg, attention_run,
+                                      show_progress=False)
             score = dict(zip(scored["passage_id"].to_pylist(), scored["score"].to_pylist()))
             order = sorted(range(cands.num_rows), key=lambda j: (-score[cands["passage_id"][j].as_py()], j))
             post = [(cands["passage_id"][j].as_py(), cands["title"][j].as_py(), cands["text"][j].as_py())

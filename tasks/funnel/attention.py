@@ -27,6 +27,7 @@ import pyarrow as pa
 import torch
 
 from data_contracts.funnel import ATTENTION_SCORES
+from funnelrag.progress import Progress
 from models.fid import encode_fid_inputs
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,10 @@ class AttentionRunConfig:
 
 def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer,
                      cfg: AttentionScoreConfig = AttentionScoreConfig(),
-                     run: AttentionRunConfig = AttentionRunConfig()) -> pa.Table:
-    """Eq. 3 score of every candidate passage: one FiD pass per question over all its passages.
+                     run: AttentionRunConfig = AttentionRunConfig(), show_progress: bool = True) -> pa.Table:
+    """Eq. 3 score of every candidate passage: one FiD pass per question over all its passages
+    (``show_progress``: report the questions scored, :class:`funnelrag.progress.Progress`; off for
+    the one-question calls of query-time post-ranking).
 
     Parameters
     ----------
@@ -189,18 +192,25 @@ def score_candidates(candidates: pa.Table, questions: pa.Table, model, tokenizer
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    for _, group in groupby(per_q, key=lambda item: len(item[1])):
-        group = list(group)
-        for start in range(0, len(group), run.batch_size):
-            batch = group[start:start + run.batch_size]
-            enc = encode_fid_inputs(tokenizer, [q_text[q] for q, _ in batch],
-                                    [[(r[5], r[6]) for r in ps] for _, ps in batch], run.max_passage_tokens)
-            attn = model.first_token_cross_attention(enc.input_ids.to(device), enc.attention_mask.to(device))
-            scores = passage_scores(attn.cpu(), enc.passage_token_mask, cfg, enc.attention_mask)  # (batch, n_passages)
-            for b, (q, ps) in enumerate(batch):
-                for j, r in enumerate(ps):
-                    out["question_id"].append(q), out["unit_id"].append(r[3]), out["passage_id"].append(r[4])
-                    out["score"].append(float(scores[b, j])), out["attention"].append(ATTENTION_KIND)
+    bar = Progress("Eq. 3 attention scores", total=len(per_q), unit="questions") if show_progress else None
+    try:
+        for _, group in groupby(per_q, key=lambda item: len(item[1])):
+            group = list(group)
+            for start in range(0, len(group), run.batch_size):
+                batch = group[start:start + run.batch_size]
+                enc = encode_fid_inputs(tokenizer, [q_text[q] for q, _ in batch],
+                                        [[(r[5], r[6]) for r in ps] for _, ps in batch], run.max_passage_tokens)
+                attn = model.first_token_cross_attention(enc.input_ids.to(device), enc.attention_mask.to(device))
+                scores = passage_scores(attn.cpu(), enc.passage_token_mask, cfg, enc.attention_mask)  # (batch, n_passages)
+                for b, (q, ps) in enumerate(batch):
+                    for j, r in enumerate(ps):
+                        out["question_id"].append(q), out["unit_id"].append(r[3]), out["passage_id"].append(r[4])
+                        out["score"].append(float(scores[b, j])), out["attention"].append(ATTENTION_KIND)
+                if bar is not None:
+                    bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
     model.train(was_training)
     table = pa.table(out, schema=ATTENTION_SCORES.schema)
     return ATTENTION_SCORES.validate(table.sort_by([("question_id", "ascending"), ("passage_id", "ascending")]))

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
+from funnelrag.progress import Progress, progress
 from models.preranker import score_grouped
 from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
 from tasks.funnel.embeddings import passage_text
@@ -86,7 +87,8 @@ def chunk_clusters(cluster_ids: Sequence[int], members_of: MembersOf, seg_cfg: S
     """Later chunking of the distinct ``cluster_ids``: ``{cluster_id: ClusterSegments}``."""
     unique = sorted({int(c) for c in cluster_ids})
     members = members_of(unique)
-    return {c: segment_cluster(c, members[c], seg_cfg, token_counter) for c in unique}
+    return {c: segment_cluster(c, members[c], seg_cfg, token_counter)
+            for c in progress(unique, "later chunking of candidate clusters", unit="clusters")}
 
 
 def _units_table(segments: dict[int, ClusterSegments]) -> pa.Table:
@@ -180,8 +182,9 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
             scores, by_qi = maxp_pool_scores(model, tokenizer, texts, rows, passages_of, cfg.batch_size)
         passage_scores = {(qids[qi], pid): s for (qi, pid), s in by_qi.items()}
     else:
-        scores = score_grouped(model, tokenizer, texts, [units[u].text for u in unit_order],
-                               [(qi, unit_row[uid]) for qi, _, _, _, uid in pool], cfg.batch_size)  # (n_pool,)
+        with Progress("pre-rank candidate units", total=len(unit_order), unit="units") as bar:
+            scores = score_grouped(model, tokenizer, texts, [units[u].text for u in unit_order],
+                                   [(qi, unit_row[uid]) for qi, _, _, _, uid in pool], cfg.batch_size, bar)  # (n_pool,)
     timings["preranking"] = time.perf_counter() - t0
 
     by_q: dict[int, list[int]] = {}
@@ -242,8 +245,9 @@ def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tok
             raise KeyError(f"unit pool row ({q}, {u}) has no question or unit text")
     texts = questions["question"].to_pylist()
     if passages_of is None:
-        scores = score_grouped(model, tokenizer, texts, units["text"].to_pylist(),
-                               [(q_row[q], u_row[u]) for q, u in zip(qids, uids)], batch_size)  # (n_pool,)
+        with Progress("re-rank pool units", total=units.num_rows, unit="units") as bar:
+            scores = score_grouped(model, tokenizer, texts, units["text"].to_pylist(),
+                                   [(q_row[q], u_row[u]) for q, u in zip(qids, uids)], batch_size, bar)  # (n_pool,)
     else:
         rows = [(q_row[q], u) for q, u in zip(qids, uids)]
         if index is not None:

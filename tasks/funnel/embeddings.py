@@ -35,6 +35,7 @@ import torch
 
 from data_contracts.base import atomic_write, sha256_file
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
+from funnelrag.progress import Progress
 from funnelrag.stages import stage, stage_of
 from funnelrag.store import ArtifactStore
 from models.encoders import encode_texts
@@ -101,10 +102,11 @@ def model_version(model) -> str:
     return h.hexdigest()
 
 
-def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64, bar=None) -> np.ndarray:
     """L2-normalised document-tower embeddings ``E_d(d)`` of a bi-encoder pre-ranker, float32
-    ``(len(texts), dim)``: what the embedding index stores."""
-    return encode_texts(model.encoder, tokenizer, texts, batch_size)
+    ``(len(texts), dim)``: what the embedding index stores (``bar``: optional
+    :class:`funnelrag.progress.Progress` counting the texts)."""
+    return encode_texts(model.encoder, tokenizer, texts, batch_size, bar)
 
 
 def embed_queries(model, tokenizer, questions: Sequence[str], batch_size: int = 64) -> np.ndarray:
@@ -138,7 +140,18 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
         float32 ``(len(texts), dim)``, rows L2-normalised, in input order.
     """
     n = len(texts)
-    shards = []
+    with Progress("embed passages", total=n, unit="passages") as bar:
+        shards = _embed_shards(texts, model, tokenizer, cfg, shard_dir, progress, bar)
+    if not shards:
+        dim = model.encoder.backbone.config.hidden_size
+        return np.zeros((0, dim), np.float32)
+    return np.concatenate(shards).astype(np.float32, copy=False)
+
+
+def _embed_shards(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig, shard_dir: Path | None,
+                  progress: Callable[[int, int], None] | None, bar: Progress) -> list[np.ndarray]:
+    """The shards of :func:`embed_passages` (cached ones loaded), each ``(shard, dim)``."""
+    n, shards = len(texts), []
     for i, start in enumerate(range(0, n, cfg.shard_rows)):
         path = None if shard_dir is None else Path(shard_dir) / f"shard-{i:05d}.npy"
         part = texts[start:start + cfg.shard_rows]
@@ -146,18 +159,16 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
             emb = np.load(path)
             if emb.shape[0] != len(part):
                 raise ValueError(f"{path}: {emb.shape[0]} rows cached for a shard of {len(part)} passages")
+            bar.update(len(part), cached_shards=bar.postfix.get("cached_shards", 0) + 1)
         else:
-            emb = embed_texts(model, tokenizer, part, cfg.batch_size)            # (shard, dim)
+            emb = embed_texts(model, tokenizer, part, cfg.batch_size, bar)            # (shard, dim)
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(path, lambda p, e=emb: np.save(open(p, "wb"), e))
         shards.append(emb)
         if progress is not None:
             progress(min(start + cfg.shard_rows, n), n)
-    if not shards:
-        dim = model.encoder.backbone.config.hidden_size
-        return np.zeros((0, dim), np.float32)
-    return np.concatenate(shards).astype(np.float32, copy=False)
+    return shards
 
 
 @dataclass

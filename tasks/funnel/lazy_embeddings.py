@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from data_contracts.base import atomic_write
+from funnelrag.progress import Progress
 from tasks.funnel.embeddings import TEXT_FORMAT, EmbeddingIndex, EmbeddingIndexMismatch, embed_texts, passage_text
 
 VECTORS_FILE = "vectors.float32.npy"
@@ -98,7 +99,8 @@ class LazyEmbeddingIndex(EmbeddingIndex):
         take = pa.array(missing)
         texts = [passage_text(t, x) for t, x in zip(self._titles.take(take).to_pylist(),
                                                    self._texts.take(take).to_pylist())]
-        self.vectors[missing] = embed_texts(model, tokenizer, texts, batch_size)            # (n_missing, dim)
+        with Progress("embed passages (lazily filled index)", total=len(texts), unit="passages") as bar:
+            self.vectors[missing] = embed_texts(model, tokenizer, texts, batch_size, bar)   # (n_missing, dim)
         self.vectors.flush()
         self.filled[missing] = True
         filled = self.filled.copy()

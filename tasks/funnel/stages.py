@@ -31,6 +31,7 @@ from data_contracts.funnel import (
     UNIT_POOL,
     UNITS,
 )
+from funnelrag.progress import Progress, progress
 from funnelrag.stages import stage
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
@@ -184,7 +185,7 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path, device: str = "cpu")
         n_passages=cfg.n_passages, max_passage_tokens=cfg.max_passage_tokens, max_answer_tokens=cfg.max_answer_tokens))
     t0 = time.perf_counter()
     rows = []
-    for qid, ex in zip(qids, examples):   # reader_examples is sorted by question id too
+    for qid, ex in progress(list(zip(qids, examples)), "reader exact match", unit="questions"):   # both sorted by id
         passages = [(title, text) for _, title, text in ex.passages[: cfg.n_passages]]
         pred = generate(ex.question, passages)
         rows.append((qid, pred, exact_match(pred, ex.answers), len(passages)))
@@ -291,7 +292,8 @@ def distill_setup(candidates_dir: Path, labels_dir: Path, preranker: PreRankerCo
                 vectors = index.vectors
             else:   # the frozen document tower, once
                 text_of = {pid: t for ps in passages.values() for pid, t in ps.items()}
-                vectors = embed_texts(model, tok, [text_of[pid] for pid in pids])      # (n_passages, dim)
+                with Progress("embed candidate passages", total=len(pids), unit="passages") as bar:
+                    vectors = embed_texts(model, tok, [text_of[pid] for pid in pids], bar=bar)   # (n_passages, dim)
                 row_of = {pid: i for i, pid in enumerate(pids)}
             passages_of = {u: tuple(row_of[pid] for pid in ps) for u, ps in passages.items()}
         else:

@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from funnelrag.progress import Progress
 from models.preranker import score_grouped
 from tasks.funnel.embeddings import embed_queries
 
@@ -76,7 +77,8 @@ def maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Sequence[
         for pid, _ in passages_of[uid]:
             pairs.append((qi, p_row[pid]))
             owner.append(r)
-    scores = score_grouped(model, tokenizer, list(questions), texts, pairs, batch_size)   # (n_pairs,)
+    with Progress("pre-rank candidate passages", total=len(texts), unit="passages") as bar:
+        scores = score_grouped(model, tokenizer, list(questions), texts, pairs, batch_size, bar)   # (n_pairs,)
     unit_scores = group_max(scores, np.asarray(owner), len(pool))                        # (len(pool),)
     pids = list(p_row)
     passage_scores = {(qi, pids[j]): float(s) for (qi, j), s in zip(pairs, scores)}

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import r2ag as R
+from funnelrag.progress import Progress, progress
 from models.encoders import encode
 from tasks.qa.questions import AnswerMatcher
 
@@ -114,7 +115,7 @@ def nq_bm25_lists(questions: pa.Table, index, passages: pa.Table, cfg: ListConfi
     qids, qs, answers = (questions[c].to_pylist() for c in ("question_id", "question", "answers"))
     rows = _empty_rows()
     skipped = with_relevant = 0
-    for start in range(0, len(qs), batch_size):
+    for start in progress(range(0, len(qs), batch_size), "BM25 lists", unit="batches"):
         ids, scores = index.search(qs[start:start + batch_size], cfg.k)
         for j, (hit_ids, hit_scores) in enumerate(zip(ids, scores)):
             q = start + j
@@ -172,8 +173,9 @@ def embed_lists(lists: pa.Table, model, tokenizer, include_title: bool = True,
     queries, docs = list_texts(lists, include_title)
     unique = list(dict.fromkeys(docs))
     where = {t: i for i, t in enumerate(unique)}
-    q = encode(model, tokenizer, queries, batch_size=batch_size).numpy()  # (n_queries, dim)
-    u = encode(model, tokenizer, unique, batch_size=batch_size).numpy()  # (n_unique, dim)
+    with Progress("embed queries and documents", total=len(queries) + len(unique), unit="texts") as bar:
+        q = encode(model, tokenizer, queries, batch_size=batch_size, bar=bar).numpy()  # (n_queries, dim)
+        u = encode(model, tokenizer, unique, batch_size=batch_size, bar=bar).numpy()  # (n_unique, dim)
     return q, u[np.asarray([where[t] for t in docs], dtype=np.int64)]
 
 

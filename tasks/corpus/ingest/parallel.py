@@ -335,6 +335,8 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
             replay_piece(state, result, position)
             state.pieces["reused" if result.reused else "built"] += 1
             position += result.report.num_rows
+            if getattr(state, "progress", None) is not None:
+                state.progress.update(result.report.num_rows, pieces=sum(state.pieces.values()))
             total += result.xml_bytes
     except BaseException:
         _drain(pending)   # workers still writing into the shard directory must stop first

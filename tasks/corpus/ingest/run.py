@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
+from funnelrag.progress import Progress
 from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
                                  OTHER_NAMESPACE, OVERSIZE, REDIRECT, SKIPPED, IngestConfig,
                                  IngestSummary, LinkCounts)
@@ -173,14 +174,20 @@ class _FirstPass:
         self._cache_namespaces: frozenset[str] | None = None
         self.parallel: tuple | None = None   # (submit, streams per piece, window, piece cache)
         self.pieces: Counter[str] = Counter()  # multistream pieces built / reused
+        self.progress: Progress | None = None   # pages read, while :meth:`run` runs
 
     def run(self, inputs: list[Path]) -> int:
-        """Read all inputs; returns the uncompressed bytes read."""
-        fmt, total = self.cfg.format, 0
+        """Read all inputs; returns the uncompressed bytes read (pages counted on ``self.progress``)."""
+        with Progress("ingest pass 1", unit="pages") as self.progress:
+            return self._run(inputs)
+
+    def _run(self, inputs: list[Path]) -> int:
+        fmt, total, bar = self.cfg.format, 0, self.progress
         if fmt == "wikispeedia":
             reader = WikispeediaReader(inputs, self.cfg.max_page_bytes)
             for page in reader.pages():
                 self.process(page, DEFAULT_NAMESPACES)
+                bar.update()
             stats = reader.link_stats
             self.links.seen += stats["malformed"] + stats["unknown_source"]
             self.links.malformed += stats["malformed"]
@@ -195,6 +202,7 @@ class _FirstPass:
             reader = MediaWikiReader(path) if fmt == "mediawiki" else JsonlReader(path, self.cfg.max_page_bytes)
             for page in reader.pages():
                 self.process(page, getattr(reader, "namespaces", DEFAULT_NAMESPACES))
+                bar.update()
             total += reader.bytes_read
         self._flush_report()
         self.shards.flush()
