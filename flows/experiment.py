@@ -35,18 +35,25 @@ from pydantic import BeforeValidator, Field, model_validator
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
 from tasks.corpus.published import CorpusVersion, open_corpus
 from funnelrag.stages import DataSource, stage_task
-from funnelrag.store import StageCache, StageResult
+from funnelrag.store import StageCache, StageResult, write_json
+from funnelrag.threads import torch_threads
+from funnelrag.tracking import flow_run
 from funnelrag.training import TrainConfig
 from funnelrag.workspace import Workspace
 from models.fid_bert2bert import Bert2BertFiDConfig
-from models.preranker import PreRankerConfig
+from models.preranker import PreRankerConfig, build_preranker
+from models.readers import reader_config_from_dict
+from tasks.corpus.segment import SegmentConfig
+from tasks.corpus.tokenize import load_token_counter
 from tasks.funnel import experiment_steps as X
 from tasks.funnel import stages as S
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.funnel.candidates import CandidatesConfig
 from tasks.funnel.distill import DistillConfig
+from tasks.funnel.embeddings import find_embedding_index, model_version
 from tasks.funnel.experiment_data import answerable, first_questions, subset
-from tasks.funnel.experiment_validation import ValidationConfig
+from tasks.funnel.experiment_report import experiment_report
+from tasks.funnel.experiment_validation import ValidationConfig, validation_curve
 from tasks.qa.questions import QuestionsConfig
 from tasks.funnel.reader import ReaderTrainConfig
 
@@ -70,7 +77,6 @@ def _reader_over_default(value: Any) -> Any:
     the reader config class, :func:`models.readers.reader_config_from_dict`)."""
     if not isinstance(value, Mapping):
         return value
-    from models.readers import reader_config_from_dict  # noqa: PLC0415
 
     r = dict(value)
     fid = reader_config_from_dict({**asdict(DEFAULT_READER.fid), **r.pop("fid", {})})
@@ -215,8 +221,6 @@ class Context:
         tasks.funnel.embeddings.EmbeddingIndexMismatch
             The store's current index was built from another corpus version.
         """
-        from tasks.funnel.embeddings import find_embedding_index, model_version  # noqa: PLC0415
-
         version = model_version(model)
         if version not in self.indexes:
             self.indexes[version] = find_embedding_index(
@@ -231,8 +235,6 @@ class Context:
     def distill_index(self):
         """The stored vectors query-side MaxP distillation reads (None for other settings or
         when no index is published: then they are computed)."""
-        from models.preranker import build_preranker  # noqa: PLC0415
-
         c = self.cfg
         if c.distill.unit_scoring == "maxp" and c.distill.towers == "query" and c.preranker.kind == "bi":
             return self.embedding_index(build_preranker(c.preranker)[0])
@@ -252,9 +254,6 @@ def questions_task(ctx: Context) -> StageResult:
 @stage_task("experiment-candidates")
 def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageResult:
     """Funnel candidates of one split (``train``: ``train_vectors``, ``train_candidates``, ...)."""
-    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
-
     seg_cfg = SegmentConfig(**ctx.corpus.manifest["config"]["segment"])
     key = X.candidates_key(ctx.cfg, split, seg_cfg)
     inputs = {"questions": questions.files["questions.parquet"], "corpus": ctx.corpus.digest}
@@ -337,8 +336,6 @@ def labels_task(ctx: Context, name: str, data: StageResult, attention: StageResu
 def validation_task(ctx: Context, train: StageResult, data: StageResult, labels: StageResult) -> StageResult:
     """The BPR validation search (:func:`tasks.funnel.experiment_validation.validation_curve`)
     → ``validation.json``."""
-    from tasks.funnel.experiment_validation import validation_curve  # noqa: PLC0415
-
     c = ctx.cfg
     key_cfg = X.validation_key(c)
 
@@ -390,8 +387,6 @@ def recall_task(ctx: Context, name: str, heldout: StageResult, distilled: StageR
 def run_parts(ctx: Context, parts: tuple[str, ...]) -> dict[str, Any]:
     """Run the requested parts (each reuses every cached step); with ``"report"`` return the
     tables (``text``) and figures (JSON-ready), else the summaries of the steps run."""
-    from tasks.funnel.experiment_report import experiment_report  # noqa: PLC0415
-
     c, want = ctx.cfg, set(parts)
     q = questions_task(ctx)
     done: dict[str, StageResult] = {}
@@ -450,11 +445,7 @@ def experiment_flow(config: ExperimentConfig | None = None, config_file: str | N
         file, ``<home>/experiment_results.json``), or, without ``report``, ``summaries`` (each
         step's summary).
     """
-    import mlflow  # noqa: PLC0415
-
-    from funnelrag.store import write_json  # noqa: PLC0415
-    from funnelrag.threads import torch_threads  # noqa: PLC0415
-    from funnelrag.tracking import flow_run  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     cfg = resolve_flow_config(ExperimentConfig, config, config_file, overrides, home)
     ctx = Context.open(cfg)

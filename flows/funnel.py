@@ -24,12 +24,15 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.events import emit_event
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from data_contracts.base import sha256_file
 from data_contracts.funnel import QUESTIONS
+from flows.launched.preranker import launch_distill
+from flows.launched.reader import launch_reader
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
 from funnelrag.device import resolve_device
@@ -46,7 +49,7 @@ from funnelrag.registry import (
 )
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
-from funnelrag.tracking import flow_run, log_metrics
+from funnelrag.tracking import flow_run, log_metrics, run_link
 from funnelrag.training import TrainConfig
 from funnelrag.workspace import Workspace
 from models.fid import FiDConfig
@@ -188,7 +191,7 @@ def _metrics(prefix: str):
 
 def _tracking(prefix: str) -> dict[str, str]:
     """Where a launched training's main rank logs its step metrics: this flow's MLflow run."""
-    import mlflow  # noqa: PLC0415
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     run = mlflow.active_run()
     if run is None:
@@ -226,8 +229,6 @@ def reader_task(ctx: Context, train: StageResult) -> StageResult:
     def build(out: Path, key: str) -> dict[str, Any]:
         work = ctx.ws.run_dir("train-reader", key[:16])
         if launch.kind == "accelerate":
-            from flows.launched.reader import launch_reader  # noqa: PLC0415
-
             return launch_reader(train.path, reader_cfg, work, out, launch, tracking=_tracking("reader"),
                                  logger=get_run_logger())
         return S.run_reader(train.path, reader_cfg, work, out, _metrics("reader"))
@@ -263,8 +264,6 @@ def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> Stage
                 "content_digest", ctx.corpus.digest), build_preranker(ctx.cfg.preranker)[0])
         work = ctx.ws.run_dir("distill-preranker", key[:16])
         if ctx.cfg.training.launch.kind == "accelerate":
-            from flows.launched.preranker import launch_distill  # noqa: PLC0415
-
             where = None if index is None else {"stores_dir": str(ctx.ws.home / "stores"), "corpus": ctx.cfg.corpus,
                                                 "corpus_digest": ctx.corpus.manifest.get("content_digest", ctx.corpus.digest)}
             return launch_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train, work, out,
@@ -455,10 +454,6 @@ def distillation_markdown(corpus: str, corpus_version: str, questions: int, reca
 
 
 def _distillation_artifact(ctx: Context, run: Any, summary: dict[str, Any]) -> None:
-    from prefect.artifacts import create_markdown_artifact  # noqa: PLC0415
-
-    from funnelrag.tracking import run_link  # noqa: PLC0415
-
     md = distillation_markdown(ctx.cfg.corpus, ctx.corpus.version, int(summary["evaluate"].get("questions", 0)),
                                summary["answer_recall"], {"name": ctx.cfg.registry_name, **summary["gate"]},
                                run_link(run, ctx.cfg.workspace.tracking_uri))
