@@ -23,8 +23,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNIT_POOL, UNITS
+from funnelrag.training import checkpoint_dirs
+from models.preranker import build_preranker, load_preranker
 from tasks.funnel import stages as S
+from tasks.funnel.candidates import rerank_pool, unit_passages
+from tasks.funnel.embeddings import passage_text
 from tasks.funnel.experiment_data import bm25_passage_candidates
+from tasks.funnel.experiment_eval import per_question_unit_recall
+from tasks.funnel.labels import LabelConfig, make_labels
+from tasks.funnel.reader import reader_from_checkpoint
+from tasks.funnel.unit_scoring import maxp_pool_scores, stored_maxp_pool_scores
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +78,6 @@ def attention_key(cfg) -> dict[str, Any]:
 
 def labels_key(cfg, l2g: bool):
     """L2G labels (𝒦 = ``l2g_top_k``) or answer-only labels (𝒦 = 0): the ``LabelConfig`` used."""
-    from tasks.funnel.labels import LabelConfig  # noqa: PLC0415
-
     return LabelConfig(alpha=cfg.l2g_alpha, top_k=cfg.l2g_top_k if l2g else 0)
 
 
@@ -109,8 +115,6 @@ def build_reader_input(corpus, questions_dir: Path, split: str, limit: int | Non
 
 def build_answer_only_labels(data_dir: Path, cfg, out: Path) -> dict[str, Any]:
     """Labels with 𝒦 = 0 (``cfg.top_k``): D+ = the answer units, attention scores unused."""
-    from tasks.funnel.labels import make_labels  # noqa: PLC0415
-
     cands = CANDIDATES.read(data_dir)
     zero = pa.table({"question_id": cands["question_id"], "unit_id": cands["unit_id"],
                      "passage_id": cands["passage_id"], "score": pa.array([0.0] * cands.num_rows, pa.float32()),
@@ -124,9 +128,6 @@ def build_reader_curve(reader_data_dir: Path, dev_dir: Path, run_dir: Path, read
     """Held-out EM of every kept checkpoint of the reader run in ``run_dir`` on the reader input
     ``dev_dir``: ``curve.json`` = ``[{step, epoch, em, per_question}]`` (epochs counted in
     batches of the questions kept in ``reader_data_dir``)."""
-    from funnelrag.training import checkpoint_dirs  # noqa: PLC0415
-    from tasks.funnel.reader import reader_from_checkpoint  # noqa: PLC0415
-
     kept = QUESTIONS.read(reader_data_dir).num_rows
     steps_per_epoch = -(-kept // reader_cfg.train.batch_size)
     curve = []
@@ -157,10 +158,6 @@ def build_prerank_passage_scores(data_dir: Path, preranker_cfg, batch_size: int,
     """The pre-ranker's own score ``f(q, p)`` of every candidate passage of ``data_dir`` (MaxP
     funnels order a unit's passages by it): ``passage_scores.json`` = ``[[question_id,
     passage_id, score], ...]``; read from stored vectors when ``index_of`` gives an index."""
-    from models.preranker import build_preranker  # noqa: PLC0415
-    from tasks.funnel.embeddings import passage_text  # noqa: PLC0415
-    from tasks.funnel.unit_scoring import maxp_pool_scores, stored_maxp_pool_scores  # noqa: PLC0415
-
     model, tok = build_preranker(preranker_cfg)
     cands, questions = CANDIDATES.read(data_dir), QUESTIONS.read(data_dir)
     qids = questions["question_id"].to_pylist()
@@ -194,13 +191,8 @@ def build_preranker_recall(heldout_dir: Path, distilled_dir: Path | None, ks: Se
     passages : the corpus passages when the pool ranks units by MaxP (re-ranked the same way).
     index_of : stored passage vectors of a bi-encoder's document tower (None: computed).
     """
-    from tasks.funnel.experiment_eval import per_question_unit_recall  # noqa: PLC0415
-
     pool, questions = UNIT_POOL.read(heldout_dir), QUESTIONS.read(heldout_dir)
     if distilled_dir is not None:
-        from models.preranker import load_preranker  # noqa: PLC0415
-        from tasks.funnel.candidates import rerank_pool, unit_passages  # noqa: PLC0415
-
         model, tok = load_preranker(distilled_dir / S.PRERANKER_DIR)
         passages_of = index = None
         if passages is not None:
