@@ -24,6 +24,8 @@ from typing import Any
 
 from funnelrag.config import FlowCommand, WorkspaceConfig, load_config
 from funnelrag.display import format_value
+from funnelrag.inputs import InputFileError, check_inputs
+from funnelrag.progress import heartbeat
 from funnelrag.reaper import start_reaper
 from funnelrag.store import write_json
 from funnelrag.workspace import Workspace
@@ -91,7 +93,7 @@ def prefect_process_defaults() -> None:
     os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join([*extra, *(n for n in RUN_LOGGERS if n not in extra)])
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     if not already_set_up:
-        import prefect.context  # noqa: PLC0415
+        import prefect.context  # noqa: PLC0415  (heavy: prefect, only for a flow command)
 
         prefect.context.refresh_global_settings_context()
 
@@ -101,13 +103,11 @@ def start_ephemeral_api() -> None:
     PREFECT_HOME creates and migrates its database: minutes on a busy box), instead of silently
     inside the first flow call. The flows then find it running (Prefect keeps one per process).
     Nothing happens when an API URL is configured or ephemeral mode is off."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415  (heavy: prefect, only for a flow command)
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
-    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
-
-    from funnelrag.progress import heartbeat  # noqa: PLC0415
+    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415  (heavy: prefect's server, only when the ephemeral API starts)
 
     server = SubprocessASGIServer()
     if not server.running:
@@ -251,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "search":
         return _search(args)
     cmd = commands[args.command]
-    from funnelrag.inputs import InputFileError, check_inputs  # noqa: PLC0415
 
     try:   # config file and input files checked before any Prefect server or MLflow run starts
         cfg = load_config(cmd.config_model, args.config, args.overrides)
