@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tasks.funnel.experiment_eval import bootstrap_indices, interval
+
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "demo-summary.json"
@@ -24,8 +26,6 @@ MAX_TABLE_ROWS = 8
 
 def binary_interval(mean: float, n: int) -> tuple[float, float, float] | None:
     """``(mean, low, high)``: the 95% percentile-bootstrap interval of a mean of ``n`` 0/1 values."""
-    from tasks.funnel.experiment_eval import bootstrap_indices, interval  # noqa: PLC0415
-
     if not n or mean is None or isinstance(mean, str):
         return None
     values = np.zeros(n)
@@ -44,7 +44,7 @@ def _ci(mean: Any, n: int) -> str:
 def _registered(tracking_uri: str) -> list[str]:
     """``name vN (champion vM)`` of every registered model in the demo's MLflow."""
     try:
-        from mlflow import MlflowClient  # noqa: PLC0415
+        from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow; inside the try: the screen must not fail)
 
         client = MlflowClient(tracking_uri=tracking_uri)
         lines = []
@@ -61,7 +61,7 @@ def _registered(tracking_uri: str) -> list[str]:
 
 def _prefect_db() -> str:
     try:
-        from prefect.settings import get_current_settings  # noqa: PLC0415
+        from prefect.settings import get_current_settings  # noqa: PLC0415  (heavy: prefect; inside the try: the screen must not fail)
 
         settings = get_current_settings()
         url = settings.server.database.connection_url

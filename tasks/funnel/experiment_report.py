@@ -96,7 +96,7 @@ def experiment_report(cfg: Any, done: dict[str, StageResult], recalls: dict[str,
     reader's learning curve, post-ranking and reader EM."""
     texts, figures = [], {}
     if "validation" in done:
-        from tasks.funnel.experiment_validation import validation_table  # noqa: PLC0415
+        from tasks.funnel.experiment_validation import validation_table  # noqa: PLC0415  (heavy: torch via tasks.funnel.experiment_validation, only when the validation step ran)
 
         curve = json.loads((done["validation"].path / "validation.json").read_text())
         texts.append(validation_table(curve))

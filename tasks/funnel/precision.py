@@ -35,9 +35,9 @@ def bf16_topk_agreement(model, tokenizer, passages: Sequence[str], questions: Se
     dict
         ``top{k}_agreement`` in [0, 1], ``passages``, ``passages_per_s_fp32``, ``passages_per_s_bf16``.
     """
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415  (heavy: torch, only when the agreement is measured)
 
-    from tasks.funnel.embeddings import embed_queries, embed_texts  # noqa: PLC0415
+    from tasks.funnel.embeddings import embed_queries, embed_texts  # noqa: PLC0415  (heavy: torch via tasks.funnel.embeddings, only when the agreement is measured)
 
     def run(bf16: bool):
         ctx = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16) if bf16 else nullcontext()

@@ -69,7 +69,7 @@ _counts = operator.attrgetter(*_LINK_FIELDS)
 
 
 def _pass_class():
-    from tasks.corpus.ingest.run import _FirstPass  # noqa: PLC0415 - run imports this module
+    from tasks.corpus.ingest.run import _FirstPass  # noqa: PLC0415  (cycle: tasks.corpus.ingest.parallel ↔ tasks.corpus.ingest.run, see ARCHITECTURE.md)
 
     class _PiecePass(_FirstPass):
         """Pass-1 state of one piece: rows and effects collected instead of written."""
