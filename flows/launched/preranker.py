@@ -25,10 +25,11 @@ MODULE = "flows.launched.preranker"
 
 def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     """Train the pre-ranker of ``spec`` on this rank; the main rank writes the outputs and returns the result."""
-    from funnelrag.training import TrainConfig, train  # noqa: PLC0415
-    from models.preranker import PreRankerConfig, save_preranker  # noqa: PLC0415
-    from tasks.funnel.distill import DistillConfig  # noqa: PLC0415
-    from tasks.funnel.stages import PRERANKER_DIR, distill_setup, distill_summary  # noqa: PLC0415
+    from funnelrag.training import TrainConfig, load_full_state_dict, train  # noqa: PLC0415  (heavy: torch, only on a rank: after die_with_parent, inside rank_guard)
+    from models.preranker import PreRankerConfig, build_preranker, save_preranker  # noqa: PLC0415  (heavy: torch, only on a rank: after die_with_parent, inside rank_guard)
+    from tasks.funnel.distill import DistillConfig, prepare_for_distillation  # noqa: PLC0415  (heavy: torch, only on a rank: after die_with_parent, inside rank_guard)
+    from tasks.funnel.embeddings import find_embedding_index  # noqa: PLC0415  (heavy: torch, only on a rank: after die_with_parent, inside rank_guard)
+    from tasks.funnel.stages import PRERANKER_DIR, distill_setup, distill_summary  # noqa: PLC0415  (heavy: torch, only on a rank: after die_with_parent, inside rank_guard)
 
     t0 = time.perf_counter()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -36,9 +37,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     train_cfg = replace(TrainConfig(**spec["train"]), output_dir=str(spec["work_dir"]))
     index = None
     if spec.get("index"):
-        from models.preranker import build_preranker  # noqa: PLC0415
-        from tasks.funnel.embeddings import find_embedding_index  # noqa: PLC0415
-
         i = spec["index"]
         index = find_embedding_index(Path(i["stores_dir"]), i["corpus"], i["corpus_digest"], build_preranker(pre)[0])
     model, tok, trainable, data, hooks, report = distill_setup(Path(spec["candidates_dir"]), Path(spec["labels_dir"]),
@@ -50,10 +48,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     if not L.is_main_process():
         return None
     if result.full_state_dict is not None:  # ZeRO-3: the module's own parameters are partitioned
-        from funnelrag.training import load_full_state_dict  # noqa: PLC0415
-        from models.preranker import build_preranker  # noqa: PLC0415
-        from tasks.funnel.distill import prepare_for_distillation  # noqa: PLC0415
-
         fresh = build_preranker(pre)[0]
         prepare_for_distillation(fresh, dcfg)
         model = load_full_state_dict(fresh, result.full_state_dict)

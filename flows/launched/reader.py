@@ -20,10 +20,11 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from data_contracts.funnel import CANDIDATES, QUESTIONS
 from funnelrag import launch as L
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,8 @@ MODULE = "flows.launched.reader"
 
 def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     """Train the reader of ``spec`` on this rank; the main rank writes the outputs and returns the result."""
-    from data_contracts.funnel import CANDIDATES, QUESTIONS  # noqa: PLC0415
-    from tasks.funnel.reader import READER_CONFIG, READER_DIR, ReaderTrainConfig, train_reader  # noqa: PLC0415
-    from tasks.funnel.stages import reader_examples  # noqa: PLC0415
+    from tasks.funnel.reader import READER_CONFIG, READER_DIR, ReaderTrainConfig, train_reader  # noqa: PLC0415  (heavy: torch, only on a rank: after die_with_parent, inside rank_guard)
+    from tasks.funnel.stages import reader_examples  # noqa: PLC0415  (heavy: torch, only on a rank: after die_with_parent, inside rank_guard)
 
     t0 = time.perf_counter()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -86,8 +86,6 @@ def launch_reader(candidates_dir: Path, reader_cfg, work_dir: Path, out_dir: Pat
     funnelrag.launch.LaunchFailed
         A rank failed (its traceback in the message).
     """
-    from dataclasses import asdict  # noqa: PLC0415
-
     L.per_process_train_config(reader_cfg.train, L.resolve_processes(launch_cfg)[0])   # refuse before launching
     spec = {"candidates_dir": str(candidates_dir), "reader": json.loads(json.dumps(asdict(reader_cfg))),
             "work_dir": str(work_dir), "out_dir": str(out_dir), "tracking": tracking or {"kind": "none"}}
