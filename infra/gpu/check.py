@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -33,9 +34,18 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
+
+from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS
+from flows.launched.preranker import MODULE as PRERANKER_MODULE
+from flows.launched.reader import MODULE as READER_MODULE
+from funnelrag.datasets import default_mirror, resolve
+from funnelrag.launch import LaunchConfig, LaunchFailed, launch
+from infra.gpu.sample import read_oracle, write_candidates
+from tasks.funnel.labels import LabelConfig, make_labels
+from tasks.funnel.precision import bf16_topk_agreement
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = "nq-open-oracle-sample.jsonl"
@@ -43,8 +53,6 @@ SAMPLE = "nq-open-oracle-sample.jsonl"
 
 def _inputs(carry: Path, work: Path) -> dict[str, Path]:
     """Tokenizer dir, oracle sample, MiniLM dir (fp32): from ``carry`` or the local installation."""
-    from funnelrag.datasets import default_mirror, resolve  # noqa: PLC0415
-
     out: dict[str, Path] = {}
     mirror = default_mirror(REPO)
     tok = carry / "data/t5-tokenizer"
@@ -55,7 +63,7 @@ def _inputs(carry: Path, work: Path) -> dict[str, Path]:
     if (half / "model.safetensors").exists():
         out["minilm"] = _fp32_copy(half, work / "minilm-fp32")
     else:
-        from models.encoders import MINILM, resolve_model_path  # noqa: PLC0415
+        from models.encoders import MINILM, resolve_model_path  # noqa: PLC0415  (heavy: torch via models.encoders, only without a carried MiniLM)
 
         out["minilm"] = Path(resolve_model_path(MINILM))
     return out
@@ -63,7 +71,7 @@ def _inputs(carry: Path, work: Path) -> dict[str, Path]:
 
 def _fp32_copy(half_dir: Path, out: Path) -> Path:
     """The carried half-precision MiniLM as float32 weights (training keeps fp32 master weights)."""
-    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415  (heavy: torch via safetensors.torch, only when weights are read)
 
     if (out / "model.safetensors").exists():
         return out
@@ -95,15 +103,13 @@ class Check:
 
     # ------------------------------------------------------------------ settings
     def launch_cfg(self, yaml: str, **kw):
-        from funnelrag.launch import LaunchConfig  # noqa: PLC0415
-
         return LaunchConfig(kind="accelerate", config=yaml, num_processes=1, cpu=not self.cuda,
                             timeout_s=self.args.phase_timeout_s, **kw)
 
     def t5_cfg(self, steps: int, checkpoint_every: int):
-        from funnelrag.training import TrainConfig  # noqa: PLC0415
-        from models.fid import FiDConfig  # noqa: PLC0415
-        from tasks.funnel.reader import ReaderTrainConfig  # noqa: PLC0415
+        from funnelrag.training import TrainConfig  # noqa: PLC0415  (heavy: torch via funnelrag.training, only in its phase: a failed import fails that phase, not the check)
+        from models.fid import FiDConfig  # noqa: PLC0415  (heavy: torch via models.fid, only in its phase: a failed import fails that phase, not the check)
+        from tasks.funnel.reader import ReaderTrainConfig  # noqa: PLC0415  (heavy: torch via tasks.funnel.reader, only in its phase: a failed import fails that phase, not the check)
 
         sizes = (dict(d_model=32, n_layers=2, n_heads=2, d_ff=64) if self.tiny
                  else dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072))    # T5-base sizes
@@ -119,14 +125,11 @@ class Check:
 
     # ------------------------------------------------------------------ phases
     def launch_reader(self, name: str, cfg, yaml: str, on_start=None) -> dict[str, Any]:
-        from flows.launched.reader import MODULE  # noqa: PLC0415
-        from funnelrag.launch import launch  # noqa: PLC0415
-
         run = self.work / name
         spec = {"candidates_dir": str(self.cands), "reader": json.loads(json.dumps(asdict(cfg))),
                 "work_dir": str(run / "work"), "out_dir": str(run / "out"),
                 "tracking": {"kind": "jsonl", "path": str(run / "metrics.jsonl"), "prefix": "reader"}}
-        return launch(MODULE, spec, run / "work/launch", self.launch_cfg(yaml), on_start=on_start)
+        return launch(READER_MODULE, spec, run / "work/launch", self.launch_cfg(yaml), on_start=on_start)
 
     def figures_of(self, res: dict[str, Any]) -> dict[str, Any]:
         losses = res["losses"]
@@ -140,8 +143,6 @@ class Check:
         return self.figures_of(self.launch_reader("reader_t5", self.t5_cfg(n, max(2, n // 3)), "infra/accelerate/single_gpu.yaml"))
 
     def reader_t5_resume(self) -> dict[str, Any]:
-        from funnelrag.launch import LaunchFailed  # noqa: PLC0415
-
         n = self.reader_steps()
         run, procs, killed = self.work / "reader_t5_resume", [], threading.Event()
 
@@ -174,15 +175,13 @@ class Check:
         n = self.reader_steps() // 3
         res = self.launch_reader(f"reader_zero{stage}", self.t5_cfg(n, n),
                                  f"infra/accelerate/multi_gpu_deepspeed_zero{stage}.yaml")
-        from tasks.funnel.reader import load_reader  # noqa: PLC0415
+        from tasks.funnel.reader import load_reader  # noqa: PLC0415  (heavy: torch via tasks.funnel.reader, only in its phase: a failed import fails that phase, not the check)
 
         load_reader(self.work / f"reader_zero{stage}/out/reader")   # the gathered weights load
         return self.figures_of(res)
 
     def reader_bert2bert(self) -> dict[str, Any]:
-        from dataclasses import replace  # noqa: PLC0415
-
-        from models.fid_bert2bert import Bert2BertFiDConfig  # noqa: PLC0415
+        from models.fid_bert2bert import Bert2BertFiDConfig  # noqa: PLC0415  (heavy: torch via models.fid_bert2bert, only in its phase: a failed import fails that phase, not the check)
 
         base = self.t5_cfg(2 if self.tiny else 300, 0)
         cfg = replace(base, fid=Bert2BertFiDConfig(base=str(self.inputs["minilm"]), freeze_encoder=False),
@@ -190,10 +189,8 @@ class Check:
         return self.figures_of(self.launch_reader("reader_bert2bert", cfg, "infra/accelerate/single_gpu.yaml"))
 
     def attention(self) -> dict[str, Any]:
-        from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS  # noqa: PLC0415
-        from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: PLC0415
-        from tasks.funnel.labels import LabelConfig, make_labels  # noqa: PLC0415
-        from tasks.funnel.reader import load_reader  # noqa: PLC0415
+        from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates  # noqa: PLC0415  (heavy: torch via tasks.funnel.attention, only in its phase: a failed import fails that phase, not the check)
+        from tasks.funnel.reader import load_reader  # noqa: PLC0415  (heavy: torch via tasks.funnel.reader, only in its phase: a failed import fails that phase, not the check)
 
         model, tok, cfg = load_reader(self.work / "reader_t5/out/reader")
         model.to(self.args.device)
@@ -213,10 +210,8 @@ class Check:
                 "peak_gpu_mem_gib": _peak(self.cuda)}
 
     def embedding(self) -> dict[str, Any]:
-        from data_contracts.funnel import CANDIDATES, QUESTIONS  # noqa: PLC0415
-        from models.preranker import PreRankerConfig, build_preranker  # noqa: PLC0415
-        from tasks.funnel.embeddings import passage_text  # noqa: PLC0415
-        from tasks.funnel.precision import bf16_topk_agreement  # noqa: PLC0415
+        from models.preranker import PreRankerConfig, build_preranker  # noqa: PLC0415  (heavy: torch via models.preranker, only in its phase: a failed import fails that phase, not the check)
+        from tasks.funnel.embeddings import passage_text  # noqa: PLC0415  (heavy: torch via tasks.funnel.embeddings, only in its phase: a failed import fails that phase, not the check)
 
         cands = CANDIDATES.read(self.cands)
         seen: dict[str, str] = {}
@@ -229,11 +224,9 @@ class Check:
         return {**got, "peak_gpu_mem_gib": _peak(self.cuda)}
 
     def bpr(self) -> dict[str, Any]:
-        from flows.launched.preranker import MODULE  # noqa: PLC0415
-        from funnelrag.launch import launch  # noqa: PLC0415
-        from funnelrag.training import TrainConfig  # noqa: PLC0415
-        from models.preranker import PreRankerConfig  # noqa: PLC0415
-        from tasks.funnel.distill import DistillConfig  # noqa: PLC0415
+        from funnelrag.training import TrainConfig  # noqa: PLC0415  (heavy: torch via funnelrag.training, only in its phase: a failed import fails that phase, not the check)
+        from models.preranker import PreRankerConfig  # noqa: PLC0415  (heavy: torch via models.preranker, only in its phase: a failed import fails that phase, not the check)
+        from tasks.funnel.distill import DistillConfig  # noqa: PLC0415  (heavy: torch via tasks.funnel.distill, only in its phase: a failed import fails that phase, not the check)
 
         run = self.work / "bpr"
         train = TrainConfig(max_steps=2 if self.tiny else 200, batch_size=4 if self.tiny else 16, lr=2e-5,
@@ -245,12 +238,10 @@ class Check:
                 "distill": asdict(DistillConfig(epochs=50, max_pairs_per_question=8, score_scale=20.0)),
                 "train": asdict(train), "index": None, "work_dir": str(run / "work"), "out_dir": str(run / "out"),
                 "tracking": {"kind": "jsonl", "path": str(run / "metrics.jsonl"), "prefix": "distill"}}
-        res = launch(MODULE, spec, run / "work/launch", self.launch_cfg("infra/accelerate/single_gpu.yaml"))
+        res = launch(PRERANKER_MODULE, spec, run / "work/launch", self.launch_cfg("infra/accelerate/single_gpu.yaml"))
         return self.figures_of(res)
 
     def run(self) -> int:
-        from infra.gpu.sample import read_oracle, write_candidates  # noqa: PLC0415
-
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         self.inputs = _inputs(Path(self.args.carry).resolve(), self.work)
@@ -274,7 +265,7 @@ class Check:
 
 
 def _max_weight_diff(a: Path, b: Path) -> float:
-    from safetensors.torch import load_file  # noqa: PLC0415
+    from safetensors.torch import load_file  # noqa: PLC0415  (heavy: torch via safetensors.torch, only when weights are read)
 
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     return max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
@@ -282,7 +273,7 @@ def _max_weight_diff(a: Path, b: Path) -> float:
 
 def _sync(cuda: bool) -> None:
     if cuda:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415  (heavy: torch, only when the check runs)
 
         torch.cuda.synchronize()
 
@@ -290,13 +281,13 @@ def _sync(cuda: bool) -> None:
 def _peak(cuda: bool) -> float | None:
     if not cuda:
         return None
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415  (heavy: torch, only when the check runs)
 
     return round(torch.cuda.max_memory_allocated() / 2**30, 3)
 
 
 def _environment(cuda: bool) -> dict[str, Any]:
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415  (heavy: torch, only when the check runs)
 
     env = {"torch": torch.__version__, "python": sys.version.split()[0]}
     for name in ("transformers", "accelerate", "deepspeed"):
@@ -317,11 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(REPO / ".gl/gpu-check"), help="scratch directory (emptied first)")
     parser.add_argument("--phase-timeout-s", type=float, default=240.0, help="limit of one launch")
     args = parser.parse_args(argv)
-    import logging  # noqa: PLC0415
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")   # the ranks' lines
     if args.device.startswith("cuda"):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415  (heavy: torch, only when the check runs)
 
         if not torch.cuda.is_available():
             parser.error("--device cuda but torch sees no GPU")
