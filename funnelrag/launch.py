@@ -23,8 +23,10 @@ point tolerance), which is why the launch settings are not part of any cache key
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -40,6 +42,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
+import psutil
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from data_contracts.base import atomic_write_bytes
@@ -105,8 +109,6 @@ def config_path(config: str | Path) -> Path:
 
 
 def _yaml(config: str | Path) -> dict[str, Any]:
-    import yaml  # noqa: PLC0415
-
     return yaml.safe_load(config_path(config).read_text()) or {}
 
 
@@ -119,7 +121,7 @@ def resolve_processes(cfg: LaunchConfig) -> tuple[int, bool]:
     """``(num_processes, cpu)`` of a launch: GPUs visible → all of them, on GPU (one for a
     single-process YAML, ``distributed_type: 'NO'``); else the YAML's count, on CPU. Explicit
     ``num_processes`` / ``cpu`` win."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415  (heavy: torch, only to count the GPUs)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cpu = cfg.cpu if cfg.cpu is not None else gpus == 0
@@ -262,8 +264,6 @@ def launch(module: str, spec: dict[str, Any], spec_dir: Path, cfg: LaunchConfig,
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the launcher and every rank. torchrun starts each rank in a session of its own, so
     the launcher's process group does not hold them: the descendants are collected first."""
-    import psutil  # noqa: PLC0415
-
     try:
         ranks = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -291,8 +291,6 @@ def failed_rank(errors_dir: Path) -> tuple[int | None, str]:
 # ---------------------------------------------------------------------------- rank side
 def read_spec(argv: list[str] | None = None) -> dict[str, Any]:
     """The spec of ``--spec <file>`` on the command line of an entry module."""
-    import argparse  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(description="a funnelrag training entry point (run under accelerate launch)")
     parser.add_argument("--spec", required=True, type=Path, help="spec JSON written by funnelrag.launch.launch")
     return json.loads(parser.parse_args(argv).spec.read_text())
@@ -305,7 +303,6 @@ def die_with_parent() -> None:
     as orphans, holding the run directory's lock against the relaunch that should resume it."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes  # noqa: PLC0415
 
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
@@ -365,8 +362,8 @@ def metrics_logger(spec: dict[str, Any]) -> Callable[[dict[str, float], int], No
         return {f"{prefix}/{k.split('/', 1)[-1]}": float(v) for k, v in metrics.items()}
 
     if tracking["kind"] == "mlflow":
-        from mlflow import MlflowClient  # noqa: PLC0415
-        from mlflow.entities import Metric  # noqa: PLC0415
+        from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a rank logs to MLflow)
+        from mlflow.entities import Metric  # noqa: PLC0415  (heavy: mlflow, only when a rank logs to MLflow)
 
         client = MlflowClient(tracking_uri=tracking["uri"])
 
@@ -398,6 +395,6 @@ def is_main_process() -> bool:
 
 def peak_gpu_memory_gib() -> float | None:
     """Peak GPU memory allocated by this process (GiB), None without CUDA."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415  (heavy: torch, only to read the peak GPU memory)
 
     return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
