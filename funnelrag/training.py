@@ -46,6 +46,7 @@ Contract
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
+from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Sampler
 
 from funnelrag.progress import Progress
@@ -200,8 +202,6 @@ def load_checkpoint_weights(model: torch.nn.Module, checkpoint_dir: str | Path) 
         The weights do not fit the module: a key missing (other than a tied parameter, which
         safetensors stores once) or unexpected.
     """
-    from safetensors.torch import load_file  # noqa: PLC0415
-
     weights = Path(checkpoint_dir) / "model.safetensors"
     if not weights.exists():
         raise FileNotFoundError(f"{weights} not found: not a complete training checkpoint")
@@ -289,9 +289,9 @@ def train(model: torch.nn.Module, train_data: Sequence, hooks: TrainHooks, cfg: 
     RunDirLocked
         Another live process is training into ``cfg.output_dir`` (:func:`run_dir_lock`).
     """
-    from accelerate import Accelerator  # noqa: PLC0415 - heavy import kept off module import
-    from accelerate.state import AcceleratorState  # noqa: PLC0415
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed  # noqa: PLC0415
+    from accelerate import Accelerator  # noqa: PLC0415  (heavy: accelerate, only when a model is trained)
+    from accelerate.state import AcceleratorState  # noqa: PLC0415  (heavy: accelerate, only when a model is trained)
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed  # noqa: PLC0415  (heavy: accelerate, only when a model is trained)
 
     if len(train_data) == 0:
         raise ValueError("train_data is empty")
@@ -343,7 +343,6 @@ def run_dir_lock(output_dir: Path, enabled: bool = True):
     if not enabled:
         yield
         return
-    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of the run-directory handling
 
     output_dir.mkdir(parents=True, exist_ok=True)
     with open(output_dir / ".train.lock", "a+") as fh:
