@@ -25,6 +25,8 @@ from typing import Any, Callable, Literal
 
 from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.context import FlowRunContext
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,9 +67,6 @@ def parent_api_url() -> str | None:
     ``None`` when an API URL is configured (workers inherit it already), outside a flow run, or
     when the flow's client is not an HTTP client of a local server.
     """
-    from prefect.context import FlowRunContext  # noqa: PLC0415
-    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
-
     if PREFECT_API_URL.value():
         return None
     ctx = FlowRunContext.get()
@@ -82,7 +81,6 @@ def _submit_under_parent_api(submit: Callable[..., Any], *args: Any, **kwargs: A
     url = parent_api_url()
     if url is None:
         return submit(*args, **kwargs)
-    from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415
 
     with temporary_settings(updates={PREFECT_API_URL: url}):
         return submit(*args, **kwargs)
@@ -92,7 +90,7 @@ def build_task_runner(cfg: RunnerConfig):
     """The Prefect task runner for ``cfg``: ``ProcessPoolTaskRunner`` or prefect-dask's ``DaskTaskRunner``
     (local ones submit under the parent's API URL: :func:`parent_api_url`)."""
     if cfg.kind == "dask":
-        from prefect_dask import DaskTaskRunner  # noqa: PLC0415
+        from prefect_dask import DaskTaskRunner  # noqa: PLC0415  (heavy: dask, only for the dask runner)
 
         if cfg.address:  # remote workers cannot reach this box's 127.0.0.1: their own settings apply
             return DaskTaskRunner(address=cfg.address)

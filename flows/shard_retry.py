@@ -16,6 +16,8 @@ import threading
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
+from prefect.context import FlowRunContext
+
 log = logging.getLogger(__name__)
 
 WORKER_DEATH_RETRIES = 2
@@ -37,8 +39,6 @@ def describe_shard(fn: Callable[..., Any], args: tuple[Any, ...], width: int = 1
 
 def renew_broken_pool() -> bool:
     """Restart the current flow's task runner if its process pool is broken; True if it was."""
-    from prefect.context import FlowRunContext  # noqa: PLC0415
-
     ctx = FlowRunContext.get()
     runner = ctx.task_runner if ctx is not None else None
     with _RENEW:

@@ -14,7 +14,7 @@ def resolve_device(setting: str = "auto") -> str:
     ValueError
         An unknown setting, or a CUDA device that is not there.
     """
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415  (heavy: torch, only when a device setting is resolved)
 
     setting = setting.strip().lower()
     if setting == "auto":

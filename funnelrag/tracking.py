@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+import psutil
+
 from funnelrag.config import flatten_params
 from funnelrag.locks import exclusive_lock
 from funnelrag.progress import heartbeat
@@ -103,7 +105,7 @@ def _is_interrupt(exc: BaseException) -> bool:
     """Ctrl-C, SIGTERM (ours or Prefect's ``ExternalSignal``)."""
     if isinstance(exc, (KeyboardInterrupt, Terminated)):
         return True
-    from prefect.exceptions import ExternalSignal  # noqa: PLC0415
+    from prefect.exceptions import ExternalSignal  # noqa: PLC0415  (heavy: prefect, only when a run ends with an exception)
 
     return isinstance(exc, ExternalSignal)
 
@@ -129,8 +131,6 @@ def _sigterm_raises() -> Iterator[None]:
 
 def process_tags() -> dict[str, str]:
     """``funnelrag.pid``, ``funnelrag.pid_started`` (process start time, s) and ``funnelrag.host``."""
-    import psutil  # noqa: PLC0415
-
     return {"funnelrag.pid": str(os.getpid()), "funnelrag.pid_started": f"{psutil.Process().create_time():.2f}",
             "funnelrag.host": socket.gethostname()}
 
@@ -138,8 +138,6 @@ def process_tags() -> dict[str, str]:
 def _process_gone(tags: Mapping[str, str]) -> bool:
     """Whether the process recorded in ``tags`` (this host only) no longer runs: its pid is dead,
     or now belongs to a process started at another time."""
-    import psutil  # noqa: PLC0415
-
     if tags.get("funnelrag.host") != socket.gethostname() or not str(tags.get("funnelrag.pid", "")).isdigit():
         return False
     try:
@@ -155,7 +153,7 @@ def _process_gone(tags: Mapping[str, str]) -> bool:
 def end_stale_runs(experiment_id: str) -> list[str]:
     """Mark KILLED the RUNNING runs of ``experiment_id`` whose recorded process (this host) is
     gone, e.g. a CLI killed with ``kill -9``; returns their run ids."""
-    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     client = MlflowClient()
     ended = []
