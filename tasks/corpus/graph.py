@@ -71,7 +71,7 @@ class CSRGraph:
 
     def to_networkx(self):
         """The same graph as a ``networkx.Graph`` over nodes ``0..n_nodes-1`` (small graphs only)."""
-        import networkx as nx  # noqa: PLC0415 - small-graph API only
+        import networkx as nx  # noqa: PLC0415  (heavy: networkx, ~0.2 s, only for the small-graph API)
 
         g = nx.Graph()
         g.add_nodes_from(range(self.n_nodes))

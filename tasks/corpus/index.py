@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import Stemmer
 
 from data_contracts.base import atomic_directory
 
@@ -45,7 +46,6 @@ class BM25Config:
 def _stemmer(name: str | None):
     if name is None:
         return None
-    import Stemmer  # noqa: PLC0415 - PyStemmer
 
     return Stemmer.Stemmer(name).stemWords
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from funnelrag.datasets import resolve
 
@@ -57,8 +58,6 @@ class HFTokenizerCounter:
     """
 
     def __init__(self, name: str, path: Path, batch_size: int = 2048):
-        from tokenizers import Tokenizer  # noqa: PLC0415 - heavy import only when used
-
         self.name = name
         self.path = Path(path)
         self.batch_size = batch_size
