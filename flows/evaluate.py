@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from flows.embed import corpus_digest
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
+from funnelrag.device import resolve_device
 from funnelrag.inputs import QUESTIONS_FILE, check_inputs
 from funnelrag.progress import Progress
 from funnelrag.registry import link_model_versions, missing_alias
@@ -136,6 +137,8 @@ class EvaluateConfig(FlowConfig):
     torch_threads : intra-op threads for the run (restored afterwards); per-query latency on a
         shared CPU is far more stable with 1.
     block_questions : settings run interleaved over blocks of this many questions.
+    device : ``auto`` (cuda if available) | ``cpu`` | ``cuda[:i]``: where the pre-rankers and the
+        reader run (fp32; query-time figures are per device, so the run records it).
     """
 
     corpus: str = "wikispeedia"
@@ -155,6 +158,7 @@ class EvaluateConfig(FlowConfig):
     attention_run: AttentionRunConfig = AttentionRunConfig()
     on_missing_model: Literal["skip", "error"] = "skip"
     torch_threads: int | None = None
+    device: str = "auto"
     block_questions: int = Field(default=20, ge=1)
     experiment: str = EXPERIMENT
 
@@ -176,6 +180,7 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
     from mlflow.exceptions import MlflowException  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     missing = (OSError, ValueError, KeyError, MlflowException)  # no such file / version / alias
+    device = resolve_device(cfg.device)
     prerankers, provenance, skipped = [], {}, {}
     for label, ref in sorted(cfg.prerankers.items()):
         try:
@@ -185,7 +190,7 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
                 raise
             skipped[f"preranker {label}"] = f"{ref}: {type(exc).__name__}: {exc}"
             continue
-        prerankers.append(LabeledPreRanker(label, model, tok, cfg.preranker_batch_size))
+        prerankers.append(LabeledPreRanker(label, model.to(device), tok, cfg.preranker_batch_size))
         provenance[f"preranker.{label}"] = {**resolved.as_params(f"preranker.{label}"),
                                             f"preranker.{label}.max_length": str(model.cfg.max_length)}
     reader = None
@@ -193,7 +198,7 @@ def models_task(cfg: EvaluateConfig, download_dir: Path) -> tuple[list, Any, dic
         try:
             tok_dir = datasets.resolve("t5-tokenizer", cfg.workspace.data_mirror).parent if cfg.reader == "scratch" else None
             model, tok, resolved = load_reader_ref(cfg.reader, download_dir, tok_dir)
-            reader = (model, tok)
+            reader = (model.to(device), tok)
             provenance["reader"] = resolved.as_params("reader")
         except missing as exc:
             if cfg.on_missing_model == "error":
@@ -352,7 +357,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
         qtext = {q.question_id: q.question for q in questions}
         reader_label = "fid" if reader is not None and config.post_rank else ""
         info: dict[str, Any] = {"question_load": qinfo, "models": provenance, "skipped": skipped,
-                                "machine": machine_info()}
+                                "machine": {**machine_info(), "device": resolve_device(config.device)}}
         lookup = PassageLookup(passages)
         flat = FlatSetting(n_retrieve=config.flat.n_retrieve, n_final=config.n_final)
         by_label = {pr.label: pr for pr in prerankers}

@@ -32,3 +32,19 @@ def test_provenance_params():
         "preranker.distilled.ref": "models:/p@champion", "preranker.distilled.registry_name": "p",
         "preranker.distilled.registry_version": "3", "preranker.distilled.run_id": "abc"}
     assert ResolvedRef("minilm", None).as_params("preranker.minilm") == {"preranker.minilm.ref": "minilm"}
+
+
+def test_evaluate_device_setting_is_checked_and_resolved():
+    """``device`` of the evaluate flow: ``auto`` resolves to what torch sees; a GPU that is not
+    there is refused before anything loads."""
+    import pytest
+    import torch
+
+    from flows.evaluate import EvaluateConfig
+    from funnelrag.device import resolve_device
+
+    assert EvaluateConfig().device == "auto"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees 0 GPU"):
+            resolve_device("cuda:0")
