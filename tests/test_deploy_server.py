@@ -213,3 +213,55 @@ def test_deploy_schedule_worker_and_automation(server):
                  _runs(api, embed["id"]), 120)
     newest = max(runs, key=lambda r: r["created"])
     assert newest["parameters"]["home"] == str(home) and "corpus=enwiki-sample" in newest["parameters"]["overrides"]
+
+
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+def _state(api: str, run_id: str) -> dict:
+    return httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
+
+
+def test_worker_stopped_with_sigterm_leaves_no_run_blocking_the_queue(server):
+    """A process worker that gets SIGTERM while its run builds a corpus: afterwards the run is
+    final, or the recovery steps of docs/deploying.md (cancel, then delete a run stuck in
+    CANCELLING) clear it; either way the next run of the deployment (concurrency limit 1) completes."""
+    api, env, home = server
+    deployed = subprocess.run(["prefect", "--no-prompt", "deploy", "--name", "nightly-corpus-build-enwiki"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    enwiki = _deployment(api, "nightly-corpus-build-enwiki")
+    run = _post(api, f"/deployments/{enwiki['id']}/create_flow_run",
+                {"parameters": {"overrides": ["gate.limit=50", "name=enwiki-sigterm", "segment.passage_words=91"]}})
+    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait("the run to start", lambda: _state(api, run["id"])["type"] in ("RUNNING", *FINAL), 300)
+        time.sleep(3)
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=120)
+        except subprocess.TimeoutExpired:   # it did not stop on SIGTERM: stopped hard, as an operator would
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=30)
+    finally:
+        _stop(worker)
+    time.sleep(10)
+    if _state(api, run["id"])["type"] not in FINAL:          # the recovery steps of docs/deploying.md
+        cancel = subprocess.run(["prefect", "flow-run", "cancel", run["id"]], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        try:
+            _wait("the cancelled run to end", lambda: _state(api, run["id"])["type"] in FINAL, 60)
+        except AssertionError:
+            delete = subprocess.run(["prefect", "flow-run", "delete", run["id"]], cwd=ROOT, env=env,
+                                    capture_output=True, text=True, timeout=120, input="y\n")
+            assert delete.returncode == 0, delete.stdout + delete.stderr
+
+    # the queue is free: the next run of the deployment completes through a fresh worker
+    again = _post(api, f"/deployments/{enwiki['id']}/create_flow_run",
+                  {"parameters": {"overrides": ["gate.limit=50", "name=enwiki-after-sigterm", "segment.passage_words=92"]}})
+    subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once", "--limit", "1"],
+                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    state = _wait("the next run", lambda: (st := _state(api, again["id"]))["type"] in FINAL and st, 300)
+    assert state["type"] == "COMPLETED", state

@@ -25,11 +25,11 @@ def _manifest(version_dir):
 
 
 def test_enwiki_sample_builds_publishes_and_reuses_cache(prefect_harness, workspace_home, data_mirror, monkeypatch):
-    import prefect.events
+    import flows.corpus_build
 
     events = []
-    real_emit = prefect.events.emit_event
-    monkeypatch.setattr(prefect.events, "emit_event", lambda **kw: (events.append(kw), real_emit(**kw))[1])
+    real_emit = flows.corpus_build.emit_event
+    monkeypatch.setattr(flows.corpus_build, "emit_event", lambda **kw: (events.append(kw), real_emit(**kw))[1])
     cfg = enwiki_sample_config(workspace=_ws(workspace_home, data_mirror))
     first = corpus_build_flow(cfg)
     assert not first["unchanged"] and [e["event"] for e in events] == ["funnelrag.corpus.current"]

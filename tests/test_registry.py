@@ -188,5 +188,5 @@ def test_verify_model_files_rejects_added_files(tmp_path):
     (d / "extra.bin").write_bytes(b"?")
     with pytest.raises(ModelIntegrityError, match="extra.bin"):
         verify_model_files(d, digests, name="m", version="1")
-    with pytest.raises(ValueError, match="expected models:/"):
+    with pytest.raises(ValueError, match="is not a models:/ reference"):
         __import__("funnelrag.registry", fromlist=["resolve_version"]).resolve_version("runs:/abc/model")
