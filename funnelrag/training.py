@@ -366,7 +366,7 @@ def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_se
             logger.warning("removing half-written checkpoint %s", stale)
             shutil.rmtree(stale)
     accelerator.wait_for_everyone()
-    _configure_deepspeed(accelerator, cfg)
+    _configure_deepspeed(accelerator, cfg, model)
     if cfg.gradient_checkpointing:
         _enable_gradient_checkpointing(model)
 
@@ -500,12 +500,57 @@ def _enable_gradient_checkpointing(model: torch.nn.Module) -> bool:
     return False
 
 
-def _configure_deepspeed(accelerator, cfg: TrainConfig) -> None:
-    """Fill the DeepSpeed ``"auto"`` gradient clipping from the TrainConfig (batch size, accumulation
-    and precision are filled by accelerate from the dataloader and the Accelerator)."""
+DEEPSPEED_HIDDEN_SIZE_KEYS = ("zero_optimization.reduce_bucket_size",
+                              "zero_optimization.stage3_prefetch_bucket_size",
+                              "zero_optimization.stage3_param_persistence_threshold")
+"""DeepSpeed keys whose ``"auto"`` accelerate derives from ``model.config.hidden_size`` at ``prepare``."""
+
+
+def model_hidden_size(model: torch.nn.Module) -> int:
+    """The largest ``config.hidden_size`` of ``model`` or any of its submodules.
+
+    Our models (the FiD reader, the bi-encoder pre-ranker) are plain ``nn.Module`` s wrapping
+    Hugging Face models, so accelerate, which reads only ``model.config``, cannot size DeepSpeed's
+    buckets from them. T5 configs answer ``hidden_size`` with ``d_model``; an encoder-decoder
+    (bert2bert) has one config per side: the largest is taken, as accelerate does for
+    ``hidden_sizes``.
+
+    Raises
+    ------
+    ValueError
+        No submodule has a config with a hidden size (names the model's class).
+    """
+    sizes = [int(size) for module in model.modules()
+             if isinstance(size := getattr(getattr(module, "config", None), "hidden_size", None), int)]
+    if not sizes:
+        raise ValueError(f"{type(model).__name__}: no submodule has config.hidden_size, so the DeepSpeed "
+                         f"'auto' values of {', '.join(DEEPSPEED_HIDDEN_SIZE_KEYS)} cannot be filled; "
+                         "set them to integers in the DeepSpeed JSON")
+    return max(sizes)
+
+
+def _configure_deepspeed(accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
+    """Fill the DeepSpeed ``"auto"`` values accelerate cannot fill for our models: gradient clipping
+    from the TrainConfig, and the ZeRO bucket sizes from the model's hidden size ``h`` with the
+    rules accelerate applies to a model with ``config.hidden_size`` (``h²``, ``0.9·h²``, ``10·h``).
+    Batch size, accumulation and precision are filled by accelerate from the dataloader and the
+    Accelerator. No-op without DeepSpeed.
+
+    Raises
+    ------
+    ValueError
+        A bucket size is ``"auto"`` and the model has no hidden size (:func:`model_hidden_size`).
+    """
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
+    if plugin is None:
+        return
+    if plugin.deepspeed_config.get("gradient_clipping", "auto") == "auto":
         plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm
+    if any(plugin.is_auto(key) for key in DEEPSPEED_HIDDEN_SIZE_KEYS):
+        h = model_hidden_size(model)
+        fills = dict(zip(DEEPSPEED_HIDDEN_SIZE_KEYS, (h * h, int(0.9 * h * h), 10 * h)))
+        for key, value in fills.items():     # fill_match sets a key only where it is "auto"
+            plugin.fill_match(key, must_match=False, **{key: value})
 
 
 def _zero3_state_dict(accelerator, model) -> dict[str, torch.Tensor] | None:

