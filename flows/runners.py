@@ -30,6 +30,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows import RUN_LOGGERS
 from flows.shard_retry import ShardFuture
 from tasks.corpus.shards import release_memory
 
@@ -104,9 +105,6 @@ def build_task_runner(cfg: RunnerConfig):
                                                    "processes": True, "dashboard_address": None})
     return SharedAPIProcessPoolTaskRunner(max_workers=cfg.n_workers(), initializer=set_log_levels,
                                           initargs=(run_log_levels(),))
-
-
-RUN_LOGGERS = ("funnelrag", "flows", "tasks", "models")
 
 
 def run_log_levels() -> dict[str, int]:

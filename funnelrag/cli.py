@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flows import RUN_LOGGERS
 from funnelrag.config import FlowCommand, WorkspaceConfig, load_config
 from funnelrag.display import format_value
 from funnelrag.inputs import InputFileError, check_inputs
@@ -68,8 +69,6 @@ COMMAND_INDEX = {
 # Prefect's default 20 s on a busy 2-core box. The user's own value (env, .env, prefect.toml,
 # pyproject.toml or profile) wins.
 EPHEMERAL_STARTUP_TIMEOUT_S = 300
-# Our module loggers (progress lines included) also go to the Prefect run logs (the UI).
-RUN_LOGGERS = ("funnelrag", "flows", "tasks", "models")
 
 
 def prefect_process_defaults() -> None:

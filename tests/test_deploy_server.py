@@ -165,6 +165,10 @@ def test_deploy_schedule_worker_and_automation(server):
     assert state["type"] == "COMPLETED", f"{state}\n{worker.stdout[-3000:]}\n{worker.stderr[-3000:]}"
     current = (home / "stores" / "corpus" / "enwiki-sample" / "current").read_text().strip()
     assert (home / "stores" / "corpus" / "enwiki-sample" / "versions" / current / "manifest.json").exists()
+    # funnelrag's own loggers (stage progress lines) reach the run's logs through the pool's env
+    logs = _post(api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run["id"]]}}, "limit": 200})
+    progress = [log["message"] for log in logs if log["name"] == "funnelrag.progress"]
+    assert any(line.endswith("(done)") for line in progress), sorted({log["name"] for log in logs})
 
     # the automation starts evaluate-champion with that build's home and corpus version
     triggered = _wait("the evaluate-champion automation", lambda: _runs(api, evaluate["id"]), 120)
