@@ -375,10 +375,11 @@ def resolve_version(uri: str):
     return _client().get_model_version(name, version)
 
 
-def download_model(uri: str, dst: Path) -> Path:
+def download_model(uri: str, dst: Path, *, version=None) -> Path:
     """Download the model directory of ``uri`` (``models:/name@champion``, ``models:/name/3``)
     into ``dst`` and verify its files against the digests recorded at registration; returns the
-    local directory.
+    local directory. ``version``: the ``ModelVersion`` the caller already resolved ``uri`` to (one
+    registry query less); the files are those of that version either way.
 
     Raises
     ------
@@ -389,7 +390,7 @@ def download_model(uri: str, dst: Path) -> Path:
     """
     import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a model is loaded)
 
-    mv = resolve_version(uri)
+    mv = version if version is not None else resolve_version(uri)
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     # Download the resolved version, not the alias: an alias moved meanwhile cannot mix versions.

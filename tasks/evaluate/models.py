@@ -61,7 +61,7 @@ def resolve(ref: str, marker: str, download_dir: Path) -> ResolvedRef:
     if is_registry_ref(ref):
         mv = resolve_version(ref)
         dst = Path(download_dir) / f"{mv.name}-v{mv.version}"
-        local = download_model(f"models:/{mv.name}/{mv.version}", dst)
+        local = download_model(f"models:/{mv.name}/{mv.version}", dst, version=mv)
         return ResolvedRef(ref, find_model_dir(local, marker), mv.name, str(mv.version), mv.run_id)
     path = Path(ref)
     if not path.is_dir():
