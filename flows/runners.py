@@ -30,7 +30,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows import RUN_LOGGERS
+from funnelrag.config import RUN_LOGGERS
 from flows.shard_retry import ShardFuture
 from tasks.corpus.shards import release_memory
 

@@ -25,8 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flows import RUN_LOGGERS
-from funnelrag.config import FlowCommand, WorkspaceConfig, load_config
+from funnelrag.config import RUN_LOGGERS, FlowCommand, WorkspaceConfig, load_config
 from funnelrag.display import format_value
 from funnelrag.inputs import InputFileError, check_inputs
 from funnelrag.progress import heartbeat

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -119,6 +120,25 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
     return loaded
 
 
+RUN_LOGGERS = ("funnelrag", "flows", "tasks", "models")
+"""Our module loggers: their lines (stage lines, progress every 30 s) also go to the Prefect run
+logs when ``PREFECT_LOGGING_EXTRA_LOGGERS`` names them (the CLI sets it; so does the work pool's
+environment in ``prefect.yaml``)."""
+
+
+def default_run_log_levels() -> None:
+    """Give :data:`RUN_LOGGERS` level INFO where none was set (a level set before is kept).
+
+    A flow run that a worker starts loads its entrypoint file directly (no CLI, not even the
+    ``flows`` package), and Prefect's root logger stays at WARNING: without a level of their own
+    our INFO lines would be dropped before any handler sees them. Called by
+    :func:`resolve_flow_config`, which every flow runs first.
+    """
+    for name in RUN_LOGGERS:
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.INFO)
+
+
 def resolve_flow_config(model: type[M], config: BaseModel | Mapping[str, Any] | None = None,
                         config_file: Path | str | None = None, overrides: Sequence[str] | None = None,
                         home: Path | str | None = None) -> M:
@@ -138,6 +158,7 @@ def resolve_flow_config(model: type[M], config: BaseModel | Mapping[str, Any] | 
     pydantic.ValidationError
         A merged value has the wrong type or a key is unknown.
     """
+    default_run_log_levels()
     if config is not None and config_file is not None:
         raise ValueError("give either config or config_file, not both (put changes in overrides)")
     if config_file is not None:
