@@ -23,6 +23,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from pydantic import Field
 
+from flows.artifacts import summary_artifact
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
 from funnelrag.registry import download_model, model_uri, register_model
 from funnelrag.stages import hash_path, resolve_dataset, run_cached, stage_task
@@ -140,6 +141,8 @@ def train_dr_rag_classifier_flow(config: DRRAGConfig | None = None, config_file:
         write_json(out / "summary.json", summary)
         log_artifact(out / "summary.json")
         log_artifact(pairs.path / "classifier_pairs.parquet")
+        summary_artifact("train-dr-rag-classifier", "train-dr-rag-classifier: C(q, d1, d2)", run,
+                         config.workspace.tracking_uri, summary, "DR-RAG classifier: training, dev pairs, registry gate")
     return summary
 
 

@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal, Mapping
 from prefect import flow, get_run_logger
 from pydantic import BeforeValidator, Field, model_validator
 
+from flows.artifacts import summary_artifact
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
 from tasks.corpus.published import CorpusVersion, open_corpus
 from funnelrag.stages import DataSource, stage_task
@@ -461,6 +462,9 @@ def experiment_flow(config: ExperimentConfig | None = None, config_file: str | N
         path = ctx.ws.home / RESULTS
         write_json(path, {"config": cfg.model_dump(mode="json", exclude={"workspace"}), **result["figures"]})
         mlflow.log_artifact(str(path))
+        summary_artifact("experiment", f"distillation experiment on `{cfg.corpus}` version `{ctx.corpus.version}`",
+                         run, cfg.workspace.tracking_uri, {**out, **result["figures"]},
+                         "distillation experiment: labels, reader, post-ranking figures")
         return {**out, "text": result["text"], "results": str(path)}
 
 

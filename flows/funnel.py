@@ -31,6 +31,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from data_contracts.base import sha256_file
 from data_contracts.funnel import QUESTIONS
+from flows.artifacts import summary_artifact
 from flows.launched.preranker import launch_distill
 from flows.launched.reader import launch_reader
 from funnelrag import datasets
@@ -398,10 +399,14 @@ def train_reader_flow(config: DistillationConfig | None = None, config_file: str
         reader = reader_task(ctx, train)
         reader_eval = reader_eval_task(ctx, dev, reader)
         gate = register_reader_task(ctx, dev, reader, reader_eval)
-        return {"mlflow_run_id": run.info.run_id, "questions": _log_stage("questions", questions),
-                "candidates_train": _log_stage("candidates_train", train),
-                "candidates_dev": _log_stage("candidates_dev", dev), "reader": _log_stage("reader", reader),
-                "reader_eval": _log_stage("reader_eval", reader_eval), "reader_gate": gate}
+        summary = {"mlflow_run_id": run.info.run_id, "questions": _log_stage("questions", questions),
+                   "candidates_train": _log_stage("candidates_train", train),
+                   "candidates_dev": _log_stage("candidates_dev", dev), "reader": _log_stage("reader", reader),
+                   "reader_eval": _log_stage("reader_eval", reader_eval), "reader_gate": gate}
+        summary_artifact(f"train-reader-{ctx.cfg.corpus}", f"train-reader on `{ctx.cfg.corpus}` version "
+                         f"`{ctx.corpus.version}`", run, ctx.cfg.workspace.tracking_uri, summary,
+                         "FiD reader: training, dev exact match, registry gate")
+        return summary
 
 
 @flow(name="score-passages", log_prints=True)
@@ -414,8 +419,12 @@ def score_passages_flow(config: DistillationConfig | None = None, config_file: s
         reader = reader_task(ctx, train)
         attention = attention_task(ctx, train, reader)
         labels = labels_task(ctx, train, attention)
-        return {"mlflow_run_id": run.info.run_id, "attention": _log_stage("attention", attention),
-                "labels": _log_stage("labels", labels)}
+        summary = {"mlflow_run_id": run.info.run_id, "attention": _log_stage("attention", attention),
+                   "labels": _log_stage("labels", labels)}
+        summary_artifact(f"score-passages-{ctx.cfg.corpus}", f"score-passages on `{ctx.cfg.corpus}` version "
+                         f"`{ctx.corpus.version}`", run, ctx.cfg.workspace.tracking_uri, summary,
+                         "Eq. 3 attention scores and L2G labels (Eqs. 4-5) of the train candidates")
+        return summary
 
 
 @flow(name="distill-preranker", log_prints=True)

@@ -31,6 +31,7 @@ from pydantic import Field
 
 from data_contracts import r2ag as R
 from data_contracts.base import atomic_write_bytes
+from flows.artifacts import summary_artifact
 from funnelrag import tracking
 from funnelrag.config import FlowCommand, FlowConfig, config_hash, resolve_flow_config
 from funnelrag.datasets import resolve
@@ -268,6 +269,8 @@ def train_r2former_flow(cfg: TrainR2FormerConfig | None = None, config_file: str
         decision = _register(model_dir, cfg, feat_report["data_version"], rows)
         summary["registered"] = {"name": decision.name, "version": decision.version,
                                  "promoted": decision.promoted, "gate": decision.reason}
+        summary_artifact(f"train-r2former-{cfg.data.dataset}", f"train-r2former on `{cfg.data.dataset}`", run,
+                         cfg.workspace.tracking_uri, summary, "R²-Former (QDM): ranking of the test lists, registry gate")
     atomic_write_bytes(run_dir.parent / LATEST_POINTER.format(dataset=cfg.data.dataset),
                        (str(model_dir) + "\n").encode())
     return summary
@@ -313,6 +316,8 @@ def evaluate_r2ag_flow(cfg: EvaluateR2AGConfig | None = None, config_file: str |
             mlflow.log_metrics({f"generation/{k}": float(v) for k, v in summary["generation"].items()
                                 if isinstance(v, (int, float)) and v == v})
         summary["mlflow_run_id"] = run.info.run_id
+        summary_artifact(f"evaluate-r2ag-{cfg.data.dataset}", f"evaluate-r2ag on `{cfg.data.dataset}`", run,
+                         cfg.workspace.tracking_uri, summary, "R²AG: QDM ranking vs the retriever, <R>-prompted answers")
     write_json(run_dir / "summary.json", summary)
     summary["run_dir"] = str(run_dir)
     return summary

@@ -108,6 +108,16 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     distill_run = next(r for r in children if r.info.run_name == "distill-preranker")
     assert "evaluate.after_ar_at_3" in distill_run.data.metrics and "gate.promoted" in distill_run.data.metrics
 
+    # one Prefect artifact per sub-flow, naming its MLflow run, with its figures
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect_client:
+        artifacts = {a.key: str(a.data) for a in prefect_client.read_artifacts()}
+    for child in children:
+        assert child.info.run_id in artifacts[f"{child.info.run_name}-nq-gold"], child.info.run_name
+    assert f"| reader_eval.em | {reader_eval['em']:.4g} |" in artifacts["train-reader-nq-gold"]
+    assert "| labels.positives |" in artifacts["score-passages-nq-gold"]
+
     # a re-run reuses every stage and does not register the same model twice
     again = distillation_run_flow(cfg)
     assert again["answer_recall"] == recall
