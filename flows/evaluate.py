@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
@@ -64,11 +62,10 @@ from tasks.evaluate.retrieval import (
     run_flat,
     run_progressive,
 )
-from tasks.evaluate.stages import answerability, bm25_retriever, generate_answers, sample_questions
+from tasks.evaluate.stages import answerability, bm25_retriever, generate_answers, sample_questions, validation_part
 from tasks.evaluate.stored_retrieval import StoredPreRanker, fill_lazy_rows, run_progressive_stored
 from tasks.evaluate.timing import machine_info
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
-from tasks.funnel.experiment_validation import ValidationConfig, validation_ids
 from tasks.funnel.fusion import PassageBM25
 from tasks.funnel.embeddings import EmbeddingConfig, EmbeddingIndexMismatch, ensure_embedding_index, model_version
 from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex, lazy_root
@@ -182,9 +179,7 @@ def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bo
     files = cfg.questions.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "questions.paths")
     table, report = load_questions([p for p, _ in files], QuestionsConfig(format=cfg.questions.format))
     if cfg.questions.part == "validation":
-        train = table.filter(pc.equal(table["split"], "train"))
-        keep = validation_ids(train, ValidationConfig())
-        table = train.filter(pa.array([q in keep for q in train["question_id"].to_pylist()], pa.bool_()))
+        table = validation_part(table)
     table = sample_questions(table, cfg.questions.limit, cfg.questions.seed)
     in_corpus, seconds = answerability(passages["text"].to_pylist(), table)
     return table, in_corpus, {"load": report.as_dict(), "answerability_seconds": seconds}

@@ -126,3 +126,35 @@ def test_bad_fusion_settings_are_refused(corpus):
         rank_units_stored(np.asarray([1.0, 0.0], np.float32), index, [0], None, FusionConfig("rrf"))
     setting = ProgressiveSetting(n_clusters=3, vectors="stored", fusion="rrf", bm25_weight=0.5, rrf_k=60)
     assert setting.label() == "rrf-w0.5-k60-max" and ProgressiveSetting().label() == ""
+
+
+def test_the_validation_part_is_the_experiments_and_never_its_held_out_part(tmp_path):
+    from tasks.evaluate.stages import validation_part
+    from tasks.funnel.experiment_validation import ValidationConfig
+    from tasks.qa.questions import QuestionsConfig, load_questions, split_of
+
+    path = tmp_path / "q.tsv"
+    path.write_text("".join(f"question number {i}\t[\"a{i}\"]\n" for i in range(400)))
+    table, _ = load_questions([path], QuestionsConfig())
+    part = validation_part(table)
+    texts = part["question"].to_pylist()
+    expected = [f"question number {i}" for i in range(400)
+                if split_of(f"question number {i}", 0, 0.2) == "train" and split_of(f"question number {i}", 1, 0.2) == "dev"]
+    assert texts == expected and 30 < len(texts) < 100         # ≈ 400 · 0.8 · 0.2 = 64
+    assert len(validation_part(table, ValidationConfig(fraction=0.5))) > len(texts)
+    with pytest.raises(KeyError, match="split"):
+        validation_part(table.drop_columns(["split"]))
+
+
+def test_the_shipped_configs_load_with_their_fusions():
+    from funnelrag.config import load_config
+    from flows.evaluate import EvaluateConfig
+
+    sweep = load_config(EvaluateConfig, "configs/fusion_validation_cpu.yaml")
+    assert sweep.questions.part == "validation" and sweep.questions.datasets == ["nq-open-dev"]
+    assert {s.fusion for s in sweep.progressive} == {"none", "convex", "rrf"}
+    table = load_config(EvaluateConfig, "configs/evaluate_wikispeedia_cpu.yaml")
+    assert table.questions.part == "all" and table.questions.datasets == ["nq-open-test"]
+    assert [s.fusion for s in table.progressive] == ["none", "convex"]   # MaxP stays beside the fused pre-ranker
+    chosen = table.progressive[1]
+    assert chosen in sweep.progressive and chosen.label() == "convex-w0.9-max"   # one of the swept settings
