@@ -62,10 +62,11 @@ from tasks.evaluate.retrieval import (
     run_flat,
     run_progressive,
 )
-from tasks.evaluate.stages import answerability, bm25_retriever, generate_answers, sample_questions
+from tasks.evaluate.stages import answerability, bm25_retriever, generate_answers, sample_questions, validation_part
 from tasks.evaluate.stored_retrieval import StoredPreRanker, fill_lazy_rows, run_progressive_stored
 from tasks.evaluate.timing import machine_info
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
+from tasks.funnel.fusion import PassageBM25
 from tasks.funnel.embeddings import EmbeddingConfig, EmbeddingIndexMismatch, ensure_embedding_index, model_version
 from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex, lazy_root
 from tasks.qa.generation import CausalLMGenerator, FiDGenerator, GenerationConfig
@@ -80,13 +81,22 @@ READER_MODEL = "funnelrag-reader"
 
 
 class EvalQuestions(DataSource):
-    """Questions: a registered data set and/or files; ``limit`` sampled by hash of (seed, id)."""
+    """Questions: a registered data set and/or files; ``limit`` sampled by hash of (seed, id).
+
+    part : ``all`` the questions, or ``validation``: the validation part of the train split, as the
+        distillation experiment cuts it (train split = ``split_of(text, 0, 0.2) == "train"``,
+        :class:`tasks.qa.questions.QuestionsConfig`; validation = its questions with
+        ``split_of(text, 1, 0.2) == "dev"``, :class:`tasks.funnel.experiment_validation.ValidationConfig`),
+        for choosing settings on questions that are neither held out nor NQ-open test (use it
+        with ``datasets: [nq-open-dev]``, the NQ-open file the experiment splits).
+    """
 
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-test"])
     expected_file: ClassVar[str] = QUESTIONS_FILE
     format: Literal["auto", "tsv", "jsonl", "dpr-csv"] = "auto"   # auto: by file suffix
     limit: int | None = 200
     seed: int = 0
+    part: Literal["all", "validation"] = "all"
 
 
 class FlatConfig(BaseModel):
@@ -168,6 +178,8 @@ class EvaluateConfig(FlowConfig):
 def questions_task(cfg: EvaluateConfig, ws, passages) -> tuple[Any, dict[str, bool], dict]:
     files = cfg.questions.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "questions.paths")
     table, report = load_questions([p for p, _ in files], QuestionsConfig(format=cfg.questions.format))
+    if cfg.questions.part == "validation":
+        table = validation_part(table)
     table = sample_questions(table, cfg.questions.limit, cfg.questions.seed)
     in_corpus, seconds = answerability(passages["text"].to_pylist(), table)
     return table, in_corpus, {"load": report.as_dict(), "answerability_seconds": seconds}
@@ -228,9 +240,9 @@ def embeddings_task(cfg: EvaluateConfig, ws, corpus, preranker) -> tuple[Any, di
 
 @task(name="evaluate-progressive-stored", cache_policy=NO_CACHE)
 def progressive_stored_task(questions, cluster_index, index, lookup, setting: ProgressiveSetting, preranker,
-                            tokens, reader, cfg: EvaluateConfig) -> dict:
+                            tokens, reader, cfg: EvaluateConfig, passage_bm25=None) -> dict:
     return run_progressive_stored(questions, cluster_index, index, lookup, setting, preranker, tokens, reader,
-                                  cfg.attention, cfg.attention_run)
+                                  cfg.attention, cfg.attention_run, passage_bm25)
 
 
 @task(name="evaluate-flat", cache_policy=NO_CACHE)
@@ -392,6 +404,15 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
         if config.flat.rerank and config.flat.rerank_vectors == "stored":
             rerankers = [StoredPreRanker(pr, stored_vectors(pr)) if pr.model.kind == "bi" else pr for pr in prerankers]
         cluster_index = corpus.cluster_index() if config.progressive else None
+        fused_bm25: dict[str, PassageBM25] = {}
+
+        def passage_bm25(pr) -> PassageBM25 | None:
+            """BM25 scores of the embedding index's passages (fused pre-ranking), built once per pre-ranker."""
+            if not any(s.fusion != "none" for s in config.progressive):
+                return None
+            if pr.label not in fused_bm25:
+                fused_bm25[pr.label] = PassageBM25(bm25_passages or corpus.passage_index(), stored_vectors(pr).passage_ids)
+            return fused_bm25[pr.label]
         for setting in config.progressive:
             if setting.vectors == "stored":
                 for pr in prerankers:
@@ -436,14 +457,15 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                         continue
                     if setting.vectors == "stored":
                         out = progressive_stored_task(block, cluster_index, stored_vectors(pr), lookup, setting, pr,
-                                                      tokens, post_reader, config)
+                                                      tokens, post_reader, config, passage_bm25(pr))
                     else:
                         out = progressive_task(block_table, cluster_index, corpus.members_of, seg_cfg, counter, setting,
                                                pr, post_reader, config)
                     for post, results in sorted(out.items()):
                         base = (f"prog-{setting.n_clusters}c-{setting.n_units}d-{pr.label}"
                                 f"{'-first' if setting.unit_scoring == 'first' else ''}"
-                                f"{'-stored' if setting.vectors == 'stored' else ''}")
+                                f"{'-stored' if setting.vectors == 'stored' else ''}"
+                                f"{'-' + setting.label() if setting.label() else ''}")
                         add(SettingSpec(_slug(f"{base}{'-fid' if post else ''}-{setting.n_final}p"), "progressive",
                                         "bm25-clusters", pr.label, reader_label if post else "", setting.n_final), results)
                     bar.update(0, block_setting=f"prog-{setting.n_clusters}c-{pr.label}")

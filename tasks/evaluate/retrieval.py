@@ -28,6 +28,7 @@ from models.preranker import score_grouped
 from tasks.evaluate.timing import StageClock, StageOutcome
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
 from tasks.funnel.candidates import CandidatesConfig, build_candidates
+from tasks.funnel.fusion import FusionConfig
 from tasks.funnel.unit_scoring import UNIT_SCORING
 from tasks.qa.metrics import TokenCache, passage_hits
 
@@ -64,6 +65,9 @@ class ProgressiveSetting:
     vectors : ``"on-the-fly"`` (the pre-ranker encodes the units' passages per query) or
         ``"stored"`` (bi-encoder only: the published embedding index,
         :mod:`tasks.evaluate.stored_retrieval`).
+    fusion, bm25_weight, rrf_k, bm25_pool : the unit score (:class:`tasks.funnel.fusion.FusionConfig`):
+        ``"none"`` is MaxP alone; ``"convex"`` / ``"rrf"`` fuse it with the units' BM25 scores
+        (stored vectors only).
     """
 
     n_clusters: int = 80
@@ -71,6 +75,10 @@ class ProgressiveSetting:
     n_final: int = 4
     unit_scoring: str = "maxp"
     vectors: str = "on-the-fly"
+    fusion: str = "none"
+    bm25_weight: float = 0.5
+    rrf_k: float = 60.0
+    bm25_pool: str = "max"
 
     def __post_init__(self) -> None:
         if min(self.n_clusters, self.n_units, self.n_final) < 1:
@@ -80,6 +88,20 @@ class ProgressiveSetting:
                              f"{VECTORS}, got {self.unit_scoring!r}, {self.vectors!r}")
         if self.vectors == "stored" and self.unit_scoring != "maxp":
             raise ValueError("ProgressiveSetting: stored vectors are passage vectors, so unit_scoring must be 'maxp'")
+        self.fusion_config()   # checks the fusion fields
+        if self.fusion != "none" and self.vectors != "stored":
+            raise ValueError(f"ProgressiveSetting: fusion {self.fusion!r} needs vectors='stored'")
+
+    def fusion_config(self) -> FusionConfig:
+        """The unit-score fusion of this setting."""
+        return FusionConfig(self.fusion, self.bm25_weight, self.rrf_k, self.bm25_pool)
+
+    def label(self) -> str:
+        """Short name of the unit score: ``""`` (MaxP), ``"convex-w0.3-max"``, ``"rrf-w0.5-k60-max"``."""
+        if self.fusion == "none":
+            return ""
+        k = f"-k{self.rrf_k:g}" if self.fusion == "rrf" else ""
+        return f"{self.fusion}-w{self.bm25_weight:g}{k}-{self.bm25_pool}"
 
 
 @dataclass(frozen=True)

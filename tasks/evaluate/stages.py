@@ -8,10 +8,12 @@ import time
 from typing import Callable, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from funnelrag.progress import progress
 from tasks.evaluate.report import Generated
 from tasks.evaluate.retrieval import QueryResult
+from tasks.funnel.experiment_validation import ValidationConfig, validation_ids
 from tasks.qa.metrics import CorpusAnswers
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,24 @@ def sample_questions(questions: pa.Table, limit: int | None, seed: int) -> pa.Ta
     key = [hashlib.sha256(f"{seed}\0{q}".encode()).hexdigest() for q in ids]
     keep = sorted(sorted(range(len(ids)), key=lambda i: key[i])[:limit], key=lambda i: ids[i])
     return questions.take(pa.array(keep, pa.int64()))
+
+
+def validation_part(questions: pa.Table, cfg: ValidationConfig = ValidationConfig()) -> pa.Table:
+    """The validation part of the train split, in table order: rows with ``split == "train"``
+    (:func:`tasks.qa.questions.split_of` as loaded, seed 0, 20% ``dev``: the distillation
+    experiment's held-out part is never among them) whose validation hash
+    (:func:`tasks.funnel.experiment_validation.validation_ids`, ``cfg``) says ``dev``.
+
+    Raises
+    ------
+    KeyError
+        The table has no ``split`` column (not a :func:`tasks.qa.questions.load_questions` table).
+    """
+    if "split" not in questions.column_names:
+        raise KeyError("questions table has no 'split' column: load it with tasks.qa.questions.load_questions")
+    train = questions.filter(pc.equal(questions["split"], "train"))
+    keep = validation_ids(train, cfg)
+    return train.filter(pa.array([q in keep for q in train["question_id"].to_pylist()], pa.bool_()))
 
 
 def answerability(passage_texts: Sequence[str], questions: pa.Table) -> tuple[dict[str, bool], float]:

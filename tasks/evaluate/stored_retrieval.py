@@ -2,7 +2,8 @@
 
 Per question: BM25 over clusters → top-K clusters (``retrieval``); the question is embedded
 once by the bi-encoder pre-ranker, the stored vectors of every passage of the K clusters are
-gathered and scored by dot product, units rank by MaxP and the top-N go on (``preranking``,
+gathered and scored by dot product, units rank by MaxP (or, with a fusion, by MaxP fused with
+their passages' BM25 scores, :mod:`tasks.funnel.fusion`) and the top-N go on (``preranking``,
 the ``n_final`` best passages of those units are the plain result); optionally the FiD
 post-ranker ranks the top-N units' passages by Eq. 3 (``postranking``). No later chunking runs
 at query time: the corpus build's units and passages are the ones later chunking would cut.
@@ -75,7 +76,7 @@ def _candidates(qid: str, index: EmbeddingIndex, ranking, top_units: list[str], 
 
 def run_progressive_stored(questions: Sequence[Question], cluster_index, index: EmbeddingIndex, lookup: PassageLookup,
                            setting: ProgressiveSetting, preranker: LabeledPreRanker, tokens: TokenCache, reader=None,
-                           attention_cfg=None, attention_run=None) -> dict[bool, list[QueryResult]]:
+                           attention_cfg=None, attention_run=None, passage_bm25=None) -> dict[bool, list[QueryResult]]:
     """Evaluate one progressive setting from stored vectors, question by question.
 
     Parameters
@@ -90,6 +91,8 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
     tokens : DPR-token cache shared across settings.
     reader, attention_cfg, attention_run : FiD post-ranker, as in
         :func:`tasks.evaluate.retrieval.run_progressive`.
+    passage_bm25 : :class:`tasks.funnel.fusion.PassageBM25` over ``index.passage_ids`` (needed
+        when ``setting.fusion != "none"``; its scoring is timed within ``preranking``).
 
     Returns
     -------
@@ -97,7 +100,15 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
         ``{False: results, True: post-ranked results}`` (``True`` only with a reader). Stages:
         ``retrieval`` (→ K c), ``preranking`` (units of the K clusters → N d) and, post-ranked,
         ``postranking`` (→ H p).
+
+    Raises
+    ------
+    ValueError
+        The setting fuses BM25 scores and no ``passage_bm25`` is given.
     """
+    fusion = setting.fusion_config()
+    if fusion.method != "none" and passage_bm25 is None:
+        raise ValueError(f"progressive setting {setting} fuses BM25 scores: pass passage_bm25")
     attention_cfg = attention_cfg or AttentionScoreConfig()
     attention_run = attention_run or AttentionRunConfig()
     n_total = len(cluster_index)
@@ -109,7 +120,8 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
             cids = [int(c) for c in ids[0]]
         with clock.stage("preranking"):
             query = embed_queries(preranker.model, preranker.tokenizer, [q.question])[0]     # (dim,)
-            ranking = rank_units_stored(query, index, cids)
+            bm25_of = None if fusion.method == "none" else (lambda rows: passage_bm25.scores(q.question, rows))
+            ranking = rank_units_stored(query, index, cids, bm25_of, fusion)
             top_units = ranking.unit_ids[:setting.n_units]
             final = lookup.get([index.passage_ids[r] for r, _ in ranking.top_passages(index, setting.n_units,
                                                                                      setting.n_final)])

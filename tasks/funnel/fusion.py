@@ -1,0 +1,208 @@
+"""Fused unit pre-ranking: a unit's BM25 score and its MaxP dense score combined.
+
+The MaxP pre-ranker (:mod:`tasks.funnel.unit_scoring`) ranks the units of the K BM25 clusters by
+their best passage's bi-encoder score alone, and drops answer units that BM25 ranks well. Here a
+unit also scores by what BM25 knows about it: the flat passage index's BM25 score of each of its
+passages for the question (the scores flat BM25 ranks the whole corpus by), pooled per unit by
+``max`` (BM25-MaxP) or ``sum``. The two unit scores of one question are fused over the units of
+its K clusters:
+
+* ``convex`` — ``s(u) = w · mm(b)(u) + (1 − w) · mm(d)(u)``, ``mm(x) = (x − min x) / (max x − min x)``
+  over the question's units (0 for all when ``max x = min x``), ``b`` the pooled BM25 and ``d``
+  the MaxP dense scores: the convex combination of min-max normalised scores (Bruch, Gai &
+  Ingber 2023, "An Analysis of Fusion Functions for Hybrid Retrieval", §4).
+* ``rrf`` — ``s(u) = w / (k + r_b(u)) + (1 − w) / (k + r_d(u))``, ``r`` the 1-based rank by
+  (score desc, unit_id asc); ``w = 0.5`` is reciprocal-rank fusion (Cormack, Clarke & Büttcher
+  2009, ``Σ 1 / (k + r)``, here halved, which does not change the order).
+
+Units then rank by ``(s desc, unit_id asc)``. The weight ``w`` and ``k`` are chosen on the
+validation part of the NQ-open train split (``docs/results/funnel.md``), never on test questions.
+
+Passage BM25 scores are read for the candidate rows only (:class:`PassageBM25`): per query
+token, a binary search of the rows in the token's posting list of the bm25s index, so the cost
+grows with the candidates and the query tokens' posting lists' log length, not with the corpus.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+FUSIONS = ("none", "convex", "rrf")
+BM25_POOLS = ("max", "sum")
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    """How unit scores are fused.
+
+    method : ``"none"`` (MaxP dense only), ``"convex"`` or ``"rrf"``.
+    bm25_weight : ``w`` in [0, 1], the BM25 side's weight.
+    rrf_k : ``k`` of RRF (> 0; Cormack et al. use 60).
+    bm25_pool : ``"max"`` or ``"sum"`` of the unit's passage BM25 scores.
+    """
+
+    method: str = "none"
+    bm25_weight: float = 0.5
+    rrf_k: float = 60.0
+    bm25_pool: str = "max"
+
+    def __post_init__(self) -> None:
+        if self.method not in FUSIONS or self.bm25_pool not in BM25_POOLS:
+            raise ValueError(f"fusion method must be one of {FUSIONS} and bm25_pool one of {BM25_POOLS}, "
+                             f"got {self.method!r}, {self.bm25_pool!r}")
+        if not 0.0 <= self.bm25_weight <= 1.0 or self.rrf_k <= 0:
+            raise ValueError(f"fusion needs 0 <= bm25_weight <= 1 and rrf_k > 0, got {self.bm25_weight}, {self.rrf_k}")
+
+
+def min_max(x: np.ndarray) -> np.ndarray:
+    """``(x − min x) / (max x − min x)``, float64 ``(n,)``; all zeros when ``max x = min x``
+    (or ``n = 0``)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    lo, hi = float(x.min()), float(x.max())
+    return np.zeros_like(x) if hi == lo else (x - lo) / (hi - lo)
+
+
+def ranks(scores: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """1-based rank of each entry by (score desc, name asc), int64 ``(n,)``."""
+    order = sorted(range(len(names)), key=lambda i: (-float(scores[i]), names[i]))
+    out = np.empty(len(names), np.int64)
+    out[order] = np.arange(1, len(names) + 1)
+    return out
+
+
+def pool_bm25(passage_scores: np.ndarray, groups: np.ndarray, n_groups: int, how: str) -> np.ndarray:
+    """Per-unit pooling of passage BM25 scores, ``max`` or ``sum``, float64 ``(n_groups,)``
+    (``-inf`` / 0 for a group without passages).
+
+    Parameters
+    ----------
+    passage_scores : float ``(n,)``.
+    groups : int ``(n,)``, the unit index of each passage in ``[0, n_groups)``.
+    n_groups : number of units.
+    how : ``"max"`` or ``"sum"``.
+
+    Raises
+    ------
+    ValueError
+        ``how`` is neither.
+    """
+    g = np.asarray(groups, dtype=np.int64)
+    s = np.asarray(passage_scores, dtype=np.float64)
+    if how == "sum":
+        return np.bincount(g, weights=s, minlength=n_groups).astype(np.float64)
+    if how == "max":
+        out = np.full(n_groups, -np.inf)
+        np.maximum.at(out, g, s)
+        return out
+    raise ValueError(f"bm25 pool must be one of {BM25_POOLS}, got {how!r}")
+
+
+def fuse(dense: np.ndarray, bm25: np.ndarray, names: Sequence[str], cfg: FusionConfig) -> np.ndarray:
+    """Fused unit scores, float64 ``(n_units,)`` (the module docstring's ``s(u)``).
+
+    Parameters
+    ----------
+    dense : MaxP dense unit scores ``(n_units,)``.
+    bm25 : pooled BM25 unit scores ``(n_units,)``.
+    names : the ``n_units`` unit ids (rank ties).
+    cfg : FusionConfig; ``method="none"`` returns ``dense`` (as float64).
+
+    Raises
+    ------
+    ValueError
+        The three inputs differ in length.
+    """
+    dense, bm25 = np.asarray(dense, np.float64), np.asarray(bm25, np.float64)
+    if not dense.shape == bm25.shape == (len(names),):
+        raise ValueError(f"fuse: {dense.shape} dense, {bm25.shape} BM25 scores for {len(names)} units")
+    w = cfg.bm25_weight
+    if cfg.method == "none":
+        return dense
+    if cfg.method == "convex":
+        return w * min_max(bm25) + (1.0 - w) * min_max(dense)
+    return w / (cfg.rrf_k + ranks(bm25, names)) + (1.0 - w) / (cfg.rrf_k + ranks(dense, names))
+
+
+class PassageBM25:
+    """BM25 scores of chosen passages for a question, from the corpus's flat passage index.
+
+    Equal to the scores the flat index gives those passages over the whole corpus (bm25s
+    ``get_scores``: the sum, over the query's token ids in the vocabulary, repeats included, of
+    the token's precomputed BM25 term score in the passage, in float32), read from each query
+    token's posting list by binary search (bm25s's CSC postings hold ascending rows; checked
+    once per token).
+
+    Parameters
+    ----------
+    index : :class:`tasks.corpus.index.BM25Index` or :class:`tasks.corpus.sharded_index.ShardedBM25`
+        (each shard holds the global corpus statistics, so its scores are the corpus's).
+    passage_ids : ``(n,)`` ids of the rows callers ask for (an embedding index's
+        ``passage_ids``): position ``i`` of a call is the passage ``passage_ids[i]``.
+
+    Raises
+    ------
+    KeyError
+        A passage id is not in the BM25 index (names it).
+    """
+
+    def __init__(self, index, passage_ids: Sequence[str]):
+        shards = list(getattr(index, "shards", [index]))
+        self._tokenizer = shards[0]
+        self._shards = [(s.retriever.scores["data"], s.retriever.scores["indices"], s.retriever.scores["indptr"],
+                         s.retriever.vocab_dict, getattr(s.retriever, "nonoccurrence_array", None)) for s in shards]
+        offsets = np.cumsum([0] + [len(s) for s in shards])
+        doc_ids = index.doc_ids
+        if len(doc_ids) == len(passage_ids) and all(a == b for a, b in zip(doc_ids, passage_ids)):
+            to_bm25 = np.arange(len(doc_ids), dtype=np.int64)
+        else:
+            row = {p: i for i, p in enumerate(doc_ids)}
+            try:
+                to_bm25 = np.fromiter((row[p] for p in passage_ids), np.int64, count=len(passage_ids))
+            except KeyError as exc:
+                raise KeyError(f"passage {exc.args[0]!r} is not in the BM25 passage index") from exc
+        self._shard_of = np.searchsorted(offsets, to_bm25, side="right") - 1        # (n,)
+        self._local = to_bm25 - offsets[self._shard_of]                             # (n,)
+        self._checked: set[tuple[int, int]] = set()
+
+    def scores(self, question: str, rows: np.ndarray) -> np.ndarray:
+        """BM25 score of each of ``rows`` (positions in ``passage_ids``) for ``question``,
+        float32 ``(len(rows),)``; 0 for a passage sharing no query token.
+
+        Raises
+        ------
+        ValueError
+            A posting list is not in ascending row order (an index this code cannot read).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.zeros(rows.size, np.float32)
+        if rows.size == 0:
+            return out
+        shard_of, local = self._shard_of[rows], self._local[rows]
+        tokens = self._tokenizer.tokenize([question])[0]
+        for si, (data, indices, indptr, vocab, nonocc) in enumerate(self._shards):
+            mine = np.flatnonzero(shard_of == si)
+            if mine.size == 0:
+                continue
+            ids = [vocab[t] for t in tokens if t in vocab]
+            want = local[mine]
+            acc = np.zeros(mine.size, np.float32)
+            for t in ids:
+                lo, hi = int(indptr[t]), int(indptr[t + 1])
+                if hi == lo:
+                    continue
+                post = np.asarray(indices[lo:hi])
+                if (si, t) not in self._checked:
+                    if not bool(np.all(post[1:] > post[:-1])):
+                        raise ValueError(f"BM25 posting list of token {t} (shard {si}) is not in ascending row order")
+                    self._checked.add((si, t))
+                pos = np.minimum(np.searchsorted(post, want), post.size - 1)
+                found = post[pos] == want
+                acc[found] += np.asarray(data[lo:hi], np.float32)[pos[found]]
+            if nonocc is not None and ids:
+                acc += np.float32(np.asarray(nonocc)[ids].sum())
+            out[mine] = acc
+        return out

@@ -1,0 +1,160 @@
+"""The fused unit pre-ranker (BM25 + MaxP dense) on a tiny hand-made corpus, against a hand
+computation: every number below is worked out in the comments, not read off the code."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tasks.corpus.index import BM25Index
+from tasks.evaluate.retrieval import ProgressiveSetting
+from tasks.funnel.embeddings import EmbeddingIndex
+from tasks.funnel.fusion import FusionConfig, PassageBM25, fuse, min_max, pool_bm25, ranks
+from tasks.funnel.stored import rank_units_stored
+
+# Six passages of two tokens each (so every passage has the average length and BM25's length
+# normalisation is 1), three units, two clusters. Question "Zebra and the tiger?" → tokens
+# [zebra, tiger] ("and", "the" are stop words).
+TEXTS = ["zebra zebra", "moon river", "tiger lamp", "cloud stone", "zebra tiger", "grass field"]
+PIDS = [f"p{i}" for i in range(6)]
+UNITS = ["A", "A", "B", "B", "C", "C"]
+CLUSTERS = [0, 0, 0, 0, 1, 1]
+DENSE = [0.2, 0.5, 0.9, 0.1, 0.6, 0.3]   # E(q)·E(p) with E(q) = (1, 0), E(p) = (s, √(1 − s²))
+QUESTION = "Zebra and the tiger?"
+
+# BM25 (bm25s "lucene", k1 = 0.9, b = 0.4): idf = ln(1 + (N − df + 0.5) / (df + 0.5)), N = 6,
+# df(zebra) = df(tiger) = 2 → idf = ln(1 + 4.5 / 2.5) = ln 2.8 = 1.0296194; term score
+# tf / (tf + k1) at average length: tf = 1 → 1 / 1.9 = 0.5263158, tf = 2 → 2 / 2.9 = 0.6896552.
+IDF = math.log(2.8)
+BM25 = [IDF * 2 / 2.9,          # p0 "zebra zebra": 0.7100824
+        0.0,
+        IDF / 1.9,              # p2 "tiger lamp": 0.5419050
+        0.0,
+        2 * IDF / 1.9,          # p4 "zebra tiger": 1.0838099
+        0.0]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    vectors = np.asarray([[s, math.sqrt(1 - s * s)] for s in DENSE], np.float32)
+    index = EmbeddingIndex(PIDS, UNITS, np.asarray(CLUSTERS), vectors)
+    bm25 = BM25Index.build(TEXTS, PIDS)
+    return index, bm25
+
+
+def test_passage_bm25_equals_the_hand_computation_and_the_flat_index(corpus):
+    index, bm25 = corpus
+    assert [round(x, 7) for x in BM25] == [0.7100824, 0.0, 0.541905, 0.0, 1.0838099, 0.0]
+    scores = PassageBM25(bm25, PIDS).scores(QUESTION, np.arange(6))
+    np.testing.assert_allclose(scores, BM25, rtol=1e-6)
+    # exactly the scores flat BM25 ranks the whole corpus by
+    tokens = [t for t in bm25.tokenize([QUESTION])[0] if t in bm25.retriever.vocab_dict]
+    np.testing.assert_array_equal(scores, bm25.retriever.get_scores(tokens))
+    # a subset, in another order, through another id order (an embedding index need not share the BM25 rows)
+    shuffled = PassageBM25(bm25, PIDS[::-1])
+    np.testing.assert_array_equal(shuffled.scores(QUESTION, np.asarray([1, 5, 0])), scores[[4, 0, 5]])
+    assert shuffled.scores(QUESTION, np.zeros(0, np.int64)).shape == (0,)
+    with pytest.raises(KeyError, match="p9"):
+        PassageBM25(bm25, ["p0", "p9"])
+
+
+def test_fused_unit_scores_and_ranking_equal_the_hand_computation(corpus):
+    index, bm25 = corpus
+    q = np.asarray([1.0, 0.0], np.float32)
+    passage_bm25 = PassageBM25(bm25, index.passage_ids)
+
+    def ranking(cfg: FusionConfig):
+        return rank_units_stored(q, index, [0, 1], lambda rows: passage_bm25.scores(QUESTION, rows), cfg)
+
+    # MaxP alone: A = max(0.2, 0.5) = 0.5, B = max(0.9, 0.1) = 0.9, C = max(0.6, 0.3) = 0.6 → B, C, A
+    maxp = rank_units_stored(q, index, [0, 1])
+    assert maxp.unit_ids == ["B", "C", "A"]
+    np.testing.assert_allclose(maxp.unit_scores, [0.9, 0.6, 0.5], atol=1e-6)
+
+    # unit BM25 (max): A 0.7100824, B 0.5419050, C 1.0838099; min-max over the three units:
+    # BM25 A (0.7100824 − 0.5419050) / 0.5419050 = 0.3103448, B 0, C 1;
+    # dense A (0.5 − 0.5) / 0.4 = 0, B 1, C (0.6 − 0.5) / 0.4 = 0.25
+    # convex w = 0.5: A 0.5·0.3103448 = 0.1551724, B 0.5·1 = 0.5, C 0.5·1 + 0.5·0.25 = 0.625 → C, B, A
+    r = ranking(FusionConfig("convex", 0.5))
+    assert r.unit_ids == ["C", "B", "A"]
+    np.testing.assert_allclose(r.unit_scores, [0.625, 0.5, 0.1551724], atol=1e-6)
+    # convex w = 0.8: A 0.8·0.3103448 = 0.2482759, B 0.2·1 = 0.2, C 0.8 + 0.2·0.25 = 0.85 → C, A, B
+    r = ranking(FusionConfig("convex", 0.8))
+    assert r.unit_ids == ["C", "A", "B"]
+    np.testing.assert_allclose(r.unit_scores, [0.85, 0.2482759, 0.2], atol=1e-6)
+    # convex w = 0 is MaxP's order (dense min-max is monotone): B, C, A
+    assert ranking(FusionConfig("convex", 0.0)).unit_ids == ["B", "C", "A"]
+
+    # RRF k = 60, w = 0.5: BM25 ranks C 1, A 2, B 3; dense ranks B 1, C 2, A 3
+    # A 0.5/62 + 0.5/63 = 0.0160010, B 0.5/63 + 0.5/61 = 0.0161332, C 0.5/61 + 0.5/62 = 0.0162612 → C, B, A
+    r = ranking(FusionConfig("rrf", 0.5, rrf_k=60))
+    assert r.unit_ids == ["C", "B", "A"]
+    np.testing.assert_allclose(r.unit_scores, [0.0162612, 0.0161332, 0.0160010], atol=1e-7)
+    # RRF k = 1, w = 0.5: A 0.5/3 + 0.5/4 = 0.2916667, B 0.5/4 + 0.5/2 = 0.375, C 0.5/2 + 0.5/3 = 0.4166667
+    r = ranking(FusionConfig("rrf", 0.5, rrf_k=1))
+    np.testing.assert_allclose(r.unit_scores, [0.4166667, 0.375, 0.2916667], atol=1e-7)
+
+    # the final passages are still the best dense passages of the top-N units: top 2 units C, B
+    # → passages p2 (0.9), p4 (0.6), p5 (0.3), p3 (0.1)
+    r = ranking(FusionConfig("convex", 0.5))
+    assert [index.passage_ids[row] for row, _ in r.top_passages(index, 2, 3)] == ["p2", "p4", "p5"]
+
+
+def test_fusion_parts_by_hand():
+    np.testing.assert_allclose(min_max(np.asarray([2.0, 4.0, 3.0])), [0.0, 1.0, 0.5])
+    np.testing.assert_array_equal(min_max(np.asarray([7.0, 7.0])), [0.0, 0.0])      # no spread: all zero
+    assert ranks(np.asarray([0.3, 0.7, 0.3]), ["b", "c", "a"]).tolist() == [3, 1, 2]   # tie → name asc
+    scores, groups = np.asarray([1.0, 2.0, 4.0, 0.5]), np.asarray([0, 0, 1, 1])
+    assert pool_bm25(scores, groups, 2, "max").tolist() == [2.0, 4.0]
+    assert pool_bm25(scores, groups, 2, "sum").tolist() == [3.0, 4.5]
+    names = ["u", "v"]
+    np.testing.assert_array_equal(fuse(np.asarray([0.1, 0.2]), np.asarray([5.0, 1.0]), names, FusionConfig()), [0.1, 0.2])
+    with pytest.raises(ValueError, match="2 units"):
+        fuse(np.zeros(3), np.zeros(3), names, FusionConfig("convex"))
+
+
+def test_bad_fusion_settings_are_refused(corpus):
+    index, _ = corpus
+    with pytest.raises(ValueError, match="fusion method"):
+        FusionConfig("sum")
+    with pytest.raises(ValueError, match="bm25_weight"):
+        FusionConfig("convex", 1.5)
+    with pytest.raises(ValueError, match="needs vectors='stored'"):
+        ProgressiveSetting(n_clusters=3, fusion="convex")
+    with pytest.raises(ValueError, match="BM25 scores"):
+        rank_units_stored(np.asarray([1.0, 0.0], np.float32), index, [0], None, FusionConfig("rrf"))
+    setting = ProgressiveSetting(n_clusters=3, vectors="stored", fusion="rrf", bm25_weight=0.5, rrf_k=60)
+    assert setting.label() == "rrf-w0.5-k60-max" and ProgressiveSetting().label() == ""
+
+
+def test_the_validation_part_is_the_experiments_and_never_its_held_out_part(tmp_path):
+    from tasks.evaluate.stages import validation_part
+    from tasks.funnel.experiment_validation import ValidationConfig
+    from tasks.qa.questions import QuestionsConfig, load_questions, split_of
+
+    path = tmp_path / "q.tsv"
+    path.write_text("".join(f"question number {i}\t[\"a{i}\"]\n" for i in range(400)))
+    table, _ = load_questions([path], QuestionsConfig())
+    part = validation_part(table)
+    texts = part["question"].to_pylist()
+    expected = [f"question number {i}" for i in range(400)
+                if split_of(f"question number {i}", 0, 0.2) == "train" and split_of(f"question number {i}", 1, 0.2) == "dev"]
+    assert texts == expected and 30 < len(texts) < 100         # ≈ 400 · 0.8 · 0.2 = 64
+    assert len(validation_part(table, ValidationConfig(fraction=0.5))) > len(texts)
+    with pytest.raises(KeyError, match="split"):
+        validation_part(table.drop_columns(["split"]))
+
+
+def test_the_shipped_configs_load_with_their_fusions():
+    from funnelrag.config import load_config
+    from flows.evaluate import EvaluateConfig
+
+    sweep = load_config(EvaluateConfig, "configs/fusion_validation_cpu.yaml")
+    assert sweep.questions.part == "validation" and sweep.questions.datasets == ["nq-open-dev"]
+    assert {s.fusion for s in sweep.progressive} == {"none", "convex", "rrf"}
+    table = load_config(EvaluateConfig, "configs/evaluate_wikispeedia_cpu.yaml")
+    assert table.questions.part == "all" and table.questions.datasets == ["nq-open-test"]
+    assert [s.fusion for s in table.progressive] == ["none", "convex"]   # MaxP stays beside the fused pre-ranker
+    chosen = table.progressive[1]
+    assert chosen in sweep.progressive and chosen.label() == "convex-w0.9-max"   # one of the swept settings
