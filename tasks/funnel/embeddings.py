@@ -495,8 +495,16 @@ class MappedEmbeddingIndex:
         return np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if c.size else np.zeros(0, np.int64)
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
-        """The vectors of ``rows`` as float32 ``(len(rows), dim)`` (one copy out of the map)."""
-        return np.asarray(self.vectors[np.asarray(rows, dtype=np.int64)], dtype=np.float32)
+        """The vectors of ``rows`` as float32 ``(len(rows), dim)``: one slice copy out of the map
+        per run of consecutive rows (a cluster's passages are one run), then one cast."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not rows.size:
+            return np.zeros((0, self.dim), np.float32)
+        cut = np.flatnonzero(np.diff(rows) != 1) + 1                       # starts of the runs
+        starts, ends = np.r_[0, cut], np.r_[cut, rows.size]
+        vec = self.vectors.view(np.ndarray)                                # the map, without memmap's wrapping
+        parts = [vec[rows[a]:rows[a] + (b - a)] for a, b in zip(starts, ends)]
+        return np.concatenate(parts).astype(np.float32, copy=False)
 
     def unit_names_at(self, rows: np.ndarray) -> list[str]:
         return self.unit_ids.take(rows)
