@@ -57,14 +57,22 @@ class EmbeddingConfig:
 
     batch_size : passages per forward pass.
     shard_rows : passages per resumable shard (each shard is cached on its own).
+    layout : ``parquet`` (the ``passage_embeddings`` table, read into memory) or ``mapped``
+        (:class:`MappedEmbeddingIndex`: read through memory maps, for corpora of millions of
+        passages).
+    dtype : ``float32`` or ``float16``, the stored vectors of the ``mapped`` layout.
     """
 
     batch_size: int = 64
     shard_rows: int = 4096
+    layout: str = "parquet"
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.shard_rows < 1:
             raise ValueError(f"EmbeddingConfig sizes must be >= 1, got {self}")
+        if self.layout not in ("parquet", "mapped") or self.dtype not in ("float32", "float16"):
+            raise ValueError(f"EmbeddingConfig: layout must be parquet | mapped and dtype float32 | float16, got {self}")
 
 
 def passage_text(title: str, text: str) -> str:
@@ -414,7 +422,13 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
             raise
     shards = Path(cache_dir) / "embed" / shard_key(corpus_digest, version, cfg)
     index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, shards, progress)
-    path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
+    if cfg.layout == MAPPED_LAYOUT:
+        path = publish_mapped_embedding_index(root, index.passage_ids, index.unit_ids, index.cluster_ids,
+                                              lambda rows: index.vectors[rows],
+                                              {**index.meta, "batch_size": cfg.batch_size}, dtype=cfg.dtype)
+        index = open_embedding_index(root, corpus_digest, version)
+    else:
+        path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
     shutil.rmtree(shards, ignore_errors=True)
     return index, {"cache_hit": False, "model_version": version, "store": str(root), "version": path.name, **info}
 
