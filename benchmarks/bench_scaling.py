@@ -15,6 +15,10 @@ questions one at a time to the workers in turn, so a change of load on the box h
   their units from the stored vectors (``tasks/funnel/stored.py``) → N = 8 units → 4p; K keeps
   the Wikispeedia evaluation's token budget (3 clusters of S = 16K tokens): K = 49,152 / S.
 
+* ``prog-before`` the progressive path as it was before the speed work: the embedding index in
+  the Parquet layout read into memory (ids as Python lists, float32 vectors), per-candidate
+  Python loops for MaxP and the final passages, bm25s's retrieve with a one-thread pool per call.
+
 Every setting ends with the passage-text lookup of its 4 passages (``text`` stage, from an
 uncompressed Arrow IPC copy of the passages table, memory-mapped). The question is encoded once
 by MiniLM in the driver (the ``encode`` stage, reported on its own: every dense setting pays it).
@@ -52,7 +56,7 @@ SEED = 0
 N_RETRIEVE, N_FINAL, N_UNITS = 50, 4, 8
 TOKEN_BUDGET = 3 * 16_384           # the Wikispeedia evaluation's K = 3 clusters of S = 16K tokens
 DPR_PASSAGES = 21_015_324
-SETTINGS = ("bm25", "rerank-f32", "rerank-f16", "dense-exact", "dense-ivfpq", "prog-f32", "prog-f16")
+SETTINGS = ("bm25", "rerank-f32", "rerank-f16", "dense-exact", "dense-ivfpq", "prog-f32", "prog-f16", "prog-before")
 DTYPES = {"f32": "float32", "f16": "float16"}
 
 
@@ -77,6 +81,7 @@ def _paths(home: Path, corpus: str):
 
 
 def _store(home: Path, corpus: str, dtype: str) -> Path:
+    """The store of the synthetic vectors: ``float32``, ``float16`` (mapped) or ``parquet``."""
     from tasks.funnel.embeddings import store_root  # noqa: PLC0415
 
     return store_root(Path(home) / "stores", corpus, _version(dtype))
@@ -89,9 +94,10 @@ def _unit_block(rows: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def prepare(home: Path, corpus: str, ivf: bool = True) -> dict:
+def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True) -> dict:
     """Publish the float32 and float16 embedding indexes, write the text store and build the
-    IVF-PQ index of one corpus; returns the one-time figures (seconds, bytes, peak RSS)."""
+    IVF-PQ index of one corpus (``before``: also the float32 vectors in the Parquet layout, for
+    ``prog-before``); returns the one-time figures (seconds, bytes, peak RSS)."""
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
@@ -119,6 +125,17 @@ def prepare(home: Path, corpus: str, ivf: bool = True) -> dict:
         publish_mapped_embedding_index(root, ids["passage_id"].to_pylist(), ids["unit_id"].to_pylist(), cids,
                                        _unit_block, {**meta, "model_version": _version(dtype)}, dtype=dtype)
         info[f"publish_{dtype}_s"] = time.perf_counter() - t0
+    root = _store(home, corpus, "parquet")
+    if before and not (root / "current").exists():
+        from tasks.funnel.embeddings import EmbeddingIndex, publish_embedding_index  # noqa: PLC0415
+
+        t0 = time.perf_counter()
+        mapped = open_embedding_index(_store(home, corpus, "float32"), meta["corpus_digest"], _version("float32"))
+        full = EmbeddingIndex(ids["passage_id"].to_pylist(), ids["unit_id"].to_pylist(), cids,
+                              np.asarray(mapped.vectors, dtype=np.float32), {**meta, "model_version": _version("parquet")})
+        publish_embedding_index(root, full)
+        info["publish_parquet_s"] = time.perf_counter() - t0
+        del full, mapped
     del ids
     text = bench / "passages.arrow"
     if not text.exists():
@@ -205,7 +222,7 @@ class Worker:
         if s == "bm25" or s.startswith("rerank"):
             self.bm25 = c.passage_index()
         if s.startswith(("rerank", "prog")) or s == "dense-exact":
-            dtype = DTYPES.get(s.rsplit("-", 1)[-1], "float32")
+            dtype = "parquet" if s == "prog-before" else DTYPES.get(s.rsplit("-", 1)[-1], "float32")
             self.index = open_embedding_index(_store(self.home, self.corpus, dtype), c.manifest["content_digest"],
                                               _version(dtype))
         if s == "dense-exact":
@@ -249,6 +266,16 @@ class Worker:
             _, rows = self.faiss.search(vec.reshape(1, -1), N_RETRIEVE)
             final = rows[0][rows[0] >= 0][:N_FINAL]
             t["search"] = time.perf_counter() - t0
+        elif s == "prog-before":
+            vocab = self.clusters.retriever.vocab_dict
+            tokens = [tok for tok in self.clusters.tokenize([text])[0] if tok in vocab]
+            rows, _ = self.clusters.retriever.retrieve([tokens], k=self.k, show_progress=False, n_threads=1)
+            cids = [int(self.clusters.doc_ids[r]) for r in rows[0]]
+            t1 = time.perf_counter()
+            t["bm25_clusters"] = t1 - t0
+            final, n_scored, n_units = _rank_before(vec, self.index, cids)
+            t["prerank"] = time.perf_counter() - t1
+            n["passages_scored"], n["units"] = n_scored, n_units
         else:
             ids, _ = self.clusters.search([text], self.k)
             cids = [int(x) for x in ids[0]]
@@ -263,6 +290,24 @@ class Worker:
         t["text"] = time.perf_counter() - t2
         n["final"] = len(got)
         return t, n
+
+
+def _rank_before(q: np.ndarray, index, cluster_ids: list[int]) -> tuple[list[int], int, int]:
+    """The stored MaxP pre-ranking as it was before the speed work (per-candidate Python loops):
+    the final rows, the passages scored and the units ranked."""
+    from tasks.funnel.unit_scoring import group_max  # noqa: PLC0415
+
+    rows = index.rows_of_clusters(cluster_ids)
+    scores = index.vectors[rows] @ q
+    units = [index.unit_ids[r] for r in rows]
+    names = sorted(set(units))
+    pos = {u: i for i, u in enumerate(names)}
+    best = group_max(scores, np.asarray([pos[u] for u in units], np.int64), len(names))
+    order = sorted(range(len(names)), key=lambda i: (-float(best[i]), names[i]))
+    keep = {names[i] for i in order[:N_UNITS]}
+    cand = sorted(((float(sc), int(r)) for r, sc in zip(rows, scores) if index.unit_ids[r] in keep),
+                  key=lambda x: (-x[0], x[1]))
+    return [r for _, r in cand[:N_FINAL]], len(rows), len(names)
 
 
 def worker_main(setting: str, home: Path, corpus: str) -> None:
@@ -431,6 +476,7 @@ def main() -> None:
     p.add_argument("--home", type=Path, required=True)
     p.add_argument("--corpus", required=True)
     p.add_argument("--no-ivf", action="store_true")
+    p.add_argument("--no-before", action="store_true", help="no Parquet-layout copy (no prog-before setting)")
     p = sub.add_parser("build-ivfpq")
     p.add_argument("--home", type=Path, required=True)
     p.add_argument("--corpus", required=True)
@@ -454,7 +500,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("bench_scaling.prof"))
     a = ap.parse_args()
     if a.cmd == "prepare":
-        print(json.dumps(prepare(a.home, a.corpus, not a.no_ivf)))
+        print(json.dumps(prepare(a.home, a.corpus, not a.no_ivf, not a.no_before)))
     elif a.cmd == "build-ivfpq":
         print(json.dumps(build_ivfpq(a.home, a.corpus)))
     elif a.cmd == "worker":
