@@ -20,7 +20,8 @@ questions one at a time to the workers in turn, so a change of load on the box h
   Python loops for MaxP and the final passages, bm25s's retrieve with a one-thread pool per call.
 
 Every setting ends with the passage-text lookup of its 4 passages (``text`` stage, from an
-uncompressed Arrow IPC copy of the passages table, memory-mapped). The question is encoded once
+uncompressed Arrow IPC copy of the passages table, memory-mapped:
+``tasks/evaluate/retrieval.py:MappedPassageLookup``). The question is encoded once
 by MiniLM in the driver (the ``encode`` stage, reported on its own: every dense setting pays it).
 
 Vectors: unit vectors of MiniLM's dimension (384) drawn from a fixed seed and published through
@@ -50,6 +51,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from tasks.evaluate.retrieval import PASSAGE_TEXT_FILE, MappedPassageLookup, write_passage_text_store
 
 DIM = 384
 SEED = 0
@@ -98,9 +101,6 @@ def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True) -> d
     """Publish the float32 and float16 embedding indexes, write the text store and build the
     IVF-PQ index of one corpus (``before``: also the float32 vectors in the Parquet layout, for
     ``prog-before``); returns the one-time figures (seconds, bytes, peak RSS)."""
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
     from data_contracts import corpus as C  # noqa: PLC0415
     from tasks.funnel.embeddings import open_embedding_index, publish_mapped_embedding_index  # noqa: PLC0415
 
@@ -137,17 +137,10 @@ def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True) -> d
         info["publish_parquet_s"] = time.perf_counter() - t0
         del full, mapped
     del ids
-    text = bench / "passages.arrow"
+    text = bench / PASSAGE_TEXT_FILE
     if not text.exists():
         t0 = time.perf_counter()
-        pf = pq.ParquetFile(c.path / C.PASSAGES.filename)
-        cols = ["passage_id", "title", "text"]
-        schema = pa.schema([pf.schema_arrow.field(k) for k in cols])
-        tmp = text.with_suffix(".tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            for batch in pf.iter_batches(batch_size=65_536, columns=cols):
-                writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
-        os.replace(tmp, text)
+        write_passage_text_store(c.path / C.PASSAGES.filename, text)
         info["text_store_s"] = time.perf_counter() - t0
     if ivf and not (bench / "ivfpq.faiss").exists():
         res = subprocess.run([sys.executable, __file__, "build-ivfpq", "--home", str(home), "--corpus", corpus],
@@ -183,29 +176,6 @@ def build_ivfpq(home: Path, corpus: str) -> dict:
 
 
 # ---------------------------------------------------------------------------- worker
-class _Texts:
-    """The passage-text lookup: rows of the memory-mapped Arrow copy of the passages table, read
-    batch by batch (combining the batches would copy every text into memory)."""
-
-    def __init__(self, path: Path):
-        import pyarrow as pa  # noqa: PLC0415
-
-        self._pa = pa
-        self._source = pa.memory_map(str(path))
-        reader = pa.ipc.open_file(self._source)
-        self.batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        self.starts = np.cumsum([0] + [b.num_rows for b in self.batches])            # (n_batches + 1,)
-
-    def get(self, rows) -> list[tuple[str, str, str]]:
-        rows = np.asarray(rows, dtype=np.int64)
-        which = np.searchsorted(self.starts, rows, side="right") - 1
-        out = []
-        for b, r in zip(which, rows):
-            batch = self.batches[b].slice(int(r - self.starts[b]), 1)
-            out.append((batch["passage_id"][0].as_py(), batch["title"][0].as_py(), batch["text"][0].as_py()))
-        return out
-
-
 class Worker:
     """One setting over one corpus: ``load()`` once, then ``query(text, vector) -> {stage: s}``."""
 
@@ -217,7 +187,7 @@ class Worker:
 
         c, bench = _paths(self.home, self.corpus)
         s = self.setting
-        self.texts = _Texts(bench / "passages.arrow")
+        self.texts = MappedPassageLookup(bench / PASSAGE_TEXT_FILE)
         info = {}
         if s == "bm25" or s.startswith("rerank"):
             self.bm25 = c.passage_index()
@@ -286,7 +256,7 @@ class Worker:
             t["prerank"] = time.perf_counter() - t1
             n["passages_scored"], n["units"] = len(ranking.passage_rows), len(ranking.unit_ids)
         t2 = time.perf_counter()
-        got = self.texts.get(final)
+        got = self.texts.get_rows(final)
         t["text"] = time.perf_counter() - t2
         n["final"] = len(got)
         return t, n
