@@ -224,7 +224,12 @@ class MappedPassageLookup:
 
     def get_rows(self, rows: Sequence[int]) -> list[tuple[str, str, str]]:
         """``[(passage_id, title, text)]`` of corpus ``rows``, in the order asked."""
-        return [(self._cell(int(r), "passage_id"), self._cell(int(r), "title"), self._cell(int(r), "text")) for r in rows]
+        out = []
+        for r in rows:
+            b = int(np.searchsorted(self._starts, int(r), side="right") - 1)
+            batch, i = self._batches[b], int(r) - int(self._starts[b])
+            out.append((batch.column(0)[i].as_py(), batch.column(1)[i].as_py(), batch.column(2)[i].as_py()))
+        return out
 
     def get(self, passage_ids: Sequence[str]) -> list[tuple[str, str, str]]:
         """``[(passage_id, title, text)]`` in the order asked.

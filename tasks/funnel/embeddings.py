@@ -238,11 +238,13 @@ class EmbeddingIndex:
     def rows_of_clusters(self, cluster_ids: Sequence[int]) -> np.ndarray:
         """Row indices of every passage of ``cluster_ids``, int64, cluster by cluster in the
         order given, corpus order inside a cluster."""
-        parts = []
-        for c in cluster_ids:
-            lo, hi = np.searchsorted(self._sorted, [c, c + 1])
-            parts.append(self._order[lo:hi])
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        # needles of the haystack's own dtype: int64 needles on the int32 ids make numpy cast the
+        # whole id array on every call (O(n) per cluster instead of O(log n))
+        c = np.asarray(cluster_ids, dtype=self._sorted.dtype)
+        lo = np.searchsorted(self._sorted, c, side="left")
+        hi = np.searchsorted(self._sorted, c, side="right")
+        parts = [self._order[a:b] for a, b in zip(lo, hi)]
+        return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         """The vectors of ``rows`` as float32 ``(len(rows), dim)``."""
@@ -503,7 +505,7 @@ class MappedEmbeddingIndex:
     def rows_of_clusters(self, cluster_ids: Sequence[int]) -> np.ndarray:
         """Row indices of every passage of ``cluster_ids``, int64, cluster by cluster in the
         order given (binary search of the mapped, sorted cluster ids: contiguous blocks)."""
-        c = np.asarray(cluster_ids, dtype=np.int64)
+        c = np.asarray(cluster_ids, dtype=self.cluster_ids.dtype)          # same dtype: no O(n) cast
         lo = np.searchsorted(self.cluster_ids, c, side="left")
         hi = np.searchsorted(self.cluster_ids, c, side="right")
         return np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if c.size else np.zeros(0, np.int64)
