@@ -389,6 +389,26 @@ def report(path: Path) -> str:
     lines = [f"Question encoding (MiniLM, 1 thread, one question at a time, {len(res['encode_s'])} questions): "
              f"median {enc_med * 1e3:.1f} ms, p95 {enc_p95 * 1e3:.1f} ms; the dense settings' totals below exclude it.", ""]
     corpora = sorted(res["corpora"].items(), key=lambda kv: kv[1]["passages"])
+    head = " | ".join(f"{name} ({row['passages'] / 1e3:,.0f}K p)" for name, row in corpora)
+    lines += ["Summary, median (p95) ms per query, question encoding excluded:", "",
+              f"| setting | {head} |", "|---|" + "---:|" * len(corpora)]
+    for s in corpora[0][1]["settings"]:
+        cells = []
+        for _, row in corpora:
+            r = row["settings"].get(s)
+            if r is None:
+                cells.append("")
+                continue
+            med, p95 = _stats([sum(t.values()) for t in r["t"]])
+            cells.append(f"{med * 1e3:.2f} ({p95 * 1e3:.2f})")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    lines += ["", "Peak RSS MB (anonymous at the end) per setting:", "", f"| setting | {head} |",
+              "|---|" + "---:|" * len(corpora)]
+    for s in corpora[0][1]["settings"]:
+        cells = [f"{row['settings'][s]['peak_rss_mb']:.0f} ({row['settings'][s].get('rss_anon_end_mb', 0):.0f})"
+                 if s in row["settings"] else "" for _, row in corpora]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    lines.append("")
     totals: dict[str, list[tuple[int, float]]] = {}
     for name, row in corpora:
         lines += [f"### {name}: {row['passages']:,} passages, {row['clusters']:,} clusters "
