@@ -27,3 +27,33 @@ def test_lookup_returns_rows_in_the_order_asked_across_chunks():
 def test_lookup_names_an_unknown_id():
     with pytest.raises(KeyError, match="p99"):
         PassageLookup(_chunked_passages()).get(["p1", "p99"])
+
+
+def test_mapped_lookup_reads_as_the_in_memory_lookup(tmp_path):
+    import pyarrow.parquet as pq  # noqa: PLC0415  (only these tests write parquet)
+
+    from tasks.evaluate.retrieval import MappedPassageLookup, write_passage_text_store  # noqa: PLC0415
+
+    table = _chunked_passages()
+    pq.write_table(table, tmp_path / "passages.parquet")
+    store = write_passage_text_store(tmp_path / "passages.parquet", tmp_path / "passages.arrow", batch_rows=4)
+    mapped, memory = MappedPassageLookup(store), PassageLookup(table)
+    assert len(mapped) == 9
+    for ids in (["p7", "p0", "p4", "p7"], [f"p{i}" for i in range(9)], ["p8"], []):
+        assert mapped.get(ids) == memory.get(ids)
+    assert mapped.get_rows([8, 3]) == memory.get(["p8", "p3"])
+    for missing in ("p99", "a", "p45", "q"):                      # before, between and after the ids
+        with pytest.raises(KeyError, match=missing):
+            mapped.get(["p1", missing])
+
+
+def test_text_store_refuses_ids_out_of_order(tmp_path):
+    import pyarrow.parquet as pq  # noqa: PLC0415  (only these tests write parquet)
+
+    from tasks.evaluate.retrieval import write_passage_text_store  # noqa: PLC0415
+
+    table = _chunked_passages()
+    pq.write_table(table.take([0, 2, 1]), tmp_path / "passages.parquet")
+    with pytest.raises(ValueError, match="row 2 passage id 'p1'"):
+        write_passage_text_store(tmp_path / "passages.parquet", tmp_path / "passages.arrow")
+    assert not (tmp_path / "passages.arrow").exists()

@@ -206,3 +206,26 @@ def test_candidates_from_stored_vectors_equal_on_the_fly_maxp(mini, one_torch_th
     with pytest.raises(KeyError, match="not in the embedding index"):
         build_candidates(mini["questions"], mini["index"], mini["members_of"], SEG, WhitespaceCounter(), model, tok,
                          cfg, index=partial)
+
+
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
+def test_mapped_layout_from_the_embedding_stage_ranks_as_the_table(mini, tmp_path, one_torch_thread):
+    from tasks.funnel.embeddings import MappedEmbeddingIndex  # noqa: PLC0415  (only this test)
+
+    model, tok, passages = mini["model"], mini["tok"], mini["passages"]
+    table, _ = ensure_embedding_index(tmp_path / "a", tmp_path / "cache", "mini", "digest-a", passages, model, tok,
+                                      EmbeddingConfig(batch_size=16))
+    mapped, info = ensure_embedding_index(tmp_path / "b", tmp_path / "cache", "mini", "digest-a", passages, model, tok,
+                                          EmbeddingConfig(batch_size=16, layout="mapped"))
+    assert isinstance(mapped, MappedEmbeddingIndex) and not info["cache_hit"]
+    again, info = ensure_embedding_index(tmp_path / "b", tmp_path / "cache", "mini", "digest-a", passages, model, tok,
+                                         build=False)
+    assert isinstance(again, MappedEmbeddingIndex) and info["cache_hit"]
+    for text, clusters in zip(mini["questions"]["question"].to_pylist(), mini["index"].search(
+            mini["questions"]["question"].to_pylist(), 3)[0]):
+        q = embed_texts(model, tok, [text])[0]
+        a, b = (rank_units_stored(q, ix, [int(c) for c in clusters]) for ix in (table, again))
+        assert a.unit_ids == b.unit_ids
+        np.testing.assert_array_equal(a.unit_scores, b.unit_scores)
+        assert [table.passage_ids[r] for r, _ in a.top_passages(table, 2, 4)] == \
+            [again.passage_ids[r] for r, _ in b.top_passages(again, 2, 4)]

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from data_contracts.base import atomic_write
 from models.preranker import score_grouped
 from tasks.evaluate.timing import StageClock, StageOutcome
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
@@ -164,6 +167,101 @@ class PassageLookup:
         except KeyError as exc:
             raise KeyError(f"passage id {exc.args[0]!r} is not in the corpus passages table") from exc
         return list(zip(passage_ids, self._titles.take(rows).to_pylist(), self._texts.take(rows).to_pylist()))
+
+
+PASSAGE_TEXT_FILE = "passages.arrow"
+
+
+def write_passage_text_store(passages_parquet: Path, out: Path, batch_rows: int = 65_536) -> Path:
+    """Copy ``passage_id``, ``title``, ``text`` of a corpus ``passages.parquet`` into an
+    uncompressed Arrow IPC file that :class:`MappedPassageLookup` memory-maps (streamed batch by
+    batch: memory does not grow with the corpus; written atomically).
+
+    Raises
+    ------
+    ValueError
+        The passage ids are not strictly increasing (the lookup finds ids by binary search; the
+        corpus build writes passages in cluster order and ids ``c{cluster:07d}.u{k:03d}.p{j:03d}``
+        sort in that order): names the first row out of order.
+    """
+    pf = pq.ParquetFile(passages_parquet)
+    cols = ["passage_id", "title", "text"]
+    schema = pa.schema([pf.schema_arrow.field(k) for k in cols])
+
+    def write(tmp: Path) -> None:
+        last, row = None, 0
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
+                ids = batch["passage_id"].to_pylist()
+                for i, pid in enumerate(ids):
+                    if last is not None and pid <= last:
+                        raise ValueError(f"{passages_parquet}: row {row + i} passage id {pid!r} does not sort after "
+                                         f"{last!r}; the text store needs ids in increasing order")
+                    last = pid
+                row += len(ids)
+                writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
+
+    atomic_write(Path(out), write)
+    return Path(out)
+
+
+class MappedPassageLookup:
+    """``passage_id → (title, text)`` over the memory-mapped Arrow copy of the passages table
+    (:func:`write_passage_text_store`): opening it reads nothing that grows with the corpus, a
+    lookup finds a row by binary search over the sorted ids (~23 probes at 5M passages) and reads
+    only that row's pages. Same ``get`` as :class:`PassageLookup`; ``get_rows`` takes corpus rows
+    (the BM25 passage index's and the mapped embedding index's row numbers)."""
+
+    def __init__(self, path: Path):
+        self._source = pa.memory_map(str(path))
+        reader = pa.ipc.open_file(self._source)
+        self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        self._starts = np.cumsum([0] + [b.num_rows for b in self._batches])        # (n_batches + 1,)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _cell(self, row: int, column: str):
+        b = int(np.searchsorted(self._starts, row, side="right") - 1)
+        return self._batches[b].column(column)[row - int(self._starts[b])].as_py()
+
+    def row_of(self, passage_id: str) -> int:
+        """The corpus row of ``passage_id``.
+
+        Raises
+        ------
+        KeyError
+            Not a corpus passage (names it).
+        """
+        lo, hi = 0, len(self)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._cell(mid, "passage_id") < passage_id:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == len(self) or self._cell(lo, "passage_id") != passage_id:
+            raise KeyError(f"passage id {passage_id!r} is not in the corpus passages table")
+        return lo
+
+    def get_rows(self, rows: Sequence[int]) -> list[tuple[str, str, str]]:
+        """``[(passage_id, title, text)]`` of corpus ``rows``, in the order asked."""
+        out = []
+        for r in rows:
+            b = int(np.searchsorted(self._starts, int(r), side="right") - 1)
+            batch, i = self._batches[b], int(r) - int(self._starts[b])
+            out.append((batch.column(0)[i].as_py(), batch.column(1)[i].as_py(), batch.column(2)[i].as_py()))
+        return out
+
+    def get(self, passage_ids: Sequence[str]) -> list[tuple[str, str, str]]:
+        """``[(passage_id, title, text)]`` in the order asked.
+
+        Raises
+        ------
+        KeyError
+            An id is not a corpus passage (names it).
+        """
+        return self.get_rows([self.row_of(p) for p in passage_ids])
 
 
 class LabeledPreRanker:

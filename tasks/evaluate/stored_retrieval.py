@@ -50,7 +50,7 @@ class StoredPreRanker:
         except KeyError as exc:
             raise KeyError(f"passage {exc.args[0]!r} is not in the embedding index") from exc
         query = embed_queries(self.preranker.model, self.preranker.tokenizer, [question])[0]   # (dim,)
-        return self.index.vectors[rows] @ query                                             # (n,)
+        return self.index.gather(np.asarray(rows, dtype=np.int64)) @ query                 # (n,)
 
 
 def _candidates(qid: str, index: EmbeddingIndex, ranking, top_units: list[str], lookup: PassageLookup,

@@ -57,14 +57,22 @@ class EmbeddingConfig:
 
     batch_size : passages per forward pass.
     shard_rows : passages per resumable shard (each shard is cached on its own).
+    layout : ``parquet`` (the ``passage_embeddings`` table, read into memory) or ``mapped``
+        (:class:`MappedEmbeddingIndex`: read through memory maps, for corpora of millions of
+        passages).
+    dtype : ``float32`` or ``float16``, the stored vectors of the ``mapped`` layout.
     """
 
     batch_size: int = 64
     shard_rows: int = 4096
+    layout: str = "parquet"
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.shard_rows < 1:
             raise ValueError(f"EmbeddingConfig sizes must be >= 1, got {self}")
+        if self.layout not in ("parquet", "mapped") or self.dtype not in ("float32", "float16"):
+            raise ValueError(f"EmbeddingConfig: layout must be parquet | mapped and dtype float32 | float16, got {self}")
 
 
 def passage_text(title: str, text: str) -> str:
@@ -195,6 +203,10 @@ class EmbeddingIndex:
         self.cluster_ids = np.asarray(self.cluster_ids, dtype=np.int32)
         self._order = np.argsort(self.cluster_ids, kind="stable")                # rows grouped by cluster
         self._sorted = self.cluster_ids[self._order]
+        # unit code of each row: the rank of its unit id among the sorted unit ids, so that codes
+        # order units as their ids do (the MaxP tie-break) and group them without string work
+        names, codes = np.unique(np.asarray(self.unit_ids, dtype=object).astype(str), return_inverse=True)
+        self.unit_codes = codes.astype(np.int64).reshape(-1)                     # (n,)
 
     def __len__(self) -> int:
         return len(self.passage_ids)
@@ -226,11 +238,25 @@ class EmbeddingIndex:
     def rows_of_clusters(self, cluster_ids: Sequence[int]) -> np.ndarray:
         """Row indices of every passage of ``cluster_ids``, int64, cluster by cluster in the
         order given, corpus order inside a cluster."""
-        parts = []
-        for c in cluster_ids:
-            lo, hi = np.searchsorted(self._sorted, [c, c + 1])
-            parts.append(self._order[lo:hi])
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        # needles of the haystack's own dtype: int64 needles on the int32 ids make numpy cast the
+        # whole id array on every call (O(n) per cluster instead of O(log n))
+        c = np.asarray(cluster_ids, dtype=self._sorted.dtype)
+        lo = np.searchsorted(self._sorted, c, side="left")
+        hi = np.searchsorted(self._sorted, c, side="right")
+        parts = [self._order[a:b] for a, b in zip(lo, hi)]
+        return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors of ``rows`` as float32 ``(len(rows), dim)``."""
+        return np.asarray(self.vectors[rows], dtype=np.float32)
+
+    def unit_names_at(self, rows: np.ndarray) -> list[str]:
+        """The unit id of each of ``rows``."""
+        return [self.unit_ids[int(r)] for r in rows]
+
+    def passage_ids_at(self, rows: np.ndarray) -> list[str]:
+        """The passage id of each of ``rows``."""
+        return [self.passage_ids[int(r)] for r in rows]
 
     def to_table(self) -> pa.Table:
         """The contract table (:data:`PASSAGE_EMBEDDINGS`)."""
@@ -340,6 +366,8 @@ def open_embedding_index(root: Path, corpus_digest: str, version: str) -> Embedd
     meta = {k: manifest.get(k) for k in (*MANIFEST_KEYS, "dim", "max_length", "text")}
     probe = EmbeddingIndex([], [], np.zeros(0, np.int32), np.zeros((0, 1), np.float32), meta)
     probe.check(corpus_digest, version)                       # before reading 200+ MB of vectors
+    if manifest.get("layout") == MAPPED_LAYOUT:
+        return MappedEmbeddingIndex(store.current_dir(), {**meta, "dtype": manifest.get("dtype")})
     index = EmbeddingIndex.from_table(PASSAGE_EMBEDDINGS.read(store.current_dir()), meta)
     return index
 
@@ -396,9 +424,183 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
             raise
     shards = Path(cache_dir) / "embed" / shard_key(corpus_digest, version, cfg)
     index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, shards, progress)
-    path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
+    if cfg.layout == MAPPED_LAYOUT:
+        path = publish_mapped_embedding_index(root, index.passage_ids, index.unit_ids, index.cluster_ids,
+                                              lambda rows: index.vectors[rows],
+                                              {**index.meta, "batch_size": cfg.batch_size}, dtype=cfg.dtype)
+        index = open_embedding_index(root, corpus_digest, version)
+    else:
+        path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
     shutil.rmtree(shards, ignore_errors=True)
     return index, {"cache_hit": False, "model_version": version, "store": str(root), "version": path.name, **info}
+
+
+# ---------------------------------------------------------------------------- memory-mapped layout
+MAPPED_LAYOUT = "mapped"
+MAPPED_VECTORS = "passage_vectors.npy"
+MAPPED_IDS = "passage_ids.arrow"
+VECTOR_DTYPES = ("float32", "float16")
+
+
+class _ArrowStrings:
+    """Read-only ``seq[i] -> str`` over a (memory-mapped) Arrow string array."""
+
+    def __init__(self, array: pa.Array):
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: int) -> str:
+        return self.array[int(i)].as_py()
+
+    def take(self, rows: np.ndarray) -> list[str]:
+        return self.array.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
+
+
+class MappedEmbeddingIndex:
+    """An embedding index read through memory maps: nothing is loaded that grows with the
+    number of passages; a query touches only the pages of the rows it reads.
+
+    Layout of a version directory (``layout: mapped`` in the manifest, written by
+    :func:`publish_mapped_embedding_index`): ``passage_vectors.npy`` (``(n, dim)`` float32 or
+    float16, L2-normalised rows) and ``passage_ids.arrow`` (an uncompressed Arrow IPC file:
+    ``passage_id``, ``unit_id``, ``cluster_id`` int32, ``unit_code`` int32 = the rank of the unit
+    id among the sorted unit ids). Rows are grouped by cluster (ascending cluster id, corpus order
+    inside a cluster), so the passages of a cluster are one contiguous block of the vector file.
+    Same interface as :class:`EmbeddingIndex` for :mod:`tasks.funnel.stored` and the evaluation.
+    """
+
+    def __init__(self, directory: Path, meta: dict):
+        directory = Path(directory)
+        self.vectors = np.load(directory / MAPPED_VECTORS, mmap_mode="r")                 # (n, dim)
+        self._source = pa.memory_map(str(directory / MAPPED_IDS))
+        table = pa.ipc.open_file(self._source).read_all()                               # zero-copy
+        if self.vectors.ndim != 2 or self.vectors.shape[0] != table.num_rows:
+            raise ValueError(f"{directory}: {table.num_rows} id rows but vectors {self.vectors.shape}")
+        self.passage_ids = _ArrowStrings(table["passage_id"].combine_chunks())
+        self.unit_ids = _ArrowStrings(table["unit_id"].combine_chunks())
+        self.cluster_ids = table["cluster_id"].combine_chunks().to_numpy()              # (n,) int32, mapped
+        self.unit_codes = table["unit_code"].combine_chunks().to_numpy()                # (n,) int32, mapped
+        self.meta = dict(meta)
+
+    def __len__(self) -> int:
+        return int(self.vectors.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def check(self, corpus_digest: str, version: str) -> None:
+        """See :meth:`EmbeddingIndex.check`."""
+        EmbeddingIndex.check(self, corpus_digest, version)
+
+    def row_of(self) -> dict[str, int]:
+        """``passage_id → row`` (built once: a dict over every passage, for the flat re-ranker
+        of the evaluation; the progressive path does not need it)."""
+        if getattr(self, "_row_of", None) is None:
+            self._row_of = {p: i for i, p in enumerate(self.passage_ids.array.to_pylist())}
+        return self._row_of
+
+    def rows_of_clusters(self, cluster_ids: Sequence[int]) -> np.ndarray:
+        """Row indices of every passage of ``cluster_ids``, int64, cluster by cluster in the
+        order given (binary search of the mapped, sorted cluster ids: contiguous blocks)."""
+        c = np.asarray(cluster_ids, dtype=self.cluster_ids.dtype)          # same dtype: no O(n) cast
+        lo = np.searchsorted(self.cluster_ids, c, side="left")
+        hi = np.searchsorted(self.cluster_ids, c, side="right")
+        return np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if c.size else np.zeros(0, np.int64)
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors of ``rows`` as float32 ``(len(rows), dim)``: one slice copy out of the map
+        per run of consecutive rows (a cluster's passages are one run), then one cast."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not rows.size:
+            return np.zeros((0, self.dim), np.float32)
+        cut = np.flatnonzero(np.diff(rows) != 1) + 1                       # starts of the runs
+        starts, ends = np.r_[0, cut], np.r_[cut, rows.size]
+        vec = self.vectors.view(np.ndarray)                                # the map, without memmap's wrapping
+        parts = [vec[rows[a]:rows[a] + (b - a)] for a, b in zip(starts, ends)]
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+    def unit_names_at(self, rows: np.ndarray) -> list[str]:
+        return self.unit_ids.take(rows)
+
+    def passage_ids_at(self, rows: np.ndarray) -> list[str]:
+        return self.passage_ids.take(rows)
+
+
+def publish_mapped_embedding_index(root: Path, passage_ids: Sequence[str], unit_ids: Sequence[str],
+                                   cluster_ids: np.ndarray, fill: Callable[[np.ndarray], np.ndarray], meta: dict,
+                                   dtype: str = "float32", block_rows: int = 65_536) -> Path:
+    """Publish an embedding index in the memory-mapped layout (:class:`MappedEmbeddingIndex`)
+    atomically as a new version of the store at ``root`` and move ``current``.
+
+    Parameters
+    ----------
+    root : the store (:func:`store_root`).
+    passage_ids, unit_ids, cluster_ids : ``(n,)`` ids of the corpus passages, corpus order.
+    fill : ``fill(rows) -> float32 (len(rows), dim)``: the L2-normalised vectors of those corpus
+        rows (called block by block, ``block_rows`` at a time, in the index's row order), so the
+        vectors never need to be in memory all at once.
+    meta : ``corpus_digest``, ``model_version``, ``dim`` (+ anything else for the manifest).
+    dtype : ``float32`` or ``float16`` (half the bytes; scores differ by ~1e-3).
+
+    Returns
+    -------
+    Path
+        The published version directory.
+
+    Raises
+    ------
+    ValueError
+        Unknown dtype, ids of different lengths, a block of the wrong shape, or rows that are not
+        unit vectors (norm off by more than 1e-2; names the first bad row).
+    """
+    if dtype not in VECTOR_DTYPES:
+        raise ValueError(f"mapped embedding index dtype must be one of {VECTOR_DTYPES}, got {dtype!r}")
+    n, dim = len(passage_ids), int(meta["dim"])
+    cluster_ids = np.asarray(cluster_ids, dtype=np.int32)
+    if len(unit_ids) != n or cluster_ids.shape != (n,):
+        raise ValueError(f"mapped embedding index: {n} passage ids, {len(unit_ids)} unit ids, "
+                         f"{cluster_ids.shape[0]} cluster ids")
+    order = np.argsort(cluster_ids, kind="stable")                                 # rows grouped by cluster
+    names, codes = np.unique(np.asarray(unit_ids, dtype=object).astype(str), return_inverse=True)
+    pids = pa.array(passage_ids, pa.string()).take(pa.array(order))
+    table = pa.table({"passage_id": pids, "unit_id": pa.array(unit_ids, pa.string()).take(pa.array(order)),
+                      "cluster_id": pa.array(cluster_ids[order], pa.int32()),
+                      "unit_code": pa.array(codes.reshape(-1)[order].astype(np.int32), pa.int32())})
+    store = ArtifactStore(root)
+    staging = Path(root) / f".build-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        vec_path, ids_path = staging / MAPPED_VECTORS, staging / MAPPED_IDS
+        out = np.lib.format.open_memmap(vec_path, mode="w+", dtype=np.dtype(dtype), shape=(n, dim))
+        for start in range(0, n, block_rows):
+            rows = order[start:start + block_rows]
+            block = np.asarray(fill(rows), dtype=np.float32)
+            if block.shape != (len(rows), dim):
+                raise ValueError(f"mapped embedding index: fill gave {block.shape} for {len(rows)} rows of dim {dim}")
+            bad = np.flatnonzero(np.abs(np.linalg.norm(block, axis=1) - 1.0) > 1e-2)
+            if bad.size:
+                raise ValueError(f"mapped embedding index: corpus row {int(rows[bad[0]])} "
+                                 f"({passage_ids[int(rows[bad[0]])]!r}) is not a unit vector")
+            out[start:start + len(rows)] = block
+        out.flush()
+        del out
+        with pa.OSFile(str(ids_path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table.combine_chunks())
+
+        def validate(version_dir: Path) -> None:
+            back = MappedEmbeddingIndex(version_dir, meta)
+            if len(back) != n or back.dim != dim or back.vectors.dtype != np.dtype(dtype):
+                raise ValueError(f"{version_dir}: read back {back.vectors.shape} {back.vectors.dtype}")
+
+        return store.publish(store.new_version_id(sha256_file(ids_path)),
+                             {MAPPED_VECTORS: vec_path, MAPPED_IDS: ids_path},
+                             {**meta, "layout": MAPPED_LAYOUT, "dtype": dtype, "passages": n}, validate)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 PRECISIONS = ("fp32", "int8", "bf16")

@@ -29,20 +29,29 @@ class StoredRanking:
     passage_rows, passage_scores : embedding-index rows of every passage of the K clusters and
         their dense scores ``(n_passages,)``, in index row order of the clusters as given (the
         final passages of the top-N units are chosen by these).
+    unit_codes : the index's unit code of each unit of ``unit_ids`` (same order), int64.
+    passage_codes : the unit code of each passage row, int64 ``(n_passages,)``.
     """
 
     unit_ids: list[str]
     unit_scores: np.ndarray
     passage_rows: np.ndarray
     passage_scores: np.ndarray
+    unit_codes: np.ndarray | None = None
+    passage_codes: np.ndarray | None = None
 
-    def top_passages(self, index: EmbeddingIndex, n_units: int, n_final: int) -> list[tuple[int, float]]:
+    def top_passages(self, index, n_units: int, n_final: int) -> list[tuple[int, float]]:
         """``[(row, score)]`` of the ``n_final`` best passages of the top ``n_units`` units
         (score desc, then row asc)."""
-        keep = set(self.unit_ids[:n_units])
-        cand = [(float(s), int(r)) for r, s in zip(self.passage_rows, self.passage_scores) if index.unit_ids[r] in keep]
-        cand.sort(key=lambda x: (-x[0], x[1]))
-        return [(r, s) for s, r in cand[:n_final]]
+        if self.unit_codes is None or self.passage_codes is None:      # built by hand: by unit id
+            keep = set(self.unit_ids[:n_units])
+            mask = np.asarray([index.unit_ids[int(r)] in keep for r in self.passage_rows], dtype=bool)
+        else:
+            mask = np.isin(self.passage_codes, self.unit_codes[:n_units])
+        rows = np.asarray(self.passage_rows)[mask]
+        scores = np.asarray(self.passage_scores, dtype=np.float32)[mask]
+        order = np.lexsort((rows, -scores))[:n_final]
+        return [(int(rows[j]), float(scores[j])) for j in order]
 
 
 def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: list[int],
@@ -50,11 +59,17 @@ def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: lis
     """Score every passage of ``cluster_ids`` by ``query · E(p)`` and rank their units by MaxP,
     or by MaxP fused with the units' BM25 scores (:func:`tasks.funnel.fusion.fuse`).
 
+    Vectorised over the passages of the K clusters: one gather of their stored vectors (from
+    memory or a memory map, :class:`tasks.funnel.embeddings.MappedEmbeddingIndex`), one
+    matrix-vector product, the per-unit maximum by the index's integer unit codes (which sort as
+    the unit ids do), one lexicographic sort; unit ids are materialised only for the units of
+    these clusters.
+
     Parameters
     ----------
     query : float32 ``(dim,)``, the L2-normalised question embedding of the same pre-ranker
         version as the index (checked by the caller with :meth:`EmbeddingIndex.check`).
-    index : EmbeddingIndex
+    index : EmbeddingIndex or MappedEmbeddingIndex
     cluster_ids : the BM25 top-K clusters.
     bm25_scores : None, or ``rows -> float (n,)``: the passages' BM25 scores for the question
         (:meth:`tasks.funnel.fusion.PassageBM25.scores` bound to it); needed when
@@ -64,6 +79,7 @@ def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: lis
     Returns
     -------
     StoredRanking
+        Units by (MaxP score desc, unit id asc).
 
     Raises
     ------
@@ -76,14 +92,14 @@ def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: lis
     if fusion.method != "none" and bm25_scores is None:
         raise ValueError(f"fusion {fusion.method!r} needs the passages' BM25 scores")
     rows = index.rows_of_clusters(cluster_ids)                      # (n_passages,)
-    scores = index.vectors[rows] @ q                                 # (n_passages,)
-    units = [index.unit_ids[r] for r in rows]
-    names = sorted(set(units))
-    pos = {u: i for i, u in enumerate(names)}
-    groups = np.asarray([pos[u] for u in units], np.int64)
-    best = group_max(scores, groups, len(names))                     # (n_units,)
+    scores = index.gather(rows) @ q                                  # (n_passages,) float32
+    codes = np.asarray(index.unit_codes[rows], dtype=np.int64)       # (n_passages,)
+    uniq, first, inv = np.unique(codes, return_index=True, return_inverse=True)   # units in id order
+    groups = inv.reshape(-1)
+    best = group_max(scores, groups, len(uniq))                      # (n_units,)
     if fusion.method != "none":
-        unit_bm25 = pool_bm25(bm25_scores(rows), groups, len(names), fusion.bm25_pool)   # (n_units,)
-        best = fuse(best, unit_bm25, names, fusion)                  # (n_units,) float64
-    order = sorted(range(len(names)), key=lambda i: (-float(best[i]), names[i]))
-    return StoredRanking([names[i] for i in order], best[order], rows, scores.astype(np.float32))
+        unit_bm25 = pool_bm25(bm25_scores(rows), groups, len(uniq), fusion.bm25_pool)   # (n_units,)
+        best = fuse(best, unit_bm25, index.unit_names_at(rows[first]), fusion)         # (n_units,) float64
+    order = np.lexsort((uniq, -best))                                # score desc, unit id asc
+    names = index.unit_names_at(rows[first[order]])
+    return StoredRanking(names, best[order], rows, scores.astype(np.float32), uniq[order], codes)
