@@ -345,7 +345,7 @@ def write_days(root: Path, plan: Plan, wiki: str, base_date: str, n_days: int, s
                not_done: int = 0) -> tuple[dict[int, SynthPage], list[dict]]:
     """Adds-changes days ``base_date + 1 … + n_days`` under ``root/other/incr/<wiki>/``: each
     edits ~``edit_share`` of all pages (1–3 revisions each, the last one wins; ~5% of edited
-    articles renamed, ~2% turned into redirects; edits of pages in other namespaces too), adds
+    articles renamed (at least one a day), ~2% turned into redirects; edits of pages in other namespaces too), adds
     ~``new_share`` new articles and ~``redirect_share`` new redirects (page ids after the last
     one). The last ``not_done`` days get ``status.txt`` = "in-progress".
 
@@ -394,7 +394,7 @@ def write_days(root: Path, plan: Plan, wiki: str, base_date: str, n_days: int, s
                 revisions.append((rev, ts, text))
             if text.startswith("#REDIRECT [["):
                 redirect = text[len("#REDIRECT [["):text.index("]]")]
-            if ns == 0 and kind == ARTICLE and redirect is None and rng.random() < 0.05:   # renamed
+            if ns == 0 and kind == ARTICLE and redirect is None and (rng.random() < 0.05 or not counts["renamed"]):   # renamed
                 title = f"{title} (renamed {date})"
                 titles[pid] = title
                 counts["renamed"] += 1

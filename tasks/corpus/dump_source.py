@@ -128,7 +128,8 @@ class Mirror:
         self.root = str(root)
         self.is_http = self.root.startswith(("http://", "https://"))
         self._client = (httpx.Client(transport=httpx.HTTPTransport(retries=retries), timeout=timeout_s,
-                                     follow_redirects=True, headers={"User-Agent": "funnelrag-corpus-nightly"})
+                                     follow_redirects=True, headers={"User-Agent": "funnelrag-corpus-nightly",
+                                              "Accept-Encoding": "identity"})   # byte ranges of the file itself
                         if self.is_http else None)
 
     def close(self) -> None:
@@ -191,7 +192,7 @@ class Mirror:
                 yield start, iter(())
                 return
             resp.raise_for_status()
-            yield (start if resp.status_code == 206 else 0), resp.iter_bytes(CHUNK)
+            yield (start if resp.status_code == 206 else 0), resp.iter_bytes()   # as received: a cut keeps what came
 
 
 def _valid_date(s: str) -> bool:
@@ -239,12 +240,14 @@ def parse_dumpstatus(text: str, wiki: str, date: str, where: str) -> FullDump:
     name = full_dump_name(wiki, date)
     for job_name in FULL_JOBS:
         job = jobs.get(job_name)
-        if not isinstance(job, dict) or name not in (job.get("files") or {}):
+        if not isinstance(job, dict):
             continue
         status = job.get("status")
         if status != DONE:
             raise DumpNotReady(f"{where}: job {job_name} is {status!r}, not {DONE!r} (the dump is still being "
                                "written or failed); an older finished dump is used")
+        if name not in (job.get("files") or {}):
+            continue
         files = job["files"]
         ix = index_name(name)
         return FullDump(wiki, date, _remote(f"{wiki}/{date}/{name}", files[name], where),
