@@ -10,7 +10,7 @@ of MERGED (the full dump holding the page texts after the last day) in a fresh h
 its content digest must equal the last incremental night's. The days' ``status.txt`` are restored at the end.
 
 Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED.xml.bz2 --home DIR
-[--wiki synwiki] [--workers 2] [--http] [--out results.json]``.
+[--wiki synwiki] [--workers 2] [--http] [--no-gate] [--out results.json]``.
 """
 from __future__ import annotations
 
@@ -28,20 +28,21 @@ import time
 from pathlib import Path
 
 
-def _config(home: Path, workers: int, mirror: str | None, wiki: str, paths: list[str] | None):
+def _config(home: Path, workers: int, mirror: str | None, wiki: str, paths: list[str] | None, gate: bool = True):
     from flows.corpus_build import CorpusBuildConfig
 
     source = {"datasets": [], "mirror": mirror, "wiki": wiki} if mirror else {"datasets": [], "paths": paths}
     return CorpusBuildConfig.model_validate({
         "name": wiki, "source": source, "ingest": {"format": "mediawiki"}, "clustering": {"max_tokens": 4096},
-        "workspace": {"home": str(home)}, "runner": {"kind": "local", "workers": workers}})
+        "workspace": {"home": str(home)}, "runner": {"kind": "local", "workers": workers},
+        "gate": {"enabled": gate}})
 
 
 def one_night(args: argparse.Namespace) -> None:
     """In a child process: one nightly run; its summary as JSON on the last line of stdout."""
     from flows.corpus_nightly import corpus_build_nightly
 
-    cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths)
+    cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths, gate=not args.no_gate)
     summary = corpus_build_nightly(cfg)
     keep = ("version", "unchanged", "shards", "nightly", "counts", "stages", "total_seconds")
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in keep}, default=str))
@@ -83,6 +84,7 @@ def main() -> None:
     ap.add_argument("--wiki", default="synwiki")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--http", action="store_true")
+    ap.add_argument("--no-gate", action="store_true", help="gate.enabled=false (every version becomes current)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--one-night", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mirror-url", help=argparse.SUPPRESS)
@@ -95,11 +97,12 @@ def main() -> None:
     saved = {d: (d / "status.txt").read_text() for d in days}
     server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
     common = ["--home", str(args.home / "nightly"), "--wiki", args.wiki, "--workers", str(args.workers)]
+    common += ["--no-gate"] if args.no_gate else []
     results = []
     try:
         if args.merged:   # first: the figure a full build of the same size gives, and the digest to match
             r = _run_child(["--one-night", "--paths", str(args.merged), "--home", str(args.home / "merged"),
-                            "--wiki", args.wiki, "--workers", str(args.workers)])
+                            "--wiki", args.wiki, "--workers", str(args.workers), *common[6:]])
             r["night"] = "merged full build"
             results.append(r)
             print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version")}), flush=True)
