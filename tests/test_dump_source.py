@@ -229,3 +229,14 @@ def test_retention_keeps_the_newest_dumps(tmp_path):
     removed = D.prune_downloads(tmp_path, WIKI, keep_dumps=2, in_use=[])
     assert sorted(p.name for p in removed) == ["20260101", "20260110"]
     assert D.prune_downloads(tmp_path, WIKI, keep_dumps=1, in_use=["20260120"]) == []
+
+
+def test_last_build_reads_the_state_of_an_unchanged_build(tmp_path):
+    from tasks.corpus.nightly import last_build, read_state, write_state
+
+    manifest = {"dump": {"wiki": WIKI, "base": BASE, "days": [DAYS[0]]}}
+    assert last_build(manifest, None, "v1") == manifest["dump"]
+    write_state(tmp_path, "v1", {"wiki": WIKI, "base": BASE, "days": DAYS[:2]})   # day 2 changed nothing
+    assert last_build(manifest, read_state(tmp_path), "v1")["days"] == DAYS[:2]
+    assert last_build(manifest, read_state(tmp_path), "v2") == manifest["dump"]   # a newer version: its manifest
+    assert last_build(None, None, None) is None
