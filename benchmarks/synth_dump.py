@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import bz2
 import hashlib
+import json
 import multiprocessing as mp
 import re
 import time
@@ -273,13 +274,230 @@ def repack(xml: bytes, dump: Path, pages_per_stream: int = PAGES_PER_STREAM, ind
     return -(-len(pages) // pages_per_stream)
 
 
+# ---------------------------------------------------------------------------------- Wikimedia mirror
+INCR_HEADER = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
+               "  <siteinfo>\n    <sitename>Wikipedia</sitename>\n    <dbname>{wiki}</dbname>\n  </siteinfo>\n")
+
+
+def _day(date: str, k: int) -> str:
+    import datetime as dt
+
+    return (dt.datetime.strptime(date, "%Y%m%d") + dt.timedelta(days=k)).strftime("%Y%m%d")
+
+
+def _digests(path: Path) -> dict:
+    sha1, md5 = hashlib.sha1(), hashlib.md5()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            sha1.update(block)
+            md5.update(block)
+    return {"size": path.stat().st_size, "sha1": sha1.hexdigest(), "md5": md5.hexdigest()}
+
+
+def write_dumpstatus(dump_dir: Path, wiki: str, date: str, status: str = "done") -> Path:
+    """``dumpstatus.json`` (job ``articlesmultistreamdump`` with size, sha1, md5 and url of the dump
+    and its index), ``<wiki>-<date>-sha1sums.txt`` and ``-md5sums.txt`` of a full-dump directory."""
+    import json
+
+    files = {}
+    for name in (f"{wiki}-{date}-pages-articles-multistream.xml.bz2", f"{wiki}-{date}-pages-articles-multistream-index.txt.bz2"):
+        files[name] = {**_digests(dump_dir / name), "url": f"/{wiki}/{date}/{name}"}
+    status_doc = {"jobs": {"articlesmultistreamdump": {"status": status, "updated": f"{date[:4]}-{date[4:6]}-{date[6:]} 12:00:00",
+                                                       "files": files},
+                           "metacurrentdump": {"status": "waiting", "updated": "", "files": {}}},
+                  "version": "0.8"}
+    (dump_dir / f"{wiki}-{date}-sha1sums.txt").write_text("".join(f"{f['sha1']}  {n}\n" for n, f in files.items()))
+    (dump_dir / f"{wiki}-{date}-md5sums.txt").write_text("".join(f"{f['md5']}  {n}\n" for n, f in files.items()))
+    path = dump_dir / "dumpstatus.json"
+    path.write_text(json.dumps(status_doc, indent=1, sort_keys=True))
+    return path
+
+
+@dataclass
+class SynthPage:
+    """A page's state after an adds-changes day (what a full dump of that day would hold)."""
+
+    page_id: int
+    title: str
+    ns: int
+    redirect: str | None
+    text: str
+    rev_id: int
+    timestamp: str
+
+
+def synth_page_xml(p: SynthPage, revisions: list[tuple[int, str, str]] | None = None) -> str:
+    """A ``<page>`` with one revision (a full dump) or several (``revisions``: (id, timestamp,
+    text) of an adds-changes file, the last being the page's state)."""
+    revs = revisions or [(p.rev_id, p.timestamp, p.text)]
+    body = "".join(
+        f"    <revision>\n      <id>{rid}</id>\n      <timestamp>{ts}</timestamp>\n      <contributor>\n"
+        f"        <username>Synth</username>\n        <id>2</id>\n      </contributor>\n      <model>wikitext</model>\n"
+        f"      <format>text/x-wiki</format>\n      <text bytes=\"{len(t.encode())}\" xml:space=\"preserve\">{escape(t)}</text>\n"
+        f"      <sha1>{hashlib.sha1(t.encode()).hexdigest()}</sha1>\n    </revision>\n" for rid, ts, t in revs)
+    redirect = f"\n    <redirect title={quoteattr(p.redirect)} />" if p.redirect is not None else ""
+    return (f"  <page>\n    <title>{escape(p.title)}</title>\n    <ns>{p.ns}</ns>\n    <id>{p.page_id}</id>{redirect}\n"
+            f"{body}  </page>\n")
+
+
+def write_days(root: Path, plan: Plan, wiki: str, base_date: str, n_days: int, seed: int,
+               edit_share: float = 0.01, new_share: float = 0.001, redirect_share: float = 0.0005,
+               not_done: int = 0) -> tuple[dict[int, SynthPage], list[dict]]:
+    """Adds-changes days ``base_date + 1 … + n_days`` under ``root/other/incr/<wiki>/``: each
+    edits ~``edit_share`` of all pages (1–3 revisions each, the last one wins; ~5% of edited
+    articles renamed (at least one a day), ~2% turned into redirects; edits of pages in other namespaces too), adds
+    ~``new_share`` new articles and ~``redirect_share`` new redirects (page ids after the last
+    one). The last ``not_done`` days get ``status.txt`` = "in-progress".
+
+    Returns ``({page_id: final state of every ns-0 page changed or added}, [per-day counts])``.
+    """
+    n = plan.kinds.size
+    final: dict[int, SynthPage] = {}
+    titles = {}   # page id -> current title of pages renamed or added
+    next_id, rev = n + 10, 10_000_000
+    infos = []
+    for d in range(1, n_days + 1):
+        date = _day(base_date, d)
+        rng = np.random.default_rng([seed, 0xDA, d])
+        ts = f"{date[:4]}-{date[4:6]}-{date[6:]}T06:00:00Z"
+        n_edit = max(1, int(round(edit_share * (next_id - 10))))
+        edited = np.unique(rng.integers(10, next_id, size=n_edit)).tolist()
+        pages_out: list[str] = []
+        counts = Counter()
+        for pid in edited:
+            i = pid - 10
+            prev = final.get(pid)
+            kind = int(plan.kinds[i]) if i < n else ARTICLE
+            ns = int(plan.namespaces[i]) if i < n else 0
+            title = titles.get(pid) or (plan.title(i) if i < n else prev.title)
+            revisions = []
+            for r in range(1 + int(rng.integers(3))):
+                rev += 1
+                if ns != 0:
+                    text = " ".join(_words(plan, rng, 30 + int(rng.integers(200))))
+                elif kind == REDIRECT or (prev is not None and prev.redirect is not None):
+                    target = plan.title(int(_popular(plan, rng, 1)[0]))
+                    text = f"#REDIRECT [[{target}]]"
+                elif kind == DISAMBIGUATION:
+                    items = "\n".join(f"* [[{plan.title(int(t))}]]" for t in _popular(plan, rng, 2 + int(rng.integers(8))))
+                    text = f"'''{title[:-17]}''' may refer to:\n{items}\n\n{{{{disambiguation}}}}"
+                else:
+                    size = int(np.clip(rng.lognormal(LENGTH_MU, LENGTH_SIGMA), 300, 200_000))
+                    text = article_text(plan, rng, i if i < n else int(rng.integers(n)), size)
+                revisions.append((rev, ts, text))
+            redirect = None
+            text = revisions[-1][2]
+            if ns == 0 and kind == ARTICLE and rng.random() < 0.02:   # the page became a redirect
+                target = plan.title(int(_popular(plan, rng, 1)[0]))
+                rev += 1
+                text = f"#REDIRECT [[{target}]]"
+                revisions.append((rev, ts, text))
+            if text.startswith("#REDIRECT [["):
+                redirect = text[len("#REDIRECT [["):text.index("]]")]
+            if ns == 0 and kind == ARTICLE and redirect is None and (rng.random() < 0.05 or not counts["renamed"]):   # renamed
+                title = f"{title} (renamed {date})"
+                titles[pid] = title
+                counts["renamed"] += 1
+            page = SynthPage(pid, title, ns, redirect, text, revisions[-1][0], ts)
+            pages_out.append(synth_page_xml(page, revisions))
+            counts["edited" if ns == 0 else "other_namespace"] += 1
+            if ns == 0:
+                final[pid] = page
+        for kind_new, share in ((ARTICLE, new_share), (REDIRECT, redirect_share)):
+            for _ in range(int(round(share * n))):
+                pid, next_id = next_id, next_id + 1
+                rev += 1
+                a, b = plan.vocab[int(rng.integers(plan.vocab.size))], plan.vocab[int(rng.integers(plan.vocab.size))]
+                title = f"{a.capitalize()} {b} new {pid}"
+                if kind_new == ARTICLE:
+                    text = article_text(plan, rng, int(rng.integers(n)), int(np.clip(rng.lognormal(LENGTH_MU, LENGTH_SIGMA), 300, 200_000)))
+                    redirect = None
+                    counts["new_articles"] += 1
+                else:
+                    redirect = plan.title(int(_popular(plan, rng, 1)[0]))
+                    text = f"#REDIRECT [[{redirect}]]"
+                    counts["new_redirects"] += 1
+                page = SynthPage(pid, title, 0, redirect, text, rev, ts)
+                titles[pid] = title
+                final[pid] = page
+                pages_out.append(synth_page_xml(page))
+        day_dir = root / "other" / "incr" / wiki / date
+        day_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{wiki}-{date}-pages-meta-hist-incr.xml.bz2"
+        (day_dir / name).write_bytes(bz2.compress((INCR_HEADER.format(wiki=wiki) + "".join(pages_out) + FOOTER).encode(), 9))
+        (day_dir / "md5sums.txt").write_text(f"{_digests(day_dir / name)['md5']}  {name}\n")
+        (day_dir / "maxrevid.txt").write_text(f"{rev}\n")
+        (day_dir / "status.txt").write_text("in-progress\n" if d > n_days - not_done else "done\n")
+        infos.append({"date": date, **counts})
+    return final, infos
+
+
+def write_merged(base_dump: Path, final: dict[int, SynthPage], out: Path) -> dict:
+    """A full multistream dump (+ index) holding the base dump's pages with every ns-0 change of
+    ``final`` (the page texts after the last day), in page id order, :data:`PAGES_PER_STREAM`
+    pages a stream: what a full dump of that day would hold, to check an incremental build
+    against. Other-namespace edits are not applied (the nightly skips them too)."""
+    xml = bz2.open(base_dump).read()
+    start, end = xml.index(b"  <page>"), xml.rindex(b"</mediawiki>")
+    pages = []
+    for body in xml[start:end].split(b"  <page>")[1:]:
+        pid = int(re.search(rb"<id>(\d+)</id>", body).group(1))
+        pages.append((pid, synth_page_xml(final[pid]).encode() if pid in final else b"  <page>" + body))
+    seen = {pid for pid, _ in pages}
+    pages += [(pid, synth_page_xml(p).encode()) for pid, p in sorted(final.items()) if pid not in seen]
+    pages.sort(key=lambda t: t[0])
+    merged = xml[:start] + b"".join(body for _, body in pages) + xml[end:]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    streams = repack(merged, out)
+    return {"dump": str(out), "pages": len(pages), "streams": streams}
+
+
+def write_mirror(root: Path, n_pages: int, n_days: int = 3, seed: int = 0, workers: int = 1, wiki: str = "synwiki",
+                 base_date: str = "20260101", merged: Path | None = None, sample: Path | None = None,
+                 reuse_base: bool = False, not_done: int = 0, edit_share: float = 0.01) -> dict:
+    """A mirror in Wikimedia's layout under ``root``: the full dump ``<wiki>/<base_date>/`` (dump,
+    index, ``dumpstatus.json``, sha1/md5 sums) and ``n_days`` adds-changes days
+    ``other/incr/<wiki>/<date>/`` (:func:`write_days`); with ``merged``, also the full dump of the
+    last day's page texts written there (:func:`write_merged`), outside the mirror.
+    ``reuse_base`` keeps a base dump already written by this function or :func:`write_dump`."""
+    t0 = time.perf_counter()
+    root = Path(root)
+    dump_dir = root / wiki / base_date
+    name = f"{wiki}-{base_date}-pages-articles-multistream"
+    sample = Path(sample) if sample else None
+    if not (reuse_base and (dump_dir / f"{name}-index.txt.bz2").is_file()):
+        write_dump(dump_dir, n_pages, seed, workers, sample, name=name)
+    write_dumpstatus(dump_dir, wiki, base_date)
+    from funnelrag.datasets import default_mirror
+
+    words, freq = sample_words(sample or Path(default_mirror()) / SAMPLE)
+    plan = make_plan(n_pages, seed, words, freq)
+    final, days = write_days(root, plan, wiki, base_date, n_days, seed, edit_share=edit_share, not_done=not_done)
+    info = {"mirror": str(root), "base": str(dump_dir / f"{name}.xml.bz2"), "days": days}
+    if merged is not None:
+        last = _day(base_date, n_days - not_done)
+        info["merged"] = write_merged(dump_dir / f"{name}.xml.bz2", final,
+                                      Path(merged) / f"{wiki}-{last}-pages-articles-multistream.xml.bz2")
+    info["seconds"] = time.perf_counter() - t0
+    return info
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--pages", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--mirror-days", type=int, default=0,
+                    help="write a Wikimedia-layout mirror in OUT_DIR: the full dump and this many adds-changes days")
+    ap.add_argument("--merged", type=Path, help="with --mirror-days: write the full dump of the last day's texts here")
+    ap.add_argument("--reuse-base", action="store_true", help="with --mirror-days: keep an existing base dump")
     args = ap.parse_args()
+    if args.mirror_days:
+        info = write_mirror(args.out_dir, args.pages, args.mirror_days, args.seed, args.workers, merged=args.merged,
+                            reuse_base=args.reuse_base)
+        print(json.dumps(info, indent=1))
+        return
     info = write_dump(args.out_dir, args.pages, args.seed, args.workers)
     print(f"{info['pages']:,} pages, {info['streams']:,} streams: {info['xml_bytes'] / 1e6:.1f} MB XML, "
           f"{info['bz2_bytes'] / 1e6:.1f} MB bz2 in {info['seconds']:.1f} s -> {info['dump']}")

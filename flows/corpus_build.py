@@ -46,9 +46,21 @@ log = logging.getLogger(__name__)
 
 
 class CorpusSource(DataSource):
-    """Dumps to build from (default: the Wikispeedia articles and link graph)."""
+    """Dumps to build from (default: the Wikispeedia articles and link graph).
+
+    ``mirror`` (an ``https://`` base URL in Wikimedia's layout, e.g. ``https://dumps.wikimedia.org``,
+    or a local directory laid out the same way) is followed by ``corpus-build-nightly``
+    (:mod:`flows.corpus_nightly`): the newest finished full dump of ``wiki`` plus its adds-changes
+    days, downloaded into the home, of which the newest ``keep_dumps`` full dumps are kept. ``dump``
+    is set by that flow (what tonight's input holds: base dump and applied days) and goes into the
+    manifest; leave it unset.
+    """
 
     datasets: list[str] = Field(default_factory=lambda: ["wikispeedia-articles", "wikispeedia-graph"])
+    mirror: str | None = None
+    wiki: str = "enwiki"
+    keep_dumps: int = Field(default=2, ge=1)
+    dump: dict[str, Any] | None = None
     expected_file: ClassVar[str] = ("a dump file (a MediaWiki .xml or .xml.bz2 export, e.g. "
                                     "enwiki-…-pages-articles-multistream.xml.bz2, or a file of ingest.format)")
 
@@ -78,8 +90,8 @@ class CorpusBuildConfig(FlowConfig):
         if self.clustering.tokenizer != self.segment.tokenizer:
             raise ValueError(f"clustering.tokenizer ({self.clustering.tokenizer}) and segment.tokenizer "
                              f"({self.segment.tokenizer}) must name the same tokenizer")
-        if not self.source.datasets and not self.source.paths:
-            raise ValueError("source: give at least one dataset name or path")
+        if not self.source.datasets and not self.source.paths and not self.source.mirror:
+            raise ValueError("source: give at least one dataset name or path, or a mirror")
         return self
 
 
@@ -92,7 +104,12 @@ def enwiki_sample_config(**overrides: Any) -> CorpusBuildConfig:
 
 def resolve_inputs(cfg: CorpusBuildConfig, ws: Workspace) -> list[tuple[Path, str]]:
     """``[(path, sha256)]`` of the inputs: registered sets verified against their checksum,
-    explicit paths hashed."""
+    explicit paths hashed.
+
+    Raises ``ValueError`` for a mirror without paths: the nightly flow resolves the mirror."""
+    if cfg.source.mirror and not cfg.source.paths:
+        raise ValueError(f"source.mirror ({cfg.source.mirror}) is followed by the corpus-build-nightly flow "
+                         "(flows/corpus_nightly.py); build-corpus builds source.paths / source.datasets")
     return cfg.source.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "source.paths")
 
 
@@ -178,6 +195,8 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
                    "document_units": stages["segment"].summary["document_units"],
                    "passages": stages["segment"].summary["passages"]},
     }
+    if cfg.source.dump:   # the nightly's input: the base full dump and the adds-changes days applied
+        manifest_extra["dump"] = cfg.source.dump
     store = corpus_store(ws, cfg.name)
     current = store.current_version()
     if current is not None and store.read_manifest(current).get("content_digest") == digest:
@@ -265,6 +284,13 @@ def summary_markdown(summary: dict[str, Any]) -> str:
              f"- MLflow run: {summary.get('mlflow_run_link') or '`' + summary['mlflow_run_id'] + '`'}",
              f"- store: `{summary['store']}` (version directory `{summary['path']}`)",
              f"- S (max cluster tokens): {summary['max_cluster_tokens_S']:,}"]
+    if summary.get("dump"):
+        dump = summary["dump"]
+        lines.append(f"- input: full dump `{dump['base']}` of `{dump['wiki']}`"
+                     + (f" + adds-changes days {', '.join(dump['days'])}" if dump.get("days") else ""))
+        if dump.get("days"):
+            lines.append("- page deletions and moves are not in adds-changes dumps: they take effect when the next "
+                         "full dump becomes the base")
     if summary.get("unchanged"):
         lines.append(f"- **unchanged**: the build's content digest equals the current version `{summary['version']}`; "
                      "nothing was published, `current` did not move and no `corpus.current` event was emitted")
@@ -352,6 +378,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
             "ingest": {"records": stages["ingest"].summary["records"], "skipped": stages["ingest"].summary["skipped"],
                        "mb_per_s": stages["ingest"].summary["mb_per_s"]},
             "shards": shard_report(stages),
+            **({"dump": config.source.dump} if config.source.dump else {}),
             # seconds spent in this run; a cache hit's original build time is not spent now
             "stages": {k: {"seconds": (walls[k] if k not in stages or stages[k].cache_hit
                                        else stages[k].summary.get("seconds", walls[k])),

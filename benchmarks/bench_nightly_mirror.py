@@ -1,0 +1,155 @@
+"""The nightly that follows a Wikimedia mirror, night by night, on a synthetic mirror
+(``python benchmarks/synth_dump.py MIRROR --pages N --mirror-days D --merged MERGED``).
+
+Night 1 sees only the full dump (every adds-changes day's ``status.txt`` is set to
+"in-progress"), night k + 1 sees day k done as well (``--release 1 2``: one day before night 2,
+two more before night 3), and a last night sees nothing new. Each night is
+``corpus-build-nightly`` in a fresh process (``--http``: the mirror served by a local HTTP server,
+so the dump is downloaded into the home), with its wall time and CPU seconds (the process and its
+worker processes, ``RUSAGE_CHILDREN``; the Prefect API it starts included), its action, the
+adds-changes apply step and its shard reuse. Then a build of MERGED (the full dump holding the
+page texts after the last day) in the same home: it must report *unchanged*, i.e. its content
+digest equals the last incremental night's (its ingest runs; every later stage is a cache hit).
+The days' ``status.txt`` are restored at the end.
+
+Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED.xml.bz2 --home DIR
+[--wiki synwiki] [--workers 2] [--http] [--no-gate] [--release 1 1 1] [--out results.json]``.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def _config(home: Path, workers: int, mirror: str | None, wiki: str, paths: list[str] | None, gate: bool = True):
+    from flows.corpus_build import CorpusBuildConfig
+
+    source = {"datasets": [], "mirror": mirror, "wiki": wiki} if mirror else {"datasets": [], "paths": paths}
+    return CorpusBuildConfig.model_validate({
+        "name": wiki, "source": source, "ingest": {"format": "mediawiki"}, "clustering": {"max_tokens": 4096},
+        "workspace": {"home": str(home)}, "runner": {"kind": "local", "workers": workers},
+        "gate": {"enabled": gate}})
+
+
+def one_night(args: argparse.Namespace) -> None:
+    """In a child process: one nightly run; its summary as JSON on the last line of stdout."""
+    from flows.corpus_nightly import corpus_build_nightly
+
+    cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths, gate=not args.no_gate)
+    summary = corpus_build_nightly(cfg)
+    keep = ("version", "unchanged", "shards", "nightly", "counts", "stages", "total_seconds")
+    print("SUMMARY " + json.dumps({k: summary.get(k) for k in keep}, default=str))
+
+
+def _run_child(argv: list[str]) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}   # a loaded box starts it slowly
+    proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-5000:])
+        raise SystemExit(f"night failed: {' '.join(argv)}")
+    line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("SUMMARY "))
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "load": Path("/proc/loadavg").read_text().split()[:3],
+            **json.loads(line[len("SUMMARY "):])}
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = functools.partial(_Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mirror", type=Path, nargs="?")
+    ap.add_argument("--merged", type=Path)
+    ap.add_argument("--home", type=Path, required=True)
+    ap.add_argument("--wiki", default="synwiki")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--http", action="store_true")
+    ap.add_argument("--no-gate", action="store_true", help="gate.enabled=false (every version becomes current)")
+    ap.add_argument("--release", type=int, nargs="*", help="days that become done before each incremental night "
+                    "(default: 1 1 1 …, one a night)")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--one-night", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mirror-url", help=argparse.SUPPRESS)
+    ap.add_argument("--paths", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one_night:
+        return one_night(args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a kill still restores the days' status.txt
+    days = sorted((args.mirror / "other" / "incr" / args.wiki).iterdir())
+    saved = {d: (d / "status.txt").read_text() for d in days}
+    server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
+    common = ["--home", str(args.home / "nightly"), "--wiki", args.wiki, "--workers", str(args.workers)]
+    common += ["--no-gate"] if args.no_gate else []
+    results = []
+    try:
+        for d in days:
+            (d / "status.txt").write_text("in-progress\n")
+        release = args.release or [1] * len(days)
+        done = 0
+        for night in range(len(release) + 2):
+            if 1 <= night <= len(release):
+                for d in days[done:done + release[night - 1]]:
+                    (d / "status.txt").write_text(saved[d])
+                done += release[night - 1]
+            r = _run_child(["--one-night", "--mirror-url", url, *common])
+            r["night"] = night + 1
+            results.append(r)
+            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version", "shards")}
+                             | {"action": r["nightly"]["action"], "days": r["nightly"]["days"],
+                                "apply": (r["nightly"].get("fetch") or {}).get("apply")}), flush=True)
+        if args.merged:   # the full dump of the same texts, built in the same home: unchanged = same digest
+            r = _run_child(["--one-night", "--paths", str(args.merged), *common])
+            r["night"] = "merged full build"
+            results.append(r)
+            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version", "unchanged",
+                                                    "shards")}), flush=True)
+    finally:
+        for d, text in saved.items():
+            (d / "status.txt").write_text(text)
+        if server:
+            server.shutdown()
+
+    def digest(r: dict, home: Path) -> str | None:
+        from tasks.corpus.published import corpus_store
+        from funnelrag.workspace import Workspace
+
+        if not r.get("version"):
+            return None
+        return corpus_store(Workspace(home), args.wiki).read_manifest(r["version"])["content_digest"]
+
+    for r in results:
+        r["content_digest"] = digest(r, args.home / "nightly")
+    if args.merged:
+        inc = [r for r in results if (r.get("nightly") or {}).get("action") == "incremental"]
+        print("content digest after the last incremental night:", inc[-1]["content_digest"] if inc else None)
+        print("full build of the merged dump: unchanged =", results[-1].get("unchanged"),
+              "digest", results[-1]["content_digest"])
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""Wikimedia adds-changes dumps applied to a full multistream dump: the dump a full run would
+have written with the same page texts.
+
+An adds-changes day (``<wiki>-<YYYYMMDD>-pages-meta-hist-incr.xml.bz2``) is ordinary export XML
+with every revision made that day, several ``<revision>`` elements per ``<page>``. Per page id the
+newest revision (highest revision id; a later day over an earlier one) of a page in namespace 0
+wins; with it the page's ``<title>`` (a title change in a new revision renames the page) and its
+``<redirect title=…>`` (a page that became a redirect is one now). A page of another namespace is a
+counted skip (``other_namespace``), as is a page without id, title, namespace or revision text
+(``malformed``). Page moves out of namespace 0 and deletions are not in adds-changes dumps: they
+take effect when the next full dump becomes the base.
+
+:func:`apply_changes` writes the merged dump in page id order (the order of a full dump): the base
+dump's bz2 streams holding no changed page are copied byte for byte (so the ingest's piece cache
+and the shard caches behind it see unchanged bytes), the streams with a changed page are
+decompressed, the changed ``<page>`` elements replaced, and compressed again; new page ids go into
+the stream where their id falls, ids past the base's last one into new streams of
+:data:`PAGES_PER_STREAM` pages at the end. A ``-index.txt.bz2`` is written beside it. Nothing here
+imports Prefect.
+"""
+from __future__ import annotations
+
+import bisect
+import bz2
+import logging
+import os
+import re
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+from xml.sax.saxutils import escape, quoteattr
+
+from lxml import etree
+
+from funnelrag.errors import BadInput
+from funnelrag.progress import Progress
+from tasks.corpus.ingest.multistream import index_path, plan_layout
+
+log = logging.getLogger(__name__)
+
+PAGES_PER_STREAM = 100
+OTHER_NAMESPACE, MALFORMED = "other_namespace", "malformed"
+_PAGE = re.compile(rb"[ \t]*<page>.*?</page>[ \t]*\n?", re.S)
+_PAGE_ID = re.compile(rb"<id>(\d+)</id>")
+_TEXT_ENTITIES = {"\r": "&#13;"}   # a raw CR would be read back as LF
+
+
+class AddsChangesError(BadInput):
+    """An adds-changes file or the base dump cannot be read to the end; names file and reason."""
+
+
+@dataclass(frozen=True)
+class PageRevision:
+    """The state of one ns-0 page after a day: its newest revision."""
+
+    page_id: int
+    title: str
+    ns: int
+    redirect: str | None     # the page-level <redirect title=…>, None if the page is no redirect
+    text: str
+    rev_id: int
+    timestamp: str
+    model: str
+    format: str
+    day: str
+
+
+@dataclass
+class DayCounts:
+    """What one adds-changes file held: pages and revisions read, pages kept (ns 0), skipped."""
+
+    date: str
+    pages: int = 0
+    revisions: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)   # the first few skips, "page id N: reason"
+
+    def as_dict(self) -> dict:
+        return {"date": self.date, "pages": self.pages, "revisions": self.revisions, "kept": self.kept,
+                "skipped": dict(sorted(self.skipped.items())), "examples": self.examples}
+
+
+def read_day(path: Path, date: str) -> tuple[dict[int, PageRevision], DayCounts]:
+    """``({page_id: newest revision}, counts)`` of the ns-0 pages of one adds-changes file.
+
+    Raises
+    ------
+    AddsChangesError
+        Malformed XML or a truncated / corrupt bz2 file (names the file, the position and the
+        last complete page).
+    """
+    path = Path(path)
+    counts = DayCounts(date)
+    pages: dict[int, PageRevision] = {}
+    last = "none"
+    try:
+        with bz2.open(path, "rb") if path.suffix == ".bz2" else open(path, "rb") as raw:
+            for _, elem in etree.iterparse(raw, events=("end",), tag="{*}page", huge_tree=True, remove_comments=True):
+                counts.pages += 1
+                rev = _page_revision(elem, date, counts)
+                if rev is not None:
+                    old = pages.get(rev.page_id)
+                    if old is None or rev.rev_id >= old.rev_id:
+                        pages[rev.page_id] = rev
+                    last = f"{rev.title!r} (page id {rev.page_id})"
+                elem.clear(keep_tail=False)
+                parent = elem.getparent()
+                if parent is not None:
+                    while elem.getprevious() is not None:
+                        del parent[0]
+    except etree.XMLSyntaxError as exc:
+        raise AddsChangesError(f"{path}: malformed XML ({exc.msg}); last complete page: {last}") from exc
+    except (EOFError, OSError) as exc:
+        raise AddsChangesError(f"{path}: truncated or corrupt compressed data ({exc}); last complete page: {last}") from exc
+    counts.kept = len(pages)
+    return pages, counts
+
+
+def _local(tag) -> str:
+    return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
+
+
+def _skip(counts: DayCounts, reason: str, what: str) -> None:
+    counts.skipped[reason] += 1
+    if len(counts.examples) < 5:
+        counts.examples.append(f"{what}: {reason}")
+
+
+def _page_revision(elem, date: str, counts: DayCounts) -> PageRevision | None:
+    title = ns = pid = redirect = None
+    revisions = []
+    for child in elem:
+        name = _local(child.tag)
+        if name == "title" and title is None:
+            title = child.text or ""
+        elif name == "ns" and ns is None:
+            ns = (child.text or "").strip()
+        elif name == "id" and pid is None:
+            pid = (child.text or "").strip()
+        elif name == "redirect" and redirect is None:
+            redirect = child.get("title") or ""
+        elif name == "revision":
+            revisions.append(child)
+    counts.revisions += len(revisions)
+    what = f"page id {pid}" if pid else f"page {title!r}"
+    if not (pid and pid.isdigit() and title and ns and ns.lstrip("-").isdigit()):
+        _skip(counts, MALFORMED, what + " (missing or bad <id>, <title> or <ns>)")
+        return None
+    if int(ns) != 0:
+        _skip(counts, OTHER_NAMESPACE, f"{what} in namespace {ns}")
+        return None
+    best = None
+    for rev in revisions:
+        fields = {_local(c.tag): c for c in rev}
+        rid = (fields["id"].text or "").strip() if "id" in fields else ""
+        text = fields.get("text")
+        if not rid.isdigit() or text is None or text.get("deleted") is not None:
+            continue
+        if best is None or int(rid) >= best[0]:
+            best = (int(rid), text.text or "", (fields["timestamp"].text or "") if "timestamp" in fields else "",
+                    (fields["model"].text or "wikitext") if "model" in fields else "wikitext",
+                    (fields["format"].text or "text/x-wiki") if "format" in fields else "text/x-wiki")
+    if best is None:
+        _skip(counts, MALFORMED, what + " (no revision with an id and text)")
+        return None
+    return PageRevision(int(pid), title, 0, redirect, best[1], best[0], best[2], best[3], best[4], date)
+
+
+def merge_days(days: list[tuple[str, Path]]) -> tuple[dict[int, PageRevision], list[DayCounts]]:
+    """The pages of every day, in date order (a later day's revision replaces an earlier one)."""
+    merged: dict[int, PageRevision] = {}
+    counts = []
+    for date, path in sorted(days):
+        pages, day_counts = read_day(path, date)
+        merged.update(pages)
+        counts.append(day_counts)
+    return merged, counts
+
+
+def page_xml(rev: PageRevision) -> bytes:
+    """The ``<page>`` element of a full dump holding ``rev`` (the fields the ingest reads)."""
+    redirect = f"\n    <redirect title={quoteattr(rev.redirect)} />" if rev.redirect is not None else ""
+    text = escape(rev.text, _TEXT_ENTITIES)
+    return (f"  <page>\n    <title>{escape(rev.title)}</title>\n    <ns>0</ns>\n    <id>{rev.page_id}</id>{redirect}\n"
+            f"    <revision>\n      <id>{rev.rev_id}</id>\n      <timestamp>{escape(rev.timestamp)}</timestamp>\n"
+            f"      <model>{escape(rev.model)}</model>\n      <format>{escape(rev.format)}</format>\n"
+            f"      <text bytes=\"{len(rev.text.encode())}\" xml:space=\"preserve\">{text}</text>\n"
+            f"    </revision>\n  </page>\n").encode("utf-8")
+
+
+@dataclass
+class ApplyReport:
+    """What :func:`apply_changes` did."""
+
+    replaced: int = 0            # base pages whose text/title/redirect came from a day
+    added: int = 0               # page ids not in the base dump
+    streams_copied: int = 0      # base streams copied byte for byte
+    streams_rewritten: int = 0   # base streams re-compressed with changed or inserted pages
+    streams_new: int = 0         # streams of pages past the base's last page id
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def read_index(index: Path) -> dict[int, list[tuple[int, str]]]:
+    """``{stream offset: [(page_id, title), …]}`` of a multistream index (``offset:id:title`` lines)."""
+    streams: dict[int, list[tuple[int, str]]] = {}
+    try:
+        with bz2.open(index, "rt", encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                off, pid, title = line.rstrip("\n").split(":", 2)
+                streams.setdefault(int(off), []).append((int(pid), title))
+    except (ValueError, EOFError, OSError) as exc:
+        raise AddsChangesError(f"{index}: unreadable multistream index ({exc})") from exc
+    return streams
+
+
+def apply_changes(base: Path, changes: dict[int, PageRevision], out: Path, workers: int = 1) -> ApplyReport:
+    """Write ``out`` (+ its ``-index.txt.bz2``): the multistream dump ``base`` with ``changes``
+    applied (module docstring). The same inputs give the same bytes; both files appear atomically.
+
+    Parameters
+    ----------
+    base : a multistream ``.xml.bz2`` with its ``-index.txt.bz2`` beside it.
+    changes : ``{page_id: PageRevision}`` (:func:`merge_days`).
+    out : the merged dump's path (its name becomes the ``source`` of every ingested record).
+    workers : threads re-compressing changed streams (bz2 releases the GIL).
+
+    Raises
+    ------
+    AddsChangesError
+        ``base`` is not a multistream dump with an index, or a stream of it is corrupt.
+    """
+    t0 = time.perf_counter()
+    base, out = Path(base), Path(out)
+    ix = index_path(base)
+    if not ix.is_file():
+        raise AddsChangesError(f"{base}: its multistream index {ix.name} is missing (needed to apply adds-changes)")
+    layout = plan_layout(base, 1)
+    if layout is None:
+        raise AddsChangesError(f"{base}: not a multistream dump (header, page streams, footer)")
+    by_offset = read_index(ix)
+    streams = [(p.start, p.end) for p in layout.pieces]
+    ids = [[pid for pid, _ in by_offset.get(start, [])] for start, _ in streams]
+    if any(not s for s in ids):
+        bad = next(start for (start, _), s in zip(streams, ids) if not s)
+        raise AddsChangesError(f"{ix}: no pages listed for the stream at byte {bad} of {base.name}")
+    base_ids = {pid for s in ids for pid in s}
+    max_id = max(base_ids)
+    firsts = [s[0] for s in ids]
+    inserts: dict[int, list[int]] = {}
+    tail = []
+    for pid in sorted(set(changes) - base_ids):
+        if pid > max_id:
+            tail.append(pid)
+        else:
+            inserts.setdefault(max(bisect.bisect_right(firsts, pid) - 1, 0), []).append(pid)
+    report = ApplyReport(added=len(tail) + sum(map(len, inserts.values())))
+    report.replaced = len(base_ids & changes.keys())
+    tmp_dump = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp_ix = out.with_name(f".{index_path(out).name}.tmp-{os.getpid()}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def rewrite(k: int) -> tuple[bytes, list[tuple[int, str]]]:
+        start, end = streams[k]
+        xml = _read_stream(base, start, end)
+        pages = []
+        pos = 0
+        for m in _PAGE.finditer(xml):
+            if xml[pos:m.start()].strip():
+                raise AddsChangesError(f"{base}: stream at byte {start} holds text outside <page> elements")
+            pid_m = _PAGE_ID.search(m.group())
+            if pid_m is None:
+                raise AddsChangesError(f"{base}: a page without <id> in the stream at byte {start}")
+            pages.append((int(pid_m.group(1)), m.group()))
+            pos = m.end()
+        if xml[pos:].strip():
+            raise AddsChangesError(f"{base}: stream at byte {start} holds text outside <page> elements")
+        titles = dict(by_offset[start])
+        merged = [(pid, page_xml(changes[pid]) if pid in changes else body,
+                   changes[pid].title if pid in changes else titles.get(pid, "")) for pid, body in pages]
+        extra = [(pid, page_xml(changes[pid]), changes[pid].title) for pid in inserts.get(k, [])]
+        merged = sorted(merged + extra, key=lambda t: t[0]) if extra else merged
+        return bz2.compress(b"".join(body for _, body, _ in merged), 9), [(pid, t) for pid, _, t in merged]
+
+    def blocks() -> Iterator[tuple[bytes | None, int, int, list[tuple[int, str]] | None]]:
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            pending = []
+            for k, (start, end) in enumerate(streams):
+                touched = k in inserts or any(pid in changes for pid in ids[k])
+                pending.append((k, pool.submit(rewrite, k) if touched else None))
+                if len(pending) > 4 * max(1, workers):
+                    yield _done(pending.pop(0))
+            while pending:
+                yield _done(pending.pop(0))
+
+    def _done(item):
+        k, fut = item
+        start, end = streams[k]
+        if fut is None:
+            return None, start, end, None
+        data, listed = fut.result()
+        return data, start, end, listed
+
+    try:
+        with open(base, "rb") as src, open(tmp_dump, "wb") as dst, bz2.open(tmp_ix, "wt", encoding="utf-8") as ixw, \
+                Progress(f"apply adds-changes to {base.name}", total=len(streams), unit="streams") as bar:
+            dst.write(_read_raw(src, *layout.header))
+            for data, start, end, listed in blocks():
+                offset = dst.tell()
+                if data is None:
+                    dst.write(_read_raw(src, start, end))
+                    listed = by_offset[start]
+                    report.streams_copied += 1
+                else:
+                    dst.write(data)
+                    report.streams_rewritten += 1
+                ixw.writelines(f"{offset}:{pid}:{title}\n" for pid, title in listed)
+                bar.update()
+            for i in range(0, len(tail), PAGES_PER_STREAM):
+                chunk = tail[i:i + PAGES_PER_STREAM]
+                offset = dst.tell()
+                dst.write(bz2.compress(b"".join(page_xml(changes[p]) for p in chunk), 9))
+                ixw.writelines(f"{offset}:{p}:{changes[p].title}\n" for p in chunk)
+                report.streams_new += 1
+            dst.write(_read_raw(src, *layout.footer))
+        os.replace(tmp_ix, index_path(out))
+        os.replace(tmp_dump, out)
+    finally:
+        tmp_dump.unlink(missing_ok=True)
+        tmp_ix.unlink(missing_ok=True)
+    report.seconds = time.perf_counter() - t0
+    log.info("adds-changes applied to %s -> %s: %s", base.name, out.name, report.as_dict())
+    return report
+
+
+def _read_raw(fh, start: int, end: int) -> bytes:
+    fh.seek(start)
+    data = fh.read(end - start)
+    if len(data) != end - start:
+        raise AddsChangesError(f"{fh.name}: ends before byte {end}")
+    return data
+
+
+def _read_stream(path: Path, start: int, end: int) -> bytes:
+    with open(path, "rb") as fh:
+        raw = _read_raw(fh, start, end)
+    try:
+        return bz2.decompress(raw)
+    except (OSError, ValueError, EOFError) as exc:
+        raise AddsChangesError(f"{path}: the bz2 stream at byte {start} is corrupt ({exc})") from exc

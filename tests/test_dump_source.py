@@ -1,0 +1,242 @@
+"""The Wikimedia mirror as a corpus source: finished full dumps and adds-changes days found on a
+synthetic mirror served over HTTP (127.0.0.1) and read as a directory, downloads resumed and
+checked, adds-changes applied so that the merged dump ingests exactly like a full dump holding the
+same page texts, and the nightly's decision. No Prefect (the flow: tests/test_flow_nightly.py)."""
+from __future__ import annotations
+
+import bz2
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from benchmarks.synth_dump import SAMPLE, write_mirror
+from data_contracts.base import sha256_file
+from tasks.corpus import dump_source as D
+from tasks.corpus.adds_changes import AddsChangesError, apply_changes, merge_days, read_day
+from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.corpus.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepare_input
+from tests.mirror_server import serve
+
+WIKI, BASE = "synwiki", "20260101"
+DAYS = ["20260102", "20260103", "20260104"]
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory, data_mirror) -> dict:
+    """1,000 pages, 3 adds-changes days of ~3% edits (+ new pages), and the full dump of the last
+    day's texts (outside the mirror)."""
+    root = tmp_path_factory.mktemp("synth")
+    info = write_mirror(root / "mirror", 1000, 3, seed=7, wiki=WIKI, base_date=BASE, merged=root / "merged",
+                        sample=data_mirror / SAMPLE, edit_share=0.03)
+    return {"root": root / "mirror", "merged": Path(info["merged"]["dump"]), "info": info}
+
+
+@pytest.fixture
+def mirror(synth, tmp_path) -> Path:
+    """A copy of the synthetic mirror a test may change."""
+    return Path(shutil.copytree(synth["root"], tmp_path / "mirror"))
+
+
+@pytest.fixture(params=["http", "directory"])
+def source(request, mirror):
+    """The mirror as an HTTP base URL (local server) and as a directory."""
+    if request.param == "directory":
+        with D.Mirror(str(mirror)) as m:
+            yield m, mirror, None
+        return
+    with serve(mirror) as server, D.Mirror(server.url) as m:
+        yield m, mirror, server
+
+
+def _set_status(mirror: Path, date: str, status: str) -> Path:
+    doc = json.loads((mirror / WIKI / BASE / "dumpstatus.json").read_text())
+    job = doc["jobs"]["articlesmultistreamdump"]
+    job["status"] = status
+    job["files"] = {name.replace(BASE, date): f for name, f in job["files"].items()}
+    newer = mirror / WIKI / date
+    newer.mkdir()
+    (newer / "dumpstatus.json").write_text(json.dumps(doc))
+    return newer
+
+
+def test_full_dump_with_a_running_job_is_passed_over(source):
+    m, mirror, _ = source
+    _set_status(mirror, "20260120", "in-progress")
+    dump, passed = D.latest_full_dump(m, WIKI)
+    assert dump.date == BASE and dump.dump.name == f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
+    assert dump.dump.algorithm == "sha1" and dump.dump.size == (mirror / dump.dump.relpath).stat().st_size
+    assert "articlesmultistreamdump is 'in-progress'" in passed["20260120"]
+    with pytest.raises(D.DumpNotReady, match="in-progress"):
+        D.parse_dumpstatus((mirror / WIKI / "20260120" / "dumpstatus.json").read_text(), WIKI, "20260120", "x")
+
+
+def test_adds_changes_days_missing_and_not_done(source):
+    m, mirror, _ = source
+    scan = D.scan_days(m, WIKI, BASE)
+    assert [d.date for d in scan.days] == DAYS and not scan.missing and not scan.waiting
+    assert all(d.max_rev_id and d.file.algorithm == "md5" for d in scan.days)
+    shutil.rmtree(mirror / "other" / "incr" / WIKI / DAYS[1])          # a gap: counted, skipped
+    scan = D.scan_days(m, WIKI, BASE)
+    assert [d.date for d in scan.days] == [DAYS[0], DAYS[2]] and scan.missing == [DAYS[1]]
+    assert "no such adds-changes day" in scan.reasons[DAYS[1]]
+    (mirror / "other" / "incr" / WIKI / DAYS[0] / "status.txt").write_text("in-progress\n")   # not done: waits
+    scan = D.scan_days(m, WIKI, BASE)
+    assert scan.days == [] and scan.waiting == [DAYS[0], DAYS[2]]
+    assert "'in-progress', not 'done'" in scan.reasons[DAYS[0]]
+
+
+def test_download_killed_half_way_resumes(mirror, tmp_path):
+    with serve(mirror) as server, D.Mirror(server.url, retries=0) as m:
+        dump, _ = D.latest_full_dump(m, WIKI)
+        size = dump.dump.size
+        server.cut[dump.dump.relpath] = size // 2
+        with pytest.raises(httpx.HTTPError):
+            D.fetch(m, dump.dump, tmp_path / "dl")
+        part = tmp_path / "dl" / (dump.dump.relpath + ".part")
+        assert part.stat().st_size == size // 2
+        got = D.fetch(m, dump.dump, tmp_path / "dl")
+        assert server.requests[-1] == (dump.dump.relpath, f"bytes={size // 2}-")
+        assert got.read_bytes() == (mirror / dump.dump.relpath).read_bytes() and not part.exists()
+        n = len(server.requests)
+        assert D.fetch(m, dump.dump, tmp_path / "dl") == got and len(server.requests) == n   # verified once, not again
+
+
+def test_server_without_ranges_restarts_the_download(mirror, tmp_path):
+    with serve(mirror, ranges=False) as server, D.Mirror(server.url) as m:
+        dump, _ = D.latest_full_dump(m, WIKI)
+        part = tmp_path / "dl" / (dump.dump.relpath + ".part")
+        part.parent.mkdir(parents=True)
+        part.write_bytes(b"garbage!")
+        assert D.fetch(m, dump.dump, tmp_path / "dl").read_bytes() == (mirror / dump.dump.relpath).read_bytes()
+
+
+def test_checksum_mismatch_names_the_file(source, tmp_path):
+    m, mirror, _ = source
+    dump, _ = D.latest_full_dump(m, WIKI)
+    path = mirror / dump.dump.relpath
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF   # same size, other bytes
+    path.write_bytes(bytes(data))
+    with pytest.raises(D.ChecksumMismatch, match=rf"{dump.dump.name}.*sha1 [0-9a-f]{{40}}, expected {dump.dump.digest}"):
+        D.fetch(m, dump.dump, tmp_path / "dl")
+    assert not (tmp_path / "dl" / dump.dump.relpath).exists()
+    assert not (tmp_path / "dl" / (dump.dump.relpath + ".part")).exists()
+
+
+def _ingest(dump: Path, out: Path) -> dict[str, str]:
+    with ThreadPoolExecutor(2) as pool:
+        ingest([dump], out, IngestConfig(format="mediawiki"), submit=pool.submit, streams_per_piece=2)
+    return {p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))}
+
+
+def test_applied_days_ingest_like_the_full_dump_of_the_same_texts(synth, tmp_path):
+    mirror = synth["root"]
+    base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
+    days = [(d, mirror / "other" / "incr" / WIKI / d / f"{WIKI}-{d}-pages-meta-hist-incr.xml.bz2") for d in DAYS]
+    changes, counts = merge_days(days)
+    assert [c.date for c in counts] == DAYS
+    assert all(c.revisions > c.pages > c.kept > 0 and c.skipped["other_namespace"] > 0 for c in counts)
+    out = tmp_path / synth["merged"].name
+    report = apply_changes(base, changes, out, workers=2)
+    assert report.added == 3   # one new article a day
+    assert report.replaced > 0 and report.streams_copied + report.streams_rewritten == 10
+    assert report.streams_new >= 1                 # new page ids past the base's last one
+    assert any("(renamed" in c.title for c in changes.values())
+    assert any(c.redirect for c in changes.values())
+    assert _ingest(out, tmp_path / "inc") == _ingest(synth["merged"], tmp_path / "full")
+    again = tmp_path / "again" / out.name
+    apply_changes(base, changes, again)
+    assert again.read_bytes() == out.read_bytes()   # same inputs, same bytes (any thread count)
+
+
+def test_base_stream_bytes_are_copied_when_untouched(synth, tmp_path):
+    mirror = synth["root"]
+    base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
+    changes, _ = merge_days([(DAYS[0], mirror / "other" / "incr" / WIKI / DAYS[0] /
+                              f"{WIKI}-{DAYS[0]}-pages-meta-hist-incr.xml.bz2")])
+    one = {pid: rev for pid, rev in changes.items() if pid < 500}
+    one = dict([next(iter(sorted(one.items())))])  # one changed page in the base
+    out = tmp_path / "one.xml.bz2"
+    report = apply_changes(base, one, out)
+    assert (report.streams_rewritten, report.streams_copied, report.replaced, report.added) == (1, 9, 1, 0)
+    kept = bytes(a for a, b in zip(base.read_bytes()[-200_000:], out.read_bytes()[-200_000:]) if a == b)
+    assert len(kept) > 150_000   # the streams after the changed one are the base's bytes
+
+
+def test_adds_changes_file_skips_are_counted(tmp_path):
+    xml = """<mediawiki><siteinfo><dbname>x</dbname></siteinfo>
+  <page><title>Alpha</title><ns>0</ns><id>5</id>
+    <revision><id>12</id><timestamp>t</timestamp><text>newest</text></revision>
+    <revision><id>11</id><timestamp>t</timestamp><text>older, listed last</text></revision></page>
+  <page><title>Wikipedia:Rules</title><ns>4</ns><id>6</id><revision><id>13</id><text>x</text></revision></page>
+  <page><title>No id</title><ns>0</ns><revision><id>14</id><text>x</text></revision></page>
+  <page><title>Beta</title><ns>0</ns><id>7</id><redirect title="Alpha" />
+    <revision><id>15</id><text>#REDIRECT [[Alpha]]</text></revision></page>
+  <page><title>Gone</title><ns>0</ns><id>8</id><revision><id>16</id><text deleted="deleted" /></revision></page>
+</mediawiki>"""
+    path = tmp_path / "x-20260102-pages-meta-hist-incr.xml.bz2"
+    path.write_bytes(bz2.compress(xml.encode()))
+    pages, counts = read_day(path, "20260102")
+    assert sorted(pages) == [5, 7] and pages[5].text == "newest" and pages[7].redirect == "Alpha"
+    assert (counts.pages, counts.revisions, counts.kept) == (5, 6, 2)
+    assert counts.skipped == {"other_namespace": 1, "malformed": 2}
+    assert any("page id 6 in namespace 4" in e for e in counts.examples)
+    path.write_bytes(bz2.compress(xml.encode())[:-40])
+    with pytest.raises(AddsChangesError, match=path.name):
+        read_day(path, "20260102")
+
+
+def test_the_nightly_decides_by_itself(source, tmp_path):
+    m, mirror, _ = source
+    first = plan_night(m, WIKI, None)
+    assert first.action == FULL and first.base.date == BASE and first.days == []
+    built = first.dump_entry()
+    tonight = plan_night(m, WIKI, built)
+    assert tonight.action == INCREMENTAL and tonight.days == DAYS
+    assert plan_night(m, WIKI, tonight.dump_entry()).action == NOTHING
+    _set_status(mirror, "20260120", "done")   # a newer finished full dump wins over the days
+    newer = plan_night(m, WIKI, tonight.dump_entry())
+    assert newer.action == FULL and newer.base.date == "20260120"
+
+
+def test_prepare_input_writes_and_reuses_the_merged_dump(source, synth, tmp_path):
+    m, mirror, server = source
+    plan = plan_night(m, WIKI, {"wiki": WIKI, "base": BASE, "days": []})
+    path, info = prepare_input(m, plan, tmp_path / "dl")
+    assert path.name == synth["merged"].name and [d["date"] for d in info["days"]] == DAYS
+    assert (path.parent / path.name.replace(".xml.bz2", "-index.txt.bz2")).is_file()
+    again, info2 = prepare_input(m, plan, tmp_path / "dl")
+    assert again == path and info2["reused_merged_dump"]
+    if server is not None:   # downloaded into the home: dump, index and each day
+        assert (tmp_path / "dl" / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2").is_file()
+        assert len(list((tmp_path / "dl" / "other" / "incr" / WIKI).glob("*/*.xml.bz2"))) == 3
+    day = mirror / "other" / "incr" / WIKI / DAYS[2]
+    (day / "md5sums.txt").write_text("0" * 32 + f"  {WIKI}-{DAYS[2]}-pages-meta-hist-incr.xml.bz2\n")
+    plan = plan_night(m, WIKI, {"wiki": WIKI, "base": BASE, "days": []})
+    with pytest.raises(D.ChecksumMismatch, match=f"{WIKI}-{DAYS[2]}-pages-meta-hist-incr.xml.bz2"):
+        prepare_input(m, plan, tmp_path / "dl2")
+
+
+def test_retention_keeps_the_newest_dumps(tmp_path):
+    for date in ("20260101", "20260120", "20260201"):
+        (tmp_path / WIKI / date).mkdir(parents=True)
+    for date in ("20260110", "20260125"):
+        (tmp_path / "other" / "incr" / WIKI / date).mkdir(parents=True)
+    removed = D.prune_downloads(tmp_path, WIKI, keep_dumps=2, in_use=[])
+    assert sorted(p.name for p in removed) == ["20260101", "20260110"]
+    assert D.prune_downloads(tmp_path, WIKI, keep_dumps=1, in_use=["20260120"]) == []
+
+
+def test_last_build_reads_the_state_of_an_unchanged_build(tmp_path):
+    from tasks.corpus.nightly import last_build, read_state, write_state
+
+    manifest = {"dump": {"wiki": WIKI, "base": BASE, "days": [DAYS[0]]}}
+    assert last_build(manifest, None, "v1") == manifest["dump"]
+    write_state(tmp_path, "v1", {"wiki": WIKI, "base": BASE, "days": DAYS[:2]})   # day 2 changed nothing
+    assert last_build(manifest, read_state(tmp_path), "v1")["days"] == DAYS[:2]
+    assert last_build(manifest, read_state(tmp_path), "v2") == manifest["dump"]   # a newer version: its manifest
+    assert last_build(None, None, None) is None

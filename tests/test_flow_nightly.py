@@ -1,0 +1,81 @@
+"""corpus-build-nightly following a synthetic Wikimedia mirror served over HTTP (127.0.0.1): night 1
+builds the full dump, night 2 applies the first adds-changes day, a day whose checksum does not
+match fails the run with the file named and leaves ``current`` alone, the next night applies both
+days (same content digest as a full build of the full dump holding the same page texts), and a
+night with nothing new does no work."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.synth_dump import SAMPLE, write_mirror
+from flows.corpus_build import CorpusBuildConfig
+from flows.corpus_nightly import corpus_build_nightly
+from funnelrag.workspace import Workspace
+from tasks.corpus.dump_source import ChecksumMismatch
+from tasks.corpus.published import corpus_store
+from tests.mirror_server import serve
+
+WIKI, DAY1, DAY2 = "synwiki", "20260102", "20260103"
+RUNNER = {"kind": "local", "workers": 2, "streams_per_piece": 2, "docs_per_shard": 50, "tokens_per_shard": 200_000}
+
+
+def _config(home: Path, data_mirror: Path, **source) -> CorpusBuildConfig:
+    return CorpusBuildConfig.model_validate({
+        "name": WIKI, "source": {"datasets": [], "wiki": WIKI, **source}, "ingest": {"format": "mediawiki"},
+        "clustering": {"max_tokens": 4096}, "gate": {"enabled": False}, "runner": RUNNER,
+        "workspace": {"home": home, "data_mirror": data_mirror}})
+
+
+def _digest(home: Path, version: str) -> str:
+    return corpus_store(Workspace(home), WIKI).read_manifest(version)["content_digest"]
+
+
+def test_nightly_follows_the_mirror(prefect_harness, tmp_path, data_mirror):
+    info = write_mirror(tmp_path / "mirror", 600, 2, seed=3, wiki=WIKI, merged=tmp_path / "merged",
+                        sample=data_mirror / SAMPLE, edit_share=0.02)
+    day1, day2 = (tmp_path / "mirror" / "other" / "incr" / WIKI / d for d in (DAY1, DAY2))
+    (day2 / "status.txt").write_text("in-progress\n")
+    home = tmp_path / "home"
+    store = corpus_store(Workspace(home), WIKI)
+    with serve(tmp_path / "mirror") as server:
+        night = lambda: corpus_build_nightly(_config(home, data_mirror, mirror=server.url))  # noqa: E731
+        first = night()
+        assert first["nightly"]["action"] == "full" and first["dump"]["days"] == []
+        assert store.current_version() == first["version"]
+        assert (home / "downloads" / "dumps" / WIKI / "20260101").is_dir()   # downloaded into the home
+
+        second = night()
+        assert second["nightly"]["action"] == "incremental" and second["nightly"]["days"] == [DAY1]
+        assert second["nightly"]["waiting_days"] == [DAY2]
+        assert store.read_manifest(second["version"])["dump"]["days"] == [DAY1]
+        assert set(second["shards"]) >= {"ingest_pieces", "token_shards", "segment_shards", "cluster_token_shards"}
+        assert store.current_version() == second["version"] != first["version"]
+
+        (day2 / "status.txt").write_text("done\n")
+        good = (day2 / "md5sums.txt").read_text()
+        (day2 / "md5sums.txt").write_text("0" * 32 + good[32:])
+        with pytest.raises(ChecksumMismatch, match=f"{WIKI}-{DAY2}-pages-meta-hist-incr.xml.bz2"):
+            night()
+        assert store.current_version() == second["version"]
+
+        (day2 / "md5sums.txt").write_text(good)
+        third = night()
+        assert third["nightly"]["days"] == [DAY1, DAY2] and store.current_version() == third["version"]
+        fetch = third["nightly"]["fetch"]
+        assert fetch["apply"]["replaced"] > 0 and [d["date"] for d in fetch["days"]] == [DAY1, DAY2]
+        assert sum(d["skipped"].get("other_namespace", 0) for d in fetch["days"]) > 0   # other namespaces: counted skips
+
+        requests = len(server.requests)
+        idle = night()
+        assert idle["nightly"]["action"] == "nothing" and "shards" not in idle
+        assert idle["version"] == third["version"] == store.current_version()
+        assert all("pages-" not in path for path, _ in server.requests[requests:])   # no download
+
+    scratch = corpus_build_nightly(_config(tmp_path / "scratch", data_mirror, paths=[info["merged"]["dump"]]))
+    assert _digest(home, third["version"]) == _digest(tmp_path / "scratch", scratch["version"])
+    assert _digest(home, third["version"]) != _digest(home, second["version"])
+    summary = json.loads((Path(third["path"]) / "manifest.json").read_text())
+    assert summary["dump"]["base"] == "20260101" and summary["dump"]["base_file"].startswith(f"{WIKI}-20260101-")
