@@ -37,6 +37,7 @@ from lxml import etree
 
 from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
+from tasks.corpus.ingest.mediawiki import release_element
 from tasks.corpus.ingest.multistream import index_path, plan_layout
 
 log = logging.getLogger(__name__)
@@ -107,11 +108,7 @@ def read_day(path: Path, date: str) -> tuple[dict[int, PageRevision], DayCounts]
                     if old is None or rev.rev_id >= old.rev_id:
                         pages[rev.page_id] = rev
                     last = f"{rev.title!r} (page id {rev.page_id})"
-                elem.clear(keep_tail=False)
-                parent = elem.getparent()
-                if parent is not None:
-                    while elem.getprevious() is not None:
-                        del parent[0]
+                release_element(elem)
     except etree.XMLSyntaxError as exc:
         raise AddsChangesError(f"{path}: malformed XML ({exc.msg}); last complete page: {last}") from exc
     except (EOFError, OSError) as exc:

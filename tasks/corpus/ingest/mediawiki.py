@@ -79,11 +79,7 @@ class MediaWikiReader:
                         last = f"{page.record!r} (page id {page.page_id})"
                         self.bytes_read = guard.bytes_read
                         yield page
-                    elem.clear(keep_tail=False)
-                    parent = elem.getparent()
-                    if parent is not None:
-                        while elem.getprevious() is not None:
-                            del parent[0]
+                    release_element(elem)
             except etree.XMLSyntaxError as exc:
                 if guard.bytes_read == 0:
                     raise IngestError(f"{self.path}: decompresses to 0 bytes: no XML in it") from exc
@@ -110,6 +106,16 @@ class MediaWikiReader:
                 names.add(" ".join(ns.text.replace("_", " ").split()).lower())
         self.namespaces = frozenset(names)
 
+
+
+def release_element(elem) -> None:
+    """Free a parsed ``<page>`` element of an ``iterparse`` loop and the siblings parsed before it,
+    so that memory stays flat over a dump of any size (lxml keeps the whole tree otherwise)."""
+    elem.clear(keep_tail=False)
+    parent = elem.getparent()
+    if parent is not None:
+        while elem.getprevious() is not None:
+            del parent[0]
 
 def _page(elem, source: str, position: int) -> RawPage:
     # One pass over the children (the first <title>/<ns>/<id>/<redirect>, the last <revision>), as
