@@ -79,6 +79,13 @@ def _render_parameters(trigger: dict, event: dict) -> dict:
     return {k: render(v) for k, v in trigger["parameters"].items()}
 
 
+def _triggered_config(model, trigger: dict, event: dict):
+    """The flow config of the run a trigger starts for ``event`` (templates rendered, then merged)."""
+    params = _render_parameters(trigger, event)
+    return params, resolve_flow_config(model, config_file=params["config_file"], overrides=params["overrides"],
+                                       home=params["home"])
+
+
 def test_evaluate_champion_follows_every_corpus_build_with_its_home_and_version(monkeypatch):
     monkeypatch.chdir(ROOT)
     dep = DEPLOYMENTS["evaluate-champion"]
@@ -89,9 +96,7 @@ def test_evaluate_champion_follows_every_corpus_build_with_its_home_and_version(
     # the server renders the templates with the event; the evaluation then runs on that build
     event = {"payload": {"corpus": "enwiki-sample", "version": "20261123T020000.000000Z-abcdef12",
                          "home": "/srv/funnelrag"}}
-    params = _render_parameters(trigger, event)
-    cfg = resolve_flow_config(EvaluateConfig, config_file=params["config_file"], overrides=params["overrides"],
-                              home=params["home"])
+    params, cfg = _triggered_config(EvaluateConfig, trigger, event)
     assert cfg.workspace.home == Path("/srv/funnelrag") and cfg.corpus == "enwiki-sample"
     assert cfg.corpus_version == "20261123T020000.000000Z-abcdef12"
     assert cfg.prerankers["champion"] == "models:/funnelrag-preranker@champion"
@@ -144,8 +149,6 @@ def test_embed_champion_after_a_distillation_embeds_the_corpus_and_home_it_train
     assert trigger["match"] == {"prefect.resource.id": "funnelrag.model.*"}
     event = {"payload": {"name": "funnelrag-preranker", "version": "3", "corpus": "enwiki-sample",
                          "home": "/srv/funnelrag"}}
-    params = _render_parameters(trigger, event)
-    cfg = resolve_flow_config(EmbedConfig, config_file=params["config_file"], overrides=params["overrides"],
-                              home=params["home"])
+    _, cfg = _triggered_config(EmbedConfig, trigger, event)
     assert cfg.workspace.home == Path("/srv/funnelrag") and cfg.corpus == "enwiki-sample"
     assert cfg.preranker == "models:/funnelrag-preranker@champion"
