@@ -58,18 +58,18 @@ def test_deepspeed_autos_are_filled_from_train_config(stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_bucket_autos_are_filled_from_our_models(stage):
+def test_deepspeed_bucket_autos_are_filled_from_our_models(stage, data_mirror):
     """accelerate sizes ZeRO buckets from ``model.config.hidden_size`` and raises when a model has
     none; our FiD reader is a plain ``nn.Module`` around T5, so train() fills them itself."""
     from types import SimpleNamespace
 
     from accelerate.utils import DeepSpeedPlugin
 
-    from funnelrag.datasets import default_mirror, resolve
+    from funnelrag.datasets import resolve
     from funnelrag.training import DEEPSPEED_HIDDEN_SIZE_KEYS, _configure_deepspeed, model_hidden_size
     from models.fid import FiDConfig, FiDReader
 
-    tok_dir = resolve("t5-tokenizer", default_mirror(INFRA.parent)).parent
+    tok_dir = resolve("t5-tokenizer", data_mirror).parent
     model, _ = FiDReader.from_config(FiDConfig(tokenizer=str(tok_dir), d_model=48, n_layers=1,
                                                n_heads=2, d_ff=64))
     assert not hasattr(model, "config") and model_hidden_size(model) == 48
