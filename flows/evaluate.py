@@ -408,7 +408,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
 
         def passage_bm25(pr) -> PassageBM25 | None:
             """BM25 scores of the embedding index's passages (fused pre-ranking), built once per pre-ranker."""
-            if not any(s.fusion != "none" for s in config.progressive):
+            if not any(s.uses_bm25 for s in config.progressive):
                 return None
             if pr.label not in fused_bm25:
                 fused_bm25[pr.label] = PassageBM25(bm25_passages or corpus.passage_index(), stored_vectors(pr).passage_ids)

@@ -34,6 +34,8 @@ from funnelrag.config import RUN_LOGGERS
 from flows.shard_retry import ShardFuture
 from tasks.corpus.shards import release_memory
 
+log = logging.getLogger(__name__)
+
 
 class RunnerConfig(BaseModel):
     """Where and how wide the per-shard stages run (none of it changes an artifact byte).
@@ -120,10 +122,33 @@ def set_log_levels(levels: dict[str, int]) -> None:
 
 
 class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
-    """Prefect's ``ProcessPoolTaskRunner`` whose spawned workers use the parent's API (no server each)."""
+    """Prefect's ``ProcessPoolTaskRunner`` whose spawned workers use the parent's API (no server
+    each), and whose process still exits after a worker was killed mid-message.
+
+    The workers send their log records and events to the parent through one multiprocessing
+    queue, whose write lock a worker holds while it sends. A worker killed then (the OOM killer,
+    ``kill -9``; :mod:`flows.shard_retry` runs its shard again on a fresh pool) leaves that lock
+    held for ever: on exit the runner cannot send the queue its stop message (Prefect waits 5 s,
+    warns and leaves the queue), and at interpreter exit ``multiprocessing`` joins the queue's
+    feeder thread, which waits for the lock, so the process never ended (a CLI build, or the test
+    run, hung after its last line). :meth:`__exit__` tells such a queue not to be joined
+    (``cancel_join_thread``); nothing is lost that was not already undeliverable.
+    """
 
     def submit(self, *args: Any, **kwargs: Any) -> Any:
         return _submit_under_parent_api(super().submit, *args, **kwargs)
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        queue = getattr(self, "_subprocess_message_queue", None)
+        try:
+            super().__exit__(exc_type, exc_value, traceback)
+        finally:
+            forwarder = getattr(self, "_message_forwarding_thread", None)
+            if queue is not None and forwarder is not None and forwarder.is_alive():
+                log.warning("a worker process died while sending its log records to this process (their "
+                            "queue is locked for good); this process will not wait for that queue at exit")
+                queue.cancel_join_thread()
+                self._message_forwarding_thread = self._subprocess_message_queue = None
 
 
 @task(name="corpus-shard", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=2)

@@ -20,6 +20,8 @@ from hypothesis import settings  # noqa: E402
 
 from funnelrag.datasets import default_mirror  # noqa: E402
 
+pytest_plugins = ["tests.exit_watchdog"]   # a run that hangs after its last test fails, with tracebacks
+
 # Property tests draw the same examples on every run (CI cannot fail on an example no local run
 # saw); HYPOTHESIS_PROFILE=explore draws fresh random examples, for hunting new counterexamples.
 settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -5,11 +5,16 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from data_contracts.base import atomic_write, atomic_write_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------ disk full during an artifact write
@@ -52,7 +57,6 @@ def test_other_os_errors_pass_unchanged(tmp_path):
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     """A 64 KiB tmpfs (root only; skipped where mounting is not allowed)."""
-    import subprocess  # noqa: PLC0415
 
     mnt = tmp_path / "full"
     mnt.mkdir()
@@ -188,9 +192,6 @@ def _runs(home: Path, experiment: str) -> dict[str, object]:
 
 @pytest.mark.slow
 def test_sigterm_ends_the_mlflow_run_killed(tmp_path):
-    import signal  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
 
     proc = subprocess.Popen([sys.executable, "-c", _RUN_UNTIL_KILLED, str(tmp_path)], stdout=subprocess.PIPE,
                             text=True, cwd=Path(__file__).parent.parent)
@@ -216,7 +217,6 @@ def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path):
 @pytest.mark.slow
 def test_a_dead_process_run_is_marked_killed_by_the_next_start(tmp_path):
     import socket  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
 
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
@@ -314,7 +314,6 @@ def test_flows_check_inputs_before_mlflow(prefect_harness, workspace_home, tmp_p
 def square_or_die(marker: str, x: int, die: str) -> int:
     """``x * x``; when ``die`` is ``"once"`` and ``marker`` is absent (or ``"always"``), first kill
     this worker process as the OOM killer would."""
-    import signal  # noqa: PLC0415
 
     if die == "always" or (die == "once" and not Path(marker).exists()):
         Path(marker).touch()
@@ -354,3 +353,57 @@ def test_a_shard_whose_worker_died_is_retried_on_a_fresh_pool(prefect_harness, t
                for m in handler.lines), handler.lines
     with pytest.raises(RuntimeError, match=r"(?s)shard square_or_die\(.*died-4', 4, 'always'\).*3 attempts"):
         squares(4, "always")
+
+
+def die_holding_the_log_queue_lock(marker: str, x: int) -> int:
+    """``x * x``; the first call (``marker`` absent) takes the write lock of the queue that carries
+    this pool worker's log records and events to the parent, then kills the worker: a worker
+    killed while it sends a record, deterministically."""
+
+    from prefect.logging import handlers  # noqa: PLC0415
+
+    if not Path(marker).exists():
+        Path(marker).touch()
+        sink = handlers._api_log_sink   # Prefect's worker side: partial(_enqueue_process_pool_log, queue)
+        assert sink is not None, "this Prefect sends no worker records through a queue"
+        sink.args[0]._wlock.acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x
+
+
+_FLOW_WITH_A_WORKER_KILLED_MID_MESSAGE = """
+import sys
+from prefect import flow
+from flows.runners import RunnerConfig, build_task_runner, submitter
+from tests.test_faults import die_holding_the_log_queue_lock
+
+@flow(task_runner=build_task_runner(RunnerConfig(workers=1)))
+def squares():
+    submit = submitter()
+    return [f.result() for f in [submit(die_holding_the_log_queue_lock, sys.argv[1], x) for x in (2, 3)]]
+
+print("squares", squares(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_sending_a_log_record_does_not_hang_the_exit(prefect_harness, tmp_path):
+    """The shard is retried on a fresh pool and the process ends (it used to hang for ever at
+    interpreter exit, joining the dead worker's locked message queue)."""
+    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if PREFECT_API_URL.value():
+        env["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    proc = subprocess.Popen([sys.executable, "-c", _FLOW_WITH_A_WORKER_KILLED_MID_MESSAGE, str(tmp_path / "died")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the flow's process did not exit within 240 s\n{out[-2000:]}\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    assert "squares [4, 9]" in out
+    assert "retrying it on a fresh process pool" in err and "will not wait for that queue at exit" in err

@@ -10,7 +10,7 @@ import pytest
 from tasks.corpus.index import BM25Index
 from tasks.evaluate.retrieval import ProgressiveSetting
 from tasks.funnel.embeddings import EmbeddingIndex
-from tasks.funnel.fusion import FusionConfig, PassageBM25, fuse, min_max, pool_bm25, ranks
+from tasks.funnel.fusion import FusionConfig, PassageBM25, fuse, fuse_passages, min_max, pool_bm25, ranks
 from tasks.funnel.stored import rank_units_stored
 
 # Six passages of two tokens each (so every passage has the average length and BM25's length
@@ -101,6 +101,56 @@ def test_fused_unit_scores_and_ranking_equal_the_hand_computation(corpus):
     assert [index.passage_ids[row] for row, _ in r.top_passages(index, 2, 3)] == ["p2", "p4", "p5"]
 
 
+def test_final_passages_fused_with_bm25_equal_the_hand_computation(corpus):
+    index, bm25 = corpus
+    q = np.asarray([1.0, 0.0], np.float32)
+    passage_bm25 = PassageBM25(bm25, index.passage_ids)
+    bm25_of = lambda rows: passage_bm25.scores(QUESTION, rows)   # noqa: E731
+    r = rank_units_stored(q, index, [0, 1])                      # MaxP: B, C, A
+    top = lambda n_units, n_final, w: [index.passage_ids[row] for row, _ in   # noqa: E731
+                                       r.top_passages(index, n_units, n_final, bm25_of, w)]
+    # top 2 units B, C → passages p2, p3, p4, p5 (row order); dense 0.9, 0.1, 0.6, 0.3 → min-max
+    # 1, 0, 0.625, 0.25; BM25 0.5419050, 0, 1.0838099, 0 → min-max 0.5, 0, 1, 0
+    # w = 0.5: p2 0.75, p3 0, p4 0.8125, p5 0.125 → p4, p2, p5
+    assert top(2, 3, 0.5) == ["p4", "p2", "p5"]
+    got = r.top_passages(index, 2, 4, bm25_of, 0.5)
+    np.testing.assert_allclose([s for _, s in got], [0.8125, 0.75, 0.125, 0.0], atol=1e-6)
+    # w = 0.2: p2 0.1 + 0.8 = 0.9, p4 0.2 + 0.5 = 0.7 → p2 first; w = 0: the dense order
+    assert top(2, 2, 0.2) == ["p2", "p4"] and top(2, 3, 0.0) == ["p2", "p4", "p5"]
+    # w = 1: BM25 alone, ties (p3, p5 at 0) by row
+    assert top(2, 4, 1.0) == ["p4", "p2", "p3", "p5"]
+    # only the top-N units' passages compete: N = 1 (unit B) → p2, p3 whatever the weight
+    assert top(1, 4, 1.0) == ["p2", "p3"]
+    np.testing.assert_allclose(fuse_passages(np.asarray([0.9, 0.1]), np.asarray([0.0, 2.0]), 0.25), [0.75, 0.25])
+    with pytest.raises(ValueError, match="BM25 scores"):
+        r.top_passages(index, 2, 3, None, 0.5)
+    with pytest.raises(ValueError, match="bm25_weight"):
+        fuse_passages(np.zeros(2), np.zeros(2), 1.5)
+    with pytest.raises(ValueError, match="dense and"):
+        fuse_passages(np.zeros(2), np.zeros(3), 0.5)
+    with pytest.raises(ValueError, match="passage_bm25_weight needs vectors='stored'"):
+        ProgressiveSetting(n_clusters=3, passage_bm25_weight=0.5)
+    setting = ProgressiveSetting(n_clusters=3, vectors="stored", passage_bm25_weight=0.3)
+    assert setting.uses_bm25 and setting.label() == "pw0.3" and not ProgressiveSetting().uses_bm25
+    assert ProgressiveSetting(vectors="stored", fusion="convex", bm25_weight=0.9, passage_bm25_weight=0.3).label() \
+        == "convex-w0.9-max-pw0.3"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_with_maxp_units_and_dense_passages_n_units_beyond_n_final_changes_nothing(seed):
+    """Why N was no lever for MaxP (docs/results/funnel.md): the best H dense passages lie in at
+    most H units, and MaxP ranks exactly those units first, so any N >= H gives the same H passages."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    vectors = rng.normal(size=(n, 4)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    units = [f"u{int(u):02d}" for u in rng.integers(0, 15, n)]
+    index = EmbeddingIndex([f"p{i}" for i in range(n)], units, rng.integers(0, 3, n), vectors)
+    r = rank_units_stored(vectors[0], index, [0, 1, 2])
+    every = r.top_passages(index, len(r.unit_ids), 4)
+    assert all(r.top_passages(index, k, 4) == every for k in range(4, len(r.unit_ids) + 1))
+
+
 def test_fusion_parts_by_hand():
     np.testing.assert_allclose(min_max(np.asarray([2.0, 4.0, 3.0])), [0.0, 1.0, 0.5])
     np.testing.assert_array_equal(min_max(np.asarray([7.0, 7.0])), [0.0, 0.0])      # no spread: all zero
@@ -152,6 +202,11 @@ def test_the_shipped_configs_load_with_their_fusions():
 
     sweep = load_config(EvaluateConfig, "configs/fusion_validation_cpu.yaml")
     assert sweep.questions.part == "validation" and sweep.questions.datasets == ["nq-open-dev"]
+    for name in ("units_validation_cpu.yaml", "passage_fusion_validation_cpu.yaml"):   # sweeps: never on test
+        other = load_config(EvaluateConfig, f"configs/{name}")
+        assert other.questions.part == "validation" and other.questions.datasets == ["nq-open-dev"], name
+    passages = load_config(EvaluateConfig, "configs/passage_fusion_validation_cpu.yaml")
+    assert [s.passage_bm25_weight for s in passages.progressive] == [0.0, *(w / 10 for w in range(1, 10))]
     assert {s.fusion for s in sweep.progressive} == {"none", "convex", "rrf"}
     table = load_config(EvaluateConfig, "configs/evaluate_wikispeedia_cpu.yaml")
     assert table.questions.part == "all" and table.questions.datasets == ["nq-open-test"]

@@ -71,6 +71,9 @@ class ProgressiveSetting:
     fusion, bm25_weight, rrf_k, bm25_pool : the unit score (:class:`tasks.funnel.fusion.FusionConfig`):
         ``"none"`` is MaxP alone; ``"convex"`` / ``"rrf"`` fuse it with the units' BM25 scores
         (stored vectors only).
+    passage_bm25_weight : ``w`` of the final passages' score (stored vectors only): 0 ranks the
+        passages of the top-N units by their dense score; ``w`` > 0 by ``w · mm(BM25) + (1 − w) ·
+        mm(dense)`` over them (:func:`tasks.funnel.fusion.fuse_passages`).
     """
 
     n_clusters: int = 80
@@ -82,6 +85,7 @@ class ProgressiveSetting:
     bm25_weight: float = 0.5
     rrf_k: float = 60.0
     bm25_pool: str = "max"
+    passage_bm25_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.n_clusters, self.n_units, self.n_final) < 1:
@@ -94,17 +98,30 @@ class ProgressiveSetting:
         self.fusion_config()   # checks the fusion fields
         if self.fusion != "none" and self.vectors != "stored":
             raise ValueError(f"ProgressiveSetting: fusion {self.fusion!r} needs vectors='stored'")
+        if not 0.0 <= self.passage_bm25_weight <= 1.0:
+            raise ValueError(f"ProgressiveSetting: passage_bm25_weight must be in [0, 1], got {self.passage_bm25_weight}")
+        if self.passage_bm25_weight and self.vectors != "stored":
+            raise ValueError("ProgressiveSetting: passage_bm25_weight needs vectors='stored'")
+
+    @property
+    def uses_bm25(self) -> bool:
+        """Whether the setting reads the passages' BM25 scores (a unit fusion or a passage weight)."""
+        return self.fusion != "none" or self.passage_bm25_weight > 0
 
     def fusion_config(self) -> FusionConfig:
         """The unit-score fusion of this setting."""
         return FusionConfig(self.fusion, self.bm25_weight, self.rrf_k, self.bm25_pool)
 
     def label(self) -> str:
-        """Short name of the unit score: ``""`` (MaxP), ``"convex-w0.3-max"``, ``"rrf-w0.5-k60-max"``."""
-        if self.fusion == "none":
-            return ""
-        k = f"-k{self.rrf_k:g}" if self.fusion == "rrf" else ""
-        return f"{self.fusion}-w{self.bm25_weight:g}{k}-{self.bm25_pool}"
+        """Short name of the unit and passage scores: ``""`` (MaxP, dense passages),
+        ``"convex-w0.3-max"``, ``"rrf-w0.5-k60-max"``, ``"pw0.3"`` (passages fused with BM25, w = 0.3)."""
+        parts = []
+        if self.fusion != "none":
+            k = f"-k{self.rrf_k:g}" if self.fusion == "rrf" else ""
+            parts.append(f"{self.fusion}-w{self.bm25_weight:g}{k}-{self.bm25_pool}")
+        if self.passage_bm25_weight:
+            parts.append(f"pw{self.passage_bm25_weight:g}")
+        return "-".join(parts)
 
 
 @dataclass(frozen=True)

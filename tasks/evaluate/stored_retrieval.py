@@ -92,7 +92,7 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
     reader, attention_cfg, attention_run : FiD post-ranker, as in
         :func:`tasks.evaluate.retrieval.run_progressive`.
     passage_bm25 : :class:`tasks.funnel.fusion.PassageBM25` over ``index.passage_ids`` (needed
-        when ``setting.fusion != "none"``; its scoring is timed within ``preranking``).
+        when the setting fuses a unit or passage score with BM25; timed within ``preranking``).
 
     Returns
     -------
@@ -107,7 +107,7 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
         The setting fuses BM25 scores and no ``passage_bm25`` is given.
     """
     fusion = setting.fusion_config()
-    if fusion.method != "none" and passage_bm25 is None:
+    if setting.uses_bm25 and passage_bm25 is None:
         raise ValueError(f"progressive setting {setting} fuses BM25 scores: pass passage_bm25")
     attention_cfg = attention_cfg or AttentionScoreConfig()
     attention_run = attention_run or AttentionRunConfig()
@@ -120,11 +120,11 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
             cids = [int(c) for c in ids[0]]
         with clock.stage("preranking"):
             query = embed_queries(preranker.model, preranker.tokenizer, [q.question])[0]     # (dim,)
-            bm25_of = None if fusion.method == "none" else (lambda rows: passage_bm25.scores(q.question, rows))
-            ranking = rank_units_stored(query, index, cids, bm25_of, fusion)
+            bm25_of = None if not setting.uses_bm25 else (lambda rows: passage_bm25.scores(q.question, rows))
+            ranking = rank_units_stored(query, index, cids, bm25_of if fusion.method != "none" else None, fusion)
             top_units = ranking.unit_ids[:setting.n_units]
-            final = lookup.get([index.passage_ids[r] for r, _ in ranking.top_passages(index, setting.n_units,
-                                                                                     setting.n_final)])
+            final = lookup.get([index.passage_ids[r] for r, _ in ranking.top_passages(
+                index, setting.n_units, setting.n_final, bm25_of, setting.passage_bm25_weight)])
         pids = [index.passage_ids[r] for r in ranking.passage_rows]
         hit = dict(zip(pids, passage_hits(q.answers, [(p, t) for p, _, t in lookup.get(pids)], tokens)))
         unit_hit: dict[str, bool] = {}

@@ -127,6 +127,33 @@ def fuse(dense: np.ndarray, bm25: np.ndarray, names: Sequence[str], cfg: FusionC
     return w / (cfg.rrf_k + ranks(bm25, names)) + (1.0 - w) / (cfg.rrf_k + ranks(dense, names))
 
 
+def fuse_passages(dense: np.ndarray, bm25: np.ndarray, bm25_weight: float) -> np.ndarray:
+    """Convex fusion of passage scores: ``w · mm(bm25) + (1 − w) · mm(dense)`` over the given
+    passages (the final passages of the top-N units), float64 ``(n,)``; ``mm`` is :func:`min_max`.
+
+    The same convex combination of min-max normalised scores as the units' (Bruch, Gai & Ingber
+    2023, §4), applied to the passages the funnel's last step chooses from: flat BM25 + re-rank
+    wins on answer recall because its candidates were found by passage BM25, which the units'
+    dense passage order ignores.
+
+    Parameters
+    ----------
+    dense, bm25 : ``(n,)`` scores of the same passages.
+    bm25_weight : ``w`` in [0, 1].
+
+    Raises
+    ------
+    ValueError
+        Lengths differ, or ``w`` is outside [0, 1].
+    """
+    dense, bm25 = np.asarray(dense, np.float64), np.asarray(bm25, np.float64)
+    if dense.shape != bm25.shape or dense.ndim != 1:
+        raise ValueError(f"fuse_passages: {dense.shape} dense and {bm25.shape} BM25 scores")
+    if not 0.0 <= bm25_weight <= 1.0:
+        raise ValueError(f"fuse_passages needs 0 <= bm25_weight <= 1, got {bm25_weight}")
+    return bm25_weight * min_max(bm25) + (1.0 - bm25_weight) * min_max(dense)
+
+
 class PassageBM25:
     """BM25 scores of chosen passages for a question, from the corpus's flat passage index.
 

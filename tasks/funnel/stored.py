@@ -7,7 +7,8 @@ needs only ``E(q)`` at query time when ``E(p)`` is read from the embedding index
 ranking equals the on-the-fly path (:func:`tasks.funnel.candidates.build_candidates` with
 ``unit_scoring="maxp"``) up to float rounding: units by (score desc, unit_id asc). With the
 passages' BM25 scores, units rank by the fusion of their MaxP and BM25 scores instead
-(:mod:`tasks.funnel.fusion`); the final passages are still the best dense ones of the top-N units.
+(:mod:`tasks.funnel.fusion`). The final passages are the best dense ones of the top-N units, or,
+with a passage BM25 weight, the best by the convex fusion of their dense and BM25 scores.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tasks.funnel.embeddings import EmbeddingIndex
-from tasks.funnel.fusion import FusionConfig, fuse, pool_bm25
+from tasks.funnel.fusion import FusionConfig, fuse, fuse_passages, pool_bm25
 from tasks.funnel.unit_scoring import group_max
 
 
@@ -40,9 +41,21 @@ class StoredRanking:
     unit_codes: np.ndarray | None = None
     passage_codes: np.ndarray | None = None
 
-    def top_passages(self, index, n_units: int, n_final: int) -> list[tuple[int, float]]:
+    def top_passages(self, index, n_units: int, n_final: int, bm25_scores=None,
+                     bm25_weight: float = 0.0) -> list[tuple[int, float]]:
         """``[(row, score)]`` of the ``n_final`` best passages of the top ``n_units`` units
-        (score desc, then row asc)."""
+        (score desc, then row asc).
+
+        The score is the passage's dense score, or, with ``bm25_weight`` w > 0, the convex fusion
+        ``w · mm(b) + (1 − w) · mm(d)`` over the passages of the top ``n_units`` units
+        (:func:`tasks.funnel.fusion.fuse_passages`; ``b`` their BM25 scores from
+        ``bm25_scores(rows) -> (n,)``, ``d`` their dense scores).
+
+        Raises
+        ------
+        ValueError
+            ``bm25_weight`` > 0 without ``bm25_scores``, or outside [0, 1].
+        """
         if self.unit_codes is None or self.passage_codes is None:      # built by hand: by unit id
             keep = set(self.unit_ids[:n_units])
             mask = np.asarray([index.unit_ids[int(r)] in keep for r in self.passage_rows], dtype=bool)
@@ -50,6 +63,10 @@ class StoredRanking:
             mask = np.isin(self.passage_codes, self.unit_codes[:n_units])
         rows = np.asarray(self.passage_rows)[mask]
         scores = np.asarray(self.passage_scores, dtype=np.float32)[mask]
+        if bm25_weight:
+            if bm25_scores is None:
+                raise ValueError("top_passages: bm25_weight > 0 needs the passages' BM25 scores")
+            scores = fuse_passages(scores, bm25_scores(rows), bm25_weight)
         order = np.lexsort((rows, -scores))[:n_final]
         return [(int(rows[j]), float(scores[j])) for j in order]
 
