@@ -210,6 +210,7 @@ def test_the_shipped_configs_load_with_their_fusions():
     assert {s.fusion for s in sweep.progressive} == {"none", "convex", "rrf"}
     table = load_config(EvaluateConfig, "configs/evaluate_wikispeedia_cpu.yaml")
     assert table.questions.part == "all" and table.questions.datasets == ["nq-open-test"]
-    assert [s.fusion for s in table.progressive] == ["none", "convex"]   # MaxP stays beside the fused pre-ranker
+    assert [s.fusion for s in table.progressive] == ["none", "convex", "none"]   # MaxP stays beside the fused ones
     chosen = table.progressive[1]
     assert chosen in sweep.progressive and chosen.label() == "convex-w0.9-max"   # one of the swept settings
+    assert table.progressive[2] in passages.progressive and table.progressive[2].label() == "pw0.1"
