@@ -14,14 +14,14 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
+from data_contracts.evaluation import EVAL_PER_QUESTION
 from tasks.funnel.experiment_eval import bootstrap_indices, interval
 
 
 def hits_at_k(path: Path, k: int) -> dict[str, dict[str, bool]]:
     """``{setting: {question_id: answered in the top k}}`` of a per-question table."""
-    t = pq.read_table(path, columns=["setting", "question_id", "has_answer"]).to_pylist()
+    t = EVAL_PER_QUESTION.read(path, columns=["setting", "question_id", "has_answer"]).to_pylist()
     out: dict[str, dict[str, bool]] = {}
     for r in t:
         out.setdefault(r["setting"], {})[r["question_id"]] = any(r["has_answer"][:k])

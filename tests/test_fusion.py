@@ -121,6 +121,14 @@ def test_final_passages_fused_with_bm25_equal_the_hand_computation(corpus):
     assert top(2, 4, 1.0) == ["p4", "p2", "p3", "p5"]
     # only the top-N units' passages compete: N = 1 (unit B) → p2, p3 whatever the weight
     assert top(1, 4, 1.0) == ["p2", "p3"]
+    # with a unit fusion, the passages' BM25 scores it read are reused (one scoring a question)
+    calls = []
+    counted = lambda rows: calls.append(len(rows)) or bm25_of(rows)   # noqa: E731
+    fused = rank_units_stored(q, index, [0, 1], counted, FusionConfig("convex", 0.5))    # C, B, A
+    got = fused.top_passages(index, 2, 4, counted, 0.5)
+    # units C, B → p2, p3, p4, p5: the same passages and fused scores as above
+    assert [index.passage_ids[row] for row, _ in got] == ["p4", "p2", "p5", "p3"] and calls == [6]
+    np.testing.assert_allclose([s for _, s in got], [0.8125, 0.75, 0.125, 0.0], atol=1e-6)
     np.testing.assert_allclose(fuse_passages(np.asarray([0.9, 0.1]), np.asarray([0.0, 2.0]), 0.25), [0.75, 0.25])
     with pytest.raises(ValueError, match="BM25 scores"):
         r.top_passages(index, 2, 3, None, 0.5)

@@ -121,7 +121,7 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
         with clock.stage("preranking"):
             query = embed_queries(preranker.model, preranker.tokenizer, [q.question])[0]     # (dim,)
             bm25_of = None if not setting.uses_bm25 else (lambda rows: passage_bm25.scores(q.question, rows))
-            ranking = rank_units_stored(query, index, cids, bm25_of if fusion.method != "none" else None, fusion)
+            ranking = rank_units_stored(query, index, cids, bm25_of, fusion)
             top_units = ranking.unit_ids[:setting.n_units]
             final = lookup.get([index.passage_ids[r] for r, _ in ranking.top_passages(
                 index, setting.n_units, setting.n_final, bm25_of, setting.passage_bm25_weight)])

@@ -123,16 +123,17 @@ def fuse(dense: np.ndarray, bm25: np.ndarray, names: Sequence[str], cfg: FusionC
     if cfg.method == "none":
         return dense
     if cfg.method == "convex":
-        return w * min_max(bm25) + (1.0 - w) * min_max(dense)
+        return fuse_passages(dense, bm25, w)
     return w / (cfg.rrf_k + ranks(bm25, names)) + (1.0 - w) / (cfg.rrf_k + ranks(dense, names))
 
 
 def fuse_passages(dense: np.ndarray, bm25: np.ndarray, bm25_weight: float) -> np.ndarray:
-    """Convex fusion of passage scores: ``w · mm(bm25) + (1 − w) · mm(dense)`` over the given
-    passages (the final passages of the top-N units), float64 ``(n,)``; ``mm`` is :func:`min_max`.
+    """Convex fusion of scores: ``w · mm(bm25) + (1 − w) · mm(dense)`` over the given passages
+    (the final passages of the top-N units) or units (:func:`fuse`'s ``convex``), float64
+    ``(n,)``; ``mm`` is :func:`min_max`.
 
-    The same convex combination of min-max normalised scores as the units' (Bruch, Gai & Ingber
-    2023, §4), applied to the passages the funnel's last step chooses from: flat BM25 + re-rank
+    The convex combination of min-max normalised scores (Bruch, Gai & Ingber 2023, §4). Applied
+    to the passages the funnel's last step chooses from: flat BM25 + re-rank
     wins on answer recall because its candidates were found by passage BM25, which the units'
     dense passage order ignores.
 

@@ -32,6 +32,8 @@ class StoredRanking:
         final passages of the top-N units are chosen by these).
     unit_codes : the index's unit code of each unit of ``unit_ids`` (same order), int64.
     passage_codes : the unit code of each passage row, int64 ``(n_passages,)``.
+    passage_bm25 : the BM25 score of each passage row ``(n_passages,)`` when a unit fusion read
+        them (then :meth:`top_passages` reuses them), else None.
     """
 
     unit_ids: list[str]
@@ -40,6 +42,7 @@ class StoredRanking:
     passage_scores: np.ndarray
     unit_codes: np.ndarray | None = None
     passage_codes: np.ndarray | None = None
+    passage_bm25: np.ndarray | None = None
 
     def top_passages(self, index, n_units: int, n_final: int, bm25_scores=None,
                      bm25_weight: float = 0.0) -> list[tuple[int, float]]:
@@ -64,9 +67,13 @@ class StoredRanking:
         rows = np.asarray(self.passage_rows)[mask]
         scores = np.asarray(self.passage_scores, dtype=np.float32)[mask]
         if bm25_weight:
-            if bm25_scores is None:
+            if self.passage_bm25 is not None:
+                bm25 = np.asarray(self.passage_bm25)[mask]
+            elif bm25_scores is not None:
+                bm25 = bm25_scores(rows)
+            else:
                 raise ValueError("top_passages: bm25_weight > 0 needs the passages' BM25 scores")
-            scores = fuse_passages(scores, bm25_scores(rows), bm25_weight)
+            scores = fuse_passages(scores, bm25, bm25_weight)
         order = np.lexsort((rows, -scores))[:n_final]
         return [(int(rows[j]), float(scores[j])) for j in order]
 
@@ -114,9 +121,11 @@ def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: lis
     uniq, first, inv = np.unique(codes, return_index=True, return_inverse=True)   # units in id order
     groups = inv.reshape(-1)
     best = group_max(scores, groups, len(uniq))                      # (n_units,)
+    passage_bm25 = None
     if fusion.method != "none":
-        unit_bm25 = pool_bm25(bm25_scores(rows), groups, len(uniq), fusion.bm25_pool)   # (n_units,)
+        passage_bm25 = np.asarray(bm25_scores(rows))                                    # (n_passages,)
+        unit_bm25 = pool_bm25(passage_bm25, groups, len(uniq), fusion.bm25_pool)        # (n_units,)
         best = fuse(best, unit_bm25, index.unit_names_at(rows[first]), fusion)         # (n_units,) float64
     order = np.lexsort((uniq, -best))                                # score desc, unit id asc
     names = index.unit_names_at(rows[first[order]])
-    return StoredRanking(names, best[order], rows, scores.astype(np.float32), uniq[order], codes)
+    return StoredRanking(names, best[order], rows, scores.astype(np.float32), uniq[order], codes, passage_bm25)
