@@ -2,12 +2,15 @@
 layers it describes hold (the import-linter contract in pyproject.toml)."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "ARCHITECTURE.md").read_text()
@@ -77,3 +80,48 @@ def test_layers_table_is_the_contract():
     section = DOC.split("## Layers", 1)[1].split("\n## ", 1)[0]
     table = [m.group(1).replace("\\|", "|") for m in re.finditer(r"^\| `((?:[^`])+)` \|", section, re.MULTILINE)]
     assert table == contract["layers"]
+
+
+def _first_party_imports(root: Path) -> "nx.DiGraph":
+    """Module → first-party module it imports (module-level and function-level imports alike,
+    ``from a.b import c`` meaning the module ``a.b.c`` where one exists, else ``a.b``)."""
+    files = {}
+    for name in PACKAGES:
+        for f in (root / name).rglob("*.py"):
+            parts = f.relative_to(root).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    graph = nx.DiGraph()
+    for mod, f in files.items():
+        graph.add_node(mod)
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                         for a in node.names]
+            else:
+                continue
+            for target in names:
+                while target and target not in files:
+                    target = target.rpartition(".")[0]
+                if target and target != mod:
+                    graph.add_edge(mod, target)
+    return graph
+
+
+def test_no_module_imports_itself_back_even_through_a_deferred_import():
+    """No import cycle between our modules, counting function-level imports: a deferred import
+    may only defer a heavy module, never hide a cycle (import-linter sees cycles across layers,
+    not between two modules of one package)."""
+    cycles = list(nx.simple_cycles(_first_party_imports(ROOT)))
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_the_cycle_check_finds_a_deferred_cycle(tmp_path):
+    """A function-level import back into a module's importer is reported as a cycle."""
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.json"))
+    shards = tmp_path / "tasks" / "corpus" / "ingest" / "shards.py"
+    shards.write_text(shards.read_text() + "\n\ndef _back():\n    from tasks.corpus.ingest.run import ingest\n")
+    cycles = list(nx.simple_cycles(_first_party_imports(tmp_path)))
+    assert any({"tasks.corpus.ingest.shards", "tasks.corpus.ingest.run"} <= set(c) for c in cycles), cycles

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
 from tasks.corpus.ingest.multistream import Layout, Piece, open_header_footer, open_piece
+from tasks.corpus.ingest.page_pass import PagePass
 from tasks.corpus.ingest.records import RawPage
 from tasks.corpus.ingest.shards import ShardWriter, write_shard
 
@@ -68,34 +69,29 @@ _counts = operator.attrgetter(*_LINK_FIELDS)
 """``LinkCounts`` as a tuple of its fields (``dataclasses.astuple`` deep-copies: 10x slower)."""
 
 
-def _pass_class():
-    from tasks.corpus.ingest.run import _FirstPass  # noqa: PLC0415  (cycle: tasks.corpus.ingest.parallel ↔ tasks.corpus.ingest.run, see ARCHITECTURE.md)
+class _PiecePass(PagePass):
+    """Pass-1 state of one piece: rows and effects collected instead of written."""
 
-    class _PiecePass(_FirstPass):
-        """Pass-1 state of one piece: rows and effects collected instead of written."""
+    def __init__(self, cfg: IngestConfig, shards: ShardWriter):
+        super().__init__(cfg, shards, None)
+        self.out_rows: list[tuple] = []
+        self.effects: list[tuple] = []
 
-        def __init__(self, cfg: IngestConfig, shards: ShardWriter):
-            super().__init__(cfg, shards, None)
-            self.out_rows: list[tuple] = []
-            self.effects: list[tuple] = []
+    def process(self, page: RawPage, namespaces: frozenset[str]) -> None:
+        before = _counts(self.links)
+        super().process(page, namespaces)
+        row = self.out_rows[-1]
+        title, reason = row[4], row[6]
+        checked = page.error is None and title is not None and page.namespace == 0
+        mark = self.titles[title] if checked and reason != DUPLICATE_TITLE else None
+        after = _counts(self.links)
+        delta = tuple(a - b for a, b in zip(after, before)) if after != before else None
+        self.effects.append((checked, mark, self.redirects.get(title) if mark == REDIRECT else None,
+                             delta, not page.title))
 
-        def process(self, page: RawPage, namespaces: frozenset[str]) -> None:
-            before = _counts(self.links)
-            super().process(page, namespaces)
-            row = self.out_rows[-1]
-            title, reason = row[4], row[6]
-            checked = page.error is None and title is not None and page.namespace == 0
-            mark = self.titles[title] if checked and reason != DUPLICATE_TITLE else None
-            after = _counts(self.links)
-            delta = tuple(a - b for a, b in zip(after, before)) if after != before else None
-            self.effects.append((checked, mark, self.redirects.get(title) if mark == REDIRECT else None,
-                                 delta, not page.title))
-
-        def _row(self, page, title, status, reason, detail) -> None:
-            self.out_rows.append((page.source, page.position, page.record, page.page_id, title, status, reason,
-                                  page.n_bytes, detail))
-
-    return _PiecePass
+    def _row(self, page, title, status, reason, detail) -> None:
+        self.out_rows.append((page.source, page.position, page.record, page.page_id, title, status, reason,
+                              page.n_bytes, detail))
 
 
 PIECE_VERSION = "1"   # bump when parse_piece's output changes for the same bytes
@@ -186,7 +182,7 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
         from the reader, the position within the piece and the last complete page.
     """
     cached = Path(cache_dir) / piece_key(Path(path), piece, namespaces, cfg) if cache_dir else None
-    state = _pass_class()(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
+    state = _PiecePass(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
     if cached is not None and (cached / "piece.json").exists():
         return _load_piece(piece, cached, Path(shard_dir), Path(path).name, state.shards.group_rows)
     wrapped = []

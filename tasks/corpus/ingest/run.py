@@ -30,32 +30,25 @@ import pyarrow.compute as pc
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.progress import Progress
-from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
-                                 OTHER_NAMESPACE, OVERSIZE, REDIRECT, SKIPPED, IngestConfig,
-                                 IngestSummary, LinkCounts)
+from tasks.corpus.ingest.config import KEPT, IngestConfig, IngestSummary
 from tasks.corpus.ingest.jsonl import JsonlReader
 from tasks.corpus.ingest.lookup import TitleIndex
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
 from tasks.corpus.ingest.multistream import plan_layout
+from tasks.corpus.ingest.page_pass import PagePass
 from tasks.corpus.ingest.parallel import run_pieces
-from tasks.corpus.ingest.records import WIKITEXT, RawPage
 from tasks.corpus.ingest.redirects import resolve_redirects
 from tasks.corpus.ingest.shards import ShardWriter, merge_shards
-from tasks.corpus.ingest.titles import ARTICLE, DEFAULT_NAMESPACES, classify_link, normalise_title
+from tasks.corpus.ingest.titles import DEFAULT_NAMESPACES
 from tasks.corpus.ingest.wikispeedia import WikispeediaReader
-from tasks.corpus.ingest.wikitext import clean_wikitext, extract_link_targets, is_disambiguation, remove_comments
 
 logger = logging.getLogger(__name__)
 
-_REPORT_BATCH = 20_000
 DOC_GROUP_ROWS = 4_096          # a documents row group ends after this many rows ...
 DOC_GROUP_BYTES = 8 * 1024 * 1024  # ... or this many characters of text (bounds pass-2 memory)
 _LINK_BATCH = 200_000
 MERGE_BLOCK_DOCS = 1_024   # documents of one merged block in pass 2 (merge bounds: every 1,024th kept title)
 LINK_RESOLVE_DOCS = 4_096   # documents whose links are resolved together (distinct targets looked up once)
-_PROGRESS_EVERY = 100_000
-_LINK_CACHE = 500_000  # distinct raw link targets remembered (cleared when full)
-_REPORT_FIELDS = [f.name for f in INGEST_REPORT.schema]
 
 
 def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Callable[..., Any] | None = None,
@@ -157,21 +150,11 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
     return summary
 
 
-class _FirstPass:
+class _FirstPass(PagePass):
     """Pass 1: account for every record, clean kept pages into shards, collect titles."""
 
     def __init__(self, cfg: IngestConfig, shards: ShardWriter, report):
-        self.cfg, self.shards, self.report = cfg, shards, report
-        self.templates = cfg.template_set()
-        self.titles: dict[str, str] = {}             # normalised title -> kept | redirect | skipped
-        self.redirects: dict[str, str | None] = {}   # redirect title -> normalised target
-        self.links = LinkCounts()
-        self.by_status: Counter[str] = Counter()
-        self.skipped: Counter[str] = Counter()
-        self.records = 0
-        self._rows: list[tuple] = []
-        self._link_cache: dict[str, tuple[str, str | None]] = {}   # raw link target -> classify_link
-        self._cache_namespaces: frozenset[str] | None = None
+        super().__init__(cfg, shards, report)
         self.parallel: tuple | None = None   # (submit, streams per piece, window, piece cache)
         self.pieces: Counter[str] = Counter()  # multistream pieces built / reused
         self.progress: Progress | None = None   # pages read, while :meth:`run` runs
@@ -207,91 +190,6 @@ class _FirstPass:
         self._flush_report()
         self.shards.flush()
         return total
-
-    def process(self, page: RawPage, namespaces: frozenset[str]) -> None:
-        """Decide the fate of one record and write its report row."""
-        title = normalise_title(page.title) if page.title else None
-        if page.error:
-            return self._skip(page, title, page.error, page.detail, mark=False)
-        if title is None:
-            return self._skip(page, None, MALFORMED_PAGE, f"{page.title!r} is not a valid page title", mark=False)
-        if page.namespace != 0:
-            return self._skip(page, title, OTHER_NAMESPACE, f"namespace {page.namespace}", mark=False)
-        if title in self.titles:
-            return self._skip(page, title, DUPLICATE_TITLE, f"title already seen ({self.titles[title]})", mark=False)
-        if page.n_bytes > self.cfg.max_page_bytes:
-            return self._skip(page, title, OVERSIZE, f"{page.n_bytes} bytes > {self.cfg.max_page_bytes}")
-        wikitext = page.markup == WIKITEXT
-        if page.redirect is not None:
-            kind, target = classify_link(page.redirect, namespaces)
-            self.redirects[title] = target if kind == ARTICLE else None
-            self.titles[title] = REDIRECT
-            return self._row(page, title, REDIRECT, None, f"-> {page.redirect}")
-        if self.cfg.exclude_disambiguation and is_disambiguation(title, page.text if wikitext else None,
-                                                                 self.templates):
-            return self._skip(page, title, DISAMBIGUATION, None)
-        markup = remove_comments(page.text) if wikitext else None   # once, for the cleaner and the links
-        text = clean_wikitext(markup, comments_removed=True) if wikitext else page.text
-        if len(text) < self.cfg.min_text_chars:
-            return self._skip(page, title, EMPTY_TEXT, f"{len(text)} characters after cleaning")
-        targets = self._link_targets(page, namespaces, markup)
-        self.shards.add(title, text, page.page_id, page.source, targets)
-        self.titles[title] = KEPT
-        self._row(page, title, KEPT, None, None)
-
-    def _link_targets(self, page: RawPage, namespaces: frozenset[str], markup: str | None) -> list[str]:
-        """Normalised, deduplicated article targets of the page's links, counting the others;
-        ``markup`` is the wikitext of a wikitext page without comments (:func:`remove_comments`),
-        None for other formats (their links come with the record)."""
-        counts = self.links
-        if markup is not None:
-            raw = extract_link_targets(markup, comments_removed=True)
-            if namespaces is not self._cache_namespaces or len(self._link_cache) > _LINK_CACHE:
-                self._link_cache, self._cache_namespaces = {}, namespaces
-            cache = self._link_cache
-            hits = list(map(cache.get, raw))
-            if None in hits:
-                for i, hit in enumerate(hits):
-                    if hit is None:
-                        target = raw[i]
-                        hits[i] = cache.get(target) or cache.setdefault(target, classify_link(target, namespaces))
-            found = [title for kind, title in hits if kind == ARTICLE]
-            if len(found) < len(hits):
-                for kind, n in Counter(kind for kind, _ in hits if kind != ARTICLE).items():
-                    setattr(counts, kind, getattr(counts, kind) + n)
-        else:
-            raw = page.links or []
-            found = [t for t in map(normalise_title, raw) if t is not None]
-            counts.invalid += len(raw) - len(found)
-        unique = list(dict.fromkeys(found))
-        counts.seen += len(raw)
-        counts.duplicate += len(found) - len(unique)
-        return unique
-
-    def _skip(self, page: RawPage, title: str | None, reason: str, detail: str | None, mark: bool = True) -> None:
-        if page.links:  # links that came with a skipped page (Wikispeedia, JSONL)
-            self.links.seen += len(page.links)
-            self.links.source_skipped += len(page.links)
-        if mark and title is not None:
-            self.titles[title] = SKIPPED
-        self.skipped[reason] += 1
-        self._row(page, title, SKIPPED, reason, detail)
-
-    def _row(self, page: RawPage, title: str | None, status: str, reason: str | None, detail: str | None) -> None:
-        self.by_status[status] += 1
-        self.records += 1
-        if self.records % _PROGRESS_EVERY == 0:
-            logger.info("ingest pass 1: %d records (%s), %d shards", self.records, dict(self.by_status),
-                        len(self.shards.paths))
-        self._rows.append((page.source, page.position, page.record, page.page_id, title, status, reason,
-                           page.n_bytes, detail))
-        if len(self._rows) >= _REPORT_BATCH:
-            self._flush_report()
-
-    def _flush_report(self) -> None:
-        if self._rows:
-            self.report.write(dict(zip(_REPORT_FIELDS, map(list, zip(*self._rows)))))
-            self._rows = []
 
 
 def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", docs, links) -> None:
