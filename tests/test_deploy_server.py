@@ -269,3 +269,51 @@ def test_worker_stopped_with_sigterm_leaves_no_run_blocking_the_queue(server):
                    cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     state = _wait("the next run", lambda: (st := _state(api, again["id"]))["type"] in FINAL and st, 300)
     assert state["type"] == "COMPLETED", state
+
+
+WORKER_SCRIPT = ROOT / "infra" / "server" / "prefect-worker.sh"
+
+
+def test_worker_stop_script_lets_the_run_finish_and_takes_no_new_one(server):
+    """``infra/server/prefect-worker.sh stop`` while the worker runs a build, with a second run
+    queued behind it: the build completes, the worker never starts the queued run (a Prefect 3.8
+    process worker given SIGTERM alone goes on to take it), the worker process is gone and the
+    pool is resumed; the queued run then completes through a fresh worker."""
+    api, env, home = server
+    env = {**env, "FUNNELRAG_WORKER_STOP_WAIT": "600"}
+    deployed = subprocess.run(["prefect", "--no-prompt", "deploy", "--name", "nightly-corpus-build-enwiki"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    enwiki = _deployment(api, "nightly-corpus-build-enwiki")
+    first = _post(api, f"/deployments/{enwiki['id']}/create_flow_run",
+                  {"parameters": {"overrides": ["gate.limit=50", "name=enwiki-stop", "segment.passage_words=93"]}})
+    started = subprocess.run(["bash", str(WORKER_SCRIPT), "start", POOL], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stdout + started.stderr
+    pid = int((Path(env["PREFECT_HOME"]) / "funnelrag-worker.pid").read_text())
+    try:
+        _wait("the first run to start", lambda: _state(api, first["id"])["type"] in ("RUNNING", *FINAL), 300)
+        queued = _post(api, f"/deployments/{enwiki['id']}/create_flow_run",
+                       {"parameters": {"overrides": ["gate.limit=50", "name=enwiki-stop", "segment.passage_words=94"]}})
+        stopped = subprocess.run(["bash", str(WORKER_SCRIPT), "stop", POOL], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=900)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "paused" in stopped.stdout and f"worker {pid} stopped" in stopped.stdout, stopped.stdout
+    assert _state(api, first["id"])["type"] == "COMPLETED"
+    run = httpx.get(f"{api}/flow_runs/{queued['id']}", timeout=30).json()
+    assert run["state"]["type"] == "SCHEDULED" and run["start_time"] is None, run["state"]
+    assert not (Path(env["PREFECT_HOME"]) / "funnelrag-worker.pid").exists()
+    assert httpx.get(f"{api}/work_pools/{POOL}", timeout=30).json()["is_paused"] is False
+
+    for _ in range(4):   # runs the build's event started (automations) may be handed out first
+        subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once", "--limit", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        if _state(api, queued["id"])["type"] in FINAL:
+            break
+    state = _wait("the queued run", lambda: (st := _state(api, queued["id"]))["type"] in FINAL and st, 300)
+    assert state["type"] == "COMPLETED", state
