@@ -453,13 +453,44 @@ def distillation_markdown(corpus: str, corpus_version: str, questions: int, reca
     """The Prefect artifact of a distillation: dev answer recall of the pre-ranking stage before
     and after BPR (Eq. 6) and the registry gate's decision."""
     lines = [f"# distill-preranker on `{corpus}` version `{corpus_version}`", "",
+             f"- MLflow run: {mlflow_run}", f"- registry: {_gate_text(gate)}", ""]
+    return "\n".join(lines + _recall_lines(questions, recall)) + "\n"
+
+
+def distillation_run_markdown(corpus: str, corpus_version: str, mlflow_run: str, steps: list[tuple[str, str]],
+                              reader_eval: dict[str, Any], reader_gate: dict[str, Any], questions: int,
+                              recall: list[dict[str, float]], gate: dict[str, Any]) -> str:
+    """The Prefect artifact of a whole distillation run: its MLflow run and each step's
+    (train-reader, score-passages, distill-preranker), the FiD reader's dev exact match and registry
+    gate, the pre-ranker's registry gate, and the pre-ranking stage's answer recall before and
+    after BPR (Eq. 6) on the held-out dev questions.
+
+    Parameters
+    ----------
+    steps : ``(step name, markdown naming its MLflow run)`` in run order.
+    reader_eval : ``em`` (a fraction) and ``questions`` of the reader's dev evaluation.
+    reader_gate, gate : the registry decisions (``name``, ``version``, ``reason``, ``promoted``).
+    questions, recall : as :func:`distillation_markdown`.
+    """
+    lines = [f"# distillation-run on `{corpus}` version `{corpus_version}`", "",
              f"- MLflow run: {mlflow_run}",
-             f"- registry: {gate.get('name', '')} v{gate.get('version')} — {gate.get('reason')}"
-             + (" (now champion)" if gate.get("promoted") else ""),
-             "", f"Answer recall of the pre-ranking stage on {questions} held-out dev questions:", "",
+             f"- FiD reader: dev exact match {reader_eval.get('em', 0.0):.3f} on {reader_eval.get('questions', 0)} "
+             f"held-out questions; registry: {_gate_text(reader_gate)}",
+             f"- pre-ranker: registry: {_gate_text(gate)}", "",
+             "| step | MLflow run |", "|---|---|", *[f"| {name} | {link} |" for name, link in steps], ""]
+    return "\n".join(lines + _recall_lines(questions, recall)) + "\n"
+
+
+def _gate_text(gate: dict[str, Any]) -> str:
+    return (f"{gate.get('name', '')} v{gate.get('version')} — {gate.get('reason')}"
+            + (" (now champion)" if gate.get("promoted") else ""))
+
+
+def _recall_lines(questions: int, recall: list[dict[str, float]]) -> list[str]:
+    lines = [f"Answer recall of the pre-ranking stage on {questions} held-out dev questions:", "",
              "| k | before | after | change |", "|---:|---:|---:|---:|"]
-    lines += [f"| {r['k']} | {r['before']:.3f} | {r['after']:.3f} | {r['after'] - r['before']:+.3f} |" for r in recall]
-    return "\n".join(lines) + "\n"
+    return lines + [f"| {r['k']} | {r['before']:.3f} | {r['after']:.3f} | {r['after'] - r['before']:+.3f} |"
+                    for r in recall]
 
 
 def _distillation_artifact(ctx: Context, run: Any, summary: dict[str, Any]) -> None:
@@ -489,10 +520,27 @@ def distillation_run_flow(config: DistillationConfig | None = None, config_file:
         print("   k   before   after")
         for row in distilled["answer_recall"]:
             print(f"{row['k']:>4}   {row['before']:.3f}   {row['after']:.3f}")
+        _distillation_run_artifact(ctx, run, reader, scored, distilled)
         return {"corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
                 "mlflow_run_id": run.info.run_id, "answer_recall": distilled["answer_recall"],
                 "gate": distilled["gate"], "reader_gate": reader["reader_gate"], "train_reader": reader, "score_passages": scored,
                 "distill_preranker": {k: v for k, v in distilled.items() if k not in ("answer_recall", "gate")}}
+
+
+def _distillation_run_artifact(ctx: Context, run: Any, reader: dict[str, Any], scored: dict[str, Any],
+                               distilled: dict[str, Any]) -> None:
+    import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
+
+    uri = ctx.cfg.workspace.tracking_uri
+    steps = [(name, run_link(mlflow.get_run(summary["mlflow_run_id"]), uri))
+             for name, summary in (("train-reader", reader), ("score-passages", scored),
+                                   ("distill-preranker", distilled))]
+    md = distillation_run_markdown(
+        ctx.cfg.corpus, ctx.corpus.version, run_link(run, uri), steps, reader["reader_eval"],
+        {"name": ctx.cfg.reader_registry_name, **reader["reader_gate"]}, int(distilled["evaluate"].get("questions", 0)),
+        distilled["answer_recall"], {"name": ctx.cfg.registry_name, **distilled["gate"]})
+    create_markdown_artifact(key=f"distillation-run-{ctx.cfg.corpus}".lower().replace("_", "-"), markdown=md,
+                             description="the distillation's steps and MLflow runs, reader EM, pre-ranker answer recall")
 
 
 COMMANDS = [

@@ -35,3 +35,34 @@ def test_summary_markdown_flattens_scalars_and_tabulates_records():
         "|---:|---:|---:|\n"
         "| full | 0.5123 | 0.4 |\n"
         "| retriever | 0.3 | – |\n")
+
+
+def test_distillation_run_markdown_names_every_step_and_both_gates():
+    from flows.funnel import distillation_run_markdown
+
+    md = distillation_run_markdown(
+        "wikispeedia", "v1", "`p`", [("train-reader", "`r`"), ("score-passages", "`s`"), ("distill-preranker", "`d`")],
+        {"em": 0.125, "questions": 40}, {"name": "funnelrag-reader", "version": 3, "reason": "no_champion",
+                                        "promoted": True},
+        30, [{"k": 1, "before": 0.1, "after": 0.2}, {"k": 4, "before": 0.3, "after": 0.25}],
+        {"name": "funnelrag-preranker", "version": 2, "reason": "worse_than_champion", "promoted": False})
+    assert md == (
+        "# distillation-run on `wikispeedia` version `v1`\n"
+        "\n"
+        "- MLflow run: `p`\n"
+        "- FiD reader: dev exact match 0.125 on 40 held-out questions; registry: funnelrag-reader v3 — no_champion"
+        " (now champion)\n"
+        "- pre-ranker: registry: funnelrag-preranker v2 — worse_than_champion\n"
+        "\n"
+        "| step | MLflow run |\n"
+        "|---|---|\n"
+        "| train-reader | `r` |\n"
+        "| score-passages | `s` |\n"
+        "| distill-preranker | `d` |\n"
+        "\n"
+        "Answer recall of the pre-ranking stage on 30 held-out dev questions:\n"
+        "\n"
+        "| k | before | after | change |\n"
+        "|---:|---:|---:|---:|\n"
+        "| 1 | 0.100 | 0.200 | +0.100 |\n"
+        "| 4 | 0.300 | 0.250 | -0.050 |\n")

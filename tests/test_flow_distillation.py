@@ -117,6 +117,10 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
         assert child.info.run_id in artifacts[f"{child.info.run_name}-nq-gold"], child.info.run_name
     assert f"| reader_eval.em | {reader_eval['em']:.4g} |" in artifacts["train-reader-nq-gold"]
     assert "| labels.positives |" in artifacts["score-passages-nq-gold"]
+    whole = artifacts["distillation-run-nq-gold"]   # the parent run's artifact: every step's run, the gates
+    assert parent.info.run_id in whole and all(f"| {c.info.run_name} | `{c.info.run_id}`" in whole for c in children)
+    assert f"dev exact match {reader_eval['em']:.3f}" in whole
+    assert f"| {recall[0]['k']} | {recall[0]['before']:.3f} | {recall[0]['after']:.3f} |" in whole
 
     # a re-run reuses every stage and does not register the same model twice
     again = distillation_run_flow(cfg)
