@@ -210,7 +210,8 @@ def test_the_shipped_configs_load_with_their_fusions():
 
     sweep = load_config(EvaluateConfig, "configs/fusion_validation_cpu.yaml")
     assert sweep.questions.part == "validation" and sweep.questions.datasets == ["nq-open-dev"]
-    for name in ("units_validation_cpu.yaml", "passage_fusion_validation_cpu.yaml"):   # sweeps: never on test
+    for name in ("units_validation_cpu.yaml", "passage_fusion_validation_cpu.yaml",
+                 "clusters_validation_cpu.yaml"):   # sweeps: never on test
         other = load_config(EvaluateConfig, f"configs/{name}")
         assert other.questions.part == "validation" and other.questions.datasets == ["nq-open-dev"], name
     passages = load_config(EvaluateConfig, "configs/passage_fusion_validation_cpu.yaml")
@@ -218,7 +219,12 @@ def test_the_shipped_configs_load_with_their_fusions():
     assert {s.fusion for s in sweep.progressive} == {"none", "convex", "rrf"}
     table = load_config(EvaluateConfig, "configs/evaluate_wikispeedia_cpu.yaml")
     assert table.questions.part == "all" and table.questions.datasets == ["nq-open-test"]
-    assert [s.fusion for s in table.progressive] == ["none", "convex", "none"]   # MaxP stays beside the fused ones
+    assert [s.fusion for s in table.progressive] == ["none", "convex", "none", "none"]   # MaxP stays beside the others
     chosen = table.progressive[1]
     assert chosen in sweep.progressive and chosen.label() == "convex-w0.9-max"   # one of the swept settings
     assert table.progressive[2] in passages.progressive and table.progressive[2].label() == "pw0.1"
+    clusters = load_config(EvaluateConfig, "configs/clusters_validation_cpu.yaml")   # K: MaxP, N = 8, stored
+    assert [s.n_clusters for s in clusters.progressive] == [3, 5, 8, 12, 20, 32]
+    assert {(s.fusion, s.n_units, s.n_final, s.vectors, s.passage_bm25_weight) for s in clusters.progressive} == {
+        ("none", 8, 4, "stored", 0.0)}
+    assert table.progressive[3] in clusters.progressive and table.progressive[3].n_clusters == 32   # the chosen K
