@@ -226,15 +226,20 @@ def _state(api: str, run_id: str) -> dict:
     return httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
 
 
+def _deploy_enwiki(api: str, env: dict[str, str]) -> dict:
+    """``prefect deploy --name nightly-corpus-build-enwiki`` (the enwiki-sample build); its deployment."""
+    deployed = subprocess.run(["prefect", "--no-prompt", "deploy", "--name", "nightly-corpus-build-enwiki"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    return _deployment(api, "nightly-corpus-build-enwiki")
+
+
 def test_worker_stopped_with_sigterm_leaves_no_run_blocking_the_queue(server):
     """A process worker that gets SIGTERM while its run builds a corpus: afterwards the run is
     final, or the recovery steps of docs/deploying.md (cancel, then delete a run stuck in
     CANCELLING) clear it; either way the next run of the deployment (concurrency limit 1) completes."""
     api, env, home = server
-    deployed = subprocess.run(["prefect", "--no-prompt", "deploy", "--name", "nightly-corpus-build-enwiki"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    enwiki = _deployment(api, "nightly-corpus-build-enwiki")
+    enwiki = _deploy_enwiki(api, env)
     run = _post(api, f"/deployments/{enwiki['id']}/create_flow_run",
                 {"parameters": {"overrides": ["gate.limit=50", "name=enwiki-sigterm", "segment.passage_words=91"]}})
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL], cwd=ROOT, env=env,
@@ -281,10 +286,7 @@ def test_worker_stop_script_lets_the_run_finish_and_takes_no_new_one(server):
     pool is resumed; the queued run then completes through a fresh worker."""
     api, env, home = server
     env = {**env, "FUNNELRAG_WORKER_STOP_WAIT": "600"}
-    deployed = subprocess.run(["prefect", "--no-prompt", "deploy", "--name", "nightly-corpus-build-enwiki"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    enwiki = _deployment(api, "nightly-corpus-build-enwiki")
+    enwiki = _deploy_enwiki(api, env)
     first = _post(api, f"/deployments/{enwiki['id']}/create_flow_run",
                   {"parameters": {"overrides": ["gate.limit=50", "name=enwiki-stop", "segment.passage_words=93"]}})
     started = subprocess.run(["bash", str(WORKER_SCRIPT), "start", POOL], cwd=ROOT, env=env,
