@@ -45,6 +45,12 @@ LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(
 PACKAGES = ("funnelrag", "flows", "tasks", "models", "data_contracts", "infra")
 
 
+def _copy_sources(dest: Path) -> None:
+    """A copy of every layered package's sources under ``dest`` (to plant a bad import in)."""
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.json"))
+
+
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
     """``lint-imports`` on the checkout at ``root`` (its pyproject contract, its own sources)."""
     env = {**os.environ, "PYTHONPATH": str(root)}
@@ -62,8 +68,7 @@ def test_layers_contract_is_kept():
 def test_layers_contract_breaks_on_an_upward_import(tmp_path):
     """The same contract on a copy of the sources with one deferred upward import (the platform's
     stage plumbing reaching into a stage package, as it once did) fails and names it."""
-    for name in PACKAGES:
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.json"))
+    _copy_sources(tmp_path)
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     stages = tmp_path / "funnelrag" / "stages.py"
     stages.write_text(stages.read_text() + "\n\ndef _upward():\n    from tasks.corpus.ingest import IngestError\n")
@@ -119,8 +124,7 @@ def test_no_module_imports_itself_back_even_through_a_deferred_import():
 
 def test_the_cycle_check_finds_a_deferred_cycle(tmp_path):
     """A function-level import back into a module's importer is reported as a cycle."""
-    for name in PACKAGES:
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.json"))
+    _copy_sources(tmp_path)
     shards = tmp_path / "tasks" / "corpus" / "ingest" / "shards.py"
     shards.write_text(shards.read_text() + "\n\ndef _back():\n    from tasks.corpus.ingest.run import ingest\n")
     cycles = list(nx.simple_cycles(_first_party_imports(tmp_path)))
