@@ -11,7 +11,7 @@ from tasks.corpus.index import BM25Index
 from tasks.evaluate.retrieval import ProgressiveSetting
 from tasks.funnel.embeddings import EmbeddingIndex
 from tasks.funnel.fusion import FusionConfig, PassageBM25, fuse, fuse_passages, min_max, pool_bm25, ranks
-from tasks.funnel.stored import rank_units_stored
+from tasks.funnel.stored import bm25_shortlist, rank_units_stored
 
 # Six passages of two tokens each (so every passage has the average length and BM25's length
 # normalisation is 1), three units, two clusters. Question "Zebra and the tiger?" → tokens
@@ -144,6 +144,52 @@ def test_final_passages_fused_with_bm25_equal_the_hand_computation(corpus):
         == "convex-w0.9-max-pw0.3"
 
 
+def test_bm25_shortlist_ranks_units_and_passages_as_the_hand_computation(corpus):
+    index, bm25 = corpus
+    q = np.asarray([1.0, 0.0], np.float32)
+    passage_bm25 = PassageBM25(bm25, index.passage_ids)
+    calls = []
+
+    def bm25_of(rows):
+        calls.append(len(rows))
+        return passage_bm25.scores(QUESTION, rows)
+
+    def shortlisted(m: int):
+        return rank_units_stored(q, index, [0, 1], bm25_of, shortlist=m)
+
+    # BM25 p4 1.0838 > p0 0.7101 > p2 0.5419 > p1 = p3 = p5 = 0 (ties by row: p1, p3, p5)
+    # M = 2 → p0, p4: A = 0.2 (p0), C = 0.6 (p4); B has no shortlisted passage and drops out → C, A
+    r = shortlisted(2)
+    assert r.unit_ids == ["C", "A"] and r.passage_rows.tolist() == [0, 4] and calls == [6]
+    np.testing.assert_allclose(r.unit_scores, [0.6, 0.2], atol=1e-6)
+    assert r.all_rows.tolist() == [0, 1, 2, 3, 4, 5]          # the clusters' answer recall reads every row
+    assert [index.passage_ids[row] for row, _ in r.top_passages(index, 2, 2)] == ["p4", "p0"]
+    # M = 3 adds p2: B = 0.9 → B, C, A; the top 2 units' shortlisted passages p2 (0.9), p4 (0.6)
+    r = shortlisted(3)
+    assert r.unit_ids == ["B", "C", "A"] and r.passage_rows.tolist() == [0, 2, 4]
+    assert [index.passage_ids[row] for row, _ in r.top_passages(index, 2, 3)] == ["p2", "p4"]
+    # M = 4 adds p1 (the first zero by row): A = max(0.2, 0.5) = 0.5; M = 6 is MaxP over every passage
+    np.testing.assert_allclose(shortlisted(4).unit_scores, [0.9, 0.6, 0.5], atol=1e-6)
+    full, maxp = shortlisted(6), rank_units_stored(q, index, [0, 1])
+    assert full.unit_ids == maxp.unit_ids and full.passage_rows.tolist() == maxp.passage_rows.tolist()
+    assert maxp.cluster_rows is None and maxp.all_rows is maxp.passage_rows
+    # cluster 1 alone (p4, p5), M = 1 → p4, unit C
+    assert rank_units_stored(q, index, [1], bm25_of, shortlist=1).unit_ids == ["C"]
+    assert bm25_shortlist(np.asarray([0.5, 2.0, 0.5, 1.0]), np.asarray([9, 4, 3, 7]), 3).tolist() == [1, 3, 2]
+    with pytest.raises(ValueError, match="BM25 scores"):
+        rank_units_stored(q, index, [0, 1], None, shortlist=2)
+    with pytest.raises(ValueError, match="shortlist must be"):
+        rank_units_stored(q, index, [0, 1], bm25_of, shortlist=-1)
+    with pytest.raises(ValueError, match="size 0"):
+        bm25_shortlist(np.zeros(2), np.arange(2), 0)
+    with pytest.raises(ValueError, match="passage_shortlist needs"):
+        ProgressiveSetting(n_clusters=3, passage_shortlist=50)
+    with pytest.raises(ValueError, match="passage_shortlist needs"):
+        ProgressiveSetting(n_clusters=3, vectors="stored", n_final=4, passage_shortlist=3)
+    setting = ProgressiveSetting(n_clusters=3, vectors="stored", passage_shortlist=50)
+    assert setting.uses_bm25 and setting.label() == "sl50"
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_with_maxp_units_and_dense_passages_n_units_beyond_n_final_changes_nothing(seed):
     """Why N was no lever for MaxP (docs/results/funnel.md): the best H dense passages lie in at
@@ -219,7 +265,7 @@ def test_the_shipped_configs_load_with_their_fusions():
     assert {s.fusion for s in sweep.progressive} == {"none", "convex", "rrf"}
     table = load_config(EvaluateConfig, "configs/evaluate_wikispeedia_cpu.yaml")
     assert table.questions.part == "all" and table.questions.datasets == ["nq-open-test"]
-    assert [s.fusion for s in table.progressive] == ["none", "convex", "none", "none"]   # MaxP stays beside the others
+    assert [s.fusion for s in table.progressive] == ["none", "convex", "none", "none", "none"]   # MaxP stays beside
     chosen = table.progressive[1]
     assert chosen in sweep.progressive and chosen.label() == "convex-w0.9-max"   # one of the swept settings
     assert table.progressive[2] in passages.progressive and table.progressive[2].label() == "pw0.1"
@@ -228,3 +274,8 @@ def test_the_shipped_configs_load_with_their_fusions():
     assert {(s.fusion, s.n_units, s.n_final, s.vectors, s.passage_bm25_weight) for s in clusters.progressive} == {
         ("none", 8, 4, "stored", 0.0)}
     assert table.progressive[3] in clusters.progressive and table.progressive[3].n_clusters == 32   # the chosen K
+    shortlists = load_config(EvaluateConfig, "configs/shortlist_validation_cpu.yaml")   # (K, M), MaxP baseline
+    assert shortlists.questions.part == "validation" and shortlists.questions.datasets == ["nq-open-dev"]
+    assert [(s.n_clusters, s.passage_shortlist) for s in shortlists.progressive] == [
+        (3, 0), *((k, m) for k in (3, 8, 32) for m in (20, 50, 100))]
+    assert table.progressive[4] in shortlists.progressive and table.progressive[4].label() == "sl20"   # the chosen (K, M)

@@ -74,6 +74,10 @@ class ProgressiveSetting:
     passage_bm25_weight : ``w`` of the final passages' score (stored vectors only): 0 ranks the
         passages of the top-N units by their dense score; ``w`` > 0 by ``w · mm(BM25) + (1 − w) ·
         mm(dense)`` over them (:func:`tasks.funnel.fusion.fuse_passages`).
+    passage_shortlist : M (stored vectors only): 0 scores every passage of the K clusters; M > 0
+        scores only the M with the highest passage BM25 scores (the BM25 shortlist,
+        :func:`tasks.funnel.stored.bm25_shortlist`), so units rank by their best shortlisted
+        passage and the final passages are shortlisted ones.
     """
 
     n_clusters: int = 80
@@ -86,6 +90,7 @@ class ProgressiveSetting:
     rrf_k: float = 60.0
     bm25_pool: str = "max"
     passage_bm25_weight: float = 0.0
+    passage_shortlist: int = 0
 
     def __post_init__(self) -> None:
         if min(self.n_clusters, self.n_units, self.n_final) < 1:
@@ -102,11 +107,15 @@ class ProgressiveSetting:
             raise ValueError(f"ProgressiveSetting: passage_bm25_weight must be in [0, 1], got {self.passage_bm25_weight}")
         if self.passage_bm25_weight and self.vectors != "stored":
             raise ValueError("ProgressiveSetting: passage_bm25_weight needs vectors='stored'")
+        if self.passage_shortlist and (self.vectors != "stored" or self.passage_shortlist < self.n_final):
+            raise ValueError("ProgressiveSetting: passage_shortlist needs vectors='stored' and at least n_final "
+                             f"passages, got {self.passage_shortlist} with {self.vectors!r}, n_final {self.n_final}")
 
     @property
     def uses_bm25(self) -> bool:
-        """Whether the setting reads the passages' BM25 scores (a unit fusion or a passage weight)."""
-        return self.fusion != "none" or self.passage_bm25_weight > 0
+        """Whether the setting reads the passages' BM25 scores (a unit fusion, a passage weight or
+        a shortlist)."""
+        return self.fusion != "none" or self.passage_bm25_weight > 0 or self.passage_shortlist > 0
 
     def fusion_config(self) -> FusionConfig:
         """The unit-score fusion of this setting."""
@@ -114,13 +123,16 @@ class ProgressiveSetting:
 
     def label(self) -> str:
         """Short name of the unit and passage scores: ``""`` (MaxP, dense passages),
-        ``"convex-w0.3-max"``, ``"rrf-w0.5-k60-max"``, ``"pw0.3"`` (passages fused with BM25, w = 0.3)."""
+        ``"convex-w0.3-max"``, ``"rrf-w0.5-k60-max"``, ``"pw0.3"`` (passages fused with BM25, w = 0.3),
+        ``"sl50"`` (a BM25 shortlist of 50 passages)."""
         parts = []
         if self.fusion != "none":
             k = f"-k{self.rrf_k:g}" if self.fusion == "rrf" else ""
             parts.append(f"{self.fusion}-w{self.bm25_weight:g}{k}-{self.bm25_pool}")
         if self.passage_bm25_weight:
             parts.append(f"pw{self.passage_bm25_weight:g}")
+        if self.passage_shortlist:
+            parts.append(f"sl{self.passage_shortlist}")
         return "-".join(parts)
 
 

@@ -59,7 +59,7 @@ def _candidates(qid: str, index: EmbeddingIndex, ranking, top_units: list[str], 
     passage order (what the FiD post-ranker reads)."""
     rank = {u: k for k, u in enumerate(top_units)}
     unit_score = dict(zip(ranking.unit_ids, ranking.unit_scores.tolist()))
-    rows = sorted((rank[index.unit_ids[r]], int(r)) for r in ranking.passage_rows if index.unit_ids[r] in rank)
+    rows = sorted((rank[index.unit_ids[r]], int(r)) for r in ranking.all_rows if index.unit_ids[r] in rank)
     texts = lookup.get([index.passage_ids[r] for _, r in rows])
     cols: dict[str, list] = {n: [] for n in CANDIDATES.schema.names}
     pos: dict[str, int] = {}
@@ -121,14 +121,14 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
         with clock.stage("preranking"):
             query = embed_queries(preranker.model, preranker.tokenizer, [q.question])[0]     # (dim,)
             bm25_of = None if not setting.uses_bm25 else (lambda rows: passage_bm25.scores(q.question, rows))
-            ranking = rank_units_stored(query, index, cids, bm25_of, fusion)
+            ranking = rank_units_stored(query, index, cids, bm25_of, fusion, setting.passage_shortlist)
             top_units = ranking.unit_ids[:setting.n_units]
             final = lookup.get([index.passage_ids[r] for r, _ in ranking.top_passages(
                 index, setting.n_units, setting.n_final, bm25_of, setting.passage_bm25_weight)])
-        pids = [index.passage_ids[r] for r in ranking.passage_rows]
+        pids = [index.passage_ids[r] for r in ranking.all_rows]
         hit = dict(zip(pids, passage_hits(q.answers, [(p, t) for p, _, t in lookup.get(pids)], tokens)))
         unit_hit: dict[str, bool] = {}
-        for r in ranking.passage_rows:
+        for r in ranking.all_rows:
             unit_hit[index.unit_ids[r]] = unit_hit.get(index.unit_ids[r], False) or hit[index.passage_ids[r]]
         stages = [StageOutcome("retrieval", "c", n_total, len(cids), clock["retrieval"], any(hit.values())),
                   StageOutcome("preranking", "d", len(ranking.unit_ids), len(top_units), clock["preranking"],

@@ -8,7 +8,9 @@ ranking equals the on-the-fly path (:func:`tasks.funnel.candidates.build_candida
 ``unit_scoring="maxp"``) up to float rounding: units by (score desc, unit_id asc). With the
 passages' BM25 scores, units rank by the fusion of their MaxP and BM25 scores instead
 (:mod:`tasks.funnel.fusion`). The final passages are the best dense ones of the top-N units, or,
-with a passage BM25 weight, the best by the convex fusion of their dense and BM25 scores.
+with a passage BM25 weight, the best by the convex fusion of their dense and BM25 scores. With a
+BM25 shortlist of M passages, only the M passages of the K clusters that score highest by passage
+BM25 are scored by the bi-encoder, and units rank by their best shortlisted passage.
 """
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ class StoredRanking:
         final passages of the top-N units are chosen by these).
     unit_codes : the index's unit code of each unit of ``unit_ids`` (same order), int64.
     passage_codes : the unit code of each passage row, int64 ``(n_passages,)``.
-    passage_bm25 : the BM25 score of each passage row ``(n_passages,)`` when a unit fusion read
-        them (then :meth:`top_passages` reuses them), else None.
+    passage_bm25 : the BM25 score of each passage row ``(n_passages,)`` when a unit fusion or a
+        shortlist read them (then :meth:`top_passages` reuses them), else None.
+    cluster_rows : with a BM25 shortlist, every passage row of the K clusters (``passage_rows``
+        then holds the shortlisted rows only); None when every row was scored.
     """
 
     unit_ids: list[str]
@@ -43,6 +47,13 @@ class StoredRanking:
     unit_codes: np.ndarray | None = None
     passage_codes: np.ndarray | None = None
     passage_bm25: np.ndarray | None = None
+    cluster_rows: np.ndarray | None = None
+
+    @property
+    def all_rows(self) -> np.ndarray:
+        """Every passage row of the K clusters, int64 ``(n,)`` (answer recall of the clusters,
+        and the top units' passages the FiD post-ranker reads)."""
+        return self.passage_rows if self.cluster_rows is None else self.cluster_rows
 
     def top_passages(self, index, n_units: int, n_final: int, bm25_scores=None,
                      bm25_weight: float = 0.0) -> list[tuple[int, float]]:
@@ -78,10 +89,37 @@ class StoredRanking:
         return [(int(rows[j]), float(scores[j])) for j in order]
 
 
+def bm25_shortlist(bm25: np.ndarray, rows: np.ndarray, size: int) -> np.ndarray:
+    """Positions of the ``size`` best passages by BM25, int64 ``(min(size, n),)``, best first
+    (score desc, then index row asc).
+
+    Parameters
+    ----------
+    bm25 : float ``(n,)``, the passages' BM25 scores for the question.
+    rows : int ``(n,)``, their embedding-index rows (the tie order).
+    size : M >= 1.
+
+    Raises
+    ------
+    ValueError
+        ``size`` < 1 or the lengths differ.
+    """
+    bm25, rows = np.asarray(bm25, np.float64), np.asarray(rows, np.int64)
+    if size < 1 or bm25.shape != rows.shape:
+        raise ValueError(f"bm25_shortlist: size {size} of {bm25.shape} scores for {rows.shape} rows")
+    return np.lexsort((rows, -bm25))[:size].astype(np.int64)
+
+
 def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: list[int],
-                      bm25_scores=None, fusion: FusionConfig = FusionConfig()) -> StoredRanking:
+                      bm25_scores=None, fusion: FusionConfig = FusionConfig(), shortlist: int = 0) -> StoredRanking:
     """Score every passage of ``cluster_ids`` by ``query · E(p)`` and rank their units by MaxP,
     or by MaxP fused with the units' BM25 scores (:func:`tasks.funnel.fusion.fuse`).
+
+    With ``shortlist`` M > 0 only the M passages of the clusters with the highest passage BM25
+    scores (:func:`bm25_shortlist`) are scored and pooled: a unit scores as its best
+    shortlisted passage and units without one drop out. This is flat BM25 + bi-encoder re-ranking
+    (the flat setting's candidates are its top passages by the same scores) confined to the K
+    clusters; its cost grows with the clusters' passages, not with the corpus.
 
     Vectorised over the passages of the K clusters: one gather of their stored vectors (from
     memory or a memory map, :class:`tasks.funnel.embeddings.MappedEmbeddingIndex`), one
@@ -97,8 +135,9 @@ def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: lis
     cluster_ids : the BM25 top-K clusters.
     bm25_scores : None, or ``rows -> float (n,)``: the passages' BM25 scores for the question
         (:meth:`tasks.funnel.fusion.PassageBM25.scores` bound to it); needed when
-        ``fusion.method != "none"``.
+        ``fusion.method != "none"`` or ``shortlist`` > 0.
     fusion : FusionConfig (default: MaxP alone).
+    shortlist : M, the BM25 shortlist's size (0: every passage of the clusters).
 
     Returns
     -------
@@ -108,24 +147,34 @@ def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: lis
     Raises
     ------
     ValueError
-        ``query`` does not have the index's dimension, or a fusion has no ``bm25_scores``.
+        ``query`` does not have the index's dimension, a fusion or a shortlist has no
+        ``bm25_scores``, or ``shortlist`` < 0.
     """
     q = np.asarray(query, dtype=np.float32).reshape(-1)
     if q.shape[0] != index.dim:
         raise ValueError(f"query has {q.shape[0]} dims, the embedding index {index.dim}")
-    if fusion.method != "none" and bm25_scores is None:
-        raise ValueError(f"fusion {fusion.method!r} needs the passages' BM25 scores")
+    if (fusion.method != "none" or shortlist) and bm25_scores is None:
+        raise ValueError(f"fusion {fusion.method!r} / shortlist {shortlist} needs the passages' BM25 scores")
+    if shortlist < 0:
+        raise ValueError(f"shortlist must be >= 0, got {shortlist}")
     rows = index.rows_of_clusters(cluster_ids)                      # (n_passages,)
+    cluster_rows, passage_bm25 = None, None
+    if shortlist:
+        cluster_rows = rows
+        passage_bm25 = np.asarray(bm25_scores(rows))                 # (n_passages,)
+        keep = np.sort(bm25_shortlist(passage_bm25, rows, shortlist))  # (M,), in the clusters' row order
+        rows, passage_bm25 = rows[keep], passage_bm25[keep]
     scores = index.gather(rows) @ q                                  # (n_passages,) float32
     codes = np.asarray(index.unit_codes[rows], dtype=np.int64)       # (n_passages,)
     uniq, first, inv = np.unique(codes, return_index=True, return_inverse=True)   # units in id order
     groups = inv.reshape(-1)
     best = group_max(scores, groups, len(uniq))                      # (n_units,)
-    passage_bm25 = None
     if fusion.method != "none":
-        passage_bm25 = np.asarray(bm25_scores(rows))                                    # (n_passages,)
+        if passage_bm25 is None:
+            passage_bm25 = np.asarray(bm25_scores(rows))                                # (n_passages,)
         unit_bm25 = pool_bm25(passage_bm25, groups, len(uniq), fusion.bm25_pool)        # (n_units,)
         best = fuse(best, unit_bm25, index.unit_names_at(rows[first]), fusion)         # (n_units,) float64
     order = np.lexsort((uniq, -best))                                # score desc, unit id asc
     names = index.unit_names_at(rows[first[order]])
-    return StoredRanking(names, best[order], rows, scores.astype(np.float32), uniq[order], codes, passage_bm25)
+    return StoredRanking(names, best[order], rows, scores.astype(np.float32), uniq[order], codes, passage_bm25,
+                         cluster_rows)
