@@ -15,6 +15,12 @@ questions one at a time to the workers in turn, so a change of load on the box h
   their units from the stored vectors (``tasks/funnel/stored.py``) → N = 8 units → 4p; K keeps
   the Wikispeedia evaluation's token budget (3 clusters of S = 16K tokens): K = 49,152 / S.
 
+* ``prog-sl-f32``, ``prog-sl-f16``  progressive with the BM25 shortlist: BM25 over clusters → K'
+  clusters → the passage BM25 scores of their passages (``tasks/funnel/fusion.py:PassageBM25``
+  over the flat passage index) → the 20 best (``tasks/funnel/stored.py:bm25_shortlist``) →
+  MaxP pre-ranking of their units from the stored vectors → N = 8 units → 4p; K' keeps the token
+  budget of the Wikispeedia evaluation's shortlist setting (K = 32 clusters of S = 16K tokens).
+
 * ``prog-before`` the progressive path as it was before the speed work: the embedding index in
   the Parquet layout read into memory (ids as Python lists, float32 vectors), per-candidate
   Python loops for MaxP and the final passages, bm25s's retrieve with a one-thread pool per call.
@@ -60,8 +66,11 @@ SEED = 0
 N_RETRIEVE, N_FINAL, N_UNITS = 50, 4, 8
 N_WARMUP = 3                        # questions each worker answers before the measured ones
 TOKEN_BUDGET = 3 * 16_384           # the Wikispeedia evaluation's K = 3 clusters of S = 16K tokens
+SHORTLIST_BUDGET = 32 * 16_384      # its shortlist setting's K = 32 clusters of S = 16K tokens
+SHORTLIST = 20                      # M, the shortlist's passages
 DPR_PASSAGES = 21_015_324
-SETTINGS = ("bm25", "rerank-f32", "rerank-f16", "dense-exact", "dense-ivfpq", "prog-f32", "prog-f16", "prog-before")
+SETTINGS = ("bm25", "rerank-f32", "rerank-f16", "dense-exact", "dense-ivfpq", "prog-f32", "prog-f16", "prog-sl-f32",
+            "prog-sl-f16", "prog-before")
 DTYPES = {"f32": "float32", "f16": "float16"}
 
 
@@ -191,7 +200,7 @@ class Worker:
         s = self.setting
         self.texts = MappedPassageLookup(bench / PASSAGE_TEXT_FILE)
         info = {}
-        if s == "bm25" or s.startswith("rerank"):
+        if s == "bm25" or s.startswith(("rerank", "prog-sl")):
             self.bm25 = c.passage_index()
         if s.startswith(("rerank", "prog")) or s == "dense-exact":
             dtype = "parquet" if s == "prog-before" else DTYPES.get(s.rsplit("-", 1)[-1], "float32")
@@ -213,9 +222,13 @@ class Worker:
         if s.startswith("prog"):
             self.clusters = c.cluster_index()
             s_tokens = int(c.build_config("clustering")["max_tokens"])
-            self.k = max(1, round(TOKEN_BUDGET / s_tokens))
+            self.k = max(1, round((SHORTLIST_BUDGET if s.startswith("prog-sl") else TOKEN_BUDGET) / s_tokens))
             info["k"] = self.k
             info["clusters"] = len(self.clusters)
+        if s.startswith("prog-sl"):
+            from tasks.funnel.fusion import PassageBM25  # noqa: PLC0415
+
+            self.passage_bm25 = PassageBM25(self.bm25, self.index.passage_ids)
         return info
 
     def query(self, text: str, vec: np.ndarray) -> tuple[dict, dict]:
@@ -253,10 +266,24 @@ class Worker:
             cids = [int(x) for x in ids[0]]
             t1 = time.perf_counter()
             t["bm25_clusters"] = t1 - t0
-            ranking = rank_units_stored(vec, self.index, cids)
+            if s.startswith("prog-sl"):
+                spent = []
+
+                def bm25_of(rows: np.ndarray) -> np.ndarray:
+                    t_in = time.perf_counter()
+                    out = self.passage_bm25.scores(text, rows)
+                    spent.append(time.perf_counter() - t_in)
+                    return out
+
+                ranking = rank_units_stored(vec, self.index, cids, bm25_of, shortlist=SHORTLIST)
+            else:
+                spent = []
+                ranking = rank_units_stored(vec, self.index, cids)
             final = [r for r, _ in ranking.top_passages(self.index, N_UNITS, N_FINAL)]
-            t["prerank"] = time.perf_counter() - t1
-            n["passages_scored"], n["units"] = len(ranking.passage_rows), len(ranking.unit_ids)
+            t["prerank"] = time.perf_counter() - t1 - sum(spent)
+            if spent:
+                t["bm25_passages"] = sum(spent)
+            n["passages_scored"], n["units"] = len(ranking.all_rows), len(ranking.unit_ids)
         t2 = time.perf_counter()
         got = self.texts.get_rows(final)
         t["text"] = time.perf_counter() - t2

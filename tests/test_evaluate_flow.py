@@ -75,7 +75,8 @@ def evaluated(prefect_harness, data_mirror, tmp_path_factory):
         "workspace": ws_cfg, "corpus": "oracle-mini",
         "questions": {"datasets": [], "paths": [str(tmp / "questions.jsonl")], "limit": None},
         "flat": {"retrievers": ["bm25", "dense"], "n_retrieve": 8},
-        "progressive": [{"n_clusters": 3, "n_units": 2}, {"n_clusters": 3, "n_units": 2, "vectors": "stored"}],
+        "progressive": [{"n_clusters": 3, "n_units": 2}, {"n_clusters": 3, "n_units": 2, "vectors": "stored"},
+                        {"n_clusters": 3, "n_units": 2, "vectors": "stored", "passage_shortlist": 4}],
         "prerankers": {"minilm": "minilm", "ghost": "models:/no-such-preranker@champion"},
         "reader": "models:/funnelrag-reader@champion",
         "generator": {"settings": {"max_answer_tokens": 3}},
@@ -96,7 +97,8 @@ def test_settings_subsets_and_answerability(evaluated):
     names = {r["setting"] for r in s["table"]}
     assert names == {"flat-bm25-8p-4p", "flat-bm25-8p-minilm-4p", "flat-dense-8p-4p", "flat-dense-8p-minilm-4p",
                      "prog-3c-2d-minilm-4p", "prog-3c-2d-minilm-fid-4p", "prog-3c-2d-minilm-stored-4p",
-                     "prog-3c-2d-minilm-stored-fid-4p"}
+                     "prog-3c-2d-minilm-stored-fid-4p", "prog-3c-2d-minilm-stored-sl4-4p",
+                     "prog-3c-2d-minilm-stored-sl4-fid-4p"}
     assert "preranker ghost" in s["skipped"] and "reader" not in s["skipped"]
     assert s["models"]["reader"]["reader.registry_version"] == "1"
     # answerability = DPR has_answer against every corpus passage, computed here directly
@@ -122,6 +124,32 @@ def test_flat_bm25_rows_match_the_index_and_dpr_has_answer(evaluated):
         assert r["has_answer"] == [has_answer(answers[r["question_id"]], text[p]) for p in r["passage_ids"]]
     ar4 = sum(any(r["has_answer"]) for r in rows) / len(rows)
     assert ar4 >= 0.5   # the gold passages are in this corpus: BM25 finds most of them
+
+
+def test_the_bm25_shortlist_keeps_the_clusters_recall_and_picks_among_bm25s_best(evaluated):
+    """With a shortlist of M = 4 the clusters' answer recall is the MaxP setting's (it counts every
+    passage of the K clusters), and the final passages are among the 4 passages of the
+    question's 3 clusters that score best by flat passage BM25."""
+    _, stages, per_q = _tables(evaluated)
+    corpus = evaluated["corpus"]
+    recall = {r["setting"]: r["answer_recall"] for r in stages.to_pylist()
+              if r["stage"] == "retrieval" and r["subset"] == "all"}
+    assert recall["prog-3c-2d-minilm-stored-sl4-4p"] == recall["prog-3c-2d-minilm-stored-4p"]
+    index, clusters = corpus.passage_index(), corpus.cluster_index()
+    cluster_of = dict(zip(corpus.passages["passage_id"].to_pylist(), corpus.passages["cluster_id"].to_pylist()))
+    questions = {f"questions:{i + 1:06d}": q["question"] for i, q in enumerate(evaluated["questions"])}
+    rows = [r for r in per_q.to_pylist() if r["setting"] == "prog-3c-2d-minilm-stored-sl4-4p"]
+    assert len(rows) == len(questions)
+    for r in rows:
+        q = questions[r["question_id"]]
+        cids = {int(c) for c in clusters.search([q], 3)[0][0]}
+        tokens = [t for t in index.tokenize([q])[0] if t in index.retriever.vocab_dict]
+        scores = index.retriever.get_scores(tokens)                           # (n_passages,) flat BM25
+        mine = sorted((-float(scores[i]), i) for i, p in enumerate(index.doc_ids) if cluster_of[p] in cids)
+        fourth = -mine[min(4, len(mine)) - 1][0]                               # ties at the 4th score: any of them
+        best = {index.doc_ids[i] for s, i in mine if -s >= fourth}
+        # the top 2 units' shortlisted passages: 1 to 4 of them
+        assert set(r["passage_ids"]) <= best and 1 <= len(r["passage_ids"]) <= 4, r["question_id"]
 
 
 def test_metrics_are_consistent_and_stages_follow_the_funnel(evaluated):

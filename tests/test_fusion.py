@@ -57,6 +57,13 @@ def test_passage_bm25_equals_the_hand_computation_and_the_flat_index(corpus):
     assert shuffled.scores(QUESTION, np.zeros(0, np.int64)).shape == (0,)
     with pytest.raises(KeyError, match="p9"):
         PassageBM25(bm25, ["p0", "p9"])
+    # the ids of a memory-mapped embedding index (Arrow-backed), in the BM25 order or not
+    import pyarrow as pa
+
+    from tasks.funnel.embeddings import _ArrowStrings
+    np.testing.assert_array_equal(PassageBM25(bm25, _ArrowStrings(pa.array(PIDS))).scores(QUESTION, np.arange(6)), scores)
+    np.testing.assert_array_equal(PassageBM25(bm25, _ArrowStrings(pa.array(PIDS[::-1]))).scores(QUESTION, np.arange(6)),
+                                  scores[::-1])
 
 
 def test_fused_unit_scores_and_ranking_equal_the_hand_computation(corpus):

@@ -38,10 +38,14 @@ def _corpus(seed: int = 0):
     return EmbeddingIndex(pids, uids, np.asarray(cids, np.int32), vec, dict(META))
 
 
-def _reference(index: EmbeddingIndex, query: np.ndarray, clusters: list[int], n_units: int, n_final: int):
+def _reference(index: EmbeddingIndex, query: np.ndarray, clusters: list[int], n_units: int, n_final: int,
+               bm25: np.ndarray | None = None, shortlist: int = 0):
     """MaxP by hand: per-passage dot products, the max per unit, units by (score desc, id asc),
-    then the best passages of the top units by (score desc, corpus row asc)."""
+    then the best passages of the top units by (score desc, corpus row asc). With a shortlist,
+    only the ``shortlist`` rows of the clusters with the highest ``bm25[row]`` (ties by row) count."""
     rows = [r for c in clusters for r in range(len(index)) if index.cluster_ids[r] == c]
+    if shortlist:
+        rows = sorted(rows, key=lambda r: (-float(bm25[r]), r))[:shortlist]
     score = {r: sum(float(a) * float(b) for a, b in zip(index.vectors[r], query)) for r in rows}
     best: dict[str, float] = {}
     for r in rows:
@@ -89,6 +93,23 @@ def test_mapped_and_in_memory_rank_alike_and_as_the_reference(published):
         for kind in ("memory", "parquet", "float32", "float16"):
             ix = index if kind == "memory" else opened[kind]
             ranking = rank_units_stored(query, ix, clusters)
+            assert ranking.unit_ids == want_units, (kind, trial)
+            got = [ix.passage_ids[r] for r, _ in ranking.top_passages(ix, n_units, n_final)]
+            assert got == want_passages, (kind, trial)
+
+
+def test_with_a_bm25_shortlist_mapped_and_in_memory_rank_alike_and_as_the_reference(published):
+    index, opened = published
+    rng = np.random.default_rng(2)
+    for trial in range(25):
+        query = rng.integers(-4, 5, size=DIM).astype(np.float32) / 8
+        bm25 = rng.integers(0, 4, size=len(index)).astype(np.float32)      # ties are frequent
+        clusters = [int(c) for c in rng.choice(12, size=int(rng.integers(1, 5)), replace=False)]
+        n_units, n_final, m = int(rng.integers(1, 6)), int(rng.integers(1, 8)), int(rng.integers(1, 15))
+        want_units, want_passages = _reference(index, query, clusters, n_units, n_final, bm25, m)
+        for kind in ("memory", "parquet", "float32", "float16"):
+            ix = index if kind == "memory" else opened[kind]
+            ranking = rank_units_stored(query, ix, clusters, lambda rows: bm25[rows], shortlist=m)
             assert ranking.unit_ids == want_units, (kind, trial)
             got = [ix.passage_ids[r] for r, _ in ranking.top_passages(ix, n_units, n_final)]
             assert got == want_passages, (kind, trial)

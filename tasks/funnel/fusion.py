@@ -155,6 +155,19 @@ def fuse_passages(dense: np.ndarray, bm25: np.ndarray, bm25_weight: float) -> np
     return bm25_weight * min_max(bm25) + (1.0 - bm25_weight) * min_max(dense)
 
 
+def _same_ids(doc_ids: Sequence[str], passage_ids) -> bool:
+    """Whether two id sequences are equal, element by element. An Arrow-backed sequence (a
+    memory-mapped embedding index's ``passage_ids``, with ``.array``) is compared in blocks of
+    65,536, so 5M ids cost ~1 s and no more memory than a block."""
+    if len(doc_ids) != len(passage_ids):
+        return False
+    array = getattr(passage_ids, "array", None)
+    if array is None:
+        return all(a == b for a, b in zip(doc_ids, passage_ids))
+    step = 65_536
+    return all(array.slice(i, step).to_pylist() == list(doc_ids[i:i + step]) for i in range(0, len(doc_ids), step))
+
+
 class PassageBM25:
     """BM25 scores of chosen passages for a question, from the corpus's flat passage index.
 
@@ -184,7 +197,7 @@ class PassageBM25:
                          s.retriever.vocab_dict, getattr(s.retriever, "nonoccurrence_array", None)) for s in shards]
         offsets = np.cumsum([0] + [len(s) for s in shards])
         doc_ids = index.doc_ids
-        if len(doc_ids) == len(passage_ids) and all(a == b for a, b in zip(doc_ids, passage_ids)):
+        if _same_ids(doc_ids, passage_ids):
             to_bm25 = np.arange(len(doc_ids), dtype=np.int64)
         else:
             row = {p: i for i, p in enumerate(doc_ids)}
@@ -192,8 +205,10 @@ class PassageBM25:
                 to_bm25 = np.fromiter((row[p] for p in passage_ids), np.int64, count=len(passage_ids))
             except KeyError as exc:
                 raise KeyError(f"passage {exc.args[0]!r} is not in the BM25 passage index") from exc
-        self._shard_of = np.searchsorted(offsets, to_bm25, side="right") - 1        # (n,)
-        self._local = to_bm25 - offsets[self._shard_of]                             # (n,)
+        shard_of = np.searchsorted(offsets, to_bm25, side="right") - 1
+        self._shard_of = shard_of.astype(np.int32)                                   # (n,)
+        self._local = (to_bm25 - offsets[shard_of]).astype(np.int32)                 # (n,) row in its shard
+        del to_bm25, shard_of
         self._checked: set[tuple[int, int]] = set()
 
     def scores(self, question: str, rows: np.ndarray) -> np.ndarray:
