@@ -266,18 +266,17 @@ class Worker:
             cids = [int(x) for x in ids[0]]
             t1 = time.perf_counter()
             t["bm25_clusters"] = t1 - t0
+            spent: list[float] = []          # seconds in the passage BM25 lookup (prog-sl), apart from prerank
+
+            def bm25_of(rows: np.ndarray) -> np.ndarray:
+                t_in = time.perf_counter()
+                out = self.passage_bm25.scores(text, rows)
+                spent.append(time.perf_counter() - t_in)
+                return out
+
             if s.startswith("prog-sl"):
-                spent = []
-
-                def bm25_of(rows: np.ndarray) -> np.ndarray:
-                    t_in = time.perf_counter()
-                    out = self.passage_bm25.scores(text, rows)
-                    spent.append(time.perf_counter() - t_in)
-                    return out
-
                 ranking = rank_units_stored(vec, self.index, cids, bm25_of, shortlist=SHORTLIST)
             else:
-                spent = []
                 ranking = rank_units_stored(vec, self.index, cids)
             final = [r for r, _ in ranking.top_passages(self.index, N_UNITS, N_FINAL)]
             t["prerank"] = time.perf_counter() - t1 - sum(spent)
