@@ -35,6 +35,7 @@ from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.gate import GateConfig, GateDecision, GateRefused, decide, question_pairs, version_figures
 from tasks.corpus.index import BM25Config
 from tasks.corpus.ingest import IngestConfig
+from tasks.corpus.ingest.changes import PageChanges
 from tasks.corpus.published import corpus_store
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded_index import IndexLayout
@@ -53,7 +54,9 @@ class CorpusSource(DataSource):
     (:mod:`flows.corpus_nightly`): the newest finished full dump of ``wiki`` plus its adds-changes
     days, downloaded into the home, of which the newest ``keep_dumps`` full dumps are kept. ``dump``
     is set by that flow (what tonight's input holds: base dump and applied days) and goes into the
-    manifest; leave it unset.
+    manifest; ``changes`` too (a Parquet file of the adds-changes revisions the ingest applies to
+    the one dump of ``paths`` as it reads it, :class:`tasks.corpus.ingest.changes.PageChanges`);
+    leave both unset.
     """
 
     datasets: list[str] = Field(default_factory=lambda: ["wikispeedia-articles", "wikispeedia-graph"])
@@ -61,6 +64,7 @@ class CorpusSource(DataSource):
     wiki: str = "enwiki"
     keep_dumps: int = Field(default=2, ge=1)
     dump: dict[str, Any] | None = None
+    changes: str | None = None
     expected_file: ClassVar[str] = ("a dump file (a MediaWiki .xml or .xml.bz2 export, e.g. "
                                     "enwiki-…-pages-articles-multistream.xml.bz2, or a file of ingest.format)")
 
@@ -113,11 +117,18 @@ def resolve_inputs(cfg: CorpusBuildConfig, ws: Workspace) -> list[tuple[Path, st
     return cfg.source.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "source.paths")
 
 
-def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig, runner: RunnerConfig) -> StageResult:
-    """Ingest with multistream pieces as ``corpus-shard`` tasks on the flow's task runner (flow body only)."""
-    return run_cached(cache, S.run_ingest, cfg, input_digests(inputs), lambda out, _: S.run_ingest(
+def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig, runner: RunnerConfig,
+                   changes: str | None = None) -> StageResult:
+    """Ingest with multistream pieces as ``corpus-shard`` tasks on the flow's task runner (flow body
+    only); with ``changes`` (``source.changes``), the adds-changes revisions applied as the dump is
+    read (their digest joins the cache key)."""
+    page_changes = PageChanges.load(Path(changes)) if changes else None
+    digests = input_digests(inputs)
+    if page_changes is not None:
+        digests["changes"] = page_changes.digest()
+    return run_cached(cache, S.run_ingest, cfg, digests, lambda out, _: S.run_ingest(
         [p for p, _ in inputs], out, cfg, submit=submitter(), streams_per_piece=runner.streams_per_piece,
-        window=2 * runner.n_workers() + 2, piece_cache=cache.root / "ingest-pieces"))
+        window=2 * runner.n_workers() + 2, piece_cache=cache.root / "ingest-pieces", changes=page_changes))
 
 
 def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None,
@@ -127,7 +138,7 @@ def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, m
     key_cfg = {"tokenizer": cfg.tokenizer, "passage_words": cfg.passage_words}
     return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: run_tokens_sharded(
         ingest.path, out, cfg, mirror, submitter(), runner.docs_per_shard, window=2 * runner.n_workers() + 2,
-        cache_dir=cache.root / "tokens-shards"))
+        cache_dir=cache.root))
 
 
 @stage_task("cluster")
@@ -278,6 +289,22 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
             for name, (res, built, reused) in found.items()}
 
 
+def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
+    """Texts this build took from the per-document memos instead of tokenizing them again
+    (:mod:`tasks.corpus.memo`): ``{"window_token_documents" | "cluster_index_members" |
+    "passage_index_passages": {"built", "reused"}}`` (a stage-cache hit reuses every text; a stage
+    summary from before the memos counts every text as built)."""
+    found = {}
+    for name, stage, total, reused in (("window_token_documents", "tokens", "documents", "documents_reused"),
+                                       ("cluster_index_members", "index", "cluster_members", "cluster_members_reused"),
+                                       ("passage_index_passages", "index", "passage_index_docs", "passages_reused")):
+        summary = stages[stage].summary
+        n = int(summary.get(total, 0))
+        hit = n if stages[stage].cache_hit else int(summary.get(reused, 0))
+        found[name] = {"built": n - hit, "reused": hit}
+    return found
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The Prefect artifact: counts and seconds per stage as markdown tables."""
     lines = [f"# corpus-build `{summary['corpus']}` → version `{summary['version']}`", "",
@@ -349,7 +376,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
         stages: dict[str, StageResult] = {}
         walls: dict[str, float] = {}
         for name, call in (
-            ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner)),
+            ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner, config.source.changes)),
             ("tokens", lambda: tokens_sharded(cache, stages["ingest"], config.segment, mirror, config.runner)),
             ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering)),
             ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
@@ -378,6 +405,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
             "ingest": {"records": stages["ingest"].summary["records"], "skipped": stages["ingest"].summary["skipped"],
                        "mb_per_s": stages["ingest"].summary["mb_per_s"]},
             "shards": shard_report(stages),
+            "reused_texts": memo_report(stages),
             **({"dump": config.source.dump} if config.source.dump else {}),
             # seconds spent in this run; a cache hit's original build time is not spent now
             "stages": {k: {"seconds": (walls[k] if k not in stages or stages[k].cache_hit

@@ -53,7 +53,8 @@ def plan_task(config: CorpusBuildConfig, ws: Workspace) -> N.NightPlan:
 
 @task(name="nightly-fetch", cache_policy=NO_CACHE)
 def fetch_task(config: CorpusBuildConfig, ws: Workspace, plan: N.NightPlan) -> tuple[Path, dict[str, Any]]:
-    """Download and verify tonight's files; for an incremental night, the merged dump."""
+    """Download and verify tonight's files; for an incremental night, the days' revisions the ingest
+    applies to the base dump (or the merged dump, for a base not in page id order)."""
     with exclusive_lock(dumps_dir(ws) / FETCH_LOCK, f"dump download into {dumps_dir(ws)}"), \
             Mirror(config.source.mirror) as mirror:
         return N.prepare_input(mirror, plan, dumps_dir(ws), workers=config.runner.n_workers())
@@ -73,6 +74,8 @@ def nightly_markdown(name: str, plan: N.NightPlan, summary: dict[str, Any] | Non
         lines.append(f"- version `{summary['version']}`" + (" (unchanged)" if summary.get("unchanged") else ""))
         lines += ["", "| shards | built | reused |", "|---|---:|---:|"]
         lines += [f"| {k} | {v['built']:,} | {v['reused']:,} |" for k, v in summary.get("shards", {}).items()]
+        lines += ["", "| texts (per-document memo) | tokenized | reused |", "|---|---:|---:|"]
+        lines += [f"| {k} | {v['built']:,} | {v['reused']:,} |" for k, v in summary.get("reused_texts", {}).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -109,7 +112,8 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
         return {"corpus": config.name, "version": store.current_version(), "nightly": plan.as_dict(),
                 "total_seconds": time.perf_counter() - t0}
     dump_path, fetched = fetch_task(config, ws, plan)
-    source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": plan.dump_entry()})
+    source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": plan.dump_entry(),
+                                              "changes": fetched.get("changes_file")})
     summary = corpus_build_flow.with_options(task_runner=runner)(config.model_copy(update={"source": source}))
     summary["nightly"] = {**plan.as_dict(), "fetch": fetched, "seconds": time.perf_counter() - t0}
     if summary.get("unchanged"):   # nothing published: the state file says current holds tonight's inputs

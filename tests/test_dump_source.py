@@ -17,7 +17,9 @@ from benchmarks.synth_dump import SAMPLE, write_mirror
 from data_contracts.base import sha256_file
 from tasks.corpus import dump_source as D
 from tasks.corpus.adds_changes import AddsChangesError, apply_changes, merge_days, read_day
-from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.corpus.ingest import IngestConfig, IngestError, ingest
+from tasks.corpus.ingest.changes import PageChanges, merge_pages
+from tasks.corpus.ingest.records import RawPage
 from tasks.corpus.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepare_input
 from tests.mirror_server import serve
 
@@ -153,6 +155,46 @@ def test_applied_days_ingest_like_the_full_dump_of_the_same_texts(synth, tmp_pat
     assert again.read_bytes() == out.read_bytes()   # same inputs, same bytes (any thread count)
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "pieces"])
+def test_days_applied_while_ingesting_give_the_full_dumps_artifacts(synth, tmp_path, parallel):
+    """No merged dump written: the base dump's records with the days' revisions merged in, named
+    as the merged dump, give its four ingest artifacts byte for byte; a piece without a revision
+    is the base dump's piece (a piece-cache hit after a base build)."""
+    mirror = synth["root"]
+    base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
+    days = [(d, mirror / "other" / "incr" / WIKI / d / f"{WIKI}-{d}-pages-meta-hist-incr.xml.bz2") for d in DAYS]
+    revisions, _ = merge_days(days)
+    changes = PageChanges.of(synth["merged"].name, revisions)
+    changes.save(tmp_path / "changes.parquet")
+    assert PageChanges.load(tmp_path / "changes.parquet") == changes
+    cfg = IngestConfig(format="mediawiki")
+
+    def artifacts(out, **kw):
+        if parallel:
+            with ThreadPoolExecutor(2) as pool:
+                summary = ingest([base], out, cfg, submit=pool.submit, streams_per_piece=2, **kw)
+        else:
+            summary = ingest([base], out, cfg, **kw)
+        return summary, {p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))}
+    full = _ingest(synth["merged"], tmp_path / "full")
+    _, folded = artifacts(tmp_path / "folded", changes=changes)
+    assert folded == full
+    if parallel:   # one page changed: the other pieces are the base build's
+        pid = min(r.page_id for r in changes.pages)
+        one = PageChanges.of("one.xml.bz2", [next(r for r in changes.pages if r.page_id == pid)])
+        artifacts(tmp_path / "base", piece_cache=tmp_path / "pieces")
+        summary, _ = artifacts(tmp_path / "one", changes=one, piece_cache=tmp_path / "pieces")
+        assert summary.pieces == {"built": 1, "reused": 4}
+    with pytest.raises(ValueError, match="one MediaWiki dump"):
+        ingest([base, synth["merged"]], tmp_path / "two", cfg, changes=changes)
+
+
+def test_changes_need_a_dump_in_page_id_order():
+    pages = iter([RawPage("b.xml", 0, "A", page_id=5, title="A"), RawPage("b.xml", 1, "B", page_id=3, title="B")])
+    with pytest.raises(IngestError, match="not in increasing page id order"):
+        list(merge_pages(pages, [], "m.xml"))
+
+
 def test_base_stream_bytes_are_copied_when_untouched(synth, tmp_path):
     mirror = synth["root"]
     base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
@@ -206,10 +248,15 @@ def test_the_nightly_decides_by_itself(source, tmp_path):
 def test_prepare_input_writes_and_reuses_the_merged_dump(source, synth, tmp_path):
     m, mirror, server = source
     plan = plan_night(m, WIKI, {"wiki": WIKI, "base": BASE, "days": []})
-    path, info = prepare_input(m, plan, tmp_path / "dl")
+    folded, info = prepare_input(m, plan, tmp_path / "dl")   # the days go to the ingest: no dump written
+    assert folded.name == f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2" and info["apply"]["while_ingesting"]
+    changes = PageChanges.load(Path(info["changes_file"]))
+    assert changes.source == synth["merged"].name and [d["date"] for d in info["days"]] == DAYS
+    assert info["apply"]["replaced"] + info["apply"]["added"] == len(changes.pages) and info["apply"]["added"] == 3
+    path, info = prepare_input(m, plan, tmp_path / "dl", while_ingesting=False)
     assert path.name == synth["merged"].name and [d["date"] for d in info["days"]] == DAYS
     assert (path.parent / path.name.replace(".xml.bz2", "-index.txt.bz2")).is_file()
-    again, info2 = prepare_input(m, plan, tmp_path / "dl")
+    again, info2 = prepare_input(m, plan, tmp_path / "dl", while_ingesting=False)
     assert again == path and info2["reused_merged_dump"]
     if server is not None:   # downloaded into the home: dump, index and each day
         assert (tmp_path / "dl" / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2").is_file()

@@ -135,17 +135,17 @@ def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatc
     """Step 1 keeps each shard's token ids, step 2 indexes them: one tokenization per shard, and
     every published shard has the bytes of :func:`build_shard` over the shard's texts with the
     corpus-wide statistics (the path that tokenizes twice)."""
-    import tasks.corpus.sharded_index as SI  # noqa: PLC0415
+    import tasks.corpus.token_memo as TM  # noqa: PLC0415  (the module whose tokenizer calls are counted)
 
     budget = _budget(segmented / "cluster")
     ranges = read_cluster_ranges(segmented / "cluster", budget)
     calls = []
-    real = SI.tokenize_ids
-    monkeypatch.setattr(SI, "tokenize_ids", lambda texts, *a: calls.append(len(texts)) or real(texts, *a))
+    real = TM.tokenize_ids
+    monkeypatch.setattr(TM, "tokenize_ids", lambda texts, *a: calls.append(len(texts)) or real(texts, *a))
     summary = build_passage_shards(segmented / "segment", segmented / "cluster", tmp_path / "out", cfg, budget, run_here,
                                    tmp_path / "work")
     assert len(calls) == summary["passage_shards"] == len(ranges) > 2 and sum(calls) == summary["passage_index_docs"]
-    monkeypatch.setattr(SI, "tokenize_ids", real)
+    monkeypatch.setattr(TM, "tokenize_ids", real)
     parts = [read_passage_range(segmented / "segment", lo, hi) for lo, hi in ranges]
     stats = merge_stats([shard_stats(texts, cfg) for texts, _ in parts])
     for k, (texts, ids) in enumerate(parts):

@@ -56,8 +56,41 @@ def test_token_shards_with_unchanged_texts_are_reused(ingested, data_mirror, tmp
         first = run_tokens_sharded(ingested, tmp_path / "a", cfg, data_mirror, pool.submit, 20, cache_dir=cache)
         again = run_tokens_sharded(ingested, tmp_path / "b", cfg, data_mirror, pool.submit, 20, cache_dir=cache)
     assert (first["shards_built"], first["shards_reused"]) == (first["shards"], 0)
+    assert (first["documents_counted"], first["documents_reused"]) == (first["documents"], 0)
     assert (again["shards_built"], again["shards_reused"]) == (0, first["shards"])
+    assert (again["documents_counted"], again["documents_reused"]) == (0, first["documents"])
     assert sha256_file(tmp_path / "a" / "window_tokens.parquet") == sha256_file(tmp_path / "b" / "window_tokens.parquet")
+
+
+def _edited(ingested, out, edits):
+    """A copy of ``ingested``'s documents with the texts of ``edits`` (doc id -> text) replaced."""
+    docs = pq.read_table(ingested / "documents.parquet")
+    texts = docs.column("text").to_pylist()
+    for doc_id, text in edits.items():
+        texts[doc_id] = text
+    out.mkdir(parents=True)
+    pq.write_table(docs.set_column(docs.schema.get_field_index("text"), "text", pa.array(texts, pa.string())),
+                   out / "documents.parquet", row_group_size=16)
+    return out
+
+
+def test_the_token_memo_counts_only_edited_documents_in_every_shard(ingested, data_mirror, tmp_path):
+    """Edits spread over every shard (as a nightly's adds-changes are): no shard is unchanged, yet
+    only the edited documents are tokenized, and the counts are those of a build without a memo."""
+    cfg, cache = SegmentConfig(tokenizer="whitespace"), tmp_path / "cache"
+    n_docs = pq.read_metadata(ingested / "documents.parquet").num_rows
+    edits = {d: f"edited article {d} " + "word " * (37 * d % 250) for d in range(3, n_docs, 20)}
+    edited = _edited(ingested, tmp_path / "edited", edits)
+    run_tokens_sharded(ingested, tmp_path / "a", cfg, data_mirror, run_here, 20, cache_dir=cache)
+    tonight = run_tokens_sharded(edited, tmp_path / "b", cfg, data_mirror, run_here, 20, cache_dir=cache)
+    fresh = run_tokens_sharded(edited, tmp_path / "c", cfg, data_mirror, run_here, 20)
+    assert (tonight["shards_built"], tonight["shards_reused"]) == (tonight["shards"], 0)
+    assert (tonight["documents_counted"], tonight["documents_reused"]) == (len(edits), n_docs - len(edits))
+    assert fresh["documents_counted"] == n_docs
+    assert sha256_file(tmp_path / "b" / "window_tokens.parquet") == sha256_file(tmp_path / "c" / "window_tokens.parquet")
+    back = run_tokens_sharded(ingested, tmp_path / "d", cfg, data_mirror, run_here, 20, cache_dir=cache)
+    assert back["documents_counted"] == len(edits)   # the memo holds the last build's texts only
+    assert sha256_file(tmp_path / "a" / "window_tokens.parquet") == sha256_file(tmp_path / "d" / "window_tokens.parquet")
 
 
 def _sums(ids, tokens, ranges):

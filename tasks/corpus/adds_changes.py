@@ -31,12 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
-from xml.sax.saxutils import escape, quoteattr
 
+import numpy as np
 from lxml import etree
 
 from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
+from tasks.corpus.ingest.changes import PageChanges, PageRevision, page_xml  # noqa: F401 - PageRevision re-exported
 from tasks.corpus.ingest.mediawiki import release_element
 from tasks.corpus.ingest.multistream import index_path, plan_layout
 
@@ -46,27 +47,10 @@ PAGES_PER_STREAM = 100
 OTHER_NAMESPACE, MALFORMED = "other_namespace", "malformed"
 _PAGE = re.compile(rb"[ \t]*<page>.*?</page>[ \t]*\n?", re.S)
 _PAGE_ID = re.compile(rb"<id>(\d+)</id>")
-_TEXT_ENTITIES = {"\r": "&#13;"}   # a raw CR would be read back as LF
 
 
 class AddsChangesError(BadInput):
     """An adds-changes file or the base dump cannot be read to the end; names file and reason."""
-
-
-@dataclass(frozen=True)
-class PageRevision:
-    """The state of one ns-0 page after a day: its newest revision."""
-
-    page_id: int
-    title: str
-    ns: int
-    redirect: str | None     # the page-level <redirect title=…>, None if the page is no redirect
-    text: str
-    rev_id: int
-    timestamp: str
-    model: str
-    format: str
-    day: str
 
 
 @dataclass
@@ -178,17 +162,6 @@ def merge_days(days: list[tuple[str, Path]]) -> tuple[dict[int, PageRevision], l
     return merged, counts
 
 
-def page_xml(rev: PageRevision) -> bytes:
-    """The ``<page>`` element of a full dump holding ``rev`` (the fields the ingest reads)."""
-    redirect = f"\n    <redirect title={quoteattr(rev.redirect)} />" if rev.redirect is not None else ""
-    text = escape(rev.text, _TEXT_ENTITIES)
-    return (f"  <page>\n    <title>{escape(rev.title)}</title>\n    <ns>0</ns>\n    <id>{rev.page_id}</id>{redirect}\n"
-            f"    <revision>\n      <id>{rev.rev_id}</id>\n      <timestamp>{escape(rev.timestamp)}</timestamp>\n"
-            f"      <model>{escape(rev.model)}</model>\n      <format>{escape(rev.format)}</format>\n"
-            f"      <text bytes=\"{len(rev.text.encode())}\" xml:space=\"preserve\">{text}</text>\n"
-            f"    </revision>\n  </page>\n").encode("utf-8")
-
-
 @dataclass
 class ApplyReport:
     """What :func:`apply_changes` did."""
@@ -199,9 +172,63 @@ class ApplyReport:
     streams_rewritten: int = 0   # base streams re-compressed with changed or inserted pages
     streams_new: int = 0         # streams of pages past the base's last page id
     seconds: float = 0.0
+    while_ingesting: bool = False   # applied by the ingest as it reads the base (plan_changes): no dump written
 
     def as_dict(self) -> dict:
         return dict(vars(self))
+
+
+_INDEX_ID = re.compile(rb"^\d+:(\d+):", re.M)
+
+
+def index_page_ids(index: Path) -> np.ndarray:
+    """``(n_pages,)`` int64 page ids of a multistream index (``offset:id:title`` lines), in file order,
+    read in blocks (no per-line Python objects: ~8 bytes a page).
+
+    Raises ``AddsChangesError`` naming the file when it is truncated or not bz2."""
+    parts, carry = [], b""
+    try:
+        with bz2.open(index, "rb") as fh:
+            while True:
+                block = fh.read(1 << 24)
+                data = carry + block
+                if block:
+                    cut = data.rfind(b"\n") + 1
+                    data, carry = data[:cut], data[cut:]
+                found = _INDEX_ID.findall(data)
+                if found:
+                    parts.append(np.array(found, dtype=np.int64))
+                if not block:
+                    break
+    except (EOFError, OSError) as exc:
+        raise AddsChangesError(f"{index}: unreadable multistream index ({exc})") from exc
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def plan_changes(base: Path, changes: dict[int, PageRevision], merged_name: str) -> tuple[PageChanges | None, ApplyReport]:
+    """Tonight's revisions as :class:`tasks.corpus.ingest.changes.PageChanges` for the ingest to
+    apply while it reads ``base`` (no merged dump written), with the counts :func:`apply_changes`
+    would report (pages replaced and added; no stream copied or re-compressed). ``(None, report)``
+    when ``base``'s index does not list its pages in increasing page id order: then only
+    :func:`apply_changes` can merge them.
+
+    Raises
+    ------
+    AddsChangesError
+        ``base`` has no multistream index beside it, or the index is unreadable.
+    """
+    t0 = time.perf_counter()
+    ix = index_path(Path(base))
+    if not ix.is_file():
+        raise AddsChangesError(f"{base}: its multistream index {ix.name} is missing (needed to apply adds-changes)")
+    ids = index_page_ids(ix)
+    changed = np.fromiter(changes.keys(), np.int64, count=len(changes))
+    replaced = int(np.isin(changed, ids).sum())
+    report = ApplyReport(replaced=replaced, added=len(changes) - replaced)
+    ordered = bool(ids.size) and bool(np.all(np.diff(ids) > 0))
+    report.while_ingesting = ordered
+    report.seconds = time.perf_counter() - t0
+    return (PageChanges.of(merged_name, changes) if ordered else None), report
 
 
 def read_index(index: Path) -> dict[int, list[tuple[int, str]]]:

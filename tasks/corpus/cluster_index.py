@@ -7,7 +7,9 @@ whole clusters (the segment shards' :func:`tasks.corpus.shards.cluster_ranges`):
 :func:`cluster_token_shard` (a worker-process call through ``submit``) reads its clusters' member
 documents, tokenizes their texts with :func:`tasks.corpus.index.tokenize_ids` and keeps the token
 ids with the shard's own vocabulary (:class:`tasks.corpus.index.TokenIds`) in the work directory,
-keyed by the sha256 of the texts, so an unchanged shard is reused by the next build.
+keyed by the sha256 of the texts, so an unchanged shard is reused by the next build. A changed
+shard tokenizes only the members the last build did not see: each member's ``title\ntext`` takes
+its terms from the token memo (:mod:`tasks.corpus.token_memo`, rewritten after each build).
 
 :func:`merge_vocabularies` gives the vocabulary the one-process tokenization of all texts gives:
 :func:`tasks.corpus.index.tokenize_ids` numbers stems in sorted order (the sorted union of the
@@ -38,16 +40,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, bm25_from_token_chunks, tokenize_ids
+from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
+from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.shards import (ordered_results, partition_documents, put_cached, read_cluster_ranges,
                                  read_shard_documents, texts_key)
 
-CLUSTER_TOKENS_VERSION = "1"
+CLUSTER_TOKENS_VERSION = "2"   # 2: keyed on member pieces; the shard keeps its part of the token memo
 
 
-def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], list[str]]:
-    """``(cluster ids as str, texts)``: each cluster's members' ``title\\ntext`` joined in
-    cluster order — the coarse retrieval units of the progressive path.
+def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], list[str], np.ndarray]:
+    """``(cluster ids as str, pieces, group offsets)``: each member's ``title\ntext`` in cluster
+    order; cluster ``g``'s text is pieces ``offsets[g]:offsets[g + 1]`` joined by blank lines
+    (:func:`cluster_texts`).
 
     ``documents`` holds at least the members' documents (``doc_id``, ``title``, ``text``; all of
     them or a subset); raises ``ValueError`` if a member's document is missing."""
@@ -61,47 +65,55 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
     titles = docs.column("title").take(rows).to_pylist()
     texts = docs.column("text").take(rows).to_pylist()
     cids = members.column("cluster_id").to_numpy()
-    out_ids: list[str] = []
-    out_texts: list[str] = []
-    start = 0
-    for end in list(np.flatnonzero(cids[1:] != cids[:-1]) + 1) + [cids.size]:
-        if end > start:
-            out_ids.append(str(int(cids[start])))
-            out_texts.append("\n\n".join(f"{t}\n{x}" for t, x in zip(titles[start:end], texts[start:end])))
-        start = end
-    return out_ids, out_texts
+    starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
+    offsets = np.append(starts, cids.size).astype(np.int64)
+    return ([str(int(cids[a])) for a in starts.tolist()], [f"{t}\n{x}" for t, x in zip(titles, texts)], offsets)
+
+
+def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], list[str]]:
+    """``(cluster ids as str, texts)``: each cluster's members' ``title\ntext`` joined in
+    cluster order — the coarse retrieval units of the progressive path.
+
+    ``documents`` holds at least the members' documents (``doc_id``, ``title``, ``text``; all of
+    them or a subset); raises ``ValueError`` if a member's document is missing."""
+    ids, pieces, offsets = cluster_pieces(documents, cluster_members)
+    return ids, ["\n\n".join(pieces[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
 
 def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg: BM25Config,
-                        work_dir: str, docs_dir: str | None = None) -> tuple[list[str], list[str], str, bool]:
+                        work_dir: str, docs_dir: str | None = None,
+                        memo_dir: str | None = None) -> tuple[list[str], list[str], str, bool, int]:
     """Token ids of the cluster texts of clusters ``lo <= cluster_id < hi`` (a worker-process
-    call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and texts>/``
-    (:meth:`tasks.corpus.index.TokenIds.save`).
+    call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and pieces>/``
+    (:meth:`tasks.corpus.token_memo.MemoTokens.save`).
 
     Reads only the shard's members (Parquet filters) and their documents (from ``docs_dir``, the
     shard's partition by :func:`tasks.corpus.shards.partition_documents`, else by id from
-    ``documents.parquet``: :func:`tasks.corpus.shards.read_shard_documents`). Returns
-    ``(cluster ids as str, the shard's vocabulary in id order, key, reused)``; ``reused`` when
-    the shard's texts are unchanged since a build that kept them."""
+    ``documents.parquet``: :func:`tasks.corpus.shards.read_shard_documents`). Each member's
+    ``title\ntext`` takes its terms from the token memo ``memo_dir`` when the last build saw it
+    (:func:`tasks.corpus.token_memo.memo_token_ids`); only the others are tokenized. Returns
+    ``(cluster ids as str, the shard's vocabulary in id order, key, reused, members taken from
+    the memo)``; ``reused`` when the shard's texts are unchanged since a build that kept them."""
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "position", "doc_id"],
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
     wanted = sorted(set(members.column("doc_id").to_pylist()))
     docs = read_shard_documents(ingest_dir, docs_dir, wanted)
-    ids, texts = cluster_texts(docs, members)
+    ids, pieces, offsets = cluster_pieces(docs, members)
     del docs
-    key = texts_key(CLUSTER_TOKENS_VERSION, cfg, ids, texts)
+    key = texts_key(CLUSTER_TOKENS_VERSION, cfg, [*ids, *map(str, offsets.tolist())], pieces)
     cached = Path(work_dir) / "cluster-tokens" / key
     if (cached / "COMPLETE").exists():
-        return ids, pq.read_table(cached / TokenIds.TERMS_FILE).column("term").to_pylist(), key, True
-    tokens = TokenIds.from_tokenized(tokenize_ids(texts, cfg, _stemmer(cfg.stemmer)))
-    del texts
+        return ids, pq.read_table(cached / TokenIds.TERMS_FILE).column("term").to_pylist(), key, True, len(pieces)
+    memo, memo_terms = open_token_memo(memo_dir)
+    found = memo_token_ids(pieces, cfg, memo, memo_terms, offsets)
+    del pieces
 
     def write(tmp: Path) -> None:
-        tokens.save(tmp)
-        (tmp / "COMPLETE").write_text(f"{len(tokens)}\n")
+        found.save(tmp)
+        (tmp / "COMPLETE").write_text(f"{len(found.tokens)}\n")
     cached.parent.mkdir(parents=True, exist_ok=True)
     put_cached(cached, write)
-    return ids, tokens.terms, key, False
+    return ids, found.tokens.terms, key, False, found.reused
 
 
 class VocabularyMerge:
@@ -214,11 +226,12 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     t0 = time.perf_counter()
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "doc_id"])
     cids = members.column("cluster_id").to_numpy()
+    n_members = int(cids.size)
     ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
     doc_ids: list[str] = []
     keys: list[str] = []
     merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
-    reused = 0
+    reused = members_reused = 0
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".documents-by-shard-", dir=work_dir))
     try:
@@ -226,13 +239,15 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
                                         docs_per_range, window)
         del members, cids
         t_partition = time.perf_counter() - t0
-        calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d))
-                 for (lo, hi), d in zip(ranges, docs_dirs)]
-        for ids, terms, key, hit in ordered_results(submit, calls, window, "cluster index token shards"):
+        memo_dir = token_memo_dir(work_dir, "clusters", cfg)
+        calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d),
+                  str(memo_dir)) for (lo, hi), d in zip(ranges, docs_dirs)]
+        for ids, terms, key, hit, from_memo in ordered_results(submit, calls, window, "cluster index token shards"):
             doc_ids.extend(ids)
             keys.append(key)
             merge.add(terms)
             reused += hit
+            members_reused += from_memo
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     t1 = time.perf_counter()
@@ -240,8 +255,11 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     n_tokens = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in shard_dirs)
     n_terms = len(merge.finish())
     index = index_from_token_shards(shard_dirs, doc_ids, merge, cfg)
-    return index, {"cluster_token_shards": len(ranges), "cluster_token_shards_built": len(ranges) - reused,
+    t2 = time.perf_counter()
+    write_token_memo(memo_dir, shard_dirs)
+    return index, {"cluster_members": n_members, "cluster_members_reused": members_reused,
+                   "cluster_token_memo_seconds": time.perf_counter() - t2, "cluster_token_shards": len(ranges), "cluster_token_shards_built": len(ranges) - reused,
                    "cluster_token_shards_reused": reused, "cluster_tokens": n_tokens,
                    "cluster_vocabulary": n_terms, "cluster_partition_seconds": t_partition,
                    "cluster_tokenize_seconds": t1 - t0,
-                   "cluster_merge_index_seconds": time.perf_counter() - t1}
+                   "cluster_merge_index_seconds": t2 - t1}

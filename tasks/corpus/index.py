@@ -277,6 +277,24 @@ class BM25Index:
         index.retriever = retriever
         return index
 
+    @classmethod
+    def from_token_ids(cls, tokens: TokenIds, doc_ids: Sequence[str | int], cfg: BM25Config) -> "BM25Index":
+        """:meth:`build` of texts already tokenized (``tokens``: :func:`tokenize_ids`' ids and
+        vocabulary as flat arrays, e.g. :func:`tasks.corpus.token_memo.memo_token_ids`): the same
+        index bytes, built by :func:`bm25_from_token_ids`.
+
+        Raises
+        ------
+        ValueError
+            ``tokens`` and ``doc_ids`` differ in length, or ids repeat.
+        """
+        ids = [str(i) for i in doc_ids]
+        if len(tokens) != len(ids):
+            raise ValueError(f"BM25 build: {len(tokens)} texts but {len(ids)} ids")
+        if len(set(ids)) != len(ids):
+            raise ValueError("BM25 build: document ids are not unique")
+        return cls(bm25_from_token_ids(tokens, cfg), ids, cfg)
+
     def save(self, directory: Path) -> Path:
         """Write the index atomically: into a temporary sibling directory, then rename."""
         with atomic_directory(Path(directory)) as tmp:

@@ -13,7 +13,8 @@ content (an unchanged build publishes nothing, so the manifest cannot say it):
 - otherwise ``nothing``.
 
 :func:`prepare_input` downloads and verifies the files (resumed, checksummed) and, for an
-incremental night, writes the merged dump. Every failure raises before a build starts, so a
+incremental night, hands the days' revisions to the ingest, which applies them as it reads the
+base dump (or, for a base not in page id order, writes the merged dump). Every failure raises before a build starts, so a
 failed download or check never moves ``current``.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from data_contracts.base import atomic_write
-from tasks.corpus.adds_changes import apply_changes, merge_days
+from tasks.corpus.adds_changes import apply_changes, merge_days, plan_changes
 from tasks.corpus.dump_source import (DayScan, DumpSourceError, FullDump, Mirror, fetch, full_dump_name, index_name,
                                       latest_full_dump, parse_dumpstatus, scan_days)
 
@@ -113,13 +114,20 @@ def _base_dump(mirror: Mirror, wiki: str, date: str) -> tuple[FullDump, None]:
     return parse_dumpstatus(text, wiki, date, where), None
 
 
-def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int = 1) -> tuple[Path, dict[str, Any]]:
+def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int = 1,
+                  while_ingesting: bool = True) -> tuple[Path, dict[str, Any]]:
     """The dump file to build tonight, downloaded and verified, and what was done to get it.
 
     ``full``: the dump and its index (``downloads/<wiki>/<date>/``). ``incremental``: the base as
-    well, each day's file (``downloads/other/incr/<wiki>/<date>/``), then the merged dump
-    ``downloads/merged/<wiki>/<wiki>-<last day>-pages-articles-multistream.xml.bz2`` (reused when
-    it is already there from the same base and days).
+    well and each day's file (``downloads/other/incr/<wiki>/<date>/``); then, with
+    ``while_ingesting`` and a base in page id order (Wikimedia's are), the days' revisions in
+    ``downloads/merged/<wiki>/<wiki>-<last day>-pages-articles-multistream.xml.bz2.changes.parquet``
+    (``info["changes_file"]``; the returned path is the base dump): the ingest applies them as it
+    reads the base, with the artifacts of the merged dump and no dump written or re-compressed
+    (:func:`tasks.corpus.adds_changes.plan_changes`). Otherwise the merged dump
+    ``downloads/merged/<wiki>/<wiki>-<last day>-pages-articles-multistream.xml.bz2`` is written
+    (:func:`tasks.corpus.adds_changes.apply_changes`; reused when it is already there from the
+    same base and days) and returned.
 
     Raises
     ------
@@ -148,6 +156,19 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
         info.update(json.loads(stamp.read_text()).get("report", {}), reused_merged_dump=True)
         return out, info
     changes, counts = merge_days(day_files)
+    if while_ingesting:
+        folded, report = plan_changes(dump, changes, out.name)
+        if folded is not None:
+            changes_file = out.with_name(out.name + ".changes.parquet")
+            folded.save(changes_file)
+            for old in out.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # tonight's file only
+                if old.name != changes_file.name:
+                    old.unlink(missing_ok=True)
+            info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict(),
+                         "changes_file": str(changes_file)})
+            return dump, info
+        log.warning("%s does not list its pages in increasing page id order: writing the merged dump instead of "
+                    "applying the days while ingesting", dump.name)
     report = apply_changes(dump, changes, out, workers=workers)
     for old in out.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # only tonight's merged dump is kept
         if old.name not in (out.name, index_name(out.name), stamp.name):

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from data_contracts.base import atomic_write_bytes, link_or_copy, replace_file, sha256_file, temp_file_beside
 from data_contracts.corpus import CLUSTERS, PASSAGES
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges, texts_key
 
 STATS_FILE = "global_stats.json"
@@ -217,7 +218,7 @@ def load_passage_index(directory: Path, mmap: bool = True) -> "BM25Index | Shard
 
 
 # --------------------------------------------------------------------- the corpus build's shards
-PASSAGE_SHARD_VERSION = "2"   # 2: the stats step keeps the token ids for the index step
+PASSAGE_SHARD_VERSION = "3"   # 2: the stats step keeps the token ids for the index step; 3: and its part of the token memo
 DF_FILE = "df.parquet"
 
 
@@ -230,35 +231,37 @@ def read_passage_range(segment_dir: Path, lo: int, hi: int) -> tuple[list[str], 
     return texts, table.column("passage_id").to_pylist()
 
 
-def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str) -> tuple[str, int, int, bool]:
+def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str,
+                        memo_dir: str | None = None) -> tuple[str, int, int, bool, int]:
     """Step 1 of a passage shard (a worker-process call): :func:`shard_stats` of clusters
     ``[lo, hi)``, kept in ``work_dir/passage-stats/<sha256 of the shard's ids and texts>/`` with
-    the shard's token ids (:class:`tasks.corpus.index.TokenIds`), which step 2 indexes without
-    tokenizing again.
+    the shard's token ids (:class:`tasks.corpus.token_memo.MemoTokens`), which step 2 indexes
+    without tokenizing again. A passage whose text the token memo ``memo_dir`` holds takes its
+    terms from it (:func:`tasks.corpus.token_memo.memo_token_ids`); only the others are tokenized.
 
-    Returns ``(key, n_docs, total_len, reused)``; ``reused`` when the shard's passages are
-    unchanged since a build that kept them."""
+    Returns ``(key, n_docs, total_len, reused, passages taken from the memo)``; ``reused`` when
+    the shard's passages are unchanged since a build that kept them."""
     texts, ids = read_passage_range(Path(segment_dir), lo, hi)
     key = texts_key(PASSAGE_SHARD_VERSION, cfg, ids, texts)
     cached = Path(work_dir) / "passage-stats" / key
     if (cached / "COMPLETE").exists():
         meta = json.loads((cached / "COMPLETE").read_text())
-        return key, meta["n_docs"], meta["total_len"], True
-    tokens = tokenize_ids(texts, cfg, _stemmer(cfg.stemmer))
+        return key, meta["n_docs"], meta["total_len"], True, len(texts)
+    memo, memo_terms = open_token_memo(memo_dir)
+    found = memo_token_ids(texts, cfg, memo, memo_terms)
     del texts
-    stats = tokens_stats(tokens) if tokens.ids else CorpusStats(0, 0, {})
-    token_ids = TokenIds.from_tokenized(tokens)
-    del tokens
+    token_ids = found.tokens
+    stats = tokens_stats(token_ids.tokenized()) if len(token_ids) else CorpusStats(0, 0, {})
     terms = sorted(stats.df)
 
     def write(tmp: Path) -> None:
         pq.write_table(pa.table({"term": pa.array(terms, pa.string()),
                                  "df": pa.array([stats.df[t] for t in terms], pa.int64())}), tmp / DF_FILE)
-        token_ids.save(tmp)
+        found.save(tmp)
         (tmp / "COMPLETE").write_text(json.dumps({"n_docs": stats.n_docs, "total_len": stats.total_len}) + "\n")
     cached.parent.mkdir(parents=True, exist_ok=True)
     put_cached(cached, write)
-    return key, stats.n_docs, stats.total_len, False
+    return key, stats.n_docs, stats.total_len, False, found.reused
 
 
 def merge_stats_files(work_dir: Path, keys: Sequence[str], n_docs: int, total_len: int) -> tuple[Path, str]:
@@ -346,7 +349,8 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     """
     t0 = time.perf_counter()
     ranges = read_cluster_ranges(cluster_dir, shard_tokens)
-    calls = [(passage_stats_shard, str(segment_dir), lo, hi, cfg, str(work_dir)) for lo, hi in ranges]
+    memo_dir = token_memo_dir(work_dir, "passages", cfg)
+    calls = [(passage_stats_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir)) for lo, hi in ranges]
     stats = list(ordered_results(submit, calls, window, "passage index statistics shards"))
     kept = [(r, s) for r, s in zip(ranges, stats) if s[1] > 0]
     n_docs, total_len = sum(s[1] for _, s in kept), sum(s[2] for _, s in kept)
@@ -368,7 +372,10 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     (out_dir / SHARDS_FILE).write_text(json.dumps(names) + "\n")
     save_stats(CorpusStats(n_docs, total_len, {}), out_dir)
     stats_reused = sum(s[3] for s in stats)
-    return {"passage_shards": len(kept), "passage_index_docs": n_docs,
+    t2 = time.perf_counter()
+    write_token_memo(memo_dir, [Path(work_dir) / "passage-stats" / s[0] for s in stats])
+    return {"passages_reused": sum(s[4] for s in stats), "passage_token_memo_seconds": time.perf_counter() - t2,
+            "passage_shards": len(kept), "passage_index_docs": n_docs,
             "passage_stats_shards_built": len(stats) - stats_reused, "passage_stats_shards_reused": stats_reused,
             "passage_index_shards_built": len(kept) - reused, "passage_index_shards_reused": reused,
             "passage_stats_seconds": t1 - t0, "passage_shard_index_seconds": time.perf_counter() - t1}

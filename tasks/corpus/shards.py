@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from data_contracts import corpus as C
 from data_contracts.base import atomic_write
 from funnelrag.progress import Progress, progress
+from tasks.corpus.memo import DocumentMemo, text_keys
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import load_token_counter
 
@@ -292,38 +293,49 @@ def read_shard_documents(ingest_dir: str, docs_dir: str | None, wanted: Sequence
     return table.sort_by("doc_id")
 
 
-TOKENS_SHARD_VERSION = "1"
+TOKENS_MEMO_VERSION = "1"
+TOKENS_MEMO_FIELD = "window_tokens"
 
 
-def _shard_key(texts: list[str], cfg: SegmentConfig) -> str:
-    h = hashlib.sha256(json.dumps([TOKENS_SHARD_VERSION, cfg.tokenizer, cfg.passage_words, len(texts)]).encode())
-    for t in texts:
-        h.update(len(t).to_bytes(8, "little"))
-        h.update(t.encode("utf-8"))
-    return h.hexdigest()
+def tokens_memo_dir(root: Path, cfg: SegmentConfig) -> Path:
+    """The window-token memo of ``cfg``'s tokenizer and window size under ``root`` (the stage
+    cache): one memo per setting, so a build with other settings never reads another's counts."""
+    key = hashlib.sha256(json.dumps([TOKENS_MEMO_VERSION, cfg.tokenizer, cfg.passage_words]).encode()).hexdigest()
+    return Path(root) / f"tokens-memo-{key[:16]}"
 
 
 def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: str | None,
-                cache_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, str, bool]:
-    """Window token counts of documents ``[lo, hi)`` (a worker-process call): ``(windows per
-    doc (hi-lo,), tokens per window, tokenizer name, reused)``. With ``cache_dir``, counts are
-    kept under the sha256 of the shard's texts and reused when the texts are unchanged."""
+                memo_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, str, int, np.ndarray]:
+    """Window token counts of documents ``[lo, hi)`` (a worker-process call).
+
+    With ``memo_dir`` (:func:`tokens_memo_dir`, written by the previous build), a document whose
+    text the memo holds takes its counts from it (:class:`tasks.corpus.memo.DocumentMemo`, keyed
+    by the BLAKE2b-128 of the text); only the others are tokenized.
+
+    Returns ``(windows per doc (hi-lo,) int32, tokens per window int32, tokenizer name, documents
+    taken from the memo, text keys (hi-lo, 2) uint64)``."""
     texts = read_doc_range(Path(ingest_dir), lo, hi, ["doc_id", "text"]).column("text").to_pylist()
-    cached = Path(cache_dir) / _shard_key(texts, cfg) if cache_dir else None
-    if cached is not None and (cached / "COMPLETE").exists():
-        return (np.load(cached / "windows.npy"), np.load(cached / "tokens.npy"),
-                (cached / "COMPLETE").read_text().strip(), True)
-    with Progress(f"token counts of documents {lo:,}-{hi - 1:,}", total=hi - lo, unit="documents") as bar:
-        wt = count_window_tokens(texts, cfg, load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None),
-                                 batch_windows=4096, bar=bar)   # smaller batches: a line at least every ~30 s
-    windows = np.diff(wt.indptr).astype(np.int32)
-    if cached is not None:
-        def write(tmp: Path) -> None:
-            np.save(tmp / "windows.npy", windows)
-            np.save(tmp / "tokens.npy", wt.n_tokens)
-            (tmp / "COMPLETE").write_text(wt.tokenizer + "\n")
-        put_cached(cached, write)
-    return windows, wt.n_tokens, wt.tokenizer, False
+    keys = text_keys(texts)
+    memo = DocumentMemo.open(memo_dir, [TOKENS_MEMO_FIELD])
+    rows = memo.lookup(keys) if memo is not None else np.full(len(texts), -1, np.int64)
+    missing = np.flatnonzero(rows < 0)
+    windows = np.zeros(len(texts), np.int32)
+    per_doc: list[np.ndarray] = [np.zeros(0, np.int32)] * len(texts)
+    if missing.size:
+        with Progress(f"token counts of documents {lo:,}-{hi - 1:,}", total=int(missing.size), unit="documents") as bar:
+            wt = count_window_tokens([texts[i] for i in missing.tolist()], cfg,
+                                     load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None),
+                                     batch_windows=4096, bar=bar)   # smaller batches: a line at least every ~30 s
+        for k, i in enumerate(missing.tolist()):
+            per_doc[i] = wt.n_tokens[wt.indptr[k]:wt.indptr[k + 1]]
+    hits = np.flatnonzero(rows >= 0)
+    if hits.size:
+        lengths, values = memo.take(TOKENS_MEMO_FIELD, rows[hits])
+        for i, part in zip(hits.tolist(), np.split(values.astype(np.int32), np.cumsum(lengths)[:-1])):
+            per_doc[i] = part
+    windows[:] = [p.size for p in per_doc]
+    tokens = np.concatenate(per_doc).astype(np.int32) if per_doc else np.zeros(0, np.int32)
+    return windows, tokens, cfg.tokenizer, int(hits.size), keys
 
 
 def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirror: Path | None,
@@ -332,39 +344,49 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     """:func:`tasks.corpus.stages.run_tokens` over document shards counted through ``submit``.
 
     At most ``window`` shards are in flight or waiting to be concatenated (coordinator memory).
-    With ``cache_dir`` (shared by the workers) a shard whose texts are unchanged reuses its
-    counts; the summary's ``shards_reused`` / ``shards_built`` say how many.
+    With ``cache_dir`` (shared by the workers), the window-token memo there
+    (:func:`tokens_memo_dir`) gives every document whose text is unchanged since the last build
+    its counts without tokenizing it, and is then replaced by this build's documents. The summary
+    says how many documents were counted and taken from the memo (``documents_counted``,
+    ``documents_reused``), and how many shards needed no tokenizer at all (``shards_reused``;
+    ``shards_built`` the others).
     """
     t0 = time.perf_counter()
     n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
     shards = doc_shards(n_docs, docs_per_shard)
     per_doc: list[np.ndarray] = []
     tokens: list[np.ndarray] = []
-    names: set[str] = set()
-    reused = 0
+    keys: list[np.ndarray] = []
+    reused_docs = reused_shards = 0
+    memo_dir = tokens_memo_dir(cache_dir, cfg) if cache_dir is not None else None
     calls = [(count_shard, str(ingest_dir), lo, hi, cfg, str(mirror) if mirror else None,
-              str(cache_dir) if cache_dir else None) for lo, hi in shards]
+              str(memo_dir) if memo_dir else None) for lo, hi in shards]
     with Progress("token counts", total=n_docs, unit="documents") as bar:
-        for windows, n_tokens, name, hit in ordered_results(submit, calls, window):
-            reused += hit
+        for windows, n_tokens, _, hits, shard_keys in ordered_results(submit, calls, window):
+            reused_docs += hits
+            reused_shards += hits == windows.size
             per_doc.append(windows)
             tokens.append(n_tokens)
-            names.add(name)
+            keys.append(shard_keys)
             bar.update(len(windows), shards=len(per_doc))
     counts = np.concatenate(per_doc) if per_doc else np.zeros(0, np.int32)
     n_tokens = np.concatenate(tokens) if tokens else np.zeros(0, np.int32)
     offsets = np.zeros(n_docs + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
-    tokenizer = names.pop() if names else cfg.tokenizer
     table = pa.table({
         "doc_id": pa.array(np.arange(n_docs, dtype=np.int32)),
         "n_tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(n_tokens.astype(np.int32), pa.int32())),
-        "tokenizer": pa.array([tokenizer] * n_docs, pa.string()),
+        "tokenizer": pa.array([cfg.tokenizer] * n_docs, pa.string()),
     })
     C.WINDOW_TOKENS.write(table, out_dir)
+    if memo_dir is not None:
+        DocumentMemo.write(memo_dir, np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64),
+                           {TOKENS_MEMO_FIELD: (offsets.astype(np.int64), n_tokens)})
     seconds = time.perf_counter() - t0
-    return {"documents": n_docs, "windows": int(n_tokens.size), "tokens": int(n_tokens.sum()), "tokenizer": tokenizer,
-            "shards": len(shards), "shards_reused": reused, "shards_built": len(shards) - reused, "seconds": seconds, "tokens_per_s": float(n_tokens.sum()) / max(seconds, 1e-9)}
+    return {"documents": n_docs, "windows": int(n_tokens.size), "tokens": int(n_tokens.sum()), "tokenizer": cfg.tokenizer,
+            "shards": len(shards), "shards_reused": reused_shards, "shards_built": len(shards) - reused_shards,
+            "documents_reused": reused_docs, "documents_counted": n_docs - reused_docs,
+            "seconds": seconds, "tokens_per_s": float(n_tokens.sum()) / max(seconds, 1e-9)}
 
 
 # ---------------------------------------------------------------------------------- segment

@@ -35,6 +35,7 @@ from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
 from tasks.corpus.shards import release_memory, run_here
+from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,10 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     most that many tokens with corpus-wide statistics
     (:func:`tasks.corpus.sharded_index.build_passage_shards`), the per-shard steps through
     ``submit``; 0: one index, as before. Shard token ids, statistics and
-    indexes are kept in ``work_dir`` (default: ``out_dir/.work``, removed after).
+    indexes are kept in ``work_dir`` (default: ``out_dir/.work``, removed after), with the BM25
+    token memos of member texts and passages (:mod:`tasks.corpus.token_memo`): a text the last
+    build saw is not tokenized again, whatever shard it falls in (same bytes; the summary's
+    ``cluster_members_reused`` and ``passages_reused`` count them).
     """
     t0 = time.perf_counter()
     submit = submit or run_here
@@ -191,9 +195,18 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     else:
         passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
         ptexts = [f"{t}\n{x}" for t, x in zip(passages.column("title").to_pylist(), passages.column("text").to_pylist())]
-        passage_index = BM25Index.build(ptexts, passages.column("passage_id").to_pylist(), cfg)
-        passage_index.save(out_dir / PASSAGE_INDEX_DIR)
+        memo_dir = token_memo_dir(work, "passages", cfg)
+        found = memo_token_ids(ptexts, cfg, *open_token_memo(memo_dir))
         n_passages = len(ptexts)
+        del ptexts
+        BM25Index.from_token_ids(found.tokens, passages.column("passage_id").to_pylist(), cfg).save(out_dir / PASSAGE_INDEX_DIR)
+        part = work / "passage-memo-part"
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir(parents=True)
+        found.save(part)
+        write_token_memo(memo_dir, [part])
+        shutil.rmtree(part, ignore_errors=True)
+        sharded = {"passages_reused": found.reused}
     if scratch:
         shutil.rmtree(work, ignore_errors=True)
     t2 = time.perf_counter()

@@ -117,6 +117,23 @@ def release_element(elem) -> None:
         while elem.getprevious() is not None:
             del parent[0]
 
+_PAGE_PARSER = etree.XMLParser(huge_tree=True, remove_comments=True, remove_pis=True)
+
+
+def page_from_xml(xml: bytes, source: str, position: int) -> RawPage:
+    """The :class:`RawPage` that :meth:`MediaWikiReader.pages` yields for one ``<page>`` element
+    ``xml`` (UTF-8 bytes) found at ``position`` of ``source``: the same parser options and the same
+    field rules, for pages that come from elsewhere than a dump's streams (adds-changes revisions,
+    :mod:`tasks.corpus.ingest.changes`).
+
+    Raises ``IngestError`` when ``xml`` is not well-formed."""
+    try:
+        elem = etree.fromstring(xml, _PAGE_PARSER)
+    except etree.XMLSyntaxError as exc:
+        raise IngestError(f"{source}: a page at position {position} is malformed XML ({exc.msg})") from exc
+    return _page(elem, source, position)
+
+
 def _page(elem, source: str, position: int) -> RawPage:
     # One pass over the children (the first <title>/<ns>/<id>/<redirect>, the last <revision>), as
     # findtext("{*}title") & co. would find them, at about half the cost of five wildcard searches.

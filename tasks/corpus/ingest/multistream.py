@@ -103,6 +103,37 @@ def _index_offsets(index: Path) -> list[int]:
 
 _INDEX_BLOCK = 1 << 24
 _OFFSET_HEAD = re.compile(rb"^(\d+):", re.M)
+_OFFSET_ID = re.compile(rb"^(\d+):(\d+):", re.M)
+
+
+def index_first_ids(index: Path) -> dict[int, int]:
+    """``{stream offset: the smallest page id listed at it}`` of an index file (``offset:page_id:title``
+    lines), for placing page ids among a dump's streams.
+
+    Raises ``ValueError`` naming the file when it is truncated, not bz2, or holds no line."""
+    first: dict[int, int] = {}
+    carry = b""
+    try:
+        with open(index, "rb") as fh:
+            opener = bz2.open if fh.read(3) == b"BZh" else open
+        with opener(index, "rb") as fh:
+            while True:
+                block = fh.read(_INDEX_BLOCK)
+                data = carry + block
+                if block:
+                    cut = data.rfind(b"\n") + 1
+                    data, carry = data[:cut], data[cut:]
+                for off, pid in _OFFSET_ID.findall(data):
+                    o, i = int(off), int(pid)
+                    if i < first.get(o, i + 1):
+                        first[o] = i
+                if not block:
+                    break
+    except (EOFError, OSError) as exc:
+        raise ValueError(f"multistream index {index}: truncated or corrupt ({exc})") from exc
+    if not first:
+        raise ValueError(f"multistream index {index}: no offset:page_id:title line")
+    return first
 
 
 def _is_utf8(data: bytes) -> bool:

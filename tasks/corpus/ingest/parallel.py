@@ -32,8 +32,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
+from tasks.corpus.ingest.changes import PageChanges, merge_pages
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
-from tasks.corpus.ingest.multistream import Layout, Piece, open_header_footer, open_piece
+from tasks.corpus.ingest.multistream import Layout, Piece, index_first_ids, index_path, open_header_footer, open_piece
 from tasks.corpus.ingest.page_pass import PagePass
 from tasks.corpus.ingest.records import RawPage
 from tasks.corpus.ingest.shards import ShardWriter, write_shard
@@ -169,11 +170,14 @@ _EFFECT_TYPES = (pa.bool_(), pa.string(), pa.string(), pa.list_(pa.int64()), pa.
 
 
 def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: IngestConfig, shard_dir: str,
-                cache_dir: str | None = None) -> PieceResult:
+                cache_dir: str | None = None, changes: PageChanges | None = None) -> PieceResult:
     """Pass 1 over one piece of a multistream dump (runs in a worker process).
 
     With ``cache_dir``, a piece whose key (:func:`piece_key`) is there is loaded instead of parsed,
-    and a parsed piece is kept there.
+    and a parsed piece is kept there. With ``changes`` (the adds-changes revisions whose page ids
+    fall in this piece), the piece's records are those of the merged dump
+    (:func:`tasks.corpus.ingest.changes.merge_pages`), named by ``changes.source``; a piece without
+    revisions has the key and output of the base dump's piece, renamed.
 
     Raises
     ------
@@ -181,10 +185,14 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
         The piece does not decompress or parse; names the file, the piece's byte range and,
         from the reader, the position within the piece and the last complete page.
     """
-    cached = Path(cache_dir) / piece_key(Path(path), piece, namespaces, cfg) if cache_dir else None
+    key = piece_key(Path(path), piece, namespaces, cfg) if cache_dir else None
+    if key is not None and changes is not None and changes.pages:
+        key = hashlib.sha256(f"{key}:{changes.digest()}".encode()).hexdigest()
+    cached = Path(cache_dir) / key if key is not None else None
+    source = changes.source if changes is not None else Path(path).name
     state = _PiecePass(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
     if cached is not None and (cached / "piece.json").exists():
-        return _load_piece(piece, cached, Path(shard_dir), Path(path).name, state.shards.group_rows)
+        return _load_piece(piece, cached, Path(shard_dir), source, state.shards.group_rows)
     wrapped = []
 
     def opener():
@@ -194,8 +202,9 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     Path(shard_dir).mkdir(parents=True, exist_ok=True)
     reader = MediaWikiReader(Path(path), opener)
     reader.namespaces = namespaces
+    pages = reader.pages() if changes is None else merge_pages(reader.pages(), changes.pages, source)
     try:
-        for page in reader.pages():
+        for page in pages:
             state.process(page, namespaces)
     except IngestError as exc:
         raise IngestError(f"piece {piece.index} (bytes {piece.start}-{piece.end}): {exc}") from exc
@@ -304,12 +313,45 @@ def _drop_titles(path: Path, titles: set[str], group_rows: int) -> None:
         path.unlink()
 
 
+def piece_changes(layout: Layout, changes: PageChanges) -> list[PageChanges]:
+    """``changes`` split by the pieces of ``layout``: piece ``k`` gets the page ids from the first id
+    of its first stream up to the first id of the next piece's (the first piece from the lowest,
+    the last to the highest), the stream the merged dump puts each page in (read from the
+    multistream index beside the dump).
+
+    Raises
+    ------
+    IngestError
+        The layout was found by a scan (no index), the index does not list a piece's first
+        stream, or the pieces' first ids do not increase (a dump not in page id order).
+    """
+    if layout.source != "index":
+        raise IngestError(f"{layout.path}: applying adds-changes while ingesting needs its multistream index "
+                          f"({index_path(layout.path).name})")
+    try:
+        first = index_first_ids(index_path(layout.path))
+    except ValueError as exc:
+        raise IngestError(str(exc)) from exc
+    starts = []
+    for piece in layout.pieces:
+        if piece.start not in first:
+            raise IngestError(f"{index_path(layout.path)}: no page listed for the stream at byte {piece.start}")
+        starts.append(first[piece.start])
+    if any(b <= a for a, b in zip(starts, starts[1:])):
+        raise IngestError(f"{layout.path}: its streams are not in increasing page id order; adds-changes can only "
+                          "be applied while ingesting a dump in page id order")
+    bounds = [None, *starts[1:], None]
+    return [PageChanges(changes.source, changes.in_range(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
 def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Path, window: int,
-               piece_cache: Path | None = None) -> int:
-    """Pass 1 over a multistream dump: pieces parsed through ``submit``, replayed in order.
+               piece_cache: Path | None = None, changes: PageChanges | None = None) -> int:
+    """Pass 1 over a multistream dump: pieces parsed through ``submit``, replayed in order; with
+    ``changes``, each piece with the revisions that fall in it (:func:`piece_changes`).
 
     Returns the decompressed bytes of the whole file (header, pages, footer).
     """
+    per_piece = piece_changes(layout, changes) if changes is not None else [None] * len(layout.pieces)
     namespaces, total = read_siteinfo(layout)
     pending: deque = deque()
     pieces = iter(layout.pieces)
@@ -324,7 +366,7 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
                     break
                 pending.append(submit(parse_piece, str(layout.path), piece, namespaces, state.cfg,
                                       str(shard_root / f"{layout.path.name}.piece-{piece.index:06d}"),
-                                      str(piece_cache) if piece_cache else None))
+                                      str(piece_cache) if piece_cache else None, per_piece[piece.index]))
             if not pending:
                 return total
             result = pending.popleft().result()

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.progress import Progress
+from tasks.corpus.ingest.changes import PageChanges, merge_pages
 from tasks.corpus.ingest.config import KEPT, IngestConfig, IngestSummary
 from tasks.corpus.ingest.jsonl import JsonlReader
 from tasks.corpus.ingest.lookup import TitleIndex
@@ -52,7 +53,8 @@ LINK_RESOLVE_DOCS = 4_096   # documents whose links are resolved together (disti
 
 
 def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Callable[..., Any] | None = None,
-           streams_per_piece: int = 100, window: int = 8, piece_cache: Path | None = None) -> IngestSummary:
+           streams_per_piece: int = 100, window: int = 8, piece_cache: Path | None = None,
+           changes: PageChanges | None = None) -> IngestSummary:
     """Ingest raw article dumps into the corpus tables.
 
     Writes, atomically and validated against their contracts, into ``out_dir``:
@@ -85,6 +87,12 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         Directory (shared by the workers) where each piece's pass-1 output is kept under the
         sha256 of its compressed bytes and the config: a nightly rebuild re-parses only the
         pieces whose bytes changed (``IngestSummary.pieces`` counts built and reused ones).
+    changes : PageChanges, optional
+        Adds-changes revisions applied to the one MediaWiki input while it is read
+        (:mod:`tasks.corpus.ingest.changes`): the artifacts are those of ingesting the merged dump
+        named ``changes.source`` (a changed page replaced, a new one inserted by page id), without
+        writing that dump. With ``submit``, the dump's multistream index places each revision in
+        its piece, and a piece without revisions is the base dump's (piece cache hit).
 
     Returns
     -------
@@ -96,7 +104,8 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
     FileNotFoundError
         An input does not exist.
     ValueError
-        No inputs, or two inputs with the same file name (the report keys on it).
+        No inputs, or two inputs with the same file name (the report keys on it); ``changes`` with
+        another format than ``mediawiki`` or another number of inputs than one.
     tasks.corpus.ingest.IngestError
         An input cannot be read to the end (truncated archive, malformed XML); names the file,
         the position and the last complete record. Nothing is written.
@@ -112,11 +121,15 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
     if max(names.values()) > 1:
         dups = sorted(n for n, c in names.items() if c > 1)
         raise ValueError(f"ingest: input file names must be distinct (the report keys on them), got {dups}")
+    if changes is not None and (cfg.format != "mediawiki" or len(inputs) != 1):
+        raise ValueError(f"ingest: adds-changes apply to one MediaWiki dump, got format {cfg.format!r} and "
+                         f"{len(inputs)} inputs")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ingest-shards-", dir=out_dir) as tmp, ExitStack() as stack:
         report = stack.enter_context(INGEST_REPORT.open_writer(out_dir))
         state = _FirstPass(cfg, ShardWriter(Path(tmp), cfg.shard_size), report)
+        state.changes = changes
         if submit is not None:
             state.parallel = (submit, streams_per_piece, window, piece_cache)
         uncompressed = state.run(inputs)
@@ -158,6 +171,7 @@ class _FirstPass(PagePass):
         self.parallel: tuple | None = None   # (submit, streams per piece, window, piece cache)
         self.pieces: Counter[str] = Counter()  # multistream pieces built / reused
         self.progress: Progress | None = None   # pages read, while :meth:`run` runs
+        self.changes: PageChanges | None = None   # adds-changes applied while the one input is read
 
     def run(self, inputs: list[Path]) -> int:
         """Read all inputs; returns the uncompressed bytes read (pages counted on ``self.progress``)."""
@@ -180,10 +194,13 @@ class _FirstPass(PagePass):
             layout = plan_layout(path, self.parallel[1]) if self.parallel and fmt == "mediawiki" else None
             if layout is not None:
                 total += run_pieces(self, layout, self.parallel[0], self.shards.directory, self.parallel[2],
-                                    self.parallel[3])
+                                    self.parallel[3], self.changes)
                 continue
             reader = MediaWikiReader(path) if fmt == "mediawiki" else JsonlReader(path, self.cfg.max_page_bytes)
-            for page in reader.pages():
+            pages = reader.pages()
+            if self.changes is not None:
+                pages = merge_pages(pages, self.changes.pages, self.changes.source)
+            for page in pages:
                 self.process(page, getattr(reader, "namespaces", DEFAULT_NAMESPACES))
                 bar.update()
             total += reader.bytes_read

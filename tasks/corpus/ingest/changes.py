@@ -1,0 +1,160 @@
+"""Adds-changes revisions applied to a full dump *while it is ingested*, instead of writing the
+merged dump first.
+
+The merged dump of the nightly (:func:`tasks.corpus.adds_changes.apply_changes`) is the base dump
+in page-id order with each changed page replaced and each new page inserted where its id falls;
+writing it decompresses and re-compresses every bz2 stream that holds a changed page, which after
+a few days of ~1% edits is nearly all of them. :func:`merge_pages` gives the ingest the records of
+that merged dump straight from the base dump's records and the revisions: a changed page's record
+is read from the ``<page>`` element the merged dump would hold (:func:`page_xml`, parsed by
+:func:`tasks.corpus.ingest.mediawiki.page_from_xml`), positions are renumbered, and every record's
+``source`` is the merged dump's file name, so the ingest artifacts are byte-identical to ingesting
+the merged dump (tested). The base dump must list its pages in increasing page id (Wikimedia's
+dumps do; :func:`merge_pages` raises otherwise). Nothing here imports Prefect.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Iterable, Iterator
+from xml.sax.saxutils import escape, quoteattr
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from data_contracts.base import atomic_write
+from tasks.corpus.ingest.config import IngestError
+from tasks.corpus.ingest.mediawiki import page_from_xml
+from tasks.corpus.ingest.records import RawPage
+
+_TEXT_ENTITIES = {"\r": "&#13;"}   # a raw CR would be read back as LF
+
+
+@dataclass(frozen=True)
+class PageRevision:
+    """The state of one ns-0 page after an adds-changes day: its newest revision."""
+
+    page_id: int
+    title: str
+    ns: int
+    redirect: str | None     # the page-level <redirect title=…>, None if the page is no redirect
+    text: str
+    rev_id: int
+    timestamp: str
+    model: str
+    format: str
+    day: str
+
+
+_TYPES = {"page_id": pa.int64(), "ns": pa.int64(), "rev_id": pa.int64()}
+_SCHEMA = pa.schema([pa.field(f.name, _TYPES.get(f.name, pa.string()), nullable=f.name == "redirect")
+                     for f in fields(PageRevision)])
+
+
+def page_xml(rev: PageRevision) -> bytes:
+    """The ``<page>`` element of a full dump holding ``rev`` (the fields the ingest reads)."""
+    redirect = f"\n    <redirect title={quoteattr(rev.redirect)} />" if rev.redirect is not None else ""
+    text = escape(rev.text, _TEXT_ENTITIES)
+    return (f"  <page>\n    <title>{escape(rev.title)}</title>\n    <ns>0</ns>\n    <id>{rev.page_id}</id>{redirect}\n"
+            f"    <revision>\n      <id>{rev.rev_id}</id>\n      <timestamp>{escape(rev.timestamp)}</timestamp>\n"
+            f"      <model>{escape(rev.model)}</model>\n      <format>{escape(rev.format)}</format>\n"
+            f"      <text bytes=\"{len(rev.text.encode())}\" xml:space=\"preserve\">{text}</text>\n"
+            f"    </revision>\n  </page>\n").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class PageChanges:
+    """Revisions to apply to one base dump while it is ingested.
+
+    source : the merged dump's file name: the ``source`` of every ingested record.
+    pages : the revisions, sorted by page id, one per page id.
+    """
+
+    source: str
+    pages: tuple[PageRevision, ...]
+
+    @classmethod
+    def of(cls, source: str, pages: dict[int, PageRevision] | Iterable[PageRevision]) -> "PageChanges":
+        """From ``{page_id: revision}`` (:func:`tasks.corpus.adds_changes.merge_days`) or revisions;
+        raises ``ValueError`` when a page id repeats."""
+        revs = sorted(pages.values() if isinstance(pages, dict) else pages, key=lambda r: r.page_id)
+        ids = [r.page_id for r in revs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"page changes for {source}: a page id appears twice")
+        return cls(source, tuple(revs))
+
+    def in_range(self, lo: int | None, hi: int | None) -> tuple[PageRevision, ...]:
+        """The revisions with ``lo <= page_id < hi`` (``None``: unbounded), in page id order."""
+        return tuple(r for r in self.pages if (lo is None or r.page_id >= lo) and (hi is None or r.page_id < hi))
+
+    def save(self, path: Path) -> None:
+        """Write the revisions as Parquet (the merged dump's name in the file's metadata), atomically."""
+        columns = list(zip(*(astuple(r) for r in self.pages))) or [[] for _ in _SCHEMA]
+        table = pa.table([pa.array(list(c), f.type) for c, f in zip(columns, _SCHEMA)], schema=_SCHEMA)
+        table = table.replace_schema_metadata({b"source": self.source.encode("utf-8")})
+        atomic_write(Path(path), lambda p: pq.write_table(table, p, compression="zstd"))
+
+    @classmethod
+    def load(cls, path: Path) -> "PageChanges":
+        """Read what :meth:`save` wrote. Raises ``ValueError`` for a file without the merged dump's name."""
+        table = pq.read_table(path)
+        source = (table.schema.metadata or {}).get(b"source")
+        if source is None:
+            raise ValueError(f"{path}: not a page-changes file (no merged dump name in its metadata)")
+        rows = zip(*(table.column(f.name).to_pylist() for f in fields(PageRevision)))
+        return cls.of(source.decode("utf-8"), (PageRevision(*row) for row in rows))
+
+    def digest(self) -> str:
+        """sha256 over the merged dump's name and every revision's ``<page>`` element."""
+        h = hashlib.sha256(self.source.encode("utf-8") + b"\0")
+        for rev in self.pages:
+            body = page_xml(rev)
+            h.update(len(body).to_bytes(8, "little"))
+            h.update(body)
+        return h.hexdigest()
+
+
+def merge_pages(pages: Iterator[RawPage], changes: Iterable[PageRevision], source: str) -> Iterator[RawPage]:
+    """The records of the merged dump: ``pages`` (a base dump's records, or one piece's, in page id
+    order) with a changed page's record replaced, each new page's record inserted before the
+    first base record with a higher page id (new pages past the last one at the end), positions
+    renumbered from 0 and ``source`` set on every record.
+
+    Raises
+    ------
+    IngestError
+        The base records' page ids do not increase (names the source and the two ids).
+    """
+    pending = list(changes)
+    at = 0
+    position = 0
+    last_id = None
+
+    def changed(rev: PageRevision) -> RawPage:
+        return page_from_xml(page_xml(rev), source, position)
+
+    for page in pages:
+        pid = page.page_id
+        if pid is not None:
+            if last_id is not None and pid <= last_id:
+                raise IngestError(f"{source}: base dump pages are not in increasing page id order ({last_id} then "
+                                  f"{pid}); adds-changes can only be applied to a dump in page id order")
+            last_id = pid
+            while at < len(pending) and pending[at].page_id < pid:
+                yield changed(pending[at])
+                position += 1
+                at += 1
+            if at < len(pending) and pending[at].page_id == pid:
+                yield changed(pending[at])
+                position += 1
+                at += 1
+                continue
+        page.source, page.position = source, position
+        if not page.title:
+            page.record = f"page #{position}"
+        yield page
+        position += 1
+    for rev in pending[at:]:
+        yield changed(rev)
+        position += 1

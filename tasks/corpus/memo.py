@@ -1,0 +1,139 @@
+"""Per-document memo: what a corpus-build step computed from one document's text, kept under the
+128-bit BLAKE2b of that text and reused by the next build, whatever shard the document falls in.
+
+Why: a nightly adds-changes build edits ~1% of the pages a day, spread over every document
+shard, so a cache keyed by a whole shard's texts is never hit; a memo keyed by each document's
+own text is hit by every unchanged page. The memo of a step is one directory of flat arrays
+(memory-mapped by the workers, nothing parsed):
+
+``keys.npy``
+    ``(n, 2)`` uint64, the BLAKE2b-128 of each text as (high, low) words, sorted lexicographically,
+    distinct.
+``<field>.offsets.npy`` / ``<field>.data.npy``
+    one CSR per field: the values of key ``i`` are ``data[offsets[i]:offsets[i + 1]]``.
+
+A lookup is a binary search of the high words (:meth:`DocumentMemo.lookup`), checked on the low
+words. The memo is rewritten by each build with exactly that build's documents
+(:meth:`DocumentMemo.write`, atomic: a reader sees the old or the new directory), so it does not
+grow from night to night. Part of the corpus build of FunnelRAG (the incremental nightly).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from data_contracts.base import atomic_directory
+
+KEYS_FILE = "keys.npy"
+COMPLETE_FILE = "COMPLETE"
+
+
+def text_keys(texts: Sequence[str]) -> np.ndarray:
+    """``(n, 2)`` uint64: the BLAKE2b-128 digest of each text's UTF-8 bytes as (high, low) words
+    (big-endian, so the lexicographic order of the pairs is that of the digests)."""
+    raw = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts)
+    return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
+
+
+def csr_take(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` of a CSR ``(offsets, data)``: ``(lengths (len(rows),) int64, their values
+    one after the other)``, without a Python loop over rows."""
+    rows = np.asarray(rows, np.int64)
+    starts, ends = np.asarray(offsets[rows], np.int64), np.asarray(offsets[rows + 1], np.int64)
+    lengths = ends - starts
+    total = int(lengths.sum())
+    if total == 0:
+        return lengths, np.zeros(0, dtype=data.dtype)
+    first = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return lengths, np.asarray(data[first + np.arange(total, dtype=np.int64)])
+
+
+class DocumentMemo:
+    """A memo directory opened for lookups (arrays memory-mapped).
+
+    Use :meth:`open` (``None`` when there is no complete memo) and :meth:`write`.
+    """
+
+    def __init__(self, directory: Path, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, np.ndarray]]):
+        self.directory, self.keys, self.fields = Path(directory), keys, dict(fields)
+
+    @classmethod
+    def open(cls, directory: Path | str | None, fields: Sequence[str]) -> "DocumentMemo | None":
+        """The memo in ``directory`` with ``fields``, or ``None`` when ``directory`` is ``None``,
+        absent, incomplete (no ``COMPLETE`` marker) or lacks a field."""
+        if directory is None:
+            return None
+        directory = Path(directory)
+        if not (directory / COMPLETE_FILE).exists():
+            return None
+        try:
+            keys = np.load(directory / KEYS_FILE, mmap_mode="r")
+            found = {f: (np.load(directory / f"{f}.offsets.npy", mmap_mode="r"),
+                         np.load(directory / f"{f}.data.npy", mmap_mode="r")) for f in fields}
+        except FileNotFoundError:
+            return None
+        return cls(directory, keys, found)
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """``(m,)`` int64 memo row of each of ``keys`` (``(m, 2)`` uint64, :func:`text_keys`), -1
+        where the memo does not hold it."""
+        keys = np.asarray(keys, np.uint64).reshape(-1, 2)
+        rows = np.full(keys.shape[0], -1, np.int64)
+        if not len(self) or not keys.shape[0]:
+            return rows
+        high, low = np.asarray(self.keys[:, 0]), np.asarray(self.keys[:, 1])
+        left = np.searchsorted(high, keys[:, 0], side="left")
+        right = np.searchsorted(high, keys[:, 0], side="right")
+        one = np.flatnonzero(right == left + 1)
+        match = low[left[one]] == keys[one, 1]
+        rows[one[match]] = left[one[match]]
+        for i in np.flatnonzero(right > left + 1).tolist():   # a 64-bit high word shared by two keys: ~never
+            for j in range(int(left[i]), int(right[i])):
+                if low[j] == keys[i, 1]:
+                    rows[i] = j
+                    break
+        return rows
+
+    def take(self, field: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``field``'s values of memo rows ``rows`` (all >= 0): ``(lengths, values one after the
+        other)`` (:func:`csr_take`). Raises ``KeyError`` for a field the memo was not opened with."""
+        offsets, data = self.fields[field]
+        return csr_take(offsets, data, rows)
+
+    @staticmethod
+    def write(directory: Path, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, np.ndarray]],
+              extra: Mapping[str, Callable[[Path], None]] | None = None) -> int:
+        """Replace the memo in ``directory`` atomically with ``keys`` (``(n, 2)`` uint64) and, per
+        field, a CSR ``(offsets (n + 1,), data)`` aligned with ``keys``. Rows are sorted by key
+        and a repeated key kept once (equal texts have equal values); ``extra`` maps a file name
+        to a writer ``(path) -> None`` of a file that goes into the same directory (e.g. a
+        vocabulary). Returns the rows written.
+
+        Raises ``ValueError`` when a field's offsets do not have ``n + 1`` entries."""
+        keys = np.asarray(keys, np.uint64).reshape(-1, 2)
+        n = keys.shape[0]
+        for name, (offsets, _) in fields.items():
+            if len(offsets) != n + 1:
+                raise ValueError(f"memo {directory}: field {name!r} has {len(offsets)} offsets for {n} keys")
+        order = np.lexsort((keys[:, 1], keys[:, 0]))
+        ordered = keys[order]
+        first = np.ones(n, bool)
+        if n > 1:
+            first[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+        rows = order[first]
+        with atomic_directory(Path(directory)) as tmp:
+            np.save(tmp / KEYS_FILE, np.ascontiguousarray(keys[rows]))
+            for name, (offsets, data) in fields.items():
+                lengths, values = csr_take(np.asarray(offsets, np.int64), np.asarray(data), rows)
+                np.save(tmp / f"{name}.offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+                np.save(tmp / f"{name}.data.npy", values)
+            for name, write in (extra or {}).items():
+                write(tmp / name)
+            (tmp / COMPLETE_FILE).write_text(f"{rows.size}\n")
+        return int(rows.size)

@@ -1,0 +1,175 @@
+"""BM25 token ids of texts from the per-document memo: only texts the last build did not see are
+tokenized (bm25s's split, stop words and stemmer, :func:`tasks.corpus.index.tokenize_ids`).
+
+The BM25 indexes of the corpus build (clusters, passages) tokenize every text of the corpus; a
+nightly that edited 1% of the pages needs only 1% of that. A text's terms are kept in the memo
+(:class:`tasks.corpus.memo.DocumentMemo`, field ``terms``) as ids into the memo's own vocabulary
+(``terms.parquet`` beside it); :func:`memo_token_ids` returns exactly what
+``TokenIds.from_tokenized(tokenize_ids(texts, cfg, stem))`` returns (same ids, same vocabulary
+order: sorted stems with a stemmer, first occurrence without), tested on the enwiki sample.
+
+Texts can be tokenized in *pieces* and joined: bm25s's tokens (``\\b\\w\\w+\\b`` on the lower-cased
+text) never span a non-word character, so the tokens of ``"\\n\\n".join(pieces)`` are those of the
+pieces one after the other. A cluster's text is its members' ``title\\ntext`` joined by blank
+lines, so its memo is per member, and an edited member costs one member's tokenization.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.memo import DocumentMemo, text_keys
+
+TERMS_FIELD = "terms"
+VOCAB_FILE = "terms.parquet"
+PART_KEYS = "memo_keys.npy"
+PART_OFFSETS = "memo_piece_offsets.npy"
+
+
+TOKEN_MEMO_VERSION = "1"
+
+
+def token_memo_dir(root: Path, kind: str, cfg: BM25Config) -> Path:
+    """The BM25 token memo of ``kind`` (``"clusters"``: member pieces; ``"passages"``) for
+    ``cfg``'s tokenizer settings under ``root`` (the stage cache)."""
+    settings = [TOKEN_MEMO_VERSION, cfg.lower, cfg.stopwords, cfg.stemmer]
+    return Path(root) / f"bm25-memo-{kind}-{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]}"
+
+
+def open_token_memo(directory: Path | str | None) -> tuple[DocumentMemo | None, list[str]]:
+    """The BM25 token memo in ``directory`` and its vocabulary (memo id → term), or ``(None, [])``
+    when there is none."""
+    memo = DocumentMemo.open(directory, [TERMS_FIELD])
+    if memo is None or not (Path(directory) / VOCAB_FILE).exists():
+        return None, []
+    return memo, pq.read_table(Path(directory) / VOCAB_FILE).column("term").to_pylist()
+
+
+@dataclass
+class MemoTokens:
+    """:func:`memo_token_ids`' result.
+
+    tokens : the texts' (or groups') token ids and vocabulary, as ``tokenize_ids`` gives them.
+    keys : ``(n_pieces, 2)`` uint64 text keys of the pieces.
+    piece_offsets : ``(n_pieces + 1,)`` int64 bounds of each piece's ids in ``tokens.ids``.
+    reused : pieces whose terms came from the memo.
+    """
+
+    tokens: TokenIds
+    keys: np.ndarray
+    piece_offsets: np.ndarray
+    reused: int
+
+    def save(self, directory: Path) -> None:
+        """The token ids (:meth:`TokenIds.save`) plus the pieces' keys and bounds, the part of
+        the next memo this shard contributes (:func:`write_token_memo`)."""
+        self.tokens.save(directory)
+        np.save(Path(directory) / PART_KEYS, self.keys)
+        np.save(Path(directory) / PART_OFFSETS, self.piece_offsets)
+
+
+def memo_token_ids(pieces: Sequence[str], cfg: BM25Config, memo: DocumentMemo | None, memo_terms: Sequence[str],
+                   group_offsets: np.ndarray | None = None) -> MemoTokens:
+    """Token ids of texts made of ``pieces``, taking each piece's terms from ``memo`` when it
+    holds the piece's text.
+
+    Parameters
+    ----------
+    pieces : ``n_pieces`` texts.
+    cfg : BM25 settings (lower-casing, stop words, stemmer).
+    memo, memo_terms : :func:`open_token_memo` (``None, []``: tokenize every piece).
+    group_offsets : ``(n_texts + 1,)`` int64: text ``g`` is pieces ``group_offsets[g]:group_offsets[g + 1]``
+        joined by non-word characters (default: each piece is a text).
+
+    Returns
+    -------
+    MemoTokens
+        ``tokens`` equals ``TokenIds.from_tokenized(tokenize_ids(texts, cfg, stem))`` of the
+        joined texts.
+
+    Raises
+    ------
+    ValueError
+        ``group_offsets`` does not cover the pieces.
+    """
+    n = len(pieces)
+    bounds = np.arange(n + 1, dtype=np.int64) if group_offsets is None else np.asarray(group_offsets, np.int64)
+    if bounds.size == 0 or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"memo_token_ids: group offsets {bounds[:3]}…{bounds[-3:]} do not cover {n} pieces")
+    keys = text_keys(pieces)
+    rows = memo.lookup(keys) if memo is not None else np.full(n, -1, np.int64)
+    hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
+    n_memo = len(memo_terms)
+    lengths = np.zeros(n, np.int64)
+    parts: list[tuple[np.ndarray, np.ndarray]] = []   # (piece indexes, their ids one after the other)
+    new_terms: list[str] = []
+    if hit.size:
+        hit_lengths, hit_ids = memo.take(TERMS_FIELD, rows[hit])
+        lengths[hit] = hit_lengths
+        parts.append((hit, hit_ids.astype(np.int64)))
+    if miss.size:
+        fresh = TokenIds.from_tokenized(tokenize_ids([pieces[i] for i in miss.tolist()], cfg, _stemmer(cfg.stemmer)))
+        index = {t: i for i, t in enumerate(memo_terms)} if n_memo else {}
+        to_combined = np.empty(len(fresh.terms), np.int64)
+        for j, term in enumerate(fresh.terms):
+            at = index.get(term)
+            if at is None:
+                at = n_memo + len(new_terms)
+                new_terms.append(term)
+            to_combined[j] = at
+        lengths[miss] = np.diff(fresh.offsets)
+        parts.append((miss, to_combined[fresh.ids]))
+    piece_offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=piece_offsets[1:])
+    combined = np.empty(int(piece_offsets[-1]), np.int64)
+    for idx, ids in parts:   # scatter each part's pieces to their place in text order
+        starts = piece_offsets[idx]
+        own = np.concatenate([[0], np.cumsum(lengths[idx])[:-1]]).astype(np.int64)
+        combined[np.repeat(starts - own, lengths[idx]) + np.arange(ids.size, dtype=np.int64)] = ids
+    used = np.unique(combined) if combined.size else np.zeros(0, np.int64)
+    term_of = lambda c: memo_terms[c] if c < n_memo else new_terms[c - n_memo]   # noqa: E731
+    if cfg.stemmer is not None:   # tokenize_ids numbers stems in sorted order
+        vocab = sorted(term_of(int(c)) for c in used)
+        rank = {t: i for i, t in enumerate(vocab)}
+        local = np.array([rank[term_of(int(c))] for c in used], np.int64)
+    else:                         # ... and raw tokens in first-occurrence order
+        _, first = np.unique(combined, return_index=True)
+        order = np.argsort(first, kind="stable")
+        local = np.empty(used.size, np.int64)
+        local[order] = np.arange(used.size)
+        vocab = [term_of(int(c)) for c in used[order]]
+    lookup = np.full(n_memo + len(new_terms), -1, np.int64)
+    lookup[used] = local
+    ids = lookup[combined].astype(np.int32)
+    return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size))
+
+
+def write_token_memo(directory: Path, part_dirs: Sequence[Path]) -> int:
+    """Replace the token memo in ``directory`` with the pieces of ``part_dirs`` (directories
+    :meth:`MemoTokens.save` wrote: this build's shards), atomically. The memo vocabulary is the
+    sorted union of the parts' terms. Returns the pieces kept (a repeated text once)."""
+    parts = [(np.load(Path(d) / PART_KEYS), np.load(Path(d) / PART_OFFSETS), TokenIds.load(Path(d))) for d in part_dirs]
+    vocab = sorted(set().union(*(p[2].terms for p in parts))) if parts else []
+    rank = {t: i for i, t in enumerate(vocab)}
+    keys = [p[0] for p in parts]
+    ids, lengths = [], []
+    for _, offsets, tokens in parts:
+        remap = np.fromiter((rank[t] for t in tokens.terms), np.int32, count=len(tokens.terms))
+        ids.append(remap[tokens.ids] if tokens.ids.size else np.zeros(0, np.int32))
+        lengths.append(np.diff(offsets))
+    flat_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    offsets = np.zeros(flat_lengths.size + 1, np.int64)
+    np.cumsum(flat_lengths, out=offsets[1:])
+    directory = Path(directory)
+    n = DocumentMemo.write(directory, np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64),
+                           {TERMS_FIELD: (offsets, np.concatenate(ids) if ids else np.zeros(0, np.int32))},
+                           extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": pa.array(vocab, pa.string())}), path)})
+    return n

@@ -1,0 +1,100 @@
+"""BM25 token ids from the per-document memo (tasks/corpus/token_memo.py) == tokenizing every text,
+and an index stage over an edited corpus that tokenizes only the edited texts yet writes the bytes
+of a build without a memo (real enwiki sample)."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from corpus_stages import enwiki_sample_stages
+
+from data_contracts.base import sha256_file
+from data_contracts.corpus import CLUSTER_MEMBERS, CLUSTERS, DOCUMENTS, PASSAGES
+from tasks.corpus import stages as S
+from tasks.corpus.clustering import ClusteringConfig
+from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.segment import SegmentConfig
+from tasks.corpus.token_memo import memo_token_ids, open_token_memo, write_token_memo
+
+CONFIGS = [BM25Config(), BM25Config(stemmer=None, stopwords=None)]
+
+
+@pytest.fixture(scope="module")
+def nights(data_mirror, tmp_path_factory):
+    """The enwiki sample through segmentation (``base``) and the same with every 7th article
+    edited (``edited``: words appended, some of them in no other article)."""
+    root = tmp_path_factory.mktemp("nights")
+    base = enwiki_sample_stages(root / "base", data_mirror, segment=True)
+    docs = DOCUMENTS.read(base / "ingest")
+    texts = docs.column("text").to_pylist()
+    edited_ids = list(range(0, len(texts), 7))
+    for d in edited_ids:
+        texts[d] += f" Quuxification zebrafied {d} times, the editors noted."
+    edited = root / "edited"
+    shutil.copytree(base / "ingest", edited / "ingest")
+    DOCUMENTS.write(docs.set_column(docs.schema.get_field_index("text"), "text", pa.array(texts, pa.string())),
+                    edited / "ingest")
+    seg = SegmentConfig(tokenizer="whitespace")
+    S.run_tokens(edited / "ingest", edited / "tokens", seg, None)
+    S.run_cluster(edited / "ingest", edited / "tokens", edited / "cluster", ClusteringConfig(tokenizer="whitespace"))
+    S.run_segment(edited / "ingest", edited / "tokens", edited / "cluster", edited / "segment", seg, None)
+    return base, edited, edited_ids
+
+
+def _pieces(stages):
+    docs = DOCUMENTS.read(stages / "ingest", columns=["title", "text"])
+    return [f"{t}\n{x}" for t, x in zip(docs.column("title").to_pylist(), docs.column("text").to_pylist())]
+
+
+def _same(a: TokenIds, b: TokenIds) -> bool:
+    return np.array_equal(a.ids, b.ids) and np.array_equal(a.offsets, b.offsets) and a.terms == b.terms
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["stemmed", "raw"])
+def test_memo_token_ids_equal_tokenize_ids_with_and_without_a_memo(nights, tmp_path, cfg):
+    base, edited, edited_ids = nights
+    old, new = _pieces(base), _pieces(edited)
+    fresh = memo_token_ids(new, cfg, None, [])
+    assert fresh.reused == 0 and _same(fresh.tokens, TokenIds.from_tokenized(tokenize_ids(new, cfg, _stemmer(cfg.stemmer))))
+    (tmp_path / "part").mkdir()
+    memo_token_ids(old, cfg, None, []).save(tmp_path / "part")
+    assert write_token_memo(tmp_path / "memo", [tmp_path / "part"]) == len(set(old))
+    memo, terms = open_token_memo(tmp_path / "memo")
+    groups = np.array([0, 3, 3, 10, len(new)])            # texts of several pieces (one empty), as clusters are
+    joined = ["\n\n".join(new[a:b]) for a, b in zip(groups[:-1], groups[1:])]
+    got = memo_token_ids(new, cfg, memo, terms, groups)
+    assert got.reused == len(new) - len(edited_ids)
+    assert _same(got.tokens, TokenIds.from_tokenized(tokenize_ids(joined, cfg, _stemmer(cfg.stemmer))))
+    assert "quuxif" in got.tokens.terms or "quuxification" in got.tokens.terms   # a term the memo never saw
+    with pytest.raises(ValueError, match="do not cover"):
+        memo_token_ids(new, cfg, memo, terms, np.array([0, 5]))
+
+
+def _index_files(directory):
+    return {p.relative_to(directory).as_posix(): sha256_file(p) for p in sorted(directory.rglob("*"))
+            if p.is_file() and ".work" not in p.parts}
+
+
+@pytest.mark.slow  # two index builds and a reference build, twice
+@pytest.mark.parametrize("sharded", [False, True], ids=["one-passage-index", "passage-shards"])
+def test_an_edited_corpus_tokenizes_only_its_edits_and_indexes_the_same_bytes(nights, tmp_path, sharded):
+    base, edited, edited_ids = nights
+    cfg = BM25Config()
+    total = int(CLUSTERS.read(edited / "cluster", columns=["n_tokens"]).column("n_tokens").to_numpy().sum())
+    layout = {"passage_shard_tokens": total // 3 if sharded else 0, "tokens_per_shard": total // 3}
+
+    def index(stages, out, work):
+        return S.run_index(stages / "ingest", stages / "cluster", stages / "segment", out, cfg, work_dir=work, **layout)
+    first = index(base, tmp_path / "first", tmp_path / "work")
+    assert first["passages_reused"] == first["cluster_members_reused"] == 0
+    tonight = index(edited, tmp_path / "tonight", tmp_path / "work")
+    reference = index(edited, tmp_path / "reference", None)          # no memo: every text tokenized
+    assert reference["passages_reused"] == reference["cluster_members_reused"] == 0
+    assert _index_files(tmp_path / "tonight") == _index_files(tmp_path / "reference")
+    passages = PASSAGES.read(edited / "segment", columns=["doc_id"]).column("doc_id").to_numpy()
+    members = CLUSTER_MEMBERS.read(edited / "cluster", columns=["doc_id"]).column("doc_id").to_numpy()
+    assert tonight["passages_reused"] >= int((~np.isin(passages, edited_ids)).sum()) > 0
+    assert tonight["passages_reused"] <= passages.size - len(edited_ids)   # each edit ends in a new last window
+    assert tonight["cluster_members_reused"] == members.size - len(edited_ids)
