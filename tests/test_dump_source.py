@@ -185,6 +185,11 @@ def test_days_applied_while_ingesting_give_the_full_dumps_artifacts(synth, tmp_p
         artifacts(tmp_path / "base", piece_cache=tmp_path / "pieces")
         summary, _ = artifacts(tmp_path / "one", changes=one, piece_cache=tmp_path / "pieces")
         assert summary.pieces == {"built": 1, "reused": 4}
+        cleaned = summary.cleaned_pages   # the changed piece's other pages come from the page memo
+        assert cleaned["reused"] > 0 and cleaned["built"] <= 1
+        summary, again = artifacts(tmp_path / "memo", changes=changes, piece_cache=tmp_path / "pieces")
+        assert again == full and summary.pieces["built"] == 5
+        assert summary.cleaned_pages["reused"] > summary.cleaned_pages["built"] > 0
     with pytest.raises(ValueError, match="one MediaWiki dump"):
         ingest([base, synth["merged"]], tmp_path / "two", cfg, changes=changes)
 

@@ -152,6 +152,10 @@ class IngestSummary:
     pieces : dict
         Multistream pieces parsed in parallel: ``{"built": n, "reused": m}`` (reused = taken
         from the piece cache because the piece's bytes were unchanged); empty when serial.
+    cleaned_pages : dict
+        Kept wikitext pages of the parsed pieces: ``{"built": n, "reused": m}`` (reused = cleaned
+        text and links taken from the page memo, :mod:`tasks.corpus.ingest.page_memo`); empty
+        without a piece cache.
     """
 
     documents: int
@@ -170,6 +174,7 @@ class IngestSummary:
     outputs: dict[str, Path] = field(default_factory=dict)
     pass2_seconds: float = 0.0
     pieces: dict[str, int] = field(default_factory=dict)
+    cleaned_pages: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (paths as strings), e.g. for ``summary.json`` or MLflow params."""

@@ -10,11 +10,14 @@ Part of the corpus-build input of FunnelRAG (articles and their hyperlink graph,
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter
+from dataclasses import fields
 
 from data_contracts.corpus import INGEST_REPORT
 from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
                                         OTHER_NAMESPACE, OVERSIZE, REDIRECT, SKIPPED, IngestConfig, LinkCounts)
+from tasks.corpus.ingest.page_memo import PageMemo, page_key
 from tasks.corpus.ingest.records import WIKITEXT, RawPage
 from tasks.corpus.ingest.shards import ShardWriter
 from tasks.corpus.ingest.titles import ARTICLE, classify_link, normalise_title
@@ -26,6 +29,8 @@ _REPORT_BATCH = 20_000
 _PROGRESS_EVERY = 100_000
 _LINK_CACHE = 500_000  # distinct raw link targets remembered (cleared when full)
 _REPORT_FIELDS = [f.name for f in INGEST_REPORT.schema]
+_LINK_FIELDS = [f.name for f in fields(LinkCounts)]
+_link_counts = operator.attrgetter(*_LINK_FIELDS)
 
 
 class PagePass:
@@ -46,6 +51,9 @@ class PagePass:
         self._rows: list[tuple] = []
         self._link_cache: dict[str, tuple[str, str | None]] = {}   # raw link target -> classify_link
         self._cache_namespaces: frozenset[str] | None = None
+        self.page_memo: PageMemo | None = None      # cleaned pages of the last build (pieces with a piece cache)
+        self.memo_rows: list[tuple] | None = None   # with a memo: this pass's rows for the next one
+        self.memo_hits = 0
 
     def process(self, page: RawPage, namespaces: frozenset[str]) -> None:
         """Decide the fate of one record and write its report row."""
@@ -69,14 +77,38 @@ class PagePass:
         if self.cfg.exclude_disambiguation and is_disambiguation(title, page.text if wikitext else None,
                                                                  self.templates):
             return self._skip(page, title, DISAMBIGUATION, None)
-        markup = remove_comments(page.text) if wikitext else None   # once, for the cleaner and the links
-        text = clean_wikitext(markup, comments_removed=True) if wikitext else page.text
-        if len(text) < self.cfg.min_text_chars:
+        if wikitext and self.memo_rows is not None:
+            text, targets = self._cleaned(page, namespaces)
+        else:
+            markup = remove_comments(page.text) if wikitext else None   # once, for the cleaner and the links
+            text = clean_wikitext(markup, comments_removed=True) if wikitext else page.text
+            targets = None if len(text) < self.cfg.min_text_chars else self._link_targets(page, namespaces, markup)
+        if targets is None:
             return self._skip(page, title, EMPTY_TEXT, f"{len(text)} characters after cleaning")
-        targets = self._link_targets(page, namespaces, markup)
         self.shards.add(title, text, page.page_id, page.source, targets)
         self.titles[title] = KEPT
         self._row(page, title, KEPT, None, None)
+
+    def _cleaned(self, page: RawPage, namespaces: frozenset[str]) -> tuple[str, list[str] | None]:
+        """A kept wikitext page's cleaned text and link targets (None: too short to keep), from the
+        page memo when it holds the page's wikitext, else computed; the link accounting is
+        incremented either way, and the page's row goes to :attr:`memo_rows` for the next memo."""
+        key = page_key(page.text)
+        hit = self.page_memo.get(key) if self.page_memo is not None else None
+        if hit is not None:
+            text, targets, delta = hit
+            for name, d in zip(_LINK_FIELDS, delta):
+                if d:
+                    setattr(self.links, name, getattr(self.links, name) + d)
+            self.memo_hits += 1
+        else:
+            before = _link_counts(self.links)
+            markup = remove_comments(page.text)   # once, for the cleaner and the links
+            text = clean_wikitext(markup, comments_removed=True)
+            targets = None if len(text) < self.cfg.min_text_chars else self._link_targets(page, namespaces, markup)
+            delta = [a - b for a, b in zip(_link_counts(self.links), before)]
+        self.memo_rows.append((key, text, targets, delta))
+        return text, targets
 
     def _link_targets(self, page: RawPage, namespaces: frozenset[str], markup: str | None) -> list[str]:
         """Normalised, deduplicated article targets of the page's links, counting the others;

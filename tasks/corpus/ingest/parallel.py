@@ -35,6 +35,7 @@ from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED,
 from tasks.corpus.ingest.changes import PageChanges, merge_pages
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
 from tasks.corpus.ingest.multistream import Layout, Piece, index_first_ids, index_path, open_header_footer, open_piece
+from tasks.corpus.ingest.page_memo import PageMemo, memo_dir, write_part
 from tasks.corpus.ingest.page_pass import PagePass
 from tasks.corpus.ingest.records import RawPage
 from tasks.corpus.ingest.shards import ShardWriter, write_shard
@@ -56,6 +57,8 @@ class PieceResult:
     shards : title-sorted Parquet shards of the piece's kept pages.
     xml_bytes : decompressed bytes of the piece.
     reused : taken from the piece cache (bytes unchanged since a previous build).
+    memo_part : the piece's page-memo rows (:func:`tasks.corpus.ingest.page_memo.write_part`), or None.
+    cleaned : kept wikitext pages cleaned here / taken from the page memo (a parsed piece).
     """
 
     index: int
@@ -64,6 +67,8 @@ class PieceResult:
     shards: list[str]
     xml_bytes: int
     reused: bool = False
+    memo_part: str | None = None
+    cleaned: tuple[int, int] = (0, 0)
 
 
 _counts = operator.attrgetter(*_LINK_FIELDS)
@@ -95,7 +100,8 @@ class _PiecePass(PagePass):
                               page.n_bytes, detail))
 
 
-PIECE_VERSION = "1"   # bump when parse_piece's output changes for the same bytes
+PIECE_VERSION = "2"   # bump when parse_piece's output changes for the same bytes; 2: the page-memo part kept
+MEMO_PART = "page-memo-part.arrow"
 _ROW_NAMES = ("source", "position", "record", "page_id", "title", "status", "reason", "n_bytes", "detail")
 _EFFECT_NAMES = ("checked", "mark", "redirect", "link_delta", "untitled")
 
@@ -135,6 +141,8 @@ def _save_piece(result: PieceResult, directory: Path) -> None:
     pq.write_table(table, tmp / "rows.parquet")
     for k, shard in enumerate(result.shards):
         shutil.copyfile(shard, tmp / f"shard-{k:05d}.parquet")
+    if result.memo_part is not None:
+        shutil.copyfile(result.memo_part, tmp / MEMO_PART)
     (tmp / "piece.json").write_text(json.dumps({"xml_bytes": result.xml_bytes, "shards": len(result.shards)}))
     try:
         os.replace(tmp, directory)
@@ -161,7 +169,11 @@ def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, gro
             kept = kept.set_column(kept.schema.get_field_index("source"), kept.schema.field("source"),
                                    pa.array([source] * kept.num_rows, pa.string()))
             write_shard(kept, Path(shards[-1]), group_rows)
-    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], reused=True)
+    part = None
+    if (directory / MEMO_PART).is_file():
+        part = str(shard_dir / MEMO_PART)
+        shutil.copyfile(directory / MEMO_PART, part)
+    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], reused=True, memo_part=part)
 
 
 _ROW_TYPES = (pa.string(), pa.int64(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64(),
@@ -170,14 +182,18 @@ _EFFECT_TYPES = (pa.bool_(), pa.string(), pa.string(), pa.list_(pa.int64()), pa.
 
 
 def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: IngestConfig, shard_dir: str,
-                cache_dir: str | None = None, changes: PageChanges | None = None) -> PieceResult:
+                cache_dir: str | None = None, changes: PageChanges | None = None,
+                memo: str | None = None) -> PieceResult:
     """Pass 1 over one piece of a multistream dump (runs in a worker process).
 
     With ``cache_dir``, a piece whose key (:func:`piece_key`) is there is loaded instead of parsed,
     and a parsed piece is kept there. With ``changes`` (the adds-changes revisions whose page ids
     fall in this piece), the piece's records are those of the merged dump
     (:func:`tasks.corpus.ingest.changes.merge_pages`), named by ``changes.source``; a piece without
-    revisions has the key and output of the base dump's piece, renamed.
+    revisions has the key and output of the base dump's piece, renamed. With ``memo`` (the page
+    memo's directory, :func:`tasks.corpus.ingest.page_memo.memo_dir`), a kept page whose wikitext
+    the last build cleaned takes its cleaned text and links from it, and the piece writes its
+    pages' rows for the next memo (``PieceResult.memo_part``).
 
     Raises
     ------
@@ -200,6 +216,8 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
         return wrapped[-1]
 
     Path(shard_dir).mkdir(parents=True, exist_ok=True)
+    if memo is not None:
+        state.page_memo, state.memo_rows = PageMemo.open(memo), []
     reader = MediaWikiReader(Path(path), opener)
     reader.namespaces = namespaces
     pages = reader.pages() if changes is None else merge_pages(reader.pages(), changes.pages, source)
@@ -209,8 +227,13 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     except IngestError as exc:
         raise IngestError(f"piece {piece.index} (bytes {piece.start}-{piece.end}): {exc}") from exc
     state.shards.flush()
+    part = None
+    if state.memo_rows is not None:
+        part = str(Path(shard_dir) / MEMO_PART)
+        write_part(Path(part), state.memo_rows)
     result = PieceResult(piece.index, _report_table(state.out_rows), state.effects,
-                         [str(p) for p in state.shards.paths], wrapped[-1].inner_bytes)
+                         [str(p) for p in state.shards.paths], wrapped[-1].inner_bytes, memo_part=part,
+                         cleaned=(len(state.memo_rows or ()) - state.memo_hits, state.memo_hits))
     if cached is not None:
         _save_piece(result, cached)
     return result
@@ -353,6 +376,8 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
     """
     per_piece = piece_changes(layout, changes) if changes is not None else [None] * len(layout.pieces)
     namespaces, total = read_siteinfo(layout)
+    memo = memo_dir(piece_cache, state.cfg, namespaces) if piece_cache is not None else None
+    parts: list[str] = []
     pending: deque = deque()
     pieces = iter(layout.pieces)
     position = 0
@@ -366,12 +391,19 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
                     break
                 pending.append(submit(parse_piece, str(layout.path), piece, namespaces, state.cfg,
                                       str(shard_root / f"{layout.path.name}.piece-{piece.index:06d}"),
-                                      str(piece_cache) if piece_cache else None, per_piece[piece.index]))
+                                      str(piece_cache) if piece_cache else None, per_piece[piece.index],
+                                      str(memo) if memo else None))
             if not pending:
+                if memo is not None and len(parts) == len(layout.pieces):
+                    PageMemo.write(memo, parts)   # the pages of this dump, for the next build
                 return total
             result = pending.popleft().result()
             replay_piece(state, result, position)
             state.pieces["reused" if result.reused else "built"] += 1
+            if result.memo_part is not None:
+                parts.append(result.memo_part)
+            if memo is not None and not result.reused:
+                state.cleaned.update(built=result.cleaned[0], reused=result.cleaned[1])
             position += result.report.num_rows
             if getattr(state, "progress", None) is not None:
                 state.progress.update(result.report.num_rows, pieces=sum(state.pieces.values()))

@@ -157,6 +157,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         input_bytes=sum(p.stat().st_size for p in inputs), uncompressed_bytes=uncompressed,
         shards=len(state.shards.paths), seconds=time.perf_counter() - wall0,
         cpu_seconds=time.process_time() - cpu0, outputs=outputs, pieces=dict(sorted(state.pieces.items())),
+        cleaned_pages=dict(sorted(state.cleaned.items())),
         pass2_seconds=time.perf_counter() - pass2_start)
     logger.info("ingest %s: %d documents, %d redirects, %d links, skipped %s (%.1f s)", cfg.format,
                 summary.documents, summary.redirects, summary.links, summary.skipped, summary.seconds)
@@ -170,6 +171,7 @@ class _FirstPass(PagePass):
         super().__init__(cfg, shards, report)
         self.parallel: tuple | None = None   # (submit, streams per piece, window, piece cache)
         self.pieces: Counter[str] = Counter()  # multistream pieces built / reused
+        self.cleaned: Counter[str] = Counter()  # kept wikitext pages cleaned / taken from the page memo
         self.progress: Progress | None = None   # pages read, while :meth:`run` runs
         self.changes: PageChanges | None = None   # adds-changes applied while the one input is read
 
