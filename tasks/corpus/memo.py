@@ -9,8 +9,10 @@ own text is hit by every unchanged page. The memo of a step is one directory of 
 ``keys.npy``
     ``(n, 2)`` uint64, the BLAKE2b-128 of each text as (high, low) words, sorted lexicographically,
     distinct.
-``<field>.offsets.npy`` / ``<field>.data.npy``
-    one CSR per field: the values of key ``i`` are ``data[offsets[i]:offsets[i + 1]]``.
+``<field>.bounds.npy`` / ``<field>.data.npy``
+    per field, ``(n, 2)`` int64 (start, end) of each key's values in ``data``: the values of key
+    ``i`` are ``data[start:end]`` (the data stay in the order they were given; only the bounds are
+    sorted with the keys, so a write never moves the values).
 
 A lookup is a binary search of the high words (:meth:`DocumentMemo.lookup`), checked on the low
 words. The memo is rewritten by each build with exactly that build's documents
@@ -42,7 +44,12 @@ def csr_take(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[n
     """Rows ``rows`` of a CSR ``(offsets, data)``: ``(lengths (len(rows),) int64, their values
     one after the other)``, without a Python loop over rows."""
     rows = np.asarray(rows, np.int64)
-    starts, ends = np.asarray(offsets[rows], np.int64), np.asarray(offsets[rows + 1], np.int64)
+    return ranges_take(np.asarray(offsets[rows], np.int64), np.asarray(offsets[rows + 1], np.int64), data)
+
+
+def ranges_take(starts: np.ndarray, ends: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``data[starts[k]:ends[k]]`` for every ``k``, one after the other: ``(lengths, values)``."""
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     lengths = ends - starts
     total = int(lengths.sum())
     if total == 0:
@@ -71,7 +78,7 @@ class DocumentMemo:
             return None
         try:
             keys = np.load(directory / KEYS_FILE, mmap_mode="r")
-            found = {f: (np.load(directory / f"{f}.offsets.npy", mmap_mode="r"),
+            found = {f: (np.load(directory / f"{f}.bounds.npy", mmap_mode="r"),
                          np.load(directory / f"{f}.data.npy", mmap_mode="r")) for f in fields}
         except FileNotFoundError:
             return None
@@ -103,8 +110,9 @@ class DocumentMemo:
     def take(self, field: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``field``'s values of memo rows ``rows`` (all >= 0): ``(lengths, values one after the
         other)`` (:func:`csr_take`). Raises ``KeyError`` for a field the memo was not opened with."""
-        offsets, data = self.fields[field]
-        return csr_take(offsets, data, rows)
+        bounds, data = self.fields[field]
+        picked = np.asarray(bounds[np.asarray(rows, np.int64)])
+        return ranges_take(picked[:, 0], picked[:, 1], data)
 
     @staticmethod
     def write(directory: Path, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, np.ndarray]],
@@ -130,9 +138,9 @@ class DocumentMemo:
         with atomic_directory(Path(directory)) as tmp:
             np.save(tmp / KEYS_FILE, np.ascontiguousarray(keys[rows]))
             for name, (offsets, data) in fields.items():
-                lengths, values = csr_take(np.asarray(offsets, np.int64), np.asarray(data), rows)
-                np.save(tmp / f"{name}.offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-                np.save(tmp / f"{name}.data.npy", values)
+                offsets = np.asarray(offsets, np.int64)
+                np.save(tmp / f"{name}.bounds.npy", np.stack([offsets[:-1][rows], offsets[1:][rows]], axis=1))
+                np.save(tmp / f"{name}.data.npy", np.asarray(data))
             for name, write in (extra or {}).items():
                 write(tmp / name)
             (tmp / COMPLETE_FILE).write_text(f"{rows.size}\n")

@@ -200,12 +200,7 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
         n_passages = len(ptexts)
         del ptexts
         BM25Index.from_token_ids(found.tokens, passages.column("passage_id").to_pylist(), cfg).save(out_dir / PASSAGE_INDEX_DIR)
-        part = work / "passage-memo-part"
-        shutil.rmtree(part, ignore_errors=True)
-        part.mkdir(parents=True)
-        found.save(part)
-        write_token_memo(memo_dir, [part])
-        shutil.rmtree(part, ignore_errors=True)
+        write_token_memo(memo_dir, [found])
         sharded = {"passages_reused": found.reused}
     if scratch:
         shutil.rmtree(work, ignore_errors=True)

@@ -109,16 +109,14 @@ def memo_token_ids(pieces: Sequence[str], cfg: BM25Config, memo: DocumentMemo | 
     hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
     n_memo = len(memo_terms)
     lengths = np.zeros(n, np.int64)
-    parts: list[tuple[np.ndarray, np.ndarray]] = []   # (piece indexes, their ids one after the other)
+    hit_ids = miss_ids = np.zeros(0, np.int32)
     new_terms: list[str] = []
-    if hit.size:
-        hit_lengths, hit_ids = memo.take(TERMS_FIELD, rows[hit])
-        lengths[hit] = hit_lengths
-        parts.append((hit, hit_ids.astype(np.int64)))
+    if hit.size:   # the hit pieces' ids one after the other, in text order
+        lengths[hit], hit_ids = memo.take(TERMS_FIELD, rows[hit])
     if miss.size:
         fresh = TokenIds.from_tokenized(tokenize_ids([pieces[i] for i in miss.tolist()], cfg, _stemmer(cfg.stemmer)))
         index = {t: i for i, t in enumerate(memo_terms)} if n_memo else {}
-        to_combined = np.empty(len(fresh.terms), np.int64)
+        to_combined = np.empty(len(fresh.terms), np.int32)
         for j, term in enumerate(fresh.terms):
             at = index.get(term)
             if at is None:
@@ -126,15 +124,22 @@ def memo_token_ids(pieces: Sequence[str], cfg: BM25Config, memo: DocumentMemo | 
                 new_terms.append(term)
             to_combined[j] = at
         lengths[miss] = np.diff(fresh.offsets)
-        parts.append((miss, to_combined[fresh.ids]))
+        miss_ids = to_combined[fresh.ids]
     piece_offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=piece_offsets[1:])
-    combined = np.empty(int(piece_offsets[-1]), np.int64)
-    for idx, ids in parts:   # scatter each part's pieces to their place in text order
-        starts = piece_offsets[idx]
-        own = np.concatenate([[0], np.cumsum(lengths[idx])[:-1]]).astype(np.int64)
-        combined[np.repeat(starts - own, lengths[idx]) + np.arange(ids.size, dtype=np.int64)] = ids
-    used = np.unique(combined) if combined.size else np.zeros(0, np.int64)
+    if not miss.size:
+        combined = np.asarray(hit_ids, np.int32)
+    elif not hit.size:
+        combined = miss_ids
+    else:   # each group's ids keep their text order: a token is a miss's when its piece is
+        from_miss = np.repeat(rows < 0, lengths)
+        combined = np.empty(int(piece_offsets[-1]), np.int32)
+        combined[~from_miss] = hit_ids
+        combined[from_miss] = miss_ids
+    n_combined = n_memo + len(new_terms)
+    present = np.zeros(n_combined, bool)
+    present[combined] = True
+    used = np.flatnonzero(present)   # the ids the texts use, ascending (a counting pass, no sort)
     term_of = lambda c: memo_terms[c] if c < n_memo else new_terms[c - n_memo]   # noqa: E731
     if cfg.stemmer is not None:   # tokenize_ids numbers stems in sorted order
         vocab = sorted(term_of(int(c)) for c in used)
@@ -146,17 +151,19 @@ def memo_token_ids(pieces: Sequence[str], cfg: BM25Config, memo: DocumentMemo | 
         local = np.empty(used.size, np.int64)
         local[order] = np.arange(used.size)
         vocab = [term_of(int(c)) for c in used[order]]
-    lookup = np.full(n_memo + len(new_terms), -1, np.int64)
+    lookup = np.full(n_combined, -1, np.int32)
     lookup[used] = local
-    ids = lookup[combined].astype(np.int32)
+    ids = lookup[combined]
     return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size))
 
 
-def write_token_memo(directory: Path, part_dirs: Sequence[Path]) -> int:
+def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens]) -> int:
     """Replace the token memo in ``directory`` with the pieces of ``part_dirs`` (directories
-    :meth:`MemoTokens.save` wrote: this build's shards), atomically. The memo vocabulary is the
-    sorted union of the parts' terms. Returns the pieces kept (a repeated text once)."""
-    parts = [(np.load(Path(d) / PART_KEYS), np.load(Path(d) / PART_OFFSETS), TokenIds.load(Path(d))) for d in part_dirs]
+    :meth:`MemoTokens.save` wrote: this build's shards; or the :class:`MemoTokens` themselves),
+    atomically. The memo vocabulary is the sorted union of the parts' terms. Returns the pieces
+    kept (a repeated text once)."""
+    parts = [(d.keys, d.piece_offsets, d.tokens) if isinstance(d, MemoTokens) else
+             (np.load(Path(d) / PART_KEYS), np.load(Path(d) / PART_OFFSETS), TokenIds.load(Path(d))) for d in part_dirs]
     vocab = sorted(set().union(*(p[2].terms for p in parts))) if parts else []
     rank = {t: i for i, t in enumerate(vocab)}
     keys = [p[0] for p in parts]
