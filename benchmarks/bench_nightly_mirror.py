@@ -47,7 +47,7 @@ def one_night(args: argparse.Namespace) -> None:
 
     cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths, gate=not args.no_gate)
     summary = corpus_build_nightly(cfg)
-    keep = ("version", "unchanged", "shards", "nightly", "counts", "stages", "total_seconds")
+    keep = ("version", "unchanged", "shards", "reused_texts", "ingest", "nightly", "counts", "stages", "total_seconds")
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in keep}, default=str))
 
 
