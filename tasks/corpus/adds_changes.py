@@ -39,7 +39,7 @@ from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
 from tasks.corpus.ingest.changes import PageChanges, PageRevision, page_xml  # noqa: F401 - PageRevision re-exported
 from tasks.corpus.ingest.mediawiki import release_element
-from tasks.corpus.ingest.multistream import index_path, plan_layout
+from tasks.corpus.ingest.multistream import index_blocks, index_path, plan_layout
 
 log = logging.getLogger(__name__)
 
@@ -186,20 +186,12 @@ def index_page_ids(index: Path) -> np.ndarray:
     read in blocks (no per-line Python objects: ~8 bytes a page).
 
     Raises ``AddsChangesError`` naming the file when it is truncated or not bz2."""
-    parts, carry = [], b""
+    parts = []
     try:
-        with bz2.open(index, "rb") as fh:
-            while True:
-                block = fh.read(1 << 24)
-                data = carry + block
-                if block:
-                    cut = data.rfind(b"\n") + 1
-                    data, carry = data[:cut], data[cut:]
-                found = _INDEX_ID.findall(data)
-                if found:
-                    parts.append(np.array(found, dtype=np.int64))
-                if not block:
-                    break
+        for data in index_blocks(index):
+            found = _INDEX_ID.findall(data)
+            if found:
+                parts.append(np.array(found, dtype=np.int64))
     except (EOFError, OSError) as exc:
         raise AddsChangesError(f"{index}: unreadable multistream index ({exc})") from exc
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)

@@ -19,7 +19,7 @@ import mmap
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 import indexed_bzip2
 
@@ -75,11 +75,27 @@ def index_offsets(index: Path) -> list[int]:
 
 
 def _index_offsets(index: Path) -> list[int]:
-    with open(index, "rb") as fh:
-        opener = bz2.open if fh.read(3) == b"BZh" else open
     heads: set[bytes] = set()
     offsets: set[int] = set()
-    line_no, carry = 0, b""
+    line_no = 0
+    for data in index_blocks(index):
+        n_lines = data.count(b"\n") + (not data.endswith(b"\n"))
+        found = _OFFSET_HEAD.findall(data)
+        if len(found) == n_lines and b"\r" not in data and _is_utf8(data):
+            heads.update(found)
+        else:
+            offsets.update(_offsets_by_line(index, data, line_no))
+        line_no += n_lines
+    offsets.update(map(int, heads))
+    return sorted(offsets)
+
+
+def index_blocks(index: Path) -> Iterator[bytes]:
+    """An index file (bz2 or plain) in blocks of whole lines of ~16 MiB (the last block may lack its
+    final newline). Raises what the decompressor raises on a truncated or corrupt file."""
+    with open(index, "rb") as fh:
+        opener = bz2.open if fh.read(3) == b"BZh" else open
+    carry = b""
     with opener(index, "rb") as fh:
         while True:
             block = fh.read(_INDEX_BLOCK)
@@ -88,17 +104,9 @@ def _index_offsets(index: Path) -> list[int]:
                 cut = data.rfind(b"\n") + 1
                 data, carry = data[:cut], data[cut:]
             if data:
-                n_lines = data.count(b"\n") + (not data.endswith(b"\n"))
-                found = _OFFSET_HEAD.findall(data)
-                if len(found) == n_lines and b"\r" not in data and _is_utf8(data):
-                    heads.update(found)
-                else:
-                    offsets.update(_offsets_by_line(index, data, line_no))
-                line_no += n_lines
+                yield data
             if not block:
-                break
-    offsets.update(map(int, heads))
-    return sorted(offsets)
+                return
 
 
 _INDEX_BLOCK = 1 << 24
@@ -112,23 +120,12 @@ def index_first_ids(index: Path) -> dict[int, int]:
 
     Raises ``ValueError`` naming the file when it is truncated, not bz2, or holds no line."""
     first: dict[int, int] = {}
-    carry = b""
     try:
-        with open(index, "rb") as fh:
-            opener = bz2.open if fh.read(3) == b"BZh" else open
-        with opener(index, "rb") as fh:
-            while True:
-                block = fh.read(_INDEX_BLOCK)
-                data = carry + block
-                if block:
-                    cut = data.rfind(b"\n") + 1
-                    data, carry = data[:cut], data[cut:]
-                for off, pid in _OFFSET_ID.findall(data):
-                    o, i = int(off), int(pid)
-                    if i < first.get(o, i + 1):
-                        first[o] = i
-                if not block:
-                    break
+        for data in index_blocks(index):
+            for off, pid in _OFFSET_ID.findall(data):
+                o, i = int(off), int(pid)
+                if i < first.get(o, i + 1):
+                    first[o] = i
     except (EOFError, OSError) as exc:
         raise ValueError(f"multistream index {index}: truncated or corrupt ({exc})") from exc
     if not first:
