@@ -33,6 +33,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from dataclasses import asdict
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -41,11 +42,12 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
+from tasks.corpus.memo import keys_digest, text_keys
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.shards import (ordered_results, partition_documents, put_cached, read_cluster_ranges,
-                                 read_shard_documents, texts_key)
+                                 read_shard_documents)
 
-CLUSTER_TOKENS_VERSION = "2"   # 2: keyed on member pieces; the shard keeps its part of the token memo
+CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its part of the token memo; 3: keyed on their text keys
 
 
 def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], list[str], np.ndarray]:
@@ -100,12 +102,13 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     docs = read_shard_documents(ingest_dir, docs_dir, wanted)
     ids, pieces, offsets = cluster_pieces(docs, members)
     del docs
-    key = texts_key(CLUSTER_TOKENS_VERSION, cfg, [*ids, *map(str, offsets.tolist())], pieces)
+    piece_keys = text_keys(pieces)   # hashed once: the shard's cache key and the memo lookup
+    key = keys_digest(CLUSTER_TOKENS_VERSION, asdict(cfg), [*ids, *map(str, offsets.tolist())], piece_keys)
     cached = Path(work_dir) / "cluster-tokens" / key
     if (cached / "COMPLETE").exists():
         return ids, pq.read_table(cached / TokenIds.TERMS_FILE).column("term").to_pylist(), key, True, len(pieces)
     memo, memo_terms = open_token_memo(memo_dir)
-    found = memo_token_ids(pieces, cfg, memo, memo_terms, offsets)
+    found = memo_token_ids(pieces, cfg, memo, memo_terms, offsets, piece_keys)
     del pieces
 
     def write(tmp: Path) -> None:

@@ -22,6 +22,7 @@ grow from night to night. Part of the corpus build of FunnelRAG (the incremental
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -31,6 +32,30 @@ from data_contracts.base import atomic_directory
 
 KEYS_FILE = "keys.npy"
 COMPLETE_FILE = "COMPLETE"
+
+
+def settings_dir(root: Path, prefix: str, settings: object) -> Path:
+    """``root/<prefix>-<16 hex of the sha256 of settings as JSON>``: the directory of a memo
+    whose values depend on ``settings`` (a build with other settings never reads it)."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+    return Path(root) / f"{prefix}-{digest[:16]}"
+
+
+def text_key(text: str) -> tuple[int, int]:
+    """The BLAKE2b-128 digest of one text's UTF-8 bytes as (high, low) words (a row of :func:`text_keys`)."""
+    d = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+    return int.from_bytes(d[:8], "big"), int.from_bytes(d[8:], "big")
+
+
+def keys_digest(version: str, settings: object, ids: Sequence[str], keys: np.ndarray) -> str:
+    """sha256 over ``version``, ``settings``, the ids (length-prefixed) and the texts' keys
+    (:func:`text_keys`): a shard's cache key, from the keys its memo lookup computed anyway."""
+    h = hashlib.sha256(json.dumps([version, settings, len(ids)], sort_keys=True, default=str).encode())
+    for s in ids:
+        h.update(len(s).to_bytes(8, "little"))
+        h.update(s.encode("utf-8"))
+    h.update(np.ascontiguousarray(keys, np.uint64).tobytes())
+    return h.hexdigest()
 
 
 def text_keys(texts: Sequence[str]) -> np.ndarray:

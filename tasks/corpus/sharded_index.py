@@ -23,7 +23,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -36,8 +36,9 @@ import pyarrow.parquet as pq
 from data_contracts.base import atomic_write_bytes, link_or_copy, replace_file, sha256_file, temp_file_beside
 from data_contracts.corpus import CLUSTERS, PASSAGES
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.memo import keys_digest, text_keys
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
-from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges, texts_key
+from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges
 
 STATS_FILE = "global_stats.json"
 SHARDS_FILE = "shards.json"
@@ -218,7 +219,7 @@ def load_passage_index(directory: Path, mmap: bool = True) -> "BM25Index | Shard
 
 
 # --------------------------------------------------------------------- the corpus build's shards
-PASSAGE_SHARD_VERSION = "3"   # 2: the stats step keeps the token ids for the index step; 3: and its part of the token memo
+PASSAGE_SHARD_VERSION = "4"   # 2: the stats step keeps the token ids for the index step; 3: and its part of the token memo; 4: keyed on text keys
 DF_FILE = "df.parquet"
 
 
@@ -242,13 +243,14 @@ def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     Returns ``(key, n_docs, total_len, reused, passages taken from the memo)``; ``reused`` when
     the shard's passages are unchanged since a build that kept them."""
     texts, ids = read_passage_range(Path(segment_dir), lo, hi)
-    key = texts_key(PASSAGE_SHARD_VERSION, cfg, ids, texts)
+    text_keys_ = text_keys(texts)   # hashed once: the shard's cache key and the memo lookup
+    key = keys_digest(PASSAGE_SHARD_VERSION, asdict(cfg), ids, text_keys_)
     cached = Path(work_dir) / "passage-stats" / key
     if (cached / "COMPLETE").exists():
         meta = json.loads((cached / "COMPLETE").read_text())
         return key, meta["n_docs"], meta["total_len"], True, len(texts)
     memo, memo_terms = open_token_memo(memo_dir)
-    found = memo_token_ids(texts, cfg, memo, memo_terms)
+    found = memo_token_ids(texts, cfg, memo, memo_terms, keys=text_keys_)
     del texts
     token_ids = found.tokens
     stats = tokens_stats(token_ids.tokenized()) if len(token_ids) else CorpusStats(0, 0, {})

@@ -25,7 +25,6 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -37,7 +36,7 @@ import pyarrow.parquet as pq
 from data_contracts import corpus as C
 from data_contracts.base import atomic_write
 from funnelrag.progress import Progress, progress
-from tasks.corpus.memo import DocumentMemo, text_keys
+from tasks.corpus.memo import DocumentMemo, settings_dir, text_keys
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import load_token_counter
 
@@ -123,16 +122,6 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
     finally:
         if bar is not None:
             bar.close()
-
-
-def texts_key(version: str, cfg: Any, ids: list[str], texts: list[str]) -> str:
-    """sha256 cache key of a shard's input: ``version``, the settings ``cfg`` (a dataclass), and
-    every id and text, each length-prefixed (no two inputs collide by concatenation)."""
-    h = hashlib.sha256(json.dumps([version, asdict(cfg), len(texts)], sort_keys=True).encode())
-    for s in (*ids, *texts):
-        h.update(len(s).to_bytes(8, "little"))
-        h.update(s.encode("utf-8"))
-    return h.hexdigest()
 
 
 def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
@@ -300,8 +289,7 @@ TOKENS_MEMO_FIELD = "window_tokens"
 def tokens_memo_dir(root: Path, cfg: SegmentConfig) -> Path:
     """The window-token memo of ``cfg``'s tokenizer and window size under ``root`` (the stage
     cache): one memo per setting, so a build with other settings never reads another's counts."""
-    key = hashlib.sha256(json.dumps([TOKENS_MEMO_VERSION, cfg.tokenizer, cfg.passage_words]).encode()).hexdigest()
-    return Path(root) / f"tokens-memo-{key[:16]}"
+    return settings_dir(root, "tokens-memo", [TOKENS_MEMO_VERSION, cfg.tokenizer, cfg.passage_words])
 
 
 def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: str | None,

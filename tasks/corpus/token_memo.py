@@ -15,8 +15,6 @@ lines, so its memo is per member, and an edited member costs one member's tokeni
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -26,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import DocumentMemo, text_keys
+from tasks.corpus.memo import DocumentMemo, settings_dir, text_keys
 
 TERMS_FIELD = "terms"
 VOCAB_FILE = "terms.parquet"
@@ -40,8 +38,7 @@ TOKEN_MEMO_VERSION = "1"
 def token_memo_dir(root: Path, kind: str, cfg: BM25Config) -> Path:
     """The BM25 token memo of ``kind`` (``"clusters"``: member pieces; ``"passages"``) for
     ``cfg``'s tokenizer settings under ``root`` (the stage cache)."""
-    settings = [TOKEN_MEMO_VERSION, cfg.lower, cfg.stopwords, cfg.stemmer]
-    return Path(root) / f"bm25-memo-{kind}-{hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]}"
+    return settings_dir(root, f"bm25-memo-{kind}", [TOKEN_MEMO_VERSION, cfg.lower, cfg.stopwords, cfg.stemmer])
 
 
 def open_token_memo(directory: Path | str | None) -> tuple[DocumentMemo | None, list[str]]:
@@ -77,7 +74,7 @@ class MemoTokens:
 
 
 def memo_token_ids(pieces: Sequence[str], cfg: BM25Config, memo: DocumentMemo | None, memo_terms: Sequence[str],
-                   group_offsets: np.ndarray | None = None) -> MemoTokens:
+                   group_offsets: np.ndarray | None = None, keys: np.ndarray | None = None) -> MemoTokens:
     """Token ids of texts made of ``pieces``, taking each piece's terms from ``memo`` when it
     holds the piece's text.
 
@@ -88,6 +85,7 @@ def memo_token_ids(pieces: Sequence[str], cfg: BM25Config, memo: DocumentMemo | 
     memo, memo_terms : :func:`open_token_memo` (``None, []``: tokenize every piece).
     group_offsets : ``(n_texts + 1,)`` int64: text ``g`` is pieces ``group_offsets[g]:group_offsets[g + 1]``
         joined by non-word characters (default: each piece is a text).
+    keys : the pieces' :func:`tasks.corpus.memo.text_keys`, when the caller has them already.
 
     Returns
     -------
@@ -104,7 +102,7 @@ def memo_token_ids(pieces: Sequence[str], cfg: BM25Config, memo: DocumentMemo | 
     bounds = np.arange(n + 1, dtype=np.int64) if group_offsets is None else np.asarray(group_offsets, np.int64)
     if bounds.size == 0 or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
         raise ValueError(f"memo_token_ids: group offsets {bounds[:3]}…{bounds[-3:]} do not cover {n} pieces")
-    keys = text_keys(pieces)
+    keys = text_keys(pieces) if keys is None else keys
     rows = memo.lookup(keys) if memo is not None else np.full(n, -1, np.int64)
     hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
     n_memo = len(memo_terms)

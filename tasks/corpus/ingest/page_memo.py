@@ -16,8 +16,6 @@ namespaces the values depend on (:func:`memo_dir`). Nothing here imports Prefect
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +25,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from data_contracts.base import atomic_directory
+from tasks.corpus.memo import settings_dir, text_key
 from tasks.corpus.ingest.config import IngestConfig
 
 PAGE_MEMO_VERSION = "1"
@@ -38,14 +37,11 @@ _SCHEMA = pa.schema([pa.field("hi", pa.uint64(), nullable=False), pa.field("lo",
 
 def memo_dir(root: Path, cfg: IngestConfig, namespaces: frozenset[str]) -> Path:
     """The page memo under ``root`` (the piece cache) for ``cfg`` and the dump's ``namespaces``."""
-    settings = json.dumps([PAGE_MEMO_VERSION, asdict(cfg), sorted(namespaces)], sort_keys=True, default=str)
-    return Path(root) / f"page-memo-{hashlib.sha256(settings.encode()).hexdigest()[:16]}"
+    return settings_dir(root, "page-memo", [PAGE_MEMO_VERSION, asdict(cfg), sorted(namespaces)])
 
 
-def page_key(wikitext: str) -> tuple[int, int]:
-    """The BLAKE2b-128 digest of ``wikitext``'s UTF-8 bytes as (high, low) words."""
-    d = hashlib.blake2b(wikitext.encode("utf-8"), digest_size=16).digest()
-    return int.from_bytes(d[:8], "big"), int.from_bytes(d[8:], "big")
+page_key = text_key
+"""The key of a page's wikitext (:func:`tasks.corpus.memo.text_key`)."""
 
 
 class PageMemo:
