@@ -272,12 +272,15 @@ def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> Non
 
 
 def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
-    """Per-shard stages: ``{"ingest_pieces": {"built", "reused"}, "token_shards": {...},
+    """Per-shard stages: ``{"ingest_pieces": {"built", "reused"[, "patched"]}, "token_shards": {...},
     "segment_shards": {...}, "cluster_token_shards": {...}}`` of this build, plus ``passage_stats_shards`` and
     ``passage_index_shards`` with a sharded passage index (a stage-cache hit reuses all of a
-    stage's shards)."""
+    stage's shards). ``patched``: base-dump pieces with the night's adds-changes revisions applied
+    (:func:`tasks.corpus.ingest.parallel.patch_piece`), present when there were any."""
     pieces = stages["ingest"].summary.get("pieces", {})
-    found = {"ingest_pieces": (stages["ingest"], pieces.get("built", 0), pieces.get("reused", 0))}
+    patched = pieces.get("patched", 0)
+    hit = stages["ingest"].cache_hit
+    found = {"ingest_pieces": (stages["ingest"], pieces.get("built", 0), pieces.get("reused", 0) + (patched if hit else 0))}
     for name, stage, prefix in (("token_shards", "tokens", "shards"), ("segment_shards", "segment", "shards"),
                                 ("cluster_token_shards", "index", "cluster_token_shards"),
                                 ("passage_stats_shards", "index", "passage_stats_shards"),
@@ -285,8 +288,11 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
         summary = stages[stage].summary
         if f"{prefix}_built" in summary or name in ("token_shards", "segment_shards"):
             found[name] = (stages[stage], summary.get(f"{prefix}_built", 0), summary.get(f"{prefix}_reused", 0))
-    return {name: {"built": 0, "reused": built + reused} if res.cache_hit else {"built": built, "reused": reused}
-            for name, (res, built, reused) in found.items()}
+    report = {name: {"built": 0, "reused": built + reused} if res.cache_hit else {"built": built, "reused": reused}
+              for name, (res, built, reused) in found.items()}
+    if patched and not hit:
+        report["ingest_pieces"]["patched"] = patched
+    return report
 
 
 def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:

@@ -5,6 +5,7 @@ same page texts, and the nightly's decision. No Prefect (the flow: tests/test_fl
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +17,10 @@ import pytest
 from benchmarks.synth_dump import SAMPLE, write_mirror
 from data_contracts.base import sha256_file
 from tasks.corpus import dump_source as D
-from tasks.corpus.adds_changes import AddsChangesError, apply_changes, merge_days, read_day
+from tasks.corpus.adds_changes import AddsChangesError, apply_changes, merge_days, read_day, read_index
 from tasks.corpus.ingest import IngestConfig, IngestError, ingest
 from tasks.corpus.ingest.changes import PageChanges, merge_pages
+from tasks.corpus.ingest.multistream import index_path
 from tasks.corpus.ingest.records import RawPage
 from tasks.corpus.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepare_input
 from tests.mirror_server import serve
@@ -184,14 +186,44 @@ def test_days_applied_while_ingesting_give_the_full_dumps_artifacts(synth, tmp_p
         one = PageChanges.of("one.xml.bz2", [next(r for r in changes.pages if r.page_id == pid)])
         artifacts(tmp_path / "base", piece_cache=tmp_path / "pieces")
         summary, _ = artifacts(tmp_path / "one", changes=one, piece_cache=tmp_path / "pieces")
-        assert summary.pieces == {"built": 1, "reused": 4}
-        cleaned = summary.cleaned_pages   # the changed piece's other pages come from the page memo
+        assert summary.pieces == {"patched": 1, "reused": 4}   # the changed piece: the base's, patched
+        cleaned = summary.cleaned_pages   # the patched piece's other pages are the base piece's
         assert cleaned["reused"] > 0 and cleaned["built"] <= 1
         summary, again = artifacts(tmp_path / "memo", changes=changes, piece_cache=tmp_path / "pieces")
-        assert again == full and summary.pieces["built"] == 5
+        assert again == full and summary.pieces == {"patched": 5}
         assert summary.cleaned_pages["reused"] > summary.cleaned_pages["built"] > 0
+        shutil.rmtree(tmp_path / "pieces")   # no base piece kept: each piece is parsed with its revisions
+        summary, parsed = artifacts(tmp_path / "parsed", changes=changes, piece_cache=tmp_path / "pieces")
+        assert parsed == full and summary.pieces == {"built": 5}
     with pytest.raises(ValueError, match="one MediaWiki dump"):
         ingest([base, synth["merged"]], tmp_path / "two", cfg, changes=changes)
+
+
+def test_a_revision_taking_a_title_of_its_piece_parses_the_piece(synth, tmp_path):
+    """A patched piece equals parsing it only while no title repeats in it: a revision renamed to
+    the title of another page of its piece makes that piece parsed (and one of the two a
+    duplicate), the artifacts still those of the merged dump."""
+    mirror = synth["root"]
+    base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
+    revisions, _ = merge_days([(DAYS[0], mirror / "other" / "incr" / WIKI / DAYS[0] /
+                                f"{WIKI}-{DAYS[0]}-pages-meta-hist-incr.xml.bz2")])
+    streams = read_index(index_path(base))
+    offset, rev = next((off, revisions[pid]) for off, pages in sorted(streams.items()) for pid, _ in pages
+                       if pid in revisions and revisions[pid].redirect is None)
+    other = next(title for pid, title in streams[offset] if pid != rev.page_id and ":" not in title)
+    clash = {rev.page_id: dataclasses.replace(rev, title=other)}
+    merged = tmp_path / "clash" / f"{WIKI}-{DAYS[0]}-pages-articles-multistream.xml.bz2"
+    apply_changes(base, clash, merged)
+    expected = _ingest(merged, tmp_path / "full")
+    with ThreadPoolExecutor(2) as pool:
+        ingest([base], tmp_path / "base", IngestConfig(format="mediawiki"), submit=pool.submit, streams_per_piece=2,
+               piece_cache=tmp_path / "pieces")
+        summary = ingest([base], tmp_path / "inc", IngestConfig(format="mediawiki"), submit=pool.submit,
+                         streams_per_piece=2, piece_cache=tmp_path / "pieces",
+                         changes=PageChanges.of(merged.name, clash))
+    assert summary.pieces == {"built": 1, "reused": 4}
+    assert summary.skipped.get("duplicate_title", 0) >= 1
+    assert {p.name: sha256_file(p) for p in sorted((tmp_path / "inc").glob("*.parquet"))} == expected
 
 
 def test_changes_need_a_dump_in_page_id_order():

@@ -52,6 +52,8 @@ def test_nightly_follows_the_mirror(prefect_harness, tmp_path, data_mirror):
         assert second["nightly"]["waiting_days"] == [DAY2]
         assert store.read_manifest(second["version"])["dump"]["days"] == [DAY1]
         assert set(second["shards"]) >= {"ingest_pieces", "token_shards", "segment_shards", "cluster_token_shards"}
+        pieces = second["shards"]["ingest_pieces"]   # the base dump's pieces with the day's revisions: none parsed
+        assert pieces["built"] == 0 and pieces["patched"] > 0 and pieces["patched"] + pieces["reused"] > 1
         for kind, counts in second["reused_texts"].items():   # only the day's edited and new pages are tokenized
             assert 0 < counts["built"] < counts["reused"], (kind, counts)
         assert store.current_version() == second["version"] != first["version"]

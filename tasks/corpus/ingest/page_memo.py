@@ -90,13 +90,16 @@ class PageMemo:
         return table.num_rows
 
 
-def write_part(path: Path, rows: list[tuple]) -> None:
-    """One piece's memo rows ``(key, cleaned text, targets or None, delta)`` as an Arrow IPC file."""
+def write_part(path: Path, rows: list[tuple], before: Path | None = None) -> None:
+    """One piece's memo rows ``(key, cleaned text, targets or None, delta)`` as an Arrow IPC file,
+    after the rows of the part ``before`` when given (a patched piece: the base piece's part)."""
     columns = list(zip(*rows)) if rows else [[], [], [], []]
     keys = np.array(columns[0], dtype=np.uint64).reshape(-1, 2)
     table = pa.table([pa.array(keys[:, 0], pa.uint64()), pa.array(keys[:, 1], pa.uint64()),
                       pa.array(list(columns[1]), pa.large_string()), pa.array(list(columns[2]), pa.list_(pa.string())),
                       pa.array(list(columns[3]), pa.list_(pa.int64()))], schema=_SCHEMA)
+    if before is not None:
+        table = pa.concat_tables([ipc.open_file(pa.memory_map(str(before))).read_all().cast(_SCHEMA), table])
     with ipc.new_file(str(path), _SCHEMA) as writer:
         writer.write_table(table)
 

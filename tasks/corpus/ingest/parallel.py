@@ -27,13 +27,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
-from tasks.corpus.ingest.changes import PageChanges, merge_pages
-from tasks.corpus.ingest.mediawiki import MediaWikiReader
+from tasks.corpus.ingest.changes import PageChanges, merge_pages, page_xml
+from tasks.corpus.ingest.mediawiki import MediaWikiReader, page_from_xml
 from tasks.corpus.ingest.multistream import Layout, Piece, index_first_ids, index_path, open_header_footer, open_piece
 from tasks.corpus.ingest.page_memo import PageMemo, memo_dir, write_part
 from tasks.corpus.ingest.page_pass import PagePass
@@ -57,6 +58,8 @@ class PieceResult:
     shards : title-sorted Parquet shards of the piece's kept pages.
     xml_bytes : decompressed bytes of the piece.
     reused : taken from the piece cache (bytes unchanged since a previous build).
+    patched : the base dump's kept piece with tonight's revisions applied (:func:`patch_piece`):
+        nothing decompressed.
     memo_part : the piece's page-memo rows (:func:`tasks.corpus.ingest.page_memo.write_part`), or None.
     cleaned : kept wikitext pages cleaned here / taken from the page memo (a parsed piece).
     """
@@ -68,6 +71,7 @@ class PieceResult:
     xml_bytes: int
     reused: bool = False
     memo_part: str | None = None
+    patched: bool = False
     cleaned: tuple[int, int] = (0, 0)
 
 
@@ -202,6 +206,7 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
         from the reader, the position within the piece and the last complete page.
     """
     key = piece_key(Path(path), piece, namespaces, cfg) if cache_dir else None
+    base = Path(cache_dir) / key if key is not None else None
     if key is not None and changes is not None and changes.pages:
         key = hashlib.sha256(f"{key}:{changes.digest()}".encode()).hexdigest()
     cached = Path(cache_dir) / key if key is not None else None
@@ -209,6 +214,10 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     state = _PiecePass(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
     if cached is not None and (cached / "piece.json").exists():
         return _load_piece(piece, cached, Path(shard_dir), source, state.shards.group_rows)
+    if base is not None and base != cached and (base / "piece.json").exists():
+        patched = patch_piece(piece, base, changes, namespaces, cfg, shard_dir, memo)
+        if patched is not None:
+            return patched   # not kept: rebuilt from the base piece in a fraction of a parse
     wrapped = []
 
     def opener():
@@ -237,6 +246,91 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     if cached is not None:
         _save_piece(result, cached)
     return result
+
+
+def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: frozenset[str], cfg: IngestConfig,
+                shard_dir: str, memo: str | None = None) -> PieceResult | None:
+    """Pass 1 of one piece of the merged dump from the base dump's kept piece (``base``, a piece-cache
+    directory written by :func:`parse_piece` without changes) and tonight's revisions that fall in
+    it, without decompressing anything: the revisions' records go through a fresh pass-1 state
+    (with the page memo when ``memo`` is given), every other record keeps the base piece's report
+    row, effects and kept page (its ``source`` renamed, its position renumbered), and the records
+    are ordered by page id as :func:`tasks.corpus.ingest.changes.merge_pages` orders them.
+
+    A record's pass-1 decision depends on the records before it only through duplicate titles, so
+    the result equals parsing the merged piece whenever no title repeats among the merged piece's
+    checked records and the base piece decided no duplicate; otherwise (and when a base record has
+    no page id or the ids do not increase) this returns ``None`` and the caller parses the piece.
+
+    Returns
+    -------
+    PieceResult or None
+        ``patched=True``; ``cleaned`` counts the revisions' kept pages cleaned here, and those taken
+        from the page memo plus the base piece's kept pages as reused. Its memo part holds the base
+        piece's part and the revisions' rows.
+    """
+    table = pq.read_table(base / "rows.parquet")
+    ids = table.column("page_id")
+    if ids.null_count or pc.any(pc.equal(table.column("reason"), DUPLICATE_TITLE)).as_py():
+        return None
+    base_ids = ids.to_numpy()
+    if base_ids.size > 1 and not bool(np.all(np.diff(base_ids) > 0)):
+        return None
+    source = changes.source
+    rev_ids = np.fromiter((r.page_id for r in changes.pages), np.int64, count=len(changes.pages))
+    merged_ids = np.union1d(base_ids, rev_ids)
+    keep = ~np.isin(base_ids, rev_ids)
+    state = _PiecePass(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
+    Path(shard_dir).mkdir(parents=True, exist_ok=True)
+    if memo is not None:
+        state.page_memo, state.memo_rows = PageMemo.open(memo), []
+    for rev, position in zip(changes.pages, np.searchsorted(merged_ids, rev_ids).tolist()):
+        state.process(page_from_xml(page_xml(rev), source, position), namespaces)
+    state.shards.flush()
+
+    kept = table.filter(pa.array(keep))
+    checked = [t for t, c in zip(kept.column("title").to_pylist(), kept.column("checked").to_pylist()) if c]
+    checked += [row[4] for row, effect in zip(state.out_rows, state.effects) if effect[0]]
+    if len(set(checked)) != len(checked):
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        return None
+    positions = np.searchsorted(merged_ids, base_ids[keep])
+    report = kept.select(list(_ROW_NAMES))
+    report = report.set_column(0, "source", pa.array([source] * report.num_rows, pa.string()))
+    report = report.set_column(1, "position", pa.array(positions, pa.int64()))
+    effects = [(c, m, r, tuple(d) if d is not None else None, u)
+               for c, m, r, d, u in zip(*(kept.column(n).to_pylist() for n in _EFFECT_NAMES))]
+    untitled = [i for i, e in enumerate(effects) if e[4]]
+    if untitled:
+        records = report.column("record").to_pylist()
+        for i in untitled:
+            records[i] = f"page #{positions[i]}"
+        report = report.set_column(2, "record", pa.array(records, pa.string()))
+    report = pa.concat_tables([report, _report_table(state.out_rows)])
+    effects += state.effects
+    order = np.argsort(report.column("position").to_numpy(), kind="stable")
+    report = report.take(pa.array(order))
+    effects = [effects[i] for i in order.tolist()]
+
+    meta = json.loads((base / "piece.json").read_text())
+    shards = [str(p) for p in state.shards.paths]
+    drop = pa.array(rev_ids, pa.int64())
+    for k in range(meta["shards"]):
+        pages = pq.read_table(base / f"shard-{k:05d}.parquet")
+        pages = pages.filter(pc.invert(pc.is_in(pages.column("page_id"), value_set=drop)))
+        if pages.num_rows:
+            pages = pages.set_column(pages.schema.get_field_index("source"), pages.schema.field("source"),
+                                     pa.array([source] * pages.num_rows, pa.string()))
+            shards.append(str(Path(shard_dir) / f"base-{k:05d}.parquet"))
+            write_shard(pages, Path(shards[-1]), state.shards.group_rows)
+    part, base_pages = None, int(np.count_nonzero(pc.equal(kept.column("status"), KEPT).to_numpy(zero_copy_only=False)))
+    if state.memo_rows is not None:
+        part = str(Path(shard_dir) / MEMO_PART)
+        write_part(Path(part), state.memo_rows, base / MEMO_PART if (base / MEMO_PART).is_file() else None)
+    cleaned = (0, 0) if state.memo_rows is None else (len(state.memo_rows) - state.memo_hits,
+                                                      state.memo_hits + base_pages)
+    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], memo_part=part, cleaned=cleaned,
+                       patched=True)
 
 
 def read_siteinfo(layout: Layout) -> tuple[frozenset[str], int]:
@@ -399,7 +493,7 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
                 return total
             result = pending.popleft().result()
             replay_piece(state, result, position)
-            state.pieces["reused" if result.reused else "built"] += 1
+            state.pieces["reused" if result.reused else "patched" if result.patched else "built"] += 1
             if result.memo_part is not None:
                 parts.append(result.memo_part)
             if memo is not None and not result.reused:
