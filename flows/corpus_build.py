@@ -298,7 +298,8 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
 def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     """Texts this build took from the per-text memos instead of computing them again
     (:mod:`tasks.corpus.memo`, :mod:`tasks.corpus.ingest.page_memo`): ``{"ingest_cleaned_pages"
-    (only when pass 1 ran with a piece cache) | "window_token_documents" | "cluster_index_members" |
+    (only when pass 1 ran with a piece cache) | "window_token_documents" | "segment_clusters" (the sharded
+    segment stage) | "cluster_index_members" |
     "passage_index_passages": {"built", "reused"}}`` (a stage-cache hit reuses every text; a stage
     summary from before the memos counts every text as built)."""
     found = {}
@@ -306,9 +307,12 @@ def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     if cleaned and not stages["ingest"].cache_hit:   # pass 1: pages cleaned / taken from the page memo
         found["ingest_cleaned_pages"] = {"built": int(cleaned.get("built", 0)), "reused": int(cleaned.get("reused", 0))}
     for name, stage, total, reused in (("window_token_documents", "tokens", "documents", "documents_reused"),
+                                       ("segment_clusters", "segment", "clusters", "clusters_reused"),
                                        ("cluster_index_members", "index", "cluster_members", "cluster_members_reused"),
                                        ("passage_index_passages", "index", "passage_index_docs", "passages_reused")):
         summary = stages[stage].summary
+        if total not in summary and name == "segment_clusters":   # the one-process segment stage: no memo
+            continue
         n = int(summary.get(total, 0))
         hit = n if stages[stage].cache_hit else int(summary.get(reused, 0))
         found[name] = {"built": n - hit, "reused": hit}

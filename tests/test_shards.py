@@ -2,16 +2,19 @@
 (real enwiki sample, real T5 tokenizer)."""
 from __future__ import annotations
 
+import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from data_contracts.base import sha256_file
 from funnelrag.datasets import resolve
+from tasks.corpus import segment_memo as SM
 from tasks.corpus import stages as S
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
@@ -220,6 +223,40 @@ def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp
         digest = sha256_file(tmp_path / "one" / name)
         assert sha256_file(tmp_path / "many" / name) == digest == sha256_file(tmp_path / "again" / name)
         assert sha256_file(tmp_path / "scratch" / name) == digest
+
+
+def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, tmp_path):
+    """Edits spread over every shard, clusters recomputed by Algorithm 1 on the edited corpus: only
+    clusters with an edited member are segmented again, the others come from the memo under
+    tonight's ids, and the bytes are those of a build without a memo and of the one-process stage."""
+    cfg, cache = SegmentConfig(tokenizer="whitespace"), tmp_path / "cache"
+    n_docs = pq.read_metadata(ingested / "documents.parquet").num_rows
+    edits = {d: f"edited article {d} " + "word " * (37 * d % 250) for d in range(3, n_docs, 20)}
+    edited = _edited(ingested, tmp_path / "edited", edits)
+    for other in ingested.glob("*.parquet"):
+        if other.name != "documents.parquet":
+            shutil.copyfile(other, edited / other.name)
+    built = {}
+    for name, src in (("base", ingested), ("edited", edited)):
+        S.run_tokens(src, tmp_path / name / "tokens", cfg, data_mirror)
+        S.run_cluster(src, tmp_path / name / "tokens", tmp_path / name / "cluster", ClusteringConfig(max_tokens=8192, tokenizer="whitespace"))
+        built[name] = (src, tmp_path / name / "tokens", tmp_path / name / "cluster")
+    base = run_segment_sharded(*built["base"], tmp_path / "s-base", cfg, data_mirror, run_here, 40_000, cache_dir=cache)
+    memo_only = tmp_path / "memo-only"   # the memo without the shard cache: every cluster reused comes from it
+    shutil.copytree(SM.memo_dir(cache, cfg), SM.memo_dir(memo_only, cfg))
+    tonight = run_segment_sharded(*built["edited"], tmp_path / "s-tonight", cfg, data_mirror, run_here, 40_000,
+                                  cache_dir=memo_only)
+    fresh = run_segment_sharded(*built["edited"], tmp_path / "s-fresh", cfg, data_mirror, run_here, 40_000)
+    S.run_segment(*built["edited"], tmp_path / "s-one", cfg, data_mirror)
+    assert base["clusters_reused"] == 0 and fresh["clusters_reused"] == 0
+    members = pq.read_table(tmp_path / "edited" / "cluster" / "cluster_members.parquet")
+    touched = len(set(members.filter(pc.is_in(members.column("doc_id"), pa.array(sorted(edits)))).column("cluster_id")
+                      .to_pylist()))
+    assert tonight["shards_built"] == tonight["shards"] > 1
+    assert tonight["clusters"] / 2 < tonight["clusters_reused"] <= tonight["clusters"] - touched
+    for name in ("document_units.parquet", "passages.parquet"):
+        digest = sha256_file(tmp_path / "s-one" / name)
+        assert sha256_file(tmp_path / "s-tonight" / name) == sha256_file(tmp_path / "s-fresh" / name) == digest
 
 
 @pytest.mark.parametrize("statistics", [True, False])

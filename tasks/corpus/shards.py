@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from data_contracts import corpus as C
 from data_contracts.base import atomic_write
 from funnelrag.progress import Progress, progress
+from tasks.corpus import segment_memo as SM
 from tasks.corpus.memo import DocumentMemo, settings_dir, text_keys
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import load_token_counter
@@ -486,18 +487,24 @@ def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: Segme
 
 
 def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
-                  mirror: str | None, cache_dir: str, docs_dir: str | None = None) -> tuple[str, int, bool]:
+                  mirror: str | None, cache_dir: str, docs_dir: str | None = None,
+                  memo: str | None = None) -> tuple[str, int, bool, int]:
     """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
     cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them, written to
     ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.parquet``.
 
-    Returns ``(that directory, articles without words, reused)``; ``reused`` when the directory
-    was already complete (the shard's members, texts and token counts are unchanged). The rows go
-    back through the files rather than through ``submit``, so the coordinator reads one shard's
-    rows at a time however many shards are in flight. Reads only the shard's members (Parquet
-    filters), their documents (from ``docs_dir``, the shard's partition by
-    :func:`partition_documents`, else by id from ``documents.parquet``) and their window token
-    counts (:func:`read_rows_by_id`: memory bounded by a row group, not by the files).
+    Returns ``(that directory, articles without words, reused, clusters taken from the memo)``;
+    ``reused`` when the directory was already complete (the shard's members, texts and token
+    counts are unchanged). The rows go back through the files rather than through ``submit``, so
+    the coordinator reads one shard's rows at a time however many shards are in flight. Reads only
+    the shard's members (Parquet filters), their documents (from ``docs_dir``, the shard's
+    partition by :func:`partition_documents`, else by id from ``documents.parquet``) and their
+    window token counts (:func:`read_rows_by_id`: memory bounded by a row group, not by the files).
+
+    With ``memo`` (the segmentation memo's directory, :func:`tasks.corpus.segment_memo.memo_dir`),
+    a cluster whose members' texts and token counts the last build segmented takes its rows from
+    the memo, relabelled with tonight's cluster and document ids (same bytes), and the directory
+    also keeps the shard's part of the next memo (:func:`tasks.corpus.segment_memo.write_part`).
     """
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename,
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by(
@@ -511,7 +518,8 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
         raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
     cached = Path(cache_dir) / _segment_key(members, docs, tokens, cfg)
     if (cached / "COMPLETE").exists():
-        return str(cached), int((cached / "COMPLETE").read_text()), True
+        n_clusters = len(set(members.column("cluster_id").to_pylist()))
+        return str(cached), int((cached / "COMPLETE").read_text()), True, n_clusters
     titles, texts = docs.column("title").to_pylist(), docs.column("text").to_pylist()
     col = tokens.column("n_tokens").combine_chunks()
     offsets, values = col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(np.int32)
@@ -523,21 +531,35 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     rows = np.searchsorted(doc_ids, dids)
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], cids.size]
+    bounds = list(zip(starts.tolist(), ends.tolist()))
+    keys = SM.cluster_keys(bounds, rows.tolist(), texts, offsets, values) if memo is not None else None
+    kept = SM.SegmentMemo.open(memo) if memo is not None else None
+    found = kept.lookup(keys) if kept is not None else np.full(len(bounds), -1, np.int64)
     segs = []
-    for s, e in progress(list(zip(starts.tolist(), ends.tolist())), f"segment clusters {lo:,}-{hi - 1:,}",
+    for s, e in progress([b for b, f in zip(bounds, found.tolist()) if f < 0], f"segment clusters {lo:,}-{hi - 1:,}",
                          unit="clusters"):
         rs = rows[s:e].tolist()
         segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[r]), titles[r], texts[r]) for r in rs], cfg, counter,
                                     [values[offsets[r]:offsets[r + 1]] for r in rs]))
-    units, passages = segments_to_tables(segs)
+    part = None
+    if memo is None:
+        units, passages = segments_to_tables(segs)
+    else:
+        hit = found >= 0
+        computed = SM.unlabel(segs, [dids[s:e] for (s, e), h in zip(bounds, hit.tolist()) if not h])
+        taken = kept.take(found[hit]) if kept is not None else SM.unlabel([], [])
+        part = SM.interleave(computed, taken, hit)
+        units, passages = SM.label(*part, cids[starts], starts, dids, docs.column("title").take(pa.array(rows)))
     n_empty = sum(1 for t in texts if not t.strip())
 
     def write(tmp: Path) -> None:
         pq.write_table(units, tmp / "units.parquet")
         pq.write_table(passages, tmp / "passages.parquet")
+        if part is not None:
+            SM.write_part(tmp, keys, *part)
         (tmp / "COMPLETE").write_text(f"{n_empty}\n")
     put_cached(cached, write)
-    return str(cached), n_empty, False
+    return str(cached), n_empty, False, len(bounds) - len(segs)
 
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
@@ -554,7 +576,10 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     documents a task (:func:`partition_documents`, a scratch directory removed after), so each
     shard reads its own documents only, not every row group. With ``cache_dir`` (shared by the
     workers) a shard whose members, texts and token counts are unchanged reuses its rows; the
-    summary's ``shards_reused`` / ``shards_built`` say how many. Without it the shards' rows pass
+    summary's ``shards_reused`` / ``shards_built`` say how many; and a cluster of any other shard
+    whose members' texts the last build segmented takes its rows from the segmentation memo
+    (:mod:`tasks.corpus.segment_memo`, replaced after the shards with this build's clusters;
+    ``clusters_reused`` of ``clusters``). Without it the shards' rows pass
     through ``out_dir/.segment-shards`` (removed after). Summary: counts, shards, the partition's
     and the whole stage's seconds.
     """
@@ -564,20 +589,26 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         [("cluster_id", "ascending"), ("position", "ascending")])
     cids = members.column("cluster_id").to_numpy()
     check_members(cids, members.column("doc_id").to_numpy(), n_docs)
+    n_clusters = int(np.count_nonzero(np.r_[True, cids[1:] != cids[:-1]])) if cids.size else 0
     ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
     rows_dir = Path(out_dir) / ".segment-shards" if cache_dir is None else Path(cache_dir)
     rows_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".documents-by-shard-", dir=rows_dir))
-    n_units = n_passages = unit_tokens = n_empty = reused = 0
+    n_units = n_passages = unit_tokens = n_empty = reused = clusters_reused = 0
     try:
         docs_dirs = partition_documents(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), scratch, submit,
                                         docs_per_range, window)
         del members
         t_partition = time.perf_counter() - t0
+        memo = SM.memo_dir(rows_dir, cfg) if cache_dir is not None else None
         calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
-                  str(mirror) if mirror else None, str(rows_dir), str(d)) for (lo, hi), d in zip(ranges, docs_dirs)]
+                  str(mirror) if mirror else None, str(rows_dir), str(d), str(memo) if memo else None)
+                 for (lo, hi), d in zip(ranges, docs_dirs)]
+        parts = []
         with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-            for kept, empty, hit in ordered_results(submit, calls, window, "segment shards"):
+            for kept, empty, hit, from_memo in ordered_results(submit, calls, window, "segment shards"):
+                parts.append(Path(kept))
+                clusters_reused += from_memo
                 units = pq.read_table(Path(kept) / "units.parquet")
                 units_out.write(units)
                 n_units += units.num_rows
@@ -588,6 +619,8 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
                 n_passages += passages.num_rows
                 del passages
                 n_empty, reused = n_empty + empty, reused + hit
+        if memo is not None:   # this build's clusters, for the next one (no shard reads the memo now)
+            SM.write_memo(memo, [p for p in parts if SM.has_part(p)])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if cache_dir is None:
@@ -597,4 +630,5 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     return {"document_units": n_units, "passages": n_passages,
             "mean_unit_tokens": unit_tokens / n_units if n_units else 0.0,
             "articles_without_passages": n_empty, "shards": len(ranges), "shards_reused": reused,
-            "shards_built": len(ranges) - reused, "partition_seconds": t_partition, "seconds": time.perf_counter() - t0}
+            "shards_built": len(ranges) - reused, "clusters": n_clusters, "clusters_reused": clusters_reused,
+            "partition_seconds": t_partition, "seconds": time.perf_counter() - t0}

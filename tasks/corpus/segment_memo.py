@@ -1,0 +1,238 @@
+"""Per-cluster segmentation memo: a cluster's document units and passages kept under the content
+of its members, reused by the next build whatever the cluster's id and its documents' ids.
+
+Why: Algorithm 1 reruns every night and the document ids shift with every new title, so neither a
+cluster id nor a shard of clusters repeats after an adds-changes day; but most clusters hold the
+same articles, in the same order, with the same texts. Cutting them into ~100-word passages and
+~1K-token units (:func:`tasks.corpus.segment.segment_cluster`) is then the same work for the same
+result, up to the ids. This memo keeps each cluster's rows *without* ids:
+
+- a cluster's key (:func:`cluster_keys`) is the BLAKE2b-128 of its members' texts and window
+  token counts, in cluster order (the windows, their counts and the packing depend on nothing
+  else; the memo's directory name carries the segmentation settings, :func:`memo_dir`);
+- its passage rows hold the member (index in the cluster), the unit and passage suffixes
+  (``u000.p000``), text, words and tokens; its unit rows the suffix, position, tokens, passages
+  and the member of the first passage;
+- :func:`label` gives them the ids of tonight's cluster: ``c{cluster_id:07d}.`` before the
+  suffixes, the member's document id and title — the rows :func:`tasks.corpus.segment.segments_to_tables`
+  makes for that cluster, byte for byte (tested).
+
+Layout: a :class:`tasks.corpus.memo.DocumentMemo` whose fields ``units`` and ``passages`` map each
+key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped). Each
+segment shard writes its clusters' rows as a part (:func:`write_part`, in the shard's cache entry)
+and the stage replaces the memo with the parts of this build (:func:`write_memo`, atomic), so it
+holds exactly the last build's clusters. Nothing here imports Prefect.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from data_contracts import corpus as C
+from tasks.corpus.memo import DocumentMemo, ranges_take, settings_dir
+from tasks.corpus.segment import ClusterSegments, SegmentConfig
+
+SEGMENT_MEMO_VERSION = "1"
+UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
+KEYS_FILE, COUNTS_FILE = "keys.npy", "counts.npy"
+FIELDS = ("units", "passages")
+UNIT_SCHEMA = pa.schema([pa.field("suffix", pa.string(), nullable=False), pa.field("position", pa.int32(), nullable=False),
+                         pa.field("n_tokens", pa.int32(), nullable=False),
+                         pa.field("n_passages", pa.int32(), nullable=False), pa.field("member", pa.int32(), nullable=False)])
+PASSAGE_SCHEMA = pa.schema([pa.field("suffix", pa.string(), nullable=False),
+                            pa.field("unit_suffix", pa.string(), nullable=False),
+                            pa.field("member", pa.int32(), nullable=False), pa.field("text", pa.large_string(), nullable=False),
+                            pa.field("n_words", pa.int32(), nullable=False), pa.field("n_tokens", pa.int32(), nullable=False)])
+
+_PART_PASSAGE_SCHEMA = pa.schema([f for f in PASSAGE_SCHEMA if f.name != "text"])
+
+
+def memo_dir(root: Path, cfg: SegmentConfig) -> Path:
+    """The segmentation memo under ``root`` (the segment shards' cache) for ``cfg``'s settings."""
+    return settings_dir(root, "segment-memo", [SEGMENT_MEMO_VERSION, cfg.passage_words, cfg.unit_max_tokens,
+                                               cfg.tokenizer])
+
+
+def cluster_keys(bounds: Sequence[tuple[int, int]], rows: Sequence[int], texts: Sequence[str],
+                 offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``(n_clusters, 2)`` uint64 keys (BLAKE2b-128 as (high, low) words) of clusters given as
+    ``bounds`` ``[(start, end)]`` into ``rows`` (member ``i``'s document row), hashing each member's
+    text (UTF-8, length-prefixed) and its window token counts ``counts[offsets[r]:offsets[r + 1]]``
+    (int32, length-prefixed) in cluster order."""
+    raw = bytearray()
+    for start, end in bounds:
+        h = hashlib.blake2b(digest_size=16)
+        for r in rows[start:end]:
+            data = texts[r].encode("utf-8")
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+            window = np.ascontiguousarray(counts[offsets[r]:offsets[r + 1]], "<i4")
+            h.update(window.size.to_bytes(8, "little"))
+            h.update(window.tobytes())
+        raw += h.digest()
+    return np.frombuffer(bytes(raw), dtype=">u8").astype(np.uint64).reshape(len(bounds), 2)
+
+
+def unlabel(segments: Sequence[ClusterSegments], member_doc_ids: Sequence[Sequence[int]]
+            ) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """The rows of :func:`tasks.corpus.segment.segment_cluster` outputs without ids: ``(units
+    (UNIT_SCHEMA), passages (PASSAGE_SCHEMA), counts (n, 2) int64: units and passages per
+    cluster)``; ``member_doc_ids[c]`` are cluster ``c``'s document ids in cluster order."""
+    units = {name: [] for name in UNIT_SCHEMA.names}
+    passages = {name: [] for name in PASSAGE_SCHEMA.names}
+    counts = np.zeros((len(segments), 2), np.int64)
+    for c, (seg, doc_ids) in enumerate(zip(segments, member_doc_ids)):
+        member = {int(d): i for i, d in enumerate(doc_ids)}
+        n_passages = 0
+        for u in seg.units:
+            suffix = u.unit_id[u.unit_id.index(".") + 1:]
+            for key, value in (("suffix", suffix), ("position", u.position), ("n_tokens", u.n_tokens),
+                               ("n_passages", len(u.passages)), ("member", member[u.passages[0].doc_id])):
+                units[key].append(value)
+            for p in u.passages:
+                passages["suffix"].append(p.passage_id[p.passage_id.index(".") + 1:])
+                passages["unit_suffix"].append(suffix)
+                passages["member"].append(member[p.doc_id])
+                passages["text"].append(p.text)
+                passages["n_words"].append(p.n_words)
+                passages["n_tokens"].append(p.n_tokens)
+            n_passages += len(u.passages)
+        counts[c] = (len(seg.units), n_passages)
+    return pa.table(units, schema=UNIT_SCHEMA), pa.table(passages, schema=PASSAGE_SCHEMA), counts
+
+
+def label(units: pa.Table, passages: pa.Table, counts: np.ndarray, cluster_ids: np.ndarray,
+          member_starts: np.ndarray, doc_ids: np.ndarray, titles: pa.Array) -> tuple[pa.Table, pa.Table]:
+    """Tonight's ``document_units`` and ``passages`` rows of clusters whose id-free rows
+    (:func:`unlabel`, clusters one after the other, ``counts`` ``(n, 2)`` units and passages each)
+    are ``units`` / ``passages``: cluster ``c`` is ``cluster_ids[c]`` and its member ``m`` is the
+    document ``doc_ids[member_starts[c] + m]`` titled ``titles[member_starts[c] + m]``.
+
+    Returns tables of :data:`data_contracts.corpus.DOCUMENT_UNITS` / ``PASSAGES``'s schemas
+    (contract-validated)."""
+    n = len(cluster_ids)
+    prefixes = pa.array([f"c{int(c):07d}." for c in np.asarray(cluster_ids).tolist()], pa.string())
+    u_of = np.repeat(np.arange(n), counts[:, 0]) if n else np.zeros(0, np.int64)
+    p_of = np.repeat(np.arange(n), counts[:, 1]) if n else np.zeros(0, np.int64)
+    starts = np.asarray(member_starts, np.int64)
+    cids = np.asarray(cluster_ids, np.int32)
+    u_prefix, p_prefix = prefixes.take(pa.array(u_of)), prefixes.take(pa.array(p_of))
+    u_member = starts[u_of] + units.column("member").to_numpy()
+    p_member = starts[p_of] + passages.column("member").to_numpy()
+    join = lambda a, b: pc.binary_join_element_wise(a, b, "")  # noqa: E731
+    out_units = pa.table({"unit_id": join(u_prefix, units.column("suffix")), "cluster_id": pa.array(cids[u_of], pa.int32()),
+                          "position": units.column("position"), "n_tokens": units.column("n_tokens"),
+                          "n_passages": units.column("n_passages"), "title": titles.take(pa.array(u_member))},
+                         schema=C.DOCUMENT_UNITS.schema)
+    out_passages = pa.table({"passage_id": join(p_prefix, passages.column("suffix")),
+                             "unit_id": join(p_prefix, passages.column("unit_suffix")),
+                             "cluster_id": pa.array(cids[p_of], pa.int32()),
+                             "doc_id": pa.array(np.asarray(doc_ids)[p_member].astype(np.int32), pa.int32()),
+                             "title": titles.take(pa.array(p_member)), "text": passages.column("text").cast(pa.string()),
+                             "n_words": passages.column("n_words"), "n_tokens": passages.column("n_tokens")},
+                            schema=C.PASSAGES.schema)
+    return (C.DOCUMENT_UNITS.validate(out_units.combine_chunks()), C.PASSAGES.validate(out_passages.combine_chunks()))
+
+
+class SegmentMemo:
+    """A segmentation memo opened for lookups (:meth:`open`)."""
+
+    def __init__(self, memo: DocumentMemo, units: pa.Table, passages: pa.Table):
+        self.memo, self.units, self.passages = memo, units, passages
+
+    @classmethod
+    def open(cls, directory: Path | str | None) -> "SegmentMemo | None":
+        """The memo in ``directory`` (arrays and tables memory-mapped), or ``None`` when there is none."""
+        memo = DocumentMemo.open(directory, FIELDS)
+        if memo is None:
+            return None
+        tables = [ipc.open_file(pa.memory_map(str(Path(directory) / name))).read_all()
+                  for name in (UNITS_FILE, PASSAGES_FILE)]
+        return cls(memo, *tables)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Memo row of each cluster key (``-1``: not held), :meth:`tasks.corpus.memo.DocumentMemo.lookup`."""
+        return self.memo.lookup(keys)
+
+    def take(self, rows: np.ndarray) -> tuple[pa.Table, pa.Table, np.ndarray]:
+        """The id-free rows of memo rows ``rows`` (all >= 0), one cluster after the other, and their
+        ``(len(rows), 2)`` unit and passage counts (the arguments of :func:`label`)."""
+        n_units, unit_rows = self.memo.take("units", rows)
+        n_passages, passage_rows = self.memo.take("passages", rows)
+        return (self.units.take(pa.array(unit_rows)), self.passages.take(pa.array(passage_rows)),
+                np.stack([n_units, n_passages], axis=1).astype(np.int64))
+
+
+def interleave(first: tuple[pa.Table, pa.Table, np.ndarray], second: tuple[pa.Table, pa.Table, np.ndarray],
+               from_second: np.ndarray) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """Id-free rows of clusters in one order: cluster ``c`` is the next of ``second`` where
+    ``from_second[c]``, else the next of ``first`` (each ``(units, passages, counts)``)."""
+    from_second = np.asarray(from_second, bool)
+    counts = np.zeros((from_second.size, 2), np.int64)
+    counts[~from_second], counts[from_second] = first[2], second[2]
+    tables = []
+    for field in (0, 1):
+        sizes = counts[:, field]
+        own = np.zeros(from_second.size, np.int64)   # start of each cluster's rows in its own table
+        for mask, part in ((~from_second, first), (from_second, second)):
+            own[mask] = np.concatenate([[0], np.cumsum(part[2][:, field])[:-1]]) if mask.any() else []
+        own[from_second] += first[field].num_rows
+        _, order = ranges_take(own, own + sizes, np.arange(first[field].num_rows + second[field].num_rows))
+        tables.append(pa.concat_tables([first[field], second[field]]).take(pa.array(order)))
+    return tables[0], tables[1], counts
+
+
+def write_part(directory: Path, keys: np.ndarray, units: pa.Table, passages: pa.Table, counts: np.ndarray) -> None:
+    """One shard's clusters for the next memo, in its cache entry ``directory``: their keys, counts
+    and id-free rows, the passages without their text (it is read back from the entry's
+    ``passages.parquet``, whose rows are the same in the same order, by :func:`write_memo`)."""
+    np.save(directory / KEYS_FILE, np.ascontiguousarray(keys, np.uint64))
+    np.save(directory / COUNTS_FILE, np.ascontiguousarray(counts, np.int64))
+    for name, table, schema in ((UNITS_FILE, units, UNIT_SCHEMA), (PASSAGES_FILE, passages.drop_columns(["text"]),
+                                                                    _PART_PASSAGE_SCHEMA)):
+        with ipc.new_file(str(directory / name), schema) as writer:
+            writer.write_table(table.cast(schema), max_chunksize=65536)
+
+
+def has_part(directory: Path) -> bool:
+    """Whether ``directory`` holds a part written by :func:`write_part` beside its passages."""
+    return all((Path(directory) / name).is_file()
+               for name in (KEYS_FILE, COUNTS_FILE, UNITS_FILE, PASSAGES_FILE, C.PASSAGES.filename))
+
+
+def write_memo(directory: Path, parts: Sequence[Path]) -> int:
+    """Replace the memo in ``directory`` with the clusters of ``parts`` (segment shard cache
+    entries holding a :func:`write_part` part), atomically; a repeated key is kept once. Returns
+    the clusters written."""
+    parts = [Path(p) for p in parts]
+    keys = [np.load(p / KEYS_FILE) for p in parts]
+    counts = [np.load(p / COUNTS_FILE) for p in parts]
+    keys_all = np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64)
+    counts_all = np.concatenate(counts) if counts else np.zeros((0, 2), np.int64)
+    fields = {}
+    for k, name in enumerate(FIELDS):
+        offsets = np.concatenate([[0], np.cumsum(counts_all[:, k])]).astype(np.int64)
+        fields[name] = (offsets, np.arange(int(offsets[-1]), dtype=np.int64))
+
+    def units(path: Path) -> None:
+        with ipc.new_file(str(path), UNIT_SCHEMA) as writer:
+            for p in parts:
+                writer.write_table(ipc.open_file(pa.memory_map(str(p / UNITS_FILE))).read_all(), max_chunksize=65536)
+
+    def passages(path: Path) -> None:
+        with ipc.new_file(str(path), PASSAGE_SCHEMA) as writer:
+            for p in parts:
+                rows = ipc.open_file(pa.memory_map(str(p / PASSAGES_FILE))).read_all()
+                text = pq.read_table(p / C.PASSAGES.filename, columns=["text"]).column("text")
+                if len(text) != rows.num_rows:
+                    raise ValueError(f"{p}: {rows.num_rows} memo rows but {len(text)} passages")
+                table = rows.add_column(3, "text", text.cast(pa.large_string()))
+                writer.write_table(table.cast(PASSAGE_SCHEMA), max_chunksize=65536)
+    return DocumentMemo.write(Path(directory), keys_all, fields, extra={UNITS_FILE: units, PASSAGES_FILE: passages})

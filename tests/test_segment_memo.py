@@ -1,0 +1,56 @@
+"""The segmentation memo's id-free rows, relabelled, are the rows segmentation makes for the
+cluster under its new ids (whitespace tokens: no tokenizer file needed)."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.corpus import segment_memo as SM
+from tasks.corpus.segment import SegmentConfig, segment_cluster, segments_to_tables
+from tasks.corpus.tokenize import WhitespaceCounter
+
+CFG = SegmentConfig(tokenizer="whitespace", passage_words=7, unit_max_tokens=20)
+TEXTS = [("Alpha", " ".join(f"a{i}" for i in range(30))), ("Beta", ""), ("Gamma", "g " * 41),
+         ("Delta", " ".join(f"d{i}" for i in range(3)))]
+
+
+def _segments(cluster_id: int, doc_ids: list[int], order: list[int]):
+    members = [(doc_ids[i], *TEXTS[k]) for i, k in enumerate(order)]
+    return segment_cluster(cluster_id, members, CFG, WhitespaceCounter())
+
+
+def test_unlabelled_rows_relabel_to_the_rows_of_new_ids():
+    """Two clusters segmented under old ids, kept id-free, labelled with new cluster ids (more
+    digits than the old) and new document ids, equal segmenting them under the new ids; the keys
+    depend on the texts and counts only."""
+    old = [_segments(3, [10, 11], [0, 1]), _segments(4, [12, 13], [2, 3])]
+    units, passages, counts = SM.unlabel(old, [[10, 11], [12, 13]])
+    assert counts.tolist() == [[len(s.units), len(s.passages)] for s in old]
+    new_ids, new_docs = [12_345_678, 9], [[500, 7], [2, 600]]
+    want = segments_to_tables([_segments(c, d, o) for c, d, o in zip(new_ids, new_docs, [[0, 1], [2, 3]])])
+    titles = pa.array([TEXTS[k][0] for k in (0, 1, 2, 3)])
+    got = SM.label(units, passages, counts, np.array(new_ids), np.array([0, 2]), np.array([500, 7, 2, 600]), titles)
+    assert got[0].equals(want[0]) and got[1].equals(want[1])
+    assert got[1].column("passage_id")[0].as_py() == "c12345678.u000.p000"
+
+
+def test_interleave_puts_each_cluster_back_in_its_place():
+    segs = [_segments(c, [c * 10, c * 10 + 1], o) for c, o in ((1, [0, 3]), (2, [2, 0]), (3, [1, 2]))]
+    whole = SM.unlabel(segs, [[c * 10, c * 10 + 1] for c in (1, 2, 3)])
+    first = SM.unlabel([segs[1]], [[20, 21]])
+    second = SM.unlabel([segs[0], segs[2]], [[10, 11], [30, 31]])
+    units, passages, counts = SM.interleave(first, second, np.array([True, False, True]))
+    assert units.equals(whole[0]) and passages.equals(whole[1]) and np.array_equal(counts, whole[2])
+
+
+def test_cluster_keys_follow_texts_counts_and_order():
+    texts = [t for _, t in TEXTS]
+    offsets = np.array([0, 2, 2, 4, 5])
+    counts = np.array([7, 7, 7, 7, 3], np.int32)
+    keys = SM.cluster_keys([(0, 2), (2, 4), (0, 2)], [0, 1, 2, 3], texts, offsets, counts)
+    assert keys.shape == (3, 2) and keys.dtype == np.uint64
+    assert np.array_equal(keys[0], keys[2]) and not np.array_equal(keys[0], keys[1])
+    swapped = SM.cluster_keys([(0, 2)], [1, 0], texts, offsets, counts)
+    assert not np.array_equal(swapped[0], keys[0])   # member order matters
+    recounted = SM.cluster_keys([(0, 2)], [0, 1], texts, offsets, counts + 1)
+    assert not np.array_equal(recounted[0], keys[0])
