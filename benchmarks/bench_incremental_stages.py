@@ -1,0 +1,136 @@
+"""Two steps of an adds-changes night measured apart, on a synthetic mirror
+(``python benchmarks/synth_dump.py MIRROR --pages N --mirror-days D``).
+
+``ingest``: pass 1 + pass 2 of the base full dump with a piece cache (what night 1 keeps), then of
+the same dump with every adds-changes day of the mirror applied while ingesting, three ways:
+pieces parsed without the page memo, parsed with it (a piece cache holding only the page memo),
+and patched from the kept base pieces (the nightly's path). Prints wall time, CPU seconds (workers and coordinator) and the pieces'
+outcome for each, and checks that the three give the same artifacts.
+
+``segment``: the sharded segment stage on a nightly home's newest ingest, tokens and cluster outputs,
+with a fresh shard cache and a copy of the home's segmentation memo (``--no-memo``: without it).
+Prints wall time, workers' CPU seconds, the clusters taken from the memo, and the top of a cProfile
+of the coordinator.
+
+Run:
+``python benchmarks/bench_incremental_stages.py ingest MIRROR --work DIR [--wiki synwiki] [--workers 2]``
+``python benchmarks/bench_incremental_stages.py segment --home NIGHTLY_HOME --work DIR [--no-memo]``
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import resource
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_contracts.base import sha256_file  # noqa: E402
+from tasks.corpus.adds_changes import merge_days, plan_changes  # noqa: E402
+from tasks.corpus.ingest import IngestConfig, ingest  # noqa: E402
+
+
+def _cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def _measure(step):
+    t0, w0, c0 = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN), _cpu(resource.RUSAGE_SELF)
+    out = step()
+    return out, {"wall_s": round(time.perf_counter() - t0, 1), "workers_cpu_s": round(_cpu(resource.RUSAGE_CHILDREN) - w0, 1),
+                 "coordinator_cpu_s": round(_cpu(resource.RUSAGE_SELF) - c0, 1)}
+
+
+def bench_ingest(mirror: Path, work: Path, wiki: str, workers: int) -> None:
+    full = sorted((mirror / wiki).iterdir())[0]
+    base = full / f"{wiki}-{full.name}-pages-articles-multistream.xml.bz2"
+    days = sorted((d.name, d / f"{wiki}-{d.name}-pages-meta-hist-incr.xml.bz2")
+                  for d in (mirror / "other" / "incr" / wiki).iterdir())
+    revisions, _ = merge_days(days)
+    changes, report = plan_changes(base, revisions, f"{wiki}-{days[-1][0]}-pages-articles-multistream.xml.bz2")
+    if changes is None:
+        raise SystemExit(f"{base}: not in page id order; the days cannot be applied while ingesting")
+    print(f"{base.name} + days {[d for d, _ in days]}: {report.replaced} pages replaced, {report.added} added", flush=True)
+    cfg = IngestConfig(format="mediawiki")
+    shutil.rmtree(work, ignore_errors=True)
+    digests = {}
+
+    def run(name, **kw):
+        def step():
+            with ProcessPoolExecutor(workers) as pool:   # workers' CPU counts once they are reaped
+                return ingest([base], work / name, cfg, submit=pool.submit, **kw)
+        summary, figures = _measure(step)
+        digests[name] = {p.name: sha256_file(p) for p in sorted((work / name).glob("*.parquet"))}
+        print(json.dumps({"run": name, **figures, "pieces": summary.pieces, "cleaned_pages": summary.cleaned_pages,
+                          "pass2_s": round(summary.pass2_seconds, 1)}), flush=True)
+
+    run("parsed", changes=changes)
+    run("base", piece_cache=work / "pieces")
+    (work / "memo-only").mkdir()   # the page memo without the base pieces: every piece is parsed
+    for memo in (work / "pieces").glob("page-memo-*"):
+        shutil.copytree(memo, work / "memo-only" / memo.name)
+    run("parsed-with-page-memo", changes=changes, piece_cache=work / "memo-only")
+    run("patched", changes=changes, piece_cache=work / "pieces")
+    same = digests["parsed"] == digests["parsed-with-page-memo"] == digests["patched"]
+    print(json.dumps({"same_artifacts": same}), flush=True)
+
+
+def bench_segment(home: Path, work: Path, memo: bool) -> None:
+    from tasks.corpus import segment_memo as SM  # noqa: PLC0415 (heavy: after argument parsing)
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.shards import run_segment_sharded  # noqa: PLC0415
+
+    root = home / "cache" / "corpus"
+    newest = lambda stage: max((d for d in (root / stage).iterdir() if (d / "COMPLETE").exists()),  # noqa: E731
+                               key=lambda d: d.stat().st_mtime)
+    cfg = SegmentConfig()
+    shutil.rmtree(work, ignore_errors=True)
+    cache = work / "segment-shards"
+    cache.mkdir(parents=True)
+    if memo:
+        shutil.copytree(SM.memo_dir(root / "segment-shards", cfg), SM.memo_dir(cache, cfg))
+    mirror = os.environ.get("FUNNELRAG_DATA_MIRROR")
+    profile = cProfile.Profile()
+
+    def step():
+        with ProcessPoolExecutor(2) as pool:   # workers' CPU counts once they are reaped
+            profile.enable()
+            try:
+                return run_segment_sharded(newest("ingest"), newest("tokens"), newest("cluster"), work / "out", cfg,
+                                           Path(mirror) if mirror else None, pool.submit, 32_000_000, cache_dir=cache)
+            finally:
+                profile.disable()
+    summary, figures = _measure(step)
+    print(json.dumps({**figures, **{k: summary[k] for k in ("clusters", "clusters_reused", "passages", "partition_seconds")}}))
+    pstats.Stats(profile).sort_stats("cumtime").print_stats(14)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="step", required=True)
+    a = sub.add_parser("ingest")
+    a.add_argument("mirror", type=Path)
+    a.add_argument("--work", type=Path, required=True)
+    a.add_argument("--wiki", default="synwiki")
+    a.add_argument("--workers", type=int, default=2)
+    b = sub.add_parser("segment")
+    b.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
+    b.add_argument("--work", type=Path, required=True)
+    b.add_argument("--no-memo", action="store_true")
+    args = ap.parse_args()
+    if args.step == "ingest":
+        bench_ingest(args.mirror, args.work, args.wiki, args.workers)
+    else:
+        bench_segment(args.home, args.work, not args.no_memo)
+
+
+if __name__ == "__main__":
+    main()
