@@ -488,13 +488,13 @@ def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: Segme
 
 def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
                   mirror: str | None, cache_dir: str, docs_dir: str | None = None,
-                  memo: str | None = None) -> tuple[str, int, bool, int]:
+                  memo: str | None = None) -> tuple[str, int, int, bool]:
     """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
     cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them, written to
     ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.parquet``.
 
-    Returns ``(that directory, articles without words, reused, clusters taken from the memo)``;
-    ``reused`` when the directory was already complete (the shard's members, texts and token
+    Returns ``(that directory, articles without words, clusters taken from the memo or the entry,
+    reused)``; ``reused`` when the directory was already complete (the shard's members, texts and token
     counts are unchanged). The rows go back through the files rather than through ``submit``, so
     the coordinator reads one shard's rows at a time however many shards are in flight. Reads only
     the shard's members (Parquet filters), their documents (from ``docs_dir``, the shard's
@@ -519,7 +519,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     cached = Path(cache_dir) / _segment_key(members, docs, tokens, cfg)
     if (cached / "COMPLETE").exists():
         n_clusters = len(set(members.column("cluster_id").to_pylist()))
-        return str(cached), int((cached / "COMPLETE").read_text()), True, n_clusters
+        return str(cached), int((cached / "COMPLETE").read_text()), n_clusters, True
     titles, texts = docs.column("title").to_pylist(), docs.column("text").to_pylist()
     col = tokens.column("n_tokens").combine_chunks()
     offsets, values = col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(np.int32)
@@ -559,7 +559,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
             SM.write_part(tmp, keys, *part)
         (tmp / "COMPLETE").write_text(f"{n_empty}\n")
     put_cached(cached, write)
-    return str(cached), n_empty, False, len(bounds) - len(segs)
+    return str(cached), n_empty, len(bounds) - len(segs), False
 
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
@@ -606,7 +606,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
                  for (lo, hi), d in zip(ranges, docs_dirs)]
         parts = []
         with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-            for kept, empty, hit, from_memo in ordered_results(submit, calls, window, "segment shards"):
+            for kept, empty, from_memo, hit in ordered_results(submit, calls, window, "segment shards"):
                 parts.append(Path(kept))
                 clusters_reused += from_memo
                 units = pq.read_table(Path(kept) / "units.parquet")
