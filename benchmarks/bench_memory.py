@@ -106,13 +106,22 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
                 (CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp))
                 if kind == "cluster_tokens" else (SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp)))
         if kind == "passage_index":
-            key, n_docs, total, _ = SI.passage_stats_shard(str(stages / "segment"), lo, hi, cfg, str(tmp))
+            key, n_docs, total, *_ = SI.passage_stats_shard(str(stages / "segment"), lo, hi, cfg, str(tmp))
             global_df, global_key = SI.merge_stats_files(tmp, [key], n_docs, total)
             call = (SI.passage_index_shard, str(stages / "segment"), lo, hi, cfg, str(tmp), key, str(global_df),
                     n_docs, total, global_key)
     else:
         raise ValueError(f"unknown task kind {kind!r}")
-    return _measured(lambda: {**units, "reused": bool(call[0](*call[1:])[-1])})
+    return _measured(lambda: {**units, "reused": _REUSED[kind](call[0](*call[1:]))})
+
+
+_REUSED = {   # whether a shard call's result says it reused a kept shard
+    "tokens": lambda r: bool(r[0].size) and r[2] == r[0].size,   # every document's counts from the memo
+    "segment": lambda r: bool(r[-1]),
+    "cluster_tokens": lambda r: bool(r[3]),
+    "passage_stats": lambda r: bool(r[3]),
+    "passage_index": lambda r: bool(r[-1]),
+}
 
 
 def _reuse_task(call: tuple, release: bool) -> dict:

@@ -294,15 +294,15 @@ def tokens_memo_dir(root: Path, cfg: SegmentConfig) -> Path:
 
 
 def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: str | None,
-                memo_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, str, int, np.ndarray]:
+                memo_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Window token counts of documents ``[lo, hi)`` (a worker-process call).
 
     With ``memo_dir`` (:func:`tokens_memo_dir`, written by the previous build), a document whose
     text the memo holds takes its counts from it (:class:`tasks.corpus.memo.DocumentMemo`, keyed
     by the BLAKE2b-128 of the text); only the others are tokenized.
 
-    Returns ``(windows per doc (hi-lo,) int32, tokens per window int32, tokenizer name, documents
-    taken from the memo, text keys (hi-lo, 2) uint64)``."""
+    Returns ``(windows per doc (hi-lo,) int32, tokens per window int32, documents taken from the
+    memo, text keys (hi-lo, 2) uint64)``."""
     texts = read_doc_range(Path(ingest_dir), lo, hi, ["doc_id", "text"]).column("text").to_pylist()
     keys = text_keys(texts)
     memo = DocumentMemo.open(memo_dir, [TOKENS_MEMO_FIELD])
@@ -324,7 +324,7 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
             per_doc[i] = part
     windows[:] = [p.size for p in per_doc]
     tokens = np.concatenate(per_doc).astype(np.int32) if per_doc else np.zeros(0, np.int32)
-    return windows, tokens, cfg.tokenizer, int(hits.size), keys
+    return windows, tokens, int(hits.size), keys
 
 
 def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirror: Path | None,
@@ -351,7 +351,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     calls = [(count_shard, str(ingest_dir), lo, hi, cfg, str(mirror) if mirror else None,
               str(memo_dir) if memo_dir else None) for lo, hi in shards]
     with Progress("token counts", total=n_docs, unit="documents") as bar:
-        for windows, n_tokens, _, hits, shard_keys in ordered_results(submit, calls, window):
+        for windows, n_tokens, hits, shard_keys in ordered_results(submit, calls, window):
             reused_docs += hits
             reused_shards += hits == windows.size
             per_doc.append(windows)
