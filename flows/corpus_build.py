@@ -311,7 +311,7 @@ def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
                                        ("cluster_index_members", "index", "cluster_members", "cluster_members_reused"),
                                        ("passage_index_passages", "index", "passage_index_docs", "passages_reused")):
         summary = stages[stage].summary
-        if total not in summary and name == "segment_clusters":   # the one-process segment stage: no memo
+        if total not in summary:   # a stage without that memo (the one-process segment stage)
             continue
         n = int(summary.get(total, 0))
         hit = n if stages[stage].cache_hit else int(summary.get(reused, 0))

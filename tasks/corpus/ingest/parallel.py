@@ -154,14 +154,25 @@ def _save_piece(result: PieceResult, directory: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _kept_rows(table: pa.Table, source: str) -> tuple[pa.Table, list[tuple]]:
+    """A kept piece's ``rows.parquet`` (or rows of it) as report rows named ``source`` and effects."""
+    report = table.select(list(_ROW_NAMES)).set_column(0, "source", pa.array([source] * table.num_rows, pa.string()))
+    effects = [(c, m, r, tuple(d) if d is not None else None, u)
+               for c, m, r, d, u in zip(*(table.column(n).to_pylist() for n in _EFFECT_NAMES))]
+    return report, effects
+
+
+def _renamed(pages: pa.Table, source: str) -> pa.Table:
+    """Kept pages (a shard's rows) with ``source`` set to tonight's file name."""
+    at = pages.schema.get_field_index("source")
+    return pages.set_column(at, pages.schema.field("source"), pa.array([source] * pages.num_rows, pa.string()))
+
+
 def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, group_rows: int) -> PieceResult:
     """A kept piece, its ``source`` set to the current file name; shards are copies (the
     coordinator may rewrite or delete them)."""
     meta = json.loads((directory / "piece.json").read_text())
-    table = pq.read_table(directory / "rows.parquet")
-    report = table.select(list(_ROW_NAMES)).set_column(0, "source", pa.array([source] * table.num_rows, pa.string()))
-    effects = [(c, m, r, tuple(d) if d is not None else None, u)
-               for c, m, r, d, u in zip(*(table.column(n).to_pylist() for n in _EFFECT_NAMES))]
+    report, effects = _kept_rows(pq.read_table(directory / "rows.parquet"), source)
     shard_dir.mkdir(parents=True, exist_ok=True)
     shards = []
     for k in range(meta["shards"]):
@@ -170,9 +181,7 @@ def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, gro
         if set(kept.column("source").unique().to_pylist()) == {source}:
             shutil.copyfile(directory / f"shard-{k:05d}.parquet", shards[-1])
         else:
-            kept = kept.set_column(kept.schema.get_field_index("source"), kept.schema.field("source"),
-                                   pa.array([source] * kept.num_rows, pa.string()))
-            write_shard(kept, Path(shards[-1]), group_rows)
+            write_shard(_renamed(kept, source), Path(shards[-1]), group_rows)
     part = None
     if (directory / MEMO_PART).is_file():
         part = str(shard_dir / MEMO_PART)
@@ -294,18 +303,8 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
     if len(set(checked)) != len(checked):
         shutil.rmtree(shard_dir, ignore_errors=True)
         return None
-    positions = np.searchsorted(merged_ids, base_ids[keep])
-    report = kept.select(list(_ROW_NAMES))
-    report = report.set_column(0, "source", pa.array([source] * report.num_rows, pa.string()))
-    report = report.set_column(1, "position", pa.array(positions, pa.int64()))
-    effects = [(c, m, r, tuple(d) if d is not None else None, u)
-               for c, m, r, d, u in zip(*(kept.column(n).to_pylist() for n in _EFFECT_NAMES))]
-    untitled = [i for i, e in enumerate(effects) if e[4]]
-    if untitled:
-        records = report.column("record").to_pylist()
-        for i in untitled:
-            records[i] = f"page #{positions[i]}"
-        report = report.set_column(2, "record", pa.array(records, pa.string()))
+    report, effects = _kept_rows(kept, source)   # an untitled record's name is set by replay_piece
+    report = report.set_column(1, "position", pa.array(np.searchsorted(merged_ids, base_ids[keep]), pa.int64()))
     report = pa.concat_tables([report, _report_table(state.out_rows)])
     effects += state.effects
     order = np.argsort(report.column("position").to_numpy(), kind="stable")
@@ -319,10 +318,8 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
         pages = pq.read_table(base / f"shard-{k:05d}.parquet")
         pages = pages.filter(pc.invert(pc.is_in(pages.column("page_id"), value_set=drop)))
         if pages.num_rows:
-            pages = pages.set_column(pages.schema.get_field_index("source"), pages.schema.field("source"),
-                                     pa.array([source] * pages.num_rows, pa.string()))
             shards.append(str(Path(shard_dir) / f"base-{k:05d}.parquet"))
-            write_shard(pages, Path(shards[-1]), state.shards.group_rows)
+            write_shard(_renamed(pages, source), Path(shards[-1]), state.shards.group_rows)
     part, base_pages = None, int(np.count_nonzero(pc.equal(kept.column("status"), KEPT).to_numpy(zero_copy_only=False)))
     if state.memo_rows is not None:
         part = str(Path(shard_dir) / MEMO_PART)
