@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.events import emit_event
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data_contracts.corpus import CLUSTERS
 from flows.runners import RunnerConfig, build_task_runner, submitter
@@ -27,7 +27,7 @@ from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_js
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
-from funnelrag.store import StageCache, StageResult, code_version, dir_digest, write_json
+from funnelrag.store import StageCache, StageResult, code_version, dir_digest, prune_cache, write_json
 from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as S
@@ -69,6 +69,21 @@ class CorpusSource(DataSource):
                                     "enwiki-…-pages-articles-multistream.xml.bz2, or a file of ingest.format)")
 
 
+class RetentionConfig(BaseModel):
+    """What a build removes from its home once it has published (no artifact byte depends on it).
+
+    cache_max_age_days : remove the corpus stage and shard cache entries and memos that no build
+        used for this many days (:func:`funnelrag.store.prune_cache`; a nightly uses its base
+        dump's pieces and the memos every night, so they stay); None = keep every entry.
+    keep_versions : keep the newest this many published versions of the corpus, and ``current``
+        whichever it is (:meth:`funnelrag.store.ArtifactStore.prune`); None = keep every version.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cache_max_age_days: float | None = Field(default=None, gt=0)
+    keep_versions: int | None = Field(default=None, ge=1)
+
+
 # Wikispeedia articles are whole articles (median 4,012 T5 tokens; 2,247 of 4,598 exceed 4,096),
 # so the paper's S = 4K leaves 77% of them alone in a cluster. S = 16K keeps the paper's ratio
 # of a few articles per cluster (92.5% of articles share one). Dumps use ClusteringConfig's 4,096.
@@ -87,6 +102,7 @@ class CorpusBuildConfig(FlowConfig):
     index: IndexLayout = IndexLayout()   # passage_shard_tokens: 0 = one passage index; n > 0 = shards of <= n tokens
     gate: GateConfig = GateConfig()
     runner: RunnerConfig = Field(default_factory=RunnerConfig)   # where per-shard tasks run; no output byte depends on it
+    retention: RetentionConfig = RetentionConfig()   # what a build removes from the home afterwards; no output byte depends on it
     embed_preranker: str | None = None   # a bi-encoder pre-ranker ref: embed the published passages (flows/embed.py)
 
     @model_validator(mode="after")
@@ -199,7 +215,7 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
     counts = {k: v for k, v in stages["cluster"].summary.items() if not k.endswith("seconds")}
     manifest_extra = {
         "corpus": cfg.name, "content_digest": digest, "code_version": code_version(),
-        **S.C.BUILD_CONFIG.stamp(to_jsonable(cfg.model_dump(exclude={"workspace", "runner"}))),
+        **S.C.BUILD_CONFIG.stamp(to_jsonable(cfg.model_dump(exclude={"workspace", "runner", "retention"}))),
         "schema_versions": {c.name: c.version for c in S.C.CORPUS_CONTRACTS},
         "counts": {"documents": stages["ingest"].summary["documents"], "links": stages["ingest"].summary["links"],
                    "redirects": stages["ingest"].summary["redirects"], **counts,
@@ -364,12 +380,28 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,
                         f"corpus build of {config.name!r} in {ws.home}"):
         summary = _build_and_publish(config, ws, logger)
+        if config.retention.keep_versions is not None or config.retention.cache_max_age_days is not None:
+            summary["retention"] = apply_retention(config.retention, ws, config.name)
     if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
         from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415  (heavy: torch via the embedding flow, only when the build embeds the corpus)
 
         summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=summary["version"],
                                                        preranker=config.embed_preranker, workspace=config.workspace))
     return summary
+
+
+def apply_retention(cfg: RetentionConfig, ws: Workspace, corpus: str) -> dict[str, Any]:
+    """``cfg``'s retention after a build of ``corpus`` published (under its build lock): old
+    versions first (they hold hard links to stage outputs), then the corpus cache
+    (``<home>/cache/corpus``, shared by every corpus of the home: an entry another corpus used
+    within the age is kept). Returns ``{"versions_removed": [ids], "cache": {"entries",
+    "bytes_freed"}}`` for what was configured."""
+    done: dict[str, Any] = {}
+    if cfg.keep_versions is not None:
+        done["versions_removed"] = corpus_store(ws, corpus).prune(cfg.keep_versions)
+    if cfg.cache_max_age_days is not None:
+        done["cache"] = prune_cache(ws.cache_dir / "corpus", cfg.cache_max_age_days * 86400).as_dict()
+    return done
 
 
 # One build per corpus and home at a time: this file in the corpus store holds the flock.

@@ -76,6 +76,12 @@ def nightly_markdown(name: str, plan: N.NightPlan, summary: dict[str, Any] | Non
         lines += [f"| {k} | {v['built']:,} | {v['reused']:,} |" for k, v in summary.get("shards", {}).items()]
         lines += ["", "| texts (per-document memo) | tokenized | reused |", "|---|---:|---:|"]
         lines += [f"| {k} | {v['built']:,} | {v['reused']:,} |" for k, v in summary.get("reused_texts", {}).items()]
+        if summary.get("retention"):
+            kept = summary["retention"]
+            cache = kept.get("cache", {})
+            lines += ["", f"- retention: {len(kept.get('versions_removed', []))} old versions removed, "
+                          f"{cache.get('entries', 0):,} cache entries unused for the configured age removed "
+                          f"({cache.get('bytes_freed', 0) / 1e9:.2f} GB freed)"]
     return "\n".join(lines) + "\n"
 
 

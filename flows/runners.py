@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Literal
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Literal
 
 from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
-from prefect.context import FlowRunContext
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.context import FlowRunContext, SettingsContext, get_settings_context
+from prefect.settings import PREFECT_API_URL
 from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,6 +79,23 @@ def parent_api_url() -> str | None:
     return url if url.startswith(("http://127.0.0.1:", "http://localhost:")) else None
 
 
+# url -> (the settings it was made from, those settings with PREFECT_API_URL = url)
+_API_SETTINGS: dict[str, tuple[Any, Any]] = {}
+
+
+@contextmanager
+def _settings_with_api_url(url: str) -> Iterator[None]:
+    """Prefect's ``temporary_settings(updates={PREFECT_API_URL: url})``, with the updated settings
+    made once per URL and current settings object: building them validates every Prefect setting
+    (~40 ms of CPU), once per shard call before this, a second or more of a nightly's CPU."""
+    ctx = get_settings_context()
+    made = _API_SETTINGS.get(url)
+    if made is None or made[0] is not ctx.settings:
+        made = _API_SETTINGS[url] = (ctx.settings, ctx.settings.copy_with_update(updates={PREFECT_API_URL: url}))
+    with SettingsContext(profile=ctx.profile, settings=made[1]):
+        yield
+
+
 def _submit_under_parent_api(submit: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call a runner's ``submit`` with the parent's API URL in the settings Prefect serializes
     for the worker (its ``SettingsContext`` and environment), so the worker starts no server."""
@@ -85,7 +103,7 @@ def _submit_under_parent_api(submit: Callable[..., Any], *args: Any, **kwargs: A
     if url is None:
         return submit(*args, **kwargs)
 
-    with temporary_settings(updates={PREFECT_API_URL: url}):
+    with _settings_with_api_url(url):
         return submit(*args, **kwargs)
 
 

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -106,6 +106,7 @@ class StageCache:
         marker = final / COMPLETE
         if marker.exists():
             meta = json.loads(marker.read_text())
+            mark_used(final)
             log.info("stage %s: cache hit %s", stage, key[:12])
             return StageResult(final, meta["files"], meta["summary"], True)
 
@@ -124,6 +125,103 @@ class StageCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return StageResult(final, files, summary, False)
+
+
+# ---------------------------------------------------------------------------- cache retention
+# Files whose modification time records an entry's last use, by kind of entry: stage and shard
+# entries (COMPLETE), ingest pieces (piece.json), passage index shards (params.index.json).
+ENTRY_MARKERS = (COMPLETE, "piece.json", "params.index.json")
+
+
+def _marker(entry: Path) -> Path:
+    return next((entry / n for n in ENTRY_MARKERS if (entry / n).is_file()), entry)
+
+
+def mark_used(entry: Path | str) -> None:
+    """Record that a build used the cache entry directory ``entry`` now (its marker's
+    modification time, :data:`ENTRY_MARKERS`), which :func:`prune_cache` reads. Every cache hit
+    calls it; an entry removed meanwhile is left alone (the caller then finds it missing)."""
+    try:
+        os.utime(_marker(Path(entry)))
+    except FileNotFoundError:
+        pass
+
+
+def cache_entries(root: Path | str) -> list[Path]:
+    """The entries of a cache tree: a directory directly under ``root`` that holds a marker
+    (a memo, e.g. ``bm25-memo-passages-<settings>/``) is one entry; any other directory there
+    (``<stage>/``, ``segment-shards/``, ...) holds one entry per sub-directory. Names that start
+    with a dot (work in progress, ``.tmp-…``) are never entries."""
+    root = Path(root)
+    found: list[Path] = []
+    if not root.is_dir():
+        return found
+    for group in sorted(root.iterdir()):
+        if not group.is_dir() or group.name.startswith("."):
+            continue
+        if _marker(group) != group:
+            found.append(group)
+            continue
+        found += [e for e in sorted(group.iterdir()) if e.is_dir() and not e.name.startswith(".")]
+    return found
+
+
+@dataclass
+class PruneReport:
+    """What :func:`prune_cache` removed: entries, bytes freed (files no published version still
+    links), their paths relative to the cache root."""
+
+    entries: int = 0
+    bytes_freed: int = 0
+    removed: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "bytes_freed": self.bytes_freed}
+
+
+def _remove_dir(path: Path) -> None:
+    """Rename ``path`` to a ``.tmp-…-<pid>`` sibling (atomic; a killed removal is swept like a
+    killed build's temp directory, :func:`funnelrag.reaper.sweep_stale_temp_dirs`), then delete it."""
+    trash = path.parent / f".tmp-removed.{path.name}-{os.getpid()}"
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def prune_cache(root: Path | str, max_age_s: float, now: float | None = None) -> PruneReport:
+    """Retention of a cache tree: remove every entry (:func:`cache_entries`) that no build used
+    for ``max_age_s`` seconds (:func:`mark_used`; an entry is used when it is made or hit).
+
+    Removing an entry never breaks a build: each entry is self-contained and a missing one is
+    rebuilt when a build needs it again (a memo that is gone makes the next build tokenize or
+    segment every text once). Published versions hold hard links to the stage outputs they were
+    assembled from, so an entry's bytes are freed only once no version links them
+    (``bytes_freed`` counts those). Temp directories of killed runs are swept too.
+
+    Raises ``ValueError`` for ``max_age_s`` <= 0.
+    """
+    if max_age_s <= 0:
+        raise ValueError(f"prune_cache: max age {max_age_s} s must be positive")
+    root = Path(root)
+    cutoff = (time.time() if now is None else now) - max_age_s
+    report = PruneReport()
+    for entry in cache_entries(root):
+        try:
+            if _marker(entry).stat().st_mtime >= cutoff:
+                continue
+            freed = sum(st.st_size for st in (f.stat() for f in entry.rglob("*") if f.is_file()) if st.st_nlink == 1)
+            _remove_dir(entry)
+        except FileNotFoundError:   # removed meanwhile
+            continue
+        report.entries += 1
+        report.bytes_freed += freed
+        report.removed.append(entry.relative_to(root).as_posix())
+    for group in (root.iterdir() if root.is_dir() else []):
+        if group.is_dir() and not group.name.startswith("."):
+            sweep_stale_temp_dirs(group)
+    if report.entries:
+        log.info("retention: removed %d cache entries unused for %.1f days from %s (%.1f MB freed)",
+                 report.entries, max_age_s / 86400, root, report.bytes_freed / 1e6)
+    return report
 
 
 # ---------------------------------------------------------------------------- versioned store
@@ -232,6 +330,23 @@ class ArtifactStore:
         if make_current:
             self.set_current(version_id)
         return final
+
+    def prune(self, keep: int) -> list[str]:
+        """Retention: remove every published version but the newest ``keep`` (names sort
+        chronologically) and ``current``, whichever it is. A version is renamed out of
+        ``versions/`` first (atomic), so a reader sees it whole or not at all. Returns the removed
+        version ids, oldest first.
+
+        Raises ``ValueError`` for ``keep`` < 1."""
+        if keep < 1:
+            raise ValueError(f"keep the newest {keep} versions: keep at least 1")
+        current = self.current_version()
+        versions = self.versions()
+        dropped = [v for v in versions[:max(len(versions) - keep, 0)] if v != current]
+        for version in dropped:
+            _remove_dir(self.versions_dir / version)
+            log.info("retention: removed version %s of %s", version, self.root)
+        return dropped
 
     def set_current(self, version_id: str) -> None:
         """Atomically point ``current`` at a published version.

@@ -17,7 +17,9 @@ import pytest
 from benchmarks.synth_dump import SAMPLE, write_mirror
 from data_contracts.base import sha256_file
 from tasks.corpus import dump_source as D
-from tasks.corpus.adds_changes import AddsChangesError, apply_changes, merge_days, read_day, read_index
+from tasks.corpus import adds_changes as A
+from tasks.corpus.adds_changes import (AddsChangesError, apply_changes, day_memo_path, merge_days, read_day,
+                                        read_day_memo, read_index)
 from tasks.corpus.ingest import IngestConfig, IngestError, ingest
 from tasks.corpus.ingest.changes import PageChanges, merge_pages
 from tasks.corpus.ingest.multistream import index_path
@@ -267,6 +269,47 @@ def test_adds_changes_file_skips_are_counted(tmp_path):
     path.write_bytes(bz2.compress(xml.encode())[:-40])
     with pytest.raises(AddsChangesError, match=path.name):
         read_day(path, "20260102")
+
+
+def test_a_day_is_parsed_once_then_read_from_its_memo(synth, tmp_path, monkeypatch):
+    """The first night that applies a day parses it and keeps its revisions; a later night reads the
+    memo (same revisions in the same order, same counts) without parsing; a day republished with
+    other bytes, or a damaged memo, is parsed again."""
+    mirror = synth["root"]
+    days = [(d, mirror / "other" / "incr" / WIKI / d / f"{WIKI}-{d}-pages-meta-hist-incr.xml.bz2") for d in DAYS]
+    memo = tmp_path / "memo"
+    plain, plain_counts = merge_days(days)
+    first, first_counts = merge_days(days, memo_dir=memo)
+    assert not any(c.from_memo for c in first_counts)
+    assert all(day_memo_path(memo, d, p).is_file() for d, p in days)
+
+    def no_parsing(path, date):
+        raise AssertionError(f"{path} parsed again")
+
+    monkeypatch.setattr(A, "read_day", no_parsing)
+    again, again_counts = merge_days(days, memo_dir=memo)
+    monkeypatch.undo()
+    assert all(c.from_memo for c in again_counts)
+    assert list(again.items()) == list(first.items()) == list(plain.items())
+    for a, b in zip(again_counts, plain_counts):
+        assert {**a.as_dict(), "from_memo": False} == b.as_dict() and a.skipped == b.skipped
+
+    day = tmp_path / "day" / f"{WIKI}-20260102-pages-meta-hist-incr.xml.bz2"   # republished: other bytes
+    day.parent.mkdir()
+    xml = ('<mediawiki><page><title>Alpha</title><ns>0</ns><id>5</id><revision><id>{rev}</id><timestamp>t</timestamp>'
+           '<text>{text}</text></revision></page></mediawiki>')
+    day.write_bytes(bz2.compress(xml.format(rev=1, text="first").encode()))
+    pages, counts = read_day_memo(day, "20260102", memo)
+    assert pages[5].text == "first" and not counts.from_memo
+    day.write_bytes(bz2.compress(xml.format(rev=2, text="second").encode()))
+    pages, counts = read_day_memo(day, "20260102", memo)
+    assert pages[5].text == "second" and pages[5].rev_id == 2 and not counts.from_memo
+    assert read_day_memo(day, "20260102", memo)[1].from_memo
+    kept = day_memo_path(memo, "20260102", day)
+    kept.write_bytes(kept.read_bytes()[:40])   # damaged: parsed again, memo replaced
+    pages, counts = read_day_memo(day, "20260102", memo)
+    assert pages[5].text == "second" and not counts.from_memo
+    assert read_day_memo(day, "20260102", memo)[1].from_memo
 
 
 def test_the_nightly_decides_by_itself(source, tmp_path):

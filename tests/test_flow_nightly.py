@@ -1,11 +1,14 @@
 """corpus-build-nightly following a synthetic Wikimedia mirror served over HTTP (127.0.0.1): night 1
 builds the full dump, night 2 applies the first adds-changes day, a day whose checksum does not
 match fails the run with the file named and leaves ``current`` alone, the next night applies both
-days (same content digest as a full build of the full dump holding the same page texts), and a
-night with nothing new does no work."""
+days (same content digest as a full build of the full dump holding the same page texts) after
+four days without a build (retention removes the cache entries and the versions it no longer needs,
+and keeps the base dump's pieces it patches), and a night with nothing new does no work."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from benchmarks.synth_dump import SAMPLE, write_mirror
 from flows.corpus_build import CorpusBuildConfig
 from flows.corpus_nightly import corpus_build_nightly
+from funnelrag.store import ENTRY_MARKERS, cache_entries
 from funnelrag.workspace import Workspace
 from tasks.corpus.dump_source import ChecksumMismatch
 from tasks.corpus.published import corpus_store
@@ -22,11 +26,22 @@ WIKI, DAY1, DAY2 = "synwiki", "20260102", "20260103"
 RUNNER = {"kind": "local", "workers": 2, "streams_per_piece": 2, "docs_per_shard": 50, "tokens_per_shard": 200_000}
 
 
-def _config(home: Path, data_mirror: Path, **source) -> CorpusBuildConfig:
+def _config(home: Path, data_mirror: Path, retention: dict | None = None, **source) -> CorpusBuildConfig:
     return CorpusBuildConfig.model_validate({
         "name": WIKI, "source": {"datasets": [], "wiki": WIKI, **source}, "ingest": {"format": "mediawiki"},
         "clustering": {"max_tokens": 4096}, "gate": {"enabled": False}, "runner": RUNNER,
-        "workspace": {"home": home, "data_mirror": data_mirror}})
+        "workspace": {"home": home, "data_mirror": data_mirror}, "retention": retention or {}})
+
+
+def _age_cache(root: Path, days: float) -> int:
+    """Make every cache entry look unused for ``days`` (its marker's mtime): as if the nightly had
+    not run for that long."""
+    when = time.time() - days * 86400
+    entries = cache_entries(root)
+    for entry in entries:
+        marker = next((entry / n for n in ENTRY_MARKERS if (entry / n).is_file()), entry)
+        os.utime(marker, (when, when))
+    return len(entries)
 
 
 def _digest(home: Path, version: str) -> str:
@@ -69,10 +84,17 @@ def test_nightly_follows_the_mirror(prefect_harness, tmp_path, data_mirror):
         assert store.current_version() == second["version"]
 
         (day2 / "md5sums.txt").write_text(good)
-        third = night()
+        aged = _age_cache(home / "cache" / "corpus", 4)   # retention: what night 3 does not use goes
+        third = corpus_build_nightly(_config(home, data_mirror, mirror=server.url,
+                                             retention={"cache_max_age_days": 3, "keep_versions": 2}))
+        assert third["shards"]["ingest_pieces"]["patched"] > 0   # the base dump's pieces were kept: used tonight
+        assert third["retention"]["versions_removed"] == [first["version"]]
+        assert store.versions() == sorted([second["version"], third["version"]])
+        assert 0 < third["retention"]["cache"]["entries"] < aged
         assert third["nightly"]["days"] == [DAY1, DAY2] and store.current_version() == third["version"]
         fetch = third["nightly"]["fetch"]
         assert fetch["apply"]["replaced"] > 0 and [d["date"] for d in fetch["days"]] == [DAY1, DAY2]
+        assert [d["from_memo"] for d in fetch["days"]] == [True, False]   # day 1 was parsed by night 2
         assert sum(d["skipped"].get("other_namespace", 0) for d in fetch["days"]) > 0   # other namespaces: counted skips
 
         requests = len(server.requests)

@@ -8,10 +8,13 @@ import bz2
 import json
 from pathlib import Path
 
+from prefect.context import get_settings_context
+from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
 from benchmarks.synth_dump import repack
 from flows.corpus_build import enwiki_sample_config
 from flows.corpus_nightly import corpus_build_nightly
-from flows.runners import RunnerConfig, build_task_runner
+from flows.runners import RunnerConfig, _settings_with_api_url, build_task_runner
 from funnelrag.datasets import resolve
 
 
@@ -28,6 +31,22 @@ def test_runner_config_picks_the_task_runner():
     assert isinstance(remote, DaskTaskRunner) and remote.address == "tcp://scheduler:8786"
     local = build_task_runner(RunnerConfig(kind="dask", workers=2))
     assert local.address is None and local.cluster_kwargs["n_workers"] == 2
+
+
+def test_shard_calls_carry_the_parent_api_url_without_rebuilding_settings():
+    """Each submission runs under settings whose API URL is the parent's; they are made once per
+    URL and base settings, and made again when the base settings change."""
+    url = "http://127.0.0.1:4299/api"
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 3}):
+        with _settings_with_api_url(url):
+            first = get_settings_context().settings
+            assert PREFECT_API_URL.value() == url and PREFECT_CLIENT_MAX_RETRIES.value() == 3
+        with _settings_with_api_url(url):
+            assert get_settings_context().settings is first
+        assert PREFECT_API_URL.value() != url
+        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 4}), _settings_with_api_url(url):
+            assert get_settings_context().settings is not first
+            assert PREFECT_API_URL.value() == url and PREFECT_CLIENT_MAX_RETRIES.value() == 4
 
 
 def test_dask_local_cluster_build_equals_local_processes(prefect_harness, tmp_path, data_mirror):

@@ -1,10 +1,14 @@
 """Versioned store and content-keyed stage cache: atomic publish, `current` only after
 validation, cache keyed by content (not path), killed runs rebuilt."""
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from funnelrag.store import ArtifactStore, StageCache
+from funnelrag.store import ENTRY_MARKERS, ArtifactStore, StageCache, cache_entries, mark_used, prune_cache
 
 
 def _build_writing(text, calls):
@@ -102,3 +106,71 @@ def test_version_ids_sort_in_time_and_never_collide(tmp_path):
     store.publish(second, {"f.txt": f}, {}, validate=lambda p: None)
     later = store.new_version_id("00000000", now=t + 1e-6)
     assert store.versions() == [first, second] and sorted([first, second, later])[-1] == later
+
+
+
+def _age(path, days, now):
+    os.utime(path, (now - days * 86400, now - days * 86400))
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_cache_retention_removes_what_no_build_used_for_the_age(tmp_path):
+    """Entries of every kind (stage, ingest piece, memo at the top, passage index shard) go when
+    unused past the age; a hit refreshes an old entry; bytes a version still links are not
+    counted as freed; a killed removal's directory is swept."""
+    now = time.time()
+    root = tmp_path / "cache"
+    cache = StageCache(root)
+    old = cache.run("index", "k-old", _build_writing("old index", []))
+    hit = cache.run("index", "k-hit", _build_writing("hit", []))
+    fresh = cache.run("index", "k-fresh", _build_writing("fresh", []))
+    piece = root / "ingest-pieces" / "p1"
+    piece.mkdir(parents=True)
+    (piece / "piece.json").write_text("{}")
+    (piece / "rows.parquet").write_bytes(b"x" * 100)
+    memo = root / "bm25-memo-passages-abc"
+    memo.mkdir()
+    (memo / "COMPLETE").write_text("1\n")
+    (memo / "keys.npy").write_bytes(b"y" * 50)
+    shard = root / "passage-shards" / "s1"
+    shard.mkdir(parents=True)
+    (shard / "params.index.json").write_text("{}")
+    killed = root / "index" / f".tmp-removed.k-gone-{_dead_pid()}"
+    killed.mkdir()
+    for entry in (old.path, hit.path, piece, memo, shard):
+        _age(entry / next(n for n in ENTRY_MARKERS if (entry / n).exists()), 4, now)
+    assert len(cache_entries(root)) == 6 and memo in cache_entries(root)
+    version = tmp_path / "version"
+    version.mkdir()
+    os.link(old.path / "a.txt", version / "a.txt")   # a published version links the old stage output
+    unlinked = (old.path / "COMPLETE").stat().st_size + 2 + 100 + 2 + 50
+
+    assert cache.run("index", "k-hit", _build_writing("never built", [])).cache_hit   # a hit: used now
+    mark_used(shard)
+    report = prune_cache(root, 3 * 86400)
+    assert sorted(report.removed) == ["bm25-memo-passages-abc", "index/k-old", "ingest-pieces/p1"]
+    assert report.entries == 3 and report.bytes_freed == unlinked
+    assert not old.path.exists() and hit.path.exists() and fresh.path.exists() and shard.exists()
+    assert (version / "a.txt").read_text() == "old index"   # the version keeps its file
+    assert not killed.exists()
+    assert prune_cache(root, 3 * 86400).entries == 0
+    with pytest.raises(ValueError):
+        prune_cache(root, 0)
+
+
+def test_version_retention_keeps_the_newest_and_current(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    f = tmp_path / "f.txt"
+    f.write_text("one")
+    for v in ("v1", "v2", "v3", "v4", "v5"):
+        store.publish(v, {"f.txt": f}, {}, validate=lambda p: None, make_current=v == "v2")
+    assert store.current_version() == "v2"
+    assert store.prune(2) == ["v1", "v3"]
+    assert store.versions() == ["v2", "v4", "v5"] and store.current_version() == "v2"
+    assert store.prune(5) == [] and f.read_text() == "one"
+    with pytest.raises(ValueError, match="at least 1"):
+        store.prune(0)

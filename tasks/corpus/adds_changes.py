@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import bz2
+import json
 import logging
 import os
 import re
@@ -33,11 +34,15 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from lxml import etree
 
+from data_contracts.base import atomic_write, sha256_file
 from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
-from tasks.corpus.ingest.changes import PageChanges, PageRevision, page_xml  # noqa: F401 - PageRevision re-exported
+from tasks.corpus.ingest.changes import (PageChanges, PageRevision, page_xml,  # noqa: F401 - PageRevision re-exported
+                                         revisions_from_table, revisions_table)
 from tasks.corpus.ingest.mediawiki import release_element
 from tasks.corpus.ingest.multistream import index_blocks, index_path, plan_layout
 
@@ -63,10 +68,11 @@ class DayCounts:
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)   # the first few skips, "page id N: reason"
+    from_memo: bool = False   # read from the day memo (:func:`read_day_memo`), not parsed tonight
 
     def as_dict(self) -> dict:
         return {"date": self.date, "pages": self.pages, "revisions": self.revisions, "kept": self.kept,
-                "skipped": dict(sorted(self.skipped.items())), "examples": self.examples}
+                "skipped": dict(sorted(self.skipped.items())), "examples": self.examples, "from_memo": self.from_memo}
 
 
 def read_day(path: Path, date: str) -> tuple[dict[int, PageRevision], DayCounts]:
@@ -151,12 +157,67 @@ def _page_revision(elem, date: str, counts: DayCounts) -> PageRevision | None:
     return PageRevision(int(pid), title, 0, redirect, best[1], best[0], best[2], best[3], best[4], date)
 
 
-def merge_days(days: list[tuple[str, Path]]) -> tuple[dict[int, PageRevision], list[DayCounts]]:
-    """The pages of every day, in date order (a later day's revision replaces an earlier one)."""
+# Bump when read_day gives other revisions or counts for the same file: every day memo is read again.
+DAY_MEMO_VERSION = "1"
+
+
+def day_memo_path(memo_dir: Path, date: str, path: Path) -> Path:
+    """Where :func:`read_day_memo` keeps what ``path`` (the adds-changes file of ``date``) held:
+    ``<memo_dir>/<date>/<file name>.revisions.parquet``."""
+    return Path(memo_dir) / date / f"{Path(path).name}.revisions.parquet"
+
+
+def read_day_memo(path: Path, date: str, memo_dir: Path | None) -> tuple[dict[int, PageRevision], DayCounts]:
+    """:func:`read_day` of ``path``, parsed once: the night that first applies a day keeps its
+    revisions and counts in a Parquet file (:func:`day_memo_path`, written atomically); a later
+    night whose base is the same full dump applies that day again and reads the file instead of
+    decompressing and parsing the day's XML. The memo names the sha256 of the file it was made
+    from and :data:`DAY_MEMO_VERSION`; a file with other bytes (a day republished), an older
+    version or an unreadable memo is parsed again and the memo replaced.
+
+    Returns the same ``({page_id: revision}, counts)`` as :func:`read_day` (same revisions, same
+    order), with ``counts.from_memo`` telling which path gave them. ``memo_dir`` None: no memo.
+
+    Raises
+    ------
+    AddsChangesError
+        As :func:`read_day`, for the day's file.
+    """
+    if memo_dir is None:
+        return read_day(path, date)
+    memo = day_memo_path(memo_dir, date, path)
+    stamp = {"day_file_sha256": sha256_file(path), "memo_version": DAY_MEMO_VERSION, "date": date}
+    if memo.is_file():
+        try:
+            table = pq.read_table(memo)
+            meta = json.loads((table.schema.metadata or {}).get(b"day_memo", b"{}"))
+            if {k: meta.get(k) for k in stamp} == stamp:
+                counts = DayCounts(date, **meta["counts"], from_memo=True)
+                counts.skipped = Counter(counts.skipped)
+                return {r.page_id: r for r in revisions_from_table(table)}, counts
+            log.info("%s: made from other bytes or by another version; %s is parsed again", memo.name, path.name)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            log.warning("%s: unreadable day memo (%s); %s is parsed again", memo, exc, path.name)
+    pages, counts = read_day(path, date)
+    kept = {"pages": counts.pages, "revisions": counts.revisions, "kept": counts.kept,
+            "skipped": dict(sorted(counts.skipped.items())), "examples": counts.examples}
+    table = revisions_table(pages.values()).replace_schema_metadata(
+        {b"day_memo": json.dumps({**stamp, "counts": kept}, sort_keys=True).encode("utf-8")})
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(memo, lambda p: pq.write_table(table, p, compression="zstd"))
+    return pages, counts
+
+
+def merge_days(days: list[tuple[str, Path]], memo_dir: Path | None = None) -> tuple[dict[int, PageRevision], list[DayCounts]]:
+    """The pages of every day, in date order (a later day's revision replaces an earlier one).
+
+    ``memo_dir``: each day through :func:`read_day_memo`, so a day is parsed by the first night
+    that applies it only (a nightly applies every day since its base full dump, up to ~20 of
+    them before the next full dump). Raises ``AddsChangesError`` as :func:`read_day`."""
     merged: dict[int, PageRevision] = {}
     counts = []
     for date, path in sorted(days):
-        pages, day_counts = read_day(path, date)
+        pages, day_counts = read_day_memo(path, date, memo_dir)
         merged.update(pages)
         counts.append(day_counts)
     return merged, counts

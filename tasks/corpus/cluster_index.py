@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
+from funnelrag.store import mark_used
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
 from tasks.corpus.memo import keys_digest, text_keys
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
@@ -106,6 +107,7 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     key = keys_digest(CLUSTER_TOKENS_VERSION, asdict(cfg), [*ids, *map(str, offsets.tolist())], piece_keys)
     cached = Path(work_dir) / "cluster-tokens" / key
     if (cached / "COMPLETE").exists():
+        mark_used(cached)
         return ids, pq.read_table(cached / TokenIds.TERMS_FILE).column("term").to_pylist(), key, True, len(pieces)
     memo, memo_terms = open_token_memo(memo_dir)
     found = memo_token_ids(pieces, cfg, memo, memo_terms, offsets, piece_keys)

@@ -127,7 +127,9 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     (:func:`tasks.corpus.adds_changes.plan_changes`). Otherwise the merged dump
     ``downloads/merged/<wiki>/<wiki>-<last day>-pages-articles-multistream.xml.bz2`` is written
     (:func:`tasks.corpus.adds_changes.apply_changes`; reused when it is already there from the
-    same base and days) and returned.
+    same base and days) and returned. Either way each day's revisions are kept beside its download
+    (:func:`tasks.corpus.adds_changes.read_day_memo`): a day is parsed by the first night that
+    applies it only.
 
     Raises
     ------
@@ -155,7 +157,8 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     if out.is_file() and stamp.is_file() and json.loads(stamp.read_text()).get("inputs") == want:
         info.update(json.loads(stamp.read_text()).get("report", {}), reused_merged_dump=True)
         return out, info
-    changes, counts = merge_days(day_files)
+    # each day parsed once per base: later nights read its revisions from the memo beside the download
+    changes, counts = merge_days(day_files, memo_dir=downloads / "other" / "incr" / plan.wiki)
     if while_ingesting:
         folded, report = plan_changes(dump, changes, out.name)
         if folded is not None:

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_write_bytes, link_or_copy, replace_file, sha256_file, temp_file_beside
 from data_contracts.corpus import CLUSTERS, PASSAGES
+from funnelrag.store import mark_used
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.memo import keys_digest, text_keys
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
@@ -247,6 +248,7 @@ def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     key = keys_digest(PASSAGE_SHARD_VERSION, asdict(cfg), ids, text_keys_)
     cached = Path(work_dir) / "passage-stats" / key
     if (cached / "COMPLETE").exists():
+        mark_used(cached)
         meta = json.loads((cached / "COMPLETE").read_text())
         return key, meta["n_docs"], meta["total_len"], True, len(texts)
     memo, memo_terms = open_token_memo(memo_dir)
@@ -302,6 +304,7 @@ def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     :func:`passage_stats_shard`, are reused)."""
     cached = Path(work_dir) / "passage-shards" / hashlib.sha256(f"{stats_key}:{global_key}".encode()).hexdigest()
     if (cached / "params.index.json").exists():
+        mark_used(cached)
         return str(cached), True
     ids = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id"],
                         filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by("passage_id")

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from data_contracts import corpus as C
 from data_contracts.base import atomic_write
 from funnelrag.progress import Progress, progress
+from funnelrag.store import mark_used
 from tasks.corpus import segment_memo as SM
 from tasks.corpus.memo import DocumentMemo, settings_dir, text_keys
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
@@ -518,6 +519,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
         raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
     cached = Path(cache_dir) / _segment_key(members, docs, tokens, cfg)
     if (cached / "COMPLETE").exists():
+        mark_used(cached)
         n_clusters = len(set(members.column("cluster_id").to_pylist()))
         return str(cached), int((cached / "COMPLETE").read_text()), n_clusters, True
     titles, texts = docs.column("title").to_pylist(), docs.column("text").to_pylist()

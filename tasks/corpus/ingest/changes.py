@@ -52,6 +52,19 @@ _SCHEMA = pa.schema([pa.field(f.name, _TYPES.get(f.name, pa.string()), nullable=
                      for f in fields(PageRevision)])
 
 
+def revisions_table(revisions: Iterable[PageRevision]) -> pa.Table:
+    """``revisions`` as an Arrow table, one row each in the given order (columns: the fields of
+    :class:`PageRevision`; ``redirect`` the only nullable one)."""
+    columns = list(zip(*(astuple(r) for r in revisions))) or [[] for _ in _SCHEMA]
+    return pa.table([pa.array(list(c), f.type) for c, f in zip(columns, _SCHEMA)], schema=_SCHEMA)
+
+
+def revisions_from_table(table: pa.Table) -> list[PageRevision]:
+    """The revisions of a :func:`revisions_table` table, in row order."""
+    rows = zip(*(table.column(f.name).to_pylist() for f in fields(PageRevision)))
+    return [PageRevision(*row) for row in rows]
+
+
 def page_xml(rev: PageRevision) -> bytes:
     """The ``<page>`` element of a full dump holding ``rev`` (the fields the ingest reads)."""
     redirect = f"\n    <redirect title={quoteattr(rev.redirect)} />" if rev.redirect is not None else ""
@@ -90,9 +103,7 @@ class PageChanges:
 
     def save(self, path: Path) -> None:
         """Write the revisions as Parquet (the merged dump's name in the file's metadata), atomically."""
-        columns = list(zip(*(astuple(r) for r in self.pages))) or [[] for _ in _SCHEMA]
-        table = pa.table([pa.array(list(c), f.type) for c, f in zip(columns, _SCHEMA)], schema=_SCHEMA)
-        table = table.replace_schema_metadata({b"source": self.source.encode("utf-8")})
+        table = revisions_table(self.pages).replace_schema_metadata({b"source": self.source.encode("utf-8")})
         atomic_write(Path(path), lambda p: pq.write_table(table, p, compression="zstd"))
 
     @classmethod
@@ -102,8 +113,7 @@ class PageChanges:
         source = (table.schema.metadata or {}).get(b"source")
         if source is None:
             raise ValueError(f"{path}: not a page-changes file (no merged dump name in its metadata)")
-        rows = zip(*(table.column(f.name).to_pylist() for f in fields(PageRevision)))
-        return cls.of(source.decode("utf-8"), (PageRevision(*row) for row in rows))
+        return cls.of(source.decode("utf-8"), revisions_from_table(table))
 
     def digest(self) -> str:
         """sha256 over the merged dump's name and every revision's ``<page>`` element."""

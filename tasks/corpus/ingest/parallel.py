@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from funnelrag.store import mark_used
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
 from tasks.corpus.ingest.changes import PageChanges, merge_pages, page_xml
 from tasks.corpus.ingest.mediawiki import MediaWikiReader, page_from_xml
@@ -222,8 +223,10 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     source = changes.source if changes is not None else Path(path).name
     state = _PiecePass(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
     if cached is not None and (cached / "piece.json").exists():
+        mark_used(cached)
         return _load_piece(piece, cached, Path(shard_dir), source, state.shards.group_rows)
     if base is not None and base != cached and (base / "piece.json").exists():
+        mark_used(base)   # the base dump's piece: every night until the next full dump patches it
         patched = patch_piece(piece, base, changes, namespaces, cfg, shard_dir, memo)
         if patched is not None:
             return patched   # not kept: rebuilt from the base piece in a fraction of a parse
