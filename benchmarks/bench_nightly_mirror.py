@@ -12,8 +12,12 @@ page texts after the last day) in the same home: it must report *unchanged*, i.e
 digest equals the last incremental night's (its ingest runs; every later stage is a cache hit).
 The days' ``status.txt`` are restored at the end.
 
+After each night the home's size on disk is recorded (``home_bytes``); ``--cache-max-age-days``
+and ``--keep-versions`` set the build's ``retention`` for every night.
+
 Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED.xml.bz2 --home DIR
-[--wiki synwiki] [--workers 2] [--http] [--no-gate] [--release 1 1 1] [--out results.json]``.
+[--wiki synwiki] [--workers 2] [--http] [--no-gate] [--release 1 1 1] [--cache-max-age-days D]
+[--keep-versions N] [--days-between-nights 1] [--out results.json]``.
 """
 from __future__ import annotations
 
@@ -31,23 +35,50 @@ import time
 from pathlib import Path
 
 
-def _config(home: Path, workers: int, mirror: str | None, wiki: str, paths: list[str] | None, gate: bool = True):
+def _config(home: Path, workers: int, mirror: str | None, wiki: str, paths: list[str] | None, gate: bool = True,
+            retention: dict | None = None):
     from flows.corpus_build import CorpusBuildConfig
 
     source = {"datasets": [], "mirror": mirror, "wiki": wiki} if mirror else {"datasets": [], "paths": paths}
     return CorpusBuildConfig.model_validate({
         "name": wiki, "source": source, "ingest": {"format": "mediawiki"}, "clustering": {"max_tokens": 4096},
         "workspace": {"home": str(home)}, "runner": {"kind": "local", "workers": workers},
-        "gate": {"enabled": gate}})
+        "gate": {"enabled": gate}, "retention": retention or {}})
+
+
+def _shift_cache_clock(home: Path, days: float) -> None:
+    """Make every corpus cache entry of ``home`` look ``days`` older (its marker's mtime): nights
+    that ran minutes apart look a day apart to the build's cache retention."""
+    from funnelrag.store import ENTRY_MARKERS, cache_entries
+
+    for entry in cache_entries(Path(home) / "cache" / "corpus"):
+        marker = next((entry / n for n in ENTRY_MARKERS if (entry / n).is_file()), entry)
+        st = marker.stat()
+        os.utime(marker, (st.st_atime - days * 86400, st.st_mtime - days * 86400))
+
+
+def _home_bytes(home: Path) -> int:
+    """Bytes the home holds on disk (each hard-linked file once), as ``du`` counts them."""
+    seen, total = set(), 0
+    for path in Path(home).rglob("*"):
+        st = path.lstat()
+        if path.is_file() and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
 
 
 def one_night(args: argparse.Namespace) -> None:
     """In a child process: one nightly run; its summary as JSON on the last line of stdout."""
     from flows.corpus_nightly import corpus_build_nightly
 
-    cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths, gate=not args.no_gate)
+    retention = {k: v for k, v in (("cache_max_age_days", args.cache_max_age_days),
+                                   ("keep_versions", args.keep_versions)) if v is not None}
+    cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths, gate=not args.no_gate,
+                  retention=retention)
     summary = corpus_build_nightly(cfg)
-    keep = ("version", "unchanged", "shards", "reused_texts", "ingest", "nightly", "counts", "stages", "total_seconds")
+    keep = ("version", "unchanged", "shards", "reused_texts", "ingest", "nightly", "counts", "stages", "total_seconds",
+            "retention")
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in keep}, default=str))
 
 
@@ -63,8 +94,9 @@ def _run_child(argv: list[str]) -> dict:
         raise SystemExit(f"night failed: {' '.join(argv)}")
     line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("SUMMARY "))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    home = Path(argv[argv.index("--home") + 1])
     return {"wall_s": wall, "cpu_s": cpu, "load": Path("/proc/loadavg").read_text().split()[:3],
-            **json.loads(line[len("SUMMARY "):])}
+            "home_bytes": _home_bytes(home), **json.loads(line[len("SUMMARY "):])}
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -90,6 +122,10 @@ def main() -> None:
     ap.add_argument("--no-gate", action="store_true", help="gate.enabled=false (every version becomes current)")
     ap.add_argument("--release", type=int, nargs="*", help="days that become done before each incremental night "
                     "(default: 1 1 1 …, one a night)")
+    ap.add_argument("--cache-max-age-days", type=float, help="retention.cache_max_age_days of every night")
+    ap.add_argument("--keep-versions", type=int, help="retention.keep_versions of every night")
+    ap.add_argument("--days-between-nights", type=float, help="age every cache entry by this many days before "
+                    "each night after the first (what cache retention sees of nights a day apart)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--one-night", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mirror-url", help=argparse.SUPPRESS)
@@ -103,6 +139,8 @@ def main() -> None:
     server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
     common = ["--home", str(args.home / "nightly"), "--wiki", args.wiki, "--workers", str(args.workers)]
     common += ["--no-gate"] if args.no_gate else []
+    common += ["--cache-max-age-days", str(args.cache_max_age_days)] if args.cache_max_age_days else []
+    common += ["--keep-versions", str(args.keep_versions)] if args.keep_versions else []
     results = []
     try:
         for d in days:
@@ -114,10 +152,13 @@ def main() -> None:
                 for d in days[done:done + release[night - 1]]:
                     (d / "status.txt").write_text(saved[d])
                 done += release[night - 1]
+            if night and args.days_between_nights:
+                _shift_cache_clock(args.home / "nightly", args.days_between_nights)
             r = _run_child(["--one-night", "--mirror-url", url, *common])
             r["night"] = night + 1
             results.append(r)
-            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version", "shards")}
+            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version", "shards",
+                                                    "home_bytes", "retention")}
                              | {"action": r["nightly"]["action"], "days": r["nightly"]["days"],
                                 "apply": (r["nightly"].get("fetch") or {}).get("apply")}), flush=True)
         if args.merged:   # the full dump of the same texts, built in the same home: unchanged = same digest
