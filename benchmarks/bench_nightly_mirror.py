@@ -77,8 +77,14 @@ def one_night(args: argparse.Namespace) -> None:
     cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths, gate=not args.no_gate,
                   retention=retention)
     summary = corpus_build_nightly(cfg)
+    if summary.get("version"):   # read now: retention may remove this version on a later night
+        from funnelrag.workspace import Workspace
+        from tasks.corpus.published import corpus_store
+
+        manifest = corpus_store(Workspace(cfg.workspace.home), args.wiki).read_manifest(summary["version"])
+        summary["content_digest"] = manifest["content_digest"]
     keep = ("version", "unchanged", "shards", "reused_texts", "ingest", "nightly", "counts", "stages", "total_seconds",
-            "retention")
+            "retention", "content_digest")
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in keep}, default=str))
 
 
@@ -173,16 +179,6 @@ def main() -> None:
         if server:
             server.shutdown()
 
-    def digest(r: dict, home: Path) -> str | None:
-        from tasks.corpus.published import corpus_store
-        from funnelrag.workspace import Workspace
-
-        if not r.get("version"):
-            return None
-        return corpus_store(Workspace(home), args.wiki).read_manifest(r["version"])["content_digest"]
-
-    for r in results:
-        r["content_digest"] = digest(r, args.home / "nightly")
     if args.merged:
         inc = [r for r in results if (r.get("nightly") or {}).get("action") == "incremental"]
         print("content digest after the last incremental night:", inc[-1]["content_digest"] if inc else None)

@@ -195,7 +195,9 @@ def prune_cache(root: Path | str, max_age_s: float, now: float | None = None) ->
     rebuilt when a build needs it again (a memo that is gone makes the next build tokenize or
     segment every text once). Published versions hold hard links to the stage outputs they were
     assembled from, so an entry's bytes are freed only once no version links them
-    (``bytes_freed`` counts those). Temp directories of killed runs are swept too.
+    (``bytes_freed`` counts those). Temp directories of killed runs are swept too. A build of
+    another corpus in the same home that hits an entry in the instant it is removed fails reading
+    it (nothing is corrupted; its next run rebuilds the entry).
 
     Raises ``ValueError`` for ``max_age_s`` <= 0.
     """
