@@ -1,4 +1,4 @@
-"""Two steps of an adds-changes night measured apart, on a synthetic mirror
+"""Three steps of an adds-changes night measured apart, on a synthetic mirror
 (``python benchmarks/synth_dump.py MIRROR --pages N --mirror-days D``).
 
 ``ingest``: pass 1 + pass 2 of the base full dump with a piece cache (what night 1 keeps), then of
@@ -12,9 +12,14 @@ with a fresh shard cache and a copy of the home's segmentation memo (``--no-memo
 Prints wall time, workers' CPU seconds, the clusters taken from the memo, and the top of a cProfile
 of the coordinator.
 
+``days``: the revisions of every adds-changes day of the mirror, parsed (what each night did before
+the day memo) and read from the day memo (what a night does for the days an earlier night parsed);
+CPU seconds of each, and a check that both give the same revisions in the same order.
+
 Run:
 ``python benchmarks/bench_incremental_stages.py ingest MIRROR --work DIR [--wiki synwiki] [--workers 2]``
 ``python benchmarks/bench_incremental_stages.py segment --home NIGHTLY_HOME --work DIR [--no-memo]``
+``python benchmarks/bench_incremental_stages.py days MIRROR --work DIR [--wiki synwiki]``
 """
 from __future__ import annotations
 
@@ -113,6 +118,24 @@ def bench_segment(home: Path, work: Path, memo: bool) -> None:
     pstats.Stats(profile).sort_stats("cumtime").print_stats(14)
 
 
+def bench_days(mirror: Path, work: Path, wiki: str) -> None:
+    days = [(d.name, next(d.glob("*-pages-meta-hist-incr.xml*")))
+            for d in sorted((mirror / "other" / "incr" / wiki).iterdir()) if d.is_dir()]
+    memo = work / "day-memo"
+    shutil.rmtree(memo, ignore_errors=True)
+    t = time.process_time()
+    parsed, _ = merge_days(days)
+    t_parsed = time.process_time() - t
+    merge_days(days, memo_dir=memo)   # the nights that first applied each day
+    t = time.process_time()
+    kept, counts = merge_days(days, memo_dir=memo)
+    t_memo = time.process_time() - t
+    if list(kept.items()) != list(parsed.items()) or not all(c.from_memo for c in counts):
+        raise SystemExit("the day memo gave other revisions than parsing")
+    print(json.dumps({"days": len(days), "revisions": len(parsed), "parsed_cpu_s": round(t_parsed, 2),
+                      "from_memo_cpu_s": round(t_memo, 2)}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -125,11 +148,17 @@ def main() -> None:
     b.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     b.add_argument("--work", type=Path, required=True)
     b.add_argument("--no-memo", action="store_true")
+    c = sub.add_parser("days")
+    c.add_argument("mirror", type=Path)
+    c.add_argument("--work", type=Path, required=True)
+    c.add_argument("--wiki", default="synwiki")
     args = ap.parse_args()
     if args.step == "ingest":
         bench_ingest(args.mirror, args.work, args.wiki, args.workers)
-    else:
+    elif args.step == "segment":
         bench_segment(args.home, args.work, not args.no_memo)
+    else:
+        bench_days(args.mirror, args.work, args.wiki)
 
 
 if __name__ == "__main__":

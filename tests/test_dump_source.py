@@ -287,6 +287,7 @@ def test_a_day_is_parsed_once_then_read_from_its_memo(synth, tmp_path, monkeypat
         raise AssertionError(f"{path} parsed again")
 
     monkeypatch.setattr(A, "read_day", no_parsing)
+    monkeypatch.setattr(A, "sha256_file", no_parsing)   # an unchanged file (size, time) is not even hashed
     again, again_counts = merge_days(days, memo_dir=memo)
     monkeypatch.undo()
     assert all(c.from_memo for c in again_counts)
@@ -304,6 +305,8 @@ def test_a_day_is_parsed_once_then_read_from_its_memo(synth, tmp_path, monkeypat
     day.write_bytes(bz2.compress(xml.format(rev=2, text="second").encode()))
     pages, counts = read_day_memo(day, "20260102", memo)
     assert pages[5].text == "second" and pages[5].rev_id == 2 and not counts.from_memo
+    assert read_day_memo(day, "20260102", memo)[1].from_memo
+    day.write_bytes(day.read_bytes())   # the same bytes written again (another time): hashed, still the memo's
     assert read_day_memo(day, "20260102", memo)[1].from_memo
     kept = day_memo_path(memo, "20260102", day)
     kept.write_bytes(kept.read_bytes()[:40])   # damaged: parsed again, memo replaced

@@ -171,9 +171,10 @@ def read_day_memo(path: Path, date: str, memo_dir: Path | None) -> tuple[dict[in
     """:func:`read_day` of ``path``, parsed once: the night that first applies a day keeps its
     revisions and counts in a Parquet file (:func:`day_memo_path`, written atomically); a later
     night whose base is the same full dump applies that day again and reads the file instead of
-    decompressing and parsing the day's XML. The memo names the sha256 of the file it was made
-    from and :data:`DAY_MEMO_VERSION`; a file with other bytes (a day republished), an older
-    version or an unreadable memo is parsed again and the memo replaced.
+    decompressing and parsing the day's XML. The memo names the sha256, size and modification
+    time of the file it was made from and :data:`DAY_MEMO_VERSION`; a file whose size or time
+    differs is hashed again, and one with other bytes (a day republished), an older version or an
+    unreadable memo is parsed again and the memo replaced.
 
     Returns the same ``({page_id: revision}, counts)`` as :func:`read_day` (same revisions, same
     order), with ``counts.from_memo`` telling which path gave them. ``memo_dir`` None: no memo.
@@ -185,13 +186,17 @@ def read_day_memo(path: Path, date: str, memo_dir: Path | None) -> tuple[dict[in
     """
     if memo_dir is None:
         return read_day(path, date)
+    path = Path(path)
     memo = day_memo_path(memo_dir, date, path)
-    stamp = {"day_file_sha256": sha256_file(path), "memo_version": DAY_MEMO_VERSION, "date": date}
+    st = path.stat()
+    file_stat = [st.st_size, st.st_mtime_ns]   # the same size and time: the sha256 the memo names is the file's
     if memo.is_file():
         try:
             table = pq.read_table(memo)
             meta = json.loads((table.schema.metadata or {}).get(b"day_memo", b"{}"))
-            if {k: meta.get(k) for k in stamp} == stamp:
+            same = meta.get("memo_version") == DAY_MEMO_VERSION and meta.get("date") == date and (
+                meta.get("day_file_stat") == file_stat or meta.get("day_file_sha256") == sha256_file(path))
+            if same:
                 counts = DayCounts(date, **meta["counts"], from_memo=True)
                 counts.skipped = Counter(counts.skipped)
                 return {r.page_id: r for r in revisions_from_table(table)}, counts
@@ -199,10 +204,10 @@ def read_day_memo(path: Path, date: str, memo_dir: Path | None) -> tuple[dict[in
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             log.warning("%s: unreadable day memo (%s); %s is parsed again", memo, exc, path.name)
     pages, counts = read_day(path, date)
-    kept = {"pages": counts.pages, "revisions": counts.revisions, "kept": counts.kept,
-            "skipped": dict(sorted(counts.skipped.items())), "examples": counts.examples}
+    stamp = {"day_file_sha256": sha256_file(path), "day_file_stat": file_stat, "memo_version": DAY_MEMO_VERSION,
+             "date": date, "counts": {k: v for k, v in counts.as_dict().items() if k not in ("date", "from_memo")}}
     table = revisions_table(pages.values()).replace_schema_metadata(
-        {b"day_memo": json.dumps({**stamp, "counts": kept}, sort_keys=True).encode("utf-8")})
+        {b"day_memo": json.dumps(stamp, sort_keys=True).encode("utf-8")})
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(memo, lambda p: pq.write_table(table, p, compression="zstd"))
     return pages, counts
