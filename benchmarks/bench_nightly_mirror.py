@@ -49,10 +49,10 @@ def _config(home: Path, workers: int, mirror: str | None, wiki: str, paths: list
 def _shift_cache_clock(home: Path, days: float) -> None:
     """Make every corpus cache entry of ``home`` look ``days`` older (its marker's mtime): nights
     that ran minutes apart look a day apart to the build's cache retention."""
-    from funnelrag.store import ENTRY_MARKERS, cache_entries
+    from funnelrag.store import cache_entries, entry_marker
 
     for entry in cache_entries(Path(home) / "cache" / "corpus"):
-        marker = next((entry / n for n in ENTRY_MARKERS if (entry / n).is_file()), entry)
+        marker = entry_marker(entry)
         st = marker.stat()
         os.utime(marker, (st.st_atime - days * 86400, st.st_mtime - days * 86400))
 

@@ -380,8 +380,8 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,
                         f"corpus build of {config.name!r} in {ws.home}"):
         summary = _build_and_publish(config, ws, logger)
-        if config.retention.keep_versions is not None or config.retention.cache_max_age_days is not None:
-            summary["retention"] = apply_retention(config.retention, ws, config.name)
+        if removed := apply_retention(config.retention, ws, config.name):
+            summary["retention"] = removed
     if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
         from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415  (heavy: torch via the embedding flow, only when the build embeds the corpus)
 
@@ -395,7 +395,7 @@ def apply_retention(cfg: RetentionConfig, ws: Workspace, corpus: str) -> dict[st
     versions first (they hold hard links to stage outputs), then the corpus cache
     (``<home>/cache/corpus``, shared by every corpus of the home: an entry another corpus used
     within the age is kept). Returns ``{"versions_removed": [ids], "cache": {"entries",
-    "bytes_freed"}}`` for what was configured."""
+    "bytes_freed"}}`` for what was configured (``{}``: no retention set)."""
     done: dict[str, Any] = {}
     if cfg.keep_versions is not None:
         done["versions_removed"] = corpus_store(ws, corpus).prune(cfg.keep_versions)

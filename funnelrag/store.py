@@ -133,7 +133,10 @@ class StageCache:
 ENTRY_MARKERS = (COMPLETE, "piece.json", "params.index.json")
 
 
-def _marker(entry: Path) -> Path:
+def entry_marker(entry: Path | str) -> Path:
+    """The file whose modification time is ``entry``'s last use (:data:`ENTRY_MARKERS`), or the
+    directory itself when it holds none."""
+    entry = Path(entry)
     return next((entry / n for n in ENTRY_MARKERS if (entry / n).is_file()), entry)
 
 
@@ -142,7 +145,7 @@ def mark_used(entry: Path | str) -> None:
     modification time, :data:`ENTRY_MARKERS`), which :func:`prune_cache` reads. Every cache hit
     calls it; an entry removed meanwhile is left alone (the caller then finds it missing)."""
     try:
-        os.utime(_marker(Path(entry)))
+        os.utime(entry_marker(entry))
     except FileNotFoundError:
         pass
 
@@ -159,7 +162,7 @@ def cache_entries(root: Path | str) -> list[Path]:
     for group in sorted(root.iterdir()):
         if not group.is_dir() or group.name.startswith("."):
             continue
-        if _marker(group) != group:
+        if entry_marker(group) != group:
             found.append(group)
             continue
         found += [e for e in sorted(group.iterdir()) if e.is_dir() and not e.name.startswith(".")]
@@ -208,7 +211,7 @@ def prune_cache(root: Path | str, max_age_s: float, now: float | None = None) ->
     report = PruneReport()
     for entry in cache_entries(root):
         try:
-            if _marker(entry).stat().st_mtime >= cutoff:
+            if entry_marker(entry).stat().st_mtime >= cutoff:
                 continue
             freed = sum(st.st_size for st in (f.stat() for f in entry.rglob("*") if f.is_file()) if st.st_nlink == 1)
             _remove_dir(entry)

@@ -16,7 +16,7 @@ import pytest
 from benchmarks.synth_dump import SAMPLE, write_mirror
 from flows.corpus_build import CorpusBuildConfig
 from flows.corpus_nightly import corpus_build_nightly
-from funnelrag.store import ENTRY_MARKERS, cache_entries
+from funnelrag.store import cache_entries, entry_marker
 from funnelrag.workspace import Workspace
 from tasks.corpus.dump_source import ChecksumMismatch
 from tasks.corpus.published import corpus_store
@@ -39,8 +39,7 @@ def _age_cache(root: Path, days: float) -> int:
     when = time.time() - days * 86400
     entries = cache_entries(root)
     for entry in entries:
-        marker = next((entry / n for n in ENTRY_MARKERS if (entry / n).is_file()), entry)
-        os.utime(marker, (when, when))
+        os.utime(entry_marker(entry), (when, when))
     return len(entries)
 
 

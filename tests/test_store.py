@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from funnelrag.store import ENTRY_MARKERS, ArtifactStore, StageCache, cache_entries, mark_used, prune_cache
+from funnelrag.store import ArtifactStore, StageCache, cache_entries, entry_marker, mark_used, prune_cache
 
 
 def _build_writing(text, calls):
@@ -142,7 +142,7 @@ def test_cache_retention_removes_what_no_build_used_for_the_age(tmp_path):
     killed = root / "index" / f".tmp-removed.k-gone-{_dead_pid()}"
     killed.mkdir()
     for entry in (old.path, hit.path, piece, memo, shard):
-        _age(entry / next(n for n in ENTRY_MARKERS if (entry / n).exists()), 4, now)
+        _age(entry_marker(entry), 4, now)
     assert len(cache_entries(root)) == 6 and memo in cache_entries(root)
     version = tmp_path / "version"
     version.mkdir()
