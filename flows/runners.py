@@ -20,6 +20,7 @@ each worker point at the parent's server.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Literal
@@ -173,11 +174,14 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
 def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
     """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...), then
     give the memory it freed back to the OS (:func:`tasks.corpus.shards.release_memory`), so a
-    worker that runs many shards holds one shard's memory at a time, not its high-water mark."""
+    worker that runs many shards holds one shard's memory at a time, not its high-water mark
+    (in a worker process of the pool, the objects that outlive a task are frozen, so the next
+    collection skips them; a process that is not a pool's child, which may live on after the
+    build, is never frozen)."""
     try:
         return fn(*args)
     finally:
-        release_memory()
+        release_memory(freeze=multiprocessing.parent_process() is not None)
 
 
 def submitter() -> Callable[..., Any]:

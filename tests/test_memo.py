@@ -4,9 +4,11 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from tasks.corpus.memo import DocumentMemo, csr_take, text_keys
+from tasks.corpus.memo import (DocumentMemo, arrow_text_keys, contiguous_runs, csr_take, ranges_take, take_rows, take_texts,
+                               text_keys)
 
 
 def test_text_keys_are_the_blake2b_digest_in_big_endian_words():
@@ -55,3 +57,57 @@ def test_a_failed_write_leaves_the_last_memo(tmp_path):
         DocumentMemo.write(tmp_path / "m", keys, {"v": (np.arange(2), np.array([1]))})
     memo = DocumentMemo.open(tmp_path / "m", ["v"])
     assert len(memo) == 2 and memo.take("v", memo.lookup(keys))[1].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])
+def test_arrow_text_keys_equal_the_keys_of_the_python_strings(kind):
+    texts = ["", "a", "Ünïcode ✓ text", "title\nbody " * 50, "a"] * 3
+    arr = pa.array(texts, kind)
+    assert np.array_equal(arrow_text_keys(arr), text_keys(texts))
+    chunked = pa.chunked_array([arr.slice(0, 4), arr.slice(4, 7), arr.slice(11)])   # offsets into shared buffers
+    assert np.array_equal(arrow_text_keys(chunked), text_keys(texts))
+    with_null = pa.array(["x", None, "y"], kind)
+    assert np.array_equal(arrow_text_keys(with_null), text_keys(["x", "", "y"]))
+    assert arrow_text_keys(pa.array([], kind)).shape == (0, 2)
+    with pytest.raises(TypeError, match="string array"):
+        arrow_text_keys(pa.array([1, 2]))
+
+
+def test_contiguous_runs_merge_ranges_that_follow_one_another():
+    starts, ends = np.array([0, 3, 5, 9, 2]), np.array([3, 5, 7, 10, 4])
+    rs, re_ = contiguous_runs(starts, ends)
+    assert rs.tolist() == [0, 9, 2] and re_.tolist() == [7, 10, 4]
+    assert contiguous_runs(np.zeros(0), np.zeros(0))[0].size == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ranges_take_by_runs_and_by_gather_give_the_same_values(seed):
+    rng = np.random.default_rng(seed)
+    data = np.arange(10_000, dtype=np.int32) * 7
+    bounds = np.sort(rng.choice(10_000, 400, replace=False))
+    starts, ends = bounds[:-1], bounds[1:]
+    ends = np.where(rng.random(starts.size) < 0.1, starts, ends)   # some empty ranges
+    expected_values = np.concatenate([data[a:b] for a, b in zip(starts, ends)])
+    for pick in (np.arange(starts.size),                       # in data order: long runs, copied by slices
+                 rng.permutation(starts.size)):                # scattered: gathered
+        lengths, values = ranges_take(starts[pick], ends[pick], data)
+        assert lengths.tolist() == (ends[pick] - starts[pick]).tolist()
+        assert np.array_equal(values, np.concatenate([data[a:b] for a, b in zip(starts[pick], ends[pick])]))
+    assert np.array_equal(ranges_take(starts, ends, data)[1], expected_values)
+
+
+def test_take_rows_equals_table_take_for_runs_and_scattered_rows():
+    table = pa.table({"i": pa.array(range(1000)), "s": pa.array([f"t{i}" for i in range(1000)])})
+    table = pa.concat_tables([table.slice(0, 300), table.slice(300)])   # two chunks
+    rng = np.random.default_rng(0)
+    for rows in (np.r_[10:200, 250:600, 5:9], rng.integers(0, 1000, 500), np.zeros(0, np.int64)):
+        assert take_rows(table, rows).equals(table.take(pa.array(rows, pa.int64())))
+
+
+def test_take_texts_gathers_from_each_chunk_in_the_asked_order():
+    texts = [f"text {i} ✓" for i in range(50)]
+    chunked = pa.chunked_array([pa.array(texts[:7]), pa.array(texts[7:7], pa.string()), pa.array(texts[7:31]), pa.array(texts[31:])])
+    rows = np.array([49, 0, 7, 6, 30, 31, 7])
+    assert take_texts(chunked, rows) == [texts[i] for i in rows]
+    assert take_texts(pa.array(texts), rows) == [texts[i] for i in rows]
+    assert take_texts(chunked, np.zeros(0, np.int64)) == []

@@ -320,12 +320,44 @@ def test_shard_call_releases_memory_after_the_call_even_when_it_fails(monkeypatc
     from flows import runners
 
     calls = []
-    monkeypatch.setattr(runners, "release_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(runners, "release_memory", lambda freeze: calls.append(("release", freeze)))
     assert runners.shard_call.fn(lambda a, b: calls.append("call") or a + b, [2, 3]) == 5
-    assert calls == ["call", "release"]
+    assert calls == ["call", ("release", False)]   # this test's process is no pool's child: never frozen
 
     def boom():
         raise ValueError("shard 7: bad record")
     with pytest.raises(ValueError, match="shard 7"):
         runners.shard_call.fn(boom, [])
-    assert calls == ["call", "release", "release"]
+    assert calls == ["call", ("release", False), ("release", False)]
+
+
+def _freeze_count_after_release(_: int) -> tuple[int, int]:
+    """In a pool worker: release_memory(freeze=True) after making a reference cycle; the frozen
+    count and how many of the cycle's objects the collection found."""
+    import gc
+
+    from tasks.corpus.shards import release_memory
+
+    class Node:
+        pass
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    del a, b
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    release_memory(freeze=True)
+    found = sum(isinstance(o, Node) for o in gc.garbage)
+    gc.set_debug(0)
+    gc.garbage.clear()
+    return gc.get_freeze_count(), found
+
+
+def test_release_memory_freezes_survivors_after_collecting_the_tasks_cycles():
+    """A pool worker's release: the cycle a task left is collected, then the survivors are frozen
+    (the next collection skips them)."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        frozen, found = pool.submit(_freeze_count_after_release, 0).result()
+    assert found == 2
+    assert frozen > 1000

@@ -68,6 +68,10 @@ def test_memo_token_ids_equal_tokenize_ids_with_and_without_a_memo(nights, tmp_p
     assert got.reused == len(new) - len(edited_ids)
     assert _same(got.tokens, TokenIds.from_tokenized(tokenize_ids(joined, cfg, _stemmer(cfg.stemmer))))
     assert "quuxif" in got.tokens.terms or "quuxification" in got.tokens.terms   # a term the memo never saw
+    chunked = pa.chunked_array([pa.array(new[:9]), pa.array(new[9:40]), pa.array(new[40:])])   # Arrow pieces
+    from_arrow = memo_token_ids(chunked, cfg, memo, terms, groups)
+    assert from_arrow.reused == got.reused and _same(from_arrow.tokens, got.tokens)
+    assert np.array_equal(from_arrow.keys, got.keys)
     with pytest.raises(ValueError, match="do not cover"):
         memo_token_ids(new, cfg, memo, terms, np.array([0, 5]))
 

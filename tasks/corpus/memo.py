@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from data_contracts.base import atomic_directory
 
@@ -65,6 +66,33 @@ def text_keys(texts: Sequence[str]) -> np.ndarray:
     return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
 
 
+def arrow_text_keys(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """:func:`text_keys` of an Arrow string (or large string) array, hashed from its UTF-8 buffer
+    without making a Python string of each text (same keys; a null hashes as ``""``).
+
+    Returns ``(len(texts), 2)`` uint64. Raises ``TypeError`` for a non-string array."""
+    chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
+    raw = []
+    for chunk in chunks:
+        if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
+            raise TypeError(f"arrow_text_keys: a string array is needed, got {chunk.type}")
+        if not len(chunk):
+            continue
+        _, offsets_buf, data_buf = chunk.buffers()
+        dtype = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        offsets = np.frombuffer(offsets_buf, dtype, len(chunk) + 1, chunk.offset * np.dtype(dtype).itemsize).tolist()
+        data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
+        blake = hashlib.blake2b
+        ends = offsets[1:]
+        if chunk.null_count:
+            valid = chunk.is_valid().to_numpy(zero_copy_only=False).tolist()
+            raw.append(b"".join(blake(data[a:b] if v else b"", digest_size=16).digest()
+                                for a, b, v in zip(offsets, ends, valid)))
+        else:
+            raw.append(b"".join(blake(data[a:b], digest_size=16).digest() for a, b in zip(offsets, ends)))
+    return np.frombuffer(b"".join(raw), dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
+
+
 def csr_take(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``rows`` of a CSR ``(offsets, data)``: ``(lengths (len(rows),) int64, their values
     one after the other)``, without a Python loop over rows."""
@@ -72,15 +100,64 @@ def csr_take(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[n
     return ranges_take(np.asarray(offsets[rows], np.int64), np.asarray(offsets[rows + 1], np.int64), data)
 
 
+def take_texts(texts: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> list[str]:
+    """``texts[rows]`` as Python strings (``rows`` ``(m,)`` int, any order), gathered chunk by
+    chunk: ``ChunkedArray.take`` first concatenates every chunk, a copy of all the texts to pick
+    the few a memo lacks."""
+    rows = np.asarray(rows, np.int64)
+    chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
+    if len(chunks) == 1:
+        return chunks[0].take(pa.array(rows)).to_pylist() if rows.size else []
+    starts = np.cumsum([0] + [len(c) for c in chunks])
+    which = np.searchsorted(starts, rows, side="right") - 1
+    out: list[str] = [""] * rows.size
+    for k in np.unique(which).tolist():
+        at = np.flatnonzero(which == k)
+        for i, text in zip(at.tolist(), chunks[k].take(pa.array(rows[at] - starts[k])).to_pylist()):
+            out[i] = text
+    return out
+
+
 def ranges_take(starts: np.ndarray, ends: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``data[starts[k]:ends[k]]`` for every ``k``, one after the other: ``(lengths, values)``."""
+    """``data[starts[k]:ends[k]]`` for every ``k``, one after the other: ``(lengths, values)``.
+
+    Ranges that follow one another in ``data`` (``starts[k + 1] == ends[k]``: the unchanged texts
+    of a memo, which keeps its values in the last build's order) are copied as one slice each;
+    only when the ranges are scattered (fewer than 64 values a run) does it gather value by
+    value. Same result either way."""
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     lengths = ends - starts
     total = int(lengths.sum())
     if total == 0:
         return lengths, np.zeros(0, dtype=data.dtype)
+    run_starts, run_ends = contiguous_runs(starts[lengths > 0], ends[lengths > 0])
+    if run_starts.size * 64 <= total:
+        return lengths, np.concatenate([data[a:b] for a, b in zip(run_starts.tolist(), run_ends.tolist())])
     first = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     return lengths, np.asarray(data[first + np.arange(total, dtype=np.int64)])
+
+
+def contiguous_runs(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Consecutive ranges ``[starts[k], ends[k])`` merged where one ends where the next starts:
+    ``(run starts, run ends)``, each ``(n_runs,)`` int64, covering the same values in the same order."""
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    if not starts.size:
+        return starts, ends
+    cut = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+    return starts[np.r_[0, cut]], ends[np.r_[cut - 1, starts.size - 1]]
+
+
+def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)``, by slices where ``rows`` run consecutively (rows of a memo's table
+    in the last build's order): a slice of a memory-mapped table copies nothing, and the
+    caller's ``combine_chunks`` copies each run once instead of gathering row by row."""
+    rows = np.asarray(rows, np.int64)
+    if rows.size == 0:
+        return table.slice(0, 0)
+    run_starts, run_ends = contiguous_runs(rows, rows + 1)
+    if run_starts.size * 16 > rows.size:
+        return table.take(pa.array(rows))
+    return pa.concat_tables([table.slice(a, b - a) for a, b in zip(run_starts.tolist(), run_ends.tolist())])
 
 
 class DocumentMemo:

@@ -36,7 +36,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from tasks.corpus.memo import DocumentMemo, ranges_take, settings_dir
+from tasks.corpus.memo import DocumentMemo, ranges_take, settings_dir, take_rows
 from tasks.corpus.segment import ClusterSegments, SegmentConfig
 
 SEGMENT_MEMO_VERSION = "1"
@@ -166,7 +166,7 @@ class SegmentMemo:
         ``(len(rows), 2)`` unit and passage counts (the arguments of :func:`label`)."""
         n_units, unit_rows = self.memo.take("units", rows)
         n_passages, passage_rows = self.memo.take("passages", rows)
-        return (self.units.take(pa.array(unit_rows)), self.passages.take(pa.array(passage_rows)),
+        return (take_rows(self.units, unit_rows), take_rows(self.passages, passage_rows),
                 np.stack([n_units, n_passages], axis=1).astype(np.int64))
 
 
@@ -185,7 +185,7 @@ def interleave(first: tuple[pa.Table, pa.Table, np.ndarray], second: tuple[pa.Ta
             own[mask] = np.concatenate([[0], np.cumsum(part[2][:, field])[:-1]]) if mask.any() else []
         own[from_second] += first[field].num_rows
         _, order = ranges_take(own, own + sizes, np.arange(first[field].num_rows + second[field].num_rows))
-        tables.append(pa.concat_tables([first[field], second[field]]).take(pa.array(order)))
+        tables.append(take_rows(pa.concat_tables([first[field], second[field]]), order))
     return tables[0], tables[1], counts
 
 

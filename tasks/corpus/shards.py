@@ -38,7 +38,7 @@ from data_contracts.base import atomic_write
 from funnelrag.progress import Progress, progress
 from funnelrag.store import mark_used
 from tasks.corpus import segment_memo as SM
-from tasks.corpus.memo import DocumentMemo, settings_dir, text_keys
+from tasks.corpus.memo import DocumentMemo, arrow_text_keys, settings_dir, take_texts
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import load_token_counter
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------- helpers
-def release_memory() -> None:
+def release_memory(freeze: bool = False) -> None:
     """Give the memory a finished shard task freed back to the operating system.
 
     A worker process runs many shard tasks one after another; the Python objects and Arrow
@@ -56,8 +56,16 @@ def release_memory() -> None:
     640–1,000 MB at the end of each task without this, ~300 MB with it; ``benchmarks/bench_memory.py
     reuse``). This runs a full garbage collection, releases Arrow's unused pool memory and calls
     glibc's ``malloc_trim(0)`` (Linux only; elsewhere the first two). Never raises.
+
+    ``freeze`` (a worker process between shard tasks): what survives the collection is moved to
+    the collector's permanent generation (``gc.freeze``), so the next call examines only the
+    objects created since. A full collection over a worker's ~200K long-lived objects (Prefect,
+    pydantic, the tokenizer) cost ~0.2 CPU s a task, ~8 s of a 200K-page nightly's ~55 shard
+    tasks; what a task leaves in reference cycles is still collected at its end.
     """
     gc.collect()
+    if freeze:
+        gc.freeze()
     pa.default_memory_pool().release_unused()
     trim = _malloc_trim()
     if trim is not None:
@@ -140,6 +148,16 @@ def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
 
 
 # ---------------------------------------------------------------------------------- tokens
+def sorted_by_id(table: pa.Table, key: str) -> pa.Table:
+    """``table.sort_by(key)`` for an integer column ``key``, without the copy of every column when
+    the rows are in ascending ``key`` order already (``documents.parquet`` is in ``doc_id``
+    order: sorting a range of it read back copied all its text for nothing)."""
+    ids = table.column(key).to_numpy()
+    if ids.size < 2 or bool(np.all(ids[1:] >= ids[:-1])):
+        return table
+    return table.sort_by(key)
+
+
 def doc_shards(n_docs: int, docs_per_shard: int) -> list[tuple[int, int]]:
     """``[(lo, hi)]`` covering ``0..n_docs`` in ranges of ``docs_per_shard`` documents."""
     return [(lo, min(lo + docs_per_shard, n_docs)) for lo in range(0, n_docs, docs_per_shard)]
@@ -148,7 +166,8 @@ def doc_shards(n_docs: int, docs_per_shard: int) -> list[tuple[int, int]]:
 def read_doc_range(ingest_dir: Path, lo: int, hi: int, columns: list[str]) -> pa.Table:
     """Documents ``lo <= doc_id < hi`` sorted by ``doc_id``; raises ``ValueError`` if ids are missing."""
     table = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=columns,
-                          filters=[("doc_id", ">=", lo), ("doc_id", "<", hi)]).sort_by("doc_id")
+                          filters=[("doc_id", ">=", lo), ("doc_id", "<", hi)])
+    table = sorted_by_id(table, "doc_id")
     ids = table.column("doc_id").to_numpy()
     if ids.size != hi - lo or (ids.size and (ids[0] != lo or ids[-1] != hi - 1)):
         raise ValueError(f"{ingest_dir}: documents {lo}..{hi - 1} are not all present (got {ids.size})")
@@ -281,7 +300,7 @@ def read_shard_documents(ingest_dir: str, docs_dir: str | None, wanted: Sequence
     files = sorted(Path(docs_dir).glob("*.parquet")) if Path(docs_dir).is_dir() else []
     parts = [pq.read_table(f) for f in files]
     table = pa.concat_tables(parts) if parts else C.DOCUMENTS.schema.empty_table().select(DOC_COLUMNS)
-    return table.sort_by("doc_id")
+    return sorted_by_id(table, "doc_id")
 
 
 TOKENS_MEMO_VERSION = "1"
@@ -304,8 +323,8 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
 
     Returns ``(windows per doc (hi-lo,) int32, tokens per window int32, documents taken from the
     memo, text keys (hi-lo, 2) uint64)``."""
-    texts = read_doc_range(Path(ingest_dir), lo, hi, ["doc_id", "text"]).column("text").to_pylist()
-    keys = text_keys(texts)
+    texts = read_doc_range(Path(ingest_dir), lo, hi, ["doc_id", "text"]).column("text")
+    keys = arrow_text_keys(texts)   # from the Arrow buffer: only the texts the memo lacks become str
     memo = DocumentMemo.open(memo_dir, [TOKENS_MEMO_FIELD])
     rows = memo.lookup(keys) if memo is not None else np.full(len(texts), -1, np.int64)
     missing = np.flatnonzero(rows < 0)
@@ -313,7 +332,7 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
     per_doc: list[np.ndarray] = [np.zeros(0, np.int32)] * len(texts)
     if missing.size:
         with Progress(f"token counts of documents {lo:,}-{hi - 1:,}", total=int(missing.size), unit="documents") as bar:
-            wt = count_window_tokens([texts[i] for i in missing.tolist()], cfg,
+            wt = count_window_tokens(take_texts(texts, missing), cfg,
                                      load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None),
                                      batch_windows=4096, bar=bar)   # smaller batches: a line at least every ~30 s
         for k, i in enumerate(missing.tolist()):

@@ -194,7 +194,7 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
         n_passages = sharded["passage_index_docs"]
     else:
         passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
-        ptexts = [f"{t}\n{x}" for t, x in zip(passages.column("title").to_pylist(), passages.column("text").to_pylist())]
+        ptexts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")   # title\ntext
         memo_dir = token_memo_dir(work, "passages", cfg)
         found = memo_token_ids(ptexts, cfg, *open_token_memo(memo_dir))
         n_passages = len(ptexts)
