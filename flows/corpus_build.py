@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -164,24 +166,28 @@ def cluster_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cf
 
 
 def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult,
-                    cfg: SegmentConfig, mirror: Path | None, runner: RunnerConfig) -> StageResult:
+                    cfg: SegmentConfig, mirror: Path | None, runner: RunnerConfig,
+                    split_dir: Path | None = None) -> StageResult:
     """Units and passages by cluster ranges as ``corpus-shard`` tasks (flow body only); same key
-    and bytes as :func:`tasks.corpus.stages.run_segment`."""
+    and bytes as :func:`tasks.corpus.stages.run_segment`. ``split_dir``: the build's shared
+    document split (:class:`tasks.corpus.shards.DocumentSplit`), which the index stage reuses."""
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
               "members": cluster.files["cluster_members.parquet"]}
     return run_cached(cache, S.run_segment, cfg, inputs, lambda out, _: run_segment_sharded(
         ingest.path, tokens.path, cluster.path, out, cfg, mirror, submitter(), runner.tokens_per_shard,
-        window=2 * runner.n_workers() + 2, cache_dir=cache.root / "segment-shards", docs_per_range=runner.docs_per_shard))
+        window=2 * runner.n_workers() + 2, cache_dir=cache.root / "segment-shards", docs_per_range=runner.docs_per_shard,
+        split_dir=split_dir))
 
 
 def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
-                  cfg: BM25Config, layout: IndexLayout, runner: RunnerConfig) -> StageResult:
+                  cfg: BM25Config, layout: IndexLayout, runner: RunnerConfig, split_dir: Path | None = None) -> StageResult:
     """The index stage with its per-shard steps as ``corpus-shard`` tasks (flow body only): the
     cluster index's tokenization by cluster ranges of at most ``runner.tokens_per_shard`` tokens,
     and with ``layout.passage_shard_tokens`` > 0 the passage shards (cut from ``clusters.parquet``,
     which then joins the key). Shard token ids, statistics and indexes kept under the stage cache
     for reuse. The cache key of a one-index build is the one it always had (the cluster index's
-    bytes do not depend on the shards)."""
+    bytes do not depend on the shards). ``split_dir``: the build's shared document split, made by
+    the segment stage (:class:`tasks.corpus.shards.DocumentSplit`)."""
     inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
               "passages": segment.files["passages.parquet"]}
     key_cfg: Any = cfg
@@ -191,7 +197,7 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
     return run_cached(cache, S.run_index, key_cfg, inputs, lambda out, _: S.run_index(
         ingest.path, cluster.path, segment.path, out, cfg, passage_shard_tokens=layout.passage_shard_tokens,
         submit=submitter(), window=2 * runner.n_workers() + 2, work_dir=cache.root,
-        tokens_per_shard=runner.tokens_per_shard, docs_per_range=runner.docs_per_shard))
+        tokens_per_shard=runner.tokens_per_shard, docs_per_range=runner.docs_per_shard, split_dir=split_dir))
 
 
 @task(name="publish", cache_policy=NO_CACHE)
@@ -421,19 +427,25 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
         logger.info("inputs: %s", ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p, _ in inputs))
         stages: dict[str, StageResult] = {}
         walls: dict[str, float] = {}
-        for name, call in (
-            ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner, config.source.changes)),
-            ("tokens", lambda: tokens_sharded(cache, stages["ingest"], config.segment, mirror, config.runner)),
-            ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering)),
-            ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
-                                                config.segment, mirror, config.runner)),
-            ("index", lambda: index_sharded(cache, stages["ingest"], stages["cluster"], stages["segment"], config.bm25,
-                                            config.index, config.runner)),
-        ):
-            t0 = time.perf_counter()
-            stages[name] = call()
-            walls[name] = time.perf_counter() - t0
-            logger.info("stage %-8s %s in %.2f s", name, "cache hit" if stages[name].cache_hit else "built", walls[name])
+        # the documents split by cluster shard: made once, by segment, and read again by index
+        split_dir = cache.root / f".split-{uuid.uuid4().hex}"
+        try:
+            for name, call in (
+                ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner, config.source.changes)),
+                ("tokens", lambda: tokens_sharded(cache, stages["ingest"], config.segment, mirror, config.runner)),
+                ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering)),
+                ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
+                                                    config.segment, mirror, config.runner, split_dir)),
+                ("index", lambda: index_sharded(cache, stages["ingest"], stages["cluster"], stages["segment"],
+                                                config.bm25, config.index, config.runner, split_dir)),
+            ):
+                t0 = time.perf_counter()
+                stages[name] = call()
+                walls[name] = time.perf_counter() - t0
+                logger.info("stage %-8s %s in %.2f s", name, "cache hit" if stages[name].cache_hit else "built",
+                            walls[name])
+        finally:
+            shutil.rmtree(split_dir, ignore_errors=True)
         t0 = time.perf_counter()
         version_dir, rows, unchanged = publish_task(config, ws, stages)
         walls["publish"] = time.perf_counter() - t0

@@ -15,7 +15,7 @@ from tasks.corpus import stages as S
 from tasks.corpus.cluster_index import build_cluster_index, cluster_texts, merge_vocabularies
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import run_here
+from tasks.corpus.shards import run_here, run_segment_sharded
 
 CONFIGS = [BM25Config(), BM25Config(stemmer=None, stopwords=None, k1=1.2, b=0.75), BM25Config(stemmer=None)]
 
@@ -104,3 +104,25 @@ def test_flat_token_ids_index_is_the_bm25s_index(clustered, cfg, tmp_path, monke
     tokens = TokenIds.from_tokenized(tokenize_ids(texts, cfg, _stemmer(cfg.stemmer)))
     BM25Index(bm25_from_token_ids(tokens, cfg, chunk_tokens=5_000), ids, cfg).save(tmp_path / "flat")
     assert _files(tmp_path / "flat") == _files(expected)
+
+
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster (module fixture), then segment and index builds
+def test_the_index_stage_takes_the_document_split_the_segment_stage_made(clustered, tmp_path):
+    """A build's shared split: segment makes it, index reads it instead of splitting again, and
+    both write the bytes they write without it; a stage's own scratch split is gone after it."""
+    root, cfg, seg = clustered, BM25Config(), SegmentConfig(tokenizer="whitespace")
+    split = tmp_path / "split"
+    segmented = run_segment_sharded(root / "ingest", root / "tokens", root / "cluster", tmp_path / "segment", seg, None,
+                                    run_here, 30_000, cache_dir=tmp_path / "cache", docs_per_range=50, split_dir=split)
+    assert not segmented["split_reused"] and len(list(split.iterdir())) == 1   # one split, complete, no temporary
+    indexed = S.run_index(root / "ingest", root / "cluster", tmp_path / "segment", tmp_path / "index", cfg,
+                          tokens_per_shard=30_000, docs_per_range=50, split_dir=split)
+    assert indexed["cluster_split_reused"] and indexed["cluster_token_shards"] > 5
+    alone = S.run_index(root / "ingest", root / "cluster", tmp_path / "segment", tmp_path / "alone", cfg,
+                        tokens_per_shard=30_000, docs_per_range=50)
+    assert not alone["cluster_split_reused"]
+    assert _files(tmp_path / "index" / S.CLUSTER_INDEX_DIR) == _files(tmp_path / "alone" / S.CLUSTER_INDEX_DIR) \
+        == _one_process(root, cfg, tmp_path / "one")
+    other = S.run_index(root / "ingest", root / "cluster", tmp_path / "segment", tmp_path / "other", cfg,
+                        tokens_per_shard=20_000, docs_per_range=50, split_dir=split)   # other ranges: a split of its own
+    assert not other["cluster_split_reused"] and len(list(split.iterdir())) == 2

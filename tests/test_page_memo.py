@@ -18,6 +18,29 @@ def test_parts_make_a_memo_that_finds_each_page_once(tmp_path):
     assert memo.get(page_key("never seen")) is None
     assert memo.get((a[0], a[1] ^ 1)) is None   # same high word, another low word
     assert PageMemo.open(tmp_path / "absent") is None and PageMemo.open(None) is None
+    # the rows stay in part order (the texts are not sorted); the index is sorted by key, each key once
+    assert memo.table.column("text").to_pylist() == ["Alpha is Beta.", "short", "Beta text", "Alpha is Beta."]
+    keys = list(zip(memo.hi.tolist(), memo.lo.tolist()))
+    assert keys == sorted({a, b, c}) and memo.rows.tolist()[keys.index(a)] == 0
+
+
+def test_a_memo_written_before_the_index_still_finds_its_pages(tmp_path):
+    """The earlier layout: rows sorted by key, no keys.npy (a home upgraded between two nights)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from tasks.corpus.ingest import page_memo as PM
+
+    keys = sorted([page_key("x"), page_key("y"), page_key("z")])
+    write_part(tmp_path / "p1.arrow", [(k, f"text {i}", None, [i, 0, 0]) for i, k in enumerate(keys)])
+    (tmp_path / "old").mkdir()
+    table = ipc.open_file(pa.memory_map(str(tmp_path / "p1.arrow"))).read_all()
+    with ipc.new_file(str(tmp_path / "old" / PM.MEMO_FILE), table.schema) as writer:
+        writer.write_table(table)
+    memo = PageMemo.open(tmp_path / "old")
+    assert [memo.get(k)[0] for k in keys] == ["text 0", "text 1", "text 2"]
+    assert memo.get(page_key("w")) is None and np.array_equal(memo.rows, np.arange(3))
 
 
 def test_the_memo_directory_depends_on_settings_and_namespaces(tmp_path):

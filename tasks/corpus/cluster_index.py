@@ -29,8 +29,6 @@ process).
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from dataclasses import asdict
@@ -46,8 +44,8 @@ from funnelrag.store import mark_used
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
 from tasks.corpus.memo import arrow_text_keys, keys_digest
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
-from tasks.corpus.shards import (ordered_results, partition_documents, put_cached, read_cluster_ranges,
-                                 read_shard_documents, sorted_by_id)
+from tasks.corpus.shards import (DocumentSplit, ordered_results, put_cached, read_cluster_ranges, read_shard_documents,
+                                 sorted_by_id)
 
 CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its part of the token memo; 3: keyed on their text keys
 
@@ -217,14 +215,15 @@ def index_from_token_shards(shard_dirs: Sequence[Path], doc_ids: list[str], merg
 
 def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, submit: Callable[..., Any],
                         tokens_per_shard: int, work_dir: Path, window: int = 8,
-                        docs_per_range: int = 20_000) -> tuple[BM25Index, dict[str, Any]]:
+                        docs_per_range: int = 20_000, split_dir: Path | None = None) -> tuple[BM25Index, dict[str, Any]]:
     """The cluster index, byte-identical to ``BM25Index.build(*reversed(cluster_texts(documents,
     members)), cfg)``, with the tokenization in shards of whole clusters of at most
     ``tokens_per_shard`` tokens (content-defined cuts, :func:`tasks.corpus.shards.cluster_ranges`),
     run through ``submit`` (:func:`cluster_token_shard`), each reading its own documents from a
     partition made first in one parallel pass of ``docs_per_range`` documents a task
     (:func:`tasks.corpus.shards.partition_documents`, in a scratch directory under ``work_dir``,
-    removed after).
+    removed after; or the build's shared split in ``split_dir``, made by the segment stage:
+    :class:`tasks.corpus.shards.DocumentSplit`).
 
     The shards' token ids are kept in ``work_dir`` (shared with the workers) and reused when a
     shard's texts are unchanged. Returns the index and a summary: shard counts, reuse, seconds of
@@ -240,10 +239,10 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
     reused = members_reused = 0
     Path(work_dir).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".documents-by-shard-", dir=work_dir))
+    split = DocumentSplit(split_dir, work_dir)
     try:
-        docs_dirs = partition_documents(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), scratch, submit,
-                                        docs_per_range, window)
+        docs_dirs = split.partition(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), submit,
+                                    docs_per_range, window)
         del members, cids
         t_partition = time.perf_counter() - t0
         memo_dir = token_memo_dir(work_dir, "clusters", cfg)
@@ -256,7 +255,7 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
             reused += hit
             members_reused += from_memo
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        split.close()
     t1 = time.perf_counter()
     shard_dirs = [Path(work_dir) / "cluster-tokens" / key for key in keys]
     n_tokens = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in shard_dirs)
@@ -268,5 +267,6 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
                    "cluster_token_memo_seconds": time.perf_counter() - t2, "cluster_token_shards": len(ranges), "cluster_token_shards_built": len(ranges) - reused,
                    "cluster_token_shards_reused": reused, "cluster_tokens": n_tokens,
                    "cluster_vocabulary": n_terms, "cluster_partition_seconds": t_partition,
+                   "cluster_split_reused": split.reused,
                    "cluster_tokenize_seconds": t1 - t0,
                    "cluster_merge_index_seconds": t2 - t1}

@@ -291,6 +291,66 @@ def partition_documents(ingest_dir: Path, ranges: list[tuple[int, int]], cluster
     return [out_dir / f"{k:06d}" for k in range(len(ranges))]
 
 
+class DocumentSplit:
+    """Where the cluster shards' documents are split (:func:`partition_documents`): a scratch
+    directory of one stage, removed when it ends, or one a build shares between its segment and
+    cluster-index stages, which cut the same cluster ranges from the same documents.
+
+    Use ``with DocumentSplit(shared, scratch_parent) as split: dirs = split.partition(...)``.
+    ``shared`` (a directory the build creates and removes, on storage the workers share): a split
+    is kept there under the sha256 of what it depends on (the documents file, the ranges, each
+    member's cluster and document) and taken as it is by the next stage that asks for the same one
+    (``reused``); ``None``: the split goes to a new directory under ``scratch_parent``, removed on exit.
+    """
+
+    def __init__(self, shared: Path | None, scratch_parent: Path):
+        self.shared, self.scratch_parent = (Path(shared) if shared is not None else None), Path(scratch_parent)
+        self.scratch: Path | None = None
+        self.reused = False
+
+    def __enter__(self) -> "DocumentSplit":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove this stage's own scratch split (a shared one stays for the build to remove)."""
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def partition(self, ingest_dir: Path, ranges: list[tuple[int, int]], cluster_ids: np.ndarray, doc_ids: np.ndarray,
+                  submit: Callable[..., Any], docs_per_range: int, window: int = 8) -> list[Path]:
+        """:func:`partition_documents` into this split's directory, or the shared split of the same
+        inputs when a stage of this build made it. Returns one directory a range."""
+        if self.shared is None:
+            self.scratch_parent.mkdir(parents=True, exist_ok=True)
+            self.scratch = Path(tempfile.mkdtemp(prefix=".documents-by-shard-", dir=self.scratch_parent))
+            return partition_documents(ingest_dir, ranges, cluster_ids, doc_ids, self.scratch, submit, docs_per_range,
+                                       window)
+        documents = Path(ingest_dir) / C.DOCUMENTS.filename
+        st = documents.stat()
+        h = hashlib.sha256(json.dumps([str(documents.resolve()), st.st_size, st.st_mtime_ns, docs_per_range,
+                                       [list(r) for r in ranges]]).encode())
+        h.update(np.asarray(cluster_ids, np.int64).tobytes())
+        h.update(np.asarray(doc_ids, np.int64).tobytes())
+        done = self.shared / h.hexdigest()
+        if (done / "COMPLETE").exists():
+            self.reused = True
+            return [done / f"{k:06d}" for k in range(len(ranges))]
+        self.shared.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.shared))
+        try:
+            partition_documents(ingest_dir, ranges, cluster_ids, doc_ids, tmp, submit, docs_per_range, window)
+            (tmp / "COMPLETE").write_text("\n")
+            os.replace(tmp, done)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return [done / f"{k:06d}" for k in range(len(ranges))]
+
+
 def read_shard_documents(ingest_dir: str, docs_dir: str | None, wanted: Sequence[int]) -> pa.Table:
     """The documents ``wanted`` (sorted ids) of one shard, sorted by ``doc_id``: from the shard's
     partition ``docs_dir`` (:func:`partition_documents`) when given, else from
@@ -585,7 +645,8 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
                         mirror: Path | None, submit: Callable[..., Any], tokens_per_shard: int, window: int = 8,
-                        cache_dir: Path | None = None, docs_per_range: int = 20_000) -> dict[str, Any]:
+                        cache_dir: Path | None = None, docs_per_range: int = 20_000,
+                        split_dir: Path | None = None) -> dict[str, Any]:
     """:func:`tasks.corpus.stages.run_segment` over cluster-id ranges segmented through ``submit``.
 
     Shards are ranges of whole clusters of at most ``tokens_per_shard`` tokens (content-defined
@@ -601,8 +662,9 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     whose members' texts the last build segmented takes its rows from the segmentation memo
     (:mod:`tasks.corpus.segment_memo`, replaced after the shards with this build's clusters;
     ``clusters_reused`` of ``clusters``). Without it the shards' rows pass
-    through ``out_dir/.segment-shards`` (removed after). Summary: counts, shards, the partition's
-    and the whole stage's seconds.
+    through ``out_dir/.segment-shards`` (removed after). ``split_dir``: the build's shared
+    :class:`DocumentSplit` directory (the cluster index takes the same split from it). Summary:
+    counts, shards, the partition's and the whole stage's seconds.
     """
     t0 = time.perf_counter()
     n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
@@ -614,11 +676,11 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
     rows_dir = Path(out_dir) / ".segment-shards" if cache_dir is None else Path(cache_dir)
     rows_dir.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".documents-by-shard-", dir=rows_dir))
+    split = DocumentSplit(split_dir, rows_dir)
     n_units = n_passages = unit_tokens = n_empty = reused = clusters_reused = 0
     try:
-        docs_dirs = partition_documents(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), scratch, submit,
-                                        docs_per_range, window)
+        docs_dirs = split.partition(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), submit,
+                                    docs_per_range, window)
         del members
         t_partition = time.perf_counter() - t0
         memo = SM.memo_dir(rows_dir, cfg) if cache_dir is not None else None
@@ -643,7 +705,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         if memo is not None:   # this build's clusters, for the next one (no shard reads the memo now)
             SM.write_memo(memo, [p for p in parts if SM.has_part(p)])
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        split.close()
         if cache_dir is None:
             shutil.rmtree(rows_dir, ignore_errors=True)
     if n_empty:
@@ -652,4 +714,4 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
             "mean_unit_tokens": unit_tokens / n_units if n_units else 0.0,
             "articles_without_passages": n_empty, "shards": len(ranges), "shards_reused": reused,
             "shards_built": len(ranges) - reused, "clusters": n_clusters, "clusters_reused": clusters_reused,
-            "partition_seconds": t_partition, "seconds": time.perf_counter() - t0}
+            "partition_seconds": t_partition, "split_reused": split.reused, "seconds": time.perf_counter() - t0}

@@ -159,12 +159,13 @@ def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: 
 def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config,
               passage_shard_tokens: int = 0, submit: Callable[..., Any] | None = None, window: int = 8,
               work_dir: Path | None = None, tokens_per_shard: int = 32_000_000,
-              docs_per_range: int = 20_000) -> dict[str, Any]:
+              docs_per_range: int = 20_000, split_dir: Path | None = None) -> dict[str, Any]:
     """bm25s indexes over cluster texts (progressive) and passages (flat baseline).
 
     The cluster index is one index; its texts are tokenized in ranges of whole clusters of at most
     ``tokens_per_shard`` tokens through ``submit`` (default: in this process; their documents
-    partitioned first in tasks of ``docs_per_range`` documents) and merged
+    partitioned first in tasks of ``docs_per_range`` documents, or taken from the build's shared
+    split ``split_dir``, :class:`tasks.corpus.shards.DocumentSplit`) and merged
     into the one-process vocabulary and ids (:func:`tasks.corpus.cluster_index.build_cluster_index`:
     same bytes as ``BM25Index.build`` over all cluster texts, without holding them all).
     ``passage_shard_tokens`` > 0: the passage index is built in shards of whole clusters of at
@@ -181,7 +182,7 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     scratch = work_dir is None
     work = Path(out_dir) / ".work" if scratch else Path(work_dir)
     cluster_index, clusters = build_cluster_index(ingest_dir, cluster_dir, cfg, submit, tokens_per_shard, work,
-                                                  window=window, docs_per_range=docs_per_range)
+                                                  window=window, docs_per_range=docs_per_range, split_dir=split_dir)
     cluster_index.save(out_dir / CLUSTER_INDEX_DIR)
     n_clusters = len(cluster_index)
     del cluster_index
