@@ -16,10 +16,19 @@ of the coordinator.
 the day memo) and read from the day memo (what a night does for the days an earlier night parsed);
 CPU seconds of each, and a check that both give the same revisions in the same order.
 
+``copies``: on a nightly home's newest outputs, the steps that read, hash or copy every text of
+the corpus, each the way it was done before and the way it is done now (CPU seconds, the best of
+three, and a check that both give the same result): a full garbage collection in a process with
+the flow's modules imported, before and after ``gc.freeze``; a ``doc_id`` range of
+``documents.parquet`` read and sorted vs read in order; the passages' text keys from Python
+strings vs from the Arrow buffers; the passage token memo's values gathered one by one vs copied
+by runs; the page memo sorted by key as a table vs as a key index.
+
 Run:
 ``python benchmarks/bench_incremental_stages.py ingest MIRROR --work DIR [--wiki synwiki] [--workers 2]``
 ``python benchmarks/bench_incremental_stages.py segment --home NIGHTLY_HOME --work DIR [--no-memo]``
 ``python benchmarks/bench_incremental_stages.py days MIRROR --work DIR [--wiki synwiki]``
+``python benchmarks/bench_incremental_stages.py copies --home NIGHTLY_HOME``
 """
 from __future__ import annotations
 
@@ -136,6 +145,86 @@ def bench_days(mirror: Path, work: Path, wiki: str) -> None:
                       "from_memo_cpu_s": round(t_memo, 2)}))
 
 
+def _best(fn, repeat: int = 3) -> tuple[float, object]:
+    """The least CPU seconds (this process) of ``repeat`` calls of ``fn``, and its last result."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.process_time()
+        out = fn()
+        best = min(best, time.process_time() - t)
+    return round(best, 3), out
+
+
+def bench_copies(home: Path) -> None:
+    import gc  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow.ipc as ipc  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    import flows.corpus_build  # noqa: F401, PLC0415 (what a shard worker process holds)
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.memo import arrow_text_keys, text_keys  # noqa: PLC0415
+    from tasks.corpus.shards import read_doc_range  # noqa: PLC0415
+    from tasks.corpus.token_memo import TERMS_FIELD, open_token_memo, token_memo_dir  # noqa: PLC0415
+
+    root = home / "cache" / "corpus"
+    newest = lambda stage: max((d for d in (root / stage).iterdir() if (d / "COMPLETE").exists()),  # noqa: E731
+                               key=lambda d: d.stat().st_mtime)
+    rows = []
+
+    def row(step, before, now, same):
+        rows.append({"step": step, "before_cpu_s": before, "now_cpu_s": now, "same_result": bool(same)})
+        print(json.dumps(rows[-1]), flush=True)
+
+    objects = len(gc.get_objects())
+    before, _ = _best(gc.collect)
+    gc.freeze()
+    now, _ = _best(gc.collect)
+    gc.unfreeze()
+    row(f"full garbage collection ({objects:,} objects, flow modules imported)", before, now, True)
+
+    ingest = newest("ingest")
+    n = min(20_000, pq.read_metadata(ingest / "documents.parquet").num_rows)
+    cols = ["doc_id", "title", "text"]
+    before, old = _best(lambda: pq.read_table(ingest / "documents.parquet", columns=cols,
+                                              filters=[("doc_id", ">=", 0), ("doc_id", "<", n)]).sort_by("doc_id"))
+    now, new = _best(lambda: read_doc_range(ingest, 0, n, cols))
+    row(f"documents 0..{n - 1:,} read (sorted before)", before, now, old.equals(new))
+
+    passages = pq.read_table(newest("segment") / "passages.parquet", columns=["title", "text"])
+    before, old = _best(lambda: text_keys([f"{t}\n{x}" for t, x in zip(passages.column("title").to_pylist(),
+                                                                       passages.column("text").to_pylist())]))
+    now, new = _best(lambda: arrow_text_keys(pc.binary_join_element_wise(passages.column("title"),
+                                                                         passages.column("text"), "\n")))
+    row(f"text keys of {passages.num_rows:,} passages", before, now, np.array_equal(old, new))
+
+    memo, _ = open_token_memo(token_memo_dir(root, "passages", BM25Config()))
+    if memo is not None:
+        found = memo.lookup(new)
+        hit = found[found >= 0]
+        bounds, data = memo.fields[TERMS_FIELD]
+        picked = np.asarray(bounds[hit])
+
+        def gather():
+            lengths = picked[:, 1] - picked[:, 0]
+            first = np.repeat(picked[:, 0] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+            return np.asarray(data[first + np.arange(int(lengths.sum()), dtype=np.int64)])
+        before, old = _best(gather)
+        now, (_, new_values) = _best(lambda: memo.take(TERMS_FIELD, hit))
+        row(f"token memo values of {hit.size:,} passages", before, now, np.array_equal(old, new_values))
+
+    memos = sorted((root / "ingest-pieces").glob("page-memo-*/pages.arrow"))
+    if memos:
+        table = ipc.open_file(pa.memory_map(str(memos[0]))).read_all()
+        before, old = _best(lambda: table.sort_by([("hi", "ascending"), ("lo", "ascending")]))
+        now, order = _best(lambda: np.lexsort((table.column("lo").to_numpy(), table.column("hi").to_numpy())))
+        row(f"page memo of {table.num_rows:,} pages sorted by key", before, now,
+            old.column("hi").equals(table.column("hi").take(pa.array(order))))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -152,11 +241,15 @@ def main() -> None:
     c.add_argument("mirror", type=Path)
     c.add_argument("--work", type=Path, required=True)
     c.add_argument("--wiki", default="synwiki")
+    d = sub.add_parser("copies")
+    d.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     args = ap.parse_args()
     if args.step == "ingest":
         bench_ingest(args.mirror, args.work, args.wiki, args.workers)
     elif args.step == "segment":
         bench_segment(args.home, args.work, not args.no_memo)
+    elif args.step == "copies":
+        bench_copies(args.home)
     else:
         bench_days(args.mirror, args.work, args.wiki)
 
