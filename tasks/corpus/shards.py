@@ -296,23 +296,17 @@ class DocumentSplit:
     directory of one stage, removed when it ends, or one a build shares between its segment and
     cluster-index stages, which cut the same cluster ranges from the same documents.
 
-    Use ``with DocumentSplit(shared, scratch_parent) as split: dirs = split.partition(...)``.
     ``shared`` (a directory the build creates and removes, on storage the workers share): a split
     is kept there under the sha256 of what it depends on (the documents file, the ranges, each
     member's cluster and document) and taken as it is by the next stage that asks for the same one
-    (``reused``); ``None``: the split goes to a new directory under ``scratch_parent``, removed on exit.
+    (``reused``); ``None``: the split goes to a new directory under ``scratch_parent``, removed by
+    :meth:`close`.
     """
 
     def __init__(self, shared: Path | None, scratch_parent: Path):
         self.shared, self.scratch_parent = (Path(shared) if shared is not None else None), Path(scratch_parent)
         self.scratch: Path | None = None
         self.reused = False
-
-    def __enter__(self) -> "DocumentSplit":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Remove this stage's own scratch split (a shared one stays for the build to remove)."""
@@ -339,15 +333,11 @@ class DocumentSplit:
         if (done / "COMPLETE").exists():
             self.reused = True
             return [done / f"{k:06d}" for k in range(len(ranges))]
-        self.shared.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.shared))
-        try:
+
+        def write(tmp: Path) -> None:
             partition_documents(ingest_dir, ranges, cluster_ids, doc_ids, tmp, submit, docs_per_range, window)
             (tmp / "COMPLETE").write_text("\n")
-            os.replace(tmp, done)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        put_cached(done, write)
         return [done / f"{k:06d}" for k in range(len(ranges))]
 
 

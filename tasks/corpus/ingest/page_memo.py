@@ -91,9 +91,10 @@ class PageMemo:
         hi = table.column("hi").to_numpy().astype(np.uint64)
         lo = table.column("lo").to_numpy().astype(np.uint64)
         order = np.lexsort((lo, hi))   # stable: of equal keys, the first row comes first
+        hi_sorted, lo_sorted = hi[order], lo[order]
         first = np.ones(order.size, bool)
         if order.size > 1:
-            first[1:] = (hi[order][1:] != hi[order][:-1]) | (lo[order][1:] != lo[order][:-1])
+            first[1:] = (hi_sorted[1:] != hi_sorted[:-1]) | (lo_sorted[1:] != lo_sorted[:-1])
         rows = order[first]
         index = np.stack([hi[rows], lo[rows], rows.astype(np.uint64)], axis=1) if rows.size else np.zeros((0, 3), np.uint64)
         with atomic_directory(Path(directory)) as tmp:
