@@ -22,7 +22,8 @@ three, and a check that both give the same result): a full garbage collection in
 the flow's modules imported, before and after ``gc.freeze``; a ``doc_id`` range of
 ``documents.parquet`` read and sorted vs read in order; the passages' text keys from Python
 strings vs from the Arrow buffers; the passage token memo's values gathered one by one vs copied
-by runs; the page memo sorted by key as a table vs as a key index.
+by runs; a segment shard's passages written and read back with Parquet's default settings vs
+lz4 without dictionaries or statistics; the page memo sorted by key as a table vs as a key index.
 
 Run:
 ``python benchmarks/bench_incremental_stages.py ingest MIRROR --work DIR [--wiki synwiki] [--workers 2]``
@@ -215,6 +216,20 @@ def bench_copies(home: Path) -> None:
         before, old = _best(gather)
         now, (_, new_values) = _best(lambda: memo.take(TERMS_FIELD, hit))
         row(f"token memo values of {hit.size:,} passages", before, now, np.array_equal(old, new_values))
+
+    shard = max((root / "segment-shards").glob("*/passages.parquet"), key=lambda f: f.stat().st_size, default=None)
+    if shard is not None:   # a segment shard's rows: written by a worker, read back by the coordinator
+        import tempfile  # noqa: PLC0415
+
+        from tasks.corpus.shards import SEGMENT_SHARD_WRITE_OPTIONS  # noqa: PLC0415
+        rows_table = pq.read_table(shard)
+        with tempfile.TemporaryDirectory() as tmp:
+            def write_read(options):
+                pq.write_table(rows_table, Path(tmp) / "p.parquet", **options)
+                return pq.read_table(Path(tmp) / "p.parquet")
+            before, old = _best(lambda: write_read({}))
+            now, new = _best(lambda: write_read(SEGMENT_SHARD_WRITE_OPTIONS))
+        row(f"segment shard of {rows_table.num_rows:,} passages written and read back", before, now, old.equals(new))
 
     memos = sorted((root / "ingest-pieces").glob("page-memo-*/pages.arrow"))
     if memos:

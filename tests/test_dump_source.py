@@ -23,6 +23,7 @@ from tasks.corpus.adds_changes import (AddsChangesError, apply_changes, day_memo
 from tasks.corpus.ingest import IngestConfig, IngestError, ingest
 from tasks.corpus.ingest.changes import PageChanges, merge_pages
 from tasks.corpus.ingest.multistream import index_path
+from tasks.corpus.ingest.parallel import parse_pieces, piece_batches
 from tasks.corpus.ingest.records import RawPage
 from tasks.corpus.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepare_input
 from tests.mirror_server import serve
@@ -193,6 +194,16 @@ def test_days_applied_while_ingesting_give_the_full_dumps_artifacts(synth, tmp_p
         assert cleaned["reused"] > 0 and cleaned["built"] <= 1
         summary, again = artifacts(tmp_path / "memo", changes=changes, piece_cache=tmp_path / "pieces")
         assert again == full and summary.pieces == {"patched": 5}
+        tasks = []   # at most `window` tasks of consecutive pieces: the same artifacts, piece by piece
+        with ThreadPoolExecutor(2) as pool:
+            def submit(fn, *args):
+                tasks.append((fn.__name__, [a[1].index for a in args[0]] if fn is parse_pieces else [args[1].index]))
+                return pool.submit(fn, *args)
+            batched = ingest([base], tmp_path / "batched", cfg, submit=submit, streams_per_piece=2, window=2,
+                             changes=changes, piece_cache=tmp_path / "pieces")
+        assert tasks == [("parse_pieces", [0, 1]), ("parse_pieces", [2, 3, 4])]
+        assert batched.pieces == {"patched": 5}
+        assert {p.name: sha256_file(p) for p in sorted((tmp_path / "batched").glob("*.parquet"))} == full
         assert summary.cleaned_pages["reused"] > summary.cleaned_pages["built"] > 0
         shutil.rmtree(tmp_path / "pieces")   # no base piece kept: each piece is parsed with its revisions
         summary, parsed = artifacts(tmp_path / "parsed", changes=changes, piece_cache=tmp_path / "pieces")
@@ -226,6 +237,18 @@ def test_a_revision_taking_a_title_of_its_piece_parses_the_piece(synth, tmp_path
     assert summary.pieces == {"built": 1, "reused": 4}
     assert summary.skipped.get("duplicate_title", 0) >= 1
     assert {p.name: sha256_file(p) for p in sorted((tmp_path / "inc").glob("*.parquet"))} == expected
+
+
+def test_piece_batches_one_piece_a_task_unless_changes_are_applied():
+    assert piece_batches(3, 8, changes=False) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert piece_batches(20, 6, changes=True) == [range(0, 3), range(3, 6), range(6, 10), range(10, 13),
+                                                  range(13, 16), range(16, 20)]
+    assert piece_batches(2, 6, changes=True) == [range(0, 1), range(1, 2)]
+    assert piece_batches(0, 6, changes=True) == []
+    batches = piece_batches(101, 7, changes=True)
+    assert [k for b in batches for k in b] == list(range(101)) and {len(b) for b in batches} == {14, 15}
+    with pytest.raises(ValueError, match="window 0"):
+        piece_batches(3, 0, changes=True)
 
 
 def test_changes_need_a_dump_in_page_id_order():

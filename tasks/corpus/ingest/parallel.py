@@ -12,7 +12,10 @@ one the serial pass builds, so the artifacts are byte-identical to the serial pa
 
 Workers are submitted through any executor with ``submit(fn, *args) -> future`` (a
 ``concurrent.futures`` pool, or the Prefect task runner of the corpus-build flow); at most
-``window`` pieces are in flight or finished-but-not-replayed, which bounds coordinator memory.
+``window`` tasks are in flight or finished-but-not-replayed, which bounds coordinator memory. A
+full build submits one piece a task; a build that applies adds-changes submits the pieces in at
+most ``window`` tasks of consecutive pieces (:func:`parse_pieces`): such a piece is patched from
+the base dump's kept piece in a fraction of a second, less than a task costs the workflow engine.
 """
 from __future__ import annotations
 
@@ -260,6 +263,35 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     return result
 
 
+def parse_pieces(calls: list[tuple]) -> list[PieceResult]:
+    """:func:`parse_piece` of each argument tuple of ``calls``, in order, in one worker task: the
+    pieces of a build that applies adds-changes, each patched from the base dump's kept piece
+    (:func:`patch_piece`) in ~0.4 s, less than the ~0.3 s of engine, API and log traffic of a task
+    plus its share of the worker pool, so ~20 pieces go in a few tasks. Errors are
+    :func:`parse_piece`'s (the first piece that fails; its message names it)."""
+    return [parse_piece(*args) for args in calls]
+
+
+def piece_batches(n_pieces: int, window: int, changes: bool) -> list[range]:
+    """The pieces ``0..n_pieces - 1`` grouped into the tasks :func:`run_pieces` submits: one piece
+    a task for a full build (``changes`` false: each parses megabytes of XML, so a task's cost
+    does not matter and the pool balances best), else at most ``window`` runs of consecutive
+    pieces, as even as can be (sizes differ by at most one).
+
+    Raises
+    ------
+    ValueError
+        ``window < 1`` or ``n_pieces < 0``.
+    """
+    if window < 1 or n_pieces < 0:
+        raise ValueError(f"piece_batches: window {window} must be >= 1 and n_pieces {n_pieces} >= 0")
+    if not changes:
+        return [range(k, k + 1) for k in range(n_pieces)]
+    n_tasks = min(window, n_pieces)
+    bounds = [n_pieces * t // n_tasks for t in range(n_tasks + 1)] if n_tasks else [0]
+    return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: frozenset[str], cfg: IngestConfig,
                 shard_dir: str, memo: str | None = None) -> PieceResult | None:
     """Pass 1 of one piece of the merged dump from the base dump's kept piece (``base``, a piece-cache
@@ -464,7 +496,8 @@ def piece_changes(layout: Layout, changes: PageChanges) -> list[PageChanges]:
 def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Path, window: int,
                piece_cache: Path | None = None, changes: PageChanges | None = None) -> int:
     """Pass 1 over a multistream dump: pieces parsed through ``submit``, replayed in order; with
-    ``changes``, each piece with the revisions that fall in it (:func:`piece_changes`).
+    ``changes``, each piece with the revisions that fall in it (:func:`piece_changes`), several
+    consecutive pieces a task (:func:`piece_batches`, :func:`parse_pieces`).
 
     Returns the decompressed bytes of the whole file (header, pages, footer).
     """
@@ -473,35 +506,41 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
     memo = memo_dir(piece_cache, state.cfg, namespaces) if piece_cache is not None else None
     parts: list[str] = []
     pending: deque = deque()
-    pieces = iter(layout.pieces)
+    batches = iter(piece_batches(len(layout.pieces), window, changes is not None))
     position = 0
     logger.info("ingest %s: %d pieces of <= %d streams (offsets from %s)", layout.path.name, len(layout.pieces),
                 max((p.n_streams for p in layout.pieces), default=0), layout.source)
+
+    def call(piece: Piece) -> tuple:
+        return (str(layout.path), piece, namespaces, state.cfg,
+                str(shard_root / f"{layout.path.name}.piece-{piece.index:06d}"),
+                str(piece_cache) if piece_cache else None, per_piece[piece.index], str(memo) if memo else None)
+
     try:
         while True:
             while len(pending) < window:
-                piece = next(pieces, None)
-                if piece is None:
+                batch = next(batches, None)
+                if batch is None:
                     break
-                pending.append(submit(parse_piece, str(layout.path), piece, namespaces, state.cfg,
-                                      str(shard_root / f"{layout.path.name}.piece-{piece.index:06d}"),
-                                      str(piece_cache) if piece_cache else None, per_piece[piece.index],
-                                      str(memo) if memo else None))
+                pieces = [layout.pieces[k] for k in batch]
+                pending.append(submit(parse_piece, *call(pieces[0])) if changes is None else
+                               submit(parse_pieces, [call(p) for p in pieces]))
             if not pending:
                 if memo is not None and len(parts) == len(layout.pieces):
                     PageMemo.write(memo, parts)   # the pages of this dump, for the next build
                 return total
-            result = pending.popleft().result()
-            replay_piece(state, result, position)
-            state.pieces["reused" if result.reused else "patched" if result.patched else "built"] += 1
-            if result.memo_part is not None:
-                parts.append(result.memo_part)
-            if memo is not None and not result.reused:
-                state.cleaned.update(built=result.cleaned[0], reused=result.cleaned[1])
-            position += result.report.num_rows
-            if getattr(state, "progress", None) is not None:
-                state.progress.update(result.report.num_rows, pieces=sum(state.pieces.values()))
-            total += result.xml_bytes
+            done = pending.popleft().result()
+            for result in (done if isinstance(done, list) else [done]):
+                replay_piece(state, result, position)
+                state.pieces["reused" if result.reused else "patched" if result.patched else "built"] += 1
+                if result.memo_part is not None:
+                    parts.append(result.memo_part)
+                if memo is not None and not result.reused:
+                    state.cleaned.update(built=result.cleaned[0], reused=result.cleaned[1])
+                position += result.report.num_rows
+                if getattr(state, "progress", None) is not None:
+                    state.progress.update(result.report.num_rows, pieces=sum(state.pieces.values()))
+                total += result.xml_bytes
     except BaseException:
         _drain(pending)   # workers still writing into the shard directory must stop first
         raise
