@@ -12,6 +12,11 @@ page texts after the last day) in the same home: it must report *unchanged*, i.e
 digest equals the last incremental night's (its ingest runs; every later stage is a cache hit).
 The days' ``status.txt`` are restored at the end.
 
+Each night's CPU seconds are also split into user and system time, and by role
+(``cpu_by_role``: the coordinator, the pool workers, the Prefect API server), read from
+``/proc/<pid>/stat`` of the night's process tree every 0.25 s (Linux; a process's last 0.25 s
+before it exits is missed, so the roles add up to slightly less than ``cpu_s``).
+
 After each night the home's size on disk is recorded (``home_bytes``); ``--cache-max-age-days``
 and ``--keep-versions`` set the build's ``retention`` for every night.
 
@@ -88,20 +93,84 @@ def one_night(args: argparse.Namespace) -> None:
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in keep}, default=str))
 
 
+def _role(cmdline: str) -> str:
+    if "uvicorn" in cmdline and "prefect.server" in cmdline:
+        return "api_server"
+    if "multiprocessing" in cmdline or "spawn_main" in cmdline:
+        return "pool_workers"
+    return "coordinator" if "--one-night" in cmdline else "other"
+
+
+class _TreeCPU:
+    """User and system CPU seconds of a process tree by role, sampled from ``/proc`` (Linux)."""
+
+    def __init__(self, root: int, every: float = 0.25):
+        self.root, self.every, self.seen = root, every, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _tree(self) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry))
+        out, stack = [], [self.root]
+        while stack:
+            pid = stack.pop()
+            out.append(pid)
+            stack += children.get(pid, [])
+        return out
+
+    def _run(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.is_set():
+            for pid in self._tree():
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                role = _role(cmd) if cmd.strip() else self.seen.get(pid, ("other",))[0]   # an exiting process has none
+                self.seen[pid] = (role, int(fields[11]) / tick, int(fields[12]) / tick)
+            self._stop.wait(self.every)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        roles: dict[str, dict] = {}
+        for role, user, system in self.seen.values():
+            r = roles.setdefault(role, {"processes": 0, "user_s": 0.0, "sys_s": 0.0})
+            r["processes"] += 1
+            r["user_s"] = round(r["user_s"] + user, 2)
+            r["sys_s"] = round(r["sys_s"] + system, 2)
+        return roles
+
+
 def _run_child(argv: list[str]) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}   # a loaded box starts it slowly
-    proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    sampler = _TreeCPU(proc.pid) if Path("/proc/self/stat").exists() else None
+    stdout, stderr = proc.communicate()
+    by_role = sampler.stop() if sampler is not None else None
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
-        sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-5000:])
+        sys.stderr.write(stdout[-5000:] + stderr[-5000:])
         raise SystemExit(f"night failed: {' '.join(argv)}")
-    line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("SUMMARY "))
+    line = next(ln for ln in reversed(stdout.splitlines()) if ln.startswith("SUMMARY "))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     home = Path(argv[argv.index("--home") + 1])
-    return {"wall_s": wall, "cpu_s": cpu, "load": Path("/proc/loadavg").read_text().split()[:3],
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_user_s": after.ru_utime - before.ru_utime,
+            "cpu_sys_s": after.ru_stime - before.ru_stime, "cpu_by_role": by_role,
+            "load": Path("/proc/loadavg").read_text().split()[:3],
             "home_bytes": _home_bytes(home), **json.loads(line[len("SUMMARY "):])}
 
 
@@ -163,8 +232,8 @@ def main() -> None:
             r = _run_child(["--one-night", "--mirror-url", url, *common])
             r["night"] = night + 1
             results.append(r)
-            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version", "shards",
-                                                    "home_bytes", "retention")}
+            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "cpu_user_s", "cpu_sys_s", "cpu_by_role",
+                                                    "load", "version", "shards", "home_bytes", "retention")}
                              | {"action": r["nightly"]["action"], "days": r["nightly"]["days"],
                                 "apply": (r["nightly"].get("fetch") or {}).get("apply")}), flush=True)
         if args.merged:   # the full dump of the same texts, built in the same home: unchanged = same digest

@@ -1,0 +1,79 @@
+"""What one per-shard task costs the workflow engine: CPU seconds of the whole process tree (the
+flow's process, its pool workers and the ephemeral Prefect API server) of a flow on the corpus
+build's task runner (``flows.runners.build_task_runner``) that submits N shard calls through
+``flows.runners.submitter`` doing nothing, for each N of ``--tasks`` (default 0 and 40), each in
+a fresh process, ``--repeat`` times alternated; the slope of CPU against N is the cost of a task.
+
+Why: an adds-changes night of the nightly runs ~25–40 shard tasks whose work is a second or two,
+so a task's own cost (a task run created and moved through its states in the API, its log
+records and events sent, the worker's API client) decides whether batching small shards pays.
+
+Run: ``python benchmarks/bench_task_overhead.py [--tasks 0 40] [--repeat 3] [--workers 2]``
+(prints one JSON line per run, then the per-task CPU of the least-squares line).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def nothing(k: int) -> int:
+    """A shard call that does no work (the task's own cost only)."""
+    return k
+
+
+def child(n_tasks: int, workers: int) -> None:
+    """Run the flow in this process: the pool starts, then ``n_tasks`` shard calls."""
+    sys.path.insert(0, str(ROOT))
+    from prefect import flow  # noqa: PLC0415
+
+    from flows.runners import RunnerConfig, build_task_runner, submitter  # noqa: PLC0415
+
+    @flow(name="task-overhead")
+    def run() -> int:
+        submit = submitter()
+        futures = [submit(nothing, 0)]   # the pool's start, in every run
+        futures += [submit(nothing, k) for k in range(1, n_tasks + 1)]
+        return sum(f.result() for f in futures)
+
+    run.with_options(task_runner=build_task_runner(RunnerConfig(workers=workers)))()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", type=int, nargs="+", default=[0, 40])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child is not None:
+        child(a.child, a.workers)
+        return
+    points = []
+    for _ in range(a.repeat):
+        for n in a.tasks:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            subprocess.run([sys.executable, __file__, "--child", str(n), "--workers", str(a.workers)], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            points.append((n, cpu))
+            print(json.dumps({"tasks": n, "cpu_s": round(cpu, 2), "wall_s": round(time.perf_counter() - t, 2),
+                              "load": os.getloadavg()[0]}), flush=True)
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in points) / max(sum((x - mx) ** 2 for x in xs), 1e-9)
+    print(json.dumps({"cpu_s_per_task": round(slope, 3), "cpu_s_at_zero": round(my - slope * mx, 2)}))
+
+
+if __name__ == "__main__":
+    main()
