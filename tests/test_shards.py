@@ -19,7 +19,7 @@ from tasks.corpus import stages as S
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import (anchor_keys, cluster_ranges, doc_shards, partition_documents, read_cluster_ranges,
+from tasks.corpus.shards import (anchor_keys, put_cached, cluster_ranges, doc_shards, partition_documents, read_cluster_ranges,
                                  read_doc_range, read_rows_by_id, read_shard_documents, run_here, run_segment_sharded,
                                  run_tokens_sharded)
 
@@ -29,6 +29,17 @@ def ingested(data_mirror, tmp_path_factory):
     out = tmp_path_factory.mktemp("enwiki")
     ingest([resolve("enwiki-sample", data_mirror)], out, IngestConfig(format="mediawiki"))
     return out
+
+
+def test_a_failed_cache_write_leaves_no_entry_and_no_temporary_directory(tmp_path):
+    def fails(tmp):
+        (tmp / "half.parquet").write_bytes(b"PAR1")
+        raise OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        put_cached(tmp_path / "key", fails)
+    assert list(tmp_path.iterdir()) == []
+    put_cached(tmp_path / "key", lambda tmp: (tmp / "COMPLETE").write_text("0\n"))
+    assert [p.name for p in tmp_path.iterdir()] == ["key"] and (tmp_path / "key" / "COMPLETE").read_text() == "0\n"
 
 
 def test_doc_shards_cover_every_document_once():

@@ -136,11 +136,16 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
 
 def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
     """Write a cache entry: ``write(tmp_dir)`` then rename onto ``cached`` (a concurrent writer of
-    the same key wins; both wrote the same bytes)."""
+    the same key wins; both wrote the same bytes). If ``write`` raises, its temporary directory is
+    removed and the error passes on; ``cached`` is left as it was."""
     tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         os.replace(tmp, cached)
     except OSError:   # kept by another worker meanwhile
