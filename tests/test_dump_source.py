@@ -241,12 +241,16 @@ def test_a_revision_taking_a_title_of_its_piece_parses_the_piece(synth, tmp_path
 
 def test_piece_batches_one_piece_a_task_unless_changes_are_applied():
     assert piece_batches(3, 8, changes=False) == [range(0, 1), range(1, 2), range(2, 3)]
-    assert piece_batches(20, 6, changes=True) == [range(0, 3), range(3, 6), range(6, 10), range(10, 13),
-                                                  range(13, 16), range(16, 20)]
+    assert piece_batches(20, 6, changes=True) == [range(0, 4), range(4, 8), range(8, 12), range(12, 16),
+                                                  range(16, 20)]
     assert piece_batches(2, 6, changes=True) == [range(0, 1), range(1, 2)]
+    assert piece_batches(5, 2, changes=True) == [range(0, 2), range(2, 5)]
     assert piece_batches(0, 6, changes=True) == []
-    batches = piece_batches(101, 7, changes=True)
-    assert [k for b in batches for k in b] == list(range(101)) and {len(b) for b in batches} == {14, 15}
+    for n, window in ((101, 7), (2_100, 34), (9, 9)):   # even runs of at most 4, no fewer tasks than needed
+        batches = piece_batches(n, window, changes=True)
+        sizes = {len(b) for b in batches}
+        assert [k for b in batches for k in b] == list(range(n)) and max(sizes) <= 4 and max(sizes) - min(sizes) <= 1
+        assert len(batches) == -(-n // min(4, -(-n // window)))
     with pytest.raises(ValueError, match="window 0"):
         piece_batches(3, 0, changes=True)
 

@@ -13,9 +13,9 @@ one the serial pass builds, so the artifacts are byte-identical to the serial pa
 Workers are submitted through any executor with ``submit(fn, *args) -> future`` (a
 ``concurrent.futures`` pool, or the Prefect task runner of the corpus-build flow); at most
 ``window`` tasks are in flight or finished-but-not-replayed, which bounds coordinator memory. A
-full build submits one piece a task; a build that applies adds-changes submits the pieces in at
-most ``window`` tasks of consecutive pieces (:func:`parse_pieces`): such a piece is patched from
-the base dump's kept piece in a fraction of a second, less than a task costs the workflow engine.
+full build submits one piece a task; a build that applies adds-changes submits runs of a few
+consecutive pieces a task (:func:`piece_batches`, :func:`parse_pieces`): such a piece is patched
+from the base dump's kept piece in ~0.4 s, not much more than a task costs the workflow engine.
 """
 from __future__ import annotations
 
@@ -272,22 +272,32 @@ def parse_pieces(calls: list[tuple]) -> list[PieceResult]:
     return [parse_piece(*args) for args in calls]
 
 
-def piece_batches(n_pieces: int, window: int, changes: bool) -> list[range]:
+PIECES_PER_PATCH_TASK = 4
+"""The most pieces a task of a build that applies adds-changes patches (:func:`piece_batches`):
+enough to spread a task's ~0.17 CPU s of workflow engine (``benchmarks/bench_task_overhead.py``)
+over ~1.6 s of patching, few enough that ``window`` tasks' results waiting to be replayed stay
+small in the coordinator (~4 MB a piece of 10,000 records)."""
+
+
+def piece_batches(n_pieces: int, window: int, changes: bool, most: int = PIECES_PER_PATCH_TASK) -> list[range]:
     """The pieces ``0..n_pieces - 1`` grouped into the tasks :func:`run_pieces` submits: one piece
     a task for a full build (``changes`` false: each parses megabytes of XML, so a task's cost
-    does not matter and the pool balances best), else at most ``window`` runs of consecutive
-    pieces, as even as can be (sizes differ by at most one).
+    does not matter and the pool balances best); else runs of consecutive pieces, at most
+    ``most`` a task and, for a small dump, no fewer tasks than ``window`` allows (sizes as even as
+    can be, differing by at most one). ``run_pieces`` keeps at most ``window`` tasks in flight or
+    waiting to be replayed, so the coordinator holds at most ``window * most`` pieces' results.
 
     Raises
     ------
     ValueError
-        ``window < 1`` or ``n_pieces < 0``.
+        ``window < 1``, ``most < 1`` or ``n_pieces < 0``.
     """
-    if window < 1 or n_pieces < 0:
-        raise ValueError(f"piece_batches: window {window} must be >= 1 and n_pieces {n_pieces} >= 0")
+    if window < 1 or most < 1 or n_pieces < 0:
+        raise ValueError(f"piece_batches: window {window} and most {most} must be >= 1, n_pieces {n_pieces} >= 0")
     if not changes:
         return [range(k, k + 1) for k in range(n_pieces)]
-    n_tasks = min(window, n_pieces)
+    per_task = min(most, -(-n_pieces // window))
+    n_tasks = -(-n_pieces // per_task) if n_pieces else 0
     bounds = [n_pieces * t // n_tasks for t in range(n_tasks + 1)] if n_tasks else [0]
     return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
