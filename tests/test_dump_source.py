@@ -23,7 +23,7 @@ from tasks.corpus.adds_changes import (AddsChangesError, apply_changes, day_memo
 from tasks.corpus.ingest import IngestConfig, IngestError, ingest
 from tasks.corpus.ingest.changes import PageChanges, merge_pages
 from tasks.corpus.ingest.multistream import index_path
-from tasks.corpus.ingest.parallel import parse_pieces, piece_batches
+from tasks.corpus.ingest.parallel import piece_batches
 from tasks.corpus.ingest.records import RawPage
 from tasks.corpus.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepare_input
 from tests.mirror_server import serve
@@ -197,7 +197,7 @@ def test_days_applied_while_ingesting_give_the_full_dumps_artifacts(synth, tmp_p
         tasks = []   # at most `window` tasks of consecutive pieces: the same artifacts, piece by piece
         with ThreadPoolExecutor(2) as pool:
             def submit(fn, *args):
-                tasks.append((fn.__name__, [a[1].index for a in args[0]] if fn is parse_pieces else [args[1].index]))
+                tasks.append((fn.__name__, [a[1].index for a in args[0]]))
                 return pool.submit(fn, *args)
             batched = ingest([base], tmp_path / "batched", cfg, submit=submit, streams_per_piece=2, window=2,
                              changes=changes, piece_cache=tmp_path / "pieces")

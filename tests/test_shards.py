@@ -19,9 +19,9 @@ from tasks.corpus import stages as S
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import (anchor_keys, put_cached, cluster_ranges, doc_shards, partition_documents, read_cluster_ranges,
-                                 read_doc_range, read_rows_by_id, read_shard_documents, run_here, run_segment_sharded,
-                                 run_tokens_sharded)
+from tasks.corpus.shards import (anchor_keys, cluster_ranges, doc_shards, partition_documents, put_cached,
+                                 read_cluster_ranges, read_doc_range, read_rows_by_id, read_shard_documents, run_here,
+                                 run_segment_sharded, run_tokens_sharded)
 
 
 @pytest.fixture(scope="module")

@@ -264,11 +264,12 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
 
 
 def parse_pieces(calls: list[tuple]) -> list[PieceResult]:
-    """:func:`parse_piece` of each argument tuple of ``calls``, in order, in one worker task: the
-    pieces of a build that applies adds-changes, each patched from the base dump's kept piece
-    (:func:`patch_piece`) in ~0.4 s, less than the ~0.3 s of engine, API and log traffic of a task
-    plus its share of the worker pool, so ~20 pieces go in a few tasks. Errors are
-    :func:`parse_piece`'s (the first piece that fails; its message names it)."""
+    """:func:`parse_piece` of each argument tuple of ``calls``, in order, in one worker task (the
+    task :func:`run_pieces` submits): one piece for a full build; a few for a build that applies
+    adds-changes, each patched from the base dump's kept piece (:func:`patch_piece`) in ~0.4 s,
+    not much more than the ~0.17 CPU s a task costs the workflow engine and its API
+    (``benchmarks/bench_task_overhead.py``). Errors are :func:`parse_piece`'s (the first piece
+    that fails; its message names it)."""
     return [parse_piece(*args) for args in calls]
 
 
@@ -532,15 +533,12 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
                 batch = next(batches, None)
                 if batch is None:
                     break
-                pieces = [layout.pieces[k] for k in batch]
-                pending.append(submit(parse_piece, *call(pieces[0])) if changes is None else
-                               submit(parse_pieces, [call(p) for p in pieces]))
+                pending.append(submit(parse_pieces, [call(layout.pieces[k]) for k in batch]))
             if not pending:
                 if memo is not None and len(parts) == len(layout.pieces):
                     PageMemo.write(memo, parts)   # the pages of this dump, for the next build
                 return total
-            done = pending.popleft().result()
-            for result in (done if isinstance(done, list) else [done]):
+            for result in pending.popleft().result():
                 replay_piece(state, result, position)
                 state.pieces["reused" if result.reused else "patched" if result.patched else "built"] += 1
                 if result.memo_part is not None:
