@@ -8,13 +8,18 @@ and patched from the kept base pieces (the nightly's path). Prints wall time, CP
 outcome for each, and checks that the three give the same artifacts.
 
 ``segment``: the sharded segment stage on a nightly home's newest ingest, tokens and cluster outputs,
-with a fresh shard cache and a copy of the home's segmentation memo (``--no-memo``: without it).
+with a fresh shard cache and a copy of the home's segmentation memo (``--no-memo``: without it; ``--memo-home``:
+the memo of another home, e.g. the night before's, so that only tonight's changed clusters are segmented).
 Prints wall time, workers' CPU seconds, the clusters taken from the memo, and the top of a cProfile
 of the coordinator.
 
 ``days``: the revisions of every adds-changes day of the mirror, parsed (what each night did before
 the day memo) and read from the day memo (what a night does for the days an earlier night parsed);
 CPU seconds of each, and a check that both give the same revisions in the same order.
+
+``passage-tokens``: the passage index's token ids of a nightly home's newest passages, taken from
+the passage token memo of another home (the night before's): CPU seconds, passages reused, and a
+digest of the ids.
 
 ``copies``: on a nightly home's newest outputs, the steps that read, hash or copy every text of
 the corpus, each the way it was done before and the way it is done now (CPU seconds, the best of
@@ -27,7 +32,8 @@ lz4 without dictionaries or statistics; the page memo sorted by key as a table v
 
 Run:
 ``python benchmarks/bench_incremental_stages.py ingest MIRROR --work DIR [--wiki synwiki] [--workers 2]``
-``python benchmarks/bench_incremental_stages.py segment --home NIGHTLY_HOME --work DIR [--no-memo]``
+``python benchmarks/bench_incremental_stages.py segment --home NIGHTLY_HOME --work DIR [--no-memo] [--memo-home HOME]``
+``python benchmarks/bench_incremental_stages.py passage-tokens --home NIGHTLY_HOME --memo-home HOME``
 ``python benchmarks/bench_incremental_stages.py days MIRROR --work DIR [--wiki synwiki]``
 ``python benchmarks/bench_incremental_stages.py copies --home NIGHTLY_HOME``
 """
@@ -98,7 +104,7 @@ def bench_ingest(mirror: Path, work: Path, wiki: str, workers: int) -> None:
     print(json.dumps({"same_artifacts": same}), flush=True)
 
 
-def bench_segment(home: Path, work: Path, memo: bool) -> None:
+def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = None) -> None:
     from tasks.corpus import segment_memo as SM  # noqa: PLC0415 (heavy: after argument parsing)
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
     from tasks.corpus.shards import run_segment_sharded  # noqa: PLC0415
@@ -111,7 +117,8 @@ def bench_segment(home: Path, work: Path, memo: bool) -> None:
     cache = work / "segment-shards"
     cache.mkdir(parents=True)
     if memo:
-        shutil.copytree(SM.memo_dir(root / "segment-shards", cfg), SM.memo_dir(cache, cfg))
+        memo_root = (memo_home or home) / "cache" / "corpus"
+        shutil.copytree(SM.memo_dir(memo_root / "segment-shards", cfg), SM.memo_dir(cache, cfg))
     mirror = os.environ.get("FUNNELRAG_DATA_MIRROR")
     profile = cProfile.Profile()
 
@@ -126,6 +133,31 @@ def bench_segment(home: Path, work: Path, memo: bool) -> None:
     summary, figures = _measure(step)
     print(json.dumps({**figures, **{k: summary[k] for k in ("clusters", "clusters_reused", "passages", "partition_seconds")}}))
     pstats.Stats(profile).sort_stats("cumtime").print_stats(14)
+
+
+def bench_passage_tokens(home: Path, memo_home: Path) -> None:
+    """The passage index's token ids of ``home``'s newest passages (title and text, as the index
+    stage joins them) taken from ``memo_home``'s passage token memo: CPU seconds (the best of
+    three), the process's peak RSS (the passages' texts included), passages reused, and a digest of
+    the ids (equal across code versions)."""
+    import hashlib  # noqa: PLC0415
+
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    from data_contracts import corpus as C  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir  # noqa: PLC0415
+
+    root = home / "cache" / "corpus"
+    segment = max((d for d in (root / "segment").iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
+    passages = C.PASSAGES.read(segment, columns=["title", "text"])
+    texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
+    cfg = BM25Config()
+    memo, terms = open_token_memo(token_memo_dir(memo_home / "cache" / "corpus", "passages", cfg))
+    seconds, out = _best(lambda: memo_token_ids(texts, cfg, memo, terms))
+    print(json.dumps({"cpu_s": seconds, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                      "passages": len(texts), "reused": out.reused, "ids": int(out.tokens.ids.size),
+                      "ids_sha256": hashlib.sha256(out.tokens.ids.tobytes()).hexdigest()[:16]}))
 
 
 def bench_days(mirror: Path, work: Path, wiki: str) -> None:
@@ -252,6 +284,10 @@ def main() -> None:
     b.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     b.add_argument("--work", type=Path, required=True)
     b.add_argument("--no-memo", action="store_true")
+    b.add_argument("--memo-home", type=Path, help="take the segmentation memo from this home (the night before's)")
+    e = sub.add_parser("passage-tokens")
+    e.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
+    e.add_argument("--memo-home", type=Path, required=True, help="the home of the night before (its passage token memo)")
     c = sub.add_parser("days")
     c.add_argument("mirror", type=Path)
     c.add_argument("--work", type=Path, required=True)
@@ -262,7 +298,9 @@ def main() -> None:
     if args.step == "ingest":
         bench_ingest(args.mirror, args.work, args.wiki, args.workers)
     elif args.step == "segment":
-        bench_segment(args.home, args.work, not args.no_memo)
+        bench_segment(args.home, args.work, not args.no_memo, args.memo_home)
+    elif args.step == "passage-tokens":
+        bench_passage_tokens(args.home, args.memo_home)
     elif args.step == "copies":
         bench_copies(args.home)
     else:

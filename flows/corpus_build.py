@@ -242,7 +242,8 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
     def _validate(staging: Path) -> None:
         checks.update(S.validate_corpus(staging, cfg.clustering.max_tokens))
 
-    path = store.publish(version_id, files, manifest_extra, _validate, make_current=not cfg.gate.enabled)
+    path = store.publish(version_id, files, manifest_extra, _validate, make_current=not cfg.gate.enabled,
+                         digests=file_digests)
     return path, checks, False
 
 

@@ -56,9 +56,11 @@ def dir_digest(files: Mapping[str, str]) -> str:
     return config_hash(sorted(files.items()))
 
 
-def describe_file(path: Path) -> dict[str, Any]:
-    """sha256, size (bytes) and, for Parquet, rows and contract name/version of one file."""
-    info: dict[str, Any] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+def describe_file(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """sha256, size (bytes) and, for Parquet, rows and contract name/version of one file.
+    ``sha256``: the file's digest when already known (read from a stage cache entry's marker),
+    so the file is not read again."""
+    info: dict[str, Any] = {"sha256": sha256 or sha256_file(path), "bytes": path.stat().st_size}
     if path.suffix == ".parquet":
         md = pq.read_metadata(path)
         info["rows"] = md.num_rows
@@ -292,7 +294,8 @@ class ArtifactStore:
         return json.loads((path / MANIFEST).read_text())
 
     def publish(self, version_id: str, files: Mapping[str, Path], manifest_extra: Mapping[str, Any],
-                validate: Callable[[Path], None], make_current: bool = True) -> Path:
+                validate: Callable[[Path], None], make_current: bool = True,
+                digests: Mapping[str, str] | None = None) -> Path:
         """Assemble, validate and publish a version; move ``current`` only if all of it passed.
 
         Parameters
@@ -308,6 +311,10 @@ class ArtifactStore:
         make_current : bool
             Move ``current`` to the new version (``False``: a quality gate decides later,
             :meth:`set_current`).
+        digests : mapping of relative name → sha256, optional
+            Digests already known of some of ``files`` (the stage cache's, taken when its entry
+            was written; entries are never modified after): the manifest takes them instead of
+            reading those files again. :meth:`verify` still checks them against the files.
 
         Returns
         -------
@@ -323,7 +330,7 @@ class ArtifactStore:
         try:
             for name, src in sorted(files.items()):
                 link_or_copy(src, staging / name)
-            described = {name: describe_file(staging / name) for name in sorted(files)}
+            described = {name: describe_file(staging / name, (digests or {}).get(name)) for name in sorted(files)}
             manifest = {"manifest_version": MANIFEST_VERSION, "files": described, **manifest_extra}
             atomic_write_bytes(staging / MANIFEST, canonical_json(manifest))  # written last
             validate(staging)

@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.corpus.memo import (DocumentMemo, arrow_text_keys, contiguous_runs, csr_take, ranges_take, take_rows, take_texts,
-                               text_keys)
+from tasks.corpus.memo import (DocumentMemo, Utf8Rows, arrow_text_keys, contiguous_runs, csr_take, ranges_take, take_rows,
+                               take_texts, text_keys)
 
 
 def test_text_keys_are_the_blake2b_digest_in_big_endian_words():
@@ -111,3 +111,43 @@ def test_take_texts_gathers_from_each_chunk_in_the_asked_order():
     assert take_texts(chunked, rows) == [texts[i] for i in rows]
     assert take_texts(pa.array(texts), rows) == [texts[i] for i in rows]
     assert take_texts(chunked, np.zeros(0, np.int64)) == []
+
+
+BLANKS = ["", " ", "\t\n", "\x1c\x1f", "\xa0", "\u3000\u2028", "\x85 "]   # Python's Unicode whitespace
+WORDS = ["a", " a", "\xa0b", "\u3000\u00e9", "Ünïcode ✓", "\x7fx", "x" * 300 + " ", "\u200b"]   # \u200b is not a space
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])
+def test_utf8_rows_read_each_value_from_the_arrow_buffers(kind):
+    texts = (BLANKS + WORDS) * 2
+    arr = pa.array(texts, kind)
+    chunked = pa.chunked_array([arr.slice(0, 5), arr.slice(5, 0), arr.slice(5, 9), arr.slice(14)])
+    for column in (arr, chunked, pa.chunked_array([arr])):
+        rows = Utf8Rows(column)
+        assert len(rows) == len(texts)
+        assert [bytes(rows[i]) for i in range(len(texts))] == [t.encode("utf-8") for t in texts]
+        assert rows.lengths.tolist() == [len(t.encode("utf-8")) for t in texts]
+        assert rows.count_blank() == sum(1 for t in texts if not t.strip()) == 2 * len(BLANKS)
+    nulls = Utf8Rows(pa.array(["x", None, "yz"], kind))
+    assert [bytes(nulls[i]) for i in range(3)] == [b"x", b"", b"yz"] and nulls.count_blank() == 1
+    assert len(Utf8Rows(pa.array([], kind))) == 0 and Utf8Rows(pa.array([], kind)).count_blank() == 0
+    with pytest.raises(TypeError, match="string column"):
+        Utf8Rows(pa.array([1, 2]))
+
+
+def test_utf8_rows_hash_the_content_whatever_the_chunks():
+    texts = WORDS * 3
+
+    def digest(column):
+        h = hashlib.sha256()
+        Utf8Rows(column).hash_into(h)
+        return h.hexdigest()
+
+    arr = pa.array(texts)
+    expected = hashlib.sha256(np.array([len(t.encode()) for t in texts], "<i8").tobytes()
+                              + "".join(texts).encode()).hexdigest()
+    assert digest(arr) == expected
+    assert digest(pa.chunked_array([arr.slice(0, 7), arr.slice(7)])) == expected
+    assert digest(pa.array(texts, pa.large_string())) == expected
+    assert digest(pa.array(["ab", "c"])) != digest(pa.array(["a", "bc"]))   # lengths are hashed
+    assert digest(pa.array(["x", None, "y"])) == digest(pa.array(["x", "", "y"]))

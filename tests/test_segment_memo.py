@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.corpus import segment_memo as SM
+from tasks.corpus.memo import Utf8Rows
 from tasks.corpus.segment import SegmentConfig, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import WhitespaceCounter
 
@@ -54,3 +55,6 @@ def test_cluster_keys_follow_texts_counts_and_order():
     assert not np.array_equal(swapped[0], keys[0])   # member order matters
     recounted = SM.cluster_keys([(0, 2)], [0, 1], texts, offsets, counts + 1)
     assert not np.array_equal(recounted[0], keys[0])
+    from_arrow = SM.cluster_keys([(0, 2), (2, 4), (0, 2)], [0, 1, 2, 3], Utf8Rows(pa.chunked_array(
+        [pa.array(texts[:1]), pa.array(texts[1:])])), offsets, counts)
+    assert np.array_equal(from_arrow, keys)   # the Arrow bytes give the strings' keys

@@ -87,6 +87,24 @@ def test_publish_moves_current_only_after_validation(tmp_path):
         store.verify()
 
 
+def test_publish_takes_known_digests_and_verify_still_reads_the_files(tmp_path):
+    from data_contracts.base import sha256_file
+    cache = StageCache(tmp_path / "cache")
+    res = cache.run("s", "k", _build_writing("cached", []))
+    store = ArtifactStore(tmp_path / "store")
+    other = tmp_path / "other.txt"
+    other.write_text("not in the cache")
+    v1 = store.publish("v1", {"a.txt": res.path / "a.txt", "other.txt": other}, {}, validate=lambda p: None,
+                       digests=res.files)
+    files = json.loads((v1 / "manifest.json").read_text())["files"]
+    assert files["a.txt"]["sha256"] == res.files["a.txt"] == sha256_file(v1 / "a.txt")
+    assert files["other.txt"]["sha256"] == sha256_file(other)   # not given: read
+    store.verify()
+    store.publish("v2", {"a.txt": res.path / "a.txt"}, {}, validate=lambda p: None, digests={"a.txt": "0" * 64})
+    with pytest.raises(ValueError, match="a.txt does not match"):
+        store.verify()   # a wrong digest given is caught by the reader's check
+
+
 def test_no_version_published_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="build-corpus"):
         ArtifactStore(tmp_path).current_dir()

@@ -72,6 +72,10 @@ def test_memo_token_ids_equal_tokenize_ids_with_and_without_a_memo(nights, tmp_p
     from_arrow = memo_token_ids(chunked, cfg, memo, terms, groups)
     assert from_arrow.reused == got.reused and _same(from_arrow.tokens, got.tokens)
     assert np.array_equal(from_arrow.keys, got.keys)
+    shuffled = [new[i] for i in np.random.default_rng(0).permutation(len(new))] + ["", old[0]]   # memo order broken
+    got = memo_token_ids(shuffled, cfg, memo, terms)
+    assert got.reused == len(new) - len(edited_ids) + 1
+    assert _same(got.tokens, TokenIds.from_tokenized(tokenize_ids(shuffled, cfg, _stemmer(cfg.stemmer))))
     with pytest.raises(ValueError, match="do not cover"):
         memo_token_ids(new, cfg, memo, terms, np.array([0, 5]))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -91,6 +91,78 @@ def arrow_text_keys(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
         else:
             raw.append(b"".join(blake(data[a:b], digest_size=16).digest() for a, b in zip(offsets, ends)))
     return np.frombuffer(b"".join(raw), dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
+
+
+class Utf8Rows:
+    """The UTF-8 bytes of each value of an Arrow string column, read from its buffers (no Python
+    string is made and no chunk is copied): ``rows[i]`` is a ``memoryview`` of value ``i``'s bytes
+    (a null reads as ``b""``). Raises ``TypeError`` for a non-string column."""
+
+    def __init__(self, texts: pa.Array | pa.ChunkedArray):
+        chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
+        starts, ends, which, self.data = [], [], [], []
+        for k, chunk in enumerate(chunks):
+            if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
+                raise TypeError(f"Utf8Rows: a string column is needed, got {chunk.type}")
+            _, offsets_buf, data_buf = chunk.buffers()
+            self.data.append(memoryview(data_buf) if data_buf is not None else memoryview(b""))
+            if not len(chunk):
+                continue
+            dtype = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+            offsets = np.frombuffer(offsets_buf, dtype, len(chunk) + 1,
+                                    chunk.offset * np.dtype(dtype).itemsize).astype(np.int64)
+            end = offsets[1:].copy()
+            if chunk.null_count:
+                end[~chunk.is_valid().to_numpy(zero_copy_only=False)] = offsets[:-1][
+                    ~chunk.is_valid().to_numpy(zero_copy_only=False)]
+            starts.append(offsets[:-1])
+            ends.append(end)
+            which.append(np.full(len(chunk), k, np.int64))
+        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+        self.starts, self.ends, self.chunk = cat(starts), cat(ends), cat(which)
+        self._starts, self._ends, self._chunk = self.starts.tolist(), self.ends.tolist(), self.chunk.tolist()
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __getitem__(self, row: int) -> memoryview:
+        return self.data[self._chunk[row]][self._starts[row]:self._ends[row]]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``(n,)`` int64 byte length of each value."""
+        return self.ends - self.starts
+
+    def hash_into(self, h: Any) -> None:
+        """Feed the column's content to ``h`` (a :mod:`hashlib` object): every value's byte length
+        (int64, little-endian), then all the values' bytes one after the other, the same however
+        the column is chunked or sliced."""
+        h.update(np.ascontiguousarray(self.lengths, "<i8").tobytes())
+        for k, data in enumerate(self.data):
+            at = np.flatnonzero(self.chunk == k)
+            if not at.size:
+                continue
+            a, b = self.starts[at], self.ends[at]
+            if np.array_equal(a[1:], b[:-1]):      # no null inside: one slice
+                h.update(data[int(a[0]):int(b[-1])])
+            else:
+                for x, y in zip(a.tolist(), b.tolist()):
+                    h.update(data[x:y])
+
+    def count_blank(self) -> int:
+        """How many values are empty or whitespace only, as Python's ``not text.strip()`` (Unicode
+        whitespace): a value whose first byte is a visible ASCII character is not blank; only the
+        others are decoded and checked."""
+        lengths = self.lengths
+        maybe = np.flatnonzero(lengths == 0)
+        first = np.zeros(len(self), np.uint8)
+        rows = np.flatnonzero(lengths > 0)
+        for k, data in enumerate(self.data):
+            at = rows[self.chunk[rows] == k]
+            if at.size:
+                first[at] = np.frombuffer(data, np.uint8)[self.starts[at]]
+        unsure = rows[(first[rows] <= 0x20) | (first[rows] >= 0x7F)]
+        return int(maybe.size) + sum(1 for r in unsure.tolist() if not str(self[r], "utf-8").strip())
 
 
 def csr_take(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -208,6 +280,13 @@ class DocumentMemo:
                     rows[i] = j
                     break
         return rows
+
+    def value_ranges(self, field: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, ends)``, each ``(len(rows),)`` int64: where the values of memo rows ``rows``
+        (all >= 0) lie in ``self.fields[field][1]`` (read them without copying them together,
+        unlike :meth:`take`). Raises ``KeyError`` for a field the memo was not opened with."""
+        picked = np.asarray(self.fields[field][0][np.asarray(rows, np.int64)], np.int64).reshape(-1, 2)
+        return picked[:, 0], picked[:, 1]
 
     def take(self, field: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``field``'s values of memo rows ``rows`` (all >= 0): ``(lengths, values one after the

@@ -36,7 +36,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from tasks.corpus.memo import DocumentMemo, ranges_take, settings_dir, take_rows
+from tasks.corpus.memo import DocumentMemo, Utf8Rows, ranges_take, settings_dir, take_rows
 from tasks.corpus.segment import ClusterSegments, SegmentConfig
 
 SEGMENT_MEMO_VERSION = "1"
@@ -60,17 +60,19 @@ def memo_dir(root: Path, cfg: SegmentConfig) -> Path:
                                                cfg.tokenizer])
 
 
-def cluster_keys(bounds: Sequence[tuple[int, int]], rows: Sequence[int], texts: Sequence[str],
+def cluster_keys(bounds: Sequence[tuple[int, int]], rows: Sequence[int], texts: Sequence[str] | Utf8Rows,
                  offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``(n_clusters, 2)`` uint64 keys (BLAKE2b-128 as (high, low) words) of clusters given as
     ``bounds`` ``[(start, end)]`` into ``rows`` (member ``i``'s document row), hashing each member's
     text (UTF-8, length-prefixed) and its window token counts ``counts[offsets[r]:offsets[r + 1]]``
-    (int32, length-prefixed) in cluster order."""
+    (int32, length-prefixed) in cluster order. ``texts`` are Python strings or the UTF-8 bytes of
+    an Arrow column (:class:`tasks.corpus.memo.Utf8Rows`, no string made): the same keys."""
+    utf8 = texts.__getitem__ if isinstance(texts, Utf8Rows) else (lambda r: texts[r].encode("utf-8"))
     raw = bytearray()
     for start, end in bounds:
         h = hashlib.blake2b(digest_size=16)
         for r in rows[start:end]:
-            data = texts[r].encode("utf-8")
+            data = utf8(r)
             h.update(len(data).to_bytes(8, "little"))
             h.update(data)
             window = np.ascontiguousarray(counts[offsets[r]:offsets[r + 1]], "<i4")

@@ -38,7 +38,7 @@ from data_contracts.base import atomic_write
 from funnelrag.progress import Progress, progress
 from funnelrag.store import mark_used
 from tasks.corpus import segment_memo as SM
-from tasks.corpus.memo import DocumentMemo, arrow_text_keys, settings_dir, take_texts
+from tasks.corpus.memo import DocumentMemo, Utf8Rows, arrow_text_keys, settings_dir, take_texts
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import load_token_counter
 
@@ -454,7 +454,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
 
 
 # ---------------------------------------------------------------------------------- segment
-SEGMENT_SHARD_VERSION = "1"
+SEGMENT_SHARD_VERSION = "2"
 SEGMENT_SHARD_WRITE_OPTIONS = {"compression": "lz4", "use_dictionary": False, "write_statistics": False}
 """Parquet settings of a segment shard's cached ``units`` / ``passages`` rows, which the coordinator
 reads back once a build: lz4 and no dictionary or statistics write in ~0.8x and read in ~0.25x the
@@ -557,10 +557,8 @@ def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: Segme
                                    members.num_rows]).encode())
     for name in ("cluster_id", "position", "doc_id"):
         h.update(members.column(name).to_numpy().astype(np.int64).tobytes())
-    for title, text in zip(docs.column("title").to_pylist(), docs.column("text").to_pylist()):
-        for s in (title, text):
-            h.update(len(s).to_bytes(8, "little"))
-            h.update(s.encode("utf-8"))
+    for name in ("title", "text"):
+        Utf8Rows(docs.column(name)).hash_into(h)
     h.update(pc.list_value_length(tokens.column("n_tokens")).to_numpy().astype(np.int64).tobytes())
     h.update(pc.list_flatten(tokens.column("n_tokens")).to_numpy().astype(np.int32).tobytes())
     h.update(json.dumps(sorted(set(tokens.column("tokenizer").to_pylist()))).encode())
@@ -602,7 +600,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
         mark_used(cached)
         n_clusters = len(set(members.column("cluster_id").to_pylist()))
         return str(cached), int((cached / "COMPLETE").read_text()), n_clusters, True
-    titles, texts = docs.column("title").to_pylist(), docs.column("text").to_pylist()
+    text_bytes = Utf8Rows(docs.column("text"))
     col = tokens.column("n_tokens").combine_chunks()
     offsets, values = col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(np.int32)
     counter = load_token_counter(cfg.tokenizer, Path(mirror) if mirror else None)
@@ -614,12 +612,16 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], cids.size]
     bounds = list(zip(starts.tolist(), ends.tolist()))
-    keys = SM.cluster_keys(bounds, rows.tolist(), texts, offsets, values) if memo is not None else None
+    keys = SM.cluster_keys(bounds, rows.tolist(), text_bytes, offsets, values) if memo is not None else None
     kept = SM.SegmentMemo.open(memo) if memo is not None else None
     found = kept.lookup(keys) if kept is not None else np.full(len(bounds), -1, np.int64)
+    todo = [b for b, f in zip(bounds, found.tolist()) if f < 0]
+    # Python strings only of the documents of the clusters segmented tonight, not of the memo's
+    needed = np.unique(np.concatenate([rows[s:e] for s, e in todo])) if todo else np.zeros(0, np.int64)
+    titles = dict(zip(needed.tolist(), take_texts(docs.column("title"), needed)))
+    texts = dict(zip(needed.tolist(), take_texts(docs.column("text"), needed)))
     segs = []
-    for s, e in progress([b for b, f in zip(bounds, found.tolist()) if f < 0], f"segment clusters {lo:,}-{hi - 1:,}",
-                         unit="clusters"):
+    for s, e in progress(todo, f"segment clusters {lo:,}-{hi - 1:,}", unit="clusters"):
         rs = rows[s:e].tolist()
         segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[r]), titles[r], texts[r]) for r in rs], cfg, counter,
                                     [values[offsets[r]:offsets[r + 1]] for r in rs]))
@@ -632,7 +634,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
         taken = kept.take(found[hit]) if kept is not None else SM.unlabel([], [])
         part = SM.interleave(computed, taken, hit)
         units, passages = SM.label(*part, cids[starts], starts, dids, docs.column("title").take(pa.array(rows)))
-    n_empty = sum(1 for t in texts if not t.strip())
+    n_empty = text_bytes.count_blank()
 
     def write(tmp: Path) -> None:
         pq.write_table(units, tmp / "units.parquet", **SEGMENT_SHARD_WRITE_OPTIONS)

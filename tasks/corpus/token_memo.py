@@ -73,6 +73,18 @@ class MemoTokens:
         np.save(Path(directory) / PART_OFFSETS, self.piece_offsets)
 
 
+def _runs(dst: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int, int]]:
+    """Ranges ``[starts[k], ends[k])`` of a source copied to ``dst[k]`` onwards, merged where both
+    the source and the destination continue: ``[(dst, start, end)]`` (few copies of long runs)."""
+    if not starts.size:
+        return []
+    sizes = ends - starts
+    cont = (starts[1:] == ends[:-1]) & (dst[1:] == dst[:-1] + sizes[:-1])
+    cut = np.flatnonzero(~cont) + 1
+    first, last = np.r_[0, cut], np.r_[cut - 1, starts.size - 1]
+    return list(zip(dst[first].tolist(), starts[first].tolist(), ends[last].tolist()))
+
+
 def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25Config, memo: DocumentMemo | None, memo_terms: Sequence[str],
                    group_offsets: np.ndarray | None = None, keys: np.ndarray | None = None) -> MemoTokens:
     """Token ids of texts made of ``pieces``, taking each piece's terms from ``memo`` when it
@@ -111,10 +123,14 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25
     hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
     n_memo = len(memo_terms)
     lengths = np.zeros(n, np.int64)
-    hit_ids = miss_ids = np.zeros(0, np.int32)
+    miss_ids = np.zeros(0, np.int32)
+    memo_data = np.zeros(0, np.int32)
+    hit_starts = hit_ends = np.zeros(0, np.int64)
     new_terms: list[str] = []
-    if hit.size:   # the hit pieces' ids one after the other, in text order
-        lengths[hit], hit_ids = memo.take(TERMS_FIELD, rows[hit])
+    if hit.size:   # where the hit pieces' ids lie in the memo (read in place below, not copied together)
+        hit_starts, hit_ends = memo.value_ranges(TERMS_FIELD, rows[hit])
+        memo_data = memo.fields[TERMS_FIELD][1]
+        lengths[hit] = hit_ends - hit_starts
     if miss.size:
         texts = take_texts(pieces, miss) if arrow else [pieces[i] for i in miss.tolist()]
         fresh = TokenIds.from_tokenized(tokenize_ids(texts, cfg, _stemmer(cfg.stemmer)))
@@ -130,25 +146,26 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25
         miss_ids = to_combined[fresh.ids]
     piece_offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=piece_offsets[1:])
-    if not miss.size:
-        combined = np.asarray(hit_ids, np.int32)
-    elif not hit.size:
-        combined = miss_ids
-    else:   # each group's ids keep their text order: a token is a miss's when its piece is
-        from_miss = np.repeat(rows < 0, lengths)
-        combined = np.empty(int(piece_offsets[-1]), np.int32)
-        combined[~from_miss] = hit_ids
-        combined[from_miss] = miss_ids
+    miss_src = np.zeros(miss.size + 1, np.int64)
+    np.cumsum(lengths[miss], out=miss_src[1:])
+    # the texts' ids in memo-wide numbering are runs of the memo's data and of miss_ids, in text order
+    runs = ([(memo_data, a, b, d) for d, a, b in _runs(piece_offsets[hit], hit_starts, hit_ends)]
+            + [(miss_ids, a, b, d) for d, a, b in _runs(piece_offsets[miss], miss_src[:-1], miss_src[1:])])
     n_combined = n_memo + len(new_terms)
     present = np.zeros(n_combined, bool)
-    present[combined] = True
+    for source, a, b, _ in runs:
+        present[source[a:b]] = True    # raises IndexError for an id outside the vocabulary
     used = np.flatnonzero(present)   # the ids the texts use, ascending (a counting pass, no sort)
     term_of = lambda c: memo_terms[c] if c < n_memo else new_terms[c - n_memo]   # noqa: E731
+    total = int(piece_offsets[-1])
     if cfg.stemmer is not None:   # tokenize_ids numbers stems in sorted order
         vocab = sorted(term_of(int(c)) for c in used)
         rank = {t: i for i, t in enumerate(vocab)}
         local = np.array([rank[term_of(int(c))] for c in used], np.int64)
     else:                         # ... and raw tokens in first-occurrence order
+        combined = np.empty(total, np.int32)
+        for source, a, b, d in runs:
+            combined[d:d + b - a] = source[a:b]
         _, first = np.unique(combined, return_index=True)
         order = np.argsort(first, kind="stable")
         local = np.empty(used.size, np.int64)
@@ -156,7 +173,9 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25
         vocab = [term_of(int(c)) for c in used[order]]
     lookup = np.full(n_combined, -1, np.int32)
     lookup[used] = local
-    ids = lookup[combined]
+    ids = np.empty(total, np.int32)
+    for source, a, b, d in runs:   # every id is checked above, so no bounds check here
+        np.take(lookup, source[a:b], out=ids[d:d + b - a], mode="clip")
     return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size))
 
 
