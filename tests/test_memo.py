@@ -131,7 +131,7 @@ def test_utf8_rows_read_each_value_from_the_arrow_buffers(kind):
     nulls = Utf8Rows(pa.array(["x", None, "yz"], kind))
     assert [bytes(nulls[i]) for i in range(3)] == [b"x", b"", b"yz"] and nulls.count_blank() == 1
     assert len(Utf8Rows(pa.array([], kind))) == 0 and Utf8Rows(pa.array([], kind)).count_blank() == 0
-    with pytest.raises(TypeError, match="string column"):
+    with pytest.raises(TypeError, match="string array"):
         Utf8Rows(pa.array([1, 2]))
 
 

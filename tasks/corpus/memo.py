@@ -66,33 +66,6 @@ def text_keys(texts: Sequence[str]) -> np.ndarray:
     return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
 
 
-def arrow_text_keys(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """:func:`text_keys` of an Arrow string (or large string) array, hashed from its UTF-8 buffer
-    without making a Python string of each text (same keys; a null hashes as ``""``).
-
-    Returns ``(len(texts), 2)`` uint64. Raises ``TypeError`` for a non-string array."""
-    chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
-    raw = []
-    for chunk in chunks:
-        if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
-            raise TypeError(f"arrow_text_keys: a string array is needed, got {chunk.type}")
-        if not len(chunk):
-            continue
-        _, offsets_buf, data_buf = chunk.buffers()
-        dtype = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
-        offsets = np.frombuffer(offsets_buf, dtype, len(chunk) + 1, chunk.offset * np.dtype(dtype).itemsize).tolist()
-        data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
-        blake = hashlib.blake2b
-        ends = offsets[1:]
-        if chunk.null_count:
-            valid = chunk.is_valid().to_numpy(zero_copy_only=False).tolist()
-            raw.append(b"".join(blake(data[a:b] if v else b"", digest_size=16).digest()
-                                for a, b, v in zip(offsets, ends, valid)))
-        else:
-            raw.append(b"".join(blake(data[a:b], digest_size=16).digest() for a, b in zip(offsets, ends)))
-    return np.frombuffer(b"".join(raw), dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
-
-
 class Utf8Rows:
     """The UTF-8 bytes of each value of an Arrow string column, read from its buffers (no Python
     string is made and no chunk is copied): ``rows[i]`` is a ``memoryview`` of value ``i``'s bytes
@@ -103,7 +76,7 @@ class Utf8Rows:
         starts, ends, which, self.data = [], [], [], []
         for k, chunk in enumerate(chunks):
             if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
-                raise TypeError(f"Utf8Rows: a string column is needed, got {chunk.type}")
+                raise TypeError(f"a string array is needed, got {chunk.type}")
             _, offsets_buf, data_buf = chunk.buffers()
             self.data.append(memoryview(data_buf) if data_buf is not None else memoryview(b""))
             if not len(chunk):
@@ -113,8 +86,8 @@ class Utf8Rows:
                                     chunk.offset * np.dtype(dtype).itemsize).astype(np.int64)
             end = offsets[1:].copy()
             if chunk.null_count:
-                end[~chunk.is_valid().to_numpy(zero_copy_only=False)] = offsets[:-1][
-                    ~chunk.is_valid().to_numpy(zero_copy_only=False)]
+                null = ~chunk.is_valid().to_numpy(zero_copy_only=False)
+                end[null] = offsets[:-1][null]
             starts.append(offsets[:-1])
             ends.append(end)
             which.append(np.full(len(chunk), k, np.int64))
@@ -127,6 +100,12 @@ class Utf8Rows:
 
     def __getitem__(self, row: int) -> memoryview:
         return self.data[self._chunk[row]][self._starts[row]:self._ends[row]]
+
+    def __iter__(self):
+        """Each value's bytes in order (a ``memoryview``), chunk by chunk."""
+        data = self.data
+        for k, a, b in zip(self._chunk, self._starts, self._ends):
+            yield data[k][a:b]
 
     @property
     def lengths(self) -> np.ndarray:
@@ -163,6 +142,16 @@ class Utf8Rows:
                 first[at] = np.frombuffer(data, np.uint8)[self.starts[at]]
         unsure = rows[(first[rows] <= 0x20) | (first[rows] >= 0x7F)]
         return int(maybe.size) + sum(1 for r in unsure.tolist() if not str(self[r], "utf-8").strip())
+
+
+def arrow_text_keys(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """:func:`text_keys` of an Arrow string (or large string) array, hashed from its UTF-8 buffer
+    without making a Python string of each text (same keys; a null hashes as ``""``).
+
+    Returns ``(len(texts), 2)`` uint64. Raises ``TypeError`` for a non-string array."""
+    blake = hashlib.blake2b
+    raw = b"".join(blake(value, digest_size=16).digest() for value in Utf8Rows(texts))
+    return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
 
 
 def csr_take(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
