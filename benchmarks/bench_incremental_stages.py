@@ -21,6 +21,9 @@ CPU seconds of each, and a check that both give the same revisions in the same o
 the passage token memo of another home (the night before's): CPU seconds, passages reused, and a
 digest of the ids.
 
+``page-memo``: pass 1's page memo written from the parts in a nightly home's piece cache: user and
+system CPU seconds of three writes.
+
 ``copies``: on a nightly home's newest outputs, the steps that read, hash or copy every text of
 the corpus, each the way it was done before and the way it is done now (CPU seconds, the best of
 three, and a check that both give the same result): a full garbage collection in a process with
@@ -34,6 +37,7 @@ Run:
 ``python benchmarks/bench_incremental_stages.py ingest MIRROR --work DIR [--wiki synwiki] [--workers 2]``
 ``python benchmarks/bench_incremental_stages.py segment --home NIGHTLY_HOME --work DIR [--no-memo] [--memo-home HOME]``
 ``python benchmarks/bench_incremental_stages.py passage-tokens --home NIGHTLY_HOME --memo-home HOME``
+``python benchmarks/bench_incremental_stages.py page-memo --home NIGHTLY_HOME --work DIR``
 ``python benchmarks/bench_incremental_stages.py days MIRROR --work DIR [--wiki synwiki]``
 ``python benchmarks/bench_incremental_stages.py copies --home NIGHTLY_HOME``
 """
@@ -158,6 +162,25 @@ def bench_passage_tokens(home: Path, memo_home: Path) -> None:
     print(json.dumps({"cpu_s": seconds, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                       "passages": len(texts), "reused": out.reused, "ids": int(out.tokens.ids.size),
                       "ids_sha256": hashlib.sha256(out.tokens.ids.tobytes()).hexdigest()[:16]}))
+
+
+def bench_page_memo(home: Path, work: Path) -> None:
+    """Pass 1's page memo written from the parts kept in ``home``'s piece cache (one a piece, what
+    a full build hands to :meth:`tasks.corpus.ingest.page_memo.PageMemo.write`) into ``work``:
+    user and system CPU seconds of each of three writes, and the keys written."""
+    from tasks.corpus.ingest.page_memo import PageMemo  # noqa: PLC0415 (heavy: after argument parsing)
+
+    parts = sorted((home / "cache" / "corpus" / "ingest-pieces").glob("*/page-memo-part.arrow"))
+    times, n = [], 0
+    for _ in range(3):
+        shutil.rmtree(work, ignore_errors=True)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        n = PageMemo.write(work, parts)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        times.append([round(after.ru_utime - before.ru_utime, 3), round(after.ru_stime - before.ru_stime, 3)])
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"parts": len(parts), "bytes": sum(p.stat().st_size for p in parts), "keys": n,
+                      "user_sys_s": times}))
 
 
 def bench_days(mirror: Path, work: Path, wiki: str) -> None:
@@ -285,6 +308,9 @@ def main() -> None:
     b.add_argument("--work", type=Path, required=True)
     b.add_argument("--no-memo", action="store_true")
     b.add_argument("--memo-home", type=Path, help="take the segmentation memo from this home (the night before's)")
+    f = sub.add_parser("page-memo")
+    f.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
+    f.add_argument("--work", type=Path, required=True)
     e = sub.add_parser("passage-tokens")
     e.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     e.add_argument("--memo-home", type=Path, required=True, help="the home of the night before (its passage token memo)")
@@ -299,6 +325,8 @@ def main() -> None:
         bench_ingest(args.mirror, args.work, args.wiki, args.workers)
     elif args.step == "segment":
         bench_segment(args.home, args.work, not args.no_memo, args.memo_home)
+    elif args.step == "page-memo":
+        bench_page_memo(args.home, args.work)
     elif args.step == "passage-tokens":
         bench_passage_tokens(args.home, args.memo_home)
     elif args.step == "copies":

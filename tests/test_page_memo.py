@@ -50,3 +50,32 @@ def test_the_memo_directory_depends_on_settings_and_namespaces(tmp_path):
     assert one != memo_dir(tmp_path, cfg, frozenset({"file"}))
     assert one != memo_dir(tmp_path, IngestConfig(format="mediawiki", min_text_chars=cfg.min_text_chars + 1),
                            frozenset({"file", "category"}))
+
+
+def test_the_memo_links_its_parts_and_outlives_them(tmp_path):
+    """Writing a memo copies no text: each part is hard-linked in (a piece cache entry, or
+    tonight's scratch file that is removed after); the memo still reads once they are gone."""
+    import os
+
+    import pytest
+
+    from tasks.corpus.ingest import page_memo as PM
+
+    a, b = page_key("a wikitext"), page_key("b wikitext")
+    write_part(tmp_path / "base.arrow", [(a, "old text", None, [0, 0, 0]), (b, "b text", [], [0, 0, 0])])
+    edited = page_key("a wikitext, edited")
+    write_part(tmp_path / "tonight.arrow", [(edited, "new text", ["B"], [1, 0, 0])])
+    assert PageMemo.write(tmp_path / "memo", [tmp_path / "base.arrow", tmp_path / "tonight.arrow"]) == 3
+    parts = sorted((tmp_path / "memo").glob(PM.PART_GLOB))
+    assert [p.name for p in parts] == ["part-00000.arrow", "part-00001.arrow"]
+    assert os.stat(parts[0]).st_ino == os.stat(tmp_path / "base.arrow").st_ino   # linked, not copied
+    (tmp_path / "base.arrow").unlink()
+    (tmp_path / "tonight.arrow").unlink()
+    memo = PageMemo.open(tmp_path / "memo")
+    assert memo.get(edited) == ("new text", ["B"], [1, 0, 0]) and memo.get(b) == ("b text", [], [0, 0, 0])
+    assert memo.get(a) == ("old text", None, [0, 0, 0])   # the base row of a revised page: space only
+    assert not (tmp_path / "memo" / PM.MEMO_FILE).exists()
+    parts[1].unlink()   # a part removed by hand: the index names rows no part holds
+    with pytest.raises(FileNotFoundError, match="its parts hold 2 rows"):
+        PageMemo.open(tmp_path / "memo")
+    assert PageMemo.write(tmp_path / "empty", []) == 0 and PageMemo.open(tmp_path / "empty").get(a) is None

@@ -5,17 +5,21 @@ settings, whatever piece the page falls in.
 Cleaning wikitext and extracting links (:func:`tasks.corpus.ingest.wikitext.clean_wikitext`,
 :meth:`tasks.corpus.ingest.page_pass.PagePass._link_targets`) are most of a piece's CPU after the
 bz2 decompression; a nightly that edited ~1% of the pages finds every other page's wikitext
-unchanged. The memo is one Arrow IPC file (``pages.arrow``, read memory-mapped: a lookup reads only
-the rows it hits), its rows in the order of the parts that made it, with columns ``hi``, ``lo``
-(the digest's two words), ``text`` (the cleaned text), ``targets`` (the normalised, deduplicated article targets, null when the cleaned text
-was too short to keep) and ``delta`` (the page's increments of every
+unchanged. The memo is a directory of Arrow IPC files (``part-00000.arrow``, ...: the parts that made
+it, hard-linked, not copied; read memory-mapped and concatenated without a copy, so a lookup reads
+only the rows it hits), with columns ``hi``, ``lo`` (the digest's two words), ``text`` (the cleaned
+text), ``targets`` (the normalised, deduplicated article targets, null when the cleaned text was
+too short to keep) and ``delta`` (the page's increments of every
 :class:`tasks.corpus.ingest.config.LinkCounts` field), and its index ``keys.npy``: ``(n, 3)``
-uint64 rows ``(hi, lo, row)`` sorted by key, each key once (the first row that has it). The rows
-stay where the parts put them: sorting the table itself copied every cleaned text of the dump on
-each build (~2 CPU s a night at 200K pages). A memo written before the index (rows sorted, no
-``keys.npy``) is read as its own index. Each piece writes the rows of its pages as a
-part (:func:`write_part`); after pass 1 the parts replace the memo (:meth:`PageMemo.write`,
-atomic), so it holds exactly the last build's pages. Its directory name carries the settings and
+uint64 rows ``(hi, lo, row)`` sorted by key, each key once (the first row that has it; ``row``
+counts through the parts in order). Each piece writes the rows of its pages as a part
+(:func:`write_part`); a piece patched from the base dump's kept piece contributes that piece's
+part as it is and a part of tonight's revisions only. After pass 1 the parts replace the memo
+(:meth:`PageMemo.write`, atomic), so it holds the last build's pages, and, until the next full
+dump, the base dump's rows of pages revised since (their old wikitext's key is never asked again;
+they cost only space). Writing a memo copies no text: at 200K pages it linked 0.66 GB that each
+build wrote again before. Earlier layouts are still read: one ``pages.arrow`` with ``keys.npy``,
+or one ``pages.arrow`` sorted by key without it. Its directory name carries the settings and
 namespaces the values depend on (:func:`memo_dir`). Nothing here imports Prefect.
 """
 from __future__ import annotations
@@ -28,13 +32,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from data_contracts.base import atomic_directory
+from data_contracts.base import atomic_directory, link_or_copy
 from tasks.corpus.memo import settings_dir, text_key
 from tasks.corpus.ingest.config import IngestConfig
 
 PAGE_MEMO_VERSION = "1"
-MEMO_FILE = "pages.arrow"
+MEMO_FILE = "pages.arrow"   # the earlier layout: one file
 INDEX_FILE = "keys.npy"
+PART_GLOB = "part-*.arrow"
 _SCHEMA = pa.schema([pa.field("hi", pa.uint64(), nullable=False), pa.field("lo", pa.uint64(), nullable=False),
                      pa.field("text", pa.large_string(), nullable=False), pa.field("targets", pa.list_(pa.string())),
                      pa.field("delta", pa.list_(pa.int64()), nullable=False)])
@@ -59,12 +64,25 @@ class PageMemo:
     @classmethod
     def open(cls, directory: Path | str | None) -> "PageMemo | None":
         """The memo in ``directory`` (memory-mapped), or ``None`` when there is none. A memo written
-        before the index existed holds its rows sorted by key: its index is its own key columns."""
-        if directory is None or not (Path(directory) / MEMO_FILE).is_file():
+        before the index existed holds its rows sorted by key: its index is its own key columns.
+
+        Raises ``FileNotFoundError`` when the index names more rows than the parts hold (a
+        part removed by hand)."""
+        if directory is None:
             return None
-        table = ipc.open_file(pa.memory_map(str(Path(directory) / MEMO_FILE))).read_all()
-        if (Path(directory) / INDEX_FILE).is_file():
-            return cls(table, np.load(Path(directory) / INDEX_FILE, mmap_mode="r"))
+        directory = Path(directory)
+        if (directory / MEMO_FILE).is_file():
+            table = ipc.open_file(pa.memory_map(str(directory / MEMO_FILE))).read_all()
+        elif (directory / INDEX_FILE).is_file():
+            table = _read_parts(sorted(directory.glob(PART_GLOB)))
+        else:
+            return None
+        if (directory / INDEX_FILE).is_file():
+            index = np.load(directory / INDEX_FILE, mmap_mode="r")
+            if index.shape[0] and int(np.max(index[:, 2])) >= table.num_rows:
+                raise FileNotFoundError(f"page memo {directory}: its index names row {int(np.max(index[:, 2]))} "
+                                        f"but its parts hold {table.num_rows} rows")
+            return cls(table, index)
         hi, lo = table.column("hi").to_numpy(), table.column("lo").to_numpy()
         return cls(table, np.stack([hi, lo, np.arange(hi.size, dtype=np.uint64)], axis=1))
 
@@ -83,11 +101,10 @@ class PageMemo:
 
     @staticmethod
     def write(directory: Path, parts: Sequence[Path]) -> int:
-        """Replace the memo in ``directory`` with the rows of ``parts`` (:func:`write_part` files),
-        in part order, and their index sorted by key (a repeated key points at its first row);
-        atomic. Returns the distinct keys."""
-        tables = [ipc.open_file(pa.memory_map(str(p))).read_all() for p in parts]
-        table = pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
+        """Replace the memo in ``directory`` with the parts ``parts`` (:func:`write_part` files),
+        hard-linked in order (copied across file systems), and their index sorted by key (a
+        repeated key points at its first row); atomic. Returns the distinct keys."""
+        table = _read_parts(parts)
         hi = table.column("hi").to_numpy().astype(np.uint64)
         lo = table.column("lo").to_numpy().astype(np.uint64)
         order = np.lexsort((lo, hi))   # stable: of equal keys, the first row comes first
@@ -98,22 +115,25 @@ class PageMemo:
         rows = order[first]
         index = np.stack([hi[rows], lo[rows], rows.astype(np.uint64)], axis=1) if rows.size else np.zeros((0, 3), np.uint64)
         with atomic_directory(Path(directory)) as tmp:
-            with ipc.new_file(str(tmp / MEMO_FILE), _SCHEMA) as writer:
-                writer.write_table(table.cast(_SCHEMA), max_chunksize=8192)
+            for k, part in enumerate(parts):
+                link_or_copy(Path(part), tmp / f"part-{k:05d}.arrow")
             np.save(tmp / INDEX_FILE, np.ascontiguousarray(index, np.uint64))
         return int(rows.size)
 
 
-def write_part(path: Path, rows: list[tuple], before: Path | None = None) -> None:
-    """One piece's memo rows ``(key, cleaned text, targets or None, delta)`` as an Arrow IPC file,
-    after the rows of the part ``before`` when given (a patched piece: the base piece's part)."""
+def _read_parts(parts: Sequence[Path | str]) -> pa.Table:
+    """The parts' rows one after the other (memory-mapped, concatenated without a copy)."""
+    tables = [ipc.open_file(pa.memory_map(str(p))).read_all().cast(_SCHEMA) for p in parts]
+    return pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
+
+
+def write_part(path: Path, rows: list[tuple]) -> None:
+    """One piece's memo rows ``(key, cleaned text, targets or None, delta)`` as an Arrow IPC file."""
     columns = list(zip(*rows)) if rows else [[], [], [], []]
     keys = np.array(columns[0], dtype=np.uint64).reshape(-1, 2)
     table = pa.table([pa.array(keys[:, 0], pa.uint64()), pa.array(keys[:, 1], pa.uint64()),
                       pa.array(list(columns[1]), pa.large_string()), pa.array(list(columns[2]), pa.list_(pa.string())),
                       pa.array(list(columns[3]), pa.list_(pa.int64()))], schema=_SCHEMA)
-    if before is not None:
-        table = pa.concat_tables([ipc.open_file(pa.memory_map(str(before))).read_all().cast(_SCHEMA), table])
     with ipc.new_file(str(path), _SCHEMA) as writer:
         writer.write_table(table)
 

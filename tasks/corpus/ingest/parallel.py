@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from data_contracts.base import link_or_copy
 from funnelrag.store import mark_used
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
 from tasks.corpus.ingest.changes import PageChanges, merge_pages, page_xml
@@ -64,7 +65,9 @@ class PieceResult:
     reused : taken from the piece cache (bytes unchanged since a previous build).
     patched : the base dump's kept piece with tonight's revisions applied (:func:`patch_piece`):
         nothing decompressed.
-    memo_part : the piece's page-memo rows (:func:`tasks.corpus.ingest.page_memo.write_part`), or None.
+    memo_parts : the files of the piece's page-memo rows (:func:`tasks.corpus.ingest.page_memo.write_part`):
+        one for a parsed or reused piece, the base piece's and tonight's for a patched one, none
+        without the memo.
     cleaned : kept wikitext pages cleaned here / taken from the page memo (a parsed piece).
     """
 
@@ -74,7 +77,7 @@ class PieceResult:
     shards: list[str]
     xml_bytes: int
     reused: bool = False
-    memo_part: str | None = None
+    memo_parts: tuple[str, ...] = ()
     patched: bool = False
     cleaned: tuple[int, int] = (0, 0)
 
@@ -149,8 +152,8 @@ def _save_piece(result: PieceResult, directory: Path) -> None:
     pq.write_table(table, tmp / "rows.parquet")
     for k, shard in enumerate(result.shards):
         shutil.copyfile(shard, tmp / f"shard-{k:05d}.parquet")
-    if result.memo_part is not None:
-        shutil.copyfile(result.memo_part, tmp / MEMO_PART)
+    for part in result.memo_parts:   # a parsed piece's one part, linked: the memo links it too
+        link_or_copy(Path(part), tmp / MEMO_PART)
     (tmp / "piece.json").write_text(json.dumps({"xml_bytes": result.xml_bytes, "shards": len(result.shards)}))
     try:
         os.replace(tmp, directory)
@@ -186,11 +189,8 @@ def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, gro
             shutil.copyfile(directory / f"shard-{k:05d}.parquet", shards[-1])
         else:
             write_shard(_renamed(kept, source), Path(shards[-1]), group_rows)
-    part = None
-    if (directory / MEMO_PART).is_file():
-        part = str(shard_dir / MEMO_PART)
-        shutil.copyfile(directory / MEMO_PART, part)
-    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], reused=True, memo_part=part)
+    parts = (str(directory / MEMO_PART),) if (directory / MEMO_PART).is_file() else ()   # read in place
+    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], reused=True, memo_parts=parts)
 
 
 _ROW_TYPES = (pa.string(), pa.int64(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64(),
@@ -210,7 +210,7 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     revisions has the key and output of the base dump's piece, renamed. With ``memo`` (the page
     memo's directory, :func:`tasks.corpus.ingest.page_memo.memo_dir`), a kept page whose wikitext
     the last build cleaned takes its cleaned text and links from it, and the piece writes its
-    pages' rows for the next memo (``PieceResult.memo_part``).
+    pages' rows for the next memo (``PieceResult.memo_parts``).
 
     Raises
     ------
@@ -256,7 +256,8 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
         part = str(Path(shard_dir) / MEMO_PART)
         write_part(Path(part), state.memo_rows)
     result = PieceResult(piece.index, _report_table(state.out_rows), state.effects,
-                         [str(p) for p in state.shards.paths], wrapped[-1].inner_bytes, memo_part=part,
+                         [str(p) for p in state.shards.paths], wrapped[-1].inner_bytes,
+                         memo_parts=(part,) if part is not None else (),
                          cleaned=(len(state.memo_rows or ()) - state.memo_hits, state.memo_hits))
     if cached is not None:
         _save_piece(result, cached)
@@ -321,8 +322,8 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
     -------
     PieceResult or None
         ``patched=True``; ``cleaned`` counts the revisions' kept pages cleaned here, and those taken
-        from the page memo plus the base piece's kept pages as reused. Its memo part holds the base
-        piece's part and the revisions' rows.
+        from the page memo plus the base piece's kept pages as reused. Its memo parts are the base
+        piece's part (read in place, not copied) and a part of the revisions' rows only.
     """
     table = pq.read_table(base / "rows.parquet")
     ids = table.column("page_id")
@@ -366,13 +367,15 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
         if pages.num_rows:
             shards.append(str(Path(shard_dir) / f"base-{k:05d}.parquet"))
             write_shard(_renamed(pages, source), Path(shards[-1]), state.shards.group_rows)
-    part, base_pages = None, int(np.count_nonzero(pc.equal(kept.column("status"), KEPT).to_numpy(zero_copy_only=False)))
-    if state.memo_rows is not None:
-        part = str(Path(shard_dir) / MEMO_PART)
-        write_part(Path(part), state.memo_rows, base / MEMO_PART if (base / MEMO_PART).is_file() else None)
+    parts: tuple[str, ...] = ()
+    base_pages = int(np.count_nonzero(pc.equal(kept.column("status"), KEPT).to_numpy(zero_copy_only=False)))
+    if state.memo_rows is not None:   # the base piece's part as it is, then tonight's revisions' rows
+        parts = (str(base / MEMO_PART),) if (base / MEMO_PART).is_file() else ()
+        parts += (str(Path(shard_dir) / MEMO_PART),)
+        write_part(Path(parts[-1]), state.memo_rows)
     cleaned = (0, 0) if state.memo_rows is None else (len(state.memo_rows) - state.memo_hits,
                                                       state.memo_hits + base_pages)
-    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], memo_part=part, cleaned=cleaned,
+    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], memo_parts=parts, cleaned=cleaned,
                        patched=True)
 
 
@@ -516,6 +519,7 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
     namespaces, total = read_siteinfo(layout)
     memo = memo_dir(piece_cache, state.cfg, namespaces) if piece_cache is not None else None
     parts: list[str] = []
+    with_parts = 0   # pieces that gave memo parts: the memo is written when every piece did
     pending: deque = deque()
     batches = iter(piece_batches(len(layout.pieces), window, changes is not None))
     position = 0
@@ -535,14 +539,14 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
                     break
                 pending.append(submit(parse_pieces, [call(layout.pieces[k]) for k in batch]))
             if not pending:
-                if memo is not None and len(parts) == len(layout.pieces):
+                if memo is not None and with_parts == len(layout.pieces):
                     PageMemo.write(memo, parts)   # the pages of this dump, for the next build
                 return total
             for result in pending.popleft().result():
                 replay_piece(state, result, position)
                 state.pieces["reused" if result.reused else "patched" if result.patched else "built"] += 1
-                if result.memo_part is not None:
-                    parts.append(result.memo_part)
+                parts.extend(result.memo_parts)
+                with_parts += bool(result.memo_parts)
                 if memo is not None and not result.reused:
                     state.cleaned.update(built=result.cleaned[0], reused=result.cleaned[1])
                 position += result.report.num_rows
