@@ -280,9 +280,8 @@ class DocumentMemo:
     def take(self, field: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``field``'s values of memo rows ``rows`` (all >= 0): ``(lengths, values one after the
         other)`` (:func:`csr_take`). Raises ``KeyError`` for a field the memo was not opened with."""
-        bounds, data = self.fields[field]
-        picked = np.asarray(bounds[np.asarray(rows, np.int64)])
-        return ranges_take(picked[:, 0], picked[:, 1], data)
+        starts, ends = self.value_ranges(field, rows)
+        return ranges_take(starts, ends, self.fields[field][1])
 
     @staticmethod
     def write(directory: Path, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, np.ndarray]],

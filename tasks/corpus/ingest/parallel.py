@@ -152,7 +152,8 @@ def _save_piece(result: PieceResult, directory: Path) -> None:
     pq.write_table(table, tmp / "rows.parquet")
     for k, shard in enumerate(result.shards):
         shutil.copyfile(shard, tmp / f"shard-{k:05d}.parquet")
-    for part in result.memo_parts:   # a parsed piece's one part, linked: the memo links it too
+    if result.memo_parts:   # a parsed piece has one part; linked, as the memo links it too
+        (part,) = result.memo_parts
         link_or_copy(Path(part), tmp / MEMO_PART)
     (tmp / "piece.json").write_text(json.dumps({"xml_bytes": result.xml_bytes, "shards": len(result.shards)}))
     try:
