@@ -6,7 +6,7 @@ import pytest
 
 from data_contracts import ContractViolation
 from data_contracts.base import Contract
-from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENTS
+from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENTS, LINKS, PASSAGES
 
 
 def _docs(**cols):
@@ -176,3 +176,82 @@ def test_binary_labels_names_the_first_rows_that_are_not_0_or_1():
     users = [c for m in (dr_rag, r2ag) for c in vars(m).values()
              if isinstance(c, Contract) and binary_labels in c.checks]
     assert len(users) >= 4   # DR-RAG pairs, R²AG lists, features, scores: one check
+
+
+# ------------------------------------------------------------------ verify: a written file, texts unread
+def test_verify_returns_every_column_but_the_free_text_and_checks_the_file(tmp_path):
+    DOCUMENTS.write(_docs(), tmp_path)
+    got = DOCUMENTS.verify(tmp_path)
+    assert got.column_names == ["doc_id", "title", "page_id", "source"]
+    assert got.column("title").to_pylist() == ["A", "B"] and got.column("page_id").to_pylist() == [None, 7]
+    assert DOCUMENTS.read(tmp_path).drop_columns(["text"]).equals(got)
+
+
+def test_verify_refuses_a_free_text_column_stored_with_another_type_or_nullability(tmp_path):
+    for field in (pa.field("text", pa.large_string(), nullable=False), pa.field("text", pa.string(), nullable=True)):
+        schema = DOCUMENTS.schema.set(DOCUMENTS.schema.get_field_index("text"), field)
+        table = pa.table(_docs().columns, schema=schema.with_metadata(DOCUMENTS.metadata()))
+        pq.write_table(table, tmp_path / DOCUMENTS.filename)
+        with pytest.raises(ContractViolation, match="stores .*expected string") as err:
+            DOCUMENTS.verify(tmp_path)
+        assert err.value.column == "text"
+    with pytest.raises(pa.ArrowInvalid):   # why nullability settles nulls: a required column cannot hold one
+        pq.write_table(pa.table(_docs(text=["x", None]).columns, schema=DOCUMENTS.schema), tmp_path / "x.parquet")
+
+
+def test_verify_finds_a_key_repeated_in_another_row_group_and_a_failed_check(tmp_path):
+    with DOCUMENTS.open_writer(tmp_path, row_group_size=None) as out:   # each table its own row group
+        out.write(_docs())
+        out.write(_docs(doc_id=[2, 1]))
+    with pytest.raises(ContractViolation, match="duplicate key") as err:
+        DOCUMENTS.verify(tmp_path)
+    assert err.value.column == "doc_id" and err.value.rows == [1, 3]
+    bad = pa.table({"cluster_id": [0, 0], "position": [0, 2], "doc_id": [0, 1]})
+    pq.write_table(bad.cast(CLUSTER_MEMBERS.schema).replace_schema_metadata(CLUSTER_MEMBERS.metadata()),
+                   tmp_path / CLUSTER_MEMBERS.filename)
+    with pytest.raises(ContractViolation, match="positions"):
+        CLUSTER_MEMBERS.verify(tmp_path)
+
+
+def test_verify_refuses_another_contract_and_a_missing_file(tmp_path):
+    CLUSTER_MEMBERS.write(pa.table({"cluster_id": [0], "position": [0], "doc_id": [0]}), tmp_path)
+    (tmp_path / CLUSTER_MEMBERS.filename).rename(tmp_path / DOCUMENTS.filename)
+    with pytest.raises(ContractViolation, match="not written under this contract"):
+        DOCUMENTS.verify(tmp_path)
+    with pytest.raises(FileNotFoundError, match="passages"):
+        PASSAGES.verify(tmp_path)
+
+
+def test_free_text_must_name_a_column_outside_the_key():
+    schema = pa.schema([pa.field("k", pa.int32(), nullable=False), pa.field("body", pa.string(), nullable=False)])
+    Contract("ok", "ok.parquet", schema, unique=("k",), free_text=("body",))
+    for free in (("nope",), ("k",)):
+        with pytest.raises(ValueError, match="free_text"):
+            Contract("bad", "bad.parquet", schema, unique=("k",), free_text=free)
+
+
+# ------------------------------------------------------------------ keys and checks without a Python object a row
+def test_integer_keys_unsorted_or_paired_are_checked_exactly():
+    assert CLUSTER_MEMBERS.validate(pa.table({"cluster_id": [1, 0, 2], "position": [0, 0, 0], "doc_id": [9, 3, 4]}))
+    with pytest.raises(ContractViolation, match="2 duplicate key") as err:
+        CLUSTER_MEMBERS.validate(pa.table({"cluster_id": [0, 1, 2], "position": [0, 0, 0], "doc_id": [7, 7, 7]}))
+    assert err.value.rows == [0, 1, 2]
+    assert LINKS.validate(pa.table({"src_doc_id": [1, 0, 0], "dst_doc_id": [0, 1, -1]}))
+    with pytest.raises(ContractViolation, match="1 duplicate key") as err:
+        LINKS.validate(pa.table({"src_doc_id": [3, 0, 3], "dst_doc_id": [1, 2, 1]}))
+    assert err.value.column == "src_doc_id,dst_doc_id" and err.value.rows == [0, 2]
+    with pytest.raises(ContractViolation, match="1 duplicate key"):   # a negative id is a value like another
+        LINKS.validate(pa.table({"src_doc_id": [-1, -1], "dst_doc_id": [-2, -2]}))
+
+
+@pytest.mark.parametrize("unit_ids", [["c1.u1", "c1.u2", "c1.u1", "c2.u2", "c1.u1", "c1.u1"],      # one width
+                                      ["c1.u1", "c1.u10", "c1.u1", "c22.u2", "c1.u1", "abc.u1"]])  # row by row
+def test_passage_ids_must_extend_their_unit_ids(unit_ids):
+    pids = [unit_ids[0] + ".p000", unit_ids[1] + ".p000", "c1.u1x", unit_ids[3] + ".p1", "c1.u1.q0", "c1"]
+    n = len(pids)
+    table = pa.table({"passage_id": pids, "unit_id": unit_ids, "cluster_id": [0] * n, "doc_id": [0] * n,
+                      "title": ["t"] * n, "text": ["x"] * n, "n_words": [1] * n, "n_tokens": [1] * n})
+    with pytest.raises(ContractViolation, match="does not extend") as err:
+        PASSAGES.validate(table)
+    assert err.value.rows == [2, 4, 5]
+    assert PASSAGES.validate(table.slice(0, 2)).num_rows == 2

@@ -212,16 +212,32 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
             **clusters, **sharded, "seconds": t2 - t0}
 
 
+def same_ids(ids: Sequence[str], column: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether ``ids`` (an index's document ids, strings) and ``column`` (a table's ids, any
+    type, compared as their strings) hold the same values the same number of times, in any
+    order. Compared as Arrow arrays: equal in order (the common case) without a sort."""
+    got = pa.array(ids, pa.string())
+    want = column.cast(pa.string())
+    want = want.combine_chunks() if isinstance(want, pa.ChunkedArray) else want
+    if len(got) != len(want):
+        return False
+    if got.equals(want):
+        return True
+    return got.take(pc.array_sort_indices(got)).equals(want.take(pc.array_sort_indices(want)))
+
+
 def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int]:
     """Cross-artifact checks of a staged corpus version; raises ``ValueError`` naming the
-    artifact and the first offending ids. Also re-reads every table through its contract.
+    artifact and the first offending ids. Also checks every table against its contract
+    (:meth:`data_contracts.base.Contract.verify`: every column but the article and passage
+    texts read and validated, the texts' types and nulls from the files' footers).
 
     Checks: every document in exactly one cluster; no cluster over S tokens unless it is a
     single document; cluster and passage indexes (either passage layout) cover exactly the
     clusters and passages, a sharded one's global ``N`` is the passage count; every passage's
     document exists.
     """
-    tables = {c.name: c.read(version_dir) for c in C.CORPUS_CONTRACTS}
+    tables = {c.name: c.verify(version_dir) for c in C.CORPUS_CONTRACTS}
     n_docs = tables["documents"].num_rows
     members = tables["cluster_members"]
     if members.num_rows != n_docs:
@@ -236,8 +252,7 @@ def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int
         raise ValueError(f"clusters: {bad} exceed {max_cluster_tokens} tokens with more than one member")
     for sub, table, key in ((CLUSTER_INDEX_DIR, clusters, "cluster_id"), (PASSAGE_INDEX_DIR, tables["passages"], "passage_id")):
         index = BM25Index.load(version_dir / sub) if sub == CLUSTER_INDEX_DIR else load_passage_index(version_dir / sub)
-        expected = [str(v) for v in table.column(key).to_pylist()]
-        if sorted(index.doc_ids) != sorted(expected):
+        if not same_ids(index.doc_ids, table.column(key)):
             raise ValueError(f"{sub}: index ids do not match the {key}s of the published tables")
     stats_file = version_dir / PASSAGE_INDEX_DIR / STATS_FILE
     if stats_file.exists() and json.loads(stats_file.read_text())["n_docs"] != tables["passages"].num_rows:
