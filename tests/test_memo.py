@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.corpus.memo import (DocumentMemo, Utf8Rows, arrow_text_keys, contiguous_runs, csr_take, ranges_take, take_rows,
-                               take_texts, text_keys)
+from tasks.corpus.memo import (DocumentMemo, PartedArray, Utf8Rows, arrow_text_keys, contiguous_runs, csr_take, keep_extending,
+                               ranges_take, take_rows, take_texts, text_keys)
 
 
 def test_text_keys_are_the_blake2b_digest_in_big_endian_words():
@@ -57,6 +57,66 @@ def test_a_failed_write_leaves_the_last_memo(tmp_path):
         DocumentMemo.write(tmp_path / "m", keys, {"v": (np.arange(2), np.array([1]))})
     memo = DocumentMemo.open(tmp_path / "m", ["v"])
     assert len(memo) == 2 and memo.take("v", memo.lookup(keys))[1].tolist() == [1, 2]
+
+
+def _csr(values):
+    return np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int64), np.array(sum(values, []), np.int32)
+
+
+def test_an_extended_memo_links_the_old_values_and_finds_old_and_new_alike(tmp_path):
+    DocumentMemo.write(tmp_path / "m", text_keys(["alpha", "beta"]), {"v": _csr([[1, 2], [3]])})
+    inode = (tmp_path / "m" / "v.data.npy").stat().st_ino
+    memo = DocumentMemo.open(tmp_path / "m", ["v"])
+    # tonight: beta again (held: not written twice), gamma twice (kept once), delta with no values
+    texts = ["beta", "gamma", "delta", "gamma"]
+    assert memo.extend(text_keys(texts), {"v": _csr([[3], [4, 5], [], [4, 5]])}) == 4
+    assert (tmp_path / "m" / "v.data.npy").stat().st_ino == inode               # linked, not copied
+    assert np.load(tmp_path / "m" / "v.data.1.npy").tolist() == [4, 5]           # only the new values
+    again = DocumentMemo.open(tmp_path / "m", ["v"])
+    assert isinstance(again.fields["v"][1], PartedArray)
+    rows = again.lookup(text_keys(["delta", "alpha", "gamma", "beta", "omega"]))
+    assert rows[4] == -1
+    lengths, got = again.take("v", rows[:4])
+    assert lengths.tolist() == [0, 2, 2, 1] and got.tolist() == [1, 2, 4, 5, 3]
+    # a third night: three data files, read as one array, and the same as one memo written whole
+    again.extend(text_keys(["epsilon"]), {"v": _csr([[6, 7, 8]])})
+    parted = DocumentMemo.open(tmp_path / "m", ["v"])
+    whole_texts = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    DocumentMemo.write(tmp_path / "w", text_keys(whole_texts), {"v": _csr([[1, 2], [3], [4, 5], [], [6, 7, 8]])})
+    whole = DocumentMemo.open(tmp_path / "w", ["v"])
+    keys = text_keys(whole_texts[::-1])
+    assert [x.tolist() for x in parted.take("v", parted.lookup(keys))] == [x.tolist() for x in whole.take("v", whole.lookup(keys))]
+    with pytest.raises(ValueError, match="extend needs the fields"):
+        parted.extend(text_keys(["z"]), {"w": _csr([[1]])})
+    with pytest.raises(ValueError, match="has 3 offsets for 1 keys"):
+        parted.extend(text_keys(["z"]), {"v": (np.arange(3), np.array([1, 2]))})
+    assert len(DocumentMemo.open(tmp_path / "m", ["v"])) == 5                    # a refused extension wrote nothing
+
+
+def test_a_parted_array_reads_like_the_parts_joined():
+    parts = [np.arange(0, 3), np.arange(3, 3), np.arange(3, 7), np.arange(7, 8)]
+    a, joined = PartedArray(parts), np.arange(8)
+    assert len(a) == 8 and a.dtype == joined.dtype
+    for i in range(9):
+        for j in range(i, 9):
+            assert a[i:j].tolist() == joined[i:j].tolist(), (i, j)
+    assert a[:].tolist() == joined.tolist() and a[5:2].tolist() == []
+    idx = np.array([7, 0, 3, 3, 6, 2])
+    assert a[idx].tolist() == joined[idx].tolist()
+    lengths, values = ranges_take(np.array([6, 1, 2]), np.array([8, 2, 4]), a)
+    assert lengths.tolist() == [2, 1, 2] and values.tolist() == [6, 7, 1, 2, 3]
+    with pytest.raises(IndexError):
+        a[np.array([8])]
+    with pytest.raises(ValueError, match="one dtype"):
+        PartedArray([np.arange(2), np.arange(2.0)])
+
+
+def test_a_memo_is_extended_while_at_most_a_fifth_of_it_is_dead():
+    assert keep_extending(memo_rows=100, new_rows=2, live_rows=100)        # 2 of 102 rows dead
+    assert keep_extending(memo_rows=100, new_rows=25, live_rows=100)       # 25 of 125: exactly a fifth
+    assert not keep_extending(memo_rows=100, new_rows=26, live_rows=100)
+    assert not keep_extending(memo_rows=0, new_rows=0, live_rows=0)
+    assert keep_extending(memo_rows=100, new_rows=0, live_rows=50, max_dead=0.5)
 
 
 @pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])

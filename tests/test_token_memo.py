@@ -80,6 +80,39 @@ def test_memo_token_ids_equal_tokenize_ids_with_and_without_a_memo(nights, tmp_p
         memo_token_ids(new, cfg, memo, terms, np.array([0, 5]))
 
 
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["stemmed", "raw"])
+def test_an_extended_token_memo_gives_the_ids_of_a_rewritten_one(nights, tmp_path, cfg):
+    """Night 1 writes the memo; night 2 (every 7th text edited) extends it with the edited texts
+    (the old ids linked, new terms at the end of its vocabulary); a memo written whole from
+    night 2's texts, and no memo at all, give the same ids on night 3 (more edits)."""
+    base, edited, edited_ids = nights
+    old, new = _pieces(base), _pieces(edited)
+    third = [t + " Zebrafication resumed." if i % 5 == 0 else t for i, t in enumerate(new)]
+    write_token_memo(tmp_path / "ext", [memo_token_ids(old, cfg, None, [])])
+    first_terms = open_token_memo(tmp_path / "ext")[1]
+    tonight = memo_token_ids(new, cfg, *open_token_memo(tmp_path / "ext"))
+    assert write_token_memo(tmp_path / "ext", [tonight]) == len(set(old) | set(new))      # extended: old rows kept
+    assert (tmp_path / "ext" / "terms.data.1.npy").exists()
+    terms = open_token_memo(tmp_path / "ext")[1]
+    assert terms[:len(first_terms)] == first_terms and len(terms) > len(first_terms)   # new terms at the end
+    write_token_memo(tmp_path / "whole", [memo_token_ids(new, cfg, None, [])])
+    reference = TokenIds.from_tokenized(tokenize_ids(third, cfg, _stemmer(cfg.stemmer)))
+    for memo_dir in ("ext", "whole"):
+        got = memo_token_ids(third, cfg, *open_token_memo(tmp_path / memo_dir))
+        assert got.reused == sum(1 for i in range(len(third)) if i % 5) and _same(got.tokens, reference), memo_dir
+    # night 3 in shards saved to parts, with a bound on dead rows that forces a rewrite
+    parts = []
+    for k, (a, b) in enumerate([(0, 40), (40, len(third))]):
+        (tmp_path / f"part{k}").mkdir()
+        memo_token_ids(third[a:b], cfg, *open_token_memo(tmp_path / "ext")).save(tmp_path / f"part{k}")
+        parts.append(tmp_path / f"part{k}")
+    assert write_token_memo(tmp_path / "ext", parts, max_dead=0.0) == len(set(third))   # rewritten: only tonight's
+    assert not (tmp_path / "ext" / "terms.data.1.npy").exists()
+    assert open_token_memo(tmp_path / "ext")[1] == sorted(open_token_memo(tmp_path / "ext")[1])
+    got = memo_token_ids(third, cfg, *open_token_memo(tmp_path / "ext"))
+    assert got.reused == len(third) and _same(got.tokens, reference)
+
+
 def _index_files(directory):
     return {p.relative_to(directory).as_posix(): sha256_file(p) for p in sorted(directory.rglob("*"))
             if p.is_file() and ".work" not in p.parts}

@@ -9,15 +9,19 @@ own text is hit by every unchanged page. The memo of a step is one directory of 
 ``keys.npy``
     ``(n, 2)`` uint64, the BLAKE2b-128 of each text as (high, low) words, sorted lexicographically,
     distinct.
-``<field>.bounds.npy`` / ``<field>.data.npy``
+``<field>.bounds.npy`` / ``<field>.data.npy`` (and ``<field>.data.<k>.npy``, k = 1, 2, ...)
     per field, ``(n, 2)`` int64 (start, end) of each key's values in ``data``: the values of key
     ``i`` are ``data[start:end]`` (the data stay in the order they were given; only the bounds are
-    sorted with the keys, so a write never moves the values).
+    sorted with the keys, so a write never moves the values). ``data`` is the data files one
+    after the other (:class:`PartedArray`; a key's values lie in one file).
 
 A lookup is a binary search of the high words (:meth:`DocumentMemo.lookup`), checked on the low
-words. The memo is rewritten by each build with exactly that build's documents
-(:meth:`DocumentMemo.write`, atomic: a reader sees the old or the new directory), so it does not
-grow from night to night. Part of the corpus build of FunnelRAG (the incremental nightly).
+words. A build either rewrites the memo with exactly its documents (:meth:`DocumentMemo.write`)
+or extends it with the documents it lacked (:meth:`DocumentMemo.extend`: the data files are
+hard-linked, one file of new values is added, only keys and bounds are written again), both
+atomic (a reader sees the old or the new directory). A nightly extends it while the keys no
+build asks for stay few (:func:`keep_extending`), so a night writes its ~1% of new values, not
+the whole memo again. Part of the corpus build of FunnelRAG (the incremental nightly).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from data_contracts.base import atomic_directory
+from data_contracts.base import atomic_directory, link_or_copy
 
 KEYS_FILE = "keys.npy"
 COMPLETE_FILE = "COMPLETE"
@@ -221,13 +225,80 @@ def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return pa.concat_tables([table.slice(a, b - a) for a, b in zip(run_starts.tolist(), run_ends.tolist())])
 
 
+class PartedArray:
+    """Files of a 1-D array one after the other, read as one array without joining them: ``a[i:j]``
+    (a view when the range lies in one part, else a copy of the pieces) and ``a[indices]``.
+
+    ``parts``: the 1-D arrays (memory-mapped), one dtype."""
+
+    def __init__(self, parts: Sequence[np.ndarray]):
+        if not parts:
+            raise ValueError("PartedArray needs at least one part")
+        self.parts = list(parts)
+        self.dtype = self.parts[0].dtype
+        if any(p.dtype != self.dtype or p.ndim != 1 for p in self.parts):
+            raise ValueError(f"PartedArray parts must be 1-D of one dtype, got {[(p.dtype, p.ndim) for p in self.parts]}")
+        self.bases = np.zeros(len(self.parts) + 1, np.int64)
+        np.cumsum([p.shape[0] for p in self.parts], out=self.bases[1:])
+        self.shape = (int(self.bases[-1]),)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                raise IndexError("PartedArray slices take step 1")
+            if start >= stop:
+                return self.parts[0][0:0]
+            k = int(np.searchsorted(self.bases, start, side="right")) - 1
+            if stop <= self.bases[k + 1]:
+                return self.parts[k][start - self.bases[k]:stop - self.bases[k]]
+            pieces, at = [], start
+            while at < stop:
+                k = int(np.searchsorted(self.bases, at, side="right")) - 1
+                end = min(stop, int(self.bases[k + 1]))
+                pieces.append(self.parts[k][at - self.bases[k]:end - self.bases[k]])
+                at = end
+            return np.concatenate(pieces)
+        idx = np.asarray(key, np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"PartedArray index out of range 0..{len(self) - 1}")
+        which = np.searchsorted(self.bases, idx, side="right") - 1
+        out = np.empty(idx.shape, self.dtype)
+        for k in np.unique(which).tolist():
+            at = which == k
+            out[at] = self.parts[k][idx[at] - self.bases[k]]
+        return out
+
+
+def _data_files(directory: Path, field: str) -> list[Path]:
+    """A field's data files in order: ``<field>.data.npy``, then ``<field>.data.1.npy``, ... ."""
+    first = directory / f"{field}.data.npy"
+    more = sorted(directory.glob(f"{field}.data.*.npy"), key=lambda p: int(p.name.split(".")[-2]))
+    return ([first] if first.exists() else []) + more
+
+
+def keep_extending(memo_rows: int, new_rows: int, live_rows: int, max_dead: float = 0.2) -> bool:
+    """Whether a build extends the memo (:meth:`DocumentMemo.extend`) rather than rewriting it:
+    while at most ``max_dead`` of the extended memo's rows are keys this build did not ask for
+    (``live_rows``: its distinct keys; the rest are texts edited or deleted since, which only cost
+    space). At ~1% of the texts edited a night that is ~20 nights between rewrites, so a night
+    writes its new values and, one night in ~20, the whole memo again."""
+    total = memo_rows + new_rows
+    return total > 0 and (total - live_rows) <= max_dead * total
+
+
 class DocumentMemo:
     """A memo directory opened for lookups (arrays memory-mapped).
 
-    Use :meth:`open` (``None`` when there is no complete memo) and :meth:`write`.
+    Use :meth:`open` (``None`` when there is no complete memo), :meth:`write` and :meth:`extend`.
+    ``fields[name]`` is ``(bounds (n, 2) int64, data)``; ``data`` is an array, or a
+    :class:`PartedArray` when an extended memo has several data files.
     """
 
-    def __init__(self, directory: Path, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, np.ndarray]]):
+    def __init__(self, directory: Path, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, Any]]):
         self.directory, self.keys, self.fields = Path(directory), keys, dict(fields)
 
     @classmethod
@@ -241,8 +312,13 @@ class DocumentMemo:
             return None
         try:
             keys = np.load(directory / KEYS_FILE, mmap_mode="r")
-            found = {f: (np.load(directory / f"{f}.bounds.npy", mmap_mode="r"),
-                         np.load(directory / f"{f}.data.npy", mmap_mode="r")) for f in fields}
+            found = {}
+            for f in fields:
+                parts = [np.load(p, mmap_mode="r") for p in _data_files(directory, f)]
+                if not parts:
+                    return None
+                found[f] = (np.load(directory / f"{f}.bounds.npy", mmap_mode="r"),
+                            parts[0] if len(parts) == 1 else PartedArray(parts))
         except FileNotFoundError:
             return None
         return cls(directory, keys, found)
@@ -314,3 +390,46 @@ class DocumentMemo:
                 write(tmp / name)
             (tmp / COMPLETE_FILE).write_text(f"{rows.size}\n")
         return int(rows.size)
+
+    def extend(self, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, np.ndarray]],
+               extra: Mapping[str, Callable[[Path], None]] | None = None) -> int:
+        """Replace this memo's directory atomically with this memo plus ``keys`` (``(m, 2)``
+        uint64) and, per field, their CSR ``(offsets (m + 1,), data)``: every field of the memo
+        must be given. The memo's data files are hard-linked into the new directory (no value is
+        copied) and each field gains one data file of the new values; only the keys and bounds
+        (16 bytes a key each) are written again. A key the memo holds, or a repeated key, is kept
+        once (equal texts have equal values); only the new keys' values are written.
+        ``extra`` as in :meth:`write` (written anew).
+        Returns the rows of the new memo.
+
+        Raises ``ValueError`` when a field is missing or its offsets do not have ``m + 1`` entries."""
+        keys = np.asarray(keys, np.uint64).reshape(-1, 2)
+        m = keys.shape[0]
+        if set(fields) != set(self.fields):
+            raise ValueError(f"memo {self.directory}: extend needs the fields {sorted(self.fields)}, got {sorted(fields)}")
+        for name, (offsets, _) in fields.items():
+            if len(offsets) != m + 1:
+                raise ValueError(f"memo {self.directory}: field {name!r} has {len(offsets)} offsets for {m} keys")
+        new = np.flatnonzero(self.lookup(keys) < 0)
+        if new.size:   # a repeated new key once: the first
+            _, first = np.unique(keys[new], axis=0, return_index=True)
+            new = new[np.sort(first)]
+        all_keys = np.concatenate([np.asarray(self.keys), keys[new]])
+        order = np.lexsort((all_keys[:, 1], all_keys[:, 0]))
+        files = {name: _data_files(self.directory, name) for name in self.fields}
+        with atomic_directory(self.directory) as tmp:
+            np.save(tmp / KEYS_FILE, np.ascontiguousarray(all_keys[order]))
+            for name, (offsets, data) in fields.items():
+                old_bounds, old_data = self.fields[name]
+                offsets = np.asarray(offsets, np.int64)
+                lengths, values = ranges_take(offsets[:-1][new], offsets[1:][new], np.asarray(data))
+                ends = np.cumsum(lengths) + len(old_data)
+                added = np.stack([ends - lengths, ends], axis=1)
+                np.save(tmp / f"{name}.bounds.npy", np.concatenate([np.asarray(old_bounds, np.int64), added])[order])
+                for k, path in enumerate(files[name]):
+                    link_or_copy(path, tmp / (f"{name}.data.npy" if k == 0 else f"{name}.data.{k}.npy"))
+                np.save(tmp / f"{name}.data.{len(files[name])}.npy", np.asarray(values, old_data.dtype))
+            for name, write in (extra or {}).items():
+                write(tmp / name)
+            (tmp / COMPLETE_FILE).write_text(f"{all_keys.shape[0]}\n")
+        return int(all_keys.shape[0])

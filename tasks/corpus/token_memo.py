@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import DocumentMemo, arrow_text_keys, settings_dir, take_texts, text_keys
+from tasks.corpus.memo import DocumentMemo, arrow_text_keys, keep_extending, ranges_take, settings_dir, take_texts, text_keys
 
 TERMS_FIELD = "terms"
 VOCAB_FILE = "terms.parquet"
@@ -179,13 +179,25 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25
     return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size))
 
 
-def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens]) -> int:
-    """Replace the token memo in ``directory`` with the pieces of ``part_dirs`` (directories
+def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens], max_dead: float = 0.2) -> int:
+    """Write the token memo in ``directory`` for the pieces of ``part_dirs`` (directories
     :meth:`MemoTokens.save` wrote: this build's shards; or the :class:`MemoTokens` themselves),
-    atomically. The memo vocabulary is the sorted union of the parts' terms. Returns the pieces
-    kept (a repeated text once)."""
+    atomically, so that it holds every piece of this build.
+
+    When ``directory`` holds a memo and extending it keeps at most ``max_dead`` of its rows
+    unasked-for (:func:`tasks.corpus.memo.keep_extending`), the memo is *extended* with the
+    pieces it lacks (:meth:`tasks.corpus.memo.DocumentMemo.extend`: its ids are hard-linked, the
+    new pieces' ids are one more file, their new terms go at the end of its vocabulary). Otherwise
+    it is rewritten with exactly these pieces, its vocabulary the sorted union of the parts'
+    terms. Either way :func:`memo_token_ids` gives the same ids from it (its result does not depend
+    on the memo's numbering). Returns the pieces the memo holds (a repeated text once)."""
     parts = [(d.keys, d.piece_offsets, d.tokens) if isinstance(d, MemoTokens) else
              (np.load(Path(d) / PART_KEYS), np.load(Path(d) / PART_OFFSETS), TokenIds.load(Path(d))) for d in part_dirs]
+    memo, memo_terms = open_token_memo(directory)
+    if memo is not None and parts:
+        extended = _extend_token_memo(memo, memo_terms, parts, max_dead)
+        if extended is not None:
+            return extended
     vocab = sorted(set().union(*(p[2].terms for p in parts))) if parts else []
     rank = {t: i for i, t in enumerate(vocab)}
     keys = [p[0] for p in parts]
@@ -202,3 +214,36 @@ def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens]) ->
                            {TERMS_FIELD: (offsets, np.concatenate(ids) if ids else np.zeros(0, np.int32))},
                            extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": pa.array(vocab, pa.string())}), path)})
     return n
+
+
+def _extend_token_memo(memo: DocumentMemo, memo_terms: list[str], parts: list[tuple[np.ndarray, np.ndarray, TokenIds]],
+                       max_dead: float) -> int | None:
+    """:func:`write_token_memo`'s extension of ``memo`` with the parts' pieces it lacks, or ``None``
+    (nothing written) when the memo would keep more than ``max_dead`` of rows unasked-for."""
+    keys = np.concatenate([p[0] for p in parts]).reshape(-1, 2)
+    rows = memo.lookup(keys)
+    miss = np.flatnonzero(rows < 0)
+    new_keys = np.unique(keys[miss], axis=0) if miss.size else np.zeros((0, 2), np.uint64)
+    live = np.unique(rows[rows >= 0]).size + new_keys.shape[0]
+    if not keep_extending(len(memo), new_keys.shape[0], live, max_dead):
+        return None
+    index = {t: i for i, t in enumerate(memo_terms)}
+    fresh = sorted({t for _, _, tokens in parts for t in tokens.terms if t not in index})
+    vocab = [*memo_terms, *fresh]
+    index.update((t, len(memo_terms) + j) for j, t in enumerate(fresh))
+    lengths, ids, first = [], [], 0
+    for part_keys, offsets, tokens in parts:
+        n = part_keys.shape[0]
+        at = miss[(miss >= first) & (miss < first + n)] - first
+        first += n
+        if not at.size:
+            continue
+        remap = np.fromiter((index[t] for t in tokens.terms), np.int32, count=len(tokens.terms))
+        got_lengths, got = ranges_take(offsets[at], offsets[at + 1], tokens.ids)
+        lengths.append(got_lengths)
+        ids.append(remap[got] if got.size else np.zeros(0, np.int32))
+    flat = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    offsets = np.zeros(flat.size + 1, np.int64)
+    np.cumsum(flat, out=offsets[1:])
+    return memo.extend(keys[miss], {TERMS_FIELD: (offsets, np.concatenate(ids) if ids else np.zeros(0, np.int32))},
+                       extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": pa.array(vocab, pa.string())}), path)})
