@@ -24,6 +24,13 @@ digest of the ids.
 ``page-memo``: pass 1's page memo written from the parts in a nightly home's piece cache: user and
 system CPU seconds of three writes.
 
+``memo-writes``: the passage token memo written after night N from the night before's memo
+(``--memo-home``), extended (what a night does while few rows are stale) and rewritten whole
+(what every night did before, and a night does once the bound is passed): user and system CPU
+seconds of each, best of three, on a fresh hard-linked copy of the memo each time, and a check
+that both memos give the same passage token ids; and the share of the night before's
+segmentation memo that tonight's clusters would leave stale if it were extended too.
+
 ``copies``: on a nightly home's newest outputs, the steps that read, hash or copy every text of
 the corpus, each the way it was done before and the way it is done now (CPU seconds, the best of
 three, and a check that both give the same result): a full garbage collection in a process with
@@ -39,6 +46,7 @@ Run:
 ``python benchmarks/bench_incremental_stages.py passage-tokens --home NIGHTLY_HOME --memo-home HOME``
 ``python benchmarks/bench_incremental_stages.py page-memo --home NIGHTLY_HOME --work DIR``
 ``python benchmarks/bench_incremental_stages.py days MIRROR --work DIR [--wiki synwiki]``
+``python benchmarks/bench_incremental_stages.py memo-writes --home NIGHTLY_HOME --memo-home HOME --work DIR``
 ``python benchmarks/bench_incremental_stages.py copies --home NIGHTLY_HOME``
 """
 from __future__ import annotations
@@ -201,6 +209,67 @@ def bench_days(mirror: Path, work: Path, wiki: str) -> None:
                       "from_memo_cpu_s": round(t_memo, 2)}))
 
 
+def bench_memo_writes(home: Path, memo_home: Path, work: Path) -> None:
+    """The passage token memo of ``home``'s newest passages written over a copy of ``memo_home``'s,
+    extended and rewritten (``max_dead=0``): user and system CPU seconds (best of 3), the files
+    written and the digest of the ids each memo gives; and the stale share an extended
+    segmentation memo would have (``memo_home``'s memo against ``home``'s newest shard parts)."""
+    import hashlib  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    from data_contracts import corpus as C  # noqa: PLC0415
+    from tasks.corpus import segment_memo as SM  # noqa: PLC0415
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo  # noqa: PLC0415
+
+    root, old_root = home / "cache" / "corpus", memo_home / "cache" / "corpus"
+    segment = max((d for d in (root / "segment").iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
+    passages = C.PASSAGES.read(segment, columns=["title", "text"])
+    texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
+    cfg = BM25Config()
+    old_tokens = token_memo_dir(old_root, "passages", cfg)
+    found = memo_token_ids(texts, cfg, *open_token_memo(old_tokens))
+
+    def fresh(src: Path, name: str) -> Path:
+        dst = work / name
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-al", str(src), str(dst)], check=True)
+        return dst
+
+    report = {"passages": len(texts), "passages_from_memo": found.reused}
+    digests = {}
+    for how, max_dead in (("extended", 0.2), ("rewritten", 0.0)):
+        best = None
+        for _ in range(3):
+            target = fresh(old_tokens, "tokens")
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            write_token_memo(target, [found], max_dead=max_dead)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            got = (round(r1.ru_utime - r0.ru_utime, 3), round(r1.ru_stime - r0.ru_stime, 3))
+            best = got if best is None or sum(got) < sum(best) else best
+        again = memo_token_ids(texts, cfg, *open_token_memo(work / "tokens"))
+        digests[how] = hashlib.sha256(again.tokens.ids.tobytes()).hexdigest()[:16]
+        report[how] = {"user_sys_s": best, "files": sorted(p.name for p in (work / "tokens").iterdir()),
+                       "ids_sha256": digests[how]}
+    report["same_ids"] = digests["extended"] == digests["rewritten"]
+    # tonight's segment shard parts: the entries written with the newest segment output
+    parts = [d for d in (root / "segment-shards").iterdir()
+             if SM.has_part(d) and abs(d.stat().st_mtime - segment.stat().st_mtime) < 600]
+    kept = SM.SegmentMemo.open(SM.memo_dir(old_root / "segment-shards", SegmentConfig()))
+    keys = np.concatenate([np.load(p / SM.KEYS_FILE) for p in parts])
+    rows = kept.lookup(keys)
+    new = np.unique(keys[rows < 0], axis=0).shape[0]
+    live = np.unique(rows[rows >= 0]).size + new
+    report["segment_memo"] = {"parts": len(parts), "memo_clusters": len(kept.memo), "tonight_clusters": live,
+                              "new_clusters": new, "stale_share_if_extended": round(1 - live / (len(kept.memo) + new), 3)}
+    print(json.dumps(report, indent=1))
+
+
 def _best(fn, repeat: int = 3) -> tuple[float, object]:
     """The least CPU seconds (this process) of ``repeat`` calls of ``fn``, and its last result."""
     best, out = float("inf"), None
@@ -318,6 +387,10 @@ def main() -> None:
     c.add_argument("mirror", type=Path)
     c.add_argument("--work", type=Path, required=True)
     c.add_argument("--wiki", default="synwiki")
+    g = sub.add_parser("memo-writes")
+    g.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
+    g.add_argument("--memo-home", type=Path, required=True, help="the home of the night before (its memos)")
+    g.add_argument("--work", type=Path, required=True)
     d = sub.add_parser("copies")
     d.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     args = ap.parse_args()
@@ -329,6 +402,8 @@ def main() -> None:
         bench_page_memo(args.home, args.work)
     elif args.step == "passage-tokens":
         bench_passage_tokens(args.home, args.memo_home)
+    elif args.step == "memo-writes":
+        bench_memo_writes(args.home, args.memo_home, args.work)
     elif args.step == "copies":
         bench_copies(args.home)
     else:

@@ -73,7 +73,7 @@ def test_an_extended_memo_links_the_old_values_and_finds_old_and_new_alike(tmp_p
     assert (tmp_path / "m" / "v.data.npy").stat().st_ino == inode               # linked, not copied
     assert np.load(tmp_path / "m" / "v.data.1.npy").tolist() == [4, 5]           # only the new values
     again = DocumentMemo.open(tmp_path / "m", ["v"])
-    assert isinstance(again.fields["v"][1], PartedArray)
+    assert isinstance(again.fields["v"][1], PartedArray) and again.data_files == 2 and memo.data_files == 1
     rows = again.lookup(text_keys(["delta", "alpha", "gamma", "beta", "omega"]))
     assert rows[4] == -1
     lengths, got = again.take("v", rows[:4])
@@ -91,6 +91,18 @@ def test_an_extended_memo_links_the_old_values_and_finds_old_and_new_alike(tmp_p
     with pytest.raises(ValueError, match="has 3 offsets for 1 keys"):
         parted.extend(text_keys(["z"]), {"v": (np.arange(3), np.array([1, 2]))})
     assert len(DocumentMemo.open(tmp_path / "m", ["v"])) == 5                    # a refused extension wrote nothing
+
+
+def test_an_extension_merges_keys_that_share_a_high_word_in_order(tmp_path):
+    DocumentMemo.write(tmp_path / "m", np.array([[3, 9], [7, 1], [7, 5]], np.uint64), {"v": (np.arange(4), np.array([1, 2, 3]))})
+    memo = DocumentMemo.open(tmp_path / "m", ["v"])
+    new = np.array([[7, 3], [7, 9], [7, 0], [2, 2], [9, 9], [7, 1]], np.uint64)   # the last one is held
+    assert memo.extend(new, {"v": (np.arange(7), np.array([10, 20, 30, 40, 50, 60]))}) == 8
+    got = DocumentMemo.open(tmp_path / "m", ["v"])
+    keys = np.asarray(got.keys)
+    assert keys.tolist() == sorted(keys.tolist()) and len({tuple(k) for k in keys.tolist()}) == 8
+    everything = np.array([[3, 9], [7, 1], [7, 5], [7, 3], [7, 9], [7, 0], [2, 2], [9, 9]], np.uint64)
+    assert got.take("v", got.lookup(everything))[1].tolist() == [1, 2, 3, 10, 20, 30, 40, 50]
 
 
 def test_a_parted_array_reads_like_the_parts_joined():
@@ -117,6 +129,7 @@ def test_a_memo_is_extended_while_at_most_a_fifth_of_it_is_dead():
     assert not keep_extending(memo_rows=100, new_rows=26, live_rows=100)
     assert not keep_extending(memo_rows=0, new_rows=0, live_rows=0)
     assert keep_extending(memo_rows=100, new_rows=0, live_rows=50, max_dead=0.5)
+    assert keep_extending(100, 2, 100, data_files=31) and not keep_extending(100, 2, 100, data_files=32)
 
 
 @pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])

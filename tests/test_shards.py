@@ -268,19 +268,6 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
     for name in ("document_units.parquet", "passages.parquet"):
         digest = sha256_file(tmp_path / "s-one" / name)
         assert sha256_file(tmp_path / "s-tonight" / name) == sha256_file(tmp_path / "s-fresh" / name) == digest
-    # tonight extended the memo (few of its clusters went stale): its first files linked, the changed
-    # clusters in a second pair; the base corpus again then takes every cluster from it, same bytes
-    memo = SM.memo_dir(memo_only, cfg)
-    assert (memo / "units.1.arrow").exists() and (memo / "passages.1.arrow").exists() and (memo / "units.data.1.npy").exists()
-    back = run_segment_sharded(*built["base"], tmp_path / "s-back", cfg, data_mirror, run_here, 40_000, cache_dir=memo_only)
-    assert back["clusters_reused"] == back["clusters"] == base["clusters"]
-    for name in ("document_units.parquet", "passages.parquet"):
-        assert sha256_file(tmp_path / "s-back" / name) == sha256_file(tmp_path / "s-base" / name)
-    # parts that leave stale clusters beyond the bound: the memo is rewritten with exactly theirs
-    one = sorted(p for p in memo_only.iterdir() if SM.has_part(p))[:1]
-    distinct = np.unique(np.load(one[0] / SM.KEYS_FILE), axis=0).shape[0]
-    assert SM.write_memo(memo, one, max_dead=0.0) == distinct < base["clusters"]
-    assert not (memo / "units.1.arrow").exists() and len(SM.SegmentMemo.open(memo).memo) == distinct
 
 
 @pytest.mark.parametrize("statistics", [True, False])

@@ -19,9 +19,9 @@ A lookup is a binary search of the high words (:meth:`DocumentMemo.lookup`), che
 words. A build either rewrites the memo with exactly its documents (:meth:`DocumentMemo.write`)
 or extends it with the documents it lacked (:meth:`DocumentMemo.extend`: the data files are
 hard-linked, one file of new values is added, only keys and bounds are written again), both
-atomic (a reader sees the old or the new directory). A nightly extends it while the keys no
-build asks for stay few (:func:`keep_extending`), so a night writes its ~1% of new values, not
-the whole memo again. Part of the corpus build of FunnelRAG (the incremental nightly).
+atomic (a reader sees the old or the new directory). A nightly extends the BM25 token memos
+while the keys no build asks for stay few (:func:`keep_extending`), so a night writes its ~1% of
+new values, not the whole memo again. Part of the corpus build of FunnelRAG (the incremental nightly).
 """
 from __future__ import annotations
 
@@ -280,14 +280,19 @@ def _data_files(directory: Path, field: str) -> list[Path]:
     return ([first] if first.exists() else []) + more
 
 
-def keep_extending(memo_rows: int, new_rows: int, live_rows: int, max_dead: float = 0.2) -> bool:
+MAX_DATA_FILES = 32
+"""The most data files an extended memo has: the next build rewrites it whole."""
+
+
+def keep_extending(memo_rows: int, new_rows: int, live_rows: int, max_dead: float = 0.2, data_files: int = 1) -> bool:
     """Whether a build extends the memo (:meth:`DocumentMemo.extend`) rather than rewriting it:
     while at most ``max_dead`` of the extended memo's rows are keys this build did not ask for
     (``live_rows``: its distinct keys; the rest are texts edited or deleted since, which only cost
-    space). At ~1% of the texts edited a night that is ~20 nights between rewrites, so a night
-    writes its new values and, one night in ~20, the whole memo again."""
+    space) and the memo has fewer than :data:`MAX_DATA_FILES` data files (``data_files``). At ~1%
+    of the texts edited a night that is ~20 nights between rewrites, so a night writes its new
+    values and, one night in ~20, the whole memo again."""
     total = memo_rows + new_rows
-    return total > 0 and (total - live_rows) <= max_dead * total
+    return total > 0 and (total - live_rows) <= max_dead * total and data_files < MAX_DATA_FILES
 
 
 class DocumentMemo:
@@ -325,6 +330,12 @@ class DocumentMemo:
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
+
+    @property
+    def data_files(self) -> int:
+        """How many data files a field's values are in (1 until the memo is extended)."""
+        data = next(iter(self.fields.values()))[1] if self.fields else None
+        return len(data.parts) if isinstance(data, PartedArray) else 1
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """``(m,)`` int64 memo row of each of ``keys`` (``(m, 2)`` uint64, :func:`text_keys`), -1
@@ -411,25 +422,34 @@ class DocumentMemo:
             if len(offsets) != m + 1:
                 raise ValueError(f"memo {self.directory}: field {name!r} has {len(offsets)} offsets for {m} keys")
         new = np.flatnonzero(self.lookup(keys) < 0)
-        if new.size:   # a repeated new key once: the first
+        if new.size:   # each new key once (the first of a repeated one), in key order
             _, first = np.unique(keys[new], axis=0, return_index=True)
-            new = new[np.sort(first)]
-        all_keys = np.concatenate([np.asarray(self.keys), keys[new]])
-        order = np.lexsort((all_keys[:, 1], all_keys[:, 0]))
+            new = new[first]
+        at = self._insertion_points(keys[new])
         files = {name: _data_files(self.directory, name) for name in self.fields}
         with atomic_directory(self.directory) as tmp:
-            np.save(tmp / KEYS_FILE, np.ascontiguousarray(all_keys[order]))
+            np.save(tmp / KEYS_FILE, np.insert(np.asarray(self.keys), at, keys[new], axis=0))
             for name, (offsets, data) in fields.items():
                 old_bounds, old_data = self.fields[name]
                 offsets = np.asarray(offsets, np.int64)
                 lengths, values = ranges_take(offsets[:-1][new], offsets[1:][new], np.asarray(data))
                 ends = np.cumsum(lengths) + len(old_data)
                 added = np.stack([ends - lengths, ends], axis=1)
-                np.save(tmp / f"{name}.bounds.npy", np.concatenate([np.asarray(old_bounds, np.int64), added])[order])
+                np.save(tmp / f"{name}.bounds.npy", np.insert(np.asarray(old_bounds, np.int64), at, added, axis=0))
                 for k, path in enumerate(files[name]):
                     link_or_copy(path, tmp / (f"{name}.data.npy" if k == 0 else f"{name}.data.{k}.npy"))
                 np.save(tmp / f"{name}.data.{len(files[name])}.npy", np.asarray(values, old_data.dtype))
             for name, write in (extra or {}).items():
                 write(tmp / name)
-            (tmp / COMPLETE_FILE).write_text(f"{all_keys.shape[0]}\n")
-        return int(all_keys.shape[0])
+            (tmp / COMPLETE_FILE).write_text(f"{len(self) + new.size}\n")
+        return len(self) + int(new.size)
+
+    def _insertion_points(self, keys: np.ndarray) -> np.ndarray:
+        """Where sorted, distinct ``keys`` (none held by the memo) go among the memo's sorted keys
+        (``np.insert`` positions: a merge, not a sort of all keys)."""
+        high, low = np.asarray(self.keys[:, 0]), np.asarray(self.keys[:, 1])
+        at = np.searchsorted(high, keys[:, 0], side="left")
+        for i in np.flatnonzero((at < high.size) & (high[np.minimum(at, high.size - 1)] == keys[:, 0])).tolist():
+            while at[i] < high.size and high[at[i]] == keys[i, 0] and low[at[i]] < keys[i, 1]:   # a shared high word: ~never
+                at[i] += 1
+        return at

@@ -18,12 +18,10 @@ result, up to the ids. This memo keeps each cluster's rows *without* ids:
   makes for that cluster, byte for byte (tested).
 
 Layout: a :class:`tasks.corpus.memo.DocumentMemo` whose fields ``units`` and ``passages`` map each
-key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped; an
-extended memo adds ``units.1.arrow``, ..., its rows numbered after the first file's). Each
+key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped). Each
 segment shard writes its clusters' rows as a part (:func:`write_part`, in the shard's cache entry)
-and the stage writes the memo from the parts of this build (:func:`write_memo`, atomic): it
-extends the memo with the clusters it lacks while few of its clusters are stale, and otherwise
-rewrites it with exactly the last build's clusters. Nothing here imports Prefect.
+and the stage replaces the memo with the parts of this build (:func:`write_memo`, atomic), so it
+holds exactly the last build's clusters. Nothing here imports Prefect.
 """
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from data_contracts.base import link_or_copy
-from tasks.corpus.memo import DocumentMemo, Utf8Rows, keep_extending, ranges_take, settings_dir, take_rows
+from tasks.corpus.memo import DocumentMemo, Utf8Rows, ranges_take, settings_dir, take_rows
 from tasks.corpus.segment import ClusterSegments, SegmentConfig
 
 SEGMENT_MEMO_VERSION = "1"
@@ -158,7 +155,7 @@ class SegmentMemo:
         memo = DocumentMemo.open(directory, FIELDS)
         if memo is None:
             return None
-        tables = [pa.concat_tables([ipc.open_file(pa.memory_map(str(f))).read_all() for f in _table_files(Path(directory), name)])
+        tables = [ipc.open_file(pa.memory_map(str(Path(directory) / name))).read_all()
                   for name in (UNITS_FILE, PASSAGES_FILE)]
         return cls(memo, *tables)
 
@@ -212,55 +209,15 @@ def has_part(directory: Path) -> bool:
                for name in (KEYS_FILE, COUNTS_FILE, UNITS_FILE, PASSAGES_FILE, C.PASSAGES.filename))
 
 
-def _table_files(directory: Path, name: str) -> list[Path]:
-    """A memo table's Arrow files in order: ``units.arrow``, then ``units.1.arrow``, ... (an
-    extended memo's; their rows are numbered one file after the other)."""
-    stem = name.removesuffix(".arrow")
-    more = sorted(directory.glob(f"{stem}.*.arrow"), key=lambda p: int(p.name.split(".")[-2]))
-    return [directory / name, *more]
-
-
-def _part_rows(part: Path, at: np.ndarray, counts: np.ndarray) -> tuple[pa.Table, pa.Table]:
-    """The units and passages (with their text, :data:`PASSAGE_SCHEMA`) of clusters ``at`` of a
-    :func:`write_part` part whose clusters have ``counts``."""
-    out = []
-    for k, name in enumerate((UNITS_FILE, PASSAGES_FILE)):
-        table = ipc.open_file(pa.memory_map(str(part / name))).read_all()
-        if name == PASSAGES_FILE:
-            text = pq.read_table(part / C.PASSAGES.filename, columns=["text"]).column("text")
-            if len(text) != table.num_rows:
-                raise ValueError(f"{part}: {table.num_rows} memo rows but {len(text)} passages")
-            table = table.add_column(3, "text", text.cast(pa.large_string())).cast(PASSAGE_SCHEMA)
-        starts = np.concatenate([[0], np.cumsum(counts[:, k])[:-1]]).astype(np.int64)
-        _, rows = ranges_take(starts[at], starts[at] + counts[at, k], np.arange(table.num_rows, dtype=np.int64))
-        out.append(take_rows(table, rows))
-    return out[0], out[1]
-
-
-def write_memo(directory: Path, parts: Sequence[Path], max_dead: float = 0.2) -> int:
-    """Write the memo in ``directory`` for the clusters of ``parts`` (segment shard cache
-    entries holding a :func:`write_part` part), atomically, so that it holds every one of them; a
-    repeated key is kept once.
-
-    When ``directory`` holds a memo and extending it keeps at most ``max_dead`` of its clusters
-    unasked-for (:func:`tasks.corpus.memo.keep_extending`), it is *extended*: its files are
-    hard-linked and the clusters it lacks go into one more pair of Arrow files (``units.<k>.arrow``,
-    ``passages.<k>.arrow``), so a night writes the rows of its changed clusters, not every passage
-    text again (:meth:`tasks.corpus.memo.DocumentMemo.extend`). Otherwise it is rewritten with
-    exactly these clusters. Returns the clusters the memo holds."""
+def write_memo(directory: Path, parts: Sequence[Path]) -> int:
+    """Replace the memo in ``directory`` with the clusters of ``parts`` (segment shard cache
+    entries holding a :func:`write_part` part), atomically; a repeated key is kept once. Returns
+    the clusters written."""
     parts = [Path(p) for p in parts]
     keys = [np.load(p / KEYS_FILE) for p in parts]
     counts = [np.load(p / COUNTS_FILE) for p in parts]
     keys_all = np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64)
     counts_all = np.concatenate(counts) if counts else np.zeros((0, 2), np.int64)
-    kept = SegmentMemo.open(directory) if parts else None
-    if kept is not None:
-        found = kept.lookup(keys_all)
-        new = np.flatnonzero(found < 0)
-        n_new = np.unique(keys_all[new], axis=0).shape[0] if new.size else 0
-        live = np.unique(found[found >= 0]).size + n_new
-        if keep_extending(len(kept.memo), n_new, live, max_dead):
-            return _extend_memo(Path(directory), kept, parts, keys, counts, found)
     fields = {}
     for k, name in enumerate(FIELDS):
         offsets = np.concatenate([[0], np.cumsum(counts_all[:, k])]).astype(np.int64)
@@ -281,37 +238,3 @@ def write_memo(directory: Path, parts: Sequence[Path], max_dead: float = 0.2) ->
                 table = rows.add_column(3, "text", text.cast(pa.large_string()))
                 writer.write_table(table.cast(PASSAGE_SCHEMA), max_chunksize=65536)
     return DocumentMemo.write(Path(directory), keys_all, fields, extra={UNITS_FILE: units, PASSAGES_FILE: passages})
-
-
-def _extend_memo(directory: Path, kept: SegmentMemo, parts: list[Path], keys: list[np.ndarray],
-                 counts: list[np.ndarray], found: np.ndarray) -> int:
-    """:func:`write_memo`'s extension of ``kept`` with the parts' clusters it lacks (``found < 0``)."""
-    units, passages, new_keys, new_counts, first = [], [], [], [], 0
-    for part, part_keys, part_counts in zip(parts, keys, counts):
-        at = np.flatnonzero(found[first:first + part_keys.shape[0]] < 0)
-        first += part_keys.shape[0]
-        if at.size:
-            u, p = _part_rows(part, at, part_counts)
-            units.append(u)
-            passages.append(p)
-            new_keys.append(part_keys[at])
-            new_counts.append(part_counts[at])
-    counts_new = np.concatenate(new_counts) if new_counts else np.zeros((0, 2), np.int64)
-    fields = {}
-    for k, name in enumerate(FIELDS):
-        offsets = np.concatenate([[0], np.cumsum(counts_new[:, k])]).astype(np.int64)
-        base = (kept.units if name == "units" else kept.passages).num_rows
-        fields[name] = (offsets, np.arange(base, base + int(offsets[-1]), dtype=np.int64))
-    extra = {}
-    for name, tables, schema in ((UNITS_FILE, units, UNIT_SCHEMA), (PASSAGES_FILE, passages, PASSAGE_SCHEMA)):
-        files = _table_files(directory, name)
-        for path in files:
-            extra[path.name] = lambda dst, src=path: link_or_copy(src, dst)
-        stem = name.removesuffix(".arrow")
-
-        def write(dst: Path, tables=tables, schema=schema) -> None:
-            with ipc.new_file(str(dst), schema) as writer:
-                for table in tables:
-                    writer.write_table(table.cast(schema), max_chunksize=65536)
-        extra[f"{stem}.{len(files)}.arrow"] = write
-    return kept.memo.extend(np.concatenate(new_keys) if new_keys else np.zeros((0, 2), np.uint64), fields, extra=extra)

@@ -58,12 +58,16 @@ class MemoTokens:
     keys : ``(n_pieces, 2)`` uint64 text keys of the pieces.
     piece_offsets : ``(n_pieces + 1,)`` int64 bounds of each piece's ids in ``tokens.ids``.
     reused : pieces whose terms came from the memo.
+    memo_rows : ``(n_pieces,)`` int64 row of each piece in the memo it was looked up in (-1: not
+        held), so that :func:`write_token_memo` does not look them up again; ``None`` when unknown
+        (not saved by :meth:`save`).
     """
 
     tokens: TokenIds
     keys: np.ndarray
     piece_offsets: np.ndarray
     reused: int
+    memo_rows: np.ndarray | None = None
 
     def save(self, directory: Path) -> None:
         """The token ids (:meth:`TokenIds.save`) plus the pieces' keys and bounds, the part of
@@ -176,7 +180,8 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25
     ids = np.empty(total, np.int32)
     for source, a, b, d in runs:   # every id is checked above, so no bounds check here
         np.take(lookup, source[a:b], out=ids[d:d + b - a], mode="clip")
-    return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size))
+    return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size),
+                      rows if memo is not None else None)
 
 
 def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens], max_dead: float = 0.2) -> int:
@@ -195,7 +200,8 @@ def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens], ma
              (np.load(Path(d) / PART_KEYS), np.load(Path(d) / PART_OFFSETS), TokenIds.load(Path(d))) for d in part_dirs]
     memo, memo_terms = open_token_memo(directory)
     if memo is not None and parts:
-        extended = _extend_token_memo(memo, memo_terms, parts, max_dead)
+        known = [d.memo_rows if isinstance(d, MemoTokens) else None for d in part_dirs]
+        extended = _extend_token_memo(memo, memo_terms, parts, max_dead, known)
         if extended is not None:
             return extended
     vocab = sorted(set().union(*(p[2].terms for p in parts))) if parts else []
@@ -217,16 +223,22 @@ def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens], ma
 
 
 def _extend_token_memo(memo: DocumentMemo, memo_terms: list[str], parts: list[tuple[np.ndarray, np.ndarray, TokenIds]],
-                       max_dead: float) -> int | None:
+                       max_dead: float, known: Sequence[np.ndarray | None]) -> int | None:
     """:func:`write_token_memo`'s extension of ``memo`` with the parts' pieces it lacks, or ``None``
-    (nothing written) when the memo would keep more than ``max_dead`` of rows unasked-for."""
+    (nothing written) when the memo would keep more than ``max_dead`` of rows unasked-for.
+    ``known``: each part's memo rows when :func:`memo_token_ids` looked them up in this memo."""
     keys = np.concatenate([p[0] for p in parts]).reshape(-1, 2)
-    rows = memo.lookup(keys)
+    rows = np.concatenate([r if r is not None and r.shape[0] == p[0].shape[0] and (not r.size or r.max() < len(memo))
+                           else memo.lookup(p[0]) for p, r in zip(parts, known)]).astype(np.int64)
     miss = np.flatnonzero(rows < 0)
     new_keys = np.unique(keys[miss], axis=0) if miss.size else np.zeros((0, 2), np.uint64)
-    live = np.unique(rows[rows >= 0]).size + new_keys.shape[0]
-    if not keep_extending(len(memo), new_keys.shape[0], live, max_dead):
+    asked = np.zeros(len(memo), bool)
+    asked[rows[rows >= 0]] = True
+    live = int(np.count_nonzero(asked)) + new_keys.shape[0]
+    if not keep_extending(len(memo), new_keys.shape[0], live, max_dead, memo.data_files):
         return None
+    if not miss.size:   # the memo holds every piece: nothing to write
+        return len(memo)
     index = {t: i for i, t in enumerate(memo_terms)}
     fresh = sorted({t for _, _, tokens in parts for t in tokens.terms if t not in index})
     vocab = [*memo_terms, *fresh]
