@@ -92,6 +92,8 @@ def test_an_extended_token_memo_gives_the_ids_of_a_rewritten_one(nights, tmp_pat
     first_terms = open_token_memo(tmp_path / "ext")[1]
     tonight = memo_token_ids(new, cfg, *open_token_memo(tmp_path / "ext"))
     assert write_token_memo(tmp_path / "ext", [tonight]) == len(set(old) | set(new))      # extended: old rows kept
+    other = memo_token_ids(new, cfg, None, [])              # rows of no memo: the write looks them up itself
+    assert other.memo_rows is None and tonight.memo_rows is not None
     assert (tmp_path / "ext" / "terms.data.1.npy").exists()
     terms = open_token_memo(tmp_path / "ext")[1]
     assert terms[:len(first_terms)] == first_terms and len(terms) > len(first_terms)   # new terms at the end
@@ -111,6 +113,22 @@ def test_an_extended_token_memo_gives_the_ids_of_a_rewritten_one(nights, tmp_pat
     assert open_token_memo(tmp_path / "ext")[1] == sorted(open_token_memo(tmp_path / "ext")[1])
     got = memo_token_ids(third, cfg, *open_token_memo(tmp_path / "ext"))
     assert got.reused == len(third) and _same(got.tokens, reference)
+
+
+def test_memo_rows_of_another_memo_are_looked_up_again(nights, tmp_path):
+    """Pieces looked up in memo ``a`` and written into memo ``b``: their rows in ``a`` are not
+    taken for rows of ``b``; ``b`` ends up holding every piece, with the ids of a fresh tokenization."""
+    base, edited, _ = nights
+    old, new, cfg = _pieces(base), _pieces(edited), BM25Config()
+    write_token_memo(tmp_path / "a", [memo_token_ids(old[:50], cfg, None, [])])
+    write_token_memo(tmp_path / "b", [memo_token_ids(old[50:], cfg, None, [])])
+    found = memo_token_ids(new, cfg, *open_token_memo(tmp_path / "a"))
+    assert found.reused > 0
+    write_token_memo(tmp_path / "b", [found], max_dead=1.0)   # extended whatever goes stale
+    memo_b, terms_b = open_token_memo(tmp_path / "b")
+    assert (memo_b.lookup(found.keys) >= 0).all() and memo_b.data_files == 2
+    again = memo_token_ids(new, cfg, memo_b, terms_b)
+    assert again.reused == len(new) and _same(again.tokens, TokenIds.from_tokenized(tokenize_ids(new, cfg, _stemmer(cfg.stemmer))))
 
 
 def _index_files(directory):

@@ -228,8 +228,7 @@ def _extend_token_memo(memo: DocumentMemo, memo_terms: list[str], parts: list[tu
     (nothing written) when the memo would keep more than ``max_dead`` of rows unasked-for.
     ``known``: each part's memo rows when :func:`memo_token_ids` looked them up in this memo."""
     keys = np.concatenate([p[0] for p in parts]).reshape(-1, 2)
-    rows = np.concatenate([r if r is not None and r.shape[0] == p[0].shape[0] and (not r.size or r.max() < len(memo))
-                           else memo.lookup(p[0]) for p, r in zip(parts, known)]).astype(np.int64)
+    rows = np.concatenate([r if _rows_of(memo, p[0], r) else memo.lookup(p[0]) for p, r in zip(parts, known)]).astype(np.int64)
     miss = np.flatnonzero(rows < 0)
     new_keys = np.unique(keys[miss], axis=0) if miss.size else np.zeros((0, 2), np.uint64)
     asked = np.zeros(len(memo), bool)
@@ -259,3 +258,13 @@ def _extend_token_memo(memo: DocumentMemo, memo_terms: list[str], parts: list[tu
     np.cumsum(flat, out=offsets[1:])
     return memo.extend(keys[miss], {TERMS_FIELD: (offsets, np.concatenate(ids) if ids else np.zeros(0, np.int32))},
                        extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": pa.array(vocab, pa.string())}), path)})
+
+
+def _rows_of(memo: DocumentMemo, keys: np.ndarray, rows: np.ndarray | None) -> bool:
+    """Whether ``rows`` are ``keys``' rows in ``memo``: every held row holds its key (a gather,
+    not a search). Rows found in another memo are looked up again."""
+    if rows is None or rows.shape[0] != keys.shape[0]:
+        return False
+    held = np.flatnonzero(rows >= 0)
+    return not held.size or (int(rows[held].max()) < len(memo)
+                             and np.array_equal(np.asarray(memo.keys)[rows[held]], np.asarray(keys, np.uint64).reshape(-1, 2)[held]))
