@@ -189,8 +189,9 @@ class Contract:
             Written under another contract or schema version, another schema, or the content
             violates the contract (naming the column and rows where it can).
         """
-        path = self._checked_path(directory_or_file)
-        parquet = pq.ParquetFile(path)
+        path = self._path(directory_or_file)
+        parquet = pq.ParquetFile(path)   # the footer, read once for the contract's name, version and schema
+        self._check_metadata(path, parquet.schema_arrow.metadata)
         found = parquet.schema_arrow.remove_metadata()
         expected = self.schema.remove_metadata()
         if found.names != expected.names:
@@ -206,18 +207,27 @@ class Contract:
 
     def _checked_path(self, directory_or_file: Path) -> Path:
         """The artifact's file, after its footer's contract name and schema version are checked."""
+        path = self._path(directory_or_file)
+        self._check_metadata(path, pq.read_schema(path).metadata)
+        return path
+
+    def _path(self, directory_or_file: Path) -> Path:
+        """The artifact's file in ``directory_or_file`` (or that file); ``FileNotFoundError`` if absent."""
         path = Path(directory_or_file)
         if path.is_dir():
             path = path / self.filename
         if not path.exists():
             raise FileNotFoundError(f"artifact {self.name!r}: no file at {path}")
-        meta = pq.read_schema(path).metadata or {}
+        return path
+
+    def _check_metadata(self, path: Path, metadata: dict[bytes, bytes] | None) -> None:
+        """Raise :class:`ContractViolation` unless a file's schema metadata names this contract and version."""
+        meta = metadata or {}
         if meta.get(_META_NAME) != self.name.encode():
             raise ContractViolation(self.name, None, [], f"{path} was not written under this contract (found {meta.get(_META_NAME)!r})")
         found = meta.get(_META_VERSION, b"?").decode()
         if found != str(self.version):
             raise ContractViolation(self.name, None, [], f"{path} has schema version {found}, expected {self.version}")
-        return path
 
     def open_writer(self, directory: Path, *, sorted_keys: bool = False,
                     row_group_size: int | None = _ROW_GROUP_SIZE) -> "ContractWriter":

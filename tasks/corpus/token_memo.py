@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import DocumentMemo, arrow_text_keys, keep_extending, ranges_take, settings_dir, take_texts, text_keys
+from tasks.corpus.memo import MAX_DEAD, DocumentMemo, arrow_text_keys, keep_extending, ranges_take, settings_dir, take_texts, text_keys
 
 TERMS_FIELD = "terms"
 VOCAB_FILE = "terms.parquet"
@@ -184,7 +184,7 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25
                       rows if memo is not None else None)
 
 
-def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens], max_dead: float = 0.2) -> int:
+def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens], max_dead: float = MAX_DEAD) -> int:
     """Write the token memo in ``directory`` for the pieces of ``part_dirs`` (directories
     :meth:`MemoTokens.save` wrote: this build's shards; or the :class:`MemoTokens` themselves),
     atomically, so that it holds every piece of this build.
