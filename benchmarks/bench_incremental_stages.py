@@ -319,6 +319,20 @@ def bench_copies(home: Path) -> None:
     now, new = _best(lambda: read_doc_range(ingest, 0, n, cols))
     row(f"documents 0..{n - 1:,} read (sorted before)", before, now, old.equals(new))
 
+    # partition_range: a range's documents split into 6 shards (rows dealt out by a seeded draw)
+    shard = np.random.default_rng(0).integers(0, 6, new.num_rows)
+    order = np.argsort(shard, kind="stable")
+    cuts = np.flatnonzero(np.diff(shard[order])) + 1
+    groups = list(zip([0, *cuts.tolist()], [*cuts.tolist(), shard.size]))
+    before, old = _best(lambda: [new.take(pa.array(np.sort(order[a:b]))) for a, b in groups])
+
+    def one_take():
+        by_shard = new.take(pa.array(order))
+        return [by_shard.slice(a, b - a) for a, b in groups]
+    now, parts = _best(one_take)
+    row(f"documents 0..{n - 1:,} split into 6 shards (a take a shard before; one take, then slices)", before, now,
+        all(x.equals(y) for x, y in zip(old, parts)))
+
     passages = pq.read_table(newest("segment") / "passages.parquet", columns=["title", "text"])
     before, old = _best(lambda: text_keys([f"{t}\n{x}" for t, x in zip(passages.column("title").to_pylist(),
                                                                        passages.column("text").to_pylist())]))

@@ -239,12 +239,15 @@ def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_di
     order = np.argsort(shard, kind="stable")
     grouped = shard[order]
     bounds = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if shard.size else np.zeros(0, np.int64)
+    # One take in shard order (the stable sort keeps doc-id order within a shard), then a slice a
+    # shard: a take a shard would gather the range's text chunks again for every shard.
+    by_shard = table.take(pa.array(order)) if shard.size else table
     written = 0
     for a, b in zip(bounds.tolist(), [*bounds[1:].tolist(), shard.size]):
         k = int(grouped[a])
         if k < 0:
             continue
-        rows = table.take(pa.array(np.sort(order[a:b])))
+        rows = by_shard.slice(a, b - a)
         path = Path(out_dir) / f"{k:06d}" / f"{lo:010d}.parquet"
         atomic_write(path, functools.partial(pq.write_table, rows, compression="none"))
         written += rows.num_rows
