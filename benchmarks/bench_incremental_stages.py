@@ -31,6 +31,12 @@ seconds of each, best of three, on a fresh hard-linked copy of the memo each tim
 that both memos give the same passage token ids; and the share of the night before's
 segmentation memo that tonight's clusters would leave stale if it were extended too.
 
+``index``: what a night reads of its base dump's multistream index, the way it was done before
+(the stream offsets for the pieces, then the first page id of each stream for the adds-changes: two
+passes over the decompressed index) and now (the summary kept in the piece cache under the index's
+sha256: a hash of the file and two small arrays read): CPU seconds, best of three, and a check that
+both give the same offsets and first ids.
+
 ``copies``: on a nightly home's newest outputs, the steps that read, hash or copy every text of
 the corpus, each the way it was done before and the way it is done now (CPU seconds, the best of
 three, and a check that both give the same result): a full garbage collection in a process with
@@ -170,6 +176,22 @@ def bench_passage_tokens(home: Path, memo_home: Path) -> None:
     print(json.dumps({"cpu_s": seconds, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                       "passages": len(texts), "reused": out.reused, "ids": int(out.tokens.ids.size),
                       "ids_sha256": hashlib.sha256(out.tokens.ids.tobytes()).hexdigest()[:16]}))
+
+
+def bench_index(dump: Path, work: Path) -> None:
+    """``index`` (module docstring): the base dump's index read twice vs its kept summary."""
+    from tasks.corpus.ingest.multistream import index_first_ids, index_offsets, index_path, index_summary  # noqa: PLC0415
+
+    index = index_path(dump)
+    cache = Path(work) / "index-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    before, (offsets, first) = _best(lambda: (index_offsets(index), index_first_ids(index)))
+    index_summary(index, cache)   # what the first night keeps
+    now, summary = _best(lambda: index_summary(index, cache))
+    print(json.dumps({"index": index.name, "index_bytes": index.stat().st_size, "streams": len(offsets),
+                      "before_cpu_s": before, "now_cpu_s": now,
+                      "same_result": summary.offsets == offsets and summary.first_ids == first}), flush=True)
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 def bench_page_memo(home: Path, work: Path) -> None:
@@ -405,6 +427,9 @@ def main() -> None:
     g.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     g.add_argument("--memo-home", type=Path, required=True, help="the home of the night before (its memos)")
     g.add_argument("--work", type=Path, required=True)
+    h = sub.add_parser("index")
+    h.add_argument("dump", type=Path, help="a multistream dump with its index beside it")
+    h.add_argument("--work", type=Path, required=True)
     d = sub.add_parser("copies")
     d.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     args = ap.parse_args()
@@ -418,6 +443,8 @@ def main() -> None:
         bench_passage_tokens(args.home, args.memo_home)
     elif args.step == "memo-writes":
         bench_memo_writes(args.home, args.memo_home, args.work)
+    elif args.step == "index":
+        bench_index(args.dump, args.work)
     elif args.step == "copies":
         bench_copies(args.home)
     else:

@@ -6,6 +6,7 @@ with duplicate titles across pieces and an untitled page), and a small synthetic
 from __future__ import annotations
 
 import bz2
+import os
 import random
 import re
 from concurrent.futures import ProcessPoolExecutor
@@ -19,6 +20,7 @@ from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
 from tasks.corpus.ingest import IngestConfig, IngestError, ingest
 from tasks.corpus.ingest import multistream, parallel
+from tasks.corpus.ingest.changes import PageChanges
 from tasks.corpus.ingest.multistream import index_offsets, plan_layout, scan_offsets
 
 NAMES = [c.name for c in (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)]
@@ -159,6 +161,70 @@ def test_index_offsets_by_block_equal_line_by_line(tmp_path, monkeypatch, block)
     index.write_bytes(b"10:1:A\n3:2:B\xff\n")
     with pytest.raises(UnicodeDecodeError):
         index_offsets(index)
+
+
+@pytest.mark.parametrize("block", [7, 1 << 24])
+def test_index_summary_in_one_pass_equals_reading_each_line(tmp_path, monkeypatch, block):
+    """One pass gives the offsets of reading line by line and, per offset, the smallest page id
+    listed at it (ids unsorted within a stream, offsets repeated in other blocks, odd lines)."""
+    monkeypatch.setattr(multistream, "_INDEX_BLOCK", block)
+    rng = random.Random(4)
+    lines = [(o, i) for o in (30, 10, 20, 40) for i in rng.sample(range(1, 500), 9)]
+    rng.shuffle(lines)
+    data = b"".join(b"%d:%d:Title %d: with a colon\n" % (o, i, i) for o, i in lines)
+    cases = [(data, [10, 20, 30, 40], {o: min(i for oo, i in lines if oo == o) for o in (10, 20, 30, 40)}),
+             (b"10:5:A\r\n10:3:B\n12:x:C\n", [10, 12], {10: 3}),     # CRLF; a page id that is no integer
+             (b"", [], {})]
+    index = tmp_path / "x-index.txt.bz2"
+    for raw, offsets, first in cases:
+        index.write_bytes(bz2.compress(raw))
+        summary = multistream.read_index_summary(index)
+        assert summary.offsets == offsets == index_offsets(index)
+        assert summary.first_ids == first
+    with pytest.raises(ValueError, match="no offset:page_id:title line"):
+        multistream.index_first_ids(index)
+    index.write_bytes(bz2.compress(b"10:1:A\n" + b"9" * 30 + b":2:B\n"))
+    with pytest.raises(ValueError, match="does not fit 64 bits"):
+        multistream.read_index_summary(index)
+
+
+def test_index_summary_is_kept_by_the_index_bytes(tmp_path, monkeypatch):
+    """A nightly reads its base dump's index once: the summary is kept under the sha256 of the
+    file, found again without reading the index (its use recorded for retention), and a changed
+    index is read again; an unusable index keeps nothing."""
+    index, cache = tmp_path / "x-index.txt.bz2", tmp_path / "cache"
+    index.write_bytes(bz2.compress(b"10:5:A\n10:3:B\n20:7:C\n"))
+    first = multistream.index_summary(index, cache)
+    (entry,) = cache.iterdir()
+    os.utime(entry / "COMPLETE", (0, 0))
+    read = multistream._read_index_summary
+    monkeypatch.setattr(multistream, "_read_index_summary", lambda path: pytest.fail("read the index again"))
+    again = multistream.index_summary(index, cache)
+    assert again == first == multistream.IndexSummary([10, 20], {10: 3, 20: 7})
+    assert (entry / "COMPLETE").stat().st_mtime > 0
+    monkeypatch.setattr(multistream, "_read_index_summary", read)
+    index.write_bytes(bz2.compress(b"10:5:A\n20:7:C\n30:8:D\n"))
+    assert multistream.index_summary(index, cache).offsets == [10, 20, 30]
+    assert len(list(cache.iterdir())) == 2
+    index.write_bytes(b"BZh9 not bz2")
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        multistream.index_summary(index, cache)
+    assert len([d for d in cache.iterdir() if not d.name.startswith(".")]) == 2
+
+
+def test_layout_carries_the_index_first_ids(tmp_path, data_mirror, monkeypatch):
+    """plan_layout with an index cache: the pieces of the plain call, the index's first ids on the
+    layout (what piece_changes places the adds-changes with), the index read once for two plans."""
+    info = write_dump(tmp_path / "dump", 1_500, seed=5, sample=resolve("enwiki-sample", data_mirror))
+    dump, cache = Path(info["dump"]), tmp_path / "pieces"
+    plain = plan_layout(dump, 2)
+    kept = plan_layout(dump, 2, index_cache=cache)
+    assert kept == plain and kept.first_ids == plain.first_ids == multistream.index_first_ids(Path(info["index"]))
+    monkeypatch.setattr(multistream, "_read_index_summary", lambda path: pytest.fail("read the index again"))
+    again = plan_layout(dump, 2, index_cache=cache)
+    assert again == plain and again.first_ids == plain.first_ids
+    per_piece = parallel.piece_changes(again, PageChanges.of("tonight.xml.bz2", []))   # from the layout's first ids
+    assert len(per_piece) == len(again.pieces) and all(not c.pages for c in per_piece)
 
 
 @pytest.mark.slow  # parses in a pool of worker processes (module fixture)

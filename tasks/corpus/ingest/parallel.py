@@ -480,8 +480,9 @@ def _drop_titles(path: Path, titles: set[str], group_rows: int) -> None:
 def piece_changes(layout: Layout, changes: PageChanges) -> list[PageChanges]:
     """``changes`` split by the pieces of ``layout``: piece ``k`` gets the page ids from the first id
     of its first stream up to the first id of the next piece's (the first piece from the lowest,
-    the last to the highest), the stream the merged dump puts each page in (read from the
-    multistream index beside the dump).
+    the last to the highest), the stream the merged dump puts each page in (the first ids the
+    layout was planned with, :attr:`Layout.first_ids`, else read from the multistream index
+    beside the dump).
 
     Raises
     ------
@@ -492,10 +493,12 @@ def piece_changes(layout: Layout, changes: PageChanges) -> list[PageChanges]:
     if layout.source != "index":
         raise IngestError(f"{layout.path}: applying adds-changes while ingesting needs its multistream index "
                           f"({index_path(layout.path).name})")
-    try:
-        first = index_first_ids(index_path(layout.path))
-    except ValueError as exc:
-        raise IngestError(str(exc)) from exc
+    first = layout.first_ids
+    if first is None:
+        try:
+            first = index_first_ids(index_path(layout.path))
+        except ValueError as exc:
+            raise IngestError(str(exc)) from exc
     starts = []
     for piece in layout.pieces:
         if piece.start not in first:

@@ -193,7 +193,8 @@ class _FirstPass(PagePass):
             self.links.unknown_source += stats["unknown_source"]
             total = reader.bytes_read
         for path in inputs if fmt != "wikispeedia" else ():
-            layout = plan_layout(path, self.parallel[1]) if self.parallel and fmt == "mediawiki" else None
+            layout = (plan_layout(path, self.parallel[1], index_cache=self.parallel[3])
+                      if self.parallel and fmt == "mediawiki" else None)
             if layout is not None:
                 total += run_pieces(self, layout, self.parallel[0], self.shards.directory, self.parallel[2],
                                     self.parallel[3], self.changes)
