@@ -58,3 +58,33 @@ def test_cluster_keys_follow_texts_counts_and_order():
     from_arrow = SM.cluster_keys([(0, 2), (2, 4), (0, 2)], [0, 1, 2, 3], Utf8Rows(pa.chunked_array(
         [pa.array(texts[:1]), pa.array(texts[1:])])), offsets, counts)
     assert np.array_equal(from_arrow, keys)   # the Arrow bytes give the strings' keys
+
+
+def test_memo_files_keep_whole_batches_night_after_night(tmp_path, monkeypatch):
+    """Rows taken from a memo come as one slice per run; written as they came, every night's memo
+    had smaller batches (80,240 batches of ~62 passages after three nights at 1M pages, a shard's
+    rows ~7 CPU s to gather). The part and the memo are written in batches of MEMO_BATCH_ROWS,
+    and the memo gives back the rows."""
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    from data_contracts import corpus as C
+
+    monkeypatch.setattr(SM, "MEMO_BATCH_ROWS", 8)
+    n = 30
+    segs = [_segments(c, [c * 10, c * 10 + 1], [c % 4, (c + 1) % 4]) for c in range(n)]
+    units, passages, counts = SM.unlabel(segs, [[c * 10, c * 10 + 1] for c in range(n)])
+    frag_units = pa.concat_tables([units.slice(i, 1) for i in range(units.num_rows)])
+    frag_passages = pa.concat_tables([passages.slice(i, 1) for i in range(passages.num_rows)])
+    assert frag_passages.column("text").num_chunks == passages.num_rows > 8
+    part, memo = tmp_path / "part", tmp_path / "memo"
+    part.mkdir()
+    SM.write_part(part, np.arange(2 * n, dtype=np.uint64).reshape(n, 2), frag_units, frag_passages, counts)
+    pq.write_table(pa.table({"text": frag_passages.column("text").cast(pa.string())}), part / C.PASSAGES.filename)
+    assert SM.write_memo(memo, [part]) == n
+    for f in (part / SM.UNITS_FILE, part / SM.PASSAGES_FILE, memo / SM.UNITS_FILE, memo / SM.PASSAGES_FILE):
+        reader = ipc.open_file(pa.memory_map(str(f)))
+        assert reader.num_record_batches == -(-reader.read_all().num_rows // 8), f.name
+    got_units, got_passages, got_counts = SM.SegmentMemo.open(memo).take(np.arange(n))
+    assert got_units.combine_chunks().equals(units) and got_passages.combine_chunks().equals(passages)
+    assert np.array_equal(got_counts, counts)
