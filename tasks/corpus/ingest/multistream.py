@@ -153,8 +153,9 @@ def index_summary(index: Path, cache_dir: Path | None = None) -> IndexSummary:
     """:func:`read_index_summary` of ``index``, kept in ``cache_dir`` (when given) under the sha256
     of the file's bytes: a nightly build reads the same base dump's index every night until the
     next full dump, and decompressing and parsing it twice a night (stream offsets for the pieces,
-    first ids for the adds-changes) grows with the dump (~0.6 CPU s at 200K pages, ~1 GB of index
-    text at the full English dump); hashing it is ~20x cheaper than reading it.
+    first ids for the adds-changes) grows with the dump (0.6 CPU s at 200K pages, 3.5 at 1M);
+    hashing it and loading the kept arrays cost ~1/200 of one pass (0.008 vs 1.56 CPU s at 1M,
+    ``benchmarks/bench_incremental_stages.py index``).
 
     The entry is ``cache_dir/multistream-index-<version>-<sha256>/`` (``offsets.npy``, ``first_ids.npy``
     int64, ``COMPLETE``), written atomically; a hit marks it used for the cache retention.
