@@ -40,7 +40,7 @@ from funnelrag.store import mark_used
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
 from tasks.corpus.ingest.changes import PageChanges, merge_pages, page_xml
 from tasks.corpus.ingest.mediawiki import MediaWikiReader, page_from_xml
-from tasks.corpus.ingest.multistream import Layout, Piece, index_first_ids, index_path, open_header_footer, open_piece
+from tasks.corpus.ingest.multistream import Layout, Piece, index_path, open_header_footer, open_piece
 from tasks.corpus.ingest.page_memo import PageMemo, memo_dir, write_part
 from tasks.corpus.ingest.page_pass import PagePass
 from tasks.corpus.ingest.records import RawPage
@@ -481,8 +481,7 @@ def piece_changes(layout: Layout, changes: PageChanges) -> list[PageChanges]:
     """``changes`` split by the pieces of ``layout``: piece ``k`` gets the page ids from the first id
     of its first stream up to the first id of the next piece's (the first piece from the lowest,
     the last to the highest), the stream the merged dump puts each page in (the first ids the
-    layout was planned with, :attr:`Layout.first_ids`, else read from the multistream index
-    beside the dump).
+    layout was planned with from the multistream index beside the dump, :attr:`Layout.first_ids`).
 
     Raises
     ------
@@ -493,12 +492,7 @@ def piece_changes(layout: Layout, changes: PageChanges) -> list[PageChanges]:
     if layout.source != "index":
         raise IngestError(f"{layout.path}: applying adds-changes while ingesting needs its multistream index "
                           f"({index_path(layout.path).name})")
-    first = layout.first_ids
-    if first is None:
-        try:
-            first = index_first_ids(index_path(layout.path))
-        except ValueError as exc:
-            raise IngestError(str(exc)) from exc
+    first = layout.first_ids or {}   # read with the index when the layout was planned
     starts = []
     for piece in layout.pieces:
         if piece.start not in first:
