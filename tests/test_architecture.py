@@ -1,5 +1,6 @@
-"""ARCHITECTURE.md names only things that exist (every path, every ``path:function``), and the
-layers it describes hold (the import-linter contract in pyproject.toml)."""
+"""ARCHITECTURE.md names only things that exist (every path, every ``path:function``, every
+module-level ``path:CONSTANT``), and the layers it describes hold (the import-linter contract in
+pyproject.toml)."""
 from __future__ import annotations
 
 import ast
@@ -35,7 +36,8 @@ def test_every_named_path_and_function_exists():
         target = ROOT / path
         if not target.exists():
             missing.append(path)
-        elif name and not re.search(rf"^\s*(?:def|class) {name}\b", target.read_text(), re.MULTILINE):
+        elif name and not re.search(rf"^(?:\s*(?:async\s+)?(?:def|class) {name}\b|{name}\s*(?::[^=\n]+)?=)",
+                                    target.read_text(), re.MULTILINE):
             missing.append(f"{path}:{name}")
     assert not missing, f"ARCHITECTURE.md names what does not exist: {missing}"
 
