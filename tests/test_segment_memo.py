@@ -88,3 +88,45 @@ def test_memo_files_keep_whole_batches_night_after_night(tmp_path, monkeypatch):
     got_units, got_passages, got_counts = SM.SegmentMemo.open(memo).take(np.arange(n))
     assert got_units.combine_chunks().equals(units) and got_passages.combine_chunks().equals(passages)
     assert np.array_equal(got_counts, counts)
+
+
+def test_clusters_cut_straight_to_id_free_rows_equal_unlabelled_segments(data_mirror):
+    """``segment_unlabeled`` (what a night's shards run for the clusters they cut) gives the rows
+    ``unlabel(segment_cluster(...))`` gives, on the enwiki sample's text cut into articles of
+    varied lengths (empty ones, windows longer than a unit) grouped into clusters of 1-6."""
+    import bz2
+    import re
+
+    import pytest
+
+    from funnelrag.datasets import resolve
+
+    raw = bz2.decompress(resolve("enwiki-sample", data_mirror).read_bytes()).decode()
+    words = re.sub(r"<[^>]+>|\{\{[^}]*\}\}|\[\[|\]\]|'''?", " ", raw).split()[:60_000]
+    lengths, texts, at = (0, 3, 250, 40, 1_100, 7, 95, 0, 600), [], 0
+    while at < len(words):
+        n = lengths[len(texts) % len(lengths)]
+        texts.append(" \n ".join(words[at:at + n]))
+        at += max(n, 1)
+    cfg = SegmentConfig(tokenizer="whitespace", passage_words=100, unit_max_tokens=350)
+    counter = WhitespaceCounter()
+    from tasks.corpus.segment import article_windows
+    counts = [np.asarray(counter.count(article_windows(t, cfg.passage_words)), np.int32) for t in texts]
+    clusters, doc_ids, d = [], [], 0
+    while d < len(texts):
+        size = 1 + (d * 7) % 6
+        members = list(range(d, min(d + size, len(texts))))
+        clusters.append(members)
+        doc_ids.append([1_000 + m for m in members])
+        d += size
+    segs = [segment_cluster(9_000 + c, [(1_000 + m, f"T{m}", texts[m]) for m in ms], cfg, counter, [counts[m] for m in ms])
+            for c, ms in enumerate(clusters)]
+    want = SM.unlabel(segs, doc_ids)
+    got = SM.segment_unlabeled(((9_000 + c, ids, [texts[m] for m in ms], [counts[m] for m in ms])
+                                for c, (ms, ids) in enumerate(zip(clusters, doc_ids))), cfg, counter)
+    assert len(clusters) > 50 and want[1].num_rows > 500 and max(u.position for s in segs for u in s.units) >= 3
+    assert got[0].equals(want[0]) and got[1].equals(want[1]) and np.array_equal(got[2], want[2])
+    empty = SM.segment_unlabeled([], cfg, counter)
+    assert empty[0].num_rows == empty[1].num_rows == 0 and empty[2].shape == (0, 2)
+    with pytest.raises(ValueError, match="cluster 5, doc 1001: 1 precomputed window token counts for 3 windows"):
+        SM.segment_unlabeled([(5, [1_000, 1_001], [texts[0], texts[2]], [counts[0], np.ones(1, np.int32)])], cfg, counter)

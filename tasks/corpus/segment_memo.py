@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.memo import DocumentMemo, Utf8Rows, ranges_take, settings_dir, take_rows
-from tasks.corpus.segment import ClusterSegments, SegmentConfig
+from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, _check_tokenizer, article_windows, pack_units
 
 SEGMENT_MEMO_VERSION = "1"
 UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
@@ -112,6 +112,88 @@ def unlabel(segments: Sequence[ClusterSegments], member_doc_ids: Sequence[Sequen
             n_passages += len(u.passages)
         counts[c] = (len(seg.units), n_passages)
     return pa.table(units, schema=UNIT_SCHEMA), pa.table(passages, schema=PASSAGE_SCHEMA), counts
+
+
+def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str], Sequence[np.ndarray]]],
+                      cfg: SegmentConfig,
+                      tokenizer: TokenCounter) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """Cut clusters into id-free rows directly: ``unlabel([segment_cluster(...) for each cluster],
+    member doc ids)`` without making the ``Passage`` and ``DocumentUnit`` objects and their ids
+    first (same tables, tested; the rows of the clusters a night segments, which :func:`label` then
+    gives tonight's ids).
+
+    Parameters
+    ----------
+    clusters : per cluster (any iterable) ``(cluster_id, doc_ids, texts, window_tokens)``: its id and
+        its members' document ids and texts in cluster order (the ids name a cluster in errors only),
+        and each member's window token counts (``WindowTokens.of(doc_id)``, int32, one per window of
+        :func:`tasks.corpus.segment.article_windows`).
+    cfg : the segmentation settings (``passage_words``, ``unit_max_tokens``, ``tokenizer``).
+    tokenizer : the counter named ``cfg.tokenizer`` (checked only: the counts are given).
+
+    Returns
+    -------
+    (units (UNIT_SCHEMA), passages (PASSAGE_SCHEMA), counts (n_clusters, 2) int64)
+        As :func:`unlabel` returns them (Algorithm: the windows and greedy unit packing of
+        :func:`tasks.corpus.segment.segment_cluster`).
+
+    Raises
+    ------
+    ValueError
+        The tokenizer is not the configured one, or a member's token counts do not match its
+        windows (names the cluster and the document).
+    """
+    _check_tokenizer(cfg, tokenizer)
+    u_suffix: list[str] = []
+    u_position: list[int] = []
+    u_tokens: list[int] = []
+    u_passages: list[int] = []
+    u_member: list[int] = []
+    p_suffix: list[str] = []
+    p_unit: list[str] = []
+    p_member: list[int] = []
+    p_text: list[str] = []
+    p_words: list[int] = []
+    p_tokens: list[np.ndarray] = []
+    counts: list[tuple[int, int]] = []
+    for cluster_id, doc_ids, texts, window_tokens in clusters:
+        if len(window_tokens) != len(texts):
+            raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {len(texts)} members")
+        windows: list[str] = []
+        members: list[int] = []
+        for m, (text, wt) in enumerate(zip(texts, window_tokens)):
+            ws = article_windows(text, cfg.passage_words)
+            if len(wt) != len(ws):
+                raise ValueError(f"cluster {cluster_id}, doc {doc_ids[m]}: {len(wt)} precomputed window token counts "
+                                 f"for {len(ws)} windows")
+            windows.extend(ws)
+            members.extend([m] * len(ws))
+        tokens = (np.concatenate([np.asarray(w, dtype=np.int32) for w in window_tokens])
+                  if window_tokens else np.zeros(0, np.int32))
+        bounds = pack_units(tokens, cfg.unit_max_tokens)
+        for k in range(len(bounds) - 1):
+            a, b = bounds[k], bounds[k + 1]
+            unit = f"u{k:03d}"
+            u_suffix.append(unit)
+            u_position.append(k)
+            u_tokens.append(int(tokens[a:b].sum()))
+            u_passages.append(b - a)
+            u_member.append(members[a])
+            p_suffix.extend(f"{unit}.p{j:03d}" for j in range(b - a))
+            p_unit.extend([unit] * (b - a))
+        p_member.extend(members)
+        p_text.extend(windows)
+        p_words.extend(w.count(" ") + 1 for w in windows)   # words joined by single spaces
+        p_tokens.append(tokens)
+        counts.append((len(bounds) - 1, len(windows)))
+    units = pa.table({"suffix": u_suffix, "position": pa.array(u_position, pa.int32()),
+                      "n_tokens": pa.array(u_tokens, pa.int32()), "n_passages": pa.array(u_passages, pa.int32()),
+                      "member": pa.array(u_member, pa.int32())}, schema=UNIT_SCHEMA)
+    passages = pa.table({"suffix": p_suffix, "unit_suffix": p_unit, "member": pa.array(p_member, pa.int32()),
+                         "text": pa.array(p_text, pa.large_string()), "n_words": pa.array(p_words, pa.int32()),
+                         "n_tokens": pa.array(np.concatenate(p_tokens) if p_tokens else np.zeros(0, np.int32), pa.int32())},
+                        schema=PASSAGE_SCHEMA)
+    return units, passages, np.array(counts, np.int64).reshape(-1, 2)
 
 
 def label(units: pa.Table, passages: pa.Table, counts: np.ndarray, cluster_ids: np.ndarray,

@@ -621,19 +621,23 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     todo = [b for b, f in zip(bounds, found.tolist()) if f < 0]
     # Python strings only of the documents of the clusters segmented tonight, not of the memo's
     needed = np.unique(np.concatenate([rows[s:e] for s, e in todo])) if todo else np.zeros(0, np.int64)
-    titles = dict(zip(needed.tolist(), take_texts(docs.column("title"), needed)))
     texts = dict(zip(needed.tolist(), take_texts(docs.column("text"), needed)))
-    segs = []
-    for s, e in progress(todo, f"segment clusters {lo:,}-{hi - 1:,}", unit="clusters"):
-        rs = rows[s:e].tolist()
-        segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[r]), titles[r], texts[r]) for r in rs], cfg, counter,
-                                    [values[offsets[r]:offsets[r + 1]] for r in rs]))
+    what = f"segment clusters {lo:,}-{hi - 1:,}"
     part = None
     if memo is None:
+        titles = dict(zip(needed.tolist(), take_texts(docs.column("title"), needed)))
+        segs = []
+        for s, e in progress(todo, what, unit="clusters"):
+            rs = rows[s:e].tolist()
+            segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[r]), titles[r], texts[r]) for r in rs], cfg,
+                                        counter, [values[offsets[r]:offsets[r + 1]] for r in rs]))
         units, passages = segments_to_tables(segs)
-    else:
+    else:   # the clusters cut tonight go straight to id-free rows, as the memo's are
         hit = found >= 0
-        computed = SM.unlabel(segs, [dids[s:e] for (s, e), h in zip(bounds, hit.tolist()) if not h])
+        computed = SM.segment_unlabeled(
+            ((int(cids[s]), dids[s:e], [texts[r] for r in rows[s:e].tolist()],
+              [values[offsets[r]:offsets[r + 1]] for r in rows[s:e].tolist()])
+             for s, e in progress(todo, what, unit="clusters")), cfg, counter)
         taken = kept.take(found[hit]) if kept is not None else SM.unlabel([], [])
         part = SM.interleave(computed, taken, hit)
         units, passages = SM.label(*part, cids[starts], starts, dids, docs.column("title").take(pa.array(rows)))
@@ -646,7 +650,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
             SM.write_part(tmp, keys, *part)
         (tmp / "COMPLETE").write_text(f"{n_empty}\n")
     put_cached(cached, write)
-    return str(cached), n_empty, len(bounds) - len(segs), False
+    return str(cached), n_empty, len(bounds) - len(todo), False
 
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
