@@ -146,3 +146,27 @@ def test_segment_corpus_rejects_inconsistent_inputs():
     bad = count_window_tokens(texts[:4], cfg, WS)
     with pytest.raises(ValueError, match="over 4 documents"):
         segment_corpus(documents, members, cfg, WS, window_tokens=bad)
+
+
+def test_a_tokenizer_file_is_loaded_once_a_process_and_again_when_it_changes(data_mirror, tmp_path):
+    """Build workers run shard after shard: the T5 counter is loaded once (same object), and a
+    mirror whose tokenizer file changed gets a counter of the new file."""
+    import os
+    import shutil
+
+    from funnelrag.datasets import resolve
+
+    first = load_token_counter("t5", data_mirror)
+    assert load_token_counter("t5", data_mirror) is first
+    assert first.count(["Hello world"]).tolist() == [2]
+    mirror = tmp_path / "mirror"
+    src = resolve("t5-tokenizer", data_mirror)
+    rel = src.relative_to(data_mirror)
+    (mirror / rel).parent.mkdir(parents=True)
+    shutil.copy2(src, mirror / rel)
+    copy = load_token_counter("t5", mirror)
+    assert copy is not first and copy.path == mirror / rel
+    assert load_token_counter("t5", mirror) is copy
+    st = (mirror / rel).stat()
+    os.utime(mirror / rel, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert load_token_counter("t5", mirror) is not copy
