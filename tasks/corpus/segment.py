@@ -153,7 +153,9 @@ def pack_units(window_tokens: Sequence[int] | np.ndarray, unit_max_tokens: int) 
     return bounds
 
 
-def _check_tokenizer(cfg: SegmentConfig, tokenizer: TokenCounter) -> None:
+def check_tokenizer(cfg: SegmentConfig, tokenizer: TokenCounter) -> None:
+    """Raise ``ValueError`` unless ``tokenizer`` is the counter ``cfg.tokenizer`` names (window
+    token counts, hence units, depend on it)."""
     if tokenizer.name != cfg.tokenizer:
         raise ValueError(f"SegmentConfig.tokenizer is {cfg.tokenizer!r} but the token counter is {tokenizer.name!r}")
 
@@ -186,7 +188,7 @@ def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConf
         The tokenizer is not the configured one, or ``window_tokens`` does not match the
         members' windows (names the doc id).
     """
-    _check_tokenizer(cfg, tokenizer)
+    check_tokenizer(cfg, tokenizer)
     windows: list[tuple[int, str, str]] = []  # (doc_id, title, window text) in cluster order
     per_member: list[int] = []                  # number of windows of each member
     for doc_id, title, text in members:
@@ -307,7 +309,7 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
     ValueError
         The tokenizer is not the configured one, or the table's doc ids are not dense.
     """
-    _check_tokenizer(cfg, tokenizer)
+    check_tokenizer(cfg, tokenizer)
     if isinstance(texts, pa.Table):
         texts = _by_doc_id(texts).column("text").to_pylist()
     n_docs = len(texts)
@@ -388,7 +390,7 @@ def segment_corpus(documents: pa.Table, cluster_members: pa.Table, cfg: SegmentC
         Doc ids not dense, a cluster member that is not a document, a document in no cluster
         or in several, or ``window_tokens`` from another tokenizer or corpus.
     """
-    _check_tokenizer(cfg, tokenizer)
+    check_tokenizer(cfg, tokenizer)
     documents = _by_doc_id(documents)
     n_docs = documents.num_rows
     if window_tokens is not None and (window_tokens.tokenizer != cfg.tokenizer or window_tokens.indptr.size != n_docs + 1):

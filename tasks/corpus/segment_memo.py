@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.memo import DocumentMemo, Utf8Rows, ranges_take, settings_dir, take_rows
-from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, _check_tokenizer, article_windows, pack_units
+from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, check_tokenizer, article_windows, pack_units
 
 SEGMENT_MEMO_VERSION = "1"
 UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
@@ -143,7 +143,7 @@ def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str]
         The tokenizer is not the configured one, or a member's token counts do not match its
         windows (names the cluster and the document).
     """
-    _check_tokenizer(cfg, tokenizer)
+    check_tokenizer(cfg, tokenizer)
     u_suffix: list[str] = []
     u_position: list[int] = []
     u_tokens: list[int] = []
