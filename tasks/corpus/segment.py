@@ -160,6 +160,54 @@ def check_tokenizer(cfg: SegmentConfig, tokenizer: TokenCounter) -> None:
         raise ValueError(f"SegmentConfig.tokenizer is {cfg.tokenizer!r} but the token counter is {tokenizer.name!r}")
 
 
+def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str], cfg: SegmentConfig,
+                    tokenizer: TokenCounter, window_tokens: Sequence[np.ndarray] | None = None
+                    ) -> tuple[list[str], list[int], np.ndarray, list[int]]:
+    """One cluster's windows and units, before any id: the members' ``article_windows`` in cluster
+    order and their greedy packing into units (:func:`pack_units`); shared by
+    :func:`segment_cluster` and the segmentation memo's ``segment_unlabeled``.
+
+    Parameters
+    ----------
+    cluster_id, doc_ids : name the cluster and its members in errors only.
+    texts : the members' texts in cluster order.
+    cfg, tokenizer : settings and the counter named ``cfg.tokenizer``.
+    window_tokens : each member's precomputed window token counts (``WindowTokens.of(doc_id)``);
+        ``None``: counted here with ``tokenizer``.
+
+    Returns
+    -------
+    (windows, member of each window (index into ``texts``), token counts ``(n_windows,)`` int32,
+    unit bounds ``(n_units + 1,)``; ``[0]`` without windows)
+
+    Raises
+    ------
+    ValueError
+        The tokenizer is not the configured one, or ``window_tokens`` does not match the members'
+        windows (names the cluster and the doc id).
+    """
+    check_tokenizer(cfg, tokenizer)
+    windows: list[str] = []
+    member_of: list[int] = []
+    per_member: list[int] = []
+    for m, text in enumerate(texts):
+        ws = article_windows(text, cfg.passage_words)
+        per_member.append(len(ws))
+        windows.extend(ws)
+        member_of.extend([m] * len(ws))
+    if window_tokens is None:
+        counts = tokenizer.count(windows) if windows else np.zeros(0, np.int32)
+    else:
+        if len(window_tokens) != len(texts):
+            raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {len(texts)} members")
+        for doc_id, n_win, wt in zip(doc_ids, per_member, window_tokens):
+            if len(wt) != n_win:
+                raise ValueError(f"cluster {cluster_id}, doc {doc_id}: {len(wt)} precomputed window token counts "
+                                 f"for {n_win} windows")
+        counts = np.concatenate([np.asarray(w, dtype=np.int32) for w in window_tokens] or [np.zeros(0, np.int32)])
+    return windows, member_of, counts, pack_units(counts, cfg.unit_max_tokens)
+
+
 def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConfig, tokenizer: TokenCounter,
                     window_tokens: Sequence[np.ndarray] | None = None) -> ClusterSegments:
     """Cut one cluster into document units of passages (offline and at query time).
@@ -188,24 +236,10 @@ def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConf
         The tokenizer is not the configured one, or ``window_tokens`` does not match the
         members' windows (names the doc id).
     """
-    check_tokenizer(cfg, tokenizer)
-    windows: list[tuple[int, str, str]] = []  # (doc_id, title, window text) in cluster order
-    per_member: list[int] = []                  # number of windows of each member
-    for doc_id, title, text in members:
-        texts = article_windows(text, cfg.passage_words)
-        per_member.append(len(texts))
-        windows.extend((doc_id, title, w) for w in texts)
-    if window_tokens is None:
-        counts = tokenizer.count([w[2] for w in windows]) if windows else np.zeros(0, np.int32)
-    else:
-        if len(window_tokens) != len(members):
-            raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {len(members)} members")
-        for (doc_id, _, _), n_win, wt in zip(members, per_member, window_tokens):
-            if len(wt) != n_win:
-                raise ValueError(f"cluster {cluster_id}, doc {doc_id}: {len(wt)} precomputed window token counts "
-                                 f"for {n_win} windows")
-        counts = np.concatenate([np.asarray(w, dtype=np.int32) for w in window_tokens] or [np.zeros(0, np.int32)])
-    bounds = pack_units(counts, cfg.unit_max_tokens)
+    doc_ids = [m[0] for m in members]
+    texts, member_of, counts, bounds = cluster_windows(cluster_id, doc_ids, [m[2] for m in members], cfg, tokenizer,
+                                                       window_tokens)
+    windows = [(doc_ids[m], members[m][1], w) for m, w in zip(member_of, texts)]   # (doc_id, title, text)
     units = []
     for k in range(len(bounds) - 1):
         uid = unit_id(cluster_id, k)

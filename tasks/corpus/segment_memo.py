@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.memo import DocumentMemo, Utf8Rows, ranges_take, settings_dir, take_rows
-from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, check_tokenizer, article_windows, pack_units
+from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, cluster_windows
 
 SEGMENT_MEMO_VERSION = "1"
 UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
@@ -134,8 +134,8 @@ def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str]
     Returns
     -------
     (units (UNIT_SCHEMA), passages (PASSAGE_SCHEMA), counts (n_clusters, 2) int64)
-        As :func:`unlabel` returns them (Algorithm: the windows and greedy unit packing of
-        :func:`tasks.corpus.segment.segment_cluster`).
+        As :func:`unlabel` returns them (the windows and units of
+        :func:`tasks.corpus.segment.cluster_windows`, as :func:`tasks.corpus.segment.segment_cluster` cuts them).
 
     Raises
     ------
@@ -143,7 +143,6 @@ def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str]
         The tokenizer is not the configured one, or a member's token counts do not match its
         windows (names the cluster and the document).
     """
-    check_tokenizer(cfg, tokenizer)
     u_suffix: list[str] = []
     u_position: list[int] = []
     u_tokens: list[int] = []
@@ -157,20 +156,7 @@ def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str]
     p_tokens: list[np.ndarray] = []
     counts: list[tuple[int, int]] = []
     for cluster_id, doc_ids, texts, window_tokens in clusters:
-        if len(window_tokens) != len(texts):
-            raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {len(texts)} members")
-        windows: list[str] = []
-        members: list[int] = []
-        for m, (text, wt) in enumerate(zip(texts, window_tokens)):
-            ws = article_windows(text, cfg.passage_words)
-            if len(wt) != len(ws):
-                raise ValueError(f"cluster {cluster_id}, doc {doc_ids[m]}: {len(wt)} precomputed window token counts "
-                                 f"for {len(ws)} windows")
-            windows.extend(ws)
-            members.extend([m] * len(ws))
-        tokens = (np.concatenate([np.asarray(w, dtype=np.int32) for w in window_tokens])
-                  if window_tokens else np.zeros(0, np.int32))
-        bounds = pack_units(tokens, cfg.unit_max_tokens)
+        windows, members, tokens, bounds = cluster_windows(cluster_id, doc_ids, texts, cfg, tokenizer, window_tokens)
         for k in range(len(bounds) - 1):
             a, b = bounds[k], bounds[k + 1]
             unit = f"u{k:03d}"

@@ -634,10 +634,12 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
         units, passages = segments_to_tables(segs)
     else:   # the clusters cut tonight go straight to id-free rows, as the memo's are
         hit = found >= 0
-        computed = SM.segment_unlabeled(
-            ((int(cids[s]), dids[s:e], [texts[r] for r in rows[s:e].tolist()],
-              [values[offsets[r]:offsets[r + 1]] for r in rows[s:e].tolist()])
-             for s, e in progress(todo, what, unit="clusters")), cfg, counter)
+        def clusters():
+            for s, e in progress(todo, what, unit="clusters"):
+                rs = rows[s:e].tolist()
+                yield int(cids[s]), dids[s:e], [texts[r] for r in rs], [values[offsets[r]:offsets[r + 1]] for r in rs]
+
+        computed = SM.segment_unlabeled(clusters(), cfg, counter)
         taken = kept.take(found[hit]) if kept is not None else SM.unlabel([], [])
         part = SM.interleave(computed, taken, hit)
         units, passages = SM.label(*part, cids[starts], starts, dids, docs.column("title").take(pa.array(rows)))
