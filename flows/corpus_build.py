@@ -41,7 +41,7 @@ from tasks.corpus.ingest.changes import PageChanges
 from tasks.corpus.published import corpus_store
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded_index import IndexLayout
-from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded
+from tasks.corpus.shards import build_collector, run_segment_sharded, run_tokens_sharded
 from tasks.qa.questions import QuestionsConfig, load_questions
 
 log = logging.getLogger(__name__)
@@ -385,7 +385,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
     with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,
-                        f"corpus build of {config.name!r} in {ws.home}"):
+                        f"corpus build of {config.name!r} in {ws.home}"), build_collector():
         summary = _build_and_publish(config, ws, logger)
         if removed := apply_retention(config.retention, ws, config.name):
             summary["retention"] = removed

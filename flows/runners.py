@@ -19,6 +19,7 @@ each worker point at the parent's server.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -34,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from funnelrag.config import RUN_LOGGERS
 from flows.shard_retry import ShardFuture
-from tasks.corpus.shards import release_memory
+from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def build_task_runner(cfg: RunnerConfig):
         return LocalDaskTaskRunner(cluster_class="distributed.LocalCluster",
                                    cluster_kwargs={"n_workers": cfg.n_workers(), "threads_per_worker": 1,
                                                    "processes": True, "dashboard_address": None})
-    return SharedAPIProcessPoolTaskRunner(max_workers=cfg.n_workers(), initializer=set_log_levels,
+    return SharedAPIProcessPoolTaskRunner(max_workers=cfg.n_workers(), initializer=init_worker,
                                           initargs=(run_log_levels(),))
 
 
@@ -133,11 +134,14 @@ def run_log_levels() -> dict[str, int]:
     return {n: logging.getLogger(n).level for n in RUN_LOGGERS if logging.getLogger(n).level}
 
 
-def set_log_levels(levels: dict[str, int]) -> None:
-    """Pool initializer: the parent's levels in a spawned worker, so a shard's progress lines
-    reach the terminal and (through Prefect's forwarding) the task run logs."""
+def init_worker(levels: dict[str, int]) -> None:
+    """Pool initializer of a spawned worker: the parent's log levels (so a shard's progress lines
+    reach the terminal and, through Prefect's forwarding, the task run logs), and the young
+    generation's collection threshold of :func:`tasks.corpus.shards.build_collector` (a worker
+    freezes its survivors after each shard task: :func:`shard_call`)."""
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+    gc.set_threshold(YOUNG_COLLECTION_OBJECTS, *gc.get_threshold()[1:])
 
 
 class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
@@ -175,13 +179,14 @@ def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
     """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...), then
     give the memory it freed back to the OS (:func:`tasks.corpus.shards.release_memory`), so a
     worker that runs many shards holds one shard's memory at a time, not its high-water mark
-    (in a worker process of the pool, the objects that outlive a task are frozen, so the next
-    collection skips them; a process that is not a pool's child, which may live on after the
-    build, is never frozen)."""
+    (in a worker process of the pool, or inside :func:`tasks.corpus.shards.build_collector`,
+    which unfreezes at its end, the objects that outlive a task are frozen, so the next
+    collection skips them; any other process, which may live on after the build, is never
+    frozen)."""
     try:
         return fn(*args)
     finally:
-        release_memory(freeze=multiprocessing.parent_process() is not None)
+        release_memory(freeze=multiprocessing.parent_process() is not None or in_build_collector())
 
 
 def submitter() -> Callable[..., Any]:

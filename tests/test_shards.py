@@ -372,3 +372,84 @@ def test_release_memory_freezes_survivors_after_collecting_the_tasks_cycles():
         frozen, found = pool.submit(_freeze_count_after_release, 0).result()
     assert found == 2
     assert frozen > 1000
+
+
+def test_build_collector_freezes_raises_the_young_threshold_and_restores_both():
+    """Inside: the objects alive at entry frozen, the young threshold raised, nested use a no-op,
+    a reference cycle made inside still collected; at exit (also after an error) the thresholds
+    and the frozen count are as before."""
+    import gc
+    import weakref
+
+    from tasks.corpus.shards import build_collector, in_build_collector
+
+    gc.unfreeze()
+    old = gc.get_threshold()
+
+    class Node:
+        pass
+    with build_collector(12_345):
+        assert in_build_collector()
+        assert gc.get_threshold() == (12_345, *old[1:])
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000
+        with build_collector(999):
+            assert gc.get_threshold()[0] == 12_345 and gc.get_freeze_count() == frozen
+        assert in_build_collector()
+        a = Node()
+        a.me = a
+        ref = weakref.ref(a)
+        del a
+        gc.collect()
+        assert ref() is None
+    assert not in_build_collector()
+    assert gc.get_threshold() == old and gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError, match="stage failed"), build_collector(777):
+        raise RuntimeError("stage failed")
+    assert gc.get_threshold() == old and gc.get_freeze_count() == 0 and not in_build_collector()
+    with pytest.raises(ValueError, match="young_objects"), build_collector(0):
+        pass
+
+
+def test_build_collector_leaves_a_processs_own_freeze_alone():
+    import gc
+
+    from tasks.corpus.shards import build_collector
+
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with build_collector():
+            pass
+        assert gc.get_freeze_count() >= before > 0
+    finally:
+        gc.unfreeze()
+
+
+def test_shard_call_freezes_inside_a_build_collector(monkeypatch):
+    from flows import runners
+    from tasks.corpus.shards import build_collector
+
+    calls = []
+    monkeypatch.setattr(runners, "release_memory", lambda freeze: calls.append(freeze))
+    with build_collector():
+        runners.shard_call.fn(lambda: None, [])
+    runners.shard_call.fn(lambda: None, [])
+    assert calls == [True, False]
+
+
+def test_init_worker_sets_levels_and_the_young_threshold():
+    import gc
+    import logging
+
+    from flows.runners import init_worker
+    from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS
+
+    old, level = gc.get_threshold(), logging.getLogger("tasks").level
+    try:
+        init_worker({"tasks": logging.DEBUG})
+        assert gc.get_threshold() == (YOUNG_COLLECTION_OBJECTS, *old[1:])
+        assert logging.getLogger("tasks").level == logging.DEBUG
+    finally:
+        gc.set_threshold(*old)
+        logging.getLogger("tasks").setLevel(level)

@@ -34,7 +34,7 @@ from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
-from tasks.corpus.shards import release_memory, run_here
+from tasks.corpus.shards import in_build_collector, release_memory, run_here
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.tokenize import load_token_counter
 
@@ -186,7 +186,7 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     cluster_index.save(out_dir / CLUSTER_INDEX_DIR)
     n_clusters = len(cluster_index)
     del cluster_index
-    release_memory()   # the index and its merge buffers (GBs at full scale) go back before the passage shards run
+    release_memory(freeze=in_build_collector())   # the index and its merge buffers (GBs at full scale) go back before the passage shards run
     t1 = time.perf_counter()
     sharded: dict[str, Any] = {}
     if passage_shard_tokens > 0:
