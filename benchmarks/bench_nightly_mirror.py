@@ -17,12 +17,20 @@ Each night's CPU seconds are also split into user and system time, and by role
 ``/proc/<pid>/stat`` of the night's process tree every 0.25 s (Linux; a process's last 0.25 s
 before it exits is missed, so the roles add up to slightly less than ``cpu_s``).
 
+``--server``: the nights run against one Prefect server started for the whole bench (``prefect
+server start`` on 127.0.0.1, SQLite under ``HOME/prefect-server``), as the nightly deployments run
+(``prefect.yaml``: a flow run of a worker, talking to a standing API), not each against an
+ephemeral API started and stopped with it. A night's ``cpu_s`` is then its own process tree's
+(coordinator and pool workers), and ``server_cpu_s`` is the CPU the server's processes used from
+the night's start to its end (``/proc``, the server's threads and children included; its
+background services' idle loops during the night count too); ``cpu_with_server_s`` is their sum.
+
 After each night the home's size on disk is recorded (``home_bytes``); ``--cache-max-age-days``
 and ``--keep-versions`` set the build's ``retention`` for every night.
 
 Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED.xml.bz2 --home DIR
 [--wiki synwiki] [--workers 2] [--http] [--no-gate] [--release 1 1 1] [--cache-max-age-days D]
-[--keep-versions N] [--days-between-nights 1] [--out results.json]``.
+[--keep-versions N] [--days-between-nights 1] [--server] [--out results.json]``.
 """
 from __future__ import annotations
 
@@ -111,6 +119,11 @@ class _TreeCPU:
         self._thread.start()
 
     def _tree(self) -> list[int]:
+        return self.tree(self.root)
+
+    @staticmethod
+    def tree(root: int) -> list[int]:
+        """``root`` and its descendants' pids (``/proc``)."""
         children: dict[int, list[int]] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
@@ -119,7 +132,7 @@ class _TreeCPU:
                 except (OSError, IndexError, ValueError):
                     continue
                 children.setdefault(ppid, []).append(int(entry))
-        out, stack = [], [self.root]
+        out, stack = [], [root]
         while stack:
             pid = stack.pop()
             out.append(pid)
@@ -151,10 +164,72 @@ class _TreeCPU:
         return roles
 
 
-def _run_child(argv: list[str]) -> dict:
+def _tree_cpu_s(root: int) -> float:
+    """User + system CPU seconds of ``root`` and its live descendants, with what their exited
+    children used (``/proc/<pid>/stat`` fields 14-17); 0.0 for a process that is gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in _TreeCPU.tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15]) / tick
+    return total
+
+
+class _PrefectServer:
+    """``prefect server start`` on a free 127.0.0.1 port with its own SQLite home, up until
+    :meth:`stop`; ``url`` is its API URL. Raises ``SystemExit`` when it is not healthy in 300 s."""
+
+    def __init__(self, home: Path):
+        import socket
+
+        import httpx
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env.pop("PREFECT_API_URL", None)
+        self.url = f"http://127.0.0.1:{port}/api"
+        self.log = (home / "server.log").open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                      "--port", str(port)], stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the Prefect server exited during start-up (log: {home / 'server.log'})")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise SystemExit(f"the Prefect server at {self.url} was not healthy after 300 s")
+
+    def cpu_s(self) -> float:
+        return _tree_cpu_s(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def _run_child(argv: list[str], server: _PrefectServer | None = None) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_before = server.cpu_s() if server else None
     t0 = time.perf_counter()
     env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}   # a loaded box starts it slowly
+    if server:
+        env["PREFECT_API_URL"] = server.url
     proc = subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     sampler = _TreeCPU(proc.pid) if Path("/proc/self/stat").exists() else None
@@ -168,7 +243,11 @@ def _run_child(argv: list[str]) -> dict:
     line = next(ln for ln in reversed(stdout.splitlines()) if ln.startswith("SUMMARY "))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     home = Path(argv[argv.index("--home") + 1])
-    return {"wall_s": wall, "cpu_s": cpu, "cpu_user_s": after.ru_utime - before.ru_utime,
+    served = {}
+    if server:
+        served = {"server_cpu_s": round(server.cpu_s() - server_before, 2)}
+        served["cpu_with_server_s"] = round(cpu + served["server_cpu_s"], 2)
+    return {"wall_s": wall, "cpu_s": cpu, **served, "cpu_user_s": after.ru_utime - before.ru_utime,
             "cpu_sys_s": after.ru_stime - before.ru_stime, "cpu_by_role": by_role,
             "load": Path("/proc/loadavg").read_text().split()[:3],
             "home_bytes": _home_bytes(home), **json.loads(line[len("SUMMARY "):])}
@@ -201,6 +280,9 @@ def main() -> None:
     ap.add_argument("--keep-versions", type=int, help="retention.keep_versions of every night")
     ap.add_argument("--days-between-nights", type=float, help="age every cache entry by this many days before "
                     "each night after the first (what cache retention sees of nights a day apart)")
+    ap.add_argument("--server", action="store_true", help="run every night against one Prefect server started "
+                    "for the bench (as deployments run), not an ephemeral API each; the server's CPU during "
+                    "each night is reported as server_cpu_s")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--one-night", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mirror-url", help=argparse.SUPPRESS)
@@ -212,6 +294,7 @@ def main() -> None:
     days = sorted((args.mirror / "other" / "incr" / args.wiki).iterdir())
     saved = {d: (d / "status.txt").read_text() for d in days}
     server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
+    prefect_server = _PrefectServer(args.home / "prefect-server") if args.server else None
     common = ["--home", str(args.home / "nightly"), "--wiki", args.wiki, "--workers", str(args.workers)]
     common += ["--no-gate"] if args.no_gate else []
     common += ["--cache-max-age-days", str(args.cache_max_age_days)] if args.cache_max_age_days else []
@@ -229,15 +312,15 @@ def main() -> None:
                 done += release[night - 1]
             if night and args.days_between_nights:
                 _shift_cache_clock(args.home / "nightly", args.days_between_nights)
-            r = _run_child(["--one-night", "--mirror-url", url, *common])
+            r = _run_child(["--one-night", "--mirror-url", url, *common], prefect_server)
             r["night"] = night + 1
             results.append(r)
-            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "cpu_user_s", "cpu_sys_s", "cpu_by_role",
-                                                    "load", "version", "shards", "home_bytes", "retention")}
+            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "server_cpu_s", "cpu_user_s", "cpu_sys_s",
+                                                    "cpu_by_role", "load", "version", "shards", "home_bytes", "retention")}
                              | {"action": r["nightly"]["action"], "days": r["nightly"]["days"],
                                 "apply": (r["nightly"].get("fetch") or {}).get("apply")}), flush=True)
         if args.merged:   # the full dump of the same texts, built in the same home: unchanged = same digest
-            r = _run_child(["--one-night", "--paths", str(args.merged), *common])
+            r = _run_child(["--one-night", "--paths", str(args.merged), *common], prefect_server)
             r["night"] = "merged full build"
             results.append(r)
             print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version", "unchanged",
@@ -247,6 +330,8 @@ def main() -> None:
             (d / "status.txt").write_text(text)
         if server:
             server.shutdown()
+        if prefect_server:
+            prefect_server.stop()
 
     if args.merged:
         inc = [r for r in results if (r.get("nightly") or {}).get("action") == "incremental"]
