@@ -1,4 +1,5 @@
-"""The nightly bench's CPU accounting of a process tree (what ``--server`` charges a night with)."""
+"""Bench tools: the nightly bench's CPU accounting of a process tree (what ``--server`` charges a
+night with) and the collector timing of ``benchmarks/gc_time``."""
 import subprocess
 import sys
 import time
@@ -30,3 +31,23 @@ def test_tree_cpu_counts_a_processs_children_live_and_exited():
             os.kill(pid, signal.SIGKILL)
         proc.wait()
     assert _tree_cpu_s(proc.pid) == 0.0
+
+
+def test_gc_time_site_writes_each_processs_collections(tmp_path):
+    """benchmarks/gc_time: a process started with it and FUNNELRAG_GC_TIME_DIR writes its full
+    collections and their CPU time; without the variable it writes nothing."""
+    import ast
+    import os
+    from pathlib import Path
+
+    site = Path(__file__).resolve().parents[1] / "benchmarks" / "gc_time"
+    code = "import gc\nfor _ in range(3): gc.collect()\n"
+    env = {**os.environ, "PYTHONPATH": str(site), "FUNNELRAG_GC_TIME_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    lines = [p.read_text() for p in tmp_path.glob("*.txt")]
+    assert len(lines) == 1
+    collections = ast.literal_eval(lines[0].split("collections=")[1].split(" cpu_s=")[0])
+    assert collections[2] >= 3
+    env.pop("FUNNELRAG_GC_TIME_DIR")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert len(list(tmp_path.glob("*.txt"))) == 1
