@@ -8,9 +8,9 @@ so another thread's CPU during a collection counts too) and writes one line to
 CPU seconds per generation. Without the variable it does nothing. Example (one night 4 of the
 nightly bench, ``docs/results/corpus-build.md``)::
 
-    FUNNELRAG_GC_TIME_DIR=/tmp/gc PYTHONPATH=benchmarks/gc_time:. python \
+    FUNNELRAG_GC_TIME_DIR=<dir> PYTHONPATH=benchmarks/gc_time:. python \
         benchmarks/bench_nightly_mirror.py --one-night --mirror-url URL --home HOME --workers 2 --no-gate
-    cat /tmp/gc/*.txt
+    cat <dir>/*.txt
 """
 import atexit
 import gc
