@@ -17,8 +17,8 @@ Each night's CPU seconds are also split into user and system time, and by role
 ``/proc/<pid>/stat`` of the night's process tree every 0.25 s (Linux; a process's last 0.25 s
 before it exits is missed, so the roles add up to slightly less than ``cpu_s``).
 
-``--server``: the nights run against one Prefect server started for the whole bench (``prefect
-server start`` on 127.0.0.1, SQLite under ``HOME/prefect-server``), as the nightly deployments run
+``--server``: the nights run against one Prefect server started for the whole bench
+(``infra/server/prefect-server.sh`` on 127.0.0.1, SQLite under ``HOME/prefect-server``), as the nightly deployments run
 (``prefect.yaml``: a flow run of a worker, talking to a standing API), not each against an
 ephemeral API started and stopped with it. A night's ``cpu_s`` is then its own process tree's
 (coordinator and pool workers), and ``server_cpu_s`` is the CPU the server's processes used from
@@ -109,6 +109,13 @@ def _role(cmdline: str) -> str:
     return "coordinator" if "--one-night" in cmdline else "other"
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 on: ``[0]`` the state,
+    ``[1]`` the parent pid, ``[11]``/``[12]`` user/system ticks, ``[13]``/``[14]`` those of waited-for
+    children). Raises ``OSError`` for a process that is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 class _TreeCPU:
     """User and system CPU seconds of a process tree by role, sampled from ``/proc`` (Linux)."""
 
@@ -128,7 +135,7 @@ class _TreeCPU:
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                    ppid = int(_stat_fields(entry)[1])
                 except (OSError, IndexError, ValueError):
                     continue
                 children.setdefault(ppid, []).append(int(entry))
@@ -144,7 +151,7 @@ class _TreeCPU:
         while not self._stop.is_set():
             for pid in self._tree():
                 try:
-                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    fields = _stat_fields(pid)
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     continue
@@ -171,7 +178,7 @@ def _tree_cpu_s(root: int) -> float:
     total = 0.0
     for pid in _TreeCPU.tree(root):
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(pid)
         except OSError:
             continue
         total += sum(int(f) for f in fields[11:15]) / tick
@@ -179,48 +186,39 @@ def _tree_cpu_s(root: int) -> float:
 
 
 class _PrefectServer:
-    """``prefect server start`` on a free 127.0.0.1 port with its own SQLite home, up until
-    :meth:`stop`; ``url`` is its API URL. Raises ``SystemExit`` when it is not healthy in 300 s."""
+    """The Prefect server of the README's *Deploying* section (``infra/server/prefect-server.sh``:
+    ``prefect server start`` in the background, healthy or an error, and the process work pool) on
+    a free 127.0.0.1 port with its own ``PREFECT_HOME``, up until :meth:`stop`; ``url`` is its API
+    URL. Raises ``SystemExit`` with the script's message when it does not come up in 300 s."""
+
+    SCRIPT = Path(__file__).resolve().parents[1] / "infra" / "server" / "prefect-server.sh"
 
     def __init__(self, home: Path):
         import socket
-
-        import httpx
 
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_PORT": str(port),
+               "PREFECT_SERVER_WAIT": "300"}
         env.pop("PREFECT_API_URL", None)
         self.url = f"http://127.0.0.1:{port}/api"
-        self.log = (home / "server.log").open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                      "--port", str(port)], stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the Prefect server exited during start-up (log: {home / 'server.log'})")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise SystemExit(f"the Prefect server at {self.url} was not healthy after 300 s")
+        done = subprocess.run(["bash", str(self.SCRIPT), "funnelrag-bench"], env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(done.stderr.strip() or f"{self.SCRIPT.name} failed")
+        self.pid = int((home / "funnelrag-server.pid").read_text())
 
     def cpu_s(self) -> float:
-        return _tree_cpu_s(self.proc.pid)
+        return _tree_cpu_s(self.pid)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{self.pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if Path(f"/proc/{self.pid}").exists():
+            os.kill(self.pid, signal.SIGKILL)
 
 
 def _run_child(argv: list[str], server: _PrefectServer | None = None) -> dict:

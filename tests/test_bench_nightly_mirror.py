@@ -51,3 +51,24 @@ def test_gc_time_site_writes_each_processs_collections(tmp_path):
     env.pop("FUNNELRAG_GC_TIME_DIR")
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
     assert len(list(tmp_path.glob("*.txt"))) == 1
+
+
+@pytest.mark.slow  # starts a Prefect server (~20 s)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_bench_server_is_the_deploying_script_and_stops(tmp_path):
+    """--server's server comes from infra/server/prefect-server.sh: healthy, its CPU readable while
+    it runs, gone after stop."""
+    from pathlib import Path
+
+    import httpx
+
+    from benchmarks.bench_nightly_mirror import _PrefectServer
+
+    server = _PrefectServer(tmp_path / "prefect")
+    try:
+        assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+        assert server.cpu_s() > 0
+    finally:
+        server.stop()
+    assert not Path(f"/proc/{server.pid}").exists()
+    assert server.cpu_s() == 0.0
