@@ -8,6 +8,7 @@ import bz2
 import json
 from pathlib import Path
 
+import pytest
 from prefect.context import get_settings_context
 from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
@@ -111,3 +112,46 @@ def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data
     assert tonight["shards"]["passage_index_shards"] == {"built": p, "reused": 0}       # global df/N/avgdl changed
     scratch = build(tmp_path / "scratch", night2)
     assert _manifest(tonight)["content_digest"] == _manifest(scratch)["content_digest"] != _manifest(first)["content_digest"]
+
+
+def worker_facts(name: str) -> dict:
+    """What a pool worker sees: its parent, whether it forked from the preloaded forkserver, the
+    parent's environment variable ``name``, and its young collection threshold."""
+    import gc  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    return {"pid": os.getpid(), "ppid": os.getppid(), "preloaded": "flows.pool_worker" in sys.modules,
+            "env": os.environ.get(name), "young": gc.get_threshold()[0]}
+
+
+def test_local_workers_fork_from_a_preloaded_forkserver_that_stops_with_the_pool(prefect_harness, monkeypatch):
+    """Each worker forks from a forkserver that imported the stages (not from this process, not
+    spawned bare), gets this process's environment and the pool initializer's threshold; the
+    forkserver is gone once the flow's pool closed, and the next pool starts a new one."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from prefect import flow  # noqa: PLC0415
+
+    from flows.runners import _forkserver_pid, submitter  # noqa: PLC0415
+    from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS  # noqa: PLC0415
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the forkserver's pid is read from the stdlib's Linux forkserver")
+
+    @flow(task_runner=build_task_runner(RunnerConfig(workers=2)))
+    def facts(name: str) -> list[dict]:
+        submit = submitter()
+        return [f.result() for f in [submit(worker_facts, name) for _ in range(4)]]
+
+    monkeypatch.setenv("FUNNELRAG_TEST_WORKER_ENV", "first pool")
+    first = facts("FUNNELRAG_TEST_WORKER_ENV")
+    assert _forkserver_pid() is None
+    monkeypatch.setenv("FUNNELRAG_TEST_WORKER_ENV", "second pool")
+    second = facts("FUNNELRAG_TEST_WORKER_ENV")
+    for run, want in ((first, "first pool"), (second, "second pool")):
+        assert all(f["preloaded"] and f["env"] == want and f["young"] == YOUNG_COLLECTION_OBJECTS for f in run), run
+        assert {f["ppid"] for f in run} != {os.getpid()} and len({f["ppid"] for f in run}) == 1, run
+        assert not Path(f"/proc/{run[0]['ppid']}").exists()   # the forkserver ended and was waited for
+    assert first[0]["ppid"] != second[0]["ppid"]
