@@ -25,12 +25,18 @@ ephemeral API started and stopped with it. A night's ``cpu_s`` is then its own p
 the night's start to its end (``/proc``, the server's threads and children included; its
 background services' idle loops during the night count too); ``cpu_with_server_s`` is their sum.
 
+``--one-more``: one night on ``HOME`` as it is, with the mirror as it is (every day whose
+``status.txt`` says done; no day held back, no cache aged), measured as the nights above and printed
+as one line: for comparing two versions of the code on copies of one home (e.g. a hard-linked copy
+of a home after night 3, each run with the other version first on ``PYTHONPATH``).
+
 After each night the home's size on disk is recorded (``home_bytes``); ``--cache-max-age-days``
 and ``--keep-versions`` set the build's ``retention`` for every night.
 
 Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED.xml.bz2 --home DIR
 [--wiki synwiki] [--workers 2] [--http] [--no-gate] [--release 1 1 1] [--cache-max-age-days D]
-[--keep-versions N] [--days-between-nights 1] [--server] [--out results.json]``.
+[--keep-versions N] [--days-between-nights 1] [--server] [--out results.json]``;
+``python benchmarks/bench_nightly_mirror.py MIRROR --home DIR --one-more [--http] [--server] [--workers 2] [--no-gate]``.
 """
 from __future__ import annotations
 
@@ -263,6 +269,33 @@ def _serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
+def _night_line(r: dict) -> str:
+    """One night's result as the JSON line the bench prints."""
+    return json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "server_cpu_s", "cpu_user_s", "cpu_sys_s",
+                                             "cpu_by_role", "load", "version", "shards", "home_bytes", "retention")}
+                      | {"action": r["nightly"]["action"], "days": r["nightly"]["days"],
+                         "apply": (r["nightly"].get("fetch") or {}).get("apply")})
+
+
+def one_more(args: argparse.Namespace, common: list[str]) -> None:
+    """``--one-more``: one night on ``args.home`` with the mirror as it is, measured by :func:`_run_child`."""
+    if args.mirror is None:
+        raise SystemExit("--one-more needs the MIRROR directory")
+    server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
+    prefect_server = _PrefectServer(args.home / "prefect-server") if args.server else None
+    try:
+        r = _run_child(["--one-night", "--mirror-url", url, *common], prefect_server)
+    finally:
+        if server:
+            server.shutdown()
+        if prefect_server:
+            prefect_server.stop()
+    r["night"] = "one more"
+    print(_night_line(r), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps([r], indent=1, default=str))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mirror", type=Path, nargs="?")
@@ -281,6 +314,8 @@ def main() -> None:
     ap.add_argument("--server", action="store_true", help="run every night against one Prefect server started "
                     "for the bench (as deployments run), not an ephemeral API each; the server's CPU during "
                     "each night is reported as server_cpu_s")
+    ap.add_argument("--one-more", action="store_true", help="one night on HOME as it is, the mirror as it is "
+                    "(every done day): for comparing code versions on copies of one home")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--one-night", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mirror-url", help=argparse.SUPPRESS)
@@ -288,15 +323,17 @@ def main() -> None:
     args = ap.parse_args()
     if args.one_night:
         return one_night(args)
+    common = ["--home", str(args.home / "nightly"), "--wiki", args.wiki, "--workers", str(args.workers)]
+    common += ["--no-gate"] if args.no_gate else []
+    common += ["--cache-max-age-days", str(args.cache_max_age_days)] if args.cache_max_age_days else []
+    common += ["--keep-versions", str(args.keep_versions)] if args.keep_versions else []
+    if args.one_more:
+        return one_more(args, common)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a kill still restores the days' status.txt
     days = sorted((args.mirror / "other" / "incr" / args.wiki).iterdir())
     saved = {d: (d / "status.txt").read_text() for d in days}
     server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
     prefect_server = _PrefectServer(args.home / "prefect-server") if args.server else None
-    common = ["--home", str(args.home / "nightly"), "--wiki", args.wiki, "--workers", str(args.workers)]
-    common += ["--no-gate"] if args.no_gate else []
-    common += ["--cache-max-age-days", str(args.cache_max_age_days)] if args.cache_max_age_days else []
-    common += ["--keep-versions", str(args.keep_versions)] if args.keep_versions else []
     results = []
     try:
         for d in days:
@@ -313,10 +350,7 @@ def main() -> None:
             r = _run_child(["--one-night", "--mirror-url", url, *common], prefect_server)
             r["night"] = night + 1
             results.append(r)
-            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "server_cpu_s", "cpu_user_s", "cpu_sys_s",
-                                                    "cpu_by_role", "load", "version", "shards", "home_bytes", "retention")}
-                             | {"action": r["nightly"]["action"], "days": r["nightly"]["days"],
-                                "apply": (r["nightly"].get("fetch") or {}).get("apply")}), flush=True)
+            print(_night_line(r), flush=True)
         if args.merged:   # the full dump of the same texts, built in the same home: unchanged = same digest
             r = _run_child(["--one-night", "--paths", str(args.merged), *common], prefect_server)
             r["night"] = "merged full build"

@@ -72,3 +72,33 @@ def test_bench_server_is_the_deploying_script_and_stops(tmp_path):
         server.stop()
     assert not Path(f"/proc/{server.pid}").exists()
     assert server.cpu_s() == 0.0
+
+
+@pytest.mark.slow  # three small nightly builds (~1-2 min)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_one_more_night_on_a_home_as_it_is(tmp_path, data_mirror):
+    """--one-more runs one night on the home with the mirror as it is and prints it measured like
+    the bench's nights: a full build on an empty home, then the done days, then nothing new; the
+    pool workers (forked by the forkserver) count in the night's CPU by role."""
+    import json
+    import os
+    from pathlib import Path
+
+    from benchmarks.synth_dump import SAMPLE, write_mirror
+
+    write_mirror(tmp_path / "mirror", 400, 1, seed=5, wiki="synwiki", sample=data_mirror / SAMPLE, edit_share=0.02)
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_nightly_mirror.py"
+    env = {**os.environ, "FUNNELRAG_DATA_MIRROR": str(data_mirror)}
+    env.pop("PREFECT_API_URL", None)   # each night starts its own ephemeral API, as the bench's nights do
+    nights = []
+    for _ in range(3):
+        out = subprocess.run([sys.executable, str(bench), str(tmp_path / "mirror"), "--http", "--home",
+                              str(tmp_path / "home"), "--workers", "2", "--no-gate", "--one-more"],
+                             env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        nights.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert [n["action"] for n in nights] == ["full", "incremental", "nothing"]
+    assert nights[1]["days"] == ["20260102"]
+    for night in nights[:2]:
+        roles = night["cpu_by_role"]
+        assert night["cpu_s"] > 0 and roles["coordinator"]["user_s"] > 0 and roles["pool_workers"]["user_s"] > 0
