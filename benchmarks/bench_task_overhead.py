@@ -8,7 +8,13 @@ Why: an adds-changes night of the nightly runs ~25–40 shard tasks whose work i
 so a task's own cost (a task run created and moved through its states in the API, its log
 records and events sent, the worker's API client) decides whether batching small shards pays.
 
-Run: ``python benchmarks/bench_task_overhead.py [--tasks 0 40] [--repeat 3] [--workers 2]``
+``--server DIR``: every run against one standing Prefect server (``infra/server/prefect-server.sh``,
+its SQLite under ``DIR``, stopped at the end), as the nightly deployments run, instead of an
+ephemeral API each: a run's ``cpu_s`` is then the flow's process tree (the flow, the pool's
+forkserver and workers) and ``server_cpu_s`` what the server used from the run's start to 2 s
+after its end (``/proc``); the line is fitted to their sum.
+
+Run: ``python benchmarks/bench_task_overhead.py [--tasks 0 40] [--repeat 3] [--workers 2] [--server DIR]``
 (prints one JSON line per run, then the per-task CPU of the least-squares line).
 """
 from __future__ import annotations
@@ -32,7 +38,7 @@ def nothing(k: int) -> int:
 
 def child(n_tasks: int, workers: int) -> None:
     """Run the flow in this process: the pool starts, then ``n_tasks`` shard calls."""
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))   # after PYTHONPATH: another checkout first on it is the code measured
     from prefect import flow  # noqa: PLC0415
 
     from flows.runners import RunnerConfig, build_task_runner, submitter  # noqa: PLC0415
@@ -52,23 +58,43 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, nargs="+", default=[0, 40])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--server", type=Path, metavar="DIR", help="run against one standing Prefect server "
+                    "(its home DIR) and count its CPU, instead of an ephemeral API each run")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
         child(a.child, a.workers)
         return
+    server = None
+    env = {**os.environ}
+    if a.server:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from bench_nightly_mirror import _PrefectServer  # noqa: PLC0415  (the bench's server, only with --server)
+
+        server = _PrefectServer(a.server)
+        env["PREFECT_API_URL"] = server.url
     points = []
-    for _ in range(a.repeat):
-        for n in a.tasks:
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t = time.perf_counter()
-            subprocess.run([sys.executable, __file__, "--child", str(n), "--workers", str(a.workers)], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            points.append((n, cpu))
-            print(json.dumps({"tasks": n, "cpu_s": round(cpu, 2), "wall_s": round(time.perf_counter() - t, 2),
-                              "load": os.getloadavg()[0]}), flush=True)
+    try:
+        for _ in range(a.repeat):
+            for n in a.tasks:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                served = server.cpu_s() if server else 0.0
+                t = time.perf_counter()
+                subprocess.run([sys.executable, __file__, "--child", str(n), "--workers", str(a.workers)], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                wall = time.perf_counter() - t
+                row = {"tasks": n}
+                if server:
+                    time.sleep(2)   # the server's handling of the run's last events
+                    row["server_cpu_s"] = round(server.cpu_s() - served, 2)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                points.append((n, cpu + row.get("server_cpu_s", 0.0)))
+                print(json.dumps({**row, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+                                  "load": os.getloadavg()[0]}), flush=True)
+    finally:
+        if server:
+            server.stop()
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in points) / max(sum((x - mx) ** 2 for x in xs), 1e-9)

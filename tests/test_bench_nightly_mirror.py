@@ -1,5 +1,6 @@
 """Bench tools: the nightly bench's CPU accounting of a process tree (what ``--server`` charges a
-night with) and the collector timing of ``benchmarks/gc_time``."""
+night with), its --one-more night, the task-overhead bench against a standing server, and the
+collector timing of ``benchmarks/gc_time``."""
 import subprocess
 import sys
 import time
@@ -102,3 +103,23 @@ def test_one_more_night_on_a_home_as_it_is(tmp_path, data_mirror):
     for night in nights[:2]:
         roles = night["cpu_by_role"]
         assert night["cpu_s"] > 0 and roles["coordinator"]["user_s"] > 0 and roles["pool_workers"]["user_s"] > 0
+
+
+@pytest.mark.slow  # starts a Prefect server (~20 s) and runs two small flows
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_task_overhead_bench_against_a_standing_server(tmp_path):
+    """benchmarks/bench_task_overhead.py --server runs its flows against one standing server (gone
+    at the end), prints each run with the server's CPU during it, then the fitted cost of a task."""
+    import json
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_task_overhead.py"
+    out = subprocess.run([sys.executable, str(bench), "--tasks", "0", "8", "--repeat", "1", "--server",
+                          str(tmp_path / "prefect")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.strip().splitlines()]
+    assert [row["tasks"] for row in lines[:-1]] == [0, 8]
+    assert all(row["cpu_s"] > 0 and row["server_cpu_s"] > 0 for row in lines[:-1])
+    assert set(lines[-1]) == {"cpu_s_per_task", "cpu_s_at_zero"}
+    pid = (tmp_path / "prefect" / "funnelrag-server.pid").read_text().strip()
+    assert not Path(f"/proc/{pid}").exists()
