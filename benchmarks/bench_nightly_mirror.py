@@ -41,6 +41,7 @@ Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED.xml.bz2 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import http.server
 import json
@@ -52,6 +53,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 
 def _config(home: Path, workers: int, mirror: str | None, wiki: str, paths: list[str] | None, gate: bool = True,
@@ -277,19 +279,29 @@ def _night_line(r: dict) -> str:
                          "apply": (r["nightly"].get("fetch") or {}).get("apply")})
 
 
+@contextlib.contextmanager
+def _servers(args: argparse.Namespace) -> Iterator[tuple[str, _PrefectServer | None]]:
+    """``(mirror URL, Prefect server or None)`` for the nights: the mirror served over HTTP with
+    ``--http`` (else its path), the standing Prefect server with ``--server``; both stopped on exit."""
+    server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
+    try:
+        prefect_server = _PrefectServer(args.home / "prefect-server") if args.server else None
+        try:
+            yield url, prefect_server
+        finally:
+            if prefect_server:
+                prefect_server.stop()
+    finally:
+        if server:
+            server.shutdown()
+
+
 def one_more(args: argparse.Namespace, common: list[str]) -> None:
     """``--one-more``: one night on ``args.home`` with the mirror as it is, measured by :func:`_run_child`."""
     if args.mirror is None:
         raise SystemExit("--one-more needs the MIRROR directory")
-    server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
-    prefect_server = _PrefectServer(args.home / "prefect-server") if args.server else None
-    try:
+    with _servers(args) as (url, prefect_server):
         r = _run_child(["--one-night", "--mirror-url", url, *common], prefect_server)
-    finally:
-        if server:
-            server.shutdown()
-        if prefect_server:
-            prefect_server.stop()
     r["night"] = "one more"
     print(_night_line(r), flush=True)
     if args.out:
@@ -332,38 +344,33 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a kill still restores the days' status.txt
     days = sorted((args.mirror / "other" / "incr" / args.wiki).iterdir())
     saved = {d: (d / "status.txt").read_text() for d in days}
-    server, url = _serve(args.mirror) if args.http else (None, str(args.mirror))
-    prefect_server = _PrefectServer(args.home / "prefect-server") if args.server else None
     results = []
     try:
-        for d in days:
-            (d / "status.txt").write_text("in-progress\n")
-        release = args.release or [1] * len(days)
-        done = 0
-        for night in range(len(release) + 2):
-            if 1 <= night <= len(release):
-                for d in days[done:done + release[night - 1]]:
-                    (d / "status.txt").write_text(saved[d])
-                done += release[night - 1]
-            if night and args.days_between_nights:
-                _shift_cache_clock(args.home / "nightly", args.days_between_nights)
-            r = _run_child(["--one-night", "--mirror-url", url, *common], prefect_server)
-            r["night"] = night + 1
-            results.append(r)
-            print(_night_line(r), flush=True)
-        if args.merged:   # the full dump of the same texts, built in the same home: unchanged = same digest
-            r = _run_child(["--one-night", "--paths", str(args.merged), *common], prefect_server)
-            r["night"] = "merged full build"
-            results.append(r)
-            print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version", "unchanged",
-                                                    "shards")}), flush=True)
+        with _servers(args) as (url, prefect_server):
+            for d in days:
+                (d / "status.txt").write_text("in-progress\n")
+            release = args.release or [1] * len(days)
+            done = 0
+            for night in range(len(release) + 2):
+                if 1 <= night <= len(release):
+                    for d in days[done:done + release[night - 1]]:
+                        (d / "status.txt").write_text(saved[d])
+                    done += release[night - 1]
+                if night and args.days_between_nights:
+                    _shift_cache_clock(args.home / "nightly", args.days_between_nights)
+                r = _run_child(["--one-night", "--mirror-url", url, *common], prefect_server)
+                r["night"] = night + 1
+                results.append(r)
+                print(_night_line(r), flush=True)
+            if args.merged:   # the full dump of the same texts, built in the same home: unchanged = same digest
+                r = _run_child(["--one-night", "--paths", str(args.merged), *common], prefect_server)
+                r["night"] = "merged full build"
+                results.append(r)
+                print(json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "load", "version", "unchanged",
+                                                        "shards")}), flush=True)
     finally:
         for d, text in saved.items():
             (d / "status.txt").write_text(text)
-        if server:
-            server.shutdown()
-        if prefect_server:
-            prefect_server.stop()
 
     if args.merged:
         inc = [r for r in results if (r.get("nightly") or {}).get("action") == "incremental"]
