@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.corpus.memo import (DocumentMemo, PartedArray, Utf8Rows, arrow_text_keys, contiguous_runs, csr_take, keep_extending,
+from tasks.corpus.memo import (DocumentMemo, JoinedTexts, PartedArray, Utf8Rows, arrow_text_keys, contiguous_runs, csr_take, keep_extending,
                                ranges_take, take_rows, take_texts, text_keys)
 
 
@@ -224,3 +224,25 @@ def test_utf8_rows_hash_the_content_whatever_the_chunks():
     assert digest(pa.array(texts, pa.large_string())) == expected
     assert digest(pa.array(["ab", "c"])) != digest(pa.array(["a", "bc"]))   # lengths are hashed
     assert digest(pa.array(["x", None, "y"])) == digest(pa.array(["x", "", "y"]))
+
+
+def test_joined_texts_hash_and_take_as_the_joined_strings_whatever_the_order():
+    titles = pa.chunked_array([["Zürich", "B", ""], ["Ωmega", "E"]])
+    texts = pa.chunked_array([["one two", ""], ["x", "drei vier", "fünf"]])
+    joined = [f"{t}\n{x}" for t, x in zip(titles.to_pylist(), texts.to_pylist())]
+    whole = JoinedTexts(titles, texts)
+    assert len(whole) == 5 and np.array_equal(whole.keys(), text_keys(joined))
+    assert whole.to_pylist() == joined and whole.take(np.array([4, 1])) == [joined[4], joined[1]]
+    rows = np.array([3, 0, 3, 4])                      # cluster order: any order, repeats allowed
+    ordered = JoinedTexts(titles, texts, "\n", rows)
+    assert np.array_equal(ordered.keys(), text_keys([joined[r] for r in rows]))
+    assert ordered.take(np.array([2, 1])) == [joined[3], joined[0]] and len(JoinedTexts(titles, texts, "\n", rows[:0])) == 0
+
+
+def test_joined_texts_refuse_nulls_unequal_columns_and_rows_outside():
+    with pytest.raises(ValueError, match="null"):
+        JoinedTexts(pa.array(["a", None]), pa.array(["b", "c"]))
+    with pytest.raises(ValueError, match="rows"):
+        JoinedTexts(pa.array(["a"]), pa.array(["b", "c"]))
+    with pytest.raises(IndexError, match="outside"):
+        JoinedTexts(pa.array(["a"]), pa.array(["b"]), "\n", np.array([1]))

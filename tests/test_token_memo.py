@@ -15,6 +15,7 @@ from data_contracts.corpus import CLUSTER_MEMBERS, CLUSTERS, DOCUMENTS, PASSAGES
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.memo import JoinedTexts
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, write_token_memo
 
@@ -72,6 +73,11 @@ def test_memo_token_ids_equal_tokenize_ids_with_and_without_a_memo(nights, tmp_p
     from_arrow = memo_token_ids(chunked, cfg, memo, terms, groups)
     assert from_arrow.reused == got.reused and _same(from_arrow.tokens, got.tokens)
     assert np.array_equal(from_arrow.keys, got.keys)
+    title_text = [piece.split("\n", 1) for piece in new]                 # the columns, joined only where tokenized
+    from_columns = memo_token_ids(JoinedTexts(pa.array([t for t, _ in title_text]), pa.array([x for _, x in title_text])),
+                                  cfg, memo, terms, groups)
+    assert from_columns.reused == got.reused and _same(from_columns.tokens, got.tokens)
+    assert np.array_equal(from_columns.keys, got.keys)
     shuffled = [new[i] for i in np.random.default_rng(0).permutation(len(new))] + ["", old[0]]   # memo order broken
     got = memo_token_ids(shuffled, cfg, memo, terms)
     assert got.reused == len(new) - len(edited_ids) + 1

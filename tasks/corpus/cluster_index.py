@@ -36,13 +36,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from funnelrag.store import mark_used
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
-from tasks.corpus.memo import arrow_text_keys, keys_digest
+from tasks.corpus.memo import JoinedTexts, keys_digest
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.shards import (DocumentSplit, ordered_results, put_cached, read_cluster_ranges, read_shard_documents,
                                  sorted_by_id)
@@ -50,10 +49,11 @@ from tasks.corpus.shards import (DocumentSplit, ordered_results, put_cached, rea
 CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its part of the token memo; 3: keyed on their text keys
 
 
-def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], pa.ChunkedArray, np.ndarray]:
+def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], JoinedTexts, np.ndarray]:
     """``(cluster ids as str, pieces, group offsets)``: each member's ``title\ntext`` in cluster
-    order, an Arrow string array (joined by Arrow: a memo lookup hashes its buffer and only the
-    texts the memo lacks become Python strings); cluster ``g``'s text is pieces
+    order, as :class:`tasks.corpus.memo.JoinedTexts` over ``documents``' columns (never joined or
+    reordered as a whole: a memo lookup hashes them from the columns' buffers and only the texts
+    the memo lacks become Python strings); cluster ``g``'s text is pieces
     ``offsets[g]:offsets[g + 1]`` joined by blank lines (:func:`cluster_texts`).
 
     ``documents`` holds at least the members' documents (``doc_id``, ``title``, ``text``; all of
@@ -64,8 +64,7 @@ def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list
     rows = np.searchsorted(have, want)
     if want.size and (rows.max() >= have.size or not np.array_equal(have[rows], want)):
         raise ValueError("cluster texts: cluster members refer to documents that are not in the documents table")
-    rows = pa.array(rows)
-    pieces = pc.binary_join_element_wise(docs.column("title").take(rows), docs.column("text").take(rows), "\n")
+    pieces = JoinedTexts(docs.column("title"), docs.column("text"), "\n", rows)
     cids = members.column("cluster_id").to_numpy()
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     offsets = np.append(starts, cids.size).astype(np.int64)
@@ -103,7 +102,7 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     docs = read_shard_documents(ingest_dir, docs_dir, wanted)
     ids, pieces, offsets = cluster_pieces(docs, members)
     del docs
-    piece_keys = arrow_text_keys(pieces)   # hashed once: the shard's cache key and the memo lookup
+    piece_keys = pieces.keys()   # hashed once: the shard's cache key and the memo lookup
     key = keys_digest(CLUSTER_TOKENS_VERSION, asdict(cfg), [*ids, *map(str, offsets.tolist())], piece_keys)
     cached = Path(work_dir) / "cluster-tokens" / key
     if (cached / "COMPLETE").exists():

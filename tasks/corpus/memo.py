@@ -158,6 +158,66 @@ def arrow_text_keys(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
 
 
+class JoinedTexts:
+    """The texts ``first[r] + sep + second[r]``, for ``r`` in ``rows`` (default: every row), of two
+    Arrow string columns of one length (a document's or passage's ``title`` and ``text``), never
+    joined as a whole: :meth:`keys` hashes them from the columns' buffers and :meth:`take` makes
+    Python strings only of the rows asked for.
+
+    Why: the BM25 token memos look up every ``title\\ntext`` of the corpus by its key, and a night
+    tokenizes ~1% of them. Joining the columns with Arrow (``binary_join_element_wise``) and
+    putting the documents in cluster order (``take``) copied every text twice to hash it once:
+    ~2.7 CPU s a night at 200K pages, for 55K documents' and ~1M passages' texts.
+
+    Raises ``ValueError`` when the columns differ in length or hold a null (the corpus contracts
+    allow none), ``IndexError`` for a row outside them, ``TypeError`` for a non-string column.
+    """
+
+    def __init__(self, first: pa.Array | pa.ChunkedArray, second: pa.Array | pa.ChunkedArray, sep: str = "\n",
+                 rows: np.ndarray | None = None):
+        if len(first) != len(second):
+            raise ValueError(f"joined texts: columns of {len(first)} and {len(second)} rows")
+        if first.null_count or second.null_count:
+            raise ValueError(f"joined texts: {first.null_count + second.null_count} null values")
+        self.first, self.second, self.sep = first, second, sep
+        n = len(first)
+        self.rows = None if rows is None else np.asarray(rows, np.int64)
+        if self.rows is not None and self.rows.size and (self.rows.min() < 0 or self.rows.max() >= n):
+            raise IndexError(f"joined texts: rows outside 0..{n - 1}")
+
+    def __len__(self) -> int:
+        return len(self.first) if self.rows is None else int(self.rows.size)
+
+    def keys(self) -> np.ndarray:
+        """``(len(self), 2)`` uint64: :func:`text_keys` of the joined texts (BLAKE2b-128 of
+        ``first + sep + second`` in UTF-8, fed in three parts: the same digest)."""
+        first, second, sep = Utf8Rows(self.first), Utf8Rows(self.second), self.sep.encode("utf-8")
+        blake = hashlib.blake2b
+        out: list[bytes] = []
+        add = out.append
+        if self.rows is None:
+            pairs = zip(first, second)
+        else:
+            get_a, get_b = first.__getitem__, second.__getitem__
+            pairs = ((get_a(r), get_b(r)) for r in self.rows.tolist())
+        for a, b in pairs:
+            h = blake(a, digest_size=16)
+            h.update(sep)
+            h.update(b)
+            add(h.digest())
+        return np.frombuffer(b"".join(out), dtype=">u8").astype(np.uint64).reshape(len(out), 2)
+
+    def take(self, rows: np.ndarray) -> list[str]:
+        """The joined texts of positions ``rows`` (``(m,)`` int, any order) as Python strings."""
+        rows = np.asarray(rows, np.int64)
+        src = rows if self.rows is None else self.rows[rows]
+        return [a + self.sep + b for a, b in zip(take_texts(self.first, src), take_texts(self.second, src))]
+
+    def to_pylist(self) -> list[str]:
+        """Every joined text, in order."""
+        return self.take(np.arange(len(self), dtype=np.int64))
+
+
 def csr_take(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``rows`` of a CSR ``(offsets, data)``: ``(lengths (len(rows),) int64, their values
     one after the other)``, without a Python loop over rows."""

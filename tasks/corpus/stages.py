@@ -31,6 +31,7 @@ from tasks.corpus.clustering import (
 )
 from tasks.corpus.graph import graph_from_links, graph_metrics
 from tasks.corpus.index import BM25Config, BM25Index
+from tasks.corpus.memo import JoinedTexts
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
@@ -195,7 +196,7 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
         n_passages = sharded["passage_index_docs"]
     else:
         passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
-        ptexts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")   # title\ntext
+        ptexts = JoinedTexts(passages.column("title"), passages.column("text"), "\n")   # title\ntext, hashed unjoined
         memo_dir = token_memo_dir(work, "passages", cfg)
         found = memo_token_ids(ptexts, cfg, *open_token_memo(memo_dir))
         n_passages = len(ptexts)

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import MAX_DEAD, DocumentMemo, arrow_text_keys, keep_extending, ranges_take, settings_dir, take_texts, text_keys
+from tasks.corpus.memo import (MAX_DEAD, DocumentMemo, JoinedTexts, arrow_text_keys, keep_extending, ranges_take, settings_dir,
+                               take_texts, text_keys)
 
 TERMS_FIELD = "terms"
 VOCAB_FILE = "terms.parquet"
@@ -89,16 +90,17 @@ def _runs(dst: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[tuple[i
     return list(zip(dst[first].tolist(), starts[first].tolist(), ends[last].tolist()))
 
 
-def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25Config, memo: DocumentMemo | None, memo_terms: Sequence[str],
+def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTexts, cfg: BM25Config, memo: DocumentMemo | None, memo_terms: Sequence[str],
                    group_offsets: np.ndarray | None = None, keys: np.ndarray | None = None) -> MemoTokens:
     """Token ids of texts made of ``pieces``, taking each piece's terms from ``memo`` when it
     holds the piece's text.
 
     Parameters
     ----------
-    pieces : ``n_pieces`` texts: a sequence of ``str``, or an Arrow string array (hashed from its
-        buffer, :func:`tasks.corpus.memo.arrow_text_keys`; only the texts the memo lacks become
-        Python strings).
+    pieces : ``n_pieces`` texts: a sequence of ``str``, an Arrow string array (hashed from its
+        buffer, :func:`tasks.corpus.memo.arrow_text_keys`), or two columns' texts joined
+        (:class:`tasks.corpus.memo.JoinedTexts`, hashed from both buffers); with either of the
+        last two only the texts the memo lacks become Python strings.
     cfg : BM25 settings (lower-casing, stop words, stemmer).
     memo, memo_terms : :func:`open_token_memo` (``None, []``: tokenize every piece).
     group_offsets : ``(n_texts + 1,)`` int64: text ``g`` is pieces ``group_offsets[g]:group_offsets[g + 1]``
@@ -120,9 +122,10 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25
     bounds = np.arange(n + 1, dtype=np.int64) if group_offsets is None else np.asarray(group_offsets, np.int64)
     if bounds.size == 0 or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
         raise ValueError(f"memo_token_ids: group offsets {bounds[:3]}…{bounds[-3:]} do not cover {n} pieces")
+    joined = isinstance(pieces, JoinedTexts)
     arrow = isinstance(pieces, (pa.Array, pa.ChunkedArray))
     if keys is None:
-        keys = arrow_text_keys(pieces) if arrow else text_keys(pieces)
+        keys = pieces.keys() if joined else arrow_text_keys(pieces) if arrow else text_keys(pieces)
     rows = memo.lookup(keys) if memo is not None else np.full(n, -1, np.int64)
     hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
     n_memo = len(memo_terms)
@@ -136,7 +139,8 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray, cfg: BM25
         memo_data = memo.fields[TERMS_FIELD][1]
         lengths[hit] = hit_ends - hit_starts
     if miss.size:
-        texts = take_texts(pieces, miss) if arrow else [pieces[i] for i in miss.tolist()]
+        texts = (pieces.take(miss) if joined else take_texts(pieces, miss) if arrow
+                 else [pieces[i] for i in miss.tolist()])
         fresh = TokenIds.from_tokenized(tokenize_ids(texts, cfg, _stemmer(cfg.stemmer)))
         index = {t: i for i, t in enumerate(memo_terms)} if n_memo else {}
         to_combined = np.empty(len(fresh.terms), np.int32)
