@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.corpus.memo import (DocumentMemo, JoinedTexts, PartedArray, Utf8Rows, arrow_text_keys, contiguous_runs, csr_take, keep_extending,
+from tasks.corpus.memo import (DocumentMemo, JoinedTexts, PartedArray, Utf8Rows, arrow_text_keys, contiguous_runs, copy_ranges, csr_take, keep_extending,
                                ranges_take, take_rows, take_texts, text_keys)
 
 
@@ -246,3 +246,21 @@ def test_joined_texts_refuse_nulls_unequal_columns_and_rows_outside():
         JoinedTexts(pa.array(["a"]), pa.array(["b", "c"]))
     with pytest.raises(IndexError, match="outside"):
         JoinedTexts(pa.array(["a"]), pa.array(["b"]), "\n", np.array([1]))
+
+
+def test_copy_ranges_copies_each_range_from_its_part_or_across_parts():
+    parts = [np.arange(0, 5, dtype=np.int32), np.arange(5, 9, dtype=np.int32), np.arange(9, 12, dtype=np.int32)]
+    whole = np.concatenate(parts)
+    starts, ends, dst = np.array([6, 0, 3, 11, 2]), np.array([9, 2, 7, 12, 2]), np.array([0, 3, 5, 9, 10])
+    for source in (PartedArray(parts), whole):              # [3, 7) spans parts 0 and 1; [2, 2) is empty
+        out = np.full(10, -1, np.int32)
+        copy_ranges(source, starts, ends, out, dst)
+        want = np.full(10, -1, np.int32)
+        for a, b, d in zip(starts, ends, dst):
+            want[d:d + b - a] = whole[a:b]
+        assert out.tolist() == want.tolist()
+    copy_ranges(whole, np.zeros(0), np.zeros(0), out, np.zeros(0))   # nothing to copy
+    with pytest.raises(IndexError, match="negative"):
+        copy_ranges(whole, np.array([-1]), np.array([1]), out, np.array([0]))
+    with pytest.raises(ValueError):                            # past the end: the slice is short
+        copy_ranges(PartedArray(parts), np.array([10]), np.array([14]), np.zeros(4, np.int32), np.array([0]))

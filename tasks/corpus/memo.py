@@ -333,6 +333,29 @@ class PartedArray:
         return out
 
 
+def copy_ranges(source: np.ndarray | PartedArray, starts: np.ndarray, ends: np.ndarray, out: np.ndarray,
+                dst: np.ndarray) -> None:
+    """``out[dst[k]:dst[k] + ends[k] - starts[k]] = source[starts[k]:ends[k]]`` for every ``k``
+    (``starts``, ``ends``, ``dst``: ``(m,)`` int). ``source`` is a 1-D array or a
+    :class:`PartedArray`; a range lying in one part (the usual case: a memo key's values lie in one
+    file) is copied from a plain view of that part, without the per-slice overhead of a memmap or
+    of :meth:`PartedArray.__getitem__` (~10 µs a range: 1M passages come in ~70K ranges a night)."""
+    starts, ends, dst = (np.asarray(x, np.int64) for x in (starts, ends, dst))
+    if not starts.size:
+        return
+    if starts.min() < 0:
+        raise IndexError(f"copy_ranges: negative start {int(starts.min())}")
+    parts, bases = ((source.parts, source.bases) if isinstance(source, PartedArray)
+                    else ([source], np.array([0, len(source)], np.int64)))
+    views = [p.view(np.ndarray) for p in parts]
+    part = np.searchsorted(bases, starts, side="right") - 1
+    inside = (part >= 0) & (part < len(parts)) & (ends <= bases[np.minimum(part + 1, len(parts))])
+    rel = starts - bases[np.clip(part, 0, len(parts) - 1)]
+    for k, a, s, e, d, one in zip(part.tolist(), rel.tolist(), starts.tolist(), ends.tolist(), dst.tolist(),
+                                  inside.tolist()):
+        out[d:d + e - s] = views[k][a:a + e - s] if one else source[s:e]   # else: across parts (joined), or raises
+
+
 def _data_files(directory: Path, field: str) -> list[Path]:
     """A field's data files in order: ``<field>.data.npy``, then ``<field>.data.1.npy``, ... ."""
     first = directory / f"{field}.data.npy"
@@ -406,9 +429,14 @@ class DocumentMemo:
         rows = np.full(keys.shape[0], -1, np.int64)
         if not len(self) or not keys.shape[0]:
             return rows
-        high, low = np.asarray(self.keys[:, 0]), np.asarray(self.keys[:, 1])
-        left = np.searchsorted(high, keys[:, 0], side="left")
-        right = np.searchsorted(high, keys[:, 0], side="right")
+        high, low = np.ascontiguousarray(self.keys[:, 0]), np.asarray(self.keys[:, 1])
+        # Binary searches in key order walk the memo front to back (numpy narrows each search from
+        # the last one): ~15x faster than in the callers' order at 1M keys, for one argsort.
+        order = np.argsort(keys[:, 0], kind="stable")
+        needles = keys[order, 0]
+        left, right = np.empty(order.size, np.int64), np.empty(order.size, np.int64)
+        left[order] = np.searchsorted(high, needles, side="left")
+        right[order] = np.searchsorted(high, needles, side="right")
         one = np.flatnonzero(right == left + 1)
         match = low[left[one]] == keys[one, 1]
         rows[one[match]] = left[one[match]]

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import (MAX_DEAD, DocumentMemo, JoinedTexts, arrow_text_keys, keep_extending, ranges_take, settings_dir,
-                               take_texts, text_keys)
+from tasks.corpus.memo import (MAX_DEAD, DocumentMemo, JoinedTexts, arrow_text_keys, copy_ranges, keep_extending, ranges_take,
+                               settings_dir, take_texts, text_keys)
 
 TERMS_FIELD = "terms"
 VOCAB_FILE = "terms.parquet"
@@ -78,16 +78,20 @@ class MemoTokens:
         np.save(Path(directory) / PART_OFFSETS, self.piece_offsets)
 
 
-def _runs(dst: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int, int]]:
+def _runs(dst: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ranges ``[starts[k], ends[k])`` of a source copied to ``dst[k]`` onwards, merged where both
-    the source and the destination continue: ``[(dst, start, end)]`` (few copies of long runs)."""
+    the source and the destination continue: ``(dst, start, end)`` int64 arrays (few copies of long runs)."""
     if not starts.size:
-        return []
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     sizes = ends - starts
     cont = (starts[1:] == ends[:-1]) & (dst[1:] == dst[:-1] + sizes[:-1])
     cut = np.flatnonzero(~cont) + 1
     first, last = np.r_[0, cut], np.r_[cut - 1, starts.size - 1]
-    return list(zip(dst[first].tolist(), starts[first].tolist(), ends[last].tolist()))
+    return dst[first], starts[first], ends[last]
+
+
+IDS_CHUNK = 1 << 24
+"""Ids renumbered per step (:func:`memo_token_ids`): a 64 MiB temporary, whatever the texts' total."""
 
 
 def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTexts, cfg: BM25Config, memo: DocumentMemo | None, memo_terms: Sequence[str],
@@ -156,34 +160,32 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
     np.cumsum(lengths, out=piece_offsets[1:])
     miss_src = np.zeros(miss.size + 1, np.int64)
     np.cumsum(lengths[miss], out=miss_src[1:])
-    # the texts' ids in memo-wide numbering are runs of the memo's data and of miss_ids, in text order
-    runs = ([(memo_data, a, b, d) for d, a, b in _runs(piece_offsets[hit], hit_starts, hit_ends)]
-            + [(miss_ids, a, b, d) for d, a, b in _runs(piece_offsets[miss], miss_src[:-1], miss_src[1:])])
+    # the texts' ids in memo-wide numbering, in text order: runs of the memo's data and of miss_ids,
+    # copied into the output array (a plain copy a run), then renumbered in place below
+    total = int(piece_offsets[-1])
+    ids = np.empty(total, np.int32)
+    for source, (dst, a, b) in ((memo_data, _runs(piece_offsets[hit], hit_starts, hit_ends)),
+                                (miss_ids, _runs(piece_offsets[miss], miss_src[:-1], miss_src[1:]))):
+        copy_ranges(source, a, b, ids, dst)
     n_combined = n_memo + len(new_terms)
     present = np.zeros(n_combined, bool)
-    for source, a, b, _ in runs:
-        present[source[a:b]] = True    # raises IndexError for an id outside the vocabulary
+    present[ids] = True    # raises IndexError for an id outside the vocabulary
     used = np.flatnonzero(present)   # the ids the texts use, ascending (a counting pass, no sort)
     term_of = lambda c: memo_terms[c] if c < n_memo else new_terms[c - n_memo]   # noqa: E731
-    total = int(piece_offsets[-1])
     if cfg.stemmer is not None:   # tokenize_ids numbers stems in sorted order
         vocab = sorted(term_of(int(c)) for c in used)
         rank = {t: i for i, t in enumerate(vocab)}
         local = np.array([rank[term_of(int(c))] for c in used], np.int64)
     else:                         # ... and raw tokens in first-occurrence order
-        combined = np.empty(total, np.int32)
-        for source, a, b, d in runs:
-            combined[d:d + b - a] = source[a:b]
-        _, first = np.unique(combined, return_index=True)
+        _, first = np.unique(ids, return_index=True)
         order = np.argsort(first, kind="stable")
         local = np.empty(used.size, np.int64)
         local[order] = np.arange(used.size)
         vocab = [term_of(int(c)) for c in used[order]]
     lookup = np.full(n_combined, -1, np.int32)
     lookup[used] = local
-    ids = np.empty(total, np.int32)
-    for source, a, b, d in runs:   # every id is checked above, so no bounds check here
-        np.take(lookup, source[a:b], out=ids[d:d + b - a], mode="clip")
+    for a in range(0, total, IDS_CHUNK):   # every id is checked above
+        ids[a:a + IDS_CHUNK] = lookup[ids[a:a + IDS_CHUNK]]
     return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size),
                       rows if memo is not None else None)
 
