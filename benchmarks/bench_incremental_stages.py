@@ -37,12 +37,19 @@ passes over the decompressed index) and now (the summary kept in the piece cache
 sha256: a hash of the file and two small arrays read): CPU seconds, best of three, and a check that
 both give the same offsets and first ids.
 
+``joined-keys``: one call in a fresh process, as a night makes it: the token-memo keys of a nightly
+home's newest passages' or documents' (in cluster-like shuffled order) ``title\\ntext``, joined by
+Arrow first (the code before) or hashed from the two columns; user and system CPU seconds and the
+peak RSS the call added.
+
 ``copies``: on a nightly home's newest outputs, the steps that read, hash or copy every text of
 the corpus, each the way it was done before and the way it is done now (CPU seconds, the best of
 three, and a check that both give the same result): a full garbage collection in a process with
 the flow's modules imported, before and after ``gc.freeze``; a ``doc_id`` range of
-``documents.parquet`` read and sorted vs read in order; the passages' text keys from Python
-strings vs from the Arrow buffers; the passage token memo's values gathered one by one vs copied
+``documents.parquet`` read and sorted vs read in order; the passages' ``title\\ntext`` keys
+from a column Arrow joined vs from the two columns (:class:`tasks.corpus.memo.JoinedTexts`); the
+same for every document in a shuffled (cluster) order, taken and joined vs hashed in place; the
+passage token memo's lookup in the callers' order vs in key order; its values gathered one by one vs copied
 by runs; a segment shard's passages written and read back with Parquet's default settings vs
 lz4 without dictionaries or statistics; the page memo sorted by key as a table vs as a key index.
 
@@ -313,7 +320,7 @@ def bench_copies(home: Path) -> None:
 
     import flows.corpus_build  # noqa: F401, PLC0415 (what a shard worker process holds)
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
-    from tasks.corpus.memo import arrow_text_keys, text_keys  # noqa: PLC0415
+    from tasks.corpus.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
     from tasks.corpus.shards import read_doc_range  # noqa: PLC0415
     from tasks.corpus.token_memo import TERMS_FIELD, open_token_memo, token_memo_dir  # noqa: PLC0415
 
@@ -356,11 +363,34 @@ def bench_copies(home: Path) -> None:
         all(x.equals(y) for x, y in zip(old, parts)))
 
     passages = pq.read_table(newest("segment") / "passages.parquet", columns=["title", "text"])
-    before, old = _best(lambda: text_keys([f"{t}\n{x}" for t, x in zip(passages.column("title").to_pylist(),
-                                                                       passages.column("text").to_pylist())]))
-    now, new = _best(lambda: arrow_text_keys(pc.binary_join_element_wise(passages.column("title"),
-                                                                         passages.column("text"), "\n")))
-    row(f"text keys of {passages.num_rows:,} passages", before, now, np.array_equal(old, new))
+    before, old = _best(lambda: arrow_text_keys(pc.binary_join_element_wise(passages.column("title"),
+                                                                            passages.column("text"), "\n")))
+    now, new = _best(lambda: JoinedTexts(passages.column("title"), passages.column("text")).keys())
+    row(f"text keys of {passages.num_rows:,} passages' title\\ntext (joined by Arrow before; hashed from the columns)",
+        before, now, np.array_equal(old, new))
+
+    docs = pq.read_table(ingest / "documents.parquet", columns=["title", "text"])
+    in_clusters = np.random.default_rng(0).permutation(docs.num_rows)     # the members' order: not the documents'
+    before, old_pieces = _best(lambda: arrow_text_keys(pc.binary_join_element_wise(
+        docs.column("title").take(pa.array(in_clusters)), docs.column("text").take(pa.array(in_clusters)), "\n")))
+    now, new_pieces = _best(lambda: JoinedTexts(docs.column("title"), docs.column("text"), "\n", in_clusters).keys())
+    row(f"text keys of {docs.num_rows:,} cluster members' title\\ntext in cluster order (taken and joined before)",
+        before, now, np.array_equal(old_pieces, new_pieces))
+
+    memo, _ = open_token_memo(token_memo_dir(root, "passages", BM25Config()))
+    if memo is not None:
+        def lookup_in_callers_order():
+            high, low = np.asarray(memo.keys[:, 0]), np.asarray(memo.keys[:, 1])
+            left = np.searchsorted(high, new[:, 0], side="left")
+            found = np.full(len(new), -1, np.int64)
+            one = np.flatnonzero(np.searchsorted(high, new[:, 0], side="right") == left + 1)
+            match = low[left[one]] == new[one, 1]
+            found[one[match]] = left[one[match]]
+            return found
+        before, old_rows = _best(lookup_in_callers_order)
+        now, new_rows = _best(lambda: memo.lookup(new))
+        row(f"token memo lookup of {len(new):,} passages (searched in the callers' order before, in key order now)",
+            before, now, np.array_equal(old_rows, new_rows))
 
     memo, _ = open_token_memo(token_memo_dir(root, "passages", BM25Config()))
     if memo is not None:
@@ -400,6 +430,38 @@ def bench_copies(home: Path) -> None:
             old.column("hi").equals(table.column("hi").take(pa.array(order))))
 
 
+def bench_joined_keys(home: Path, texts: str, way: str) -> None:
+    """One call, as a night makes it in a process: the token-memo keys of the newest passages'
+    (``texts="passages"``) or of every document's (``"members"``, in a seeded shuffled order as
+    cluster members come) ``title\\ntext``, joined by Arrow first (``way="join"``, the code before) or
+    hashed from the two columns (``"columns"``, :class:`tasks.corpus.memo.JoinedTexts`). Prints user
+    and system CPU seconds and the peak RSS the call added; run it in fresh processes, alternating."""
+    import numpy as np  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from tasks.corpus.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
+
+    root = home / "cache" / "corpus"
+    stage, name = ("segment", "passages.parquet") if texts == "passages" else ("ingest", "documents.parquet")
+    newest = max((d for d in (root / stage).iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
+    table = pq.read_table(newest / name, columns=["title", "text"])
+    order = None if texts == "passages" else np.random.default_rng(0).permutation(table.num_rows)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    if way == "join":
+        title, text = table.column("title"), table.column("text")
+        if order is not None:
+            title, text = title.take(pa.array(order)), text.take(pa.array(order))
+        keys = arrow_text_keys(pc.binary_join_element_wise(title, text, "\n"))
+    else:
+        keys = JoinedTexts(table.column("title"), table.column("text"), "\n", order).keys()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"texts": texts, "way": way, "rows": len(keys), "user_s": round(after.ru_utime - before.ru_utime, 3),
+                      "sys_s": round(after.ru_stime - before.ru_stime, 3),
+                      "peak_rss_added_mb": round((after.ru_maxrss - before.ru_maxrss) / 1024)}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -430,6 +492,10 @@ def main() -> None:
     h = sub.add_parser("index")
     h.add_argument("dump", type=Path, help="a multistream dump with its index beside it")
     h.add_argument("--work", type=Path, required=True)
+    j = sub.add_parser("joined-keys")
+    j.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
+    j.add_argument("--texts", choices=["passages", "members"], required=True)
+    j.add_argument("--way", choices=["join", "columns"], required=True)
     d = sub.add_parser("copies")
     d.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     args = ap.parse_args()
@@ -439,6 +505,8 @@ def main() -> None:
         bench_segment(args.home, args.work, not args.no_memo, args.memo_home)
     elif args.step == "page-memo":
         bench_page_memo(args.home, args.work)
+    elif args.step == "joined-keys":
+        bench_joined_keys(args.home, args.texts, args.way)
     elif args.step == "passage-tokens":
         bench_passage_tokens(args.home, args.memo_home)
     elif args.step == "memo-writes":
