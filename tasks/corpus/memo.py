@@ -167,7 +167,8 @@ class JoinedTexts:
     Why: the BM25 token memos look up every ``title\\ntext`` of the corpus by its key, and a night
     tokenizes ~1% of them. Joining the columns with Arrow (``binary_join_element_wise``) and
     putting the documents in cluster order (``take``) copied every text twice to hash it once:
-    ~2.7 CPU s a night at 200K pages, for 55K documents' and ~1M passages' texts.
+    ~2.3 CPU s a night at 200K pages (55K members 2.6 → 0.8, ~1M passages 2.2 → 1.7, one call in
+    a fresh process), mostly the system time of the copies' fresh memory.
 
     Raises ``ValueError`` when the columns differ in length or hold a null (the corpus contracts
     allow none), ``IndexError`` for a row outside them, ``TypeError`` for a non-string column.
@@ -431,7 +432,7 @@ class DocumentMemo:
             return rows
         high, low = np.ascontiguousarray(self.keys[:, 0]), np.asarray(self.keys[:, 1])
         # Binary searches in key order walk the memo front to back (numpy narrows each search from
-        # the last one): ~15x faster than in the callers' order at 1M keys, for one argsort.
+        # the last one): a lookup of 1M keys 0.63 -> 0.16 CPU s, the argsort included.
         order = np.argsort(keys[:, 0], kind="stable")
         needles = keys[order, 0]
         left, right = np.empty(order.size, np.int64), np.empty(order.size, np.int64)

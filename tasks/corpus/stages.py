@@ -31,8 +31,8 @@ from tasks.corpus.clustering import (
 )
 from tasks.corpus.graph import graph_from_links, graph_metrics
 from tasks.corpus.index import BM25Config, BM25Index
-from tasks.corpus.memo import JoinedTexts
 from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.corpus.memo import JoinedTexts
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
 from tasks.corpus.shards import in_build_collector, release_memory, run_here
