@@ -3,6 +3,7 @@ cluster under its new ids (whitespace tokens: no tokenizer file needed)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pyarrow as pa
 
 from tasks.corpus import segment_memo as SM
@@ -89,6 +90,42 @@ def test_memo_files_keep_whole_batches_night_after_night(tmp_path, monkeypatch):
     assert got_units.combine_chunks().equals(units) and got_passages.combine_chunks().equals(passages)
     assert np.array_equal(got_counts, counts)
 
+
+
+def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path):
+    """The segment stage hands each shard's texts to the next memo as it reads them
+    (MemoWriter.add with the text column) instead of reading them again after: the same files. A
+    failed stage (abort) leaves the last memo and no temporary file."""
+    import pyarrow.parquet as pq
+
+    from data_contracts import corpus as C
+
+    parts = []
+    for p in range(2):
+        segs = [_segments(c, [c * 10, c * 10 + 1], [c % 3, (c + p) % 4]) for c in range(5 * p, 5 * p + 5)]
+        units, passages, counts = SM.unlabel(segs, [[c * 10, c * 10 + 1] for c in range(5 * p, 5 * p + 5)])
+        part = tmp_path / f"part{p}"
+        part.mkdir()
+        SM.write_part(part, np.arange(10 * p, 10 * p + 10, dtype=np.uint64).reshape(5, 2), units, passages, counts)
+        pq.write_table(pa.table({"text": passages.column("text").cast(pa.string())}), part / C.PASSAGES.filename)
+        parts.append(part)
+    assert SM.write_memo(tmp_path / "after", parts) == 10
+    writer = SM.MemoWriter(tmp_path / "streamed")
+    for part in parts:
+        writer.add(part, pq.read_table(part / C.PASSAGES.filename).column("text"))
+    assert writer.commit() == 10
+    names = sorted(f.name for f in (tmp_path / "after").iterdir())
+    assert names == sorted(f.name for f in (tmp_path / "streamed").iterdir()) and SM.PASSAGES_FILE in names
+    for name in names:
+        assert (tmp_path / "after" / name).read_bytes() == (tmp_path / "streamed" / name).read_bytes(), name
+    before = {f.name: f.read_bytes() for f in (tmp_path / "after").iterdir()}
+    failed = SM.MemoWriter(tmp_path / "after")
+    failed.add(parts[0])
+    failed.abort()
+    assert {f.name: f.read_bytes() for f in (tmp_path / "after").iterdir()} == before
+    assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
+    with pytest.raises(ValueError, match="memo rows but"):
+        SM.MemoWriter(tmp_path / "short").add(parts[0], pa.array(["only one"]))
 
 def test_clusters_cut_straight_to_id_free_rows_equal_unlabelled_segments(data_mirror):
     """``segment_unlabeled`` (what a night's shards run for the clusters they cut) gives the rows

@@ -20,12 +20,13 @@ result, up to the ids. This memo keeps each cluster's rows *without* ids:
 Layout: a :class:`tasks.corpus.memo.DocumentMemo` whose fields ``units`` and ``passages`` map each
 key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped). Each
 segment shard writes its clusters' rows as a part (:func:`write_part`, in the shard's cache entry)
-and the stage replaces the memo with the parts of this build (:func:`write_memo`, atomic), so it
+and the stage replaces the memo with the parts of this build (:class:`MemoWriter`, atomic), so it
 holds exactly the last build's clusters. Nothing here imports Prefect.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -284,39 +285,88 @@ def has_part(directory: Path) -> bool:
                for name in (KEYS_FILE, COUNTS_FILE, UNITS_FILE, PASSAGES_FILE, C.PASSAGES.filename))
 
 
-def write_memo(directory: Path, parts: Sequence[Path]) -> int:
-    """Replace the memo in ``directory`` with the clusters of ``parts`` (segment shard cache
-    entries holding a :func:`write_part` part), atomically; a repeated key is kept once. Returns
-    the clusters written.
+class MemoWriter:
+    """The next segmentation memo, written part by part as the segment stage reads its shards
+    (:meth:`add`), then put in place atomically (:meth:`commit`): the memo's rows of a part are
+    its units and id-free passages (:func:`write_part`) with the text of its ``passages.parquet``,
+    which the stage has just read for ``passages.parquet`` of the build and hands over, so the
+    texts are not read a second time. A repeated key is kept once. The rows go to two Arrow files
+    beside ``directory`` (same file system), moved into the memo's directory on commit and removed
+    on :meth:`abort`; ``directory`` keeps the last memo until :meth:`commit` replaces it.
 
     Each part's rows are written in record batches of :data:`MEMO_BATCH_ROWS`. A table of many
     small batches is slow to slice and take from (each slice walks the chunk list): rows taken
     from a memo come back as one slice per run, and written as they came, the batches got smaller
     every night (80,240 batches of ~62 passages after three nights at 1M pages, where a shard's
     rows took ~7 CPU s to gather instead of a few hundredths)."""
-    parts = [Path(p) for p in parts]
-    keys = [np.load(p / KEYS_FILE) for p in parts]
-    counts = [np.load(p / COUNTS_FILE) for p in parts]
-    keys_all = np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64)
-    counts_all = np.concatenate(counts) if counts else np.zeros((0, 2), np.int64)
-    fields = {}
-    for k, name in enumerate(FIELDS):
-        offsets = np.concatenate([[0], np.cumsum(counts_all[:, k])]).astype(np.int64)
-        fields[name] = (offsets, np.arange(int(offsets[-1]), dtype=np.int64))
 
-    def units(path: Path) -> None:
-        with ipc.new_file(str(path), UNIT_SCHEMA) as writer:
-            for p in parts:
-                writer.write_table(ipc.open_file(pa.memory_map(str(p / UNITS_FILE))).read_all().combine_chunks(),
-                                   max_chunksize=MEMO_BATCH_ROWS)
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = {name: self.directory.parent / f".{self.directory.name}.{name}.{os.getpid()}.tmp"
+                     for name in (UNITS_FILE, PASSAGES_FILE)}
+        self._units = ipc.new_file(str(self._tmp[UNITS_FILE]), UNIT_SCHEMA)
+        self._passages = ipc.new_file(str(self._tmp[PASSAGES_FILE]), PASSAGE_SCHEMA)
+        self._keys: list[np.ndarray] = []
+        self._counts: list[np.ndarray] = []
 
-    def passages(path: Path) -> None:
-        with ipc.new_file(str(path), PASSAGE_SCHEMA) as writer:
-            for p in parts:
-                rows = ipc.open_file(pa.memory_map(str(p / PASSAGES_FILE))).read_all()
-                text = pq.read_table(p / C.PASSAGES.filename, columns=["text"]).column("text")
-                if len(text) != rows.num_rows:
-                    raise ValueError(f"{p}: {rows.num_rows} memo rows but {len(text)} passages")
-                table = rows.add_column(3, "text", text.cast(pa.large_string()))
-                writer.write_table(table.cast(PASSAGE_SCHEMA).combine_chunks(), max_chunksize=MEMO_BATCH_ROWS)
-    return DocumentMemo.write(Path(directory), keys_all, fields, extra={UNITS_FILE: units, PASSAGES_FILE: passages})
+    def add(self, part: Path, text: pa.ChunkedArray | pa.Array | None = None) -> None:
+        """Append the clusters of ``part`` (a segment shard's cache entry holding a :func:`write_part`
+        part); ``text`` is its ``passages.parquet``'s ``text`` column when the caller has it (else
+        read here). Raises ``ValueError`` when the part's rows and texts differ in number."""
+        part = Path(part)
+        self._keys.append(np.load(part / KEYS_FILE))
+        self._counts.append(np.load(part / COUNTS_FILE))
+        self._units.write_table(ipc.open_file(pa.memory_map(str(part / UNITS_FILE))).read_all().combine_chunks(),
+                                max_chunksize=MEMO_BATCH_ROWS)
+        rows = ipc.open_file(pa.memory_map(str(part / PASSAGES_FILE))).read_all()
+        if text is None:
+            text = pq.read_table(part / C.PASSAGES.filename, columns=["text"]).column("text")
+        if len(text) != rows.num_rows:
+            raise ValueError(f"{part}: {rows.num_rows} memo rows but {len(text)} passages")
+        table = rows.add_column(3, "text", text.cast(pa.large_string()))
+        self._passages.write_table(table.cast(PASSAGE_SCHEMA).combine_chunks(), max_chunksize=MEMO_BATCH_ROWS)
+
+    def commit(self) -> int:
+        """Replace the memo in ``directory`` with the parts added, atomically; returns the clusters written."""
+        self._units.close()
+        self._passages.close()
+        keys_all = np.concatenate(self._keys) if self._keys else np.zeros((0, 2), np.uint64)
+        counts_all = np.concatenate(self._counts) if self._counts else np.zeros((0, 2), np.int64)
+        fields = {}
+        for k, name in enumerate(FIELDS):
+            offsets = np.concatenate([[0], np.cumsum(counts_all[:, k])]).astype(np.int64)
+            fields[name] = (offsets, np.arange(int(offsets[-1]), dtype=np.int64))
+        move = lambda name: lambda path: os.replace(self._tmp[name], path)  # noqa: E731
+        try:
+            return DocumentMemo.write(self.directory, keys_all, fields,
+                                      extra={UNITS_FILE: move(UNITS_FILE), PASSAGES_FILE: move(PASSAGES_FILE)})
+        finally:
+            self._remove_tmp()
+
+    def abort(self) -> None:
+        """Drop what was added; the last memo stays."""
+        for writer in (self._units, self._passages):
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - the files are being discarded anyway
+                pass
+        self._remove_tmp()
+
+    def _remove_tmp(self) -> None:
+        for path in self._tmp.values():
+            path.unlink(missing_ok=True)
+
+
+def write_memo(directory: Path, parts: Sequence[Path]) -> int:
+    """Replace the memo in ``directory`` with the clusters of ``parts`` (segment shard cache
+    entries holding a :func:`write_part` part), atomically, reading each part's texts from its
+    ``passages.parquet`` (:class:`MemoWriter` without the texts handed over). Returns the clusters written."""
+    writer = MemoWriter(directory)
+    try:
+        for part in parts:
+            writer.add(Path(part))
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()

@@ -756,23 +756,31 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
                   str(mirror) if mirror else None, str(rows_dir), str(d), str(memo) if memo else None)
                  for (lo, hi), d in zip(ranges, docs_dirs)]
-        parts = []
-        with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-            for kept, empty, from_memo, hit in ordered_results(submit, calls, window, "segment shards"):
-                parts.append(Path(kept))
-                clusters_reused += from_memo
-                units = pq.read_table(Path(kept) / "units.parquet")
-                units_out.write(units)
-                n_units += units.num_rows
-                unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
-                del units
-                passages = pq.read_table(Path(kept) / "passages.parquet")
-                passages_out.write(passages)
-                n_passages += passages.num_rows
-                del passages
-                n_empty, reused = n_empty + empty, reused + hit
-        if memo is not None:   # this build's clusters, for the next one (no shard reads the memo now)
-            SM.write_memo(memo, [p for p in parts if SM.has_part(p)])
+        # this build's clusters for the next one, written as the shards' rows are read (texts read once);
+        # put in place after the last shard (no shard reads the memo then)
+        next_memo = SM.MemoWriter(memo) if memo is not None else None
+        try:
+            with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
+                for kept, empty, from_memo, hit in ordered_results(submit, calls, window, "segment shards"):
+                    clusters_reused += from_memo
+                    units = pq.read_table(Path(kept) / "units.parquet")
+                    units_out.write(units)
+                    n_units += units.num_rows
+                    unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
+                    del units
+                    passages = pq.read_table(Path(kept) / "passages.parquet")
+                    passages_out.write(passages)
+                    n_passages += passages.num_rows
+                    if next_memo is not None and SM.has_part(Path(kept)):
+                        next_memo.add(Path(kept), passages.column("text"))
+                    del passages
+                    n_empty, reused = n_empty + empty, reused + hit
+        except BaseException:
+            if next_memo is not None:
+                next_memo.abort()
+            raise
+        if next_memo is not None:
+            next_memo.commit()
     finally:
         split.close()
         if cache_dir is None:
