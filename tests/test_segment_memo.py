@@ -99,6 +99,7 @@ def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path
     import pyarrow.parquet as pq
 
     from data_contracts import corpus as C
+    from funnelrag.reaper import sweep_stale_temp_dirs
 
     parts = []
     for p in range(2):
@@ -123,7 +124,14 @@ def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path
     failed.add(parts[0])
     failed.abort()
     assert {f.name: f.read_bytes() for f in (tmp_path / "after").iterdir()} == before
-    assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
+    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".tmp-")]
+    killed = SM.MemoWriter(tmp_path / "after")                # a stage killed after a shard: its files
+    killed.add(parts[0])                                      # are in a temp directory the sweep knows
+    (work,) = [f for f in tmp_path.iterdir() if f.name.startswith(".tmp-")]
+    assert sweep_stale_temp_dirs(tmp_path) == [] and work.is_dir()   # this process is alive: kept
+    dead = work.with_name(work.name.rsplit("-", 1)[0] + "-999999999")   # as if its process had died
+    work.rename(dead)
+    assert sweep_stale_temp_dirs(tmp_path) == [dead] and not dead.exists()
     with pytest.raises(ValueError, match="memo rows but"):
         SM.MemoWriter(tmp_path / "short").add(parts[0], pa.array(["only one"]))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -291,8 +292,10 @@ class MemoWriter:
     its units and id-free passages (:func:`write_part`) with the text of its ``passages.parquet``,
     which the stage has just read for ``passages.parquet`` of the build and hands over, so the
     texts are not read a second time. A repeated key is kept once. The rows go to two Arrow files
-    beside ``directory`` (same file system), moved into the memo's directory on commit and removed
-    on :meth:`abort`; ``directory`` keeps the last memo until :meth:`commit` replaces it.
+    in a ``.tmp-<memo>-<pid>`` directory beside ``directory`` (same file system), moved into the
+    memo's directory on commit and removed on :meth:`abort` (or, after a killed stage, by the
+    cache's sweep of stale temp directories); ``directory`` keeps the last memo until
+    :meth:`commit` replaces it.
 
     Each part's rows are written in record batches of :data:`MEMO_BATCH_ROWS`. A table of many
     small batches is slow to slice and take from (each slice walks the chunk list): rows taken
@@ -302,9 +305,12 @@ class MemoWriter:
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self.directory.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = {name: self.directory.parent / f".{self.directory.name}.{name}.{os.getpid()}.tmp"
-                     for name in (UNITS_FILE, PASSAGES_FILE)}
+        # ".tmp-<name>-<pid>": a killed stage's files are swept with the cache's other temp
+        # directories (funnelrag.reaper.sweep_stale_temp_dirs, run by cache retention)
+        self._work = self.directory.parent / f".tmp-{self.directory.name}-{os.getpid()}"
+        shutil.rmtree(self._work, ignore_errors=True)
+        self._work.mkdir(parents=True)
+        self._tmp = {name: self._work / name for name in (UNITS_FILE, PASSAGES_FILE)}
         self._units = ipc.new_file(str(self._tmp[UNITS_FILE]), UNIT_SCHEMA)
         self._passages = ipc.new_file(str(self._tmp[PASSAGES_FILE]), PASSAGE_SCHEMA)
         self._keys: list[np.ndarray] = []
@@ -354,8 +360,7 @@ class MemoWriter:
         self._remove_tmp()
 
     def _remove_tmp(self) -> None:
-        for path in self._tmp.values():
-            path.unlink(missing_ok=True)
+        shutil.rmtree(self._work, ignore_errors=True)
 
 
 def write_memo(directory: Path, parts: Sequence[Path]) -> int:
