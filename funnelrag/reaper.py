@@ -4,8 +4,10 @@
   CLI. :func:`start_reaper` launches a small watcher process (its own session, so the same kill
   does not reach it) that records the CLI's descendants every ``interval`` seconds and, once the
   CLI is gone, terminates those still running (matched by pid and start time, never by name).
-* Stage builds stage their outputs in ``cache/<stage>/.tmp-<key>-<pid>/``; a killed run leaves
-  that directory. :func:`sweep_stale_temp_dirs` removes those whose pid is no longer running.
+* Stage builds stage their outputs in ``cache/<stage>/.tmp-<key>-<pid>/``, and
+  :func:`data_contracts.base.atomic_directory` (the memos) in ``.<name>.tmp-<pid>/`` with the
+  replaced directory moved to ``.<name>.old-<pid>/``; a killed run leaves them.
+  :func:`sweep_stale_temp_dirs` removes those whose pid is no longer running.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import psutil
 log = logging.getLogger(__name__)
 
 _TMP = re.compile(r"^\.tmp-.+-(\d+)$")
+_ATOMIC = re.compile(r"^\.(.+)\.(tmp|old)-(\d+)$")   # data_contracts.base.atomic_directory's
 
 
 def pid_alive(pid: int) -> bool:
@@ -34,7 +37,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def sweep_stale_temp_dirs(stage_dir: Path) -> list[Path]:
-    """Remove ``.tmp-<key>-<pid>`` directories in ``stage_dir`` whose pid is not running.
+    """Remove ``.tmp-<key>-<pid>``, ``.<name>.tmp-<pid>`` and ``.<name>.old-<pid>`` directories in
+    ``stage_dir`` whose pid is not running (a killed stage build's or
+    :func:`data_contracts.base.atomic_directory`'s). A run killed between that function's two
+    renames leaves the last good directory (``.old``), the new complete one (``.tmp``) and
+    nothing at ``<name>``: both are kept then, for an operator to move one back.
 
     Returns
     -------
@@ -46,10 +53,15 @@ def sweep_stale_temp_dirs(stage_dir: Path) -> list[Path]:
         return removed
     for entry in Path(stage_dir).iterdir():
         m = _TMP.match(entry.name)
-        if m and entry.is_dir() and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
-            shutil.rmtree(entry, ignore_errors=True)
-            log.info("removed %s left by a killed run (pid %s)", entry, m.group(1))
-            removed.append(entry)
+        a = None if m else _ATOMIC.match(entry.name)
+        pid = int(m.group(1)) if m else int(a.group(3)) if a else None
+        if pid is None or not entry.is_dir() or pid == os.getpid() or pid_alive(pid):
+            continue
+        if a and not (entry.parent / a.group(1)).exists() and (entry.parent / f".{a.group(1)}.old-{pid}").exists():
+            continue   # killed between atomic_directory's two renames: keep the old and the new directory
+        shutil.rmtree(entry, ignore_errors=True)
+        log.info("removed %s left by a killed run (pid %s)", entry, pid)
+        removed.append(entry)
     return removed
 
 

@@ -71,3 +71,34 @@ def test_kill_9_of_a_build_does_not_leave_the_ephemeral_prefect_server_running(t
             cli.kill()
         if server is not None and server.is_running():  # do not leak it when the assertion fails
             server.kill()
+
+
+def test_atomic_directory_leftovers_of_dead_pids_are_swept_unless_they_are_the_last_good_output(tmp_path):
+    """atomic_directory's ``.<name>.tmp-<pid>`` / ``.<name>.old-<pid>`` of a killed run: removed once
+    ``<name>`` exists (or for a first write that never finished); kept, both, when the run died
+    between the two renames (``<name>`` missing, the old directory beside the new one)."""
+    dead, me = _dead_pid(), os.getpid()
+    group = tmp_path / "corpus"
+    (group / "memo-a").mkdir(parents=True)                       # replaced: leftovers are garbage
+    for name in (f".memo-a.tmp-{dead}", f".memo-a.old-{dead}", f".memo-b.tmp-{dead}",   # b: a first write killed
+                 f".memo-c.tmp-{dead}", f".memo-c.old-{dead}",   # c: killed between the renames
+                 f".memo-d.tmp-{me}", ".memo-e.tmp-1"):          # this process, a live one
+        (group / name).mkdir()
+        (group / name / "keys.npy").write_bytes(b"x")
+    removed = sweep_stale_temp_dirs(group)
+    assert sorted(p.name for p in removed) == sorted([f".memo-a.tmp-{dead}", f".memo-a.old-{dead}", f".memo-b.tmp-{dead}"])
+    assert sorted(p.name for p in group.iterdir()) == sorted(["memo-a", f".memo-c.tmp-{dead}", f".memo-c.old-{dead}",
+                                                              f".memo-d.tmp-{me}", ".memo-e.tmp-1"])
+
+
+def test_a_memo_write_killed_inside_atomic_directory_is_swept(tmp_path):
+    """The names the sweeper matches are the ones :func:`data_contracts.base.atomic_directory`
+    makes: a child killed (``os._exit``) while writing a directory leaves its temp, swept after."""
+    code = ("import os, sys; from pathlib import Path; from data_contracts.base import atomic_directory\n"
+            "with atomic_directory(Path(sys.argv[1])) as tmp:\n"
+            "    (tmp / 'keys.npy').write_bytes(b'x'); os._exit(9)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "memo")], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.wait() == 9
+    assert [p.name for p in tmp_path.iterdir()] == [f".memo.tmp-{proc.pid}"]
+    assert [p.name for p in sweep_stale_temp_dirs(tmp_path)] == [f".memo.tmp-{proc.pid}"] and not any(tmp_path.iterdir())

@@ -327,7 +327,7 @@ class MemoWriter:
                                 max_chunksize=MEMO_BATCH_ROWS)
         rows = ipc.open_file(pa.memory_map(str(part / PASSAGES_FILE))).read_all()
         if text is None:
-            text = pq.read_table(part / C.PASSAGES.filename, columns=["text"]).column("text")
+            text = pq.read_table(part / C.PASSAGES.filename, columns=["text"], memory_map=True).column("text")
         if len(text) != rows.num_rows:
             raise ValueError(f"{part}: {rows.num_rows} memo rows but {len(text)} passages")
         table = rows.add_column(3, "text", text.cast(pa.large_string()))

@@ -227,7 +227,7 @@ DF_FILE = "df.parquet"
 def read_passage_range(segment_dir: Path, lo: int, hi: int) -> tuple[list[str], list[str]]:
     """``(texts, passage ids)`` of clusters ``lo <= cluster_id < hi`` in ``passages.parquet`` order;
     a text is ``title\\ntext``, as the single index indexes it."""
-    table = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id", "title", "text"],
+    table = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id", "title", "text"], memory_map=True,
                           filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by("passage_id")
     texts = [f"{t}\n{x}" for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
     return texts, table.column("passage_id").to_pylist()

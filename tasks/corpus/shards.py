@@ -227,7 +227,7 @@ def doc_shards(n_docs: int, docs_per_shard: int) -> list[tuple[int, int]]:
 
 def read_doc_range(ingest_dir: Path, lo: int, hi: int, columns: list[str]) -> pa.Table:
     """Documents ``lo <= doc_id < hi`` sorted by ``doc_id``; raises ``ValueError`` if ids are missing."""
-    table = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=columns,
+    table = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=columns, memory_map=True,
                           filters=[("doc_id", ">=", lo), ("doc_id", "<", hi)])
     table = sorted_by_id(table, "doc_id")
     ids = table.column("doc_id").to_numpy()
@@ -262,7 +262,7 @@ def read_rows_by_id(path: Path, key: str, ids: Sequence[int], columns: list[str]
     if key not in columns:
         raise ValueError(f"read_rows_by_id: the key column {key!r} must be among the columns {columns}")
     wanted = np.unique(np.asarray(ids, dtype=np.int64))
-    parquet = pq.ParquetFile(path)
+    parquet = pq.ParquetFile(path, memory_map=True)
     leaf = next(i for i in range(parquet.metadata.num_columns) if parquet.metadata.schema.column(i).path == key)
     parts = [parquet.schema_arrow.empty_table().select(columns)]
     for rg in range(parquet.num_row_groups):
@@ -413,7 +413,7 @@ def read_shard_documents(ingest_dir: str, docs_dir: str | None, wanted: Sequence
     if docs_dir is None:
         return read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted, DOC_COLUMNS).sort_by("doc_id")
     files = sorted(Path(docs_dir).glob("*.parquet")) if Path(docs_dir).is_dir() else []
-    parts = [pq.read_table(f) for f in files]
+    parts = [pq.read_table(f, memory_map=True) for f in files]
     table = pa.concat_tables(parts) if parts else C.DOCUMENTS.schema.empty_table().select(DOC_COLUMNS)
     return sorted_by_id(table, "doc_id")
 
@@ -763,12 +763,12 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
             with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
                 for kept, empty, from_memo, hit in ordered_results(submit, calls, window, "segment shards"):
                     clusters_reused += from_memo
-                    units = pq.read_table(Path(kept) / "units.parquet")
+                    units = pq.read_table(Path(kept) / "units.parquet", memory_map=True)
                     units_out.write(units)
                     n_units += units.num_rows
                     unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
                     del units
-                    passages = pq.read_table(Path(kept) / "passages.parquet")
+                    passages = pq.read_table(Path(kept) / "passages.parquet", memory_map=True)
                     passages_out.write(passages)
                     n_passages += passages.num_rows
                     if next_memo is not None and SM.has_part(Path(kept)):

@@ -15,7 +15,8 @@ dumps do; :func:`merge_pages` raises otherwise). Nothing here imports Prefect.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import astuple, dataclass, fields
+import operator
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable, Iterator
 from xml.sax.saxutils import escape, quoteattr
@@ -50,12 +51,13 @@ class PageRevision:
 _TYPES = {"page_id": pa.int64(), "ns": pa.int64(), "rev_id": pa.int64()}
 _SCHEMA = pa.schema([pa.field(f.name, _TYPES.get(f.name, pa.string()), nullable=f.name == "redirect")
                      for f in fields(PageRevision)])
+_FIELDS_OF = operator.attrgetter(*(f.name for f in fields(PageRevision)))
 
 
 def revisions_table(revisions: Iterable[PageRevision]) -> pa.Table:
     """``revisions`` as an Arrow table, one row each in the given order (columns: the fields of
     :class:`PageRevision`; ``redirect`` the only nullable one)."""
-    columns = list(zip(*(astuple(r) for r in revisions))) or [[] for _ in _SCHEMA]
+    columns = list(zip(*map(_FIELDS_OF, revisions))) or [[] for _ in _SCHEMA]   # not astuple: it deep-copies (~40 µs a row)
     return pa.table([pa.array(list(c), f.type) for c, f in zip(columns, _SCHEMA)], schema=_SCHEMA)
 
 

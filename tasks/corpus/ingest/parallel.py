@@ -180,12 +180,12 @@ def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, gro
     """A kept piece, its ``source`` set to the current file name; shards are copies (the
     coordinator may rewrite or delete them)."""
     meta = json.loads((directory / "piece.json").read_text())
-    report, effects = _kept_rows(pq.read_table(directory / "rows.parquet"), source)
+    report, effects = _kept_rows(pq.read_table(directory / "rows.parquet", memory_map=True), source)
     shard_dir.mkdir(parents=True, exist_ok=True)
     shards = []
     for k in range(meta["shards"]):
         shards.append(str(shard_dir / f"shard-{k:05d}.parquet"))
-        kept = pq.read_table(directory / f"shard-{k:05d}.parquet")
+        kept = pq.read_table(directory / f"shard-{k:05d}.parquet", memory_map=True)
         if set(kept.column("source").unique().to_pylist()) == {source}:
             shutil.copyfile(directory / f"shard-{k:05d}.parquet", shards[-1])
         else:
@@ -326,7 +326,7 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
         from the page memo plus the base piece's kept pages as reused. Its memo parts are the base
         piece's part (read in place, not copied) and a part of the revisions' rows only.
     """
-    table = pq.read_table(base / "rows.parquet")
+    table = pq.read_table(base / "rows.parquet", memory_map=True)
     ids = table.column("page_id")
     if ids.null_count or pc.any(pc.equal(table.column("reason"), DUPLICATE_TITLE)).as_py():
         return None
@@ -363,7 +363,7 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
     shards = [str(p) for p in state.shards.paths]
     drop = pa.array(rev_ids, pa.int64())
     for k in range(meta["shards"]):
-        pages = pq.read_table(base / f"shard-{k:05d}.parquet")
+        pages = pq.read_table(base / f"shard-{k:05d}.parquet", memory_map=True)
         pages = pages.filter(pc.invert(pc.is_in(pages.column("page_id"), value_set=drop)))
         if pages.num_rows:
             shards.append(str(Path(shard_dir) / f"base-{k:05d}.parquet"))

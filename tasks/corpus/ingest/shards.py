@@ -196,6 +196,6 @@ def _table(rows: list[tuple]) -> pa.Table:
 
 
 def _row_groups(path: Path) -> Iterator[pa.Table]:
-    with pq.ParquetFile(path) as pf:
+    with pq.ParquetFile(path, memory_map=True) as pf:
         for i in range(pf.num_row_groups):
             yield pf.read_row_group(i)
