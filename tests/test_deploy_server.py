@@ -226,6 +226,17 @@ def _state(api: str, run_id: str) -> dict:
     return httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
 
 
+def _work_until_final(api: str, env: dict, run_id: str, tries: int = 4) -> dict:
+    """Run ``--run-once`` workers until run ``run_id`` is final (runs that a build's events started
+    through the automations may be handed out first, one a worker); returns its final state."""
+    for _ in range(tries):
+        subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once", "--limit", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        if _state(api, run_id)["type"] in FINAL:
+            break
+    return _wait(f"run {run_id}", lambda: (st := _state(api, run_id))["type"] in FINAL and st, 300)
+
+
 def _deploy_enwiki(api: str, env: dict[str, str]) -> dict:
     """``prefect deploy --name nightly-corpus-build-enwiki`` (the enwiki-sample build); its deployment."""
     deployed = subprocess.run(["prefect", "--no-prompt", "deploy", "--name", "nightly-corpus-build-enwiki"],
@@ -270,9 +281,7 @@ def test_worker_stopped_with_sigterm_leaves_no_run_blocking_the_queue(server):
     # the queue is free: the next run of the deployment completes through a fresh worker
     again = _post(api, f"/deployments/{enwiki['id']}/create_flow_run",
                   {"parameters": {"overrides": ["gate.limit=50", "name=enwiki-after-sigterm", "segment.passage_words=92"]}})
-    subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once", "--limit", "1"],
-                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    state = _wait("the next run", lambda: (st := _state(api, again["id"]))["type"] in FINAL and st, 300)
+    state = _work_until_final(api, env, again["id"])
     assert state["type"] == "COMPLETED", state
 
 
@@ -312,10 +321,5 @@ def test_worker_stop_script_lets_the_run_finish_and_takes_no_new_one(server):
     assert not (Path(env["PREFECT_HOME"]) / "funnelrag-worker.pid").exists()
     assert httpx.get(f"{api}/work_pools/{POOL}", timeout=30).json()["is_paused"] is False
 
-    for _ in range(4):   # runs the build's event started (automations) may be handed out first
-        subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once", "--limit", "1"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        if _state(api, queued["id"])["type"] in FINAL:
-            break
-    state = _wait("the queued run", lambda: (st := _state(api, queued["id"]))["type"] in FINAL and st, 300)
+    state = _work_until_final(api, env, queued["id"])
     assert state["type"] == "COMPLETED", state
