@@ -42,6 +42,11 @@ home's newest passages' or documents' (in cluster-like shuffled order) ``title\\
 Arrow first (the code before) or hashed from the two columns; user and system CPU seconds and the
 peak RSS the call added.
 
+``read``: one read in a fresh process, as a stage makes it: a nightly home's newest
+``passages.parquet`` (``passage_id``, ``title``, ``text``) or ``documents.parquet`` (``doc_id``,
+``title``, ``text``), memory-mapped (how the stages read now) or read into buffers (before): user and
+system CPU seconds; run it in fresh processes, alternating.
+
 ``copies``: on a nightly home's newest outputs, the steps that read, hash or copy every text of
 the corpus, each the way it was done before and the way it is done now (CPU seconds, the best of
 three, and a check that both give the same result): a full garbage collection in a process with
@@ -61,6 +66,7 @@ Run:
 ``python benchmarks/bench_incremental_stages.py days MIRROR --work DIR [--wiki synwiki]``
 ``python benchmarks/bench_incremental_stages.py memo-writes --home NIGHTLY_HOME --memo-home HOME --work DIR``
 ``python benchmarks/bench_incremental_stages.py copies --home NIGHTLY_HOME``
+``python benchmarks/bench_incremental_stages.py read --home NIGHTLY_HOME --table passages|documents --way mapped|buffered``
 """
 from __future__ import annotations
 
@@ -462,6 +468,24 @@ def bench_joined_keys(home: Path, texts: str, way: str) -> None:
                       "peak_rss_added_mb": round((after.ru_maxrss - before.ru_maxrss) / 1024)}))
 
 
+
+def bench_read(home: Path, table: str, way: str) -> None:
+    """One read of the newest ``passages.parquet`` or ``documents.parquet`` of ``home`` (the id,
+    title and text columns), memory-mapped (``way="mapped"``: the compressed pages decoded from the
+    page cache in place) or read into fresh buffers first (``"buffered"``, the code before). Prints
+    user and system CPU seconds; run it in fresh processes, alternating."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    root = home / "cache" / "corpus"
+    stage, name, key = (("segment", "passages.parquet", "passage_id") if table == "passages"
+                        else ("ingest", "documents.parquet", "doc_id"))
+    newest = max((d for d in (root / stage).iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    got = pq.read_table(newest / name, columns=[key, "title", "text"], memory_map=way == "mapped")
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"table": table, "way": way, "rows": got.num_rows, "user_s": round(after.ru_utime - before.ru_utime, 3),
+                      "sys_s": round(after.ru_stime - before.ru_stime, 3)}))
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -496,6 +520,10 @@ def main() -> None:
     j.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     j.add_argument("--texts", choices=["passages", "members"], required=True)
     j.add_argument("--way", choices=["join", "columns"], required=True)
+    r = sub.add_parser("read")
+    r.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
+    r.add_argument("--table", choices=["passages", "documents"], required=True)
+    r.add_argument("--way", choices=["mapped", "buffered"], required=True)
     d = sub.add_parser("copies")
     d.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     args = ap.parse_args()
@@ -515,6 +543,8 @@ def main() -> None:
         bench_index(args.dump, args.work)
     elif args.step == "copies":
         bench_copies(args.home)
+    elif args.step == "read":
+        bench_read(args.home, args.table, args.way)
     else:
         bench_days(args.mirror, args.work, args.wiki)
 
