@@ -200,9 +200,9 @@ def prune_cache(root: Path | str, max_age_s: float, now: float | None = None) ->
     rebuilt when a build needs it again (a memo that is gone makes the next build tokenize or
     segment every text once). Published versions hold hard links to the stage outputs they were
     assembled from, so an entry's bytes are freed only once no version links them
-    (``bytes_freed`` counts those). Temp directories of killed runs are swept too. A build of
-    another corpus in the same home that hits an entry in the instant it is removed fails reading
-    it (nothing is corrupted; its next run rebuilds the entry).
+    (``bytes_freed`` counts those). Temp directories of killed runs are swept too, in the root (the
+    memos') and in each group. A build of another corpus in the same home that hits an entry in the
+    instant it is removed fails reading it (nothing is corrupted; its next run rebuilds the entry).
 
     Raises ``ValueError`` for ``max_age_s`` <= 0.
     """
@@ -222,6 +222,7 @@ def prune_cache(root: Path | str, max_age_s: float, now: float | None = None) ->
         report.entries += 1
         report.bytes_freed += freed
         report.removed.append(entry.relative_to(root).as_posix())
+    sweep_stale_temp_dirs(root)   # the memos' (atomic_directory) and removed memo entries' temps lie in the root
     for group in (root.iterdir() if root.is_dir() else []):
         if group.is_dir() and not group.name.startswith("."):
             sweep_stale_temp_dirs(group)

@@ -159,6 +159,10 @@ def test_cache_retention_removes_what_no_build_used_for_the_age(tmp_path):
     (shard / "params.index.json").write_text("{}")
     killed = root / "index" / f".tmp-removed.k-gone-{_dead_pid()}"
     killed.mkdir()
+    dead = _dead_pid()
+    killed_memo = [root / f".bm25-memo-passages-abc.tmp-{dead}", root / f".tmp-removed.bm25-memo-x-{dead}"]   # in the root
+    for d in killed_memo:
+        d.mkdir()
     for entry in (old.path, hit.path, piece, memo, shard):
         _age(entry_marker(entry), 4, now)
     assert len(cache_entries(root)) == 6 and memo in cache_entries(root)
@@ -174,7 +178,7 @@ def test_cache_retention_removes_what_no_build_used_for_the_age(tmp_path):
     assert report.entries == 3 and report.bytes_freed == unlinked
     assert not old.path.exists() and hit.path.exists() and fresh.path.exists() and shard.exists()
     assert (version / "a.txt").read_text() == "old index"   # the version keeps its file
-    assert not killed.exists()
+    assert not killed.exists() and not any(d.exists() for d in killed_memo)
     assert prune_cache(root, 3 * 86400).entries == 0
     with pytest.raises(ValueError):
         prune_cache(root, 0)
