@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -92,6 +93,12 @@ from tasks.corpus.ingest import IngestConfig, ingest  # noqa: E402
 def _cpu(who: int) -> float:
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
+
+
+def _newest(home: Path, stage: str) -> Path:
+    """The most recently built complete cache entry of ``stage`` in the nightly home ``home``."""
+    root = home / "cache" / "corpus" / stage
+    return max((d for d in root.iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
 
 
 def _measure(step):
@@ -140,9 +147,7 @@ def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = N
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
     from tasks.corpus.shards import run_segment_sharded  # noqa: PLC0415
 
-    root = home / "cache" / "corpus"
-    newest = lambda stage: max((d for d in (root / stage).iterdir() if (d / "COMPLETE").exists()),  # noqa: E731
-                               key=lambda d: d.stat().st_mtime)
+    newest = functools.partial(_newest, home)
     cfg = SegmentConfig()
     shutil.rmtree(work, ignore_errors=True)
     cache = work / "segment-shards"
@@ -179,8 +184,7 @@ def bench_passage_tokens(home: Path, memo_home: Path) -> None:
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir  # noqa: PLC0415
 
-    root = home / "cache" / "corpus"
-    segment = max((d for d in (root / "segment").iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
+    segment = _newest(home, "segment")
     passages = C.PASSAGES.read(segment, columns=["title", "text"])
     texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
     cfg = BM25Config()
@@ -262,7 +266,7 @@ def bench_memo_writes(home: Path, memo_home: Path, work: Path) -> None:
     from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo  # noqa: PLC0415
 
     root, old_root = home / "cache" / "corpus", memo_home / "cache" / "corpus"
-    segment = max((d for d in (root / "segment").iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
+    segment = _newest(home, "segment")
     passages = C.PASSAGES.read(segment, columns=["title", "text"])
     texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
     cfg = BM25Config()
@@ -331,8 +335,7 @@ def bench_copies(home: Path) -> None:
     from tasks.corpus.token_memo import TERMS_FIELD, open_token_memo, token_memo_dir  # noqa: PLC0415
 
     root = home / "cache" / "corpus"
-    newest = lambda stage: max((d for d in (root / stage).iterdir() if (d / "COMPLETE").exists()),  # noqa: E731
-                               key=lambda d: d.stat().st_mtime)
+    newest = functools.partial(_newest, home)
     rows = []
 
     def row(step, before, now, same):
@@ -449,9 +452,8 @@ def bench_joined_keys(home: Path, texts: str, way: str) -> None:
 
     from tasks.corpus.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
 
-    root = home / "cache" / "corpus"
     stage, name = ("segment", "passages.parquet") if texts == "passages" else ("ingest", "documents.parquet")
-    newest = max((d for d in (root / stage).iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
+    newest = _newest(home, stage)
     table = pq.read_table(newest / name, columns=["title", "text"])
     order = None if texts == "passages" else np.random.default_rng(0).permutation(table.num_rows)
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -476,10 +478,9 @@ def bench_read(home: Path, table: str, way: str) -> None:
     user and system CPU seconds; run it in fresh processes, alternating."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    root = home / "cache" / "corpus"
     stage, name, key = (("segment", "passages.parquet", "passage_id") if table == "passages"
                         else ("ingest", "documents.parquet", "doc_id"))
-    newest = max((d for d in (root / stage).iterdir() if (d / "COMPLETE").exists()), key=lambda d: d.stat().st_mtime)
+    newest = _newest(home, stage)
     before = resource.getrusage(resource.RUSAGE_SELF)
     got = pq.read_table(newest / name, columns=[key, "title", "text"], memory_map=way == "mapped")
     after = resource.getrusage(resource.RUSAGE_SELF)
