@@ -91,7 +91,6 @@ def test_memo_files_keep_whole_batches_night_after_night(tmp_path, monkeypatch):
     assert np.array_equal(got_counts, counts)
 
 
-
 def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path):
     """The segment stage hands each shard's texts to the next memo as it reads them
     (MemoWriter.add with the text column) instead of reading them again after: the same files. A
@@ -134,6 +133,7 @@ def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path
     assert sweep_stale_temp_dirs(tmp_path) == [dead] and not dead.exists()
     with pytest.raises(ValueError, match="memo rows but"):
         SM.MemoWriter(tmp_path / "short").add(parts[0], pa.array(["only one"]))
+
 
 def test_clusters_cut_straight_to_id_free_rows_equal_unlabelled_segments(data_mirror):
     """``segment_unlabeled`` (what a night's shards run for the clusters they cut) gives the rows
