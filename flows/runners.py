@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterator, Literal
 
 from prefect import task
 from prefect.cache_policies import NONE as NO_CACHE
-from prefect.context import FlowRunContext, SettingsContext, get_settings_context
-from prefect.settings import PREFECT_API_URL
+from prefect.context import FlowRunContext, SettingsContext, SyncClientContext, get_settings_context
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,6 +84,13 @@ def parent_api_url() -> str | None:
     client = getattr(ctx, "client", None) if ctx else None
     url = str(getattr(client, "api_url", "") or "").rstrip("/")
     return url if url.startswith(("http://127.0.0.1:", "http://localhost:")) else None
+
+
+def flow_run_api_url() -> str | None:
+    """The HTTP(S) URL of the API this flow run talks to (``PREFECT_API_URL``, else the ephemeral
+    server's, :func:`parent_api_url`); ``None`` outside a flow run with neither."""
+    url = str(PREFECT_API_URL.value() or "") or parent_api_url()
+    return url if url and url.startswith(("http://", "https://")) else None
 
 
 # url -> (the settings it was made from, those settings with PREFECT_API_URL = url)
@@ -139,14 +146,49 @@ def run_log_levels() -> dict[str, int]:
     return {n: logging.getLogger(n).level for n in RUN_LOGGERS if logging.getLogger(n).level}
 
 
-def init_worker(levels: dict[str, int]) -> None:
+def init_worker(levels: dict[str, int], api_url: str | None = None) -> None:
     """Pool initializer of a spawned worker: the parent's log levels (so a shard's progress lines
-    reach the terminal and, through Prefect's forwarding, the task run logs), and the young
+    reach the terminal and, through Prefect's forwarding, the task run logs), the young
     generation's collection threshold of :func:`tasks.corpus.shards.build_collector` (a worker
-    freezes its survivors after each shard task: :func:`shard_call`)."""
+    freezes its survivors after each shard task: :func:`shard_call`) and, given the API URL of
+    the flow run (:meth:`SharedAPIProcessPoolTaskRunner.__enter__`), one API client for the
+    worker's life (:func:`keep_worker_client`)."""
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
     gc.set_threshold(YOUNG_COLLECTION_OBJECTS, *gc.get_threshold()[1:])
+    if api_url:
+        keep_worker_client(api_url)
+
+
+_WORKER_CLIENT: list[SyncClientContext] = []
+"""The pool worker's kept client context (:func:`keep_worker_client`); empty elsewhere."""
+
+
+def keep_worker_client(api_url: str) -> SyncClientContext | None:
+    """Enter, for the rest of this worker process, a Prefect ``SyncClientContext`` on ``api_url``.
+
+    Why: Prefect runs each task in a pool worker under a fresh ``SyncPrefectClient`` made twice
+    (once restoring the flow's context, once by the task engine), and each one builds an SSL
+    context from certifi's bundle (~17 ms of CPU measured here, for an ``http://`` API too) and a
+    new connection: ~40 ms a shard task, ~1.4 CPU s of an adds-changes night's ~40 tasks (a
+    py-spy profile of one night). Both take the client of an open ``SyncClientContext`` when one
+    is set with the same (default) HTTP settings, so one kept from the pool's start serves every
+    task of the worker. The URL is the flow run's, so nothing else than the per-task one is asked
+    of the API; the context is never left (the worker's exit closes the connection). Returns it;
+    calling again returns the kept one; ``None`` when the API did not answer (logged: each task
+    then makes its own client, as Prefect does, and fails or succeeds on its own)."""
+    if _WORKER_CLIENT:
+        return _WORKER_CLIENT[0]
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            ctx = SyncClientContext()
+        ctx.__enter__()   # checks the API's version: one request
+    except Exception as exc:  # noqa: BLE001  (an initializer that raises breaks the whole pool)
+        log.warning("pool worker %d: no API client kept for %s (%s); each task makes its own", os.getpid(),
+                    api_url, exc)
+        return None
+    _WORKER_CLIENT.append(ctx)
+    return ctx
 
 
 WORKER_PRELOAD = ("__main__", "flows.pool_worker")
@@ -215,8 +257,12 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
         ctx = worker_context()
         self._owns_forkserver = ctx.get_start_method() == "forkserver" and _forkserver_pid() is None
         spawn_pool = self._executor
+        initargs = spawn_pool._initargs
+        if initargs[1] is init_worker:
+            # (queue, init_worker, (levels,)): the workers also keep one client of this flow run's API
+            initargs = (initargs[0], init_worker, (*initargs[2][:1], flow_run_api_url()))
         self._executor = ProcessPoolExecutor(max_workers=self._max_workers, mp_context=ctx,
-                                             initializer=spawn_pool._initializer, initargs=spawn_pool._initargs)
+                                             initializer=spawn_pool._initializer, initargs=initargs)
         spawn_pool.shutdown(wait=False)
         return self
 

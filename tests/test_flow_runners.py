@@ -121,13 +121,22 @@ def worker_facts(name: str) -> dict:
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
+    from prefect.client.orchestration import get_client  # noqa: PLC0415
+    from prefect.context import FlowRunContext  # noqa: PLC0415
+
+    from flows.runners import _WORKER_CLIENT  # noqa: PLC0415
+
+    kept = _WORKER_CLIENT[0].client if _WORKER_CLIENT else None
     return {"pid": os.getpid(), "ppid": os.getppid(), "preloaded": "flows.pool_worker" in sys.modules,
-            "env": os.environ.get(name), "young": gc.get_threshold()[0]}
+            "env": os.environ.get(name), "young": gc.get_threshold()[0],
+            "kept_client": kept is not None and get_client(sync_client=True) is kept
+            and FlowRunContext.get().client is kept, "api": str(kept.api_url) if kept is not None else None}
 
 
 def test_local_workers_fork_from_a_preloaded_forkserver_that_stops_with_the_pool(prefect_harness, monkeypatch):
     """Each worker forks from a forkserver that imported the stages (not from this process, not
-    spawned bare), gets this process's environment and the pool initializer's threshold; the
+    spawned bare), gets this process's environment and the pool initializer's threshold, and runs
+    every task with the one API client it kept from its start, on the flow run's API; the
     forkserver is gone once the flow's pool closed, and the next pool starts a new one."""
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -145,6 +154,7 @@ def test_local_workers_fork_from_a_preloaded_forkserver_that_stops_with_the_pool
         submit = submitter()
         return [f.result() for f in [submit(worker_facts, name) for _ in range(4)]]
 
+    api = str(PREFECT_API_URL.value()).rstrip("/")
     monkeypatch.setenv("FUNNELRAG_TEST_WORKER_ENV", "first pool")
     first = facts("FUNNELRAG_TEST_WORKER_ENV")
     assert _forkserver_pid() is None
@@ -152,6 +162,7 @@ def test_local_workers_fork_from_a_preloaded_forkserver_that_stops_with_the_pool
     second = facts("FUNNELRAG_TEST_WORKER_ENV")
     for run, want in ((first, "first pool"), (second, "second pool")):
         assert all(f["preloaded"] and f["env"] == want and f["young"] == YOUNG_COLLECTION_OBJECTS for f in run), run
+        assert all(f["kept_client"] and f["api"].rstrip("/") == api for f in run), run
         assert {f["ppid"] for f in run} != {os.getpid()} and len({f["ppid"] for f in run}) == 1, run
         assert not Path(f"/proc/{run[0]['ppid']}").exists()   # the forkserver ended and was waited for
     assert first[0]["ppid"] != second[0]["ppid"]
