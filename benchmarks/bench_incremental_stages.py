@@ -167,7 +167,7 @@ def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = N
             finally:
                 profile.disable()
     summary, figures = _measure(step)
-    print(json.dumps({**figures, **{k: summary[k] for k in ("clusters", "clusters_reused", "passages", "partition_seconds")}}))
+    print(json.dumps({**figures, **{k: summary[k] for k in ("clusters", "clusters_reused", "passages", "partition_seconds", "segmented_documents", "segmented_documents_reused") if k in summary}}))
     pstats.Stats(profile).sort_stats("cumtime").print_stats(14)
 
 

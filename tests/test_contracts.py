@@ -6,7 +6,7 @@ import pytest
 
 from data_contracts import ContractViolation
 from data_contracts.base import Contract
-from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENTS, LINKS, PASSAGES
+from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENT_UNITS, DOCUMENTS, LINKS, PASSAGES
 
 
 def _docs(**cols):
@@ -242,6 +242,23 @@ def test_integer_keys_unsorted_or_paired_are_checked_exactly():
     assert err.value.column == "src_doc_id,dst_doc_id" and err.value.rows == [0, 2]
     with pytest.raises(ContractViolation, match="1 duplicate key"):   # a negative id is a value like another
         LINKS.validate(pa.table({"src_doc_id": [-1, -1], "dst_doc_id": [-2, -2]}))
+
+
+def test_string_keys_in_order_unordered_or_repeated_are_checked_exactly():
+    """A string key in byte order (passages, units) is settled by one comparison with itself
+    shifted; a repeat next to itself, a repeat far apart and an unsorted column take the exact path."""
+    def units(ids, chunks=1):
+        n = len(ids)
+        table = pa.table({"unit_id": ids, "cluster_id": [0] * n, "position": list(range(n)), "n_tokens": [1] * n,
+                          "n_passages": [1] * n, "title": ["t"] * n})
+        return pa.concat_tables([table.slice(i, 1) for i in range(n)]) if chunks > 1 else table
+    assert DOCUMENT_UNITS.validate(units(["c1.u0", "c1.u1", "c2.u0"], chunks=3)).num_rows == 3
+    assert DOCUMENT_UNITS.validate(units(["c2.u0", "c1.u0", "c1.u1"])).num_rows == 3
+    for ids in (["c1.u0", "c1.u1", "c1.u1"], ["c1.u1", "c1.u0", "c1.u1"]):
+        for chunks in (1, 3):
+            with pytest.raises(ContractViolation, match="1 duplicate key value") as err:
+                DOCUMENT_UNITS.validate(units(ids, chunks))
+            assert err.value.column == "unit_id"
 
 
 @pytest.mark.parametrize("unit_ids", [["c1.u1", "c1.u2", "c1.u1", "c2.u2", "c1.u1", "c1.u1"],      # one width

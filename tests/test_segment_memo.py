@@ -7,8 +7,8 @@ import pytest
 import pyarrow as pa
 
 from tasks.corpus import segment_memo as SM
-from tasks.corpus.memo import Utf8Rows
-from tasks.corpus.segment import SegmentConfig, segment_cluster, segments_to_tables
+from tasks.corpus.memo import text_keys
+from tasks.corpus.segment import SegmentConfig, article_windows, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import WhitespaceCounter
 
 CFG = SegmentConfig(tokenizer="whitespace", passage_words=7, unit_max_tokens=20)
@@ -19,6 +19,13 @@ TEXTS = [("Alpha", " ".join(f"a{i}" for i in range(30))), ("Beta", ""), ("Gamma"
 def _segments(cluster_id: int, doc_ids: list[int], order: list[int]):
     members = [(doc_ids[i], *TEXTS[k]) for i, k in enumerate(order)]
     return segment_cluster(cluster_id, members, CFG, WhitespaceCounter())
+
+
+def _members(orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The parts' member text keys and windows of clusters whose members are ``TEXTS[k]`` for
+    ``k`` in each order (what a segment shard hands to ``write_part``)."""
+    texts = [TEXTS[k][1] for order in orders for k in order]
+    return text_keys(texts), np.array([len(article_windows(t, CFG.passage_words)) for t in texts], np.int64)
 
 
 def test_unlabelled_rows_relabel_to_the_rows_of_new_ids():
@@ -47,18 +54,46 @@ def test_interleave_puts_each_cluster_back_in_its_place():
 
 def test_cluster_keys_follow_texts_counts_and_order():
     texts = [t for _, t in TEXTS]
+    tkeys = text_keys(texts)
     offsets = np.array([0, 2, 2, 4, 5])
     counts = np.array([7, 7, 7, 7, 3], np.int32)
-    keys = SM.cluster_keys([(0, 2), (2, 4), (0, 2)], [0, 1, 2, 3], texts, offsets, counts)
+    keys = SM.cluster_keys([(0, 2), (2, 4), (0, 2)], [0, 1, 2, 3], tkeys, offsets, counts)
     assert keys.shape == (3, 2) and keys.dtype == np.uint64
     assert np.array_equal(keys[0], keys[2]) and not np.array_equal(keys[0], keys[1])
-    swapped = SM.cluster_keys([(0, 2)], [1, 0], texts, offsets, counts)
+    swapped = SM.cluster_keys([(0, 2)], [1, 0], tkeys, offsets, counts)
     assert not np.array_equal(swapped[0], keys[0])   # member order matters
-    recounted = SM.cluster_keys([(0, 2)], [0, 1], texts, offsets, counts + 1)
+    recounted = SM.cluster_keys([(0, 2)], [0, 1], tkeys, offsets, counts + 1)
     assert not np.array_equal(recounted[0], keys[0])
-    from_arrow = SM.cluster_keys([(0, 2), (2, 4), (0, 2)], [0, 1, 2, 3], Utf8Rows(pa.chunked_array(
-        [pa.array(texts[:1]), pa.array(texts[1:])])), offsets, counts)
-    assert np.array_equal(from_arrow, keys)   # the Arrow bytes give the strings' keys
+    edited = SM.cluster_keys([(0, 2)], [0, 1], text_keys([texts[0] + " more", texts[1]]), offsets, counts)
+    assert not np.array_equal(edited[0], keys[0])   # a member's text matters
+
+
+def test_the_memo_gives_back_each_texts_windows_by_its_key(tmp_path):
+    """A text the last build cut, in whatever cluster, comes back as its windows (what
+    article_windows cuts), looked up by its text key; a text the memo lacks, or one held with
+    another number of windows, does not."""
+    import pyarrow.parquet as pq
+
+    from data_contracts import corpus as C
+
+    orders = [[0, 1], [2, 0], [3, 2]]   # "Alpha" and "Gamma" twice: kept once
+    segs = [_segments(c, [c * 10, c * 10 + 1], order) for c, order in enumerate(orders)]
+    units, passages, counts = SM.unlabel(segs, [[c * 10, c * 10 + 1] for c in range(len(orders))])
+    part = tmp_path / "part"
+    part.mkdir()
+    SM.write_part(part, np.arange(6, dtype=np.uint64).reshape(3, 2), units, passages, counts, *_members(orders))
+    pq.write_table(pa.table({"text": passages.column("text").cast(pa.string())}), part / C.PASSAGES.filename)
+    SM.write_memo(tmp_path / "memo", [part])
+    memo = SM.SegmentMemo.open(tmp_path / "memo")
+    texts = [t for _, t in TEXTS] + ["never cut"]
+    windows = [len(article_windows(t, CFG.passage_words)) for t in texts]
+    got = memo.document_windows(text_keys(texts), np.array(windows))
+    assert got[:4] == [article_windows(t, CFG.passage_words) for t in texts[:4]] and got[4] is None
+    assert got[1] == []   # "Beta" has no words: no window, but known
+    assert memo.document_windows(text_keys(texts[:1]), np.array([windows[0] + 1])) == [None]
+    with pytest.raises(ValueError, match="windows"):
+        SM.write_part(part, np.arange(6, dtype=np.uint64).reshape(3, 2), units, passages, counts,
+                      *_members(orders[:2]))
 
 
 def test_memo_files_keep_whole_batches_night_after_night(tmp_path, monkeypatch):
@@ -80,7 +115,8 @@ def test_memo_files_keep_whole_batches_night_after_night(tmp_path, monkeypatch):
     assert frag_passages.column("text").num_chunks == passages.num_rows > 8
     part, memo = tmp_path / "part", tmp_path / "memo"
     part.mkdir()
-    SM.write_part(part, np.arange(2 * n, dtype=np.uint64).reshape(n, 2), frag_units, frag_passages, counts)
+    SM.write_part(part, np.arange(2 * n, dtype=np.uint64).reshape(n, 2), frag_units, frag_passages, counts,
+                  *_members([[c % 4, (c + 1) % 4] for c in range(n)]))
     pq.write_table(pa.table({"text": frag_passages.column("text").cast(pa.string())}), part / C.PASSAGES.filename)
     assert SM.write_memo(memo, [part]) == n
     for f in (part / SM.UNITS_FILE, part / SM.PASSAGES_FILE, memo / SM.UNITS_FILE, memo / SM.PASSAGES_FILE):
@@ -106,7 +142,8 @@ def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path
         units, passages, counts = SM.unlabel(segs, [[c * 10, c * 10 + 1] for c in range(5 * p, 5 * p + 5)])
         part = tmp_path / f"part{p}"
         part.mkdir()
-        SM.write_part(part, np.arange(10 * p, 10 * p + 10, dtype=np.uint64).reshape(5, 2), units, passages, counts)
+        SM.write_part(part, np.arange(10 * p, 10 * p + 10, dtype=np.uint64).reshape(5, 2), units, passages, counts,
+                      *_members([[c % 3, (c + p) % 4] for c in range(5 * p, 5 * p + 5)]))
         pq.write_table(pa.table({"text": passages.column("text").cast(pa.string())}), part / C.PASSAGES.filename)
         parts.append(part)
     assert SM.write_memo(tmp_path / "after", parts) == 10

@@ -265,6 +265,9 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
                       .to_pylist()))
     assert tonight["shards_built"] == tonight["shards"] > 1
     assert tonight["clusters"] / 2 < tonight["clusters_reused"] <= tonight["clusters"] - touched
+    # the clusters cut again: only the edited texts are cut, their other members' windows come from the memo
+    assert tonight["segmented_documents"] - tonight["segmented_documents_reused"] == len(edits)
+    assert tonight["segmented_documents_reused"] > 0 and base["segmented_documents_reused"] == 0
     for name in ("document_units.parquet", "passages.parquet"):
         digest = sha256_file(tmp_path / "s-one" / name)
         assert sha256_file(tmp_path / "s-tonight" / name) == sha256_file(tmp_path / "s-fresh" / name) == digest

@@ -160,7 +160,7 @@ def check_tokenizer(cfg: SegmentConfig, tokenizer: TokenCounter) -> None:
         raise ValueError(f"SegmentConfig.tokenizer is {cfg.tokenizer!r} but the token counter is {tokenizer.name!r}")
 
 
-def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str], cfg: SegmentConfig,
+def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str | list[str]], cfg: SegmentConfig,
                     tokenizer: TokenCounter, window_tokens: Sequence[np.ndarray] | None = None
                     ) -> tuple[list[str], list[int], np.ndarray, list[int]]:
     """One cluster's windows and units, before any id: the members' ``article_windows`` in cluster
@@ -170,7 +170,8 @@ def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str
     Parameters
     ----------
     cluster_id, doc_ids : name the cluster and its members in errors only.
-    texts : the members' texts in cluster order.
+    texts : the members' texts in cluster order; a member given as a list is its windows already
+        cut (``article_windows`` of its text, e.g. kept by the segmentation memo).
     cfg, tokenizer : settings and the counter named ``cfg.tokenizer``.
     window_tokens : each member's precomputed window token counts (``WindowTokens.of(doc_id)``);
         ``None``: counted here with ``tokenizer``.
@@ -191,7 +192,7 @@ def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str
     member_of: list[int] = []
     per_member: list[int] = []
     for m, text in enumerate(texts):
-        ws = article_windows(text, cfg.passage_words)
+        ws = text if isinstance(text, list) else article_windows(text, cfg.passage_words)
         per_member.append(len(ws))
         windows.extend(ws)
         member_of.extend([m] * len(ws))

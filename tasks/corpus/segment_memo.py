@@ -7,9 +7,15 @@ same articles, in the same order, with the same texts. Cutting them into ~100-wo
 ~1K-token units (:func:`tasks.corpus.segment.segment_cluster`) is then the same work for the same
 result, up to the ids. This memo keeps each cluster's rows *without* ids:
 
-- a cluster's key (:func:`cluster_keys`) is the BLAKE2b-128 of its members' texts and window
-  token counts, in cluster order (the windows, their counts and the packing depend on nothing
-  else; the memo's directory name carries the segmentation settings, :func:`memo_dir`);
+- a cluster's key (:func:`cluster_keys`) is the BLAKE2b-128 of its members' text keys (each
+  the BLAKE2b-128 of a text, hashed once a shard) and window token counts, in cluster order (the
+  windows, their counts and the packing depend on nothing else; the memo's directory name carries
+  the segmentation settings, :func:`memo_dir`);
+- a document index keeps, by text key, where each text's windows lie among the memo's passages
+  (:meth:`SegmentMemo.document_windows`): a cluster that changed (Algorithm 1 regroups ~40% of
+  the clusters after a 1% adds-changes day on the synthetic mirror, most of their articles
+  unchanged) is packed from its members' windows as cut before, and only a new or edited text is
+  cut again;
 - its passage rows hold the member (index in the cluster), the unit and passage suffixes
   (``u000.p000``), text, words and tokens; its unit rows the suffix, position, tokens, passages
   and the member of the first passage;
@@ -18,7 +24,9 @@ result, up to the ids. This memo keeps each cluster's rows *without* ids:
   makes for that cluster, byte for byte (tested).
 
 Layout: a :class:`tasks.corpus.memo.DocumentMemo` whose fields ``units`` and ``passages`` map each
-key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped). Each
+key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped), and the
+document index: ``documents.keys.npy`` (sorted distinct text keys) and ``documents.rows.npy``
+(``[start, end)`` passage rows of each). Each
 segment shard writes its clusters' rows as a part (:func:`write_part`, in the shard's cache entry)
 and the stage replaces the memo with the parts of this build (:class:`MemoWriter`, atomic), so it
 holds exactly the last build's clusters. Nothing here imports Prefect.
@@ -38,12 +46,14 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from tasks.corpus.memo import DocumentMemo, Utf8Rows, ranges_take, settings_dir, take_rows
+from tasks.corpus.memo import DocumentMemo, ranges_take, settings_dir, take_rows, take_texts
 from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, cluster_windows
 
-SEGMENT_MEMO_VERSION = "1"
+SEGMENT_MEMO_VERSION = "2"
 UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
 KEYS_FILE, COUNTS_FILE = "keys.npy", "counts.npy"
+MEMBER_KEYS_FILE, MEMBER_WINDOWS_FILE = "member_keys.npy", "member_windows.npy"
+DOCUMENT_KEYS_FILE, DOCUMENT_ROWS_FILE = "documents.keys.npy", "documents.rows.npy"
 FIELDS = ("units", "passages")
 UNIT_SCHEMA = pa.schema([pa.field("suffix", pa.string(), nullable=False), pa.field("position", pa.int32(), nullable=False),
                          pa.field("n_tokens", pa.int32(), nullable=False),
@@ -66,21 +76,19 @@ MEMO_BATCH_ROWS = 65_536
 """Rows per record batch of the memo's and its parts' Arrow files."""
 
 
-def cluster_keys(bounds: Sequence[tuple[int, int]], rows: Sequence[int], texts: Sequence[str] | Utf8Rows,
+def cluster_keys(bounds: Sequence[tuple[int, int]], rows: Sequence[int], text_keys: np.ndarray,
                  offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``(n_clusters, 2)`` uint64 keys (BLAKE2b-128 as (high, low) words) of clusters given as
     ``bounds`` ``[(start, end)]`` into ``rows`` (member ``i``'s document row), hashing each member's
-    text (UTF-8, length-prefixed) and its window token counts ``counts[offsets[r]:offsets[r + 1]]``
-    (int32, length-prefixed) in cluster order. ``texts`` are Python strings or the UTF-8 bytes of
-    an Arrow column (:class:`tasks.corpus.memo.Utf8Rows`, no string made): the same keys."""
-    utf8 = texts.__getitem__ if isinstance(texts, Utf8Rows) else (lambda r: texts[r].encode("utf-8"))
+    text key ``text_keys[r]`` (``(n_docs, 2)`` uint64, :func:`tasks.corpus.memo.arrow_text_keys`:
+    the BLAKE2b-128 of its text, so no text is hashed twice) and its window token counts
+    ``counts[offsets[r]:offsets[r + 1]]`` (int32, length-prefixed) in cluster order."""
+    key_bytes = np.ascontiguousarray(np.asarray(text_keys, np.uint64).astype(">u8")).view(np.uint8).reshape(-1, 16)
     raw = bytearray()
     for start, end in bounds:
         h = hashlib.blake2b(digest_size=16)
         for r in rows[start:end]:
-            data = utf8(r)
-            h.update(len(data).to_bytes(8, "little"))
-            h.update(data)
+            h.update(key_bytes[r].tobytes())
             window = np.ascontiguousarray(counts[offsets[r]:offsets[r + 1]], "<i4")
             h.update(window.size.to_bytes(8, "little"))
             h.update(window.tobytes())
@@ -220,8 +228,10 @@ def label(units: pa.Table, passages: pa.Table, counts: np.ndarray, cluster_ids: 
 class SegmentMemo:
     """A segmentation memo opened for lookups (:meth:`open`)."""
 
-    def __init__(self, memo: DocumentMemo, units: pa.Table, passages: pa.Table):
+    def __init__(self, memo: DocumentMemo, units: pa.Table, passages: pa.Table, documents: DocumentMemo | None = None,
+                 document_rows: np.ndarray | None = None):
         self.memo, self.units, self.passages = memo, units, passages
+        self.documents, self.document_rows = documents, document_rows
 
     @classmethod
     def open(cls, directory: Path | str | None) -> "SegmentMemo | None":
@@ -231,7 +241,34 @@ class SegmentMemo:
             return None
         tables = [ipc.open_file(pa.memory_map(str(Path(directory) / name))).read_all()
                   for name in (UNITS_FILE, PASSAGES_FILE)]
-        return cls(memo, *tables)
+        try:
+            keys = np.load(Path(directory) / DOCUMENT_KEYS_FILE, mmap_mode="r")
+            rows = np.load(Path(directory) / DOCUMENT_ROWS_FILE, mmap_mode="r")
+        except FileNotFoundError:   # no document index: clusters only
+            return cls(memo, *tables)
+        return cls(memo, *tables, DocumentMemo(Path(directory), keys, {}), rows)
+
+    def document_windows(self, text_keys: np.ndarray, n_windows: np.ndarray) -> list[list[str] | None]:
+        """Each text's windows as the last build cut them (:func:`tasks.corpus.segment.article_windows`),
+        looked up by its text key (``(m, 2)`` uint64, :func:`tasks.corpus.memo.arrow_text_keys`):
+        the memo's passage texts of the first member with that text, or ``None`` where the memo
+        holds no such text or holds another number of windows than ``n_windows`` (``(m,)``, the
+        text's window token counts: a memo of other settings is never mixed in)."""
+        out: list[list[str] | None] = [None] * len(text_keys)
+        if self.documents is None or not len(text_keys):
+            return out
+        found = self.documents.lookup(text_keys)
+        hit = np.flatnonzero(found >= 0)
+        rows = np.asarray(self.document_rows[found[hit]], np.int64).reshape(-1, 2)
+        same = (rows[:, 1] - rows[:, 0]) == np.asarray(n_windows, np.int64)[hit]
+        hit, rows = hit[same], rows[same]
+        lengths, order = ranges_take(rows[:, 0], rows[:, 1], np.arange(self.passages.num_rows, dtype=np.int64))
+        texts = take_texts(self.passages.column("text"), order)   # chunk by chunk: no copy of all the memo's texts
+        at = 0
+        for i, n in zip(hit.tolist(), lengths.tolist()):
+            out[i] = texts[at:at + n]
+            at += n
+        return out
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Memo row of each cluster key (``-1``: not held), :meth:`tasks.corpus.memo.DocumentMemo.lookup`."""
@@ -265,15 +302,28 @@ def interleave(first: tuple[pa.Table, pa.Table, np.ndarray], second: tuple[pa.Ta
     return tables[0], tables[1], counts
 
 
-def write_part(directory: Path, keys: np.ndarray, units: pa.Table, passages: pa.Table, counts: np.ndarray) -> None:
+def write_part(directory: Path, keys: np.ndarray, units: pa.Table, passages: pa.Table, counts: np.ndarray,
+               member_keys: np.ndarray, member_windows: np.ndarray) -> None:
     """One shard's clusters for the next memo, in its cache entry ``directory``: their keys, counts
     and id-free rows, the passages without their text (it is read back from the entry's
-    ``passages.parquet``, whose rows are the same in the same order, by :func:`write_memo`).
+    ``passages.parquet``, whose rows are the same in the same order, by :func:`write_memo`), and
+    their members' text keys (``(n_members, 2)`` uint64, :func:`tasks.corpus.memo.arrow_text_keys`)
+    and windows (``(n_members,)``), members in cluster order, clusters in row order: a member's
+    windows are the next ``member_windows[i]`` passage rows, which the memo's document index
+    (:meth:`SegmentMemo.document_windows`) keeps by text.
 
     The rows are written in record batches of :data:`MEMO_BATCH_ROWS`, whatever the chunks of
-    ``units`` / ``passages`` (rows taken from the memo come as one slice per run)."""
+    ``units`` / ``passages`` (rows taken from the memo come as one slice per run).
+
+    Raises ``ValueError`` when the members' windows do not add up to the passages."""
+    member_windows = np.asarray(member_windows, np.int64)
+    if int(member_windows.sum()) != passages.num_rows or len(member_keys) != member_windows.size:
+        raise ValueError(f"{directory}: {member_windows.size} members with {int(member_windows.sum())} windows "
+                         f"({len(member_keys)} keys) for {passages.num_rows} passages")
     np.save(directory / KEYS_FILE, np.ascontiguousarray(keys, np.uint64))
     np.save(directory / COUNTS_FILE, np.ascontiguousarray(counts, np.int64))
+    np.save(directory / MEMBER_KEYS_FILE, np.ascontiguousarray(member_keys, np.uint64).reshape(-1, 2))
+    np.save(directory / MEMBER_WINDOWS_FILE, member_windows)
     for name, table, schema in ((UNITS_FILE, units, UNIT_SCHEMA), (PASSAGES_FILE, passages.drop_columns(["text"]),
                                                                     _PART_PASSAGE_SCHEMA)):
         with ipc.new_file(str(directory / name), schema) as writer:
@@ -283,7 +333,25 @@ def write_part(directory: Path, keys: np.ndarray, units: pa.Table, passages: pa.
 def has_part(directory: Path) -> bool:
     """Whether ``directory`` holds a part written by :func:`write_part` beside its passages."""
     return all((Path(directory) / name).is_file()
-               for name in (KEYS_FILE, COUNTS_FILE, UNITS_FILE, PASSAGES_FILE, C.PASSAGES.filename))
+               for name in (KEYS_FILE, COUNTS_FILE, MEMBER_KEYS_FILE, MEMBER_WINDOWS_FILE, UNITS_FILE, PASSAGES_FILE,
+                            C.PASSAGES.filename))
+
+
+def document_index(member_keys: Sequence[np.ndarray], member_ends: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The memo's document index from its parts' members: ``(keys (m, 2) uint64, rows (m, 2)
+    int64)``, one row a distinct text key in key order, ``rows`` the ``[start, end)`` of that
+    text's windows in the memo's passages (the first member with that text: equal texts have equal
+    windows). ``member_ends``: each member's end row (its start is the previous member's end, 0
+    for the first of all)."""
+    keys = np.concatenate(member_keys).reshape(-1, 2).astype(np.uint64) if member_keys else np.zeros((0, 2), np.uint64)
+    ends = np.concatenate(member_ends).astype(np.int64) if member_ends else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    order = np.lexsort((keys[:, 1], keys[:, 0]))
+    first = np.ones(order.size, bool)
+    if order.size > 1:
+        first[1:] = np.any(keys[order][1:] != keys[order][:-1], axis=1)
+    kept = order[first]
+    return np.ascontiguousarray(keys[kept]), np.stack([starts[kept], ends[kept]], axis=1)
 
 
 class MemoWriter:
@@ -315,6 +383,9 @@ class MemoWriter:
         self._passages = ipc.new_file(str(self._tmp[PASSAGES_FILE]), PASSAGE_SCHEMA)
         self._keys: list[np.ndarray] = []
         self._counts: list[np.ndarray] = []
+        self._member_keys: list[np.ndarray] = []
+        self._member_ends: list[np.ndarray] = []   # each member's last passage row + 1 in the memo's passages
+        self._n_passages = 0
 
     def add(self, part: Path, text: pa.ChunkedArray | pa.Array | None = None) -> None:
         """Append the clusters of ``part`` (a segment shard's cache entry holding a :func:`write_part`
@@ -330,6 +401,12 @@ class MemoWriter:
             text = pq.read_table(part / C.PASSAGES.filename, columns=["text"], memory_map=True).column("text")
         if len(text) != rows.num_rows:
             raise ValueError(f"{part}: {rows.num_rows} memo rows but {len(text)} passages")
+        windows = np.load(part / MEMBER_WINDOWS_FILE)
+        if int(windows.sum()) != rows.num_rows:
+            raise ValueError(f"{part}: its members have {int(windows.sum())} windows but {rows.num_rows} passages")
+        self._member_keys.append(np.load(part / MEMBER_KEYS_FILE))
+        self._member_ends.append(self._n_passages + np.cumsum(windows, dtype=np.int64))
+        self._n_passages += rows.num_rows
         table = rows.add_column(3, "text", text.cast(pa.large_string()))
         self._passages.write_table(table.cast(PASSAGE_SCHEMA).combine_chunks(), max_chunksize=MEMO_BATCH_ROWS)
 
@@ -344,9 +421,12 @@ class MemoWriter:
             offsets = np.concatenate([[0], np.cumsum(counts_all[:, k])]).astype(np.int64)
             fields[name] = (offsets, np.arange(int(offsets[-1]), dtype=np.int64))
         move = lambda name: lambda path: os.replace(self._tmp[name], path)  # noqa: E731
+        doc_keys, doc_rows = document_index(self._member_keys, self._member_ends)
         try:
             return DocumentMemo.write(self.directory, keys_all, fields,
-                                      extra={UNITS_FILE: move(UNITS_FILE), PASSAGES_FILE: move(PASSAGES_FILE)})
+                                      extra={UNITS_FILE: move(UNITS_FILE), PASSAGES_FILE: move(PASSAGES_FILE),
+                                             DOCUMENT_KEYS_FILE: lambda path: np.save(path, doc_keys),
+                                             DOCUMENT_ROWS_FILE: lambda path: np.save(path, doc_rows)})
         finally:
             self._remove_tmp()
 

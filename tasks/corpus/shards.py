@@ -515,7 +515,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
 
 
 # ---------------------------------------------------------------------------------- segment
-SEGMENT_SHARD_VERSION = "2"
+SEGMENT_SHARD_VERSION = "3"
 SEGMENT_SHARD_WRITE_OPTIONS = {"compression": "lz4", "use_dictionary": False, "write_statistics": False}
 """Parquet settings of a segment shard's cached ``units`` / ``passages`` rows, which the coordinator
 reads back once a build: lz4 and no dictionary or statistics write in ~0.8x and read in ~0.25x the
@@ -613,13 +613,13 @@ def read_cluster_ranges(cluster_dir: Path, max_tokens: int,
                           anchor_keys(table.column("title").to_pylist()), max_tokens)
 
 
-def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: SegmentConfig) -> str:
+def _segment_key(members: pa.Table, docs: pa.Table, text_keys: np.ndarray, tokens: pa.Table, cfg: SegmentConfig) -> str:
     h = hashlib.sha256(json.dumps([SEGMENT_SHARD_VERSION, cfg.passage_words, cfg.unit_max_tokens, cfg.tokenizer,
                                    members.num_rows]).encode())
     for name in ("cluster_id", "position", "doc_id"):
         h.update(members.column(name).to_numpy().astype(np.int64).tobytes())
-    for name in ("title", "text"):
-        Utf8Rows(docs.column(name)).hash_into(h)
+    Utf8Rows(docs.column("title")).hash_into(h)
+    h.update(np.ascontiguousarray(text_keys, np.uint64).tobytes())   # the texts, each hashed once a shard
     h.update(pc.list_value_length(tokens.column("n_tokens")).to_numpy().astype(np.int64).tobytes())
     h.update(pc.list_flatten(tokens.column("n_tokens")).to_numpy().astype(np.int32).tobytes())
     h.update(json.dumps(sorted(set(tokens.column("tokenizer").to_pylist()))).encode())
@@ -628,14 +628,15 @@ def _segment_key(members: pa.Table, docs: pa.Table, tokens: pa.Table, cfg: Segme
 
 def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
                   mirror: str | None, cache_dir: str, docs_dir: str | None = None,
-                  memo: str | None = None) -> tuple[str, int, int, bool]:
+                  memo: str | None = None) -> tuple[str, int, int, bool, int, int]:
     """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
     cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them, written to
     ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.parquet``.
 
     Returns ``(that directory, articles without words, clusters taken from the memo or the entry,
-    reused)``; ``reused`` when the directory was already complete (the shard's members, texts and token
-    counts are unchanged). The rows go back through the files rather than through ``submit``, so
+    reused, documents of the clusters cut tonight, those of them whose windows the memo held)``;
+    ``reused`` when the directory was already complete (the shard's members, texts and token
+    counts are unchanged; no document counted). The rows go back through the files rather than through ``submit``, so
     the coordinator reads one shard's rows at a time however many shards are in flight. Reads only
     the shard's members (Parquet filters), their documents (from ``docs_dir``, the shard's
     partition by :func:`partition_documents`, else by id from ``documents.parquet``) and their
@@ -643,8 +644,11 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
 
     With ``memo`` (the segmentation memo's directory, :func:`tasks.corpus.segment_memo.memo_dir`),
     a cluster whose members' texts and token counts the last build segmented takes its rows from
-    the memo, relabelled with tonight's cluster and document ids (same bytes), and the directory
-    also keeps the shard's part of the next memo (:func:`tasks.corpus.segment_memo.write_part`).
+    the memo, relabelled with tonight's cluster and document ids (same bytes); a cluster cut
+    tonight takes each member's windows from the memo's document index when the last build cut
+    that text (:meth:`tasks.corpus.segment_memo.SegmentMemo.document_windows`), so only new and
+    edited texts are cut again; and the directory also keeps the shard's part of the next memo
+    (:func:`tasks.corpus.segment_memo.write_part`).
     """
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename,
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by(
@@ -656,11 +660,12 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     doc_ids = docs.column("doc_id").to_numpy()
     if doc_ids.tolist() != wanted or tokens.column("doc_id").to_pylist() != wanted:
         raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
-    cached = Path(cache_dir) / _segment_key(members, docs, tokens, cfg)
+    text_keys = arrow_text_keys(docs.column("text"))   # (n_docs, 2): the shard's key, the clusters' keys
+    cached = Path(cache_dir) / _segment_key(members, docs, text_keys, tokens, cfg)
     if (cached / "COMPLETE").exists():
         mark_used(cached)
         n_clusters = len(set(members.column("cluster_id").to_pylist()))
-        return str(cached), int((cached / "COMPLETE").read_text()), n_clusters, True
+        return str(cached), int((cached / "COMPLETE").read_text()), n_clusters, True, 0, 0
     text_bytes = Utf8Rows(docs.column("text"))
     col = tokens.column("n_tokens").combine_chunks()
     offsets, values = col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(np.int32)
@@ -673,13 +678,18 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], cids.size]
     bounds = list(zip(starts.tolist(), ends.tolist()))
-    keys = SM.cluster_keys(bounds, rows.tolist(), text_bytes, offsets, values) if memo is not None else None
+    keys = SM.cluster_keys(bounds, rows.tolist(), text_keys, offsets, values) if memo is not None else None
     kept = SM.SegmentMemo.open(memo) if memo is not None else None
     found = kept.lookup(keys) if kept is not None else np.full(len(bounds), -1, np.int64)
     todo = [b for b, f in zip(bounds, found.tolist()) if f < 0]
-    # Python strings only of the documents of the clusters segmented tonight, not of the memo's
+    # Python strings only of the documents of the clusters segmented tonight, not of the memo's;
+    # a text the memo holds (in another cluster) comes as its windows, cut already
     needed = np.unique(np.concatenate([rows[s:e] for s, e in todo])) if todo else np.zeros(0, np.int64)
-    texts = dict(zip(needed.tolist(), take_texts(docs.column("text"), needed)))
+    cut = kept.document_windows(text_keys[needed], offsets[needed + 1] - offsets[needed]) if kept is not None \
+        else [None] * needed.size
+    uncut = np.array([r for r, w in zip(needed.tolist(), cut) if w is None], np.int64)
+    texts = dict(zip(needed.tolist(), cut))
+    texts.update(zip(uncut.tolist(), take_texts(docs.column("text"), uncut)))
     what = f"segment clusters {lo:,}-{hi - 1:,}"
     part = None
     if memo is None:
@@ -707,10 +717,10 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
         pq.write_table(units, tmp / "units.parquet", **SEGMENT_SHARD_WRITE_OPTIONS)
         pq.write_table(passages, tmp / "passages.parquet", **SEGMENT_SHARD_WRITE_OPTIONS)
         if part is not None:
-            SM.write_part(tmp, keys, *part)
+            SM.write_part(tmp, keys, *part, text_keys[rows], offsets[rows + 1] - offsets[rows])
         (tmp / "COMPLETE").write_text(f"{n_empty}\n")
     put_cached(cached, write)
-    return str(cached), n_empty, len(bounds) - len(todo), False
+    return str(cached), n_empty, len(bounds) - len(todo), False, int(needed.size), int(needed.size - uncut.size)
 
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
@@ -747,7 +757,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     rows_dir = Path(out_dir) / ".segment-shards" if cache_dir is None else Path(cache_dir)
     rows_dir.mkdir(parents=True, exist_ok=True)
     split = DocumentSplit(split_dir, rows_dir)
-    n_units = n_passages = unit_tokens = n_empty = reused = clusters_reused = 0
+    n_units = n_passages = unit_tokens = n_empty = reused = clusters_reused = docs_cut = docs_reused = 0
     try:
         docs_dirs = split.partition(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), submit,
                                     docs_per_range, window)
@@ -762,8 +772,10 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         next_memo = SM.MemoWriter(memo) if memo is not None else None
         try:
             with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-                for kept, empty, from_memo, hit in ordered_results(submit, calls, window, "segment shards"):
+                for kept, empty, from_memo, hit, docs, docs_from_memo in ordered_results(submit, calls, window,
+                                                                                         "segment shards"):
                     clusters_reused += from_memo
+                    docs_cut, docs_reused = docs_cut + docs, docs_reused + docs_from_memo
                     units = pq.read_table(Path(kept) / "units.parquet", memory_map=True)
                     units_out.write(units)
                     n_units += units.num_rows
@@ -792,4 +804,5 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
             "mean_unit_tokens": unit_tokens / n_units if n_units else 0.0,
             "articles_without_passages": n_empty, "shards": len(ranges), "shards_reused": reused,
             "shards_built": len(ranges) - reused, "clusters": n_clusters, "clusters_reused": clusters_reused,
+            "segmented_documents": docs_cut, "segmented_documents_reused": docs_reused,
             "partition_seconds": t_partition, "split_reused": split.reused, "seconds": time.perf_counter() - t0}
