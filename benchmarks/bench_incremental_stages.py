@@ -362,14 +362,17 @@ def bench_copies(home: Path) -> None:
     order = np.argsort(shard, kind="stable")
     cuts = np.flatnonzero(np.diff(shard[order])) + 1
     groups = list(zip([0, *cuts.tolist()], [*cuts.tolist(), shard.size]))
-    before, old = _best(lambda: [new.take(pa.array(np.sort(order[a:b]))) for a, b in groups])
-
     def one_take():
         by_shard = new.take(pa.array(order))
         return [by_shard.slice(a, b - a) for a, b in groups]
-    now, parts = _best(one_take)
-    row(f"documents 0..{n - 1:,} split into 6 shards (a take a shard before; one take, then slices)", before, now,
-        all(x.equals(y) for x, y in zip(old, parts)))
+
+    def one_chunk():   # partition_range: the range as one chunk, then a take a shard
+        whole = new.combine_chunks()
+        return [whole.take(pa.array(order[a:b])) for a, b in groups]
+    before, old = _best(one_take)
+    now, parts = _best(one_chunk)
+    row(f"documents 0..{n - 1:,} split into 6 shards, warm (one take, then slices before; one chunk, then a take "
+        "a shard)", before, now, all(x.equals(y) for x, y in zip(old, parts)))
 
     passages = pq.read_table(newest("segment") / "passages.parquet", columns=["title", "text"])
     before, old = _best(lambda: arrow_text_keys(pc.binary_join_element_wise(passages.column("title"),
@@ -416,19 +419,27 @@ def bench_copies(home: Path) -> None:
         now, (_, new_values) = _best(lambda: memo.take(TERMS_FIELD, hit))
         row(f"token memo values of {hit.size:,} passages", before, now, np.array_equal(old, new_values))
 
-    shard = max((root / "segment-shards").glob("*/passages.parquet"), key=lambda f: f.stat().st_size, default=None)
+    from tasks.corpus import segment_memo as SM  # noqa: PLC0415
+
+    shard = max((root / "segment-shards").glob(f"*/{SM.LABELLED_PASSAGES_FILE}"), key=lambda f: f.stat().st_size,
+                default=None)
     if shard is not None:   # a segment shard's rows: written by a worker, read back by the coordinator
         import tempfile  # noqa: PLC0415
 
-        from tasks.corpus.shards import SEGMENT_SHARD_WRITE_OPTIONS  # noqa: PLC0415
-        rows_table = pq.read_table(shard)
+        rows_table = SM.read_rows(shard).combine_chunks()
         with tempfile.TemporaryDirectory() as tmp:
-            def write_read(options):
+            def parquet_lz4():
+                options = {"compression": "lz4", "use_dictionary": False, "write_statistics": False}
                 pq.write_table(rows_table, Path(tmp) / "p.parquet", **options)
-                return pq.read_table(Path(tmp) / "p.parquet")
-            before, old = _best(lambda: write_read({}))
-            now, new = _best(lambda: write_read(SEGMENT_SHARD_WRITE_OPTIONS))
-        row(f"segment shard of {rows_table.num_rows:,} passages written and read back", before, now, old.equals(new))
+                return pq.read_table(Path(tmp) / "p.parquet", memory_map=True)
+
+            def arrow_ipc():
+                SM.write_rows(Path(tmp) / "p.arrow", rows_table)
+                return SM.read_rows(Path(tmp) / "p.arrow")
+            before, old = _best(parquet_lz4)
+            now, new = _best(arrow_ipc)
+        row(f"segment shard of {rows_table.num_rows:,} passages written and read back (lz4 Parquet → IPC)", before, now,
+            old.equals(new))
 
     memos = sorted((root / "ingest-pieces").glob("page-memo-*/pages.arrow"))
     if memos:

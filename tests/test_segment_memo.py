@@ -72,9 +72,7 @@ def test_the_memo_gives_back_each_texts_windows_by_its_key(tmp_path):
     """A text the last build cut, in whatever cluster, comes back as its windows (what
     article_windows cuts), looked up by its text key; a text the memo lacks, or one held with
     another number of windows, does not."""
-    import pyarrow.parquet as pq
 
-    from data_contracts import corpus as C
 
     orders = [[0, 1], [2, 0], [3, 2]]   # "Alpha" and "Gamma" twice: kept once
     segs = [_segments(c, [c * 10, c * 10 + 1], order) for c, order in enumerate(orders)]
@@ -82,7 +80,7 @@ def test_the_memo_gives_back_each_texts_windows_by_its_key(tmp_path):
     part = tmp_path / "part"
     part.mkdir()
     SM.write_part(part, np.arange(6, dtype=np.uint64).reshape(3, 2), units, passages, counts, *_members(orders))
-    pq.write_table(pa.table({"text": passages.column("text").cast(pa.string())}), part / C.PASSAGES.filename)
+    SM.write_rows(part / SM.LABELLED_PASSAGES_FILE, pa.table({"text": passages.column("text").cast(pa.string())}))
     SM.write_memo(tmp_path / "memo", [part])
     memo = SM.SegmentMemo.open(tmp_path / "memo")
     texts = [t for _, t in TEXTS] + ["never cut"]
@@ -102,9 +100,7 @@ def test_memo_files_keep_whole_batches_night_after_night(tmp_path, monkeypatch):
     rows ~7 CPU s to gather). The part and the memo are written in batches of MEMO_BATCH_ROWS,
     and the memo gives back the rows."""
     import pyarrow.ipc as ipc
-    import pyarrow.parquet as pq
 
-    from data_contracts import corpus as C
 
     monkeypatch.setattr(SM, "MEMO_BATCH_ROWS", 8)
     n = 30
@@ -117,7 +113,7 @@ def test_memo_files_keep_whole_batches_night_after_night(tmp_path, monkeypatch):
     part.mkdir()
     SM.write_part(part, np.arange(2 * n, dtype=np.uint64).reshape(n, 2), frag_units, frag_passages, counts,
                   *_members([[c % 4, (c + 1) % 4] for c in range(n)]))
-    pq.write_table(pa.table({"text": frag_passages.column("text").cast(pa.string())}), part / C.PASSAGES.filename)
+    SM.write_rows(part / SM.LABELLED_PASSAGES_FILE, pa.table({"text": frag_passages.column("text").cast(pa.string())}))
     assert SM.write_memo(memo, [part]) == n
     for f in (part / SM.UNITS_FILE, part / SM.PASSAGES_FILE, memo / SM.UNITS_FILE, memo / SM.PASSAGES_FILE):
         reader = ipc.open_file(pa.memory_map(str(f)))
@@ -131,9 +127,7 @@ def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path
     """The segment stage hands each shard's texts to the next memo as it reads them
     (MemoWriter.add with the text column) instead of reading them again after: the same files. A
     failed stage (abort) leaves the last memo and no temporary file."""
-    import pyarrow.parquet as pq
 
-    from data_contracts import corpus as C
     from funnelrag.reaper import sweep_stale_temp_dirs
 
     parts = []
@@ -144,12 +138,12 @@ def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path
         part.mkdir()
         SM.write_part(part, np.arange(10 * p, 10 * p + 10, dtype=np.uint64).reshape(5, 2), units, passages, counts,
                       *_members([[c % 3, (c + p) % 4] for c in range(5 * p, 5 * p + 5)]))
-        pq.write_table(pa.table({"text": passages.column("text").cast(pa.string())}), part / C.PASSAGES.filename)
+        SM.write_rows(part / SM.LABELLED_PASSAGES_FILE, pa.table({"text": passages.column("text").cast(pa.string())}))
         parts.append(part)
     assert SM.write_memo(tmp_path / "after", parts) == 10
     writer = SM.MemoWriter(tmp_path / "streamed")
     for part in parts:
-        writer.add(part, pq.read_table(part / C.PASSAGES.filename).column("text"))
+        writer.add(part, SM.read_rows(part / SM.LABELLED_PASSAGES_FILE).column("text"))
     assert writer.commit() == 10
     names = sorted(f.name for f in (tmp_path / "after").iterdir())
     assert names == sorted(f.name for f in (tmp_path / "streamed").iterdir()) and SM.PASSAGES_FILE in names

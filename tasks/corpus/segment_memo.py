@@ -43,7 +43,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from tasks.corpus.memo import DocumentMemo, ranges_take, settings_dir, take_rows, take_texts
@@ -54,6 +53,9 @@ UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
 KEYS_FILE, COUNTS_FILE = "keys.npy", "counts.npy"
 MEMBER_KEYS_FILE, MEMBER_WINDOWS_FILE = "member_keys.npy", "member_windows.npy"
 DOCUMENT_KEYS_FILE, DOCUMENT_ROWS_FILE = "documents.keys.npy", "documents.rows.npy"
+LABELLED_UNITS_FILE, LABELLED_PASSAGES_FILE = "units.labelled.arrow", "passages.labelled.arrow"
+"""A segment shard's rows under tonight's ids (``document_units`` / ``passages`` schemas), in its
+cache entry beside its part: :func:`write_rows`, read back once by the coordinator."""
 FIELDS = ("units", "passages")
 UNIT_SCHEMA = pa.schema([pa.field("suffix", pa.string(), nullable=False), pa.field("position", pa.int32(), nullable=False),
                          pa.field("n_tokens", pa.int32(), nullable=False),
@@ -306,7 +308,8 @@ def write_part(directory: Path, keys: np.ndarray, units: pa.Table, passages: pa.
                member_keys: np.ndarray, member_windows: np.ndarray) -> None:
     """One shard's clusters for the next memo, in its cache entry ``directory``: their keys, counts
     and id-free rows, the passages without their text (it is read back from the entry's
-    ``passages.parquet``, whose rows are the same in the same order, by :func:`write_memo`), and
+    labelled passages (:data:`LABELLED_PASSAGES_FILE`), whose rows are the same in the same order,
+    by :func:`write_memo`), and
     their members' text keys (``(n_members, 2)`` uint64, :func:`tasks.corpus.memo.arrow_text_keys`)
     and windows (``(n_members,)``), members in cluster order, clusters in row order: a member's
     windows are the next ``member_windows[i]`` passage rows, which the memo's document index
@@ -330,11 +333,30 @@ def write_part(directory: Path, keys: np.ndarray, units: pa.Table, passages: pa.
             writer.write_table(table.cast(schema).combine_chunks(), max_chunksize=MEMO_BATCH_ROWS)
 
 
+def write_rows(path: Path, table: pa.Table) -> None:
+    """A segment shard's labelled rows as an uncompressed Arrow IPC file in record batches of
+    :data:`MEMO_BATCH_ROWS` (:func:`read_rows` maps it: nothing decoded or copied).
+
+    Why not Parquet: the coordinator reads these rows once, to write the build's
+    ``passages.parquet`` (zstd) and the next memo. A shard of 224,404 passages of the 200K-page
+    mirror, written and read back: 0.45 CPU s as lz4 Parquet, 0.03 as uncompressed IPC
+    (``benchmarks/bench_incremental_stages.py copies``), ~1.8 CPU s of the ~1M passages an
+    adds-changes night (and a full build) writes, for ~1.55x the bytes (~0.25 GB more at that size
+    in the shard cache, which retention prunes)."""
+    with ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table, max_chunksize=MEMO_BATCH_ROWS)
+
+
+def read_rows(path: Path) -> pa.Table:
+    """The rows :func:`write_rows` wrote, memory-mapped."""
+    return ipc.open_file(pa.memory_map(str(path))).read_all()
+
+
 def has_part(directory: Path) -> bool:
     """Whether ``directory`` holds a part written by :func:`write_part` beside its passages."""
     return all((Path(directory) / name).is_file()
                for name in (KEYS_FILE, COUNTS_FILE, MEMBER_KEYS_FILE, MEMBER_WINDOWS_FILE, UNITS_FILE, PASSAGES_FILE,
-                            C.PASSAGES.filename))
+                            LABELLED_PASSAGES_FILE))
 
 
 def document_index(member_keys: Sequence[np.ndarray], member_ends: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -357,7 +379,7 @@ def document_index(member_keys: Sequence[np.ndarray], member_ends: Sequence[np.n
 class MemoWriter:
     """The next segmentation memo, written part by part as the segment stage reads its shards
     (:meth:`add`), then put in place atomically (:meth:`commit`): the memo's rows of a part are
-    its units and id-free passages (:func:`write_part`) with the text of its ``passages.parquet``,
+    its units and id-free passages (:func:`write_part`) with the text of its labelled passages,
     which the stage has just read for ``passages.parquet`` of the build and hands over, so the
     texts are not read a second time. A repeated key is kept once. The rows go to two Arrow files
     in a ``.tmp-<memo>-<pid>`` directory beside ``directory`` (same file system), moved into the
@@ -389,7 +411,7 @@ class MemoWriter:
 
     def add(self, part: Path, text: pa.ChunkedArray | pa.Array | None = None) -> None:
         """Append the clusters of ``part`` (a segment shard's cache entry holding a :func:`write_part`
-        part); ``text`` is its ``passages.parquet``'s ``text`` column when the caller has it (else
+        part); ``text`` is its labelled passages' ``text`` column when the caller has it (else
         read here). Raises ``ValueError`` when the part's rows and texts differ in number."""
         part = Path(part)
         self._keys.append(np.load(part / KEYS_FILE))
@@ -398,7 +420,7 @@ class MemoWriter:
                                 max_chunksize=MEMO_BATCH_ROWS)
         rows = ipc.open_file(pa.memory_map(str(part / PASSAGES_FILE))).read_all()
         if text is None:
-            text = pq.read_table(part / C.PASSAGES.filename, columns=["text"], memory_map=True).column("text")
+            text = read_rows(part / LABELLED_PASSAGES_FILE).column("text")
         if len(text) != rows.num_rows:
             raise ValueError(f"{part}: {rows.num_rows} memo rows but {len(text)} passages")
         windows = np.load(part / MEMBER_WINDOWS_FILE)
@@ -446,7 +468,7 @@ class MemoWriter:
 def write_memo(directory: Path, parts: Sequence[Path]) -> int:
     """Replace the memo in ``directory`` with the clusters of ``parts`` (segment shard cache
     entries holding a :func:`write_part` part), atomically, reading each part's texts from its
-    ``passages.parquet`` (:class:`MemoWriter` without the texts handed over). Returns the clusters written."""
+    labelled passages (:class:`MemoWriter` without the texts handed over). Returns the clusters written."""
     writer = MemoWriter(directory)
     try:
         for part in parts:

@@ -297,9 +297,9 @@ def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_di
     grouped = shard[order]
     bounds = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if shard.size else np.zeros(0, np.int64)
     # A take a shard from the range's one chunk (the stable sort keeps doc-id order within a
-    # shard): each copy is freed once written, where one take of the whole range in shard order
-    # held a second copy of all its text at once (fresh pages: ~0.5 of 2.7 CPU s a night's split,
-    # mostly the kernel's page zeroing, measured on the 200K-page mirror).
+    # shard; a take from many chunks would join them first, for every shard): each copy is freed
+    # once written, where one take of the whole range in shard order held a second copy of all its
+    # text at once. Same CPU warm (benchmarks/bench_incremental_stages.py copies).
     written = 0
     for a, b in zip(bounds.tolist(), [*bounds[1:].tolist(), shard.size]):
         k = int(grouped[a])
@@ -515,13 +515,8 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
 
 
 # ---------------------------------------------------------------------------------- segment
-SEGMENT_SHARD_VERSION = "3"
-SEGMENT_SHARD_WRITE_OPTIONS = {"compression": "lz4", "use_dictionary": False, "write_statistics": False}
-"""Parquet settings of a segment shard's cached ``units`` / ``passages`` rows, which the coordinator
-reads back once a build: lz4 and no dictionary or statistics write in ~0.8x and read in ~0.25x the
-CPU of the defaults (snappy, dictionaries) for ~4% more bytes (a 195K-passage shard: 0.32 / 0.09 s
-against 0.42 / 0.37 s; ``benchmarks/bench_incremental_stages.py copies``). The artifacts, which the
-coordinator writes, keep their contract's settings."""
+SEGMENT_SHARD_VERSION = "4"
+
 
 
 def anchor_keys(names: Sequence[str]) -> np.ndarray:
@@ -631,7 +626,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
                   memo: str | None = None) -> tuple[str, int, int, bool, int, int]:
     """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
     cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them, written to
-    ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.parquet``.
+    ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.labelled.arrow`` (:func:`tasks.corpus.segment_memo.write_rows`).
 
     Returns ``(that directory, articles without words, clusters taken from the memo or the entry,
     reused, documents of the clusters cut tonight, those of them whose windows the memo held)``;
@@ -714,8 +709,8 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     n_empty = text_bytes.count_blank()
 
     def write(tmp: Path) -> None:
-        pq.write_table(units, tmp / "units.parquet", **SEGMENT_SHARD_WRITE_OPTIONS)
-        pq.write_table(passages, tmp / "passages.parquet", **SEGMENT_SHARD_WRITE_OPTIONS)
+        SM.write_rows(tmp / SM.LABELLED_UNITS_FILE, units)
+        SM.write_rows(tmp / SM.LABELLED_PASSAGES_FILE, passages)
         if part is not None:
             SM.write_part(tmp, keys, *part, text_keys[rows], offsets[rows + 1] - offsets[rows])
         (tmp / "COMPLETE").write_text(f"{n_empty}\n")
@@ -776,12 +771,12 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
                                                                                          "segment shards"):
                     clusters_reused += from_memo
                     docs_cut, docs_reused = docs_cut + docs, docs_reused + docs_from_memo
-                    units = pq.read_table(Path(kept) / "units.parquet", memory_map=True)
+                    units = SM.read_rows(Path(kept) / SM.LABELLED_UNITS_FILE)
                     units_out.write(units)
                     n_units += units.num_rows
                     unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
                     del units
-                    passages = pq.read_table(Path(kept) / "passages.parquet", memory_map=True)
+                    passages = SM.read_rows(Path(kept) / SM.LABELLED_PASSAGES_FILE)
                     passages_out.write(passages)
                     n_passages += passages.num_rows
                     if next_memo is not None and SM.has_part(Path(kept)):
