@@ -19,9 +19,10 @@ from tasks.corpus import stages as S
 from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import (anchor_keys, cluster_ranges, doc_shards, partition_documents, put_cached,
-                                 read_cluster_ranges, read_doc_range, read_rows_by_id, read_shard_documents, run_here,
-                                 run_segment_sharded, run_tokens_sharded)
+from tasks.corpus.memo import arrow_text_keys
+from tasks.corpus.shards import (TEXT_KEYS_FILE, anchor_keys, cluster_ranges, doc_shards, partition_documents,
+                                 put_cached, read_cluster_ranges, read_doc_range, read_rows_by_id, read_shard_documents,
+                                 read_text_keys, run_here, run_segment_sharded, run_tokens_sharded)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,13 @@ def test_sharded_tokens_are_byte_identical(ingested, data_mirror, tmp_path, docs
     assert many["shards"] == -(-one["documents"] // docs_per_shard)
     assert (many["documents"], many["windows"], many["tokens"]) == (one["documents"], one["windows"], one["tokens"])
     assert sha256_file(tmp_path / "one" / "window_tokens.parquet") == sha256_file(tmp_path / "many" / "window_tokens.parquet")
+    texts = pq.read_table(ingested / "documents.parquet", columns=["doc_id", "text"]).sort_by("doc_id").column("text")
+    assert np.array_equal(read_text_keys(tmp_path / "many", np.arange(len(texts))), arrow_text_keys(texts))
+    assert np.array_equal(read_text_keys(tmp_path / "many", np.array([5, 0])), arrow_text_keys(texts.take([5, 0])))
+    assert read_text_keys(tmp_path / "one", np.array([0])) is None   # the one-process stage keeps none
+    np.save(tmp_path / "many" / TEXT_KEYS_FILE, arrow_text_keys(texts)[1:])
+    with pytest.raises(ValueError, match="text keys for"):
+        read_text_keys(tmp_path / "many", np.array([0]))
 
 
 def test_missing_documents_in_a_range_are_an_error(ingested):
@@ -236,10 +244,12 @@ def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp
         assert sha256_file(tmp_path / "scratch" / name) == digest
 
 
-def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, tmp_path):
+@pytest.mark.parametrize("kept_keys", [False, True])
+def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, tmp_path, kept_keys):
     """Edits spread over every shard, clusters recomputed by Algorithm 1 on the edited corpus: only
     clusters with an edited member are segmented again, the others come from the memo under
-    tonight's ids, and the bytes are those of a build without a memo and of the one-process stage."""
+    tonight's ids, and the bytes are those of a build without a memo and of the one-process stage;
+    the same whether the shards hash the texts or take the keys the tokens stage kept."""
     cfg, cache = SegmentConfig(tokenizer="whitespace"), tmp_path / "cache"
     n_docs = pq.read_metadata(ingested / "documents.parquet").num_rows
     edits = {d: f"edited article {d} " + "word " * (37 * d % 250) for d in range(3, n_docs, 20)}
@@ -250,6 +260,9 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
     built = {}
     for name, src in (("base", ingested), ("edited", edited)):
         S.run_tokens(src, tmp_path / name / "tokens", cfg, data_mirror)
+        if kept_keys:   # as run_tokens_sharded keeps them
+            texts = pq.read_table(src / "documents.parquet", columns=["doc_id", "text"]).sort_by("doc_id").column("text")
+            np.save(tmp_path / name / "tokens" / TEXT_KEYS_FILE, arrow_text_keys(texts))
         S.run_cluster(src, tmp_path / name / "tokens", tmp_path / name / "cluster", ClusteringConfig(max_tokens=8192, tokenizer="whitespace"))
         built[name] = (src, tmp_path / name / "tokens", tmp_path / name / "cluster")
     base = run_segment_sharded(*built["base"], tmp_path / "s-base", cfg, data_mirror, run_here, 40_000, cache_dir=cache)

@@ -421,6 +421,26 @@ def read_shard_documents(ingest_dir: str, docs_dir: str | None, wanted: Sequence
 
 TOKENS_MEMO_VERSION = "1"
 TOKENS_MEMO_FIELD = "window_tokens"
+TEXT_KEYS_FILE = "text_keys.npy"
+"""Beside ``window_tokens.parquet`` of the sharded tokens stage: ``(n_docs, 2)`` uint64, each
+document's text key (:func:`tasks.corpus.memo.arrow_text_keys`) by doc id, which the stage computes
+for its memo anyway; the segment shards read theirs instead of hashing the texts again
+(:func:`read_text_keys`)."""
+
+
+def read_text_keys(tokens_dir: Path, doc_ids: np.ndarray) -> np.ndarray | None:
+    """The text keys of documents ``doc_ids`` (``(m,)`` int) the tokens stage kept
+    (:data:`TEXT_KEYS_FILE`, memory-mapped), ``(m, 2)`` uint64; ``None`` when the stage kept none
+    (the one-process stage, or an entry cached before they were kept). Raises ``ValueError`` when
+    the file does not hold one key per document of ``window_tokens.parquet``."""
+    path = Path(tokens_dir) / TEXT_KEYS_FILE
+    if not path.is_file():
+        return None
+    keys = np.load(path, mmap_mode="r")
+    n_docs = pq.read_metadata(Path(tokens_dir) / C.WINDOW_TOKENS.filename).num_rows
+    if keys.ndim != 2 or keys.shape != (n_docs, 2) or keys.dtype != np.uint64:
+        raise ValueError(f"{path}: {keys.shape} {keys.dtype} text keys for {n_docs} documents")
+    return np.asarray(keys[np.asarray(doc_ids, np.int64)])
 
 
 def tokens_memo_dir(root: Path, cfg: SegmentConfig) -> Path:
@@ -474,7 +494,8 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     its counts without tokenizing it, and is then replaced by this build's documents. The summary
     says how many documents were counted and taken from the memo (``documents_counted``,
     ``documents_reused``), and how many shards needed no tokenizer at all (``shards_reused``;
-    ``shards_built`` the others).
+    ``shards_built`` the others). Beside the table it keeps every document's text key
+    (:data:`TEXT_KEYS_FILE`) for the segment shards.
     """
     t0 = time.perf_counter()
     n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
@@ -504,9 +525,10 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
         "tokenizer": pa.array([cfg.tokenizer] * n_docs, pa.string()),
     })
     C.WINDOW_TOKENS.write(table, out_dir)
+    text_keys = np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64)
+    np.save(Path(out_dir) / TEXT_KEYS_FILE, np.ascontiguousarray(text_keys, np.uint64))
     if memo_dir is not None:
-        DocumentMemo.write(memo_dir, np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64),
-                           {TOKENS_MEMO_FIELD: (offsets.astype(np.int64), n_tokens)})
+        DocumentMemo.write(memo_dir, text_keys, {TOKENS_MEMO_FIELD: (offsets.astype(np.int64), n_tokens)})
     seconds = time.perf_counter() - t0
     return {"documents": n_docs, "windows": int(n_tokens.size), "tokens": int(n_tokens.sum()), "tokenizer": cfg.tokenizer,
             "shards": len(shards), "shards_reused": reused_shards, "shards_built": len(shards) - reused_shards,
@@ -655,7 +677,9 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     doc_ids = docs.column("doc_id").to_numpy()
     if doc_ids.tolist() != wanted or tokens.column("doc_id").to_pylist() != wanted:
         raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
-    text_keys = arrow_text_keys(docs.column("text"))   # (n_docs, 2): the shard's key, the clusters' keys
+    text_keys = read_text_keys(tokens_dir, doc_ids)   # (n_docs, 2): the shard's key, the clusters' keys
+    if text_keys is None:
+        text_keys = arrow_text_keys(docs.column("text"))
     cached = Path(cache_dir) / _segment_key(members, docs, text_keys, tokens, cfg)
     if (cached / "COMPLETE").exists():
         mark_used(cached)
