@@ -8,10 +8,12 @@ and patched from the kept base pieces (the nightly's path). Prints wall time, CP
 outcome for each, and checks that the three give the same artifacts.
 
 ``segment``: the sharded segment stage on a nightly home's newest ingest, tokens and cluster outputs,
-with a fresh shard cache and a copy of the home's segmentation memo (``--no-memo``: without it; ``--memo-home``:
-the memo of another home, e.g. the night before's, so that only tonight's changed clusters are segmented).
-Prints wall time, workers' CPU seconds, the clusters taken from the memo, and the top of a cProfile
-of the coordinator.
+with a fresh shard cache and a copy of the home's segmentation memo (``--no-memo``: without it, the
+memo this run writes left in ``--work``; ``--memo-home``: the memo of another home, e.g. the night
+before's, or such a ``--work`` directory, so that only tonight's changed clusters are segmented).
+Prints wall time, workers' CPU seconds, the clusters taken from the memo, the documents of the
+clusters cut and how many of their windows the memo held, and the top of a cProfile of the
+coordinator.
 
 ``days``: the revisions of every adds-changes day of the mirror, parsed (what each night did before
 the day memo) and read from the day memo (what a night does for the days an earlier night parsed);
@@ -55,8 +57,8 @@ the flow's modules imported, before and after ``gc.freeze``; a ``doc_id`` range 
 from a column Arrow joined vs from the two columns (:class:`tasks.corpus.memo.JoinedTexts`); the
 same for every document in a shuffled (cluster) order, taken and joined vs hashed in place; the
 passage token memo's lookup in the callers' order vs in key order; its values gathered one by one vs copied
-by runs; a segment shard's passages written and read back with Parquet's default settings vs
-lz4 without dictionaries or statistics; the page memo sorted by key as a table vs as a key index.
+by runs; a segment shard's passages written and read back as lz4 Parquet vs uncompressed Arrow
+IPC; the page memo sorted by key as a table vs as a key index.
 
 Run:
 ``python benchmarks/bench_incremental_stages.py ingest MIRROR --work DIR [--wiki synwiki] [--workers 2]``
@@ -152,9 +154,10 @@ def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = N
     shutil.rmtree(work, ignore_errors=True)
     cache = work / "segment-shards"
     cache.mkdir(parents=True)
-    if memo:
-        memo_root = (memo_home or home) / "cache" / "corpus"
-        shutil.copytree(SM.memo_dir(memo_root / "segment-shards", cfg), SM.memo_dir(cache, cfg))
+    if memo:   # a nightly home's memo, or the one an earlier run of this step left in its --work
+        source = memo_home or home
+        shards = source / "segment-shards" if (source / "segment-shards").is_dir() else source / "cache" / "corpus" / "segment-shards"
+        shutil.copytree(SM.memo_dir(shards, cfg), SM.memo_dir(cache, cfg))
     mirror = os.environ.get("FUNNELRAG_DATA_MIRROR")
     profile = cProfile.Profile()
 
@@ -510,7 +513,8 @@ def main() -> None:
     b.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     b.add_argument("--work", type=Path, required=True)
     b.add_argument("--no-memo", action="store_true")
-    b.add_argument("--memo-home", type=Path, help="take the segmentation memo from this home (the night before's)")
+    b.add_argument("--memo-home", type=Path, help="take the segmentation memo from this home (the night before's), "
+                   "or from the --work directory of this step run on it (with --no-memo: the memo it wrote)")
     f = sub.add_parser("page-memo")
     f.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     f.add_argument("--work", type=Path, required=True)
