@@ -170,13 +170,14 @@ def keep_worker_client(api_url: str) -> SyncClientContext | None:
     Why: Prefect runs each task in a pool worker under a fresh ``SyncPrefectClient`` made twice
     (once restoring the flow's context, once by the task engine), and each one builds an SSL
     context from certifi's bundle (~17 ms of CPU measured here, for an ``http://`` API too) and a
-    new connection: ~40 ms a shard task, ~1.4 CPU s of an adds-changes night's ~40 tasks (a
-    py-spy profile of one night). Both take the client of an open ``SyncClientContext`` when one
-    is set with the same (default) HTTP settings, so one kept from the pool's start serves every
-    task of the worker. The URL is the flow run's, so nothing else than the per-task one is asked
-    of the API; the context is never left (the worker's exit closes the connection). Returns it;
-    calling again returns the kept one; ``None`` when the API did not answer (logged: each task
-    then makes its own client, as Prefect does, and fails or succeeds on its own)."""
+    new connection. Both take the client of an open ``SyncClientContext`` when one is set with the
+    same (default) HTTP settings, so one kept from the pool's start serves every task of the
+    worker: a shard task's own cost 0.118 → 0.076 CPU s, the server's part included
+    (``benchmarks/bench_task_overhead.py --server``), ~1.7 CPU s of an adds-changes night's ~40
+    tasks. The URL is the flow run's, the one each task's client would use. The context is never
+    left (the worker's exit closes the connection). Returns it; calling again returns the kept
+    one; ``None`` when the API did not answer (logged: each task then makes its own client, as
+    Prefect does, and fails or succeeds on its own)."""
     if _WORKER_CLIENT:
         return _WORKER_CLIENT[0]
     try:
@@ -258,7 +259,7 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
         self._owns_forkserver = ctx.get_start_method() == "forkserver" and _forkserver_pid() is None
         spawn_pool = self._executor
         initargs = spawn_pool._initargs
-        if initargs[1] is init_worker:
+        if len(initargs) == 3 and initargs[1] is init_worker:
             # (queue, init_worker, (levels,)): the workers also keep one client of this flow run's API
             initargs = (initargs[0], init_worker, (*initargs[2][:1], flow_run_api_url()))
         self._executor = ProcessPoolExecutor(max_workers=self._max_workers, mp_context=ctx,
