@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.corpus.memo import (DocumentMemo, JoinedTexts, PartedArray, Utf8Rows, arrow_text_keys, contiguous_runs, copy_ranges, csr_take, keep_extending,
+from tasks.corpus.memo import (DocumentMemo, first_of_each_key, JoinedTexts, PartedArray, Utf8Rows, arrow_text_keys, contiguous_runs, copy_ranges, csr_take, keep_extending,
                                ranges_take, take_rows, take_texts, text_keys)
 
 
@@ -264,3 +264,9 @@ def test_copy_ranges_copies_each_range_from_its_part_or_across_parts():
         copy_ranges(whole, np.array([-1]), np.array([1]), out, np.array([0]))
     with pytest.raises(ValueError):                            # past the end: the slice is short
         copy_ranges(PartedArray(parts), np.array([10]), np.array([14]), np.zeros(4, np.int32), np.array([0]))
+
+
+def test_first_of_each_key_keeps_the_first_row_of_a_repeated_key_in_key_order():
+    keys = np.array([[2, 1], [1, 9], [2, 1], [1, 3], [1, 9]], np.uint64)
+    assert first_of_each_key(keys).tolist() == [3, 1, 0]
+    assert first_of_each_key(np.zeros((0, 2), np.uint64)).tolist() == []

@@ -63,6 +63,19 @@ def keys_digest(version: str, settings: object, ids: Sequence[str], keys: np.nda
     return h.hexdigest()
 
 
+def first_of_each_key(keys: np.ndarray) -> np.ndarray:
+    """``(m,)`` int64: the row of the first occurrence of each distinct key of ``keys`` (``(n, 2)``
+    uint64 (high, low) words, :func:`text_keys`), in key order: what a memo keeps of a repeated
+    key (equal texts have equal values)."""
+    keys = np.asarray(keys, np.uint64).reshape(-1, 2)
+    order = np.lexsort((keys[:, 1], keys[:, 0]))   # stable: of equal keys, the first row comes first
+    ordered = keys[order]
+    first = np.ones(order.size, bool)
+    if order.size > 1:
+        first[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    return order[first].astype(np.int64)
+
+
 def text_keys(texts: Sequence[str]) -> np.ndarray:
     """``(n, 2)`` uint64: the BLAKE2b-128 digest of each text's UTF-8 bytes as (high, low) words
     (big-endian, so the lexicographic order of the pairs is that of the digests)."""
@@ -476,12 +489,7 @@ class DocumentMemo:
         for name, (offsets, _) in fields.items():
             if len(offsets) != n + 1:
                 raise ValueError(f"memo {directory}: field {name!r} has {len(offsets)} offsets for {n} keys")
-        order = np.lexsort((keys[:, 1], keys[:, 0]))
-        ordered = keys[order]
-        first = np.ones(n, bool)
-        if n > 1:
-            first[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
-        rows = order[first]
+        rows = first_of_each_key(keys)
         with atomic_directory(Path(directory)) as tmp:
             np.save(tmp / KEYS_FILE, np.ascontiguousarray(keys[rows]))
             for name, (offsets, data) in fields.items():

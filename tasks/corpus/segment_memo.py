@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from data_contracts import corpus as C
-from tasks.corpus.memo import DocumentMemo, ranges_take, settings_dir, take_rows, take_texts
+from tasks.corpus.memo import DocumentMemo, first_of_each_key, ranges_take, settings_dir, take_rows, take_texts
 from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, cluster_windows
 
 SEGMENT_MEMO_VERSION = "2"
@@ -369,11 +369,7 @@ def document_index(member_keys: Sequence[np.ndarray], member_ends: Sequence[np.n
     keys = np.concatenate(member_keys).reshape(-1, 2).astype(np.uint64) if member_keys else np.zeros((0, 2), np.uint64)
     ends = np.concatenate(member_ends).astype(np.int64) if member_ends else np.zeros(0, np.int64)
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
-    order = np.lexsort((keys[:, 1], keys[:, 0]))
-    first = np.ones(order.size, bool)
-    if order.size > 1:
-        first[1:] = np.any(keys[order][1:] != keys[order][:-1], axis=1)
-    kept = order[first]
+    kept = first_of_each_key(keys)
     return np.ascontiguousarray(keys[kept]), np.stack([starts[kept], ends[kept]], axis=1)
 
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from data_contracts.base import atomic_directory, link_or_copy
-from tasks.corpus.memo import settings_dir, text_key
+from tasks.corpus.memo import first_of_each_key, settings_dir, text_key
 from tasks.corpus.ingest.config import IngestConfig
 
 PAGE_MEMO_VERSION = "1"
@@ -107,12 +107,7 @@ class PageMemo:
         table = _read_parts(parts)
         hi = table.column("hi").to_numpy().astype(np.uint64)
         lo = table.column("lo").to_numpy().astype(np.uint64)
-        order = np.lexsort((lo, hi))   # stable: of equal keys, the first row comes first
-        hi_sorted, lo_sorted = hi[order], lo[order]
-        first = np.ones(order.size, bool)
-        if order.size > 1:
-            first[1:] = (hi_sorted[1:] != hi_sorted[:-1]) | (lo_sorted[1:] != lo_sorted[:-1])
-        rows = order[first]
+        rows = first_of_each_key(np.stack([hi, lo], axis=1))
         index = np.stack([hi[rows], lo[rows], rows.astype(np.uint64)], axis=1) if rows.size else np.zeros((0, 3), np.uint64)
         with atomic_directory(Path(directory)) as tmp:
             for k, part in enumerate(parts):
