@@ -423,11 +423,14 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
 
         def fill_stored_vectors(block) -> None:
             """Lazily filled indexes: embed what this block's stored-vector settings read, untimed."""
-            ks = [s.n_clusters for s in config.progressive if s.vectors == "stored"]
+            stored = [s for s in config.progressive if s.vectors == "stored"]
+            ks = [s.n_clusters for s in stored if not s.passage_shortlist]
+            shortlists = [(s.n_clusters, s.passage_shortlist) for s in stored if s.passage_shortlist]
             for pr in prerankers:
                 if pr.label in vectors:
                     n, sec = fill_lazy_rows(vectors[pr.label], [q.question for q in block], pr, cluster_index, ks,
-                                            bm25_passages if rerankers is not prerankers else None, flat.n_retrieve)
+                                            bm25_passages if rerankers is not prerankers else None, flat.n_retrieve,
+                                            shortlists, passage_bm25(pr) if shortlists else None)
                     emb_info = info["embeddings"][pr.label]
                     emb_info["filled"], emb_info["fill_seconds"] = emb_info.get("filled", 0) + n, emb_info.get(
                         "fill_seconds", 0.0) + sec

@@ -23,6 +23,10 @@ from tasks.funnel.embeddings import (
     publish_embedding_index,
     store_root,
 )
+from tasks.corpus.index import BM25Index
+from tasks.evaluate.retrieval import LabeledPreRanker
+from tasks.evaluate.stored_retrieval import fill_lazy_rows
+from tasks.funnel.fusion import PassageBM25
 from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex
 from tasks.funnel.stored import rank_units_stored
 from tasks.funnel.unit_scoring import group_max
@@ -154,6 +158,40 @@ def test_lazy_index_fills_on_demand_and_persists(mini, tmp_path, one_torch_threa
     np.testing.assert_array_equal(reopened.vectors[rows], lazy.vectors[rows])
     with pytest.raises(EmbeddingIndexMismatch, match="corpus_digest"):
         LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-b", version, full.dim, 64)
+
+
+@pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)
+def test_a_shortlist_setting_fills_only_its_shortlisted_passages(mini, tmp_path, one_torch_thread):
+    """With a BM25 shortlist the lazy fill embeds the M shortlisted passages of each question's K
+    clusters, no other, and the shortlist ranks from them exactly as from the full index."""
+    model, tok, passages = mini["model"], mini["tok"], mini["passages"]
+    full, _ = build_embedding_index(passages, model, tok, "digest-a")
+    lazy = LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-a", model_version(model), full.dim, 64)
+    bm25 = PassageBM25(BM25Index.build([f"{t} {x}" for t, x in zip(passages["title"].to_pylist(),
+                                                                       passages["text"].to_pylist())],
+                                       passages["passage_id"].to_pylist()), full.passage_ids)
+    questions = mini["questions"]["question"].to_pylist()
+    k, m = 3, 4
+    n, _ = fill_lazy_rows(lazy, questions, LabeledPreRanker("bi", model, tok, 8), mini["index"],
+                          shortlists=[(k, m)], passage_bm25=bm25)
+    ids, _ = mini["index"].search(questions, k)
+    expected = set()
+    for q, clusters in zip(questions, ids):
+        rows = full.rows_of_clusters([int(c) for c in clusters])
+        b = bm25.scores(q, rows)
+        top = sorted(range(len(rows)), key=lambda j: (-float(b[j]), int(rows[j])))[:m]   # by hand
+        expected |= {int(rows[j]) for j in top}
+        query = embed_texts(model, tok, [q])[0]
+        of = lambda rr, q=q: bm25.scores(q, rr)   # noqa: E731
+        mine, ref = (rank_units_stored(query, ix, [int(c) for c in clusters], of, shortlist=m) for ix in (lazy, full))
+        assert mine.unit_ids == ref.unit_ids
+        (mine_top, ref_top) = (r.top_passages(ix, 2, 4) for r, ix in ((mine, lazy), (ref, full)))
+        assert [r for r, _ in mine_top] == [r for r, _ in ref_top]      # rows alike; scores up to batching
+        np.testing.assert_allclose([s for _, s in mine_top], [s for _, s in ref_top], atol=1e-5)
+    assert 0 < len(expected) < len(passages) and n == len(expected)
+    assert set(np.flatnonzero(lazy.filled).tolist()) == expected
+    with pytest.raises(ValueError, match="passage_bm25"):
+        fill_lazy_rows(lazy, questions, LabeledPreRanker("bi", model, tok, 8), mini["index"], shortlists=[(k, m)])
 
 
 @pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)

@@ -24,7 +24,7 @@ from tasks.evaluate.retrieval import LabeledPreRanker, PassageLookup, Progressiv
 from tasks.evaluate.timing import StageClock, StageOutcome
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
 from tasks.funnel.embeddings import EmbeddingIndex, embed_queries
-from tasks.funnel.stored import rank_units_stored
+from tasks.funnel.stored import rank_units_stored, shortlist_rows
 from tasks.qa.metrics import TokenCache, passage_hits
 
 
@@ -153,18 +153,50 @@ def run_progressive_stored(questions: Sequence[Question], cluster_index, index: 
 
 
 def fill_lazy_rows(index, questions: Sequence[str], preranker: LabeledPreRanker, cluster_index=None,
-                   cluster_ks: Sequence[int] = (), passage_index=None, n_retrieve: int = 0) -> tuple[int, float]:
+                   cluster_ks: Sequence[int] = (), passage_index=None, n_retrieve: int = 0,
+                   shortlists: Sequence[tuple[int, int]] = (), passage_bm25=None) -> tuple[int, float]:
     """Embed, into a lazily filled index (:class:`tasks.funnel.lazy_embeddings.LazyEmbeddingIndex`),
-    every passage the stored-vector settings will read for ``questions``: those of their top-K
-    clusters for each K in ``cluster_ks`` and their BM25 top ``n_retrieve`` passages (flat
-    re-ranking). Returns ``(passages embedded, seconds)``; a no-op on a full index."""
+    every passage the stored-vector settings will read for ``questions``.
+
+    Parameters
+    ----------
+    index : the lazily filled index (any other index: a no-op).
+    questions : the question texts of one block.
+    preranker : the bi-encoder whose vectors the index holds.
+    cluster_index : BM25 over clusters (needed with ``cluster_ks`` or ``shortlists``).
+    cluster_ks : K of each setting that scores every passage of its top-K clusters.
+    passage_index, n_retrieve : the flat passage BM25 index and the flat setting's candidates
+        (flat re-ranking from stored vectors reads its top ``n_retrieve`` passages).
+    shortlists : ``(K, M)`` of each BM25-shortlist setting: only the M shortlisted passages of
+        its K clusters are read (:func:`tasks.funnel.stored.shortlist_rows`, the rows
+        :func:`tasks.funnel.stored.rank_units_stored` scores), so only those are embedded.
+    passage_bm25 : :class:`tasks.funnel.fusion.PassageBM25` over ``index.passage_ids`` (needed
+        with ``shortlists``).
+
+    Returns
+    -------
+    (passages embedded, seconds)
+
+    Raises
+    ------
+    ValueError
+        ``shortlists`` without ``passage_bm25``.
+    """
     if not hasattr(index, "ensure") or not questions:
         return 0, 0.0
+    if shortlists and passage_bm25 is None:
+        raise ValueError("fill_lazy_rows: shortlist settings need passage_bm25")
     t0 = time.perf_counter()
     rows = []
     for k in sorted(set(cluster_ks)):
         ids, _ = cluster_index.search(list(questions), k)
         rows += [index.rows_of_clusters([int(c) for c in r]) for r in ids]
+    for k, m in sorted(set(shortlists)):
+        ids, _ = cluster_index.search(list(questions), k)
+        for question, r in zip(questions, ids):
+            _, kept, _ = shortlist_rows(index, [int(c) for c in r],
+                                        lambda rr, q=question: passage_bm25.scores(q, rr), m)
+            rows.append(kept)
     if passage_index is not None and n_retrieve:
         row_of = index.row_of()
         ids, _ = passage_index.search(list(questions), n_retrieve)

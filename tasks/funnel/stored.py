@@ -110,6 +110,33 @@ def bm25_shortlist(bm25: np.ndarray, rows: np.ndarray, size: int) -> np.ndarray:
     return np.lexsort((rows, -bm25))[:size].astype(np.int64)
 
 
+def shortlist_rows(index: EmbeddingIndex, cluster_ids: list[int], bm25_scores, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The BM25 shortlist of the K clusters' passages: the rows the bi-encoder scores.
+
+    Parameters
+    ----------
+    index : EmbeddingIndex or MappedEmbeddingIndex (only its cluster → rows map is read).
+    cluster_ids : the BM25 top-K clusters.
+    bm25_scores : ``rows -> float (n,)``, the passages' BM25 scores for the question.
+    size : M >= 1.
+
+    Returns
+    -------
+    (cluster_rows, rows, bm25)
+        every passage row of the clusters, int64 ``(n,)``; the shortlisted rows in the clusters'
+        row order, int64 ``(min(M, n),)``; their BM25 scores ``(min(M, n),)``.
+
+    Raises
+    ------
+    ValueError
+        ``size`` < 1.
+    """
+    cluster_rows = index.rows_of_clusters(cluster_ids)              # (n,)
+    bm25 = np.asarray(bm25_scores(cluster_rows))                    # (n,)
+    keep = np.sort(bm25_shortlist(bm25, cluster_rows, size))        # (M,), in the clusters' row order
+    return cluster_rows, cluster_rows[keep], bm25[keep]
+
+
 def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: list[int],
                       bm25_scores=None, fusion: FusionConfig = FusionConfig(), shortlist: int = 0) -> StoredRanking:
     """Score every passage of ``cluster_ids`` by ``query · E(p)`` and rank their units by MaxP,
@@ -157,13 +184,11 @@ def rank_units_stored(query: np.ndarray, index: EmbeddingIndex, cluster_ids: lis
         raise ValueError(f"fusion {fusion.method!r} / shortlist {shortlist} needs the passages' BM25 scores")
     if shortlist < 0:
         raise ValueError(f"shortlist must be >= 0, got {shortlist}")
-    rows = index.rows_of_clusters(cluster_ids)                      # (n_passages,)
     cluster_rows, passage_bm25 = None, None
     if shortlist:
-        cluster_rows = rows
-        passage_bm25 = np.asarray(bm25_scores(rows))                 # (n_passages,)
-        keep = np.sort(bm25_shortlist(passage_bm25, rows, shortlist))  # (M,), in the clusters' row order
-        rows, passage_bm25 = rows[keep], passage_bm25[keep]
+        cluster_rows, rows, passage_bm25 = shortlist_rows(index, cluster_ids, bm25_scores, shortlist)
+    else:
+        rows = index.rows_of_clusters(cluster_ids)                  # (n_passages,)
     scores = index.gather(rows) @ q                                  # (n_passages,) float32
     codes = np.asarray(index.unit_codes[rows], dtype=np.int64)       # (n_passages,)
     uniq, first, inv = np.unique(codes, return_index=True, return_inverse=True)   # units in id order
