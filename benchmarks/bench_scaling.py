@@ -20,6 +20,7 @@ questions one at a time to the workers in turn, so a change of load on the box h
   over the flat passage index) → the 20 best (``tasks/funnel/stored.py:bm25_shortlist``) →
   MaxP pre-ranking of their units from the stored vectors → N = 8 units → 4p; K' keeps the token
   budget of the Wikispeedia evaluation's shortlist setting (K = 32 clusters of S = 16K tokens).
+  ``prog-sl64-f32``, ``prog-sl64-f16``: the same with the budget of its K = 64 setting.
 
 * ``prog-before`` the progressive path as it was before the speed work: the embedding index in
   the Parquet layout read into memory (ids as Python lists, float32 vectors), per-candidate
@@ -51,6 +52,7 @@ import json
 import math
 import os
 import pstats
+import re
 import resource
 import subprocess
 import sys
@@ -67,10 +69,11 @@ N_RETRIEVE, N_FINAL, N_UNITS = 50, 4, 8
 N_WARMUP = 3                        # questions each worker answers before the measured ones
 TOKEN_BUDGET = 3 * 16_384           # the Wikispeedia evaluation's K = 3 clusters of S = 16K tokens
 SHORTLIST_BUDGET = 32 * 16_384      # its shortlist setting's K = 32 clusters of S = 16K tokens
+                                    # (prog-slNN: NN clusters of 16K tokens)
 SHORTLIST = 20                      # M, the shortlist's passages
 DPR_PASSAGES = 21_015_324
 SETTINGS = ("bm25", "rerank-f32", "rerank-f16", "dense-exact", "dense-ivfpq", "prog-f32", "prog-f16", "prog-sl-f32",
-            "prog-sl-f16", "prog-before")
+            "prog-sl-f16", "prog-sl64-f32", "prog-sl64-f16", "prog-before")
 DTYPES = {"f32": "float32", "f16": "float16"}
 
 
@@ -222,7 +225,7 @@ class Worker:
         if s.startswith("prog"):
             self.clusters = c.cluster_index()
             s_tokens = int(c.build_config("clustering")["max_tokens"])
-            self.k = max(1, round((SHORTLIST_BUDGET if s.startswith("prog-sl") else TOKEN_BUDGET) / s_tokens))
+            self.k = max(1, round(_budget(s) / s_tokens))
             info["k"] = self.k
             info["clusters"] = len(self.clusters)
         if s.startswith("prog-sl"):
@@ -288,6 +291,15 @@ class Worker:
         t["text"] = time.perf_counter() - t2
         n["final"] = len(got)
         return t, n
+
+
+def _budget(setting: str) -> int:
+    """The cluster token budget of a progressive setting: ``prog-sl[NN]-…`` NN (default 32)
+    Wikispeedia clusters of 16K tokens, any other ``prog…`` 3 of them."""
+    m = re.fullmatch(r"prog-sl(\d*)-f(?:16|32)", setting)
+    if m is None:
+        return TOKEN_BUDGET
+    return (int(m.group(1)) * 16_384) if m.group(1) else SHORTLIST_BUDGET
 
 
 def _rank_before(q: np.ndarray, index, cluster_ids: list[int]) -> tuple[list[int], int, int]:

@@ -272,7 +272,7 @@ def test_the_shipped_configs_load_with_their_fusions():
     assert {s.fusion for s in sweep.progressive} == {"none", "convex", "rrf"}
     table = load_config(EvaluateConfig, "configs/evaluate_wikispeedia_cpu.yaml")
     assert table.questions.part == "all" and table.questions.datasets == ["nq-open-test"]
-    assert [s.fusion for s in table.progressive] == ["none", "convex", "none", "none", "none"]   # MaxP stays beside
+    assert [s.fusion for s in table.progressive] == ["none", "convex", "none", "none", "none", "none"]   # MaxP beside
     chosen = table.progressive[1]
     assert chosen in sweep.progressive and chosen.label() == "convex-w0.9-max"   # one of the swept settings
     assert table.progressive[2] in passages.progressive and table.progressive[2].label() == "pw0.1"
@@ -286,3 +286,9 @@ def test_the_shipped_configs_load_with_their_fusions():
     assert [(s.n_clusters, s.passage_shortlist) for s in shortlists.progressive] == [
         (3, 0), *((k, m) for k in (3, 8, 32) for m in (20, 50, 100))]
     assert table.progressive[4] in shortlists.progressive and table.progressive[4].label() == "sl20"   # the chosen (K, M)
+    sizes = load_config(EvaluateConfig, "configs/shortlist_size_validation_cpu.yaml")   # (K, M) again, 600 questions
+    assert sizes.questions.part == "validation" and sizes.questions.datasets == ["nq-open-dev"]
+    assert sizes.questions.limit == 2 * shortlists.questions.limit and sizes.questions.seed == shortlists.questions.seed
+    assert [(s.n_clusters, s.passage_shortlist) for s in sizes.progressive] == [(32, 20), (32, 50), (64, 20), (64, 50)]
+    assert table.progressive[5] in sizes.progressive and (table.progressive[5].n_clusters,
+                                                          table.progressive[5].passage_shortlist) == (64, 20)
