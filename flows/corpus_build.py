@@ -23,6 +23,7 @@ from prefect.events import emit_event
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data_contracts.corpus import CLUSTERS
+from flows.run_report import build_message, completed, name_run, run_name
 from flows.runners import RunnerConfig, build_task_runner, submitter
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
@@ -385,6 +386,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     """
     config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
     check_inputs(config)   # before the lock, MLflow and any stage: a wrong path fails in a second
+    name_run(run_name("build-corpus", config.name))
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
     with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,
@@ -397,7 +399,7 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
 
         summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=summary["version"],
                                                        preranker=config.embed_preranker, workspace=config.workspace))
-    return summary
+    return completed(build_message(summary), summary)
 
 
 def apply_retention(cfg: RetentionConfig, ws: Workspace, corpus: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
+from flows.run_report import build_message, completed, name_run, nightly_message, run_name
 from flows.runners import build_task_runner
 from funnelrag.config import resolve_flow_config
 from funnelrag.inputs import check_inputs
@@ -104,19 +105,23 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
     check_inputs(config)
     runner = build_task_runner(config.runner)
     if not config.source.mirror:
-        return corpus_build_flow.with_options(task_runner=runner)(config)
+        name_run(run_name("nightly", config.name, "paths"))
+        summary = corpus_build_flow.with_options(task_runner=runner)(config)
+        return completed(build_message(summary), summary)
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
     t0 = time.perf_counter()
     plan = plan_task(config, ws)
     logger.info("nightly %s: %s (%s)", config.name, plan.action, plan.reason)
+    name_run(run_name("nightly", config.name, plan.action))
     store = corpus_store(ws, config.name)
     key = f"corpus-build-nightly-{config.name}".lower().replace("_", "-")
     if plan.action == N.NOTHING:
         create_markdown_artifact(key=key, markdown=nightly_markdown(config.name, plan, None),
                                  description="corpus-build-nightly: nothing new")
-        return {"corpus": config.name, "version": store.current_version(), "nightly": plan.as_dict(),
-                "total_seconds": time.perf_counter() - t0}
+        return completed(nightly_message(plan.action, plan.reason, plan.days, None),
+                         {"corpus": config.name, "version": store.current_version(), "nightly": plan.as_dict(),
+                          "total_seconds": time.perf_counter() - t0})
     dump_path, fetched = fetch_task(config, ws, plan)
     source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": plan.dump_entry(),
                                               "changes": fetched.get("changes_file")})
@@ -128,4 +133,4 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
                     in_use=[plan.base.date] if plan.base else [])
     create_markdown_artifact(key=key, markdown=nightly_markdown(config.name, plan, summary),
                              description=f"corpus-build-nightly: {plan.action}")
-    return summary
+    return completed(nightly_message(plan.action, plan.reason, plan.days, summary), summary)

@@ -16,13 +16,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE as NO_CACHE
-from prefect.states import Completed
+from prefect.artifacts import create_markdown_artifact
 
+from flows.run_report import completed, embed_markdown, embed_message, name_run, run_name
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
 from funnelrag.device import resolve_device
 from funnelrag.registry import missing_alias
 from funnelrag.threads import torch_threads
-from funnelrag.tracking import configure, flow_run, log_metrics
+from funnelrag.tracking import configure, flow_run, log_metrics, run_link
 from funnelrag.workspace import Workspace
 from tasks.corpus.published import open_corpus
 from tasks.evaluate.models import load_preranker_ref
@@ -85,14 +86,14 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
     import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     config = resolve_flow_config(EmbedConfig, config, config_file, overrides, home)
+    name_run(run_name("embed", config.corpus, config.preranker.rsplit("/", 1)[-1]))
     ws = Workspace(config.workspace.home)
     configure(ws, config.workspace.tracking_uri)
     absent = missing_alias(config.preranker)
     if absent is not None:   # e.g. the embed-champion automation on a home with no champion yet
         message = f"nothing to embed: {absent}"
         get_run_logger().info(message)
-        return Completed(message=message, data={"corpus": config.corpus, "preranker": config.preranker,
-                                                "skipped": message})
+        return completed(message, {"corpus": config.corpus, "preranker": config.preranker, "skipped": message})
     corpus = open_corpus(ws, config.corpus, config.corpus_version)
     with torch_threads(config.torch_threads), flow_run(
             ws, config.experiment, f"embed-{config.corpus}", config.model_dump(exclude={"workspace"}),
@@ -102,9 +103,14 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
         info = embed_task(config, ws, corpus, model, tok)
         mlflow.log_params({**resolved.as_params("preranker"), "model_version": info["model_version"][:16]})
         mlflow.set_tags({"corpus_digest": corpus_digest(corpus), "embedding_version": info["version"]})
-        log_metrics({k: float(info[k]) for k in ("passages", "seconds", "passages_per_s") if k in info}
-                    | {"cache_hit": float(info["cache_hit"])})
-    return {"corpus": config.corpus, "corpus_version": corpus.version, "preranker": config.preranker, **info}
+        log_metrics({k: float(info[k]) for k in ("passages", "embedded", "reused", "seconds", "passages_per_s")
+                     if k in info} | {"cache_hit": float(info["cache_hit"])})
+        create_markdown_artifact(
+            key=f"embed-corpus-{config.corpus}".lower().replace("_", "-"), description="embed-corpus: passages embedded and reused",
+            markdown=embed_markdown(config.corpus, corpus.version, config.preranker, info,
+                                    run_link(run, config.workspace.tracking_uri)))
+    return completed(embed_message(info), {"corpus": config.corpus, "corpus_version": corpus.version,
+                                           "preranker": config.preranker, **info})
 
 
 def run_embed(cfg: EmbedConfig) -> dict[str, Any]:

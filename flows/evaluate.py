@@ -25,10 +25,10 @@ from typing import Any, ClassVar, Literal
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
-from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.embed import corpus_digest
+from flows.run_report import completed, name_run, run_name
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
 from funnelrag.device import resolve_device
@@ -323,13 +323,27 @@ def evaluate_flow(config: EvaluateConfig | None = None, config_file: str | None 
     """
     config = resolve_flow_config(EvaluateConfig, config, config_file, overrides, home)
     check_inputs(config)   # before MLflow and the corpus: a wrong questions path fails in a second
+    name_run(run_name("evaluate", config.corpus, config.corpus_version))
     absent = _absent_required_models(config)
     if absent:   # e.g. the evaluate-champion automation on a home with no champion yet
         message = "nothing to evaluate: " + "; ".join(absent)
         get_run_logger().info(message)
-        return Completed(message=message, data={"corpus": config.corpus, "skipped": message})
+        return completed(message, {"corpus": config.corpus, "skipped": message})
     with torch_threads(config.torch_threads):
-        return _evaluate(config)
+        summary = _evaluate(config)
+    return completed(evaluate_message(summary), summary)
+
+
+def evaluate_message(summary: dict[str, Any]) -> str:
+    """State message of an ``evaluate`` run: the number of settings and questions and the
+    setting with the best AR@4 (``evaluated 6 settings on 300 questions; best AR@4 0.187:
+    flat-bm25-50p-minilm-4p``)."""
+    table = summary.get("table") or []
+    head = f"evaluated {len(table)} setting{'s' if len(table) != 1 else ''} on {summary.get('questions', 0):,} questions"
+    if not table:
+        return head
+    best = max(table, key=lambda r: r["AR@4"])
+    return f"{head}; best AR@4 {best['AR@4']:.3f}: {best['setting']}"
 
 
 def _absent_required_models(config: EvaluateConfig) -> list[str]:

@@ -34,6 +34,7 @@ from data_contracts.funnel import QUESTIONS
 from flows.artifacts import summary_artifact
 from flows.launched.preranker import launch_distill
 from flows.launched.reader import launch_reader
+from flows.run_report import completed, name_run, run_name
 from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, deep_merge, flatten_params, resolve_flow_config, to_jsonable
 from funnelrag.device import resolve_device
@@ -392,6 +393,7 @@ def train_reader_flow(config: DistillationConfig | None = None, config_file: str
     """Questions → funnel candidates (train, dev) → FiD reader → dev exact match → registry
     (``reader_registry_name``, champion gate on dev EM)."""
     ctx = Context.open(resolve_flow_config(DistillationConfig, config, config_file, overrides, home))
+    name_run(run_name("train-reader", ctx.cfg.corpus, ctx.corpus.version))
     with tracked(ctx, "train-reader") as run:
         questions = questions_task(ctx)
         train = candidates_task(ctx, questions, "train")
@@ -406,7 +408,8 @@ def train_reader_flow(config: DistillationConfig | None = None, config_file: str
         summary_artifact(f"train-reader-{ctx.cfg.corpus}", f"train-reader on `{ctx.cfg.corpus}` version "
                          f"`{ctx.corpus.version}`", run, ctx.cfg.workspace.tracking_uri, summary,
                          "FiD reader: training, dev exact match, registry gate")
-        return summary
+    return completed(f"FiD reader: dev EM {summary['reader_eval'].get('em', 0.0):.3f} on "
+                     f"{summary['reader_eval'].get('questions', 0):,} questions; registry: {_gate_text(gate)}", summary)
 
 
 @flow(name="score-passages", log_prints=True)
@@ -414,6 +417,7 @@ def score_passages_flow(config: DistillationConfig | None = None, config_file: s
                         overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """FiD attention scores of the train candidates (Eq. 3) and L2G labels (Eq. 4, 5)."""
     ctx = Context.open(resolve_flow_config(DistillationConfig, config, config_file, overrides, home))
+    name_run(run_name("score-passages", ctx.cfg.corpus, ctx.corpus.version))
     with tracked(ctx, "score-passages") as run:
         train = candidates_task(ctx, questions_task(ctx), "train")
         reader = reader_task(ctx, train)
@@ -424,7 +428,9 @@ def score_passages_flow(config: DistillationConfig | None = None, config_file: s
         summary_artifact(f"score-passages-{ctx.cfg.corpus}", f"score-passages on `{ctx.cfg.corpus}` version "
                          f"`{ctx.corpus.version}`", run, ctx.cfg.workspace.tracking_uri, summary,
                          "Eq. 3 attention scores and L2G labels (Eqs. 4-5) of the train candidates")
-        return summary
+    return completed(f"Eq. 3 scores of {summary['attention'].get('passages', 0):,} passages; L2G labels of "
+                     f"{summary['labels'].get('documents', 0):,} documents ({summary['labels'].get('positives', 0):,} D+)",
+                     summary)
 
 
 @flow(name="distill-preranker", log_prints=True)
@@ -432,6 +438,7 @@ def distill_preranker_flow(config: DistillationConfig | None = None, config_file
                            overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """BPR distillation (Eq. 6), dev answer recall before/after, registry gate."""
     ctx = Context.open(resolve_flow_config(DistillationConfig, config, config_file, overrides, home))
+    name_run(run_name("distill-preranker", ctx.cfg.corpus, ctx.corpus.version))
     with tracked(ctx, "distill-preranker") as run:
         questions = questions_task(ctx)
         train = candidates_task(ctx, questions, "train")
@@ -445,7 +452,7 @@ def distill_preranker_flow(config: DistillationConfig | None = None, config_file
         summary = {"mlflow_run_id": run.info.run_id, "distill": _log_stage("distill", distilled),
                    "evaluate": _log_stage("evaluate", evaluation), "answer_recall": recall, "gate": gate}
         _distillation_artifact(ctx, run, summary)
-        return summary
+    return completed(distill_message(recall, {"name": ctx.cfg.registry_name, **gate}), summary)
 
 
 def distillation_markdown(corpus: str, corpus_version: str, questions: int, recall: list[dict[str, float]],
@@ -481,6 +488,15 @@ def distillation_run_markdown(corpus: str, corpus_version: str, mlflow_run: str,
     return "\n".join(lines + _recall_lines(questions, recall)) + "\n"
 
 
+def distill_message(recall: list[dict[str, float]], gate: dict[str, Any]) -> str:
+    """State message of a distillation: the pre-ranker's answer recall at the largest k before
+    and after BPR (Eq. 6) and the registry decision (``AR@8 0.433 → 0.467; funnelrag-preranker v3
+    — reason``)."""
+    top = max(recall, key=lambda r: r["k"]) if recall else None
+    head = f"AR@{top['k']} {top['before']:.3f} → {top['after']:.3f}; " if top else ""
+    return head + _gate_text(gate)
+
+
 def _gate_text(gate: dict[str, Any]) -> str:
     return (f"{gate.get('name', '')} v{gate.get('version')} — {gate.get('reason')}"
             + (" (now champion)" if gate.get("promoted") else ""))
@@ -507,6 +523,7 @@ def distillation_run_flow(config: DistillationConfig | None = None, config_file:
     """train-reader → score-passages → distill-preranker on the current corpus version; prints
     the pre-ranker's answer recall on held-out questions before and after distillation."""
     ctx = Context.open(resolve_flow_config(DistillationConfig, config, config_file, overrides, home))
+    name_run(run_name("distillation-run", ctx.cfg.corpus, ctx.corpus.version))
     with tracked(ctx, "distillation-run") as run:
         reader = train_reader_flow(ctx.cfg)
         scored = score_passages_flow(ctx.cfg)
@@ -521,10 +538,12 @@ def distillation_run_flow(config: DistillationConfig | None = None, config_file:
         for row in distilled["answer_recall"]:
             print(f"{row['k']:>4}   {row['before']:.3f}   {row['after']:.3f}")
         _distillation_run_artifact(ctx, run, reader, scored, distilled)
-        return {"corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
+        summary = {"corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
                 "mlflow_run_id": run.info.run_id, "answer_recall": distilled["answer_recall"],
                 "gate": distilled["gate"], "reader_gate": reader["reader_gate"], "train_reader": reader, "score_passages": scored,
                 "distill_preranker": {k: v for k, v in distilled.items() if k not in ("answer_recall", "gate")}}
+    return completed(f"reader dev EM {r_eval['em']:.3f}; " + distill_message(
+        distilled["answer_recall"], {"name": ctx.cfg.registry_name, **distilled["gate"]}), summary)
 
 
 def _distillation_run_artifact(ctx: Context, run: Any, reader: dict[str, Any], scored: dict[str, Any],

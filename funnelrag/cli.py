@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         from funnelrag.compare import compare_main  # noqa: PLC0415  (heavy: torch via tasks.evaluate.models, only for `funnelrag compare`)
 
         return compare_main(argv[argv.index("compare") + 1:])
+    if wanted == "schedule":  # its own argument parser: funnelrag schedule DEPLOYMENT --cron ... [--set ...]
+        from funnelrag.schedule import schedule_main  # noqa: PLC0415  (heavy: prefect's client, only for `funnelrag schedule`)
+
+        return schedule_main(argv[argv.index("schedule") + 1:])
     if wanted != "search":
         prefect_process_defaults()
     commands = {} if wanted == "search" else _commands(wanted)
@@ -228,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="debug logging, and the full summary (not the one-screen digest)")
     sub.add_parser("compare", help="print MLflow runs or registered model versions side by side "
                    "(funnelrag compare RUN_OR_MODEL RUN_OR_MODEL ... [--home DIR] [--diff])", add_help=False)
+    sub.add_parser("schedule", help="turn a deployment's schedule on with overrides kept as its parameters "
+                   "(funnelrag schedule DEPLOYMENT --cron CRON [--set KEY=VALUE ...] [--off])", add_help=False)
     s = sub.add_parser("search", help="print the top clusters of the current corpus for a question")
     s.add_argument("question")
     s.add_argument("--k", type=int, default=10)

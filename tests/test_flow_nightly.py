@@ -43,6 +43,17 @@ def _age_cache(root: Path, days: float) -> int:
     return len(entries)
 
 
+def _night_run(config: CorpusBuildConfig) -> tuple[dict, str, str]:
+    """One night: its summary, and the flow run's state message and name as the API holds them."""
+    from prefect.client.orchestration import get_client  # noqa: PLC0415  (heavy: prefect's client)
+
+    state = corpus_build_nightly(config, return_state=True)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    assert run.state.message == state.message
+    return state.result(), state.message, run.name
+
+
 def _digest(home: Path, version: str) -> str:
     return corpus_store(Workspace(home), WIKI).read_manifest(version)["content_digest"]
 
@@ -56,13 +67,19 @@ def test_nightly_follows_the_mirror(prefect_harness, tmp_path, data_mirror):
     store = corpus_store(Workspace(home), WIKI)
     with serve(tmp_path / "mirror") as server:
         night = lambda: corpus_build_nightly(_config(home, data_mirror, mirror=server.url))  # noqa: E731
-        first = night()
+        first, message, name = _night_run(_config(home, data_mirror, mirror=server.url))
         assert first["nightly"]["action"] == "full" and first["dump"]["days"] == []
+        assert message.startswith(f"full: published {first['version']}: ") and "documents" in message, message
+        assert name == f"nightly-{WIKI}-full-{time.strftime('%Y%m%d', time.gmtime())}", name
         assert store.current_version() == first["version"]
         assert (home / "downloads" / "dumps" / WIKI / "20260101").is_dir()   # downloaded into the home
 
-        second = night()
+        second, message, name = _night_run(_config(home, data_mirror, mirror=server.url))
         assert second["nightly"]["action"] == "incremental" and second["nightly"]["days"] == [DAY1]
+        tokenised = second["reused_texts"]["window_token_documents"]
+        assert message.startswith(f"incremental: 1 day, {tokenised['built']:,} documents re-tokenised, "
+                                  f"{tokenised['reused']:,} reused; published {second['version']}"), message
+        assert name.startswith(f"nightly-{WIKI}-incremental-"), name
         assert second["nightly"]["waiting_days"] == [DAY2]
         assert store.read_manifest(second["version"])["dump"]["days"] == [DAY1]
         assert set(second["shards"]) >= {"ingest_pieces", "token_shards", "segment_shards", "cluster_token_shards"}
@@ -97,8 +114,9 @@ def test_nightly_follows_the_mirror(prefect_harness, tmp_path, data_mirror):
         assert sum(d["skipped"].get("other_namespace", 0) for d in fetch["days"]) > 0   # other namespaces: counted skips
 
         requests = len(server.requests)
-        idle = night()
+        idle, message, name = _night_run(_config(home, data_mirror, mirror=server.url))
         assert idle["nightly"]["action"] == "nothing" and "shards" not in idle
+        assert message == f"nothing: {idle['nightly']['reason']}" and name.startswith(f"nightly-{WIKI}-nothing-")
         assert idle["version"] == third["version"] == store.current_version()
         assert all("pages-" not in path for path, _ in server.requests[requests:])   # no download
 
