@@ -276,7 +276,33 @@ def promote(cfg: CorpusBuildConfig, ws: Workspace, version_dir: Path, decision: 
 CORPUS_CURRENT_EVENT = "funnelrag.corpus.current"
 
 
-def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> None:
+def _clusters_over_s(version_dir: Path, max_tokens: int) -> int:
+    table = CLUSTERS.read(version_dir, columns=["n_tokens", "n_members"])
+    return oversize_clusters(table.column("n_tokens").to_numpy(), table.column("n_members").to_numpy(), max_tokens)
+
+
+def oversize_clusters(n_tokens, n_members, max_tokens: int) -> int:
+    """Clusters over S tokens: each is one article longer than S, which Algorithm 1 never merges
+    (clusters of several members stay ≤ S).
+
+    Parameters
+    ----------
+    n_tokens, n_members : int arrays of shape (n_clusters,), from the clusters table.
+    max_tokens : S.
+
+    Raises
+    ------
+    ValueError
+        A cluster of several members over S (Algorithm 1's bound broken), naming how many.
+    """
+    over = n_tokens > max_tokens
+    merged = int((over & (n_members > 1)).sum())
+    if merged:
+        raise ValueError(f"{merged} clusters of several members exceed S = {max_tokens} tokens")
+    return int(over.sum())
+
+
+def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int, over: int) -> None:
     import matplotlib  # noqa: PLC0415  (heavy: matplotlib, only when a plot is drawn)
 
     matplotlib.use("Agg")
@@ -288,7 +314,8 @@ def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int) -> Non
     ax.axvline(max_tokens, color="crimson", linestyle="--", label=f"S = {max_tokens} tokens")
     ax.set_xlabel("cluster size (tokens)")
     ax.set_ylabel("clusters")
-    ax.set_title(f"{sizes.size} clusters, mean {sizes.mean():.0f} tokens")
+    ax.set_title(f"{sizes.size} clusters, mean {sizes.mean():.0f} tokens"
+                 + (f"; {over:,} over S: single articles longer than S" if over else ""))
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_png, dpi=100, metadata={"Software": None})
@@ -351,7 +378,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     lines = [f"# corpus-build `{summary['corpus']}` → version `{summary['version']}`", "",
              f"- MLflow run: {summary.get('mlflow_run_link') or '`' + summary['mlflow_run_id'] + '`'}",
              f"- store: `{summary['store']}` (version directory `{summary['path']}`)",
-             f"- S (max cluster tokens): {summary['max_cluster_tokens_S']:,}"]
+             f"- S (max cluster tokens): {summary['max_cluster_tokens_S']:,}"
+             + (f"; {summary['clusters_over_S']:,} clusters are single articles longer than S "
+                f"(the largest {summary['counts']['max_cluster_tokens']:,} tokens), which Algorithm 1 never merges"
+                if summary.get("clusters_over_S") else "")]
     if summary.get("dump"):
         dump = summary["dump"]
         lines.append(f"- input: full dump `{dump['base']}` of `{dump['wiki']}`"
@@ -478,6 +508,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
                        for k in walls},
             "total_seconds": time.perf_counter() - t_flow,
             "max_cluster_tokens_S": config.clustering.max_tokens,
+            "clusters_over_S": _clusters_over_s(version_dir, config.clustering.max_tokens),
             "store": str(corpus_store(ws, config.name).root),
             "mlflow_run_id": run.info.run_id,
             "mlflow_run_link": run_link(run, config.workspace.tracking_uri),
@@ -498,7 +529,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
         run_dir = ws.run_dir("corpus-build", run.info.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         hist = run_dir / "cluster_sizes.png"
-        _cluster_histogram(version_dir, hist, config.clustering.max_tokens)
+        _cluster_histogram(version_dir, hist, config.clustering.max_tokens, summary["clusters_over_S"])
         write_json(run_dir / "summary.json", summary)
         for f in (version_dir / "manifest.json", version_dir / "ingest_report.parquet", hist, run_dir / "summary.json"):
             log_artifact(f)

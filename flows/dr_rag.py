@@ -13,6 +13,7 @@ pairs are cached on the content of their inputs (:class:`funnelrag.store.StageCa
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -122,6 +123,9 @@ def train_dr_rag_classifier_flow(config: DRRAGConfig | None = None, config_file:
 
     logger = get_run_logger()
     ws, cache, coll = _prepare(config)
+    if not coll.summary["train_questions"]:
+        raise ValueError(f"data: split {config.data.split} leaves no train question of {coll.summary['questions']} "
+                         "(lower data.split.dev_fraction)")
     with flow_run(ws, EXPERIMENT, "dr-rag-train", config.model_dump(exclude={"workspace"}),
                   tracking_uri=config.workspace.tracking_uri, tags={"flow": "train-dr-rag-classifier"}) as run:
         pairs = pairs_task(cache, coll, config.pairs)
@@ -159,8 +163,16 @@ def resolve_classifier(cfg: DRRAGConfig, ws: Workspace, dst: Path) -> Path:
 @flow(name="evaluate-dr-rag")
 def evaluate_dr_rag_flow(config: DRRAGConfig | None = None, config_file: str | None = None,
                          overrides: list[str] | None = None, home: str | None = None, classifier_dir: str | None = None) -> dict[str, Any]:
-    """BM25 / SM / QDC / CIS / CFS on the dev questions: the paper's Table 5 for ``eval.top_ks``."""
+    """BM25 / SM / QDC / CIS / CFS on the dev questions: the paper's Table 5 for ``eval.top_ks``.
+
+    A file of one's own (``data.path``) evaluated with a registered or local classifier (no
+    ``classifier_dir`` from a training in the same run) is evaluated whole: every question is a
+    dev question (``data.split.dev_fraction`` = 1), since that classifier was not trained on it.
+    """
     config = resolve_flow_config(DRRAGConfig, config, config_file, overrides, home)
+    if config.data.path and classifier_dir is None and config.data.split.dev_fraction != 1.0:
+        whole = dataclasses.replace(config.data, split=dataclasses.replace(config.data.split, dev_fraction=1.0))
+        config = config.model_copy(update={"data": whole})
 
     logger = get_run_logger()
     ws, cache, coll = _prepare(config)

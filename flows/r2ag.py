@@ -32,11 +32,11 @@ from pydantic import Field
 from data_contracts import r2ag as R
 from data_contracts.base import atomic_write_bytes
 from flows.artifacts import summary_artifact
-from funnelrag import tracking
+from funnelrag import datasets, tracking
 from funnelrag.config import FlowCommand, FlowConfig, config_hash, resolve_flow_config
 from funnelrag.datasets import resolve
 from funnelrag.registry import download_model, register_model
-from funnelrag.stages import resolve_dataset, run_cached
+from funnelrag.stages import hash_path, resolve_dataset, run_cached
 from funnelrag.store import StageCache, write_json
 from funnelrag.workspace import Workspace
 from models.encoders import BiEncoder, EncoderConfig, resolve_model_path
@@ -122,13 +122,35 @@ class EvaluateR2AGConfig(R2AGListsConfig):
     generation: R2AGGenerationConfig = Field(default_factory=R2AGGenerationConfig)
 
 
+def data_file(data: R2AGDataConfig, mirror: Path | None, downloads_dir: Path) -> tuple[Path, str]:
+    """``(path, sha256)`` of the questions R²AG reads: ``data.path`` when set, else the registered
+    ``data.hotpotqa_file`` / ``data.nq_file`` of ``data.dataset``.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``data.path`` does not exist (named).
+    ValueError
+        A registered-name setting holds a name that is not registered (a file path there is
+        pointed to ``data.path``).
+    """
+    if data.path:
+        return hash_path(data.path, "data.path")
+    key = "hotpotqa_file" if data.dataset == "hotpotqa" else "nq_file"
+    name = getattr(data, key)
+    if name not in datasets.REGISTRY:
+        hint = f"; give a file of your own as data.path={name}" if Path(name).suffix else ""
+        raise ValueError(f"data.{key}: {name!r} is not a registered data set (known: "
+                         f"{', '.join(sorted(datasets.REGISTRY))}){hint}")
+    return resolve_dataset(name, mirror, downloads_dir)
+
+
 # ---------------------------------------------------------------------------- tasks
 @task(name="r2ag-features", cache_policy=NO_CACHE)
 def features_task(ws: Workspace, mirror: Path | None, data: R2AGDataConfig, lists_cfg: ListConfig,
                   feat_cfg: FeatureConfig, enc_cfg: EncoderConfig):
     """Ranked lists + retrieval features, cached on content; returns (lists, features, report)."""
-    path, sha = resolve_dataset(data.hotpotqa_file if data.dataset == "hotpotqa" else data.nq_file, mirror,
-                                ws.downloads_dir)
+    path, sha = data_file(data, mirror, ws.downloads_dir)
     inputs = {"data": sha}
     corpus = None
     if data.dataset == "nq":

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -29,13 +30,14 @@ class WorkspaceConfig(BaseModel):
         ``$FUNNELRAG_HOME``, else ``./funnelrag-home``.
     data_mirror : directory holding the real data sets (see funnelrag.datasets); ``None`` means
         "use ``../shared/data`` if it exists, else download from the canonical URLs".
-    tracking_uri : MLflow tracking URI; ``None`` = ``sqlite:///{home}/mlflow.db``.
+    tracking_uri : MLflow tracking URI; default ``$MLFLOW_TRACKING_URI`` (an MLflow server: every
+        artifact then links to its run), else ``None`` = ``sqlite:///{home}/mlflow.db``.
     """
 
     model_config = ConfigDict(extra="forbid")
     home: Path = Field(default_factory=default_home)
     data_mirror: Path | None = Field(default_factory=default_mirror)
-    tracking_uri: str | None = None
+    tracking_uri: str | None = Field(default_factory=lambda: os.environ.get("MLFLOW_TRACKING_URI") or None)
 
 
 class FlowConfig(BaseModel):

@@ -152,3 +152,14 @@ def test_embed_champion_after_a_distillation_embeds_the_corpus_and_home_it_train
     _, cfg = _triggered_config(EmbedConfig, trigger, event)
     assert cfg.workspace.home == Path("/srv/funnelrag") and cfg.corpus == "enwiki-sample"
     assert cfg.preranker == "models:/funnelrag-preranker@champion"
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_every_deployment_takes_a_config_file_the_home_and_overrides(name):
+    """One parameter shape for every deployment, so ``--param overrides=[...]`` and
+    ``funnelrag schedule --set`` work on each: no inline ``config`` that a config file would clash with."""
+    params = DEPLOYMENTS[name]["parameters"]
+    assert set(params) == {"config_file", "home", "overrides"}, (name, params)
+    assert isinstance(params["overrides"], list)
+    if params["config_file"] is not None:
+        assert (ROOT / params["config_file"]).is_file(), params["config_file"]

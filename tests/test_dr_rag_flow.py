@@ -55,3 +55,23 @@ def test_train_register_and_evaluate(prefect_harness, config):
     assert again["table5"] == summary["table5"]
     mv = MlflowClient().get_model_version_by_alias(config.registry_name, "champion")
     assert str(mv.version) == "1"
+
+    # A file of one's own, evaluated with the registered champion: every question evaluated (the
+    # champion was not trained on it), although the config's split would hold half of them for dev.
+    import dataclasses  # noqa: PLC0415
+    own = config.workspace.home / "my_questions.jsonl"
+    lines = (config.workspace.data_mirror / "hotpotqa" / "hotpotqa_dev_subsampled.jsonl").read_text().splitlines()
+    own.write_text("\n".join(lines[20:27]) + "\n")
+    mine = evaluate_dr_rag_flow(config.model_copy(update={"data": dataclasses.replace(config.data, path=str(own))}))
+    assert mine["dev_questions"] == 7 and len(mine["table5"]) == 5
+
+
+def test_a_split_without_dev_questions_is_refused_naming_the_file(tmp_path, data_mirror):
+    from tasks.dr_rag.hotpotqa import SplitConfig  # noqa: PLC0415
+    from tasks.dr_rag.stages import HotpotQADataConfig, run_collection  # noqa: PLC0415
+
+    path = data_mirror / "hotpotqa" / "hotpotqa_dev_subsampled.jsonl"
+    whole = run_collection(path, HotpotQADataConfig(max_questions=5, split=SplitConfig(dev_fraction=1.0)), tmp_path / "a")
+    assert whole["dev_questions"] == 5 and whole["train_questions"] == 0   # evaluation only: allowed
+    with pytest.raises(ValueError, match="hotpotqa_dev_subsampled.jsonl.*leaves no dev question"):
+        run_collection(path, HotpotQADataConfig(max_questions=5, split=SplitConfig(dev_fraction=0.0)), tmp_path / "b")

@@ -96,3 +96,23 @@ def test_nq_bm25_lists_follow_bm25_order_and_has_answer(data_mirror, wikispeedia
         assert lists["label"][i].as_py() == int(has_answer(answers[i], text_of[lists["doc_id"][i].as_py()]))
     with pytest.raises(KeyError, match="not in the passages table"):
         nq_bm25_lists(questions.slice(0, 2), index, passages.slice(0, 5), ListConfig(k=5))
+
+
+def test_r2ag_reads_a_file_of_ones_own_through_data_path(tmp_path, data_mirror):
+    """``data.path`` (as in the DR-RAG flows) is read instead of the registered file; a path given
+    where a registered name is expected says where it belongs."""
+    import pytest  # noqa: PLC0415
+
+    from flows.r2ag import data_file  # noqa: PLC0415
+    from tasks.r2ag.stages import R2AGDataConfig  # noqa: PLC0415
+
+    own = tmp_path / "mine.jsonl"
+    own.write_text((data_mirror / "hotpotqa" / "hotpotqa_dev_subsampled.jsonl").read_text().splitlines()[0] + "\n")
+    path, sha = data_file(R2AGDataConfig(path=str(own)), data_mirror, tmp_path)
+    assert path == own and len(sha) == 64
+    registered, _ = data_file(R2AGDataConfig(), data_mirror, tmp_path)
+    assert registered.name == "hotpotqa_dev_subsampled.jsonl"
+    with pytest.raises(ValueError, match=r"data.hotpotqa_file: .* is not a registered data set .*data.path="):
+        data_file(R2AGDataConfig(hotpotqa_file=str(own)), data_mirror, tmp_path)
+    with pytest.raises(FileNotFoundError, match="data.path"):
+        data_file(R2AGDataConfig(path=str(tmp_path / "absent.jsonl")), data_mirror, tmp_path)

@@ -23,3 +23,17 @@ def test_distillation_artifact_shows_recall_before_after_and_the_gate():
                                "[abc](http://x)")
     assert "| 4 | 0.250 | 0.300 | +0.050 |" in md and "| 8 | 0.500 | 0.450 | -0.050 |" in md
     assert "funnelrag-preranker v2 — worse" in md and "champion" not in md and "MLflow run: [abc](http://x)" in md
+
+
+def test_an_mlflow_server_in_the_environment_is_where_flows_track_and_link(monkeypatch):
+    """A deployment's worker (or a user's shell) with ``MLFLOW_TRACKING_URI`` set tracks on that server
+    and its artifacts link to the run; without it, the home's SQLite store."""
+    from funnelrag.config import WorkspaceConfig  # noqa: PLC0415
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    ws = WorkspaceConfig()
+    assert ws.tracking_uri == "http://127.0.0.1:5000"
+    assert run_link(RUN, ws.tracking_uri) == "[abc123](http://127.0.0.1:5000/#/experiments/7/runs/abc123)"
+    assert WorkspaceConfig(tracking_uri="sqlite:///x.db").tracking_uri == "sqlite:///x.db"   # a setting wins
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert WorkspaceConfig().tracking_uri is None

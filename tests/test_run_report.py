@@ -61,3 +61,20 @@ def test_distillation_and_evaluation_messages():
     assert evaluate_message({"table": table, "questions": 300}) == \
         "evaluated 2 settings on 300 questions; best AR@4 0.187: flat"
     assert evaluate_message({"table": [], "questions": 0}) == "evaluated 0 settings on 0 questions"
+
+
+def test_clusters_over_s_are_single_articles_and_the_report_says_so():
+    import numpy as np  # noqa: PLC0415
+    import pytest  # noqa: PLC0415
+
+    from flows.corpus_build import oversize_clusters, summary_markdown  # noqa: PLC0415
+
+    tokens, members = np.array([4000, 110_000, 5000, 300]), np.array([3, 1, 1, 1])
+    assert oversize_clusters(tokens, members, 4096) == 2
+    with pytest.raises(ValueError, match="1 clusters of several members exceed S = 4096"):
+        oversize_clusters(np.array([5000]), np.array([2]), 4096)
+    md = summary_markdown({**SUMMARY, "corpus": "w", "mlflow_run_id": "r", "store": "s", "path": "p",
+                           "max_cluster_tokens_S": 4096, "clusters_over_S": 2, "stages": {},
+                           "counts": {**SUMMARY["counts"], "max_cluster_tokens": 110_000}})
+    assert ("S (max cluster tokens): 4,096; 2 clusters are single articles longer than S (the largest 110,000 "
+            "tokens), which Algorithm 1 never merges") in md

@@ -44,6 +44,8 @@ class R2AGDataConfig:
     dataset : ``"hotpotqa"`` (context paragraphs, supporting = relevant) or ``"nq"`` (BM25 over
         the published corpus passages, relevant = DPR has_answer).
     hotpotqa_file, nq_file : registered data-file names (:mod:`funnelrag.datasets`).
+    path : a file of one's own (HotpotQA JSON Lines / JSON for ``hotpotqa``, an NQ-open TSV for
+        ``nq``), read instead of the registered file; as ``data.path`` of the DR-RAG flows.
     max_questions : keep the first N questions (file order; NQ by question_id); None = all.
     test_fraction : share of questions (by hash) held out for evaluation.
     split_seed : seed of the split hash.
@@ -53,6 +55,7 @@ class R2AGDataConfig:
     dataset: str = "hotpotqa"
     hotpotqa_file: str = "hotpotqa-dev-subsampled"
     nq_file: str = "nq-open-dev"
+    path: str | None = None
     max_questions: int | None = None
     test_fraction: float = 0.2
     split_seed: int = 0
