@@ -39,6 +39,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
 from funnelrag.config import RUN_LOGGERS
+from flows.main_guard import check_main_guard
 from flows.shard_retry import ShardFuture
 from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
 
@@ -259,6 +260,7 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
     """
 
     def __enter__(self) -> "SharedAPIProcessPoolTaskRunner":
+        check_main_guard()   # a main script without a __main__ guard: its workers would run it again and die
         super().__enter__()
         ctx = worker_context()
         self._owns_forkserver = ctx.get_start_method() == "forkserver" and _forkserver_pid() is None
