@@ -194,8 +194,9 @@ def explain_validation_error(exc: ValidationError, model: type[BaseModel], path:
         if unknown:
             holder = ".".join(keys[:-1]) or "the top level"
             lines.append(f"{where}: unknown key {key!r}; {holder} has the keys: {', '.join(section) or 'none'}")
-        elif key and err["type"] in ("value_error", "assertion_error"):   # a section's own check: its message says it
-            lines.append(f"{where}: {key}: {err['msg'].split(', ', 1)[-1]}")
+        elif err["type"] in ("value_error", "assertion_error"):   # a section's own check: its message says it
+            reason = err["msg"].split(", ", 1)[-1]
+            lines.append(f"{where}: {key}: {reason}" if key else f"config: {reason}")
         elif key:
             expected = section.get(keys[-1].split("[")[0])
             want = f" (expected {_type_name(expected)})" if expected is not None else ""

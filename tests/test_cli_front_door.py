@@ -135,10 +135,15 @@ def test_bad_values_in_a_config_file_name_the_file(nothing_starts, capsys, tmp_p
     assert f"config file {cfg}: runner.workers = 'lots'" in capsys.readouterr().err
     assert main(["build-corpus", "--set", "source.paths=[a,"]) == 2   # a value that is not YAML
     assert "override 'source.paths=[a,': the value is not YAML" in capsys.readouterr().err
+    assert main(["build-corpus", "--set", "index.passage_shard_tokens=-1"]) == 2   # a section's own check
+    assert capsys.readouterr().err == ("funnelrag build-corpus: --set index.passage_shard_tokens=-1: index: "
+                                       "index.passage_shard_tokens must be >= 0 (0 = one passage index), got -1\n")
+    assert main(["build-corpus", "--set", "source.datasets=[]"]) == 2               # the whole config's check
+    assert "funnelrag build-corpus: config: source: give at least one dataset" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_nightly_command_follows_a_mirror(prefect_harness, tmp_path, data_mirror, capsys, monkeypatch, kept_environ):
+def test_nightly_command_follows_a_mirror(prefect_harness, tmp_path, data_mirror, monkeypatch, kept_environ):
     from prefect.settings import PREFECT_API_URL  # noqa: PLC0415  (heavy: prefect)
 
     from benchmarks.synth_dump import SAMPLE, write_mirror  # noqa: PLC0415  (test data writer)
@@ -156,9 +161,9 @@ def test_nightly_command_follows_a_mirror(prefect_harness, tmp_path, data_mirror
     night = ["nightly", "--config", str(config), "--home", str(home), "--set", f"source.mirror={mirror}"]
     assert main([*night, "--json", str(tmp_path / "full.json")]) == 0
     full = json.loads((tmp_path / "full.json").read_text())
-    assert full["nightly"]["action"] == "full" and full["nightly"]["waiting_days"] == ["20260102"]
+    assert full["nightly"]["action"] == "full"
     assert (home / "stores" / "corpus" / "synwiki" / "versions" / full["version"] / "manifest.json").is_file()
     assert main([*night, "--json", str(tmp_path / "idle.json")]) == 0
     idle = json.loads((tmp_path / "idle.json").read_text())
     assert idle["nightly"]["action"] == "nothing" and idle["version"] == full["version"]
-    assert "nightly" in capsys.readouterr().out
+    assert idle["nightly"]["waiting_days"] == ["20260102"]   # the day not done yet: nothing to build
