@@ -26,7 +26,7 @@ from data_contracts.corpus import CLUSTERS
 from flows.run_report import build_message, completed, name_run, run_name
 from flows.runners import RunnerConfig, build_task_runner, submitter
 from funnelrag import datasets
-from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
+from funnelrag.config import ConfigError, FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
@@ -548,7 +548,22 @@ def run_corpus_build(cfg: CorpusBuildConfig) -> dict[str, Any]:
     return corpus_build_flow.with_options(task_runner=build_task_runner(cfg.runner))(cfg)
 
 
+def refuse_mirror(cfg: CorpusBuildConfig) -> None:
+    """``funnelrag build-corpus``'s check before any flow run: a dumps mirror is followed by
+    ``funnelrag nightly`` (the ``corpus-build-nightly`` flow, which hands this flow tonight's dump
+    as ``source.paths``).
+
+    Raises
+    ------
+    funnelrag.config.ConfigError
+        ``source.mirror`` is set (its value is not repeated: a URL may hold credentials).
+    """
+    if cfg.source.mirror:
+        raise ConfigError("source.mirror is set: a dumps mirror is followed by the nightly flow, use `funnelrag "
+                          "nightly` with the same --config/--set (build-corpus builds source.paths or source.datasets)")
+
+
 COMMANDS = [
     FlowCommand("build-corpus", "build, validate and publish a versioned corpus + BM25 indexes (default: Wikispeedia)",
-                CorpusBuildConfig, run_corpus_build),
+                CorpusBuildConfig, run_corpus_build, check=refuse_mirror),
 ]

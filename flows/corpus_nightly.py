@@ -24,7 +24,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.run_report import build_message, completed, name_run, nightly_message, run_name
 from flows.runners import build_task_runner
-from funnelrag.config import resolve_flow_config
+from funnelrag.config import FlowCommand, resolve_flow_config
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.workspace import Workspace
@@ -134,3 +134,10 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
     create_markdown_artifact(key=key, markdown=nightly_markdown(config.name, plan, summary),
                              description=f"corpus-build-nightly: {plan.action}")
     return completed(nightly_message(plan.action, plan.reason, plan.days, summary), summary)
+
+
+COMMANDS = [
+    FlowCommand("nightly", "follow a Wikimedia dumps mirror (source.mirror): a new full dump → a full build, new "
+                "adds-changes days → an incremental build, else nothing (without a mirror: build-corpus on source.paths)",
+                CorpusBuildConfig, corpus_build_nightly),
+]

@@ -39,6 +39,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
 from funnelrag.config import RUN_LOGGERS
+from flows.main_guard import check_main_guard
 from flows.shard_retry import ShardFuture
 from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
 
@@ -49,7 +50,9 @@ class RunnerConfig(BaseModel):
     """Where and how wide the per-shard stages run (none of it changes an artifact byte).
 
     kind : ``local`` (processes on this box) or ``dask`` (a Dask cluster via prefect-dask).
-    workers : worker processes (local, or the LocalCluster's); None = every core of the box.
+    workers : worker processes (local, or the LocalCluster's); None (``workers: null`` in YAML) = the
+        CPUs this process may run on (its affinity mask, e.g. a container's or ``taskset``'s cores;
+        ``os.cpu_count()`` where the platform has no mask), so one config follows the machine.
     address : Dask scheduler address (``tcp://host:8786``); None = start a LocalCluster.
     streams_per_piece : bz2 streams (100 pages each) per ingest piece of a multistream dump.
     docs_per_shard : documents per token-counting shard, and per task of the pass that splits the
@@ -69,7 +72,10 @@ class RunnerConfig(BaseModel):
     tokens_per_shard: int = Field(default=32_000_000, ge=1)
 
     def n_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        if self.workers:
+            return self.workers
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ()
+        return len(cpus) or os.cpu_count() or 1
 
 
 def parent_api_url() -> str | None:
@@ -254,6 +260,7 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
     """
 
     def __enter__(self) -> "SharedAPIProcessPoolTaskRunner":
+        check_main_guard()   # a main script without a __main__ guard: its workers would run it again and die
         super().__enter__()
         ctx = worker_context()
         self._owns_forkserver = ctx.get_start_method() == "forkserver" and _forkserver_pid() is None

@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 from prefect.context import FlowRunContext
 
+from flows.main_guard import MainGuardMissing, guard_message, unguarded_main_script
+
 log = logging.getLogger(__name__)
 
 WORKER_DEATH_RETRIES = 2
@@ -65,6 +67,8 @@ class ShardFuture:
                 return self._future.result(*a, **kw)
             except BrokenProcessPool as exc:
                 shard = describe_shard(self._fn, self._args)
+                if (script := unguarded_main_script()) is not None:   # its workers died running it again
+                    raise MainGuardMissing(f"shard {shard}: its worker process died; {guard_message(script)}") from exc
                 if self._attempt > self._retries:
                     raise ShardWorkerDied(
                         f"shard {shard}: a worker process of its pool died on each of {self._attempt} attempts, "

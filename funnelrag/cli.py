@@ -5,6 +5,7 @@ Examples::
     funnelrag demo                                   # the whole job on the embedded defaults
     funnelrag demo --set 'steps=[dr-rag, r2ag]'      # the other two systems
     funnelrag build-corpus --config configs/corpus_enwiki_sample.yaml --set clustering.max_tokens=2048
+    funnelrag nightly --config configs/corpus_full_enwiki.yaml --home /data/funnelrag-home
     funnelrag search "who wrote the origin of species"
     funnelrag distill --config configs/distillation_wikispeedia_cpu.yaml --set n_train=150
     funnelrag evaluate --config configs/evaluate_demo.yaml --print-config
@@ -19,13 +20,16 @@ import logging
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from funnelrag.config import RUN_LOGGERS, FlowCommand, WorkspaceConfig, load_config
+from pydantic import ValidationError
+
+from funnelrag.config import RUN_LOGGERS, ConfigError, FlowCommand, WorkspaceConfig, explain_validation_error, load_config
 from funnelrag.display import format_value
 from funnelrag.inputs import InputFileError, check_inputs
 from funnelrag.progress import heartbeat
@@ -36,6 +40,7 @@ from funnelrag.workspace import Workspace
 # Flow modules that export ``COMMANDS: list[FlowCommand]``; imported only when needed.
 FLOW_MODULES = (
     "flows.corpus_build",
+    "flows.corpus_nightly",
     "flows.funnel",
     "flows.evaluate",
     "flows.experiment",
@@ -48,6 +53,7 @@ FLOW_MODULES = (
 # command → module, so ``funnelrag <cmd>`` imports one flow module (prefect/torch imports are slow).
 COMMAND_INDEX = {
     "build-corpus": "flows.corpus_build",
+    "nightly": "flows.corpus_nightly",
     "demo": "flows.demo",
     "distill": "flows.funnel",
     "train-reader": "flows.funnel",
@@ -114,6 +120,15 @@ def start_ephemeral_api() -> None:
     if not server.running:
         with heartbeat("starting the ephemeral Prefect API (a new PREFECT_HOME creates its database first)"):
             server.start()
+
+
+HOME_HELP = "funnelrag home: sets workspace.home (default: $FUNNELRAG_HOME, else ./funnelrag-home)"
+
+
+def argparse_text(text: str) -> str:
+    """One of our texts as an argparse ``help``: argparse %-formats every help string
+    (``%(default)s``), so a literal ``%`` ("95% intervals") is doubled."""
+    return text.replace("%", "%%")
 
 
 def _commands(only: str | None = None) -> dict[str, FlowCommand]:
@@ -222,10 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and a flow's full summary")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, cmd in sorted(commands.items()):
-        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        p = sub.add_parser(name, help=argparse_text(cmd.help), description=cmd.help)
         p.add_argument("--config", type=Path, help="YAML file with the flow's configuration")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. clustering.max_tokens=2048 (repeatable)")
+        p.add_argument("--home", help=HOME_HELP + "; a --set workspace.home=... wins")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -238,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("question")
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--corpus", default="wikispeedia", help="corpus name (store under home/stores/corpus/)")
-    s.add_argument("--home", default=None, help="funnelrag home (default: $FUNNELRAG_HOME, else ./funnelrag-home)")
+    s.add_argument("--home", default=None, help=HOME_HELP)
     s.add_argument("--passages", type=int, default=3, help="also print the top N passages with their text (0: none)")
     args = parser.parse_args(argv)
 
@@ -257,14 +273,18 @@ def main(argv: list[str] | None = None) -> int:
     cmd = commands[args.command]
 
     try:   # config file and input files checked before any Prefect server or MLflow run starts
-        cfg = load_config(cmd.config_model, args.config, args.overrides)
+        try:
+            cfg = load_config(cmd.config_model, args.config, args.overrides, home=args.home)
+        except ValidationError as exc:
+            raise explain_validation_error(exc, cmd.config_model, args.config, args.overrides, args.home) from exc
         if args.print_config:
             print(json.dumps(cfg.model_dump(mode="json"), indent=2))
             return 0
+        if cmd.check is not None:
+            cmd.check(cfg)
         check_inputs(cfg)
-    except (InputFileError, OSError) as exc:
-        print(f"funnelrag {args.command}: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, InputFileError, OSError) as exc:
+        return user_error(args.command, exc, args.verbose)
     if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
         start_reaper()
         start_ephemeral_api()
@@ -277,6 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, summary)
     return 0
+
+
+def user_error(command: str, exc: BaseException, verbose: bool) -> int:
+    """Report an error the user can fix: ``funnelrag <command>: <message>`` on stderr (the
+    message names its subject: file, key, value), the traceback above it only when ``verbose``.
+    Returns the exit code, 2."""
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"funnelrag {command}: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -12,13 +12,16 @@ import hashlib
 import json
 import logging
 import os
+import types
+import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from funnelrag.datasets import default_home, default_mirror
+from funnelrag.errors import BadInput
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -47,26 +50,37 @@ class FlowConfig(BaseModel):
     workspace: WorkspaceConfig = Field(default_factory=WorkspaceConfig)
 
 
+class ConfigError(BadInput, ValueError):
+    """A configuration a person gave that cannot be used: a YAML syntax error (file, line,
+    column), an unknown key (with the keys its section knows), a value of the wrong type (key,
+    value, what was expected). The message is one or two lines, meant for a terminal."""
+
+
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     """Turn ``["a.b=1", "c=x"]`` into a nested dict ``{"a": {"b": 1}, "c": "x"}``.
 
     Raises
     ------
-    ValueError
-        A pair has no ``=`` or an empty key.
+    ConfigError
+        A pair has no ``=``, an empty key, or a value that is not YAML (a ``ValueError``).
     """
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ValueError(f"override {pair!r} is not of the form key.path=value")
+            raise ConfigError(f"override {pair!r} is not of the form key.path=value")
         key, raw = pair.split("=", 1)
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
-            raise ValueError(f"override {pair!r} has an empty key")
+            raise ConfigError(f"override {pair!r} has an empty key")
         node = out
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {pair!r}: {part} was given a value by an earlier override, not keys")
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {pair!r}: the value is not YAML ({_yaml_problem(exc)})") from exc
     return out
 
 
@@ -81,19 +95,120 @@ def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def load_config(model: type[M], path: Path | None = None, overrides: Sequence[str] = ()) -> M:
-    """Build ``model`` from the embedded defaults, then the YAML file ``path``, then overrides.
+def load_config(model: type[M], path: Path | None = None, overrides: Sequence[str] = (),
+                home: Path | str | None = None) -> M:
+    """Build ``model`` from the embedded defaults, then the YAML file ``path``, then ``home`` as
+    ``workspace.home`` (the CLI's ``--home``), then overrides (as :func:`resolve_flow_config`).
 
     Raises
     ------
     FileNotFoundError
         ``path`` does not exist.
+    ConfigError
+        ``path`` is not YAML or its top level is not a mapping (file, line and column named).
     pydantic.ValidationError
-        A value has the wrong type or a key is unknown (message names the key).
+        A value has the wrong type or a key is unknown (message names the key;
+        :func:`explain_validation_error` makes it a :class:`ConfigError` naming where it came from).
     """
     data = read_config_file(path) if path is not None else {}
+    if home is not None and str(home) != "":
+        data = deep_merge(data, {"workspace": {"home": str(home)}})
     data = deep_merge(data, parse_overrides(overrides))
     return model.model_validate(data)
+
+
+def _sections(annotation: Any) -> list[Any]:
+    """The pydantic models and dataclasses an annotation can hold (``X | None`` → ``[X]``)."""
+    if isinstance(annotation, type) and (issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation)):
+        return [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _sections(arg)]
+    return []
+
+
+def _fields(section: Any) -> dict[str, Any]:
+    """``{key: annotation}`` of a pydantic model or a dataclass, in declaration order."""
+    if isinstance(section, type) and issubclass(section, BaseModel):
+        return {name: f.annotation for name, f in section.model_fields.items()}
+    try:
+        hints = typing.get_type_hints(section)
+    except (NameError, TypeError):   # an annotation that does not resolve here: the names still help
+        hints = {}
+    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(section)}
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "").replace("pathlib.", "")
+
+
+def _walk(model: type[BaseModel], loc: Sequence[Any], unknown_last: bool = False) -> tuple[list[str], dict[str, Any]]:
+    """Follow ``loc`` (a pydantic error location) through ``model``'s sections. Returns the path
+    of keys it names (list items as ``[i]``; union member tags such as ``str`` dropped, except a
+    last part that is an ``unknown_last`` key) and ``{key: annotation}`` of the section holding
+    the last key."""
+    keys: list[str] = []
+    fields = section = _fields(model)
+    for n, part in enumerate(loc):
+        if isinstance(part, int):
+            keys[-1:] = [f"{keys[-1]}[{part}]"] if keys else [f"[{part}]"]
+        elif part in fields:
+            keys.append(str(part))
+            section = fields
+            inner = _sections(fields[part])
+            fields = _fields(inner[0]) if inner else {}
+        elif unknown_last and n == len(loc) - 1:
+            keys.append(str(part))
+            section = fields
+    return keys, section
+
+
+def _origin(key: str, path: Path | None, overrides: Sequence[str], home: Path | str | None) -> str:
+    """Where the value at dotted ``key`` came from: the ``--set`` that gave it, ``--home``, the
+    config file, or the defaults."""
+    for pair in reversed(list(overrides)):   # the last --set of the key, of a section above it, or below it
+        given = pair.split("=", 1)[0].strip()
+        if given in (key, key.split("[")[0]) or key.startswith(f"{given}.") or given.startswith(f"{key}."):
+            return f"--set {pair}"
+    if key == "workspace.home" and home is not None:
+        return f"--home {home}"
+    return f"config file {path}" if path is not None else "the defaults"
+
+
+UNKNOWN_KEY_ERRORS = ("extra_forbidden", "unexpected_keyword_argument")
+"""pydantic's error types of a key a section does not have (a model's, a dataclass's)."""
+
+
+def explain_validation_error(exc: ValidationError, model: type[BaseModel], path: Path | None = None,
+                             overrides: Sequence[str] = (), home: Path | str | None = None,
+                             shown: int = 2) -> ConfigError:
+    """A :class:`ConfigError` for a person, one line per problem (at most ``shown``, then a
+    count), each naming its key and where the value came from (``--set``, ``--home``, the config
+    file ``path``): an unknown key with the keys its section knows, a wrong value with the type
+    the key expects and pydantic's reason."""
+    lines = []
+    for err in exc.errors():
+        unknown = err["type"] in UNKNOWN_KEY_ERRORS
+        keys, section = _walk(model, err["loc"], unknown_last=unknown)
+        key = ".".join(keys)
+        where = _origin(key, path, overrides, home)
+        if unknown:
+            holder = ".".join(keys[:-1]) or "the top level"
+            lines.append(f"{where}: unknown key {key!r}; {holder} has the keys: {', '.join(section) or 'none'}")
+        elif err["type"] in ("value_error", "assertion_error"):   # a section's own check: its message says it
+            reason = err["msg"].split(", ", 1)[-1]
+            lines.append(f"{where}: {key}: {reason}" if key else f"config: {reason}")
+        elif key:
+            expected = section.get(keys[-1].split("[")[0])
+            want = f" (expected {_type_name(expected)})" if expected is not None else ""
+            value = err.get("input")
+            given = f" = {value!r}" if not isinstance(value, (dict, list)) else ""
+            lines.append(f"{where}: {key}{given}: {err['msg']}{want}")
+        else:
+            lines.append(f"{where}: {err['msg']}")
+    more = f" (and {len(lines) - shown} more)" if len(lines) > shown else ""
+    return ConfigError("\n".join(lines[:shown]) + more)
 
 
 def read_config_file(path: Path | str) -> dict[str, Any]:
@@ -103,9 +218,9 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
     ------
     FileNotFoundError
         ``path`` does not exist.
-    ValueError
-        A YAML syntax error or a top level that is not a mapping; the message names the file
-        (and the line and column of a syntax error).
+    ConfigError
+        A YAML syntax error or a top level that is not a mapping (a ``ValueError``); the message
+        names the file (and the line and column of a syntax error, counted from 1).
     """
     path = Path(path)
     if path.is_dir():
@@ -113,13 +228,26 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"config file {path} does not exist")
     try:
-        with open(path, encoding="utf-8") as fh:  # marks then say "in <path>, line L, column C"
+        with open(path, encoding="utf-8") as fh:
             loaded = yaml.safe_load(fh) or {}
     except yaml.YAMLError as exc:
-        raise ValueError(f"config file {path}: YAML syntax error: {exc}") from exc
+        raise ConfigError(f"config file {path}, {_yaml_problem(exc)}") from exc
     if not isinstance(loaded, dict):
-        raise ValueError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
+        raise ConfigError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
     return loaded
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """``line L, column C: YAML syntax error: <problem> (<context> at line L')`` of a YAML error
+    (lines and columns from 1, as editors count them)."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f"YAML syntax error: {exc}"
+    text = f"line {mark.line + 1}, column {mark.column + 1}: YAML syntax error: {exc.problem}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None:
+        text += f" ({context} at line {start.line + 1}, column {start.column + 1})"
+    return text
 
 
 RUN_LOGGERS = ("funnelrag", "flows", "tasks", "models")
@@ -215,6 +343,9 @@ class FlowCommand:
 
     ``run(cfg) -> dict`` returns a summary printed by the CLI as a table; with ``screen``,
     ``screen(cfg, summary) -> str`` is printed instead (one screen), the table with ``--verbose``.
+    ``check(cfg)``, when given, runs before any Prefect API or flow run starts and raises
+    :class:`ConfigError` for a config this command cannot run (e.g. ``build-corpus`` with a mirror,
+    which ``nightly`` follows).
     """
 
     name: str
@@ -222,3 +353,4 @@ class FlowCommand:
     config_model: type[BaseModel]
     run: Callable[[Any], dict]
     screen: Callable[[Any, dict], str] | None = None
+    check: Callable[[Any], None] | None = None

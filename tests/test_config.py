@@ -1,4 +1,5 @@
 """Flow configuration: embedded defaults, YAML file, dotted overrides, typed validation."""
+import os
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,8 @@ def test_shipped_corpus_configs_load(name):
     cfg = load_config(CorpusBuildConfig, Path(__file__).resolve().parents[1] / "configs" / name)
     if name == "corpus_full_enwiki.yaml":
         assert cfg.index.sharded and cfg.runner.tokens_per_shard == cfg.index.passage_shard_tokens == 32_000_000
+        assert cfg.runner.workers is None   # follows the machine: one worker per CPU this process may use
+        assert cfg.runner.n_workers() == len(os.sched_getaffinity(0)) >= 1
 
 
 def test_old_passage_shard_count_is_rejected():

@@ -66,7 +66,8 @@ def test_overriding_one_field_keeps_the_rest_of_the_config(tmp_path):
 def test_yaml_syntax_error_names_the_file(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("name: x\nclustering: {max_tokens: 4096\n")
-    with pytest.raises(ValueError, match=r"(?s)config file .*broken\.yaml: YAML syntax error.*broken\.yaml\", line 2"):
+    with pytest.raises(ValueError, match=r"config file .*broken\.yaml, line 3, column 1: YAML syntax error: .* "
+                                         r"\(while parsing a flow mapping at line 2, column 13\)"):
         load_config(CorpusBuildConfig, bad)
 
 

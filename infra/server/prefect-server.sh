@@ -41,4 +41,4 @@ echo "Prefect API at $PREFECT_API_URL (pid $PID, log $LOG); work pool $POOL (con
 echo "In every shell that deploys or runs a worker:"
 echo "  export PREFECT_API_URL=$PREFECT_API_URL"
 echo "Register the deployments (README \"Deploying\"):  prefect deploy --all"
-echo "Start a worker:  prefect worker start --pool $POOL"
+echo "Start a worker:  infra/server/prefect-worker.sh start $POOL   # in the background; \`... stop\` lets its run finish (foreground: prefect worker start --pool $POOL)"
