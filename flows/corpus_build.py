@@ -358,6 +358,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         if dump.get("days"):
             lines.append("- page deletions and moves are not in adds-changes dumps: they take effect when the next "
                          "full dump becomes the base")
+    if summary.get("stale_revisions"):
+        lines.append(f"- {summary['stale_revisions']:,} adds-changes revisions skipped: not newer than the revision "
+                     "the base dump or an earlier day holds for their page")
     if summary.get("unchanged"):
         lines.append(f"- **unchanged**: the build's content digest equals the current version `{summary['version']}`; "
                      "nothing was published, `current` did not move and no `corpus.current` event was emitted")
@@ -466,6 +469,9 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
                        "document_units": man["counts"]["document_units"], "passages": man["counts"]["passages"]},
             "ingest": {"records": stages["ingest"].summary["records"], "skipped": stages["ingest"].summary["skipped"],
                        "mb_per_s": stages["ingest"].summary["mb_per_s"]},
+            # adds-changes revisions not newer than what the base dump or an earlier day holds: skipped
+            "stale_revisions": (int(stages["ingest"].summary.get("stale_revisions", 0))
+                                + int((config.source.dump or {}).get("stale_revisions_before_ingest", 0))),
             "shards": shard_report(stages),
             "reused_texts": memo_report(stages),
             **({"dump": config.source.dump} if config.source.dump else {}),
@@ -492,7 +498,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
                      "tokens_per_s": stages["tokens"].summary["tokens_per_s"],
                      "bm25_cluster_docs_per_s": stages["index"].summary["cluster_docs_per_s"],
                      "bm25_passage_docs_per_s": stages["index"].summary["passage_docs_per_s"],
-                     "seconds_total": summary["total_seconds"]})
+                     "seconds_total": summary["total_seconds"], "stale_revisions": summary["stale_revisions"]})
         run_dir = ws.run_dir("corpus-build", run.info.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         hist = run_dir / "cluster_sizes.png"

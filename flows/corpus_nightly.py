@@ -118,7 +118,8 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
         return {"corpus": config.name, "version": store.current_version(), "nightly": plan.as_dict(),
                 "total_seconds": time.perf_counter() - t0}
     dump_path, fetched = fetch_task(config, ws, plan)
-    source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": plan.dump_entry(),
+    dump = {**plan.dump_entry(), "stale_revisions_before_ingest": int(fetched.get("stale_revisions", 0))}
+    source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": dump,
                                               "changes": fetched.get("changes_file")})
     summary = corpus_build_flow.with_options(task_runner=runner)(config.model_copy(update={"source": source}))
     summary["nightly"] = {**plan.as_dict(), "fetch": fetched, "seconds": time.perf_counter() - t0}

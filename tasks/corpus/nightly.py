@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from data_contracts.base import atomic_write
-from tasks.corpus.adds_changes import apply_changes, merge_days, plan_changes
+from tasks.corpus.adds_changes import STALE_REVISION, apply_changes, merge_days, plan_changes
 from tasks.corpus.dump_source import (DayScan, DumpSourceError, FullDump, Mirror, fetch, full_dump_name, index_name,
                                       latest_full_dump, parse_dumpstatus, scan_days)
 
@@ -168,7 +168,7 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
                 if old.name != changes_file.name:
                     old.unlink(missing_ok=True)
             info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict(),
-                         "changes_file": str(changes_file)})
+                         "changes_file": str(changes_file), "stale_revisions": _stale(counts, report)})
             return dump, info
         log.warning("%s does not list its pages in increasing page id order: writing the merged dump instead of "
                     "applying the days while ingesting", dump.name)
@@ -176,9 +176,16 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     for old in out.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # only tonight's merged dump is kept
         if old.name not in (out.name, index_name(out.name), stamp.name):
             old.unlink(missing_ok=True)
-    info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict()})
+    info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict(),
+                 "stale_revisions": _stale(counts, report)})
     atomic_write(stamp, lambda p: p.write_text(json.dumps({"inputs": want, "report": info}, indent=1, sort_keys=True)))
     return out, info
+
+
+def _stale(counts: list, report) -> int:
+    """Revisions skipped before the ingest as not newer than an earlier day's (:func:`merge_days`) or
+    the base page's (:func:`apply_changes`; applied while ingesting, the ingest counts them)."""
+    return sum(c.skipped.get(STALE_REVISION, 0) for c in counts) + report.stale_revisions
 
 
 def read_state(store_root: Path) -> dict[str, Any] | None:
