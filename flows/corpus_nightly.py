@@ -41,14 +41,15 @@ def dumps_dir(ws: Workspace) -> Path:
 
 
 @task(name="nightly-plan", cache_policy=NO_CACHE)
-def plan_task(config: CorpusBuildConfig, ws: Workspace) -> N.NightPlan:
-    """Tonight's action from the mirror and the current version's inputs."""
+def plan_task(config: CorpusBuildConfig, ws: Workspace, unusable: dict[str, str] | None = None) -> N.NightPlan:
+    """Tonight's action from the mirror and the current version's inputs; ``unusable``: full dumps
+    whose files failed tonight, passed over."""
     store = corpus_store(ws, config.name)
     current = store.current_version()
     manifest = store.read_manifest(current) if current else None
     previous = N.last_build(manifest, N.read_state(store.root), current)
     with Mirror(config.source.mirror) as mirror:
-        return N.plan_night(mirror, config.source.wiki, previous)
+        return N.plan_night(mirror, config.source.wiki, previous, unusable)
 
 
 @task(name="nightly-fetch", cache_policy=NO_CACHE)
@@ -70,6 +71,8 @@ def nightly_markdown(name: str, plan: N.NightPlan, summary: dict[str, Any] | Non
         lines.append(f"- missing days (skipped): {', '.join(plan.scan.missing)}")
     if plan.scan.waiting:
         lines.append(f"- waiting days (not done yet): {', '.join(plan.scan.waiting)}")
+    for date, why in sorted(plan.unusable.items()):
+        lines.append(f"- full dump {date} passed over (files missing or failing their checksum): {why}")
     if summary is not None:
         lines.append(f"- version `{summary['version']}`" + (" (unchanged)" if summary.get("unchanged") else ""))
         lines += ["", "| shards | built | reused |", "|---|---:|---:|"]
@@ -108,7 +111,8 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
     t0 = time.perf_counter()
-    plan = plan_task(config, ws)
+    plan, dump_path, fetched = N.plan_and_fetch(lambda unusable: plan_task(config, ws, unusable),
+                                                lambda night: fetch_task(config, ws, night))
     logger.info("nightly %s: %s (%s)", config.name, plan.action, plan.reason)
     store = corpus_store(ws, config.name)
     key = f"corpus-build-nightly-{config.name}".lower().replace("_", "-")
@@ -117,7 +121,6 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
                                  description="corpus-build-nightly: nothing new")
         return {"corpus": config.name, "version": store.current_version(), "nightly": plan.as_dict(),
                 "total_seconds": time.perf_counter() - t0}
-    dump_path, fetched = fetch_task(config, ws, plan)
     dump = {**plan.dump_entry(), "stale_revisions_before_ingest": int(fetched.get("stale_revisions", 0))}
     source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": dump,
                                               "changes": fetched.get("changes_file")})

@@ -263,16 +263,22 @@ def _remote(relpath: str, entry: dict, where: str) -> RemoteFile:
     raise DumpSourceError(f"{where}: {relpath.rsplit('/', 1)[-1]} has neither sha1 nor md5")
 
 
-def latest_full_dump(mirror: Mirror, wiki: str, after: str | None = None) -> tuple[FullDump | None, dict[str, str]]:
+def latest_full_dump(mirror: Mirror, wiki: str, after: str | None = None,
+                     unusable: dict[str, str] | None = None) -> tuple[FullDump | None, dict[str, str]]:
     """The newest full dump of ``wiki`` whose job is done (newer than ``after`` when given).
 
     Returns ``(dump or None, {date: why it was passed over})``: dates whose ``dumpstatus.json``
-    is missing, unreadable or not done are passed over (counted), the next older date is tried.
+    is missing, unreadable or not done are passed over (counted), the next older date is tried;
+    so are the dates of ``unusable`` (``{date: reason}``: a dump said done whose files are missing
+    or fail their checksum), with their reason.
     """
     passed: dict[str, str] = {}
     for date in reversed(mirror.list_dates(wiki)):
         if after is not None and date <= after:
             break
+        if unusable and date in unusable:
+            passed[date] = unusable[date]
+            continue
         where = mirror.where(f"{wiki}/{date}/dumpstatus.json")
         text = mirror.read_text(f"{wiki}/{date}/dumpstatus.json")
         if text is None:
@@ -291,9 +297,12 @@ def scan_days(mirror: Mirror, wiki: str, after: str) -> DayScan:
 
     A day is taken when its ``status.txt`` says done and ``md5sums.txt`` lists its
     ``pages-meta-hist-incr`` file. A date with no directory between ``after`` and the newest
-    listed day is *missing* (counted, skipped: its changes arrive with the next full dump). The
-    first day not done (no ``status.txt``, another status, no md5 for the file) ends the scan:
-    it and every later day are *waiting* for a later night.
+    listed day is *missing* (counted, skipped: its changes arrive with the next full dump), and so
+    is a day said done whose ``md5sums.txt`` is absent or unusable (no line ``<32 hex digits>
+    <the day's file name>``: other names such as ``../…``, unparsable lines): its file cannot be
+    checked, and waiting for it would hold every later day back for ever. The first day not done
+    (no ``status.txt``, another status) ends the scan: it and every later day are *waiting* for a
+    later night.
     """
     reldir = f"other/incr/{wiki}"
     listed = [d for d in mirror.list_dates(reldir) if d > after]
@@ -309,6 +318,12 @@ def scan_days(mirror: Mirror, wiki: str, after: str) -> DayScan:
             day = _next_day(day)
             continue
         problem, item = _read_day(mirror, wiki, day)
+        if problem and problem.startswith(_UNUSABLE):
+            scan.missing.append(day)
+            scan.reasons[day] = problem[len(_UNUSABLE):]
+            log.warning("adds-changes day %s skipped as missing: %s", day, scan.reasons[day])
+            day = _next_day(day)
+            continue
         if problem:
             waiting = [d for d in listed if d >= day]
             scan.waiting.extend(waiting)
@@ -323,6 +338,10 @@ def _next_day(date: str) -> str:
     return (dt.datetime.strptime(date, "%Y%m%d") + dt.timedelta(days=1)).strftime("%Y%m%d")
 
 
+_UNUSABLE = "unusable: "   # a _read_day problem that makes the day missing, not waiting
+_MD5 = re.compile(r"[0-9a-f]{32}")
+
+
 def _read_day(mirror: Mirror, wiki: str, day: str) -> tuple[str | None, IncrDay | None]:
     base = f"other/incr/{wiki}/{day}"
     status = mirror.read_text(f"{base}/status.txt")
@@ -331,11 +350,14 @@ def _read_day(mirror: Mirror, wiki: str, day: str) -> tuple[str | None, IncrDay 
     if status.strip().split(":")[0] != DONE:
         return f"{mirror.where(base + '/status.txt')}: says {status.strip()!r}, not {DONE!r}", None
     name = incr_name(wiki, day)
-    sums = mirror.read_text(f"{base}/md5sums.txt") or ""
+    sums = mirror.read_text(f"{base}/md5sums.txt")
+    if sums is None:
+        return f"{_UNUSABLE}{mirror.where(base + '/md5sums.txt')}: missing although the day is done", None
     md5 = next((parts[0].lower() for parts in map(str.split, sums.splitlines())
-                if len(parts) == 2 and parts[1].lstrip("*") == name), None)
+                if len(parts) == 2 and parts[1].lstrip("*") == name and _MD5.fullmatch(parts[0].lower())), None)
     if md5 is None:
-        return f"{mirror.where(base + '/md5sums.txt')}: no md5 for {name}", None
+        return (f"{_UNUSABLE}{mirror.where(base + '/md5sums.txt')}: unusable, no line '<md5>  {name}' "
+                f"(lines: {len(sums.splitlines())})"), None
     maxrev = (mirror.read_text(f"{base}/maxrevid.txt") or "").strip()
     return None, IncrDay(wiki, day, RemoteFile(f"{base}/{name}", None, md5, "md5"),
                          int(maxrev) if maxrev.isdigit() else None)
