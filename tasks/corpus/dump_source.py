@@ -35,7 +35,7 @@ from typing import Iterator
 
 import httpx
 
-from data_contracts.base import atomic_write
+from data_contracts.base import atomic_write, names_disk_full
 from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
 
@@ -57,6 +57,13 @@ class DumpSourceError(BadInput):
 
 class ChecksumMismatch(DumpSourceError):
     """A downloaded file's digest differs from ``dumpstatus.json`` / ``md5sums.txt``."""
+
+
+class DownloadFailed(httpx.TransportError):
+    """A transfer from an HTTP mirror failed (connection dropped, refused, timed out, an HTTP error
+    status): names the URL, and for a download the ``.part`` file and the bytes it holds, which the
+    next run resumes. An ``httpx.HTTPError``, so callers that retry transfers still do; the original
+    error is its ``__cause__``."""
 
 
 class DumpNotReady(DumpSourceError):
@@ -155,10 +162,13 @@ class Mirror:
         if not self.is_http:
             path = Path(self.root) / relpath
             return path.read_text(encoding="utf-8") if path.is_file() else None
-        resp = self._client.get(self.where(relpath))
-        if resp.status_code == 404:
-            return None
-        resp.raise_for_status()
+        try:
+            resp = self._client.get(self.where(relpath))
+            if resp.status_code == 404:
+                return None
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise DownloadFailed(f"{self.where(relpath)}: {_http_error(exc)}") from exc
         return resp.text
 
     def list_dates(self, reldir: str) -> list[str]:
@@ -193,6 +203,11 @@ class Mirror:
                 return
             resp.raise_for_status()
             yield (start if resp.status_code == 206 else 0), resp.iter_bytes()   # as received: a cut keeps what came
+
+
+def _http_error(exc: httpx.HTTPError) -> str:
+    """``"<error class>: <message>"`` of an httpx error (its message alone often names nothing)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _valid_date(s: str) -> bool:
@@ -380,8 +395,9 @@ def fetch(mirror: Mirror, remote: RemoteFile, downloads: Path, progress_desc: st
         removed so the next run downloads it afresh.
     DumpSourceError
         Not found on the mirror.
-    httpx.HTTPError
-        The transfer failed (the ``.part`` stays for the next run to resume).
+    DownloadFailed
+        The transfer failed (an ``httpx.HTTPError`` naming the URL, the ``.part`` file and the bytes
+        it holds; the ``.part`` stays for the next run to resume).
     """
     downloads = Path(downloads)
     local = mirror.local_path(remote.relpath)
@@ -404,14 +420,20 @@ def fetch(mirror: Mirror, remote: RemoteFile, downloads: Path, progress_desc: st
         log.info("resuming %s at byte %d of %s", remote.name, have, remote.size)
     with Progress(progress_desc or f"download {remote.name}", total=remote.size, unit="bytes") as bar:
         bar.update(have)
-        for served, chunks in mirror.open_range(remote.relpath, have):
-            mode = "ab" if served == have else "wb"
-            if served == 0 and have:
-                log.info("%s: the server ignored the range request; downloading from the start", remote.name)
-            with open(part, mode) as out:
-                for block in chunks:
-                    out.write(block)
-                    bar.update(len(block))
+        try:
+            for served, chunks in mirror.open_range(remote.relpath, have):
+                mode = "ab" if served == have else "wb"
+                if served == 0 and have:
+                    log.info("%s: the server ignored the range request; downloading from the start", remote.name)
+                with names_disk_full(part), open(part, mode) as out:
+                    for block in chunks:
+                        out.write(block)
+                        bar.update(len(block))
+        except httpx.HTTPError as exc:
+            kept = part.stat().st_size if part.is_file() else 0
+            raise DownloadFailed(f"download of {mirror.where(remote.relpath)} into {part} failed ({_http_error(exc)}); "
+                                 f"{kept:,} of {remote.size if remote.size is not None else '?'} bytes kept there, "
+                                 "the next run resumes it") from exc
     _verify(part, remote, downloads, mirror.where(remote.relpath), remove_bad=True)
     os.replace(part, target)
     _stamp(downloads, target, remote)
