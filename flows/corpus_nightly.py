@@ -13,6 +13,7 @@ the quality gate stays in front of ``current`` as in every build. Without a mirr
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,12 @@ from prefect.cache_policies import NONE as NO_CACHE
 
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.runners import build_task_runner
-from funnelrag.config import resolve_flow_config
+from funnelrag.config import redact_url, resolve_flow_config
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.workspace import Workspace
 from tasks.corpus import nightly as N
-from tasks.corpus.dump_source import Mirror, prune_downloads
+from tasks.corpus.dump_source import Mirror, mirror_auth, prune_downloads
 from tasks.corpus.published import corpus_store
 
 # One download / merge per home at a time: this file in the dumps directory holds the flock.
@@ -48,7 +49,7 @@ def plan_task(config: CorpusBuildConfig, ws: Workspace, unusable: dict[str, str]
     current = store.current_version()
     manifest = store.read_manifest(current) if current else None
     previous = N.last_build(manifest, N.read_state(store.root), current)
-    with Mirror(config.source.mirror) as mirror:
+    with Mirror(config.source.mirror, auth=mirror_auth(os.environ)) as mirror:
         return N.plan_night(mirror, config.source.wiki, previous, unusable)
 
 
@@ -57,7 +58,7 @@ def fetch_task(config: CorpusBuildConfig, ws: Workspace, plan: N.NightPlan) -> t
     """Download and verify tonight's files; for an incremental night, the days' revisions the ingest
     applies to the base dump (or the merged dump, for a base not in page id order)."""
     with exclusive_lock(dumps_dir(ws) / FETCH_LOCK, f"dump download into {dumps_dir(ws)}"), \
-            Mirror(config.source.mirror) as mirror:
+            Mirror(config.source.mirror, auth=mirror_auth(os.environ)) as mirror:
         return N.prepare_input(mirror, plan, dumps_dir(ws), workers=config.runner.n_workers())
 
 
@@ -117,7 +118,7 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
     store = corpus_store(ws, config.name)
     key = f"corpus-build-nightly-{config.name}".lower().replace("_", "-")
     if plan.action == N.NOTHING:
-        create_markdown_artifact(key=key, markdown=nightly_markdown(config.name, plan, None),
+        create_markdown_artifact(key=key, markdown=redact_url(nightly_markdown(config.name, plan, None)),
                                  description="corpus-build-nightly: nothing new")
         return {"corpus": config.name, "version": store.current_version(), "nightly": plan.as_dict(),
                 "total_seconds": time.perf_counter() - t0}
@@ -130,6 +131,6 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
         N.write_state(store.root, summary["version"], plan.dump_entry())
     prune_downloads(dumps_dir(ws), config.source.wiki, config.source.keep_dumps,
                     in_use=[plan.base.date] if plan.base else [])
-    create_markdown_artifact(key=key, markdown=nightly_markdown(config.name, plan, summary),
+    create_markdown_artifact(key=key, markdown=redact_url(nightly_markdown(config.name, plan, summary)),
                              description=f"corpus-build-nightly: {plan.action}")
     return summary

@@ -31,11 +31,12 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import httpx
 
 from data_contracts.base import atomic_write, names_disk_full
+from funnelrag.config import split_url_credentials
 from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
 
@@ -118,23 +119,52 @@ class DayScan:
                 "reasons": self.reasons}
 
 
+MIRROR_USER_ENV, MIRROR_PASSWORD_ENV = "FUNNELRAG_MIRROR_USER", "FUNNELRAG_MIRROR_PASSWORD"
+
+
+def mirror_auth(environ: Mapping[str, str]) -> httpx.Auth | None:
+    """The login of an HTTP mirror whose URL carries none, from the environment ``environ`` (read
+    by the flow, passed here): HTTP basic auth with ``FUNNELRAG_MIRROR_USER`` and
+    ``FUNNELRAG_MIRROR_PASSWORD`` when the user is set; else the netrc file ``$NETRC`` or
+    ``$HOME/.netrc`` when it exists (``httpx.NetRCAuth``: the ``machine`` entry of the mirror's
+    host, none for another host); else None.
+
+    Raises
+    ------
+    netrc.NetrcParseError
+        The netrc file is malformed (names the file and line).
+    """
+    user = environ.get(MIRROR_USER_ENV)
+    if user:
+        return httpx.BasicAuth(user, environ.get(MIRROR_PASSWORD_ENV, ""))
+    netrc_file = environ.get("NETRC") or (str(Path(environ["HOME"]) / ".netrc") if environ.get("HOME") else None)
+    return httpx.NetRCAuth(netrc_file) if netrc_file and Path(netrc_file).is_file() else None
+
+
 class Mirror:
     """Read access to a mirror: ``https://…`` / ``http://…`` base URL or a local directory.
 
     Parameters
     ----------
     root : str
-        Base URL (``https://dumps.wikimedia.org``) or directory path.
+        Base URL (``https://dumps.wikimedia.org``) or directory path. Credentials in the URL
+        (``https://user:password@host``) are taken out of it: ``self.root``, and so every message,
+        plan and manifest, holds the URL without them; they log in as HTTP basic auth.
     timeout_s : float
         httpx timeout per connect / read, seconds.
     retries : int
         httpx transport retries on connection errors.
+    auth : httpx.Auth, optional
+        The login when the URL carries none (:func:`mirror_auth`).
     """
 
-    def __init__(self, root: str, timeout_s: float = 60.0, retries: int = 3):
+    def __init__(self, root: str, timeout_s: float = 60.0, retries: int = 3, auth: httpx.Auth | None = None):
         self.root = str(root)
         self.is_http = self.root.startswith(("http://", "https://"))
-        self._client = (httpx.Client(transport=httpx.HTTPTransport(retries=retries), timeout=timeout_s,
+        if self.is_http:
+            self.root, inline = split_url_credentials(self.root)
+            auth = httpx.BasicAuth(*inline) if inline else auth
+        self._client = (httpx.Client(transport=httpx.HTTPTransport(retries=retries), timeout=timeout_s, auth=auth,
                                      follow_redirects=True, headers={"User-Agent": "funnelrag-corpus-nightly",
                                               "Accept-Encoding": "identity"})   # byte ranges of the file itself
                         if self.is_http else None)
