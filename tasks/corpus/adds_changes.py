@@ -277,7 +277,9 @@ def index_page_ids(index: Path) -> np.ndarray:
 def plan_changes(base: Path, changes: dict[int, PageRevision], merged_name: str) -> tuple[PageChanges | None, ApplyReport]:
     """Tonight's revisions as :class:`tasks.corpus.ingest.changes.PageChanges` for the ingest to
     apply while it reads ``base`` (no merged dump written), with the counts :func:`apply_changes`
-    would report (pages replaced and added; no stream copied or re-compressed). ``(None, report)``
+    would report (pages replaced and added; no stream copied or re-compressed; ``replaced`` counts
+    the revisions of base pages before the ingest compares their revision ids, so it includes the
+    stale ones the ingest then skips and counts as ``stale_revisions``). ``(None, report)``
     when ``base``'s index does not list its pages in increasing page id order: then only
     :func:`apply_changes` can merge them.
 
