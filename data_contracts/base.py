@@ -425,13 +425,22 @@ def atomic_write(final: Path, writer: Callable[[Path], None], durable: bool = Tr
     OSError
         A disk-full or quota error (same type and errno) names ``final``; others pass unchanged.
     """
+    with names_disk_full(final), temp_file_beside(final) as tmp:   # ENOSPC / EDQUOT: name the file being written
+        writer(tmp)
+        replace_file(tmp, final, durable)
+
+
+@contextlib.contextmanager
+def names_disk_full(path: Path) -> Iterator[None]:
+    """Inside the block, a disk-full or quota ``OSError`` (pyarrow's ``Error writing bytes to
+    file`` names no file) is raised again naming ``path`` and what to do (:func:`disk_full_error`:
+    same type and errno), unless an inner block named its file already; every other error passes
+    unchanged. For writers of a file or of a directory of files (a cache entry, a shard)."""
     try:
-        with temp_file_beside(final) as tmp:
-            writer(tmp)
-            replace_file(tmp, final, durable)
+        yield
     except OSError as exc:
-        if is_disk_full(exc):   # ENOSPC / EDQUOT: name the file being written
-            raise disk_full_error(exc, final) from exc
+        if is_disk_full(exc) and _WHILE_WRITING not in (exc.strerror or ""):
+            raise disk_full_error(exc, Path(path)) from exc
         raise
 
 
@@ -491,9 +500,12 @@ def disk_full_error(exc: OSError, path: Path) -> OSError:
     hint = ("the disk (or your quota) is full: free space on that file system, or point the "
             "workspace home at a larger one; the previous file, if any, is unchanged")
     try:
-        return type(exc)(exc.errno, f"{reason} while writing {path}: {hint}", str(path))
+        return type(exc)(exc.errno, f"{reason}{_WHILE_WRITING}{path}: {hint}", str(path))
     except TypeError:   # a subclass with another constructor
-        return OSError(exc.errno, f"{reason} while writing {path}: {hint}", str(path))
+        return OSError(exc.errno, f"{reason}{_WHILE_WRITING}{path}: {hint}", str(path))
+
+
+_WHILE_WRITING = " while writing "   # in the message of a disk-full error that names its file
 
 
 def _readable_temp(final: Path) -> Path:
@@ -511,7 +523,8 @@ def atomic_directory(final: Path) -> Iterator[Path]:
 
     Yields the temporary directory. If the block raises, it is removed and ``final`` is left
     as it was. An existing ``final`` is moved aside, replaced, then deleted, so a reader sees
-    the old or the new complete directory (or, for an instant, none), never a partial one.
+    the old or the new complete directory (or, for an instant, none), never a partial one. A
+    disk-full error of the block that names no file names ``final`` (:func:`names_disk_full`).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -519,7 +532,8 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        yield tmp
+        with names_disk_full(final):
+            yield tmp
         old = final.parent / f".{final.name}.old-{os.getpid()}"
         if final.exists():
             os.replace(final, old)

@@ -20,13 +20,13 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.events import emit_event
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from data_contracts.corpus import CLUSTERS
 from flows.run_report import build_message, completed, name_run, run_name
 from flows.runners import RunnerConfig, build_task_runner, submitter
 from funnelrag import datasets
-from funnelrag.config import ConfigError, FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
+from funnelrag.config import ConfigError, FlowCommand, FlowConfig, redact_url, resolve_flow_config, to_jsonable
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
@@ -60,6 +60,12 @@ class CorpusSource(DataSource):
     manifest; ``changes`` too (a Parquet file of the adds-changes revisions the ingest applies to
     the one dump of ``paths`` as it reads it, :class:`tasks.corpus.ingest.changes.PageChanges`);
     leave both unset.
+
+    A mirror that needs a login takes it from the environment (``FUNNELRAG_MIRROR_USER``,
+    ``FUNNELRAG_MIRROR_PASSWORD``) or a netrc file (``$NETRC``, else ``~/.netrc``), see
+    ``docs/deploying.md``; a URL with inline credentials (``https://user:password@host``) works
+    too, but every serialized form of this config (Prefect parameters, ``--print-config``) shows
+    it redacted (:func:`funnelrag.config.redact_url`), as do manifests, summaries and MLflow.
     """
 
     datasets: list[str] = Field(default_factory=lambda: ["wikispeedia-articles", "wikispeedia-graph"])
@@ -68,6 +74,10 @@ class CorpusSource(DataSource):
     keep_dumps: int = Field(default=2, ge=1)
     dump: dict[str, Any] | None = None
     changes: str | None = None
+    @field_serializer("mirror", when_used="json")
+    def _mirror_redacted(self, mirror: str | None) -> str | None:
+        return None if mirror is None else redact_url(mirror)
+
     expected_file: ClassVar[str] = ("a dump file (a MediaWiki .xml or .xml.bz2 export, e.g. "
                                     "enwiki-…-pages-articles-multistream.xml.bz2, or a file of ingest.format)")
 
@@ -131,7 +141,7 @@ def resolve_inputs(cfg: CorpusBuildConfig, ws: Workspace) -> list[tuple[Path, st
 
     Raises ``ValueError`` for a mirror without paths: the nightly flow resolves the mirror."""
     if cfg.source.mirror and not cfg.source.paths:
-        raise ValueError(f"source.mirror ({cfg.source.mirror}) is followed by the corpus-build-nightly flow "
+        raise ValueError(f"source.mirror ({redact_url(cfg.source.mirror)}) is followed by the corpus-build-nightly flow "
                          "(flows/corpus_nightly.py); build-corpus builds source.paths / source.datasets")
     return cfg.source.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "source.paths")
 
@@ -389,6 +399,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         if dump.get("days"):
             lines.append("- page deletions and moves are not in adds-changes dumps: they take effect when the next "
                          "full dump becomes the base")
+    if summary.get("stale_revisions"):
+        lines.append(f"- {summary['stale_revisions']:,} adds-changes revisions skipped: not newer than the revision "
+                     "the base dump or an earlier day holds for their page")
     if summary.get("unchanged"):
         lines.append(f"- **unchanged**: the build's content digest equals the current version `{summary['version']}`; "
                      "nothing was published, `current` did not move and no `corpus.current` event was emitted")
@@ -498,6 +511,9 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
                        "document_units": man["counts"]["document_units"], "passages": man["counts"]["passages"]},
             "ingest": {"records": stages["ingest"].summary["records"], "skipped": stages["ingest"].summary["skipped"],
                        "mb_per_s": stages["ingest"].summary["mb_per_s"]},
+            # adds-changes revisions not newer than what the base dump or an earlier day holds: skipped
+            "stale_revisions": (int(stages["ingest"].summary.get("stale_revisions", 0))
+                                + int((config.source.dump or {}).get("stale_revisions_before_ingest", 0))),
             "shards": shard_report(stages),
             "reused_texts": memo_report(stages),
             **({"dump": config.source.dump} if config.source.dump else {}),
@@ -525,7 +541,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
                      "tokens_per_s": stages["tokens"].summary["tokens_per_s"],
                      "bm25_cluster_docs_per_s": stages["index"].summary["cluster_docs_per_s"],
                      "bm25_passage_docs_per_s": stages["index"].summary["passage_docs_per_s"],
-                     "seconds_total": summary["total_seconds"]})
+                     "seconds_total": summary["total_seconds"], "stale_revisions": summary["stale_revisions"]})
         run_dir = ws.run_dir("corpus-build", run.info.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         hist = run_dir / "cluster_sizes.png"
@@ -534,7 +550,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
         for f in (version_dir / "manifest.json", version_dir / "ingest_report.parquet", hist, run_dir / "summary.json"):
             log_artifact(f)
         mlflow.set_tag("corpus_version", version_dir.name)
-        md = summary_markdown(summary)
+        md = redact_url(summary_markdown(summary))
         create_markdown_artifact(key=f"corpus-build-{config.name}".lower().replace("_", "-"), markdown=md,
                                  description="corpus-build summary")
         mlflow.set_tag("corpus_unchanged", str(unchanged).lower())

@@ -13,6 +13,7 @@ the quality gate stays in front of ``current`` as in every build. Without a mirr
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,12 @@ from prefect.cache_policies import NONE as NO_CACHE
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.run_report import build_message, completed, name_run, nightly_message, run_name
 from flows.runners import build_task_runner
-from funnelrag.config import FlowCommand, resolve_flow_config
+from funnelrag.config import FlowCommand, redact_url, resolve_flow_config
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.workspace import Workspace
 from tasks.corpus import nightly as N
-from tasks.corpus.dump_source import Mirror, prune_downloads
+from tasks.corpus.dump_source import Mirror, mirror_auth, prune_downloads
 from tasks.corpus.published import corpus_store
 
 # One download / merge per home at a time: this file in the dumps directory holds the flock.
@@ -42,14 +43,15 @@ def dumps_dir(ws: Workspace) -> Path:
 
 
 @task(name="nightly-plan", cache_policy=NO_CACHE)
-def plan_task(config: CorpusBuildConfig, ws: Workspace) -> N.NightPlan:
-    """Tonight's action from the mirror and the current version's inputs."""
+def plan_task(config: CorpusBuildConfig, ws: Workspace, unusable: dict[str, str] | None = None) -> N.NightPlan:
+    """Tonight's action from the mirror and the current version's inputs; ``unusable``: full dumps
+    whose files failed tonight, passed over."""
     store = corpus_store(ws, config.name)
     current = store.current_version()
     manifest = store.read_manifest(current) if current else None
     previous = N.last_build(manifest, N.read_state(store.root), current)
-    with Mirror(config.source.mirror) as mirror:
-        return N.plan_night(mirror, config.source.wiki, previous)
+    with Mirror(config.source.mirror, auth=mirror_auth(os.environ)) as mirror:
+        return N.plan_night(mirror, config.source.wiki, previous, unusable)
 
 
 @task(name="nightly-fetch", cache_policy=NO_CACHE)
@@ -57,7 +59,7 @@ def fetch_task(config: CorpusBuildConfig, ws: Workspace, plan: N.NightPlan) -> t
     """Download and verify tonight's files; for an incremental night, the days' revisions the ingest
     applies to the base dump (or the merged dump, for a base not in page id order)."""
     with exclusive_lock(dumps_dir(ws) / FETCH_LOCK, f"dump download into {dumps_dir(ws)}"), \
-            Mirror(config.source.mirror) as mirror:
+            Mirror(config.source.mirror, auth=mirror_auth(os.environ)) as mirror:
         return N.prepare_input(mirror, plan, dumps_dir(ws), workers=config.runner.n_workers())
 
 
@@ -71,6 +73,8 @@ def nightly_markdown(name: str, plan: N.NightPlan, summary: dict[str, Any] | Non
         lines.append(f"- missing days (skipped): {', '.join(plan.scan.missing)}")
     if plan.scan.waiting:
         lines.append(f"- waiting days (not done yet): {', '.join(plan.scan.waiting)}")
+    for date, why in sorted(plan.unusable.items()):
+        lines.append(f"- full dump {date} passed over (files missing or failing their checksum): {why}")
     if summary is not None:
         lines.append(f"- version `{summary['version']}`" + (" (unchanged)" if summary.get("unchanged") else ""))
         lines += ["", "| shards | built | reused |", "|---|---:|---:|"]
@@ -111,19 +115,20 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
     t0 = time.perf_counter()
-    plan = plan_task(config, ws)
+    plan, dump_path, fetched = N.plan_and_fetch(lambda unusable: plan_task(config, ws, unusable),
+                                                lambda night: fetch_task(config, ws, night))
     logger.info("nightly %s: %s (%s)", config.name, plan.action, plan.reason)
     name_run(run_name("nightly", config.name, plan.action))
     store = corpus_store(ws, config.name)
     key = f"corpus-build-nightly-{config.name}".lower().replace("_", "-")
     if plan.action == N.NOTHING:
-        create_markdown_artifact(key=key, markdown=nightly_markdown(config.name, plan, None),
+        create_markdown_artifact(key=key, markdown=redact_url(nightly_markdown(config.name, plan, None)),
                                  description="corpus-build-nightly: nothing new")
         return completed(nightly_message(plan.action, plan.reason, plan.days, None),
                          {"corpus": config.name, "version": store.current_version(), "nightly": plan.as_dict(),
                           "total_seconds": time.perf_counter() - t0})
-    dump_path, fetched = fetch_task(config, ws, plan)
-    source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": plan.dump_entry(),
+    dump = {**plan.dump_entry(), "stale_revisions_before_ingest": int(fetched.get("stale_revisions", 0))}
+    source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": dump,
                                               "changes": fetched.get("changes_file")})
     summary = corpus_build_flow.with_options(task_runner=runner)(config.model_copy(update={"source": source}))
     summary["nightly"] = {**plan.as_dict(), "fetch": fetched, "seconds": time.perf_counter() - t0}
@@ -131,7 +136,7 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
         N.write_state(store.root, summary["version"], plan.dump_entry())
     prune_downloads(dumps_dir(ws), config.source.wiki, config.source.keep_dumps,
                     in_use=[plan.base.date] if plan.base else [])
-    create_markdown_artifact(key=key, markdown=nightly_markdown(config.name, plan, summary),
+    create_markdown_artifact(key=key, markdown=redact_url(nightly_markdown(config.name, plan, summary)),
                              description=f"corpus-build-nightly: {plan.action}")
     return completed(nightly_message(plan.action, plan.reason, plan.days, summary), summary)
 

@@ -18,6 +18,8 @@ import logging
 import re
 from typing import Any, Mapping
 
+from funnelrag.config import redact_url
+
 log = logging.getLogger(__name__)
 
 MAX_NAME = 80
@@ -67,11 +69,12 @@ def completed(message: str, data: Any) -> Any:
     """The final state of a flow run that did its work: ``Completed(message=message, data=data)``.
 
     The caller of the flow (CLI or parent flow) receives ``data``; the message is what
-    ``prefect flow-run ls`` and the UI show beside the state.
+    ``prefect flow-run ls`` and the UI show beside the state (a URL's credentials redacted,
+    :func:`funnelrag.config.redact_url`).
     """
     from prefect.states import Completed  # noqa: PLC0415  (heavy: prefect)
 
-    return Completed(message=message, data=data)
+    return Completed(message=redact_url(message), data=data)
 
 
 def _n(value: Any) -> str:

@@ -12,10 +12,12 @@ import hashlib
 import json
 import logging
 import os
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -326,15 +328,56 @@ def config_hash(obj: Any) -> str:
 
 
 def flatten_params(obj: Any, prefix: str = "") -> dict[str, str]:
-    """Flatten a config to ``{"a.b": "value"}`` strings for MLflow params."""
+    """Flatten a config to ``{"a.b": "value"}`` strings for MLflow params, credentials of URLs
+    redacted (:func:`redact_url`)."""
     data = to_jsonable(obj)
     out: dict[str, str] = {}
     if isinstance(data, dict):
         for k, v in data.items():
             out.update(flatten_params(v, f"{prefix}{k}."))
     else:
-        out[prefix[:-1]] = json.dumps(data) if isinstance(data, list) else str(data)
+        out[prefix[:-1]] = redact_url(json.dumps(data) if isinstance(data, list) else str(data))
     return out
+
+
+REDACTED = "***"
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#\"'<>]+@")   # to the last @ of the authority
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced: ``https://user:password@host/x``
+    → ``https://***@host/x`` (user name too: a token is often passed as one). The one redaction of
+    the platform: every writer of a config, a URL or a message that may hold one (manifests, run
+    summaries, MLflow params, Prefect parameters, artifacts and logs) goes through it or
+    :func:`redact`."""
+    return _URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text) if "@" in text else text
+
+
+def redact(obj: Any) -> Any:
+    """:func:`redact_url` over every string of a JSON-like value (dicts, lists, tuples); other
+    values are returned as they are, keys unchanged."""
+    if isinstance(obj, str):
+        return redact_url(obj)
+    if isinstance(obj, Mapping):
+        return {k: redact(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def split_url_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``(url without its user info, (user, password) or None)``; percent-escapes in the user
+    info are decoded. A user info already redacted (``***@``, as stored by a run) gives None: the
+    credentials must then come from elsewhere (environment, netrc)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    clean = urlunsplit(parts._replace(netloc=host))
+    if userinfo == REDACTED:
+        return clean, None
+    user, _, password = userinfo.partition(":")
+    return clean, (unquote(user), unquote(password))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_write, atomic_write_bytes, link_or_copy, sha256_file
 from funnelrag import __version__
-from funnelrag.config import config_hash, to_jsonable
+from funnelrag.config import config_hash, redact, to_jsonable
 from funnelrag.reaper import sweep_stale_temp_dirs
 
 log = logging.getLogger(__name__)
@@ -333,7 +333,7 @@ class ArtifactStore:
                 link_or_copy(src, staging / name)
             described = {name: describe_file(staging / name, (digests or {}).get(name)) for name in sorted(files)}
             manifest = {"manifest_version": MANIFEST_VERSION, "files": described, **manifest_extra}
-            atomic_write_bytes(staging / MANIFEST, canonical_json(manifest))  # written last
+            atomic_write_bytes(staging / MANIFEST, canonical_json(redact(manifest)))  # written last; no URL's credentials
             validate(staging)
             os.replace(staging, final)
         except BaseException:
@@ -393,5 +393,6 @@ class ArtifactStore:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Atomically write canonical JSON."""
-    atomic_write(Path(path), lambda p: p.write_bytes(canonical_json(obj)))
+    """Atomically write canonical JSON (a run summary, a report), the credentials of every URL in it
+    redacted (:func:`funnelrag.config.redact`)."""
+    atomic_write(Path(path), lambda p: p.write_bytes(canonical_json(redact(obj))))

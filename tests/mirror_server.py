@@ -1,8 +1,9 @@
 """A local HTTP server for a directory in Wikimedia's dump layout (127.0.0.1, a thread), with
-range requests, directory index pages, a log of the requests and a way to cut a response short
-(a download killed half-way)."""
+range requests, directory index pages, a log of the requests, a way to cut a response short
+(a download killed half-way) and, optionally, HTTP basic auth (a mirror that needs a login)."""
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
 import threading
@@ -22,6 +23,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         rel = unquote(self.path.split("?", 1)[0]).lstrip("/")
         path = Path(server.root) / rel
         server.requests.append((rel, self.headers.get("Range")))
+        if server.auth is not None:
+            want = "Basic " + base64.b64encode(":".join(server.auth).encode()).decode()
+            if self.headers.get("Authorization") != want:
+                server.refused += 1
+                return self._send(401, b"login required", "text/plain", extra={"WWW-Authenticate": 'Basic realm="dumps"'})
         if path.is_dir():
             names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
             body = "".join(f'<a href="{n}">{n}</a>\n' for n in names).encode()
@@ -56,11 +62,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(root: Path, ranges: bool = True) -> Iterator[http.server.ThreadingHTTPServer]:
+def serve(root: Path, ranges: bool = True, auth: tuple[str, str] | None = None) -> Iterator[http.server.ThreadingHTTPServer]:
     """Serve ``root``; the server has ``.url``, ``.requests`` [(path, Range header)], ``.cut``
-    {path: bytes to send before dropping the connection, once} and ``.ranges`` (honour Range)."""
+    {path: bytes to send before dropping the connection, once} and ``.ranges`` (honour Range).
+    With ``auth`` (user, password), a request without that basic-auth login gets 401 (counted
+    in ``.refused``)."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.root, server.requests, server.cut, server.ranges = str(root), [], {}, ranges
+    server.auth, server.refused = auth, 0
     server.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -41,17 +41,19 @@ from lxml import etree
 from data_contracts.base import atomic_write, sha256_file
 from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
-from tasks.corpus.ingest.changes import (PageChanges, PageRevision, page_xml,  # noqa: F401 - PageRevision re-exported
-                                         revisions_from_table, revisions_table)
+from tasks.corpus.ingest.changes import (PageChanges, PageRevision, is_newer,  # noqa: F401 - PageRevision re-exported
+                                         page_xml, revisions_from_table, revisions_table)
 from tasks.corpus.ingest.mediawiki import release_element
 from tasks.corpus.ingest.multistream import index_blocks, index_path, plan_layout
 
 log = logging.getLogger(__name__)
 
 PAGES_PER_STREAM = 100
-OTHER_NAMESPACE, MALFORMED = "other_namespace", "malformed"
+OTHER_NAMESPACE, MALFORMED, STALE_REVISION = "other_namespace", "malformed", "stale_revision"
 _PAGE = re.compile(rb"[ \t]*<page>.*?</page>[ \t]*\n?", re.S)
 _PAGE_ID = re.compile(rb"<id>(\d+)</id>")
+_REVISION_ID = re.compile(rb"<revision>\s*<id>(\d+)</id>")
+_TIMESTAMP = re.compile(rb"<timestamp>([^<]*)</timestamp>")
 
 
 class AddsChangesError(BadInput):
@@ -214,7 +216,9 @@ def read_day_memo(path: Path, date: str, memo_dir: Path | None) -> tuple[dict[in
 
 
 def merge_days(days: list[tuple[str, Path]], memo_dir: Path | None = None) -> tuple[dict[int, PageRevision], list[DayCounts]]:
-    """The pages of every day, in date order (a later day's revision replaces an earlier one).
+    """The pages of every day, in date order: a later day's revision replaces an earlier one's when
+    it is newer (:func:`tasks.corpus.ingest.changes.is_newer`: revision id, then timestamp); one that
+    is not is skipped and counted on its day (``skipped["stale_revision"]``).
 
     ``memo_dir``: each day through :func:`read_day_memo`, so a day is parsed by the first night
     that applies it only (a nightly applies every day since its base full dump, up to ~20 of
@@ -223,7 +227,13 @@ def merge_days(days: list[tuple[str, Path]], memo_dir: Path | None = None) -> tu
     counts = []
     for date, path in sorted(days):
         pages, day_counts = read_day_memo(path, date, memo_dir)
-        merged.update(pages)
+        for pid, rev in pages.items():
+            old = merged.get(pid)
+            if old is None or is_newer(rev, old.rev_id, old.timestamp):
+                merged[pid] = rev
+            else:
+                _skip(day_counts, STALE_REVISION, f"page id {pid} revision {rev.rev_id} (day {old.day} holds "
+                                                  f"revision {old.rev_id})")
         counts.append(day_counts)
     return merged, counts
 
@@ -233,6 +243,7 @@ class ApplyReport:
     """What :func:`apply_changes` did."""
 
     replaced: int = 0            # base pages whose text/title/redirect came from a day
+    stale_revisions: int = 0     # revisions not newer than the base page's (is_newer): the base page kept
     added: int = 0               # page ids not in the base dump
     streams_copied: int = 0      # base streams copied byte for byte
     streams_rewritten: int = 0   # base streams re-compressed with changed or inserted pages
@@ -266,7 +277,9 @@ def index_page_ids(index: Path) -> np.ndarray:
 def plan_changes(base: Path, changes: dict[int, PageRevision], merged_name: str) -> tuple[PageChanges | None, ApplyReport]:
     """Tonight's revisions as :class:`tasks.corpus.ingest.changes.PageChanges` for the ingest to
     apply while it reads ``base`` (no merged dump written), with the counts :func:`apply_changes`
-    would report (pages replaced and added; no stream copied or re-compressed). ``(None, report)``
+    would report (pages replaced and added; no stream copied or re-compressed; ``replaced`` counts
+    the revisions of base pages before the ingest compares their revision ids, so it includes the
+    stale ones the ingest then skips and counts as ``stale_revisions``). ``(None, report)``
     when ``base``'s index does not list its pages in increasing page id order: then only
     :func:`apply_changes` can merge them.
 
@@ -343,12 +356,18 @@ def apply_changes(base: Path, changes: dict[int, PageRevision], out: Path, worke
         else:
             inserts.setdefault(max(bisect.bisect_right(firsts, pid) - 1, 0), []).append(pid)
     report = ApplyReport(added=len(tail) + sum(map(len, inserts.values())))
-    report.replaced = len(base_ids & changes.keys())
     tmp_dump = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp_ix = out.with_name(f".{index_path(out).name}.tmp-{os.getpid()}")
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def rewrite(k: int) -> tuple[bytes, list[tuple[int, str]]]:
+    def newer(pid: int, body: bytes) -> bool:
+        rev_ids, stamps = _REVISION_ID.findall(body), _TIMESTAMP.findall(body)   # the page's last revision
+        return is_newer(changes[pid], int(rev_ids[-1]) if rev_ids else None,
+                        stamps[-1].decode("utf-8").strip() or None if stamps else None)
+
+    def rewrite(k: int) -> tuple[bytes | None, list[tuple[int, str]] | None, int, int]:
+        """The stream re-compressed with its changes (``None``: every change stale, the stream is
+        copied), its index lines, the pages replaced and the stale revisions skipped."""
         start, end = streams[k]
         xml = _read_stream(base, start, end)
         pages = []
@@ -364,11 +383,16 @@ def apply_changes(base: Path, changes: dict[int, PageRevision], out: Path, worke
         if xml[pos:].strip():
             raise AddsChangesError(f"{base}: stream at byte {start} holds text outside <page> elements")
         titles = dict(by_offset[start])
-        merged = [(pid, page_xml(changes[pid]) if pid in changes else body,
-                   changes[pid].title if pid in changes else titles.get(pid, "")) for pid, body in pages]
+        applied = {pid for pid, body in pages if pid in changes and newer(pid, body)}
+        stale = sum(pid in changes for pid, _ in pages) - len(applied)
+        if not applied and k not in inserts:
+            return None, None, 0, stale
+        merged = [(pid, page_xml(changes[pid]) if pid in applied else body,
+                   changes[pid].title if pid in applied else titles.get(pid, "")) for pid, body in pages]
         extra = [(pid, page_xml(changes[pid]), changes[pid].title) for pid in inserts.get(k, [])]
         merged = sorted(merged + extra, key=lambda t: t[0]) if extra else merged
-        return bz2.compress(b"".join(body for _, body, _ in merged), 9), [(pid, t) for pid, _, t in merged]
+        return (bz2.compress(b"".join(body for _, body, _ in merged), 9), [(pid, t) for pid, _, t in merged],
+                len(applied), stale)
 
     def blocks() -> Iterator[tuple[bytes | None, int, int, list[tuple[int, str]] | None]]:
         with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -386,7 +410,9 @@ def apply_changes(base: Path, changes: dict[int, PageRevision], out: Path, worke
         start, end = streams[k]
         if fut is None:
             return None, start, end, None
-        data, listed = fut.result()
+        data, listed, replaced, stale = fut.result()
+        report.replaced += replaced
+        report.stale_revisions += stale
         return data, start, end, listed
 
     try:

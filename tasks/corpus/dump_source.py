@@ -31,11 +31,12 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import httpx
 
-from data_contracts.base import atomic_write
+from data_contracts.base import atomic_write, names_disk_full
+from funnelrag.config import split_url_credentials
 from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
 
@@ -57,6 +58,13 @@ class DumpSourceError(BadInput):
 
 class ChecksumMismatch(DumpSourceError):
     """A downloaded file's digest differs from ``dumpstatus.json`` / ``md5sums.txt``."""
+
+
+class DownloadFailed(httpx.TransportError):
+    """A transfer from an HTTP mirror failed (connection dropped, refused, timed out, an HTTP error
+    status): names the URL, and for a download the ``.part`` file and the bytes it holds, which the
+    next run resumes. An ``httpx.HTTPError``, so callers that retry transfers still do; the original
+    error is its ``__cause__``."""
 
 
 class DumpNotReady(DumpSourceError):
@@ -111,23 +119,52 @@ class DayScan:
                 "reasons": self.reasons}
 
 
+MIRROR_USER_ENV, MIRROR_PASSWORD_ENV = "FUNNELRAG_MIRROR_USER", "FUNNELRAG_MIRROR_PASSWORD"
+
+
+def mirror_auth(environ: Mapping[str, str]) -> httpx.Auth | None:
+    """The login of an HTTP mirror whose URL carries none, from the environment ``environ`` (read
+    by the flow, passed here): HTTP basic auth with ``FUNNELRAG_MIRROR_USER`` and
+    ``FUNNELRAG_MIRROR_PASSWORD`` when the user is set; else the netrc file ``$NETRC`` or
+    ``$HOME/.netrc`` when it exists (``httpx.NetRCAuth``: the ``machine`` entry of the mirror's
+    host, none for another host); else None.
+
+    Raises
+    ------
+    netrc.NetrcParseError
+        The netrc file is malformed (names the file and line).
+    """
+    user = environ.get(MIRROR_USER_ENV)
+    if user:
+        return httpx.BasicAuth(user, environ.get(MIRROR_PASSWORD_ENV, ""))
+    netrc_file = environ.get("NETRC") or (str(Path(environ["HOME"]) / ".netrc") if environ.get("HOME") else None)
+    return httpx.NetRCAuth(netrc_file) if netrc_file and Path(netrc_file).is_file() else None
+
+
 class Mirror:
     """Read access to a mirror: ``https://…`` / ``http://…`` base URL or a local directory.
 
     Parameters
     ----------
     root : str
-        Base URL (``https://dumps.wikimedia.org``) or directory path.
+        Base URL (``https://dumps.wikimedia.org``) or directory path. Credentials in the URL
+        (``https://user:password@host``) are taken out of it: ``self.root``, and so every message,
+        plan and manifest, holds the URL without them; they log in as HTTP basic auth.
     timeout_s : float
         httpx timeout per connect / read, seconds.
     retries : int
         httpx transport retries on connection errors.
+    auth : httpx.Auth, optional
+        The login when the URL carries none (:func:`mirror_auth`).
     """
 
-    def __init__(self, root: str, timeout_s: float = 60.0, retries: int = 3):
+    def __init__(self, root: str, timeout_s: float = 60.0, retries: int = 3, auth: httpx.Auth | None = None):
         self.root = str(root)
         self.is_http = self.root.startswith(("http://", "https://"))
-        self._client = (httpx.Client(transport=httpx.HTTPTransport(retries=retries), timeout=timeout_s,
+        if self.is_http:
+            self.root, inline = split_url_credentials(self.root)
+            auth = httpx.BasicAuth(*inline) if inline else auth
+        self._client = (httpx.Client(transport=httpx.HTTPTransport(retries=retries), timeout=timeout_s, auth=auth,
                                      follow_redirects=True, headers={"User-Agent": "funnelrag-corpus-nightly",
                                               "Accept-Encoding": "identity"})   # byte ranges of the file itself
                         if self.is_http else None)
@@ -155,10 +192,13 @@ class Mirror:
         if not self.is_http:
             path = Path(self.root) / relpath
             return path.read_text(encoding="utf-8") if path.is_file() else None
-        resp = self._client.get(self.where(relpath))
-        if resp.status_code == 404:
-            return None
-        resp.raise_for_status()
+        try:
+            resp = self._client.get(self.where(relpath))
+            if resp.status_code == 404:
+                return None
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise DownloadFailed(f"{self.where(relpath)}: {_http_error(exc)}") from exc
         return resp.text
 
     def list_dates(self, reldir: str) -> list[str]:
@@ -193,6 +233,11 @@ class Mirror:
                 return
             resp.raise_for_status()
             yield (start if resp.status_code == 206 else 0), resp.iter_bytes()   # as received: a cut keeps what came
+
+
+def _http_error(exc: httpx.HTTPError) -> str:
+    """``"<error class>: <message>"`` of an httpx error (its message alone often names nothing)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _valid_date(s: str) -> bool:
@@ -263,16 +308,22 @@ def _remote(relpath: str, entry: dict, where: str) -> RemoteFile:
     raise DumpSourceError(f"{where}: {relpath.rsplit('/', 1)[-1]} has neither sha1 nor md5")
 
 
-def latest_full_dump(mirror: Mirror, wiki: str, after: str | None = None) -> tuple[FullDump | None, dict[str, str]]:
+def latest_full_dump(mirror: Mirror, wiki: str, after: str | None = None,
+                     unusable: dict[str, str] | None = None) -> tuple[FullDump | None, dict[str, str]]:
     """The newest full dump of ``wiki`` whose job is done (newer than ``after`` when given).
 
     Returns ``(dump or None, {date: why it was passed over})``: dates whose ``dumpstatus.json``
-    is missing, unreadable or not done are passed over (counted), the next older date is tried.
+    is missing, unreadable or not done are passed over (counted), the next older date is tried;
+    so are the dates of ``unusable`` (``{date: reason}``: a dump said done whose files are missing
+    or fail their checksum), with their reason.
     """
     passed: dict[str, str] = {}
     for date in reversed(mirror.list_dates(wiki)):
         if after is not None and date <= after:
             break
+        if unusable and date in unusable:
+            passed[date] = unusable[date]
+            continue
         where = mirror.where(f"{wiki}/{date}/dumpstatus.json")
         text = mirror.read_text(f"{wiki}/{date}/dumpstatus.json")
         if text is None:
@@ -291,9 +342,12 @@ def scan_days(mirror: Mirror, wiki: str, after: str) -> DayScan:
 
     A day is taken when its ``status.txt`` says done and ``md5sums.txt`` lists its
     ``pages-meta-hist-incr`` file. A date with no directory between ``after`` and the newest
-    listed day is *missing* (counted, skipped: its changes arrive with the next full dump). The
-    first day not done (no ``status.txt``, another status, no md5 for the file) ends the scan:
-    it and every later day are *waiting* for a later night.
+    listed day is *missing* (counted, skipped: its changes arrive with the next full dump), and so
+    is a day said done whose ``md5sums.txt`` is absent or unusable (no line ``<32 hex digits>
+    <the day's file name>``: other names such as ``../…``, unparsable lines): its file cannot be
+    checked, and waiting for it would hold every later day back for ever. The first day not done
+    (no ``status.txt``, another status) ends the scan: it and every later day are *waiting* for a
+    later night.
     """
     reldir = f"other/incr/{wiki}"
     listed = [d for d in mirror.list_dates(reldir) if d > after]
@@ -309,6 +363,12 @@ def scan_days(mirror: Mirror, wiki: str, after: str) -> DayScan:
             day = _next_day(day)
             continue
         problem, item = _read_day(mirror, wiki, day)
+        if problem and problem.startswith(_UNUSABLE):
+            scan.missing.append(day)
+            scan.reasons[day] = problem[len(_UNUSABLE):]
+            log.warning("adds-changes day %s skipped as missing: %s", day, scan.reasons[day])
+            day = _next_day(day)
+            continue
         if problem:
             waiting = [d for d in listed if d >= day]
             scan.waiting.extend(waiting)
@@ -323,6 +383,10 @@ def _next_day(date: str) -> str:
     return (dt.datetime.strptime(date, "%Y%m%d") + dt.timedelta(days=1)).strftime("%Y%m%d")
 
 
+_UNUSABLE = "unusable: "   # a _read_day problem that makes the day missing, not waiting
+_MD5 = re.compile(r"[0-9a-f]{32}")
+
+
 def _read_day(mirror: Mirror, wiki: str, day: str) -> tuple[str | None, IncrDay | None]:
     base = f"other/incr/{wiki}/{day}"
     status = mirror.read_text(f"{base}/status.txt")
@@ -331,11 +395,14 @@ def _read_day(mirror: Mirror, wiki: str, day: str) -> tuple[str | None, IncrDay 
     if status.strip().split(":")[0] != DONE:
         return f"{mirror.where(base + '/status.txt')}: says {status.strip()!r}, not {DONE!r}", None
     name = incr_name(wiki, day)
-    sums = mirror.read_text(f"{base}/md5sums.txt") or ""
+    sums = mirror.read_text(f"{base}/md5sums.txt")
+    if sums is None:
+        return f"{_UNUSABLE}{mirror.where(base + '/md5sums.txt')}: missing although the day is done", None
     md5 = next((parts[0].lower() for parts in map(str.split, sums.splitlines())
-                if len(parts) == 2 and parts[1].lstrip("*") == name), None)
+                if len(parts) == 2 and parts[1].lstrip("*") == name and _MD5.fullmatch(parts[0].lower())), None)
     if md5 is None:
-        return f"{mirror.where(base + '/md5sums.txt')}: no md5 for {name}", None
+        return (f"{_UNUSABLE}{mirror.where(base + '/md5sums.txt')}: unusable, no line '<md5>  {name}' "
+                f"(lines: {len(sums.splitlines())})"), None
     maxrev = (mirror.read_text(f"{base}/maxrevid.txt") or "").strip()
     return None, IncrDay(wiki, day, RemoteFile(f"{base}/{name}", None, md5, "md5"),
                          int(maxrev) if maxrev.isdigit() else None)
@@ -358,8 +425,9 @@ def fetch(mirror: Mirror, remote: RemoteFile, downloads: Path, progress_desc: st
         removed so the next run downloads it afresh.
     DumpSourceError
         Not found on the mirror.
-    httpx.HTTPError
-        The transfer failed (the ``.part`` stays for the next run to resume).
+    DownloadFailed
+        The transfer failed (an ``httpx.HTTPError`` naming the URL, the ``.part`` file and the bytes
+        it holds; the ``.part`` stays for the next run to resume).
     """
     downloads = Path(downloads)
     local = mirror.local_path(remote.relpath)
@@ -382,14 +450,20 @@ def fetch(mirror: Mirror, remote: RemoteFile, downloads: Path, progress_desc: st
         log.info("resuming %s at byte %d of %s", remote.name, have, remote.size)
     with Progress(progress_desc or f"download {remote.name}", total=remote.size, unit="bytes") as bar:
         bar.update(have)
-        for served, chunks in mirror.open_range(remote.relpath, have):
-            mode = "ab" if served == have else "wb"
-            if served == 0 and have:
-                log.info("%s: the server ignored the range request; downloading from the start", remote.name)
-            with open(part, mode) as out:
-                for block in chunks:
-                    out.write(block)
-                    bar.update(len(block))
+        try:
+            for served, chunks in mirror.open_range(remote.relpath, have):
+                mode = "ab" if served == have else "wb"
+                if served == 0 and have:
+                    log.info("%s: the server ignored the range request; downloading from the start", remote.name)
+                with names_disk_full(part), open(part, mode) as out:
+                    for block in chunks:
+                        out.write(block)
+                        bar.update(len(block))
+        except httpx.HTTPError as exc:
+            kept = part.stat().st_size if part.is_file() else 0
+            raise DownloadFailed(f"download of {mirror.where(remote.relpath)} into {part} failed ({_http_error(exc)}); "
+                                 f"{kept:,} of {remote.size if remote.size is not None else '?'} bytes kept there, "
+                                 "the next run resumes it") from exc
     _verify(part, remote, downloads, mirror.where(remote.relpath), remove_bad=True)
     os.replace(part, target)
     _stamp(downloads, target, remote)

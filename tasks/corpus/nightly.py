@@ -12,6 +12,11 @@ content (an unchanged build publishes nothing, so the manifest cannot say it):
   (:mod:`tasks.corpus.adds_changes`);
 - otherwise ``nothing``.
 
+A full dump said done whose files are missing on the mirror or fail their checksum does not stall
+the nightly: :func:`plan_and_fetch` passes it over (``NightPlan.unusable``, with the reason) and
+plans the night again without it: the days since the last good base are applied as if the bad
+dump were not there; a later night tries it again (the mirror may have been repaired).
+
 :func:`prepare_input` downloads and verifies the files (resumed, checksummed) and, for an
 incremental night, hands the days' revisions to the ingest, which applies them as it reads the
 base dump (or, for a base not in page id order, writes the merged dump). Every failure raises before a build starts, so a
@@ -23,10 +28,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from data_contracts.base import atomic_write
-from tasks.corpus.adds_changes import apply_changes, merge_days, plan_changes
+from tasks.corpus.adds_changes import STALE_REVISION, apply_changes, merge_days, plan_changes
 from tasks.corpus.dump_source import (DayScan, DumpSourceError, FullDump, Mirror, fetch, full_dump_name, index_name,
                                       latest_full_dump, parse_dumpstatus, scan_days)
 
@@ -49,6 +54,7 @@ class NightPlan:
     scan: DayScan = field(default_factory=DayScan)
     previous: dict[str, Any] | None = None   # the last build's dump entry
     passed_over: dict[str, str] = field(default_factory=dict)   # full-dump dates not done, with the reason
+    unusable: dict[str, str] = field(default_factory=dict)   # full dumps said done whose files failed tonight
     reason: str = ""
 
     @property
@@ -65,7 +71,7 @@ class NightPlan:
     def as_dict(self) -> dict[str, Any]:
         return {"action": self.action, "reason": self.reason, **self.dump_entry(),
                 "day_reasons": self.scan.reasons, "passed_over_full_dumps": self.passed_over,
-                "previous": self.previous}
+                "unusable_full_dumps": self.unusable, "previous": self.previous}
 
 
 def last_build(manifest: dict[str, Any] | None, state: dict[str, Any] | None, current: str | None) -> dict | None:
@@ -76,8 +82,10 @@ def last_build(manifest: dict[str, Any] | None, state: dict[str, Any] | None, cu
     return (manifest or {}).get("dump")
 
 
-def plan_night(mirror: Mirror, wiki: str, previous: dict[str, Any] | None) -> NightPlan:
-    """Decide tonight's build (module docstring).
+def plan_night(mirror: Mirror, wiki: str, previous: dict[str, Any] | None,
+               unusable: dict[str, str] | None = None) -> NightPlan:
+    """Decide tonight's build (module docstring). ``unusable``: ``{date: reason}`` of full dumps
+    said done whose files were missing or failed their checksum tonight: passed over.
 
     Raises
     ------
@@ -86,23 +94,58 @@ def plan_night(mirror: Mirror, wiki: str, previous: dict[str, Any] | None) -> Ni
         and why each dump date was passed over).
     """
     base_date = (previous or {}).get("base") if (previous or {}).get("wiki") == wiki else None
-    newest, passed = latest_full_dump(mirror, wiki, after=base_date)
+    unusable = dict(unusable or {})
+    newest, passed = latest_full_dump(mirror, wiki, after=base_date, unusable=unusable)
     if newest is not None:
         why = f"full dump {newest.date} is newer than the base {base_date}" if base_date else f"first build: full dump {newest.date}"
-        return NightPlan(FULL, wiki, mirror.root, newest, previous=previous, passed_over=passed, reason=why)
+        return NightPlan(FULL, wiki, mirror.root, newest, previous=previous, passed_over=passed, unusable=unusable,
+                         reason=why)
     if base_date is None:
         raise DumpSourceError(f"{mirror.where(wiki + '/')}: no finished full dump of {wiki} "
                               f"({'; '.join(passed.values()) or 'no dump dates listed'})")
     base, _ = _base_dump(mirror, wiki, base_date)
     scan = scan_days(mirror, wiki, base_date)
     done = [d.date for d in scan.days]
+    bad = f"; unusable full dump(s) passed over: {', '.join(sorted(unusable))}" if unusable else ""
     if done and done != list(previous.get("days") or []):
         new = [d for d in done if d not in (previous.get("days") or [])]
-        return NightPlan(INCREMENTAL, wiki, mirror.root, base, scan, previous, passed,
-                         f"adds-changes days {', '.join(new) or '(a different set)'} after full dump {base_date}")
-    return NightPlan(NOTHING, wiki, mirror.root, base, scan, previous, passed,
+        return NightPlan(INCREMENTAL, wiki, mirror.root, base, scan, previous, passed, unusable,
+                         f"adds-changes days {', '.join(new) or '(a different set)'} after full dump {base_date}{bad}")
+    return NightPlan(NOTHING, wiki, mirror.root, base, scan, previous, passed, unusable,
                      f"nothing new: full dump {base_date} and {len(done)} adds-changes day(s) already built"
-                     + (f"; waiting: {', '.join(scan.waiting)}" if scan.waiting else ""))
+                     + (f"; waiting: {', '.join(scan.waiting)}" if scan.waiting else "") + bad)
+
+
+def plan_and_fetch(plan: Callable[[dict[str, str]], NightPlan],
+                   fetch: Callable[[NightPlan], tuple[Path, dict[str, Any]]]) -> tuple[NightPlan, Path | None, dict]:
+    """Tonight's plan and its verified input: ``plan(unusable)`` (:func:`plan_night` with the full
+    dumps to pass over) then ``fetch(plan)`` (:func:`prepare_input`). A full dump whose fetch
+    raises ``DumpSourceError`` (a file missing on the mirror, ``ChecksumMismatch``) is passed over,
+    logged and counted in ``NightPlan.unusable``, and the night planned again without it, until a
+    plan fetches or has nothing to do (each round passes over one more date, so it ends).
+
+    Returns ``(plan, input file or None for nothing, what the fetch did)``.
+
+    Raises
+    ------
+    DumpSourceError
+        The fetch of an incremental night failed (a day's or the base dump's file; names it), or
+        no usable full dump is left for a first build.
+    """
+    unusable: dict[str, str] = {}
+    while True:
+        night = plan(dict(unusable))
+        if night.action == NOTHING:
+            return night, None, {}
+        try:
+            path, info = fetch(night)
+        except DumpSourceError as exc:
+            if night.action != FULL or night.base is None or night.base.date in unusable:
+                raise
+            unusable[night.base.date] = f"said done, but {exc}"
+            log.warning("full dump %s of %s passed over: %s", night.base.date, night.wiki, exc)
+            continue
+        return night, path, info
 
 
 def _base_dump(mirror: Mirror, wiki: str, date: str) -> tuple[FullDump, None]:
@@ -168,7 +211,7 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
                 if old.name != changes_file.name:
                     old.unlink(missing_ok=True)
             info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict(),
-                         "changes_file": str(changes_file)})
+                         "changes_file": str(changes_file), "stale_revisions": _stale(counts, report)})
             return dump, info
         log.warning("%s does not list its pages in increasing page id order: writing the merged dump instead of "
                     "applying the days while ingesting", dump.name)
@@ -176,9 +219,16 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     for old in out.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # only tonight's merged dump is kept
         if old.name not in (out.name, index_name(out.name), stamp.name):
             old.unlink(missing_ok=True)
-    info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict()})
+    info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict(),
+                 "stale_revisions": _stale(counts, report)})
     atomic_write(stamp, lambda p: p.write_text(json.dumps({"inputs": want, "report": info}, indent=1, sort_keys=True)))
     return out, info
+
+
+def _stale(counts: list, report) -> int:
+    """Revisions skipped before the ingest as not newer than an earlier day's (:func:`merge_days`) or
+    the base page's (:func:`apply_changes`; applied while ingesting, the ingest counts them)."""
+    return sum(c.skipped.get(STALE_REVISION, 0) for c in counts) + report.stale_revisions
 
 
 def read_state(store_root: Path) -> dict[str, Any] | None:

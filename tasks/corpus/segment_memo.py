@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from data_contracts import corpus as C
+from data_contracts.base import names_disk_full
 from tasks.corpus.memo import DocumentMemo, first_of_each_key, ranges_take, settings_dir, take_rows, take_texts
 from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, cluster_windows
 
@@ -344,7 +345,7 @@ def write_rows(path: Path, table: pa.Table) -> None:
     adds-changes night (and a full build) writes, for ~1.55x the bytes in the shard cache, which
     retention prunes (the nightly home on that mirror: 7.14 GB after night 4, against 6.65 with
     lz4 Parquet and no document index)."""
-    with ipc.new_file(str(path), table.schema) as writer:
+    with names_disk_full(path), ipc.new_file(str(path), table.schema) as writer:
         writer.write_table(table, max_chunksize=MEMO_BATCH_ROWS)
 
 

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from data_contracts.base import atomic_write
+from data_contracts.base import atomic_write, names_disk_full
 from funnelrag.progress import Progress, progress
 from funnelrag.store import mark_used
 from tasks.corpus import segment_memo as SM
@@ -194,12 +194,14 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
 def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
     """Write a cache entry: ``write(tmp_dir)`` then rename onto ``cached`` (a concurrent writer of
     the same key wins; both wrote the same bytes). If ``write`` raises, its temporary directory is
-    removed and the error passes on; ``cached`` is left as it was."""
+    removed and the error passes on (a disk-full error naming no file names ``cached``,
+    :func:`data_contracts.base.names_disk_full`); ``cached`` is left as it was."""
     tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        write(tmp)
+        with names_disk_full(cached):
+            write(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -127,11 +127,29 @@ class PageChanges:
         return h.hexdigest()
 
 
-def merge_pages(pages: Iterator[RawPage], changes: Iterable[PageRevision], source: str) -> Iterator[RawPage]:
+def is_newer(rev: PageRevision, rev_id: int | None, timestamp: str | None) -> bool:
+    """Whether ``rev`` is newer than the revision ``(rev_id, timestamp)`` a base dump (or an earlier
+    day) holds for its page: the higher revision id wins (MediaWiki hands them out in increasing
+    order), then, for equal or unknown ids, the later ISO 8601 timestamp; the same revision is not
+    newer. A base revision with neither id nor timestamp is older than any revision.
+    """
+    if rev_id is not None and rev.rev_id != rev_id:
+        return rev.rev_id > rev_id
+    if timestamp and rev.timestamp:
+        return rev.timestamp > timestamp
+    return rev_id is None and not timestamp
+
+
+def merge_pages(pages: Iterator[RawPage], changes: Iterable[PageRevision], source: str,
+                stale: list[int] | None = None) -> Iterator[RawPage]:
     """The records of the merged dump: ``pages`` (a base dump's records, or one piece's, in page id
     order) with a changed page's record replaced, each new page's record inserted before the
     first base record with a higher page id (new pages past the last one at the end), positions
     renumbered from 0 and ``source`` set on every record.
+
+    A revision that is not newer than the base record's (:func:`is_newer`, on the record's
+    ``rev_id`` and ``timestamp``) is skipped: the base record stays and its page id is appended to
+    ``stale`` (counted as the build's ``stale_revisions``).
 
     Raises
     ------
@@ -158,10 +176,14 @@ def merge_pages(pages: Iterator[RawPage], changes: Iterable[PageRevision], sourc
                 position += 1
                 at += 1
             if at < len(pending) and pending[at].page_id == pid:
-                yield changed(pending[at])
-                position += 1
+                rev = pending[at]
                 at += 1
-                continue
+                if is_newer(rev, page.rev_id, page.timestamp):
+                    yield changed(rev)
+                    position += 1
+                    continue
+                if stale is not None:
+                    stale.append(pid)
         page.source, page.position = source, position
         if not page.title:
             page.record = f"page #{position}"

@@ -156,6 +156,10 @@ class IngestSummary:
         Kept wikitext pages of the parsed pieces: ``{"built": n, "reused": m}`` (reused = cleaned
         text and links taken from the page memo, :mod:`tasks.corpus.ingest.page_memo`); empty
         without a piece cache.
+    stale_revisions : int
+        Adds-changes revisions applied while reading (``changes``) that were skipped because the
+        base dump holds the same or a newer revision of their page
+        (:func:`tasks.corpus.ingest.changes.is_newer`).
     """
 
     documents: int
@@ -175,6 +179,7 @@ class IngestSummary:
     pass2_seconds: float = 0.0
     pieces: dict[str, int] = field(default_factory=dict)
     cleaned_pages: dict[str, int] = field(default_factory=dict)
+    stale_revisions: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (paths as strings), e.g. for ``summary.json`` or MLflow params."""

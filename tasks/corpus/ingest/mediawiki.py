@@ -153,15 +153,21 @@ def _page(elem, source: str, position: int) -> RawPage:
                 id_text = child.text or ""
         elif name == "redirect" and redirect is None:
             redirect = child
-    text_elem = None
+    text_elem = rev_id = timestamp = None
     if last_revision is not None:
         for child in last_revision:
-            if (_LOCAL.get(child.tag) or _local_name(child.tag)) == "text":
+            name = _LOCAL.get(child.tag) or _local_name(child.tag)
+            if name == "text":
                 text_elem = child
                 break
+            if name == "id" and rev_id is None:
+                rev_id = (child.text or "").strip()
+            elif name == "timestamp" and timestamp is None:
+                timestamp = (child.text or "").strip()
     text = None if text_elem is None else (text_elem.text or "")
     page = RawPage(source=source, position=position, record=title or f"page #{position}", title=title,
-                   text=text, markup=WIKITEXT)
+                   text=text, markup=WIKITEXT, rev_id=int(rev_id) if rev_id and rev_id.isdigit() else None,
+                   timestamp=timestamp or None)
     page.n_bytes = (len(text) if text.isascii() else len(text.encode("utf-8"))) if text else 0
     problems = []
     try:

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from data_contracts.base import link_or_copy
 from funnelrag.store import mark_used
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
-from tasks.corpus.ingest.changes import PageChanges, merge_pages, page_xml
+from tasks.corpus.ingest.changes import PageChanges, is_newer, merge_pages, page_xml
 from tasks.corpus.ingest.mediawiki import MediaWikiReader, page_from_xml
 from tasks.corpus.ingest.multistream import Layout, Piece, index_path, open_header_footer, open_piece
 from tasks.corpus.ingest.page_memo import PageMemo, memo_dir, write_part
@@ -69,6 +69,10 @@ class PieceResult:
         one for a parsed or reused piece, the base piece's and tonight's for a patched one, none
         without the memo.
     cleaned : kept wikitext pages cleaned here / taken from the page memo (a parsed piece).
+    revisions : per row, the record's revision id and timestamp (``([rev_id], [timestamp])``; a parsed
+        piece): kept with the piece, so that :func:`patch_piece` can tell a stale revision.
+    stale : adds-changes revisions skipped as not newer than the base record's
+        (:func:`tasks.corpus.ingest.changes.is_newer`).
     """
 
     index: int
@@ -80,6 +84,8 @@ class PieceResult:
     memo_parts: tuple[str, ...] = ()
     patched: bool = False
     cleaned: tuple[int, int] = (0, 0)
+    revisions: tuple[list, list] | None = None
+    stale: int = 0
 
 
 _counts = operator.attrgetter(*_LINK_FIELDS)
@@ -93,6 +99,8 @@ class _PiecePass(PagePass):
         super().__init__(cfg, shards, None)
         self.out_rows: list[tuple] = []
         self.effects: list[tuple] = []
+        self.rev_ids: list[int | None] = []
+        self.timestamps: list[str | None] = []
 
     def process(self, page: RawPage, namespaces: frozenset[str]) -> None:
         before = _counts(self.links)
@@ -109,9 +117,12 @@ class _PiecePass(PagePass):
     def _row(self, page, title, status, reason, detail) -> None:
         self.out_rows.append((page.source, page.position, page.record, page.page_id, title, status, reason,
                               page.n_bytes, detail))
+        self.rev_ids.append(page.rev_id)
+        self.timestamps.append(page.timestamp)
 
 
-PIECE_VERSION = "2"   # bump when parse_piece's output changes for the same bytes; 2: the page-memo part kept
+PIECE_VERSION = "3"   # bump when parse_piece's output changes for the same bytes; 2: the page-memo part kept;
+# 3: each row's revision id and timestamp kept (stale adds-changes revisions told apart)
 MEMO_PART = "page-memo-part.arrow"
 _ROW_NAMES = ("source", "position", "record", "page_id", "title", "status", "reason", "n_bytes", "detail")
 _EFFECT_NAMES = ("checked", "mark", "redirect", "link_delta", "untitled")
@@ -149,13 +160,17 @@ def _save_piece(result: PieceResult, directory: Path) -> None:
     table = result.report
     for n, c, t in zip(_EFFECT_NAMES, effects, _EFFECT_TYPES):
         table = table.append_column(n, pa.array(list(c), t))
+    rev_ids, timestamps = result.revisions or ([None] * table.num_rows, [None] * table.num_rows)
+    table = table.append_column("rev_id", pa.array(rev_ids, pa.int64()))
+    table = table.append_column("timestamp", pa.array(timestamps, pa.string()))
     pq.write_table(table, tmp / "rows.parquet")
     for k, shard in enumerate(result.shards):
         shutil.copyfile(shard, tmp / f"shard-{k:05d}.parquet")
     if result.memo_parts:   # a parsed piece has one part; linked, as the memo links it too
         (part,) = result.memo_parts
         link_or_copy(Path(part), tmp / MEMO_PART)
-    (tmp / "piece.json").write_text(json.dumps({"xml_bytes": result.xml_bytes, "shards": len(result.shards)}))
+    (tmp / "piece.json").write_text(json.dumps({"xml_bytes": result.xml_bytes, "shards": len(result.shards),
+                                                "stale": result.stale}))
     try:
         os.replace(tmp, directory)
     except OSError:   # another worker kept the same piece first
@@ -191,7 +206,8 @@ def _load_piece(piece: Piece, directory: Path, shard_dir: Path, source: str, gro
         else:
             write_shard(_renamed(kept, source), Path(shards[-1]), group_rows)
     parts = (str(directory / MEMO_PART),) if (directory / MEMO_PART).is_file() else ()   # read in place
-    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], reused=True, memo_parts=parts)
+    return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], reused=True, memo_parts=parts,
+                       stale=meta.get("stale", 0))
 
 
 _ROW_TYPES = (pa.string(), pa.int64(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64(),
@@ -245,7 +261,8 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
         state.page_memo, state.memo_rows = PageMemo.open(memo), []
     reader = MediaWikiReader(Path(path), opener)
     reader.namespaces = namespaces
-    pages = reader.pages() if changes is None else merge_pages(reader.pages(), changes.pages, source)
+    stale: list[int] = []
+    pages = reader.pages() if changes is None else merge_pages(reader.pages(), changes.pages, source, stale)
     try:
         for page in pages:
             state.process(page, namespaces)
@@ -259,7 +276,8 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     result = PieceResult(piece.index, _report_table(state.out_rows), state.effects,
                          [str(p) for p in state.shards.paths], wrapped[-1].inner_bytes,
                          memo_parts=(part,) if part is not None else (),
-                         cleaned=(len(state.memo_rows or ()) - state.memo_hits, state.memo_hits))
+                         cleaned=(len(state.memo_rows or ()) - state.memo_hits, state.memo_hits),
+                         revisions=(state.rev_ids, state.timestamps), stale=len(stale))
     if cached is not None:
         _save_piece(result, cached)
     return result
@@ -312,7 +330,10 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
     it, without decompressing anything: the revisions' records go through a fresh pass-1 state
     (with the page memo when ``memo`` is given), every other record keeps the base piece's report
     row, effects and kept page (its ``source`` renamed, its position renumbered), and the records
-    are ordered by page id as :func:`tasks.corpus.ingest.changes.merge_pages` orders them.
+    are ordered by page id as :func:`tasks.corpus.ingest.changes.merge_pages` orders them. A
+    revision not newer than the base record's (the revision id and timestamp the base piece kept,
+    :func:`tasks.corpus.ingest.changes.is_newer`) is skipped and counted (``PieceResult.stale``),
+    as ``merge_pages`` skips it.
 
     A record's pass-1 decision depends on the records before it only through duplicate titles, so
     the result equals parsing the merged piece whenever no title repeats among the merged piece's
@@ -334,14 +355,16 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
     if base_ids.size > 1 and not bool(np.all(np.diff(base_ids) > 0)):
         return None
     source = changes.source
-    rev_ids = np.fromiter((r.page_id for r in changes.pages), np.int64, count=len(changes.pages))
+    at = dict(zip(base_ids.tolist(), zip(table.column("rev_id").to_pylist(), table.column("timestamp").to_pylist())))
+    revisions = [r for r in changes.pages if r.page_id not in at or is_newer(r, *at[r.page_id])]
+    rev_ids = np.fromiter((r.page_id for r in revisions), np.int64, count=len(revisions))
     merged_ids = np.union1d(base_ids, rev_ids)
     keep = ~np.isin(base_ids, rev_ids)
     state = _PiecePass(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
     Path(shard_dir).mkdir(parents=True, exist_ok=True)
     if memo is not None:
         state.page_memo, state.memo_rows = PageMemo.open(memo), []
-    for rev, position in zip(changes.pages, np.searchsorted(merged_ids, rev_ids).tolist()):
+    for rev, position in zip(revisions, np.searchsorted(merged_ids, rev_ids).tolist()):
         state.process(page_from_xml(page_xml(rev), source, position), namespaces)
     state.shards.flush()
 
@@ -377,7 +400,7 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
     cleaned = (0, 0) if state.memo_rows is None else (len(state.memo_rows) - state.memo_hits,
                                                       state.memo_hits + base_pages)
     return PieceResult(piece.index, report, effects, shards, meta["xml_bytes"], memo_parts=parts, cleaned=cleaned,
-                       patched=True)
+                       patched=True, stale=len(changes.pages) - len(revisions))
 
 
 def read_siteinfo(layout: Layout) -> tuple[frozenset[str], int]:
@@ -543,6 +566,7 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
             for result in pending.popleft().result():
                 replay_piece(state, result, position)
                 state.pieces["reused" if result.reused else "patched" if result.patched else "built"] += 1
+                state.stale_revisions += result.stale
                 parts.extend(result.memo_parts)
                 with_parts += bool(result.memo_parts)
                 if memo is not None and not result.reused:

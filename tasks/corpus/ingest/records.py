@@ -39,6 +39,10 @@ class RawPage:
         ``malformed_link``).
     detail : str or None
         Human-readable detail of ``error``.
+    rev_id : int or None
+        Revision id of the text (a dump's last ``<revision><id>``), if the format has one.
+    timestamp : str or None
+        ISO 8601 timestamp of that revision (``<timestamp>``), if the format has one.
     """
 
     source: str
@@ -54,3 +58,5 @@ class RawPage:
     links: list[str] | None = None
     error: str | None = None
     detail: str | None = None
+    rev_id: int | None = None
+    timestamp: str | None = None

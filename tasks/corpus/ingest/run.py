@@ -157,7 +157,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         input_bytes=sum(p.stat().st_size for p in inputs), uncompressed_bytes=uncompressed,
         shards=len(state.shards.paths), seconds=time.perf_counter() - wall0,
         cpu_seconds=time.process_time() - cpu0, outputs=outputs, pieces=dict(sorted(state.pieces.items())),
-        cleaned_pages=dict(sorted(state.cleaned.items())),
+        cleaned_pages=dict(sorted(state.cleaned.items())), stale_revisions=state.stale_revisions,
         pass2_seconds=time.perf_counter() - pass2_start)
     logger.info("ingest %s: %d documents, %d redirects, %d links, skipped %s (%.1f s)", cfg.format,
                 summary.documents, summary.redirects, summary.links, summary.skipped, summary.seconds)
@@ -174,6 +174,7 @@ class _FirstPass(PagePass):
         self.cleaned: Counter[str] = Counter()  # kept wikitext pages cleaned / taken from the page memo
         self.progress: Progress | None = None   # pages read, while :meth:`run` runs
         self.changes: PageChanges | None = None   # adds-changes applied while the one input is read
+        self.stale_revisions = 0   # adds-changes revisions not newer than the base's, skipped
 
     def run(self, inputs: list[Path]) -> int:
         """Read all inputs; returns the uncompressed bytes read (pages counted on ``self.progress``)."""
@@ -201,11 +202,13 @@ class _FirstPass(PagePass):
                 continue
             reader = MediaWikiReader(path) if fmt == "mediawiki" else JsonlReader(path, self.cfg.max_page_bytes)
             pages = reader.pages()
+            stale: list[int] = []
             if self.changes is not None:
-                pages = merge_pages(pages, self.changes.pages, self.changes.source)
+                pages = merge_pages(pages, self.changes.pages, self.changes.source, stale)
             for page in pages:
                 self.process(page, getattr(reader, "namespaces", DEFAULT_NAMESPACES))
                 bar.update()
+            self.stale_revisions += len(stale)
             total += reader.bytes_read
         self._flush_report()
         self.shards.flush()
