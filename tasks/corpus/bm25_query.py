@@ -1,0 +1,165 @@
+"""Top-``k`` BM25 search over bm25s's eager score matrix, compiled (numba) and cached on disk.
+
+bm25s stores every (document, term) score ``idf(t) * tfc(t, d)`` in a CSC matrix
+(:mod:`tasks.corpus.bm25_csc`), so a query's score of document ``d`` is the sum, over the query's
+token ids in order (repeats included), of the column entries of row ``d``. bm25s's numpy backend
+(``BM25.retrieve``, what :class:`tasks.corpus.index.BM25Index` called before) adds each column into
+a dense ``(n_docs,)`` float32 array with ``np.add.at`` and takes the top ``k`` with
+``np.argpartition``; its numba backend does the same in a compiled loop and scans every document
+with a heap. :func:`top_k_rows` does the same additions in the same order and precision (float32,
+token by token), so the scores are bit-identical, but
+
+* it keeps the list of documents a query touched and ranks only those (plus the first untouched
+  rows, score 0, where fewer than ``k`` touched documents outrank them), so a query costs its
+  postings, not ``n_docs``;
+* ties are broken by row (score descending, then row ascending) inside the selection, so the
+  ``k``-th place is deterministic. bm25s's ``argpartition`` keeps an arbitrary subset of the
+  documents tied at the ``k``-th score; there, and only there, the rows may differ from bm25s's
+  (same scores);
+* the kernels are compiled with ``cache=True`` (numba's on-disk cache beside this file or in
+  ``NUMBA_CACHE_DIR``): the first query of a process loads them (~0.1 s) instead of compiling
+  (~1-2 s, bm25s's numba backend compiles in every process).
+
+Scratch arrays (a float32 score and a uint8 flag per document, and the touched list) are made
+once per call and reused for every query of the batch; the kernel releases the GIL.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, nogil=True)
+def _worse(score_a, row_a, score_b, row_b):  # pragma: no cover - compiled
+    """Whether ``(score_a, row_a)`` ranks below ``(score_b, row_b)`` (score desc, then row asc)."""
+    return score_a < score_b or (score_a == score_b and row_a > row_b)
+
+
+@numba.njit(cache=True, nogil=True)
+def _sift_down(h_scores, h_rows, size, pos):  # pragma: no cover - compiled
+    """Restore the heap below ``pos``: the worst entry at the root (a min-heap on rank)."""
+    s, r = h_scores[pos], h_rows[pos]
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and _worse(h_scores[right], h_rows[right], h_scores[child], h_rows[child]):
+            child = right
+        if not _worse(h_scores[child], h_rows[child], s, r):
+            break
+        h_scores[pos], h_rows[pos] = h_scores[child], h_rows[child]
+        pos = child
+    h_scores[pos], h_rows[pos] = s, r
+
+
+@numba.njit(cache=True, nogil=True)
+def _sift_up(h_scores, h_rows, pos):  # pragma: no cover - compiled
+    s, r = h_scores[pos], h_rows[pos]
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if not _worse(s, r, h_scores[parent], h_rows[parent]):
+            break
+        h_scores[pos], h_rows[pos] = h_scores[parent], h_rows[parent]
+        pos = parent
+    h_scores[pos], h_rows[pos] = s, r
+
+
+@numba.njit(cache=True, nogil=True)
+def _offer(h_scores, h_rows, size, k, s, r):  # pragma: no cover - compiled
+    """Offer ``(s, r)`` to the heap of the best ``k``; returns the new size."""
+    if size < k:
+        h_scores[size], h_rows[size] = s, r
+        _sift_up(h_scores, h_rows, size)
+        return size + 1
+    if _worse(h_scores[0], h_rows[0], s, r):
+        h_scores[0], h_rows[0] = s, r
+        _sift_down(h_scores, h_rows, size, 0)
+    return size
+
+
+@numba.njit(cache=True, nogil=True)
+def _top_k_batch(q_ids, q_offsets, data, indices, indptr, n_docs, k, out_rows, out_scores):  # pragma: no cover
+    """Top ``k`` of every query into ``out_rows[i]``, ``out_scores[i]`` (see :func:`top_k_rows`)."""
+    acc = np.zeros(n_docs, dtype=np.float32)
+    seen = np.zeros(n_docs, dtype=np.uint8)
+    touched = np.empty(n_docs, dtype=np.int32)
+    h_scores = np.empty(k, dtype=np.float32)
+    h_rows = np.empty(k, dtype=np.int64)
+    for qi in range(q_offsets.size - 1):
+        n_touched = 0
+        for p in range(q_offsets[qi], q_offsets[qi + 1]):
+            t = q_ids[p]
+            for j in range(indptr[t], indptr[t + 1]):
+                d = indices[j]
+                if seen[d] == 0:
+                    seen[d] = 1
+                    touched[n_touched] = d
+                    n_touched += 1
+                acc[d] += data[j]
+        size = 0
+        for i in range(n_touched):
+            d = np.int64(touched[i])
+            size = _offer(h_scores, h_rows, size, k, acc[d], d)
+        # untouched rows score 0: the first ones (row order) while they would still enter the top k
+        zero = np.float32(0.0)
+        r = np.int64(0)
+        while r < n_docs and (size < k or _worse(h_scores[0], h_rows[0], zero, r)):
+            if seen[r] == 0:
+                size = _offer(h_scores, h_rows, size, k, zero, r)
+            r += 1
+        # pop worst first into the tail: best first in the output
+        for pos in range(size - 1, -1, -1):
+            out_scores[qi, pos], out_rows[qi, pos] = h_scores[0], h_rows[0]
+            size -= 1
+            if size > 0:
+                h_scores[0], h_rows[0] = h_scores[size], h_rows[size]
+                _sift_down(h_scores, h_rows, size, 0)
+        for i in range(n_touched):
+            d = touched[i]
+            acc[d] = 0.0
+            seen[d] = 0
+
+
+def top_k_rows(query_ids: list[np.ndarray] | list[list[int]], data: np.ndarray, indices: np.ndarray,
+               indptr: np.ndarray, n_docs: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 top-``k`` rows of each query over a bm25s CSC score matrix.
+
+    Parameters
+    ----------
+    query_ids : ``n_queries`` sequences of token ids (columns of the matrix; repeats count twice,
+        as in bm25s), each id in ``[0, n_vocab)``.
+    data : float32 ``(n_pairs,)`` scores, ``indices`` int32 ``(n_pairs,)`` rows, ``indptr`` int64
+        ``(n_vocab + 1,)``: bm25s's ``scores`` dict (``retriever.scores``), memory-mapped or not.
+    n_docs : rows of the matrix.
+    k : results a query, ``1 <= k <= n_docs``.
+
+    Returns
+    -------
+    rows : int64 ``(n_queries, k)``, each row ordered by score descending, then row ascending.
+    scores : float32 ``(n_queries, k)``, bm25s's scores (the same float32 sums in the same order).
+
+    Raises
+    ------
+    ValueError
+        ``k`` outside ``[1, n_docs]``, or a token id outside the matrix's columns.
+
+    Notes
+    -----
+    Source: the BM25 eager-scoring retrieval of bm25s (Lù 2024, ``_compute_relevance_from_scores``
+    then ``topk``), restricted to the documents a query touches; ties ranked by row.
+    """
+    if not 1 <= k <= n_docs:
+        raise ValueError(f"BM25 top-k: k must lie in [1, {n_docs}], got {k}")
+    lengths = np.fromiter((len(q) for q in query_ids), dtype=np.int64, count=len(query_ids))
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = (np.concatenate([np.asarray(q, dtype=np.int64) for q in query_ids]) if offsets[-1]
+            else np.zeros(0, dtype=np.int64))
+    n_vocab = indptr.size - 1
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= n_vocab):
+        raise ValueError(f"BM25 top-k: token ids outside the index's {n_vocab} terms")
+    rows = np.empty((lengths.size, k), dtype=np.int64)
+    scores = np.empty((lengths.size, k), dtype=np.float32)
+    _top_k_batch(flat, offsets, data, indices, indptr, int(n_docs), int(k), rows, scores)
+    return rows, scores
