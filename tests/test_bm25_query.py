@@ -112,3 +112,25 @@ def test_bad_input_is_refused():
         top_k_rows([[2]], data, indices, indptr, 2, 1)
     rows, scores = top_k_rows([[1, 1], [0]], data, indices, indptr, 2, 2)
     assert rows.tolist() == [[1, 0], [0, 1]] and scores.tolist() == [[2.0, 0.0], [1.0, 0.0]]
+
+
+def test_sparse_and_dense_queries_equal_a_full_sort():
+    """Both ways of ranking (few postings: the touched documents; many: every row) against a
+    full sort of the dense scores by (score desc, row asc); scores quantised so ties are many."""
+    rng = np.random.default_rng(7)
+    n_docs, n_vocab = 3000, 200
+    df = np.where(np.arange(n_vocab) < 20, 5, 600)                     # 20 rare terms, 180 common ones
+    cols = [np.sort(rng.choice(n_docs, size=int(n), replace=False)) for n in df]
+    indptr = np.concatenate([[0], np.cumsum(df)]).astype(np.int64)
+    indices = np.concatenate(cols).astype(np.int32)
+    data = (rng.integers(0, 4, size=indices.size) / 4).astype(np.float32)   # zeros included
+    queries = [[0], [1, 2, 1], [150, 151], [3, 160, 170, 180], []]          # sparse, sparse, dense, dense, empty
+    for k in (1, 7, 50, n_docs):
+        rows, scores = top_k_rows(queries, data, indices, indptr, n_docs, k)
+        for i, q in enumerate(queries):
+            dense = np.zeros(n_docs, np.float32)
+            for t in q:
+                np.add.at(dense, indices[indptr[t]:indptr[t + 1]], data[indptr[t]:indptr[t + 1]])
+            order = np.lexsort((np.arange(n_docs), -dense))[:k]
+            np.testing.assert_array_equal(rows[i], order)
+            np.testing.assert_allclose(scores[i], dense[order], rtol=1e-6)

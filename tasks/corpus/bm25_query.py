@@ -9,9 +9,11 @@ a dense ``(n_docs,)`` float32 array with ``np.add.at`` and takes the top ``k`` w
 with a heap. :func:`top_k_rows` does the same additions in the same order and precision (float32,
 token by token), so the scores are bit-identical, but
 
-* it keeps the list of documents a query touched and ranks only those (plus the first untouched
-  rows, score 0, where fewer than ``k`` touched documents outrank them), so a query costs its
-  postings, not ``n_docs``;
+* a query with few postings (fewer than ``n_docs / 16``) keeps the list of documents it touched
+  and ranks only those (plus the first untouched rows, score 0, where fewer than ``k`` touched
+  documents outrank them), so it costs its postings, not ``n_docs``; a query with more scans
+  every row in order as bm25s's numba backend does (sequential reads beat a random walk there);
+  a candidate below the heap's worst score is rejected by one comparison;
 * ties are broken by row (score descending, then row ascending) inside the selection, so the
   ``k``-th place is deterministic. bm25s's ``argpartition`` keeps an arbitrary subset of the
   documents tied at the ``k``-th score; there, and only there, the rows may differ from bm25s's
@@ -20,8 +22,8 @@ token by token), so the scores are bit-identical, but
   ``NUMBA_CACHE_DIR``): the first query of a process loads them (~0.1 s) instead of compiling
   (~1-2 s, bm25s's numba backend compiles in every process).
 
-Scratch arrays (a float32 score and a uint8 flag per document, and the touched list) are made
-once per call and reused for every query of the batch; the kernel releases the GIL.
+Scratch arrays (a float32 score per document and the touched list) are made once per call and
+reused for every query of the batch; the kernel releases the GIL.
 """
 from __future__ import annotations
 
@@ -80,34 +82,55 @@ def _offer(h_scores, h_rows, size, k, s, r):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _top_k_batch(q_ids, q_offsets, data, indices, indptr, n_docs, k, out_rows, out_scores):  # pragma: no cover
-    """Top ``k`` of every query into ``out_rows[i]``, ``out_scores[i]`` (see :func:`top_k_rows`)."""
+    """Top ``k`` of every query into ``out_rows[i]``, ``out_scores[i]`` (see :func:`top_k_rows`).
+    Scores must be >= 0 (bm25s's lucene, robertson and atire scores are)."""
     acc = np.zeros(n_docs, dtype=np.float32)
-    seen = np.zeros(n_docs, dtype=np.uint8)
-    touched = np.empty(n_docs, dtype=np.int32)
+    touched = np.empty(n_docs + 1, dtype=np.int64)   # one spare slot: written before the count says so
     h_scores = np.empty(k, dtype=np.float32)
     h_rows = np.empty(k, dtype=np.int64)
+    zero = np.float32(0.0)
     for qi in range(q_offsets.size - 1):
-        n_touched = 0
+        n_postings = 0
         for p in range(q_offsets[qi], q_offsets[qi + 1]):
-            t = q_ids[p]
-            for j in range(indptr[t], indptr[t + 1]):
-                d = indices[j]
-                if seen[d] == 0:
-                    seen[d] = 1
-                    touched[n_touched] = d
-                    n_touched += 1
-                acc[d] += data[j]
+            n_postings += indptr[q_ids[p] + 1] - indptr[q_ids[p]]
         size = 0
-        for i in range(n_touched):
-            d = np.int64(touched[i])
-            size = _offer(h_scores, h_rows, size, k, acc[d], d)
-        # untouched rows score 0: the first ones (row order) while they would still enter the top k
-        zero = np.float32(0.0)
-        r = np.int64(0)
-        while r < n_docs and (size < k or _worse(h_scores[0], h_rows[0], zero, r)):
-            if seen[r] == 0:
-                size = _offer(h_scores, h_rows, size, k, zero, r)
-            r += 1
+        if 16 * n_postings < n_docs:
+            # few postings: keep the documents they touch, rank those, then the first untouched rows
+            # (score 0) while they still enter the top k
+            n_touched = 0
+            for p in range(q_offsets[qi], q_offsets[qi + 1]):
+                t = q_ids[p]
+                for j in range(indptr[t], indptr[t + 1]):
+                    d = indices[j]
+                    a, v = acc[d], data[j]
+                    touched[n_touched] = d            # kept only at a first positive contribution (scores >= 0)
+                    n_touched += (a == zero) & (v != zero)
+                    acc[d] = a + v
+            for i in range(n_touched):
+                d = touched[i]
+                s = acc[d]
+                if size == k and s < h_scores[0]:
+                    continue
+                size = _offer(h_scores, h_rows, size, k, s, d)
+            r = np.int64(0)
+            while r < n_docs and (size < k or _worse(h_scores[0], h_rows[0], zero, r)):
+                if acc[r] == zero:
+                    size = _offer(h_scores, h_rows, size, k, zero, r)
+                r += 1
+            for i in range(n_touched):
+                acc[touched[i]] = zero
+        else:
+            # many: bm25s's dense scores, one pass over every row in order (untouched rows score 0)
+            for p in range(q_offsets[qi], q_offsets[qi + 1]):
+                t = q_ids[p]
+                for j in range(indptr[t], indptr[t + 1]):
+                    acc[indices[j]] += data[j]
+            for d in range(n_docs):
+                s = acc[d]
+                if size == k and s < h_scores[0]:
+                    continue
+                size = _offer(h_scores, h_rows, size, k, s, np.int64(d))
+            acc[:] = zero
         # pop worst first into the tail: best first in the output
         for pos in range(size - 1, -1, -1):
             out_scores[qi, pos], out_rows[qi, pos] = h_scores[0], h_rows[0]
@@ -115,10 +138,6 @@ def _top_k_batch(q_ids, q_offsets, data, indices, indptr, n_docs, k, out_rows, o
             if size > 0:
                 h_scores[0], h_rows[0] = h_scores[size], h_rows[size]
                 _sift_down(h_scores, h_rows, size, 0)
-        for i in range(n_touched):
-            d = touched[i]
-            acc[d] = 0.0
-            seen[d] = 0
 
 
 def top_k_rows(query_ids: list[np.ndarray] | list[list[int]], data: np.ndarray, indices: np.ndarray,
@@ -129,7 +148,8 @@ def top_k_rows(query_ids: list[np.ndarray] | list[list[int]], data: np.ndarray, 
     ----------
     query_ids : ``n_queries`` sequences of token ids (columns of the matrix; repeats count twice,
         as in bm25s), each id in ``[0, n_vocab)``.
-    data : float32 ``(n_pairs,)`` scores, ``indices`` int32 ``(n_pairs,)`` rows, ``indptr`` int64
+    data : float32 ``(n_pairs,)`` scores, all ``>= 0`` (bm25s's ``lucene``, ``robertson`` and
+        ``atire`` scores: their idf is clipped at 0), ``indices`` int32 ``(n_pairs,)`` rows, ``indptr`` int64
         ``(n_vocab + 1,)``: bm25s's ``scores`` dict (``retriever.scores``), memory-mapped or not.
     n_docs : rows of the matrix.
     k : results a query, ``1 <= k <= n_docs``.

@@ -346,8 +346,9 @@ class BM25Index:
         tokenizes once for all its shards).
 
         Scored by the compiled top-``k`` of :func:`tasks.corpus.bm25_query.top_k_rows` (bm25s's
-        scores, ties at the ``k``-th place by row); an index whose method adds non-occurrence
-        scores (``bm25l``, ``bm25+``) or whose arrays are not float32/int32 by bm25s's own
+        scores, ties at the ``k``-th place by row) for the methods whose scores are never negative
+        (``lucene``, ``robertson``, ``atire``); one whose method adds non-occurrence scores
+        (``bm25l``, ``bm25+``) or whose arrays are not float32/int32 by bm25s's own
         ``retrieve`` (:meth:`search_token_rows_bm25s`).
 
         Returns
@@ -364,7 +365,8 @@ class BM25Index:
         if not tokens or k == 0:
             return np.zeros((len(tokens), 0), dtype=np.int64), np.zeros((len(tokens), 0), dtype=np.float32)
         scores = self.retriever.scores
-        if getattr(self.retriever, "nonoccurrence_array", None) is not None or \
+        if self.retriever.method not in ("lucene", "robertson", "atire") or \
+                getattr(self.retriever, "nonoccurrence_array", None) is not None or \
                 (scores["data"].dtype, scores["indices"].dtype) != (np.float32, np.int32):
             return self.search_token_rows_bm25s(tokens, k)
         from tasks.corpus.bm25_query import top_k_rows  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
