@@ -134,3 +134,13 @@ def test_sparse_and_dense_queries_equal_a_full_sort():
             order = np.lexsort((np.arange(n_docs), -dense))[:k]
             np.testing.assert_array_equal(rows[i], order)
             np.testing.assert_allclose(scores[i], dense[order], rtol=1e-6)
+
+
+def test_scratch_is_reused_per_thread(real_index, questions):
+    from concurrent.futures import ThreadPoolExecutor
+
+    want = real_index.search_rows(questions[:30], 20)
+    with ThreadPoolExecutor(4) as pool:                    # each thread its own scratch
+        got = list(pool.map(lambda q: real_index.search_rows([q], 20), questions[:30]))
+    np.testing.assert_array_equal(np.concatenate([r for r, _ in got]), want[0])
+    assert not real_index._scratch.value.acc.any()                 # left zero between calls

@@ -81,11 +81,11 @@ def _offer(h_scores, h_rows, size, k, s, r):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _top_k_batch(q_ids, q_offsets, data, indices, indptr, n_docs, k, out_rows, out_scores):  # pragma: no cover
+def _top_k_batch(q_ids, q_offsets, data, indices, indptr, n_docs, k, out_rows, out_scores, acc, touched):  # pragma: no cover
     """Top ``k`` of every query into ``out_rows[i]``, ``out_scores[i]`` (see :func:`top_k_rows`).
-    Scores must be >= 0 (bm25s's lucene, robertson and atire scores are)."""
-    acc = np.zeros(n_docs, dtype=np.float32)
-    touched = np.empty(n_docs + 1, dtype=np.int64)   # one spare slot: written before the count says so
+    Scores must be >= 0 (bm25s's lucene, robertson and atire scores are). ``acc`` float32
+    ``(n_docs,)`` zeros and ``touched`` int64 ``(n_docs + 1,)`` scratch (one spare slot: written
+    before the count says so); ``acc`` is left zero."""
     h_scores = np.empty(k, dtype=np.float32)
     h_rows = np.empty(k, dtype=np.int64)
     zero = np.float32(0.0)
@@ -140,8 +140,18 @@ def _top_k_batch(q_ids, q_offsets, data, indices, indptr, n_docs, k, out_rows, o
                 _sift_down(h_scores, h_rows, size, 0)
 
 
+class Scratch:
+    """Reusable scratch of :func:`top_k_rows` for one index, one thread at a time: a float32 score
+    per document (all zero between calls) and the touched list. Saves a call the allocation and
+    the page faults of ~12 bytes a document (1.8 MB at 146K passages)."""
+
+    def __init__(self, n_docs: int):
+        self.acc = np.zeros(n_docs, dtype=np.float32)
+        self.touched = np.empty(n_docs + 1, dtype=np.int64)
+
+
 def top_k_rows(query_ids: list[np.ndarray] | list[list[int]], data: np.ndarray, indices: np.ndarray,
-               indptr: np.ndarray, n_docs: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+               indptr: np.ndarray, n_docs: int, k: int, scratch: Scratch | None = None) -> tuple[np.ndarray, np.ndarray]:
     """BM25 top-``k`` rows of each query over a bm25s CSC score matrix.
 
     Parameters
@@ -153,6 +163,7 @@ def top_k_rows(query_ids: list[np.ndarray] | list[list[int]], data: np.ndarray, 
         ``(n_vocab + 1,)``: bm25s's ``scores`` dict (``retriever.scores``), memory-mapped or not.
     n_docs : rows of the matrix.
     k : results a query, ``1 <= k <= n_docs``.
+    scratch : a :class:`Scratch` of ``n_docs`` rows used by no other thread meanwhile, or None (made for the call).
 
     Returns
     -------
@@ -179,7 +190,11 @@ def top_k_rows(query_ids: list[np.ndarray] | list[list[int]], data: np.ndarray, 
     n_vocab = indptr.size - 1
     if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= n_vocab):
         raise ValueError(f"BM25 top-k: token ids outside the index's {n_vocab} terms")
+    if scratch is None:
+        scratch = Scratch(n_docs)
+    elif scratch.acc.size != n_docs:
+        raise ValueError(f"BM25 top-k: scratch of {scratch.acc.size} rows for an index of {n_docs}")
     rows = np.empty((lengths.size, k), dtype=np.int64)
     scores = np.empty((lengths.size, k), dtype=np.float32)
-    _top_k_batch(flat, offsets, data, indices, indptr, int(n_docs), int(k), rows, scores)
+    _top_k_batch(flat, offsets, data, indices, indptr, int(n_docs), int(k), rows, scores, scratch.acc, scratch.touched)
     return rows, scores

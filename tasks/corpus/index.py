@@ -10,6 +10,7 @@ index queried without the stemmer silently returns garbage).
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from collections import abc
@@ -242,6 +243,7 @@ class BM25Index:
         self.doc_ids = doc_ids
         self.cfg = cfg
         self._stem = _stemmer(cfg.stemmer)
+        self._scratch = threading.local()     # the compiled top-k's scratch arrays, made at the first search
 
     # ------------------------------------------------------------------ build / save / load
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
@@ -369,14 +371,18 @@ class BM25Index:
                 getattr(self.retriever, "nonoccurrence_array", None) is not None or \
                 (scores["data"].dtype, scores["indices"].dtype) != (np.float32, np.int32):
             return self.search_token_rows_bm25s(tokens, k)
-        from tasks.corpus.bm25_query import top_k_rows  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
+        from tasks.corpus.bm25_query import Scratch, top_k_rows  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
 
         vocab = self.retriever.vocab_dict
         # Out-of-vocabulary tokens cannot match; a query left with no token scores every
         # document 0 and returns the first k rows (deterministic).
         ids = [[vocab[t] for t in toks if t in vocab] for toks in tokens]
+        n_docs = int(scores["num_docs"])
+        scratch = getattr(self._scratch, "value", None)          # one per thread: searches may run in threads
+        if scratch is None:
+            scratch = self._scratch.value = Scratch(n_docs)
         return top_k_rows(ids, np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"]),
-                          int(scores["num_docs"]), k)
+                          n_docs, k, scratch)
 
     def search_token_rows_bm25s(self, tokens: Sequence[Sequence[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search_token_rows` by bm25s's ``retrieve`` (its numpy backend: dense scores, then
