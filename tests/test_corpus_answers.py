@@ -94,3 +94,14 @@ def test_answerability_reports_progress(caplog):
         found, seconds = answerability(["the U. S. Army", "ships"], questions)
     assert found == {"a": True, "b": False} and seconds >= 0
     assert any("answerability" in r.getMessage() for r in caplog.records)
+
+
+def test_the_squeeze_removes_exactly_what_dpr_skips():
+    """The filter's squeezed text relies on two Unicode facts: every str.isspace character is a Z
+    or C one, and no Z or C character but the space is printable."""
+    import sys
+    import unicodedata
+
+    skipped = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] in "ZC"]
+    assert all(not ch.isprintable() for ch in skipped if ch != " ")
+    assert all(unicodedata.category(chr(c))[0] in "ZC" for c in range(sys.maxunicode + 1) if chr(c).isspace())

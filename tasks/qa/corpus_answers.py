@@ -29,7 +29,6 @@ shipped question set over real passages). An answer with no tokens is ignored, a
 from __future__ import annotations
 
 import bisect
-import re
 import unicodedata
 from typing import Iterable, Sequence
 
@@ -40,7 +39,6 @@ from funnelrag.progress import Progress
 from tasks.qa.questions import AnswerMatcher, dpr_tokens
 
 _SEPARATORS = regex.compile(r"[\p{Z}\p{C}]+")                    # what DPR's tokenizer skips
-_ASCII_ODD_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1b\x7f]")     # ASCII Cc that str.split() keeps
 _WORD_RUN = regex.compile(r"[\p{L}\p{N}\p{M}]+", flags=regex.IGNORECASE | regex.UNICODE)   # a DPR word token
 _ASCII_WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 CHUNK_PASSAGES = 4096
@@ -54,9 +52,10 @@ def _fold(text: str) -> str:
 
 def _squeeze(folded: str) -> str:
     """``folded`` without the characters DPR's tokenizer skips (Unicode ``Z`` and ``C``)."""
-    if folded.isascii() and not _ASCII_ODD_CONTROLS.search(folded):
-        return "".join(folded.split())          # ASCII: whitespace and \x1c-\x1f, every other control checked above
-    return _SEPARATORS.sub("", folded)
+    out = "".join(folded.split())               # every str.isspace character is a Z or C one
+    # what is left is printable (no Z or C character: isprintable() is False for all of them but
+    # the space, which split removed), or the rare text with a format or control character
+    return out if out.isprintable() else _SEPARATORS.sub("", out)
 
 
 class _Aliases:
