@@ -4,6 +4,7 @@ over passages vs over clusters, and the bi-encoder's encoding throughput.
     python benchmarks/bench_retrieval.py                                 # dense scaling + encoder, ~1 min
     python benchmarks/bench_retrieval.py --home eval-home                 # + BM25 on a published corpus
     python benchmarks/bench_retrieval.py --sizes 10000 100000 1000000 --threads 2
+    python benchmarks/bench_retrieval.py --home eval-home --bm25-only     # ours vs bm25s numba/numpy, ~1 min
 
 Prints, per line: what was measured, its size and the figure (ms per query, queries/s,
 tokens/s, bytes). Exact dense search is faiss ``IndexFlatIP`` (``tasks/evaluate/flat_dense.py``, kind
@@ -76,26 +77,112 @@ def bench_encoder(threads: int, n_texts: int) -> None:
               f"{n_tokens / sec:8.0f} tokens/s  {n_texts / sec:6.1f} passages/s")
 
 
+def _per_query(fn, queries: list[str], batched: bool, repeat: int = 3) -> float:
+    """Best of ``repeat`` runs of ``fn`` over ``queries`` (one call, or one call a query), seconds a query."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        if batched:
+            fn(queries)
+        else:
+            for q in queries:
+                fn([q])
+        best = min(best, time.perf_counter() - t0)
+    return best / len(queries)
+
+
 def bench_bm25(home: Path, corpus: str, n_questions: int) -> None:
+    """Ours (:meth:`tasks.corpus.index.BM25Index.search_rows`, the compiled top-k) against bm25s's
+    numba and numpy backends on the same index files and questions, batched and one at a time,
+    from question strings (tokenizing included in every line); then where our time goes."""
+    import bm25s  # noqa: PLC0415
+    import numba  # noqa: PLC0415
+
     from funnelrag.datasets import default_mirror, resolve  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
-    from tasks.corpus.published import open_corpus  # noqa: PLC0415
+    from tasks.corpus.bm25_query import top_k_rows  # noqa: PLC0415
+    from tasks.corpus.published import CLUSTER_INDEX, PASSAGE_INDEX, open_corpus  # noqa: PLC0415
     from tasks.qa.questions import QuestionsConfig, load_questions  # noqa: PLC0415
 
     c = open_corpus(Workspace(home), corpus)
     questions, _ = load_questions([resolve("nq-open-test", default_mirror())], QuestionsConfig(limit=n_questions))
     qs = questions["question"].to_pylist()
+    print(f"BM25 {corpus}: {len(qs)} NQ-open test questions, one process, numba threads {numba.get_num_threads()} "
+          f"(bm25s serial: n_threads=0)")
     for name, index, k in (("passages", c.passage_index(), 400), ("clusters", c.cluster_index(), 80)):
+        shards = getattr(index, "shards", [index])
+        if len(shards) > 1:
+            print(f"BM25 {name}: {len(shards)} shards; bm25s has one index a shard, compared on the first only")
+        ours = shards[0]
         t0 = time.perf_counter()
-        for q in qs:
-            index.search([q], k)
-        per_q = (time.perf_counter() - t0) / len(qs)
-        print(f"BM25 {name:<9} {corpus} n={len(index):>9,}  top-{k:<3}  {per_q * 1e3:8.2f} ms/query (one at a time)")
+        ours.search_rows(qs[:1], k)
+        first = time.perf_counter() - t0
+        lines = {}
+        for mode, batched in (("batched", True), ("one at a time", False)):
+            lines[("ours", mode)] = _per_query(lambda b: ours.search_rows(b, k), qs, batched)
+            lines[("ours + ids", mode)] = _per_query(lambda b: ours.search(b, k), qs, batched)
+        stem = ours._stem
+        for backend in ("numba", "numpy"):
+            where = c.path / (PASSAGE_INDEX if name == "passages" else CLUSTER_INDEX)
+            ref = bm25s.BM25.load(str(where / "shard-00000" if len(shards) > 1 else where), mmap=True, show_progress=False)
+            ref.backend = backend
+
+            def retrieve(batch, ref=ref):
+                tokens = bm25s.tokenize(batch, lower=True, stopwords=ours.cfg.stopwords, stemmer=stem,
+                                        return_ids=False, show_progress=False)
+                tokens = [[t for t in toks if t in ref.vocab_dict] or [""] for toks in tokens]
+                return ref.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+            t0 = time.perf_counter()
+            retrieve(qs[:1])
+            lines[(f"bm25s {backend}", "first query")] = time.perf_counter() - t0
+            for mode, batched in (("batched", True), ("one at a time", False)):
+                lines[(f"bm25s {backend}", mode)] = _per_query(retrieve, qs, batched)
+        base = {m: lines[("bm25s numba", m)] for m in ("batched", "one at a time")}
+        print(f"BM25 {name:<9} n={len(ours):>9,} top-{k:<3} ours first query in this process {first * 1e3:7.1f} ms "
+              f"(kernels from numba's cache), bm25s numba {lines[('bm25s numba', 'first query')] * 1e3:7.1f} ms (compiles)")
+        for (who, mode), sec in lines.items():
+            if mode != "first query":
+                print(f"BM25 {name:<9} {who:<12} {mode:<14} {sec * 1e3:8.3f} ms/query  "
+                      f"{sec / base[mode]:6.2f}x bm25s numba")
+        # where our batched time goes: tokenizing, id mapping, the compiled top-k
+        tokens_t = _per_query(ours.tokenize, qs, True)
+        tokens = ours.tokenize(qs)
+        vocab = ours.retriever.vocab_dict
+        map_t = _per_query(lambda b: [[vocab[t] for t in toks if t in vocab] for toks in tokens], qs, True)
+        ids = [[vocab[t] for t in toks if t in vocab] for toks in tokens]
+        sc = ours.retriever.scores
+        arrays = (np.asarray(sc["data"]), np.asarray(sc["indices"]), np.asarray(sc["indptr"]), int(sc["num_docs"]))
+        topk_t = _per_query(lambda b: top_k_rows(ids, *arrays, k), qs, True)
+        print(f"BM25 {name:<9} ours batched, parts: tokenize {tokens_t * 1e3:.3f}  ids {map_t * 1e3:.3f}  "
+              f"top-k {topk_t * 1e3:.3f} ms/query")
     t0 = time.perf_counter()
     ids, _ = c.cluster_index().search(qs[:10], 80)
     for row in ids:
         c.members_of([int(i) for i in row])
     print(f"members_of  {corpus} 80 clusters  {(time.perf_counter() - t0) / 10 * 1e3:8.2f} ms/query")
+
+
+def bench_answerability(home: Path, corpus: str, n_questions: int) -> None:
+    """:func:`tasks.evaluate.stages.answerability` (the evaluate flow's call) of the first
+    ``n_questions`` NQ-open dev questions with two or more answers over every passage text."""
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    from data_contracts.corpus import PASSAGES  # noqa: PLC0415
+    from funnelrag.datasets import default_mirror, resolve  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+    from tasks.corpus.published import open_corpus  # noqa: PLC0415
+    from tasks.evaluate.stages import answerability  # noqa: PLC0415
+    from tasks.qa.questions import load_questions  # noqa: PLC0415
+
+    c = open_corpus(Workspace(home), corpus)
+    texts = c.table(PASSAGES)["text"].to_pylist()
+    questions, _ = load_questions([resolve("nq-open-dev", default_mirror())])
+    questions = questions.filter(pc.greater_equal(pc.list_value_length(questions["answers"]), 2)).slice(0, n_questions)
+    aliases = sum(len(a) for a in questions["answers"].to_pylist())
+    found, seconds = answerability(texts, questions)
+    print(f"answerability {corpus} {len(texts):,} passages ({sum(map(len, texts)) / 1e6:.0f} M characters)  "
+          f"{questions.num_rows} NQ-open dev questions with >= 2 answers ({aliases} aliases)  "
+          f"{sum(found.values())} answerable  {seconds:6.2f} s")
 
 
 def main() -> None:
@@ -107,12 +194,15 @@ def main() -> None:
     p.add_argument("--n-texts", type=int, default=64)
     p.add_argument("--home", type=Path, default=None, help="funnelrag home with a published corpus")
     p.add_argument("--corpus", default="wikispeedia")
-    p.add_argument("--questions", type=int, default=50)
+    p.add_argument("--questions", type=int, default=300)
+    p.add_argument("--bm25-only", action="store_true", help="only the BM25 and answerability lines (needs --home)")
     args = p.parse_args()
-    bench_dense(args.sizes, args.dim, args.batch)
-    bench_encoder(args.threads, args.n_texts)
+    if not args.bm25_only:
+        bench_dense(args.sizes, args.dim, args.batch)
+        bench_encoder(args.threads, args.n_texts)
     if args.home is not None:
         bench_bm25(args.home, args.corpus, args.questions)
+        bench_answerability(args.home, args.corpus, args.questions)
 
 
 if __name__ == "__main__":

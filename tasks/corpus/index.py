@@ -10,6 +10,7 @@ index queried without the stemmer silently returns garbage).
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from collections import abc
@@ -242,6 +243,7 @@ class BM25Index:
         self.doc_ids = doc_ids
         self.cfg = cfg
         self._stem = _stemmer(cfg.stemmer)
+        self._scratch = threading.local()     # the compiled top-k's scratch arrays, made at the first search
 
     # ------------------------------------------------------------------ build / save / load
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
@@ -339,17 +341,61 @@ class BM25Index:
 
     def search_rows(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Like :meth:`search` but with row numbers: int ``(n_queries, k')`` and float32 scores."""
+        return self.search_token_rows(self.tokenize(queries) if queries else [], k)
+
+    def search_token_rows(self, tokens: Sequence[Sequence[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search_rows` of queries already tokenized by :meth:`tokenize` (a sharded index
+        tokenizes once for all its shards).
+
+        Scored by the compiled top-``k`` of :func:`tasks.corpus.bm25_query.top_k_rows` (bm25s's
+        scores, ties at the ``k``-th place by row) for the methods whose scores are never negative
+        (``lucene``, ``robertson``, ``atire``); one whose method adds non-occurrence scores
+        (``bm25l``, ``bm25+``) or whose arrays are not float32/int32 by bm25s's own
+        ``retrieve`` (:meth:`search_token_rows_bm25s`).
+
+        Returns
+        -------
+        rows : int64 ``(n_queries, k')``, ``k' = min(k, n_docs)``, by score descending then row ascending.
+        scores : float32 ``(n_queries, k')``.
+
+        Raises
+        ------
+        ValueError
+            The index's vocabulary holds a token id outside its score matrix (a corrupt index).
+        """
         k = min(k, len(self.doc_ids))
-        if not queries or k == 0:
-            return np.zeros((len(queries), 0), dtype=np.int64), np.zeros((len(queries), 0), dtype=np.float32)
+        if not tokens or k == 0:
+            return np.zeros((len(tokens), 0), dtype=np.int64), np.zeros((len(tokens), 0), dtype=np.float32)
+        scores = self.retriever.scores
+        if self.retriever.method not in ("lucene", "robertson", "atire") or \
+                getattr(self.retriever, "nonoccurrence_array", None) is not None or \
+                (scores["data"].dtype, scores["indices"].dtype) != (np.float32, np.int32):
+            return self.search_token_rows_bm25s(tokens, k)
+        from tasks.corpus.bm25_query import Scratch, top_k_rows  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
+
         vocab = self.retriever.vocab_dict
         # Out-of-vocabulary tokens cannot match; a query left with no token scores every
         # document 0 and returns the first k rows (deterministic).
-        tokens = [[t for t in toks if t in vocab] for toks in self.tokenize(queries)]
-        rows = np.tile(np.arange(k), (len(queries), 1))
-        scores = np.zeros((len(queries), k), dtype=np.float32)
+        ids = [[vocab[t] for t in toks if t in vocab] for toks in tokens]
+        n_docs = int(scores["num_docs"])
+        scratch = getattr(self._scratch, "value", None)          # one per thread: searches may run in threads
+        if scratch is None:
+            scratch = self._scratch.value = Scratch(n_docs)
+        return top_k_rows(ids, np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"]),
+                          n_docs, k, scratch)
+
+    def search_token_rows_bm25s(self, tokens: Sequence[Sequence[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search_token_rows` by bm25s's ``retrieve`` (its numpy backend: dense scores, then
+        ``argpartition``), rows then sorted by (score desc, row asc). The reference the compiled
+        path is tested against; where several documents tie at the ``k``-th score, which of them
+        are kept is bm25s's (arbitrary) choice."""
+        k = min(k, len(self.doc_ids))
+        vocab = self.retriever.vocab_dict
+        tokens = [[t for t in toks if t in vocab] for toks in tokens]
+        rows = np.tile(np.arange(k), (len(tokens), 1))
+        scores = np.zeros((len(tokens), k), dtype=np.float32)
         live = [i for i, t in enumerate(tokens) if t]
-        if live:
+        if live and k:
             # n_threads=0: bm25s's serial map; n_threads=1 starts a thread pool per call (~1-6 ms a query,
             # the larger part of BM25 over the clusters), with the same top-k function and results
             r, sc = self.retriever.retrieve([tokens[i] for i in live], k=k, show_progress=False, n_threads=0)

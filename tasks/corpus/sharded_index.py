@@ -204,7 +204,8 @@ class ShardedBM25:
         k = min(k, len(self))
         if not queries or k == 0:
             return np.zeros((len(queries), 0), dtype=np.int64), np.zeros((len(queries), 0), dtype=np.float32)
-        parts = [s.search_rows(queries, k) for s in self.shards]
+        tokens = self.shards[0].tokenize(queries)   # every shard has the corpus's tokenizer
+        parts = [s.search_token_rows(tokens, k) for s in self.shards]
         rows = np.concatenate([r + base for (r, _), base in zip(parts, self.offsets)], axis=1)
         scores = np.concatenate([sc for _, sc in parts], axis=1)
         order = np.lexsort((rows, -scores), axis=-1)[:, :k]

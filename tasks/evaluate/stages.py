@@ -14,7 +14,7 @@ from funnelrag.progress import progress
 from tasks.evaluate.report import Generated
 from tasks.evaluate.retrieval import QueryResult
 from tasks.funnel.experiment_validation import ValidationConfig, validation_ids
-from tasks.qa.metrics import CorpusAnswers
+from tasks.qa.corpus_answers import corpus_has_answers
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,12 @@ def validation_part(questions: pa.Table, cfg: ValidationConfig = ValidationConfi
 
 
 def answerability(passage_texts: Sequence[str], questions: pa.Table) -> tuple[dict[str, bool], float]:
-    """``({question_id: some corpus passage has an answer}, seconds)`` (DPR ``has_answer``)."""
+    """``({question_id: some corpus passage has an answer}, seconds)`` (DPR ``has_answer``, every
+    question's answers in one pass over the passages: :func:`tasks.qa.corpus_answers.corpus_has_answers`,
+    with a progress line)."""
     t0 = time.perf_counter()
-    corpus = CorpusAnswers(progress(passage_texts, "answerability: tokenize passages", unit="passages"))
-    out = {q: corpus.contains(a) for q, a in zip(questions["question_id"].to_pylist(), questions["answers"].to_pylist())}
-    return out, time.perf_counter() - t0
+    found = corpus_has_answers(passage_texts, questions["answers"].to_pylist())
+    return dict(zip(questions["question_id"].to_pylist(), found)), time.perf_counter() - t0
 
 
 def bm25_retriever(index) -> Callable[[str, int], list[str]]:

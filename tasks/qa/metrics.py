@@ -1,5 +1,5 @@
 """QA metrics, written once for every pipeline: answer recall AR@k, exact match, contextual-integrity
-entropy, answerability.
+entropy (answerability over a whole corpus: tasks/qa/corpus_answers.py).
 
 * **AR@k** (FunnelRAG Tables 2, 11–13; DPR top-k accuracy): share of questions whose top-``k``
   retrieved passages contain an answer string by DPR ``has_answer``
@@ -146,29 +146,3 @@ def passage_hits(answers: Sequence[str], items: Sequence[tuple[str, str]], cache
     ``" a1 … am "`` in ``" t1 … tn "``)."""
     needles = _needles(answers)
     return [any(n in cache.joined(pid, text) for n in needles) for pid, text in items]
-
-
-class CorpusAnswers:
-    """Answerability of questions against a whole corpus (DPR ``has_answer`` on every passage).
-
-    The passages' DPR tokens are joined into one string (``" t1 … tn "`` per passage, passages
-    separated by newlines, which no token contains), so one answer is looked up with one C-speed
-    substring search instead of a token scan per passage.
-
-    Parameters
-    ----------
-    texts : iterable of str
-        Every passage text of the corpus.
-    """
-
-    def __init__(self, texts: Iterable[str]):
-        self._blob = "\n".join(" " + " ".join(dpr_tokens(t)) + " " for t in texts)
-
-    def contains(self, answers: Sequence[str]) -> bool:
-        """Whether some passage contains one of ``answers`` as a DPR token sequence."""
-        return any(n in self._blob for n in _needles(answers))
-
-    @property
-    def nbytes(self) -> int:
-        """Characters held (≈ bytes for ASCII text)."""
-        return len(self._blob)
