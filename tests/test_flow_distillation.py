@@ -107,6 +107,15 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     assert parent.data.params["candidates.n_clusters"] == "3"
     distill_run = next(r for r in children if r.info.run_name == "distill-preranker")
     assert "evaluate.after_ar_at_3" in distill_run.data.metrics and "gate.promoted" in distill_run.data.metrics
+    # per-question dev results as an artifact, their 95% intervals as metrics
+    from funnelrag.tracking import read_question_scores
+
+    scores = read_question_scores(distill_run.info.run_id)
+    n_dev = int(distill_run.data.metrics["evaluate.questions"])
+    assert scores.filter(scores["metric"] == "evaluate.after_ar_at_3").num_rows == n_dev
+    m = distill_run.data.metrics
+    assert m["evaluate.after_ar_at_3.ci95_low"] <= m["evaluate.after_ar_at_3"] <= m["evaluate.after_ar_at_3.ci95_high"]
+    assert m["evaluate.after_ar_at_3.n"] == n_dev
 
     # one Prefect artifact per sub-flow, naming its MLflow run, with its figures
     from prefect.client.orchestration import get_client
@@ -136,7 +145,10 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     gate = third["reader_gate"]
     assert gate["registered"] and gate["champion_version"] == out["reader_gate"]["version"]
     assert gate["champion_value"] == reader_eval["em"]  # the champion's dev EM, measured again on the same pool
-    assert gate["promoted"] == (gate["challenger_value"] >= gate["champion_value"])
+    # promoted only on a paired gain whose lower 95% bound is above 0 (a tie never), with n and the interval
+    assert gate["n"] == reader_eval["questions"] and gate["gain_low"] <= gate["gain"] <= gate["gain_high"]
+    assert gate["promoted"] == (gate["gain_low"] > 0) and gate["reason"] in ("better", "no_measurable_gain", "worse")
+    assert f"n={gate['n']:,}" in gate["description"]
     alone = score_passages_flow(cfg)
     assert alone["attention"]["cache_hit"] and alone["labels"]["cache_hit"]
     _check_stage_artifacts(ws)
