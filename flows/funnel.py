@@ -52,7 +52,14 @@ from funnelrag.registry import (
 )
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
-from funnelrag.tracking import flow_run, log_metrics, log_question_scores, question_scores_table, run_link
+from funnelrag.tracking import (
+    flow_run,
+    log_metrics,
+    log_question_scores,
+    prefect_run_tags,
+    question_scores_table,
+    run_link,
+)
 from funnelrag.training import TrainConfig
 from funnelrag.workspace import Workspace
 from models.fid import FiDConfig
@@ -381,11 +388,13 @@ def em_scores(predictions) -> dict[str, float]:
 # ---------------------------------------------------------------------------- tracking
 @contextlib.contextmanager
 def tracked(ctx: Context, flow_name: str) -> Iterator[Any]:
-    """One MLflow run per flow run; nested under the parent flow's run when there is one."""
+    """One MLflow run per flow run; nested under the parent flow's run when there is one. Either
+    is tagged with its Prefect flow run (:func:`funnelrag.tracking.prefect_run_tags`)."""
     import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     cfg = ctx.cfg
-    tags = {"flow": flow_name, "corpus_version": ctx.corpus.version, "data_version": ctx.data_version}
+    tags = {"flow": flow_name, "corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
+            **prefect_run_tags()}
     parent = mlflow.active_run()
     if parent is None:
         with flow_run(ctx.ws, EXPERIMENT, flow_name, cfg.model_dump(exclude={"workspace"}),
@@ -570,11 +579,34 @@ def distillation_run_flow(config: DistillationConfig | None = None, config_file:
         print("   k   before   after")
         for row in distilled["answer_recall"]:
             print(f"{row['k']:>4}   {row['before']:.3f}   {row['after']:.3f}")
+        log_metrics(run_summary_metrics(reader, distilled))
         _distillation_run_artifact(ctx, run, reader, scored, distilled)
         return {"corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
                 "mlflow_run_id": run.info.run_id, "answer_recall": distilled["answer_recall"],
                 "gate": distilled["gate"], "reader_gate": reader["reader_gate"], "train_reader": reader, "score_passages": scored,
                 "distill_preranker": {k: v for k, v in distilled.items() if k not in ("answer_recall", "gate")}}
+
+
+def run_summary_metrics(reader: dict[str, Any], distilled: dict[str, Any]) -> dict[str, float]:
+    """The parent ``distillation-run``'s own metrics, from its sub-flows' summaries: the reader's
+    dev EM and last training loss, the pre-ranker's dev AR@k before and after BPR and its last
+    loss, and each registry gate's decision with its paired gain and interval (``gate.*`` for
+    the pre-ranker, ``reader_gate.*`` for the reader)."""
+    out: dict[str, float] = {"reader_eval.em": reader["reader_eval"]["em"],
+                             "reader_eval.questions": reader["reader_eval"]["questions"],
+                             "evaluate.questions": distilled["evaluate"]["questions"]}
+    for row in distilled["answer_recall"]:
+        out[f"evaluate.before_ar_at_{row['k']}"] = row["before"]
+        out[f"evaluate.after_ar_at_{row['k']}"] = row["after"]
+    for name, summary in (("reader", reader["reader"]), ("distill", distilled["distill"])):
+        for key in ("last_loss", "steps"):
+            if summary.get(key) is not None:
+                out[f"{name}.{key}"] = summary[key]
+    for prefix, gate in (("gate", distilled["gate"]), ("reader_gate", reader["reader_gate"])):
+        if "promoted" in gate:
+            out[f"{prefix}.promoted"] = float(gate["promoted"])
+        out.update({f"{prefix}.{k}": gate[k] for k in ("gain", "gain_low", "gain_high", "n") if gate.get(k) is not None})
+    return out
 
 
 def _distillation_run_artifact(ctx: Context, run: Any, reader: dict[str, Any], scored: dict[str, Any],

@@ -107,6 +107,15 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     assert parent.data.params["candidates.n_clusters"] == "3"
     distill_run = next(r for r in children if r.info.run_name == "distill-preranker")
     assert "evaluate.after_ar_at_3" in distill_run.data.metrics and "gate.promoted" in distill_run.data.metrics
+    # every MLflow run carries its Prefect flow run; the parent has the summary figures; each
+    # training step's loss and learning rate are logged (a 2-step run: 2 points, not 1)
+    assert all(r.data.tags.get("prefect.flow_run_id") for r in (parent, *children))
+    assert len({r.data.tags["prefect.flow_run_id"] for r in (parent, *children)}) == 4
+    pm = parent.data.metrics
+    assert pm["evaluate.after_ar_at_3"] == out["answer_recall"][2]["after"] and "reader_eval.em" in pm
+    assert pm["gate.promoted"] == 1.0 and pm["distill.steps"] == 2
+    for name in ("distill/loss", "distill/lr"):
+        assert [h.step for h in client.get_metric_history(distill_run.info.run_id, name)] == [1, 2], name
     # per-question dev results as an artifact, their 95% intervals as metrics
     from funnelrag.tracking import read_question_scores
 
