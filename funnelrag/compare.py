@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence, TextIO
@@ -42,7 +43,7 @@ METRIC_TAG = "metric."
 NO_DIFFERENCE = "no measurable difference"
 # Metric name parts that say which way is better (matched on the words of the name).
 _HIGHER = ("ar", "recall", "em", "accuracy", "auc", "map", "mrr", "ndcg", "f1", "precision", "hit", "promoted")
-_LOWER = ("seconds", "loss", "latency", "s_per", "rss", "bytes", "error")
+_LOWER = ("seconds", "loss", "latency", "rss", "bytes", "error")   # also their plurals ("losses")
 
 
 @dataclass
@@ -61,9 +62,8 @@ class Column:
 def better_direction(metric: str) -> str:
     """``"↑"`` (higher is better: recall, EM, accuracy, ...), ``"↓"`` (seconds, loss, ...) or
     ``""`` (unknown) from the words of a metric name."""
-    words = [w for w in metric.lower().replace("@", "_").replace("/", ".").replace("-", "_").split(".")
-             for w in w.split("_") if w]
-    if any(w in _LOWER or w.startswith(_LOWER) for w in words) or "s_per" in metric.lower():
+    words = [w for w in re.split(r"[^a-z0-9]+", metric.lower()) if w]
+    if any(w.startswith(_LOWER) for w in words):
         return "↓"
     if any(w in _HIGHER for w in words):
         return "↑"
