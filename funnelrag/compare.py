@@ -1,5 +1,6 @@
-"""``funnelrag compare RUN_OR_MODEL ...``: MLflow runs or registered model versions side by side,
-and two of them paired question by question with the 95% interval of the difference.
+"""``funnelrag compare RUN_OR_MODEL ...``: MLflow runs or model versions side by side; two paired on their questions.
+
+Two references are paired question by question with the 95% interval of each difference.
 
 A reference is an MLflow run id, or a registered model version ``models:/<name>/<version>`` /
 ``models:/<name>@<alias>`` (shown through the run that logged it, plus the version's
