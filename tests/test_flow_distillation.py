@@ -119,9 +119,10 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     # per-question dev results as an artifact, their 95% intervals as metrics
     from funnelrag.tracking import read_question_scores
 
-    scores = read_question_scores(distill_run.info.run_id)
+    scores = read_question_scores(distill_run.info.run_id).to_pylist()
     n_dev = int(distill_run.data.metrics["evaluate.questions"])
-    assert scores.filter(scores["metric"] == "evaluate.after_ar_at_3").num_rows == n_dev
+    after3 = [r["value"] for r in scores if r["metric"] == "evaluate.after_ar_at_3"]
+    assert len(after3) == n_dev and sum(after3) / n_dev == pytest.approx(out["answer_recall"][2]["after"])
     m = distill_run.data.metrics
     assert m["evaluate.after_ar_at_3.ci95_low"] <= m["evaluate.after_ar_at_3"] <= m["evaluate.after_ar_at_3.ci95_high"]
     assert m["evaluate.after_ar_at_3.n"] == n_dev
