@@ -64,6 +64,8 @@ def better_direction(metric: str) -> str:
     """``"↑"`` (higher is better: recall, EM, accuracy, ...), ``"↓"`` (seconds, loss, ...) or
     ``""`` (unknown) from the words of a metric name."""
     words = [w for w in re.split(r"[^a-z0-9]+", metric.lower()) if w]
+    if words and words[-1] in ("n", "questions"):        # a count of questions (``<metric>.n``): no direction
+        return ""
     if any(w.startswith(_LOWER) for w in words):
         return "↓"
     if any(w in _HIGHER for w in words):

@@ -147,8 +147,8 @@ def test_bad_reference_and_too_few(logged, capsys):
 
 def test_direction_of_better_and_paired_rows_without_mlflow():
     assert [better_direction(m) for m in ("prog.all.ar_4", "reader_eval.em", "seconds_total", "train/loss",
-                                          "prog.all.seconds_per_query", "entropy_top4", "dev_pair_auc")] == \
-        ["↑", "↑", "↓", "↓", "↓", "", "↑"]
+                                          "prog.all.seconds_per_query", "entropy_top4", "dev_pair_auc",
+                                          "evaluate.after_ar_at_3.n")] == ["↑", "↑", "↓", "↓", "↓", "", "↑", ""]
     a = Column("a", "A", "r" * 32, scores={"x.seconds": {"q1": 1.0, "q2": 1.0, "q3": 1.0}},
                questions={"q1": "one?", "q2": "two?", "q3": "three?"})
     b = Column("b", "B", "s" * 32, scores={"x.seconds": {"p1": 3.0, "p2": 3.0, "p3": 3.0}},
