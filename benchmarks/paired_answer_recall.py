@@ -1,6 +1,6 @@
 """Paired comparison of evaluation settings on the same questions: AR@k of each, the difference
 to a baseline setting with its percentile-bootstrap 95% interval (the same resampled question
-sets for every row: ``tasks.funnel.experiment_eval``), and the questions won / lost.
+sets for every row: ``funnelrag.paired``), and the questions won / lost.
 
     python benchmarks/paired_answer_recall.py <home>/runs/evaluate/<run>/per_question.evaluation.parquet \
         --baseline 'prog-3c-8d-minilm-stored-4p' [--k 4] [--settings S ...]
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from data_contracts.evaluation import EVAL_PER_QUESTION
-from tasks.funnel.experiment_eval import bootstrap_indices, interval
+from funnelrag.paired import bootstrap_indices, paired_difference
 
 
 def hits_at_k(path: Path, k: int) -> dict[str, dict[str, bool]]:
@@ -49,9 +49,9 @@ def main() -> None:
         if set(hits[name]) != set(qids):
             raise SystemExit(f"{args.per_question}: setting {name!r} has other questions than the baseline")
         x = np.asarray([hits[name][q] for q in qids], np.float64)
-        mid, lo, hi = interval(x - base, idx)
+        d = paired_difference(base, x, idx=idx)
         won, lost = int(((x == 1) & (base == 0)).sum()), int(((x == 0) & (base == 1)).sum())
-        print(f"| {name} | {100 * x.mean():.1f} | {100 * mid:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {won} / {lost} |")
+        print(f"| {name} | {100 * x.mean():.1f} | {d.text(scale=100, digits=1, with_n=False)} | {won} / {lost} |")
 
 
 if __name__ == "__main__":

@@ -108,3 +108,18 @@ EVAL_PER_QUESTION = Contract(
 )
 
 EVALUATION_CONTRACTS = (EVAL_RESULTS, EVAL_STAGES, EVAL_PER_QUESTION)
+
+# Per-question results of any evaluation (the distillation's dev answer recall and reader EM, the
+# evaluate flow's settings): one row per (metric, question), long format, so a run's results on
+# one question set can be paired with another run's (``funnelrag compare``, the champion gate).
+QUESTION_SCORES = Contract(
+    name="question_scores",
+    filename="question_scores.parquet",
+    schema=pa.schema([
+        pa.field("metric", pa.string(), nullable=False),       # the run's metric name, e.g. evaluate.after_ar_at_8
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("question", pa.string(), nullable=False),     # the question text ("" when unknown)
+        pa.field("value", pa.float64(), nullable=False),       # 0/1 for AR@k and EM
+    ]),
+    unique=("metric", "question_id"),
+)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tasks.funnel.experiment_eval import bootstrap_indices, interval
+from funnelrag.paired import bootstrap_indices, interval
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from funnelrag.registry import link_model_versions, missing_alias
 from funnelrag.stages import DataSource
 from funnelrag.store import write_json
 from funnelrag.threads import torch_threads
-from funnelrag.tracking import configure, flow_run, log_metrics, run_link
+from funnelrag.tracking import configure, flow_run, log_metrics, log_question_scores, question_scores_table, run_link
 from funnelrag.workspace import Workspace
 from tasks.corpus.published import open_corpus
 from tasks.corpus.tokenize import load_token_counter
@@ -48,6 +48,7 @@ from tasks.evaluate.report import (
     SettingSpec,
     metric_dict,
     plot_answer_recall,
+    question_scores,
     summarize,
     tables,
     to_markdown,
@@ -263,15 +264,18 @@ def generate_task(generator, results, question_text: dict[str, str]):
 
 
 # ---------------------------------------------------------------------------- publishing
-def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info: dict, seconds: float) -> dict[str, Any]:
-    """Write the tables (Parquet, CSV, markdown), the AR@k plot and ``summary.json`` into the
-    run directory, log them and the metrics to MLflow, and create the Prefect markdown artifact."""
+def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info: dict, seconds: float,
+                    question_text: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write the tables (Parquet, CSV, markdown; AR@k and EM with 95% intervals), the AR@k plot and
+    ``summary.json`` into the run directory, log them and the metrics to MLflow with the
+    per-question results (``per_question`` artifact, ``question_text`` by question id) and each
+    figure's 95% interval, and create the Prefect markdown artifact."""
     import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     results, stages, per_q = tables(*rows)
     n_questions = results["n_questions"][0].as_py() if results.num_rows else 0
     title = f"evaluate `{cfg.corpus}` version `{corpus.version}`: {n_questions} questions"
-    md = to_markdown(results, stages, title)
+    md = to_markdown(results, stages, title, per_q)
     files = write_tables(run_dir, results, stages, per_q, md)
     files.append(plot_answer_recall(results, run_dir / "answer_recall_at_k.png"))
     all_rows = [r for r in results.to_pylist() if r["subset"] == "all"]
@@ -291,6 +295,9 @@ def publish_results(cfg: EvaluateConfig, corpus, run, run_dir: Path, rows, info:
                  "answer_in_corpus": summary["answer_in_corpus"], "seconds_total": seconds})
     for f in [*files, run_dir / "summary.json"]:
         mlflow.log_artifact(str(f), artifact_path="evaluation")
+    # per-question results (for paired comparisons: funnelrag compare) and each figure's 95% interval
+    log_question_scores(question_scores_table(question_scores(per_q), question_text),
+                        run_dir / "per_question")
     used = []
     for params in info.get("models", {}).values():
         mlflow.log_params(params)
@@ -495,7 +502,8 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
             for acc, part in zip(rows, summarize(spec, results, in_corpus, answers, generated)):
                 acc.extend(part)
         info["machine"]["load_avg_1m_end"] = machine_info()["load_avg_1m"]
-        summary = publish_results(config, corpus, run, run_dir, rows, info, time.perf_counter() - t_flow)
+        summary = publish_results(config, corpus, run, run_dir, rows, info, time.perf_counter() - t_flow,
+                                  dict(zip(qtable["question_id"].to_pylist(), qtable["question"].to_pylist())))
     return summary
 
 

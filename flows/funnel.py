@@ -6,7 +6,8 @@
   document scores and D+/D− labels (Eq. 4, Eq. 5).
 * ``distill-preranker``: BPR training of the pre-ranker (Eq. 6) → answer recall of the
   pre-ranking stage on held-out questions before/after → model registry (challenger; champion
-  if not worse).
+  only when its paired gain on the same dev questions has a 95% lower bound above 0 and the
+  ``gate.margin``).
 * ``distillation-run``: the three in order; prints AR@1..4 and AR@N before and after.
 
 Stages are the pure functions of :mod:`tasks.funnel.stages`, wrapped in ``@task`` with
@@ -30,7 +31,8 @@ from prefect.events import emit_event
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from data_contracts.base import sha256_file
-from data_contracts.funnel import QUESTIONS
+from data_contracts.evaluation import QUESTION_SCORES
+from data_contracts.funnel import QUESTIONS, READER_PREDICTIONS
 from flows.artifacts import summary_artifact
 from flows.launched.preranker import launch_distill
 from flows.launched.reader import launch_reader
@@ -51,7 +53,14 @@ from funnelrag.registry import (
 )
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult
-from funnelrag.tracking import flow_run, log_metrics, run_link
+from funnelrag.tracking import (
+    flow_run,
+    log_metrics,
+    log_question_scores,
+    prefect_run_tags,
+    question_scores_table,
+    run_link,
+)
 from funnelrag.training import TrainConfig
 from funnelrag.workspace import Workspace
 from models.fid import FiDConfig
@@ -78,6 +87,18 @@ class TrainQuestions(DataSource):
 
     datasets: list[str] = Field(default_factory=lambda: ["nq-open-dev"])
     expected_file: ClassVar[str] = QUESTIONS_FILE
+
+
+class GateSection(BaseModel):
+    """The champion gate (:func:`funnelrag.registry.register_model`): a new model becomes champion
+    only when the lower 95% bound of its paired gain over the champion on the fixed dev questions
+    is above 0 and at least ``margin`` (AR and EM are fractions: 0.02 = two points); the interval
+    is a percentile bootstrap of ``n_bootstrap`` resamples seeded by ``seed``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    margin: float = Field(0.0, ge=0.0)
+    n_bootstrap: int = Field(2000, ge=100)
+    seed: int = 0
 
 
 class ReaderSection(BaseModel):
@@ -125,6 +146,7 @@ class DistillationConfig(FlowConfig):
     recall_at: list[int] = Field(default_factory=lambda: [1, 2, 3, 4])
     registry_name: str = "funnelrag-preranker"
     reader_registry_name: str = "funnelrag-reader"
+    gate: GateSection = GateSection()
     # how the reader and the pre-ranker are trained (in this process or under accelerate launch);
     # not part of any cache key: a launch trains the same global batches (funnelrag/launch.py)
     training: TrainingSection = TrainingSection()
@@ -293,36 +315,41 @@ def reader_eval_task(ctx: Context, dev: StageResult, reader: StageResult) -> Sta
 
 
 def _register_gated(ctx: Context, name: str, model_dir: Path, model_digest: str, metrics: dict[str, float],
-                    gate_metric: str, measure_champion, dev: StageResult) -> dict[str, Any]:
+                    gate_metric: str, scores: dict[str, float], measure_champion, dev: StageResult) -> dict[str, Any]:
     """Register ``model_dir`` under ``name`` once per distinct model (tag ``model_digest``) and
-    run the champion gate, re-measuring the current champion with ``measure_champion(dir)`` on
-    the same fixed dev question set (``dev``), whose digest is recorded with the decision."""
+    run the champion gate on the same fixed dev question set (``dev``, whose digest is recorded
+    with the decision): ``scores`` are the new model's ``{question id: value}`` of ``gate_metric``,
+    ``measure_champion(dir)`` measures the current champion's on the same questions now."""
     existing = find_version(name, "model_digest", model_digest)
     if existing is not None:
         return {"registered": False, "version": str(existing.version), "reason": "already_registered",
                 "aliases": sorted(existing.aliases)}
-    champion_value = None
+    champion_scores = None
     if champion_version(name) is not None:
         champ_dir = download_model(model_uri(name), ctx.ws.run_dir("registry", model_digest[:16]) / f"champion-{name}")
-        champion_value = measure_champion(champ_dir)
+        champion_scores = measure_champion(champ_dir)
+    gate = ctx.cfg.gate
     decision = register_model(model_dir, name, config=ctx.cfg.model_dump(exclude={"workspace"}),
                               data_version=ctx.data_version, metrics=metrics, gate_metric=gate_metric,
-                              champion_value=champion_value, tags={"model_digest": model_digest,
-                                                                   "corpus_version": ctx.corpus.version},
-                              eval_set=question_set_digest(QUESTIONS.read(dev.path)["question_id"].to_pylist()))
-    return {"registered": True, **asdict(decision)}
+                              tags={"model_digest": model_digest, "corpus_version": ctx.corpus.version},
+                              eval_set=question_set_digest(QUESTIONS.read(dev.path)["question_id"].to_pylist()),
+                              challenger_scores=scores if champion_scores is not None else None,
+                              champion_scores=champion_scores, margin=gate.margin, n_bootstrap=gate.n_bootstrap,
+                              seed=gate.seed)
+    return {"registered": True, **asdict(decision), "description": decision.description()}
 
 
 @task(name="register", cache_policy=NO_CACHE)
 def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evaluation: StageResult) -> dict[str, Any]:
     """Register the distilled pre-ranker (``registry_name``); gate: dev answer recall of the
-    pre-ranking stage at N, not worse than the champion's on the same dev pool."""
+    pre-ranking stage at N, its paired gain over the champion's on the same dev pool
+    (:class:`GateSection`)."""
     n = ctx.cfg.candidates.n_units
     metrics = {f"dev_prerank_ar_at_{k}": evaluation.summary[f"after_ar_at_{k}"] for k in ctx.cfg.recall_ks}
     outcome = _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
-                              f"dev_prerank_ar_at_{n}",
-                              lambda d: S.evaluate_preranker(dev.path, d, [n], passages=ctx.maxp_passages(),
-                                                             device=ctx.device)[n], dev)
+                              f"dev_prerank_ar_at_{n}", _stage_scores(evaluation)[f"after_ar_at_{n}"],
+                              lambda d: S.preranker_recall_per_question(dev.path, d, [n], passages=ctx.maxp_passages(),
+                                                                        device=ctx.device)[n], dev)
     if outcome.get("promoted"):
         emit_champion_event(ctx.cfg.registry_name, outcome["version"], ctx.cfg.corpus, ctx.ws.home)
     return outcome
@@ -342,26 +369,33 @@ def emit_champion_event(name: str, version: str, corpus: str, home: Path) -> Non
 
 @task(name="register-reader", cache_policy=NO_CACHE)
 def register_reader_task(ctx: Context, dev: StageResult, reader: StageResult, reader_eval: StageResult) -> dict[str, Any]:
-    """Register the FiD reader (``reader_registry_name``); gate: dev exact match, not worse than
-    the champion reader's on the same dev candidates."""
-    def champion_em(model_dir: Path) -> float:
-        return S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG), ctx.device)[1]["em"]
+    """Register the FiD reader (``reader_registry_name``); gate: dev exact match, its paired gain
+    over the champion reader's on the same dev candidates (:class:`GateSection`)."""
+    def champion_em(model_dir: Path) -> dict[str, float]:
+        return em_scores(S.evaluate_reader(dev.path, find_model_dir(model_dir, READER_CONFIG), ctx.device)[0])
 
     metrics = {"dev_reader_em": reader_eval.summary["em"]}
     if reader.summary.get("last_loss") is not None:
         metrics["train_last_loss"] = reader.summary["last_loss"]
     return _register_gated(ctx, ctx.cfg.reader_registry_name, reader.path / S.READER_DIR, reader.digest, metrics,
-                           "dev_reader_em", champion_em, dev)
+                           "dev_reader_em", em_scores(READER_PREDICTIONS.read(reader_eval.path)), champion_em, dev)
+
+
+def em_scores(predictions) -> dict[str, float]:
+    """``{question id: 0.0 | 1.0}`` exact match of a ``reader_predictions`` table."""
+    return dict(zip(predictions["question_id"].to_pylist(), map(float, predictions["exact_match"].to_pylist())))
 
 
 # ---------------------------------------------------------------------------- tracking
 @contextlib.contextmanager
 def tracked(ctx: Context, flow_name: str) -> Iterator[Any]:
-    """One MLflow run per flow run; nested under the parent flow's run when there is one."""
+    """One MLflow run per flow run; nested under the parent flow's run when there is one. Either
+    is tagged with its Prefect flow run (:func:`funnelrag.tracking.prefect_run_tags`)."""
     import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
     cfg = ctx.cfg
-    tags = {"flow": flow_name, "corpus_version": ctx.corpus.version, "data_version": ctx.data_version}
+    tags = {"flow": flow_name, "corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
+            **prefect_run_tags()}
     parent = mlflow.active_run()
     if parent is None:
         with flow_run(ctx.ws, EXPERIMENT, flow_name, cfg.model_dump(exclude={"workspace"}),
@@ -373,6 +407,26 @@ def tracked(ctx: Context, flow_name: str) -> Iterator[Any]:
         for i in range(0, len(items), 100):
             mlflow.log_params({k: v[:6000] for k, v in items[i:i + 100]})
         yield run
+
+
+def _log_question_scores(ctx: Context, run: Any, name: str, scores: dict[str, dict[str, float]],
+                         dev: StageResult) -> None:
+    """Log per-question dev results (``{metric: {question id: value}}``, metric names prefixed
+    ``<name>.`` like the stage's metrics) as the run's ``per_question`` artifact, with each
+    metric's 95% interval as metrics (:func:`funnelrag.tracking.log_question_scores`)."""
+    questions = QUESTIONS.read(dev.path)
+    texts = dict(zip(questions["question_id"].to_pylist(), questions["question"].to_pylist()))
+    log_question_scores(question_scores_table(scores, texts, prefix=f"{name}."),
+                        ctx.ws.run_dir("question-scores", run.info.run_id))
+
+
+def _stage_scores(result: StageResult) -> dict[str, dict[str, float]]:
+    """``{metric: {question id: value}}`` of a stage's ``question_scores`` table."""
+    out: dict[str, dict[str, float]] = {}
+    t = QUESTION_SCORES.read(result.path)
+    for m, q, v in zip(t["metric"].to_pylist(), t["question_id"].to_pylist(), t["value"].to_pylist()):
+        out.setdefault(m, {})[q] = v
+    return out
 
 
 def _log_stage(name: str, result: StageResult) -> dict[str, Any]:
@@ -400,6 +454,7 @@ def train_reader_flow(config: DistillationConfig | None = None, config_file: str
         dev = candidates_task(ctx, questions, "dev")
         reader = reader_task(ctx, train)
         reader_eval = reader_eval_task(ctx, dev, reader)
+        _log_question_scores(ctx, run, "reader_eval", {"em": em_scores(READER_PREDICTIONS.read(reader_eval.path))}, dev)
         gate = register_reader_task(ctx, dev, reader, reader_eval)
         summary = {"mlflow_run_id": run.info.run_id, "questions": _log_stage("questions", questions),
                    "candidates_train": _log_stage("candidates_train", train),
@@ -446,6 +501,7 @@ def distill_preranker_flow(config: DistillationConfig | None = None, config_file
         labels = labels_task(ctx, train, attention_task(ctx, train, reader_task(ctx, train)))
         distilled = distill_task(ctx, train, labels)
         evaluation = eval_task(ctx, dev, distilled)
+        _log_question_scores(ctx, run, "evaluate", _stage_scores(evaluation), dev)
         gate = register_task(ctx, dev, distilled, evaluation)
         recall = [{"k": k, "before": evaluation.summary[f"before_ar_at_{k}"],
                    "after": evaluation.summary[f"after_ar_at_{k}"]} for k in ctx.cfg.recall_ks]
@@ -498,8 +554,11 @@ def distill_message(recall: list[dict[str, float]], gate: dict[str, Any]) -> str
 
 
 def _gate_text(gate: dict[str, Any]) -> str:
-    return (f"{gate.get('name', '')} v{gate.get('version')} — {gate.get('reason')}"
+    """``name vN — reason (now champion)``, then the decision's evidence (paired gain, 95%
+    interval, n) when the gate compared against a champion."""
+    head = (f"{gate.get('name', '')} v{gate.get('version')} — {gate.get('reason')}"
             + (" (now champion)" if gate.get("promoted") else ""))
+    return head + (f". {gate['description']}" if gate.get("description") else "")
 
 
 def _recall_lines(questions: int, recall: list[dict[str, float]]) -> list[str]:
@@ -537,6 +596,7 @@ def distillation_run_flow(config: DistillationConfig | None = None, config_file:
         print("   k   before   after")
         for row in distilled["answer_recall"]:
             print(f"{row['k']:>4}   {row['before']:.3f}   {row['after']:.3f}")
+        log_metrics(run_summary_metrics(reader, distilled))
         _distillation_run_artifact(ctx, run, reader, scored, distilled)
         summary = {"corpus_version": ctx.corpus.version, "data_version": ctx.data_version,
                 "mlflow_run_id": run.info.run_id, "answer_recall": distilled["answer_recall"],
@@ -544,6 +604,28 @@ def distillation_run_flow(config: DistillationConfig | None = None, config_file:
                 "distill_preranker": {k: v for k, v in distilled.items() if k not in ("answer_recall", "gate")}}
     return completed(f"reader dev EM {r_eval['em']:.3f}; " + distill_message(
         distilled["answer_recall"], {"name": ctx.cfg.registry_name, **distilled["gate"]}), summary)
+
+
+def run_summary_metrics(reader: dict[str, Any], distilled: dict[str, Any]) -> dict[str, float]:
+    """The parent ``distillation-run``'s own metrics, from its sub-flows' summaries: the reader's
+    dev EM and last training loss, the pre-ranker's dev AR@k before and after BPR and its last
+    loss, and each registry gate's decision with its paired gain and interval (``gate.*`` for
+    the pre-ranker, ``reader_gate.*`` for the reader)."""
+    out: dict[str, float] = {"reader_eval.em": reader["reader_eval"]["em"],
+                             "reader_eval.questions": reader["reader_eval"]["questions"],
+                             "evaluate.questions": distilled["evaluate"]["questions"]}
+    for row in distilled["answer_recall"]:
+        out[f"evaluate.before_ar_at_{row['k']}"] = row["before"]
+        out[f"evaluate.after_ar_at_{row['k']}"] = row["after"]
+    for name, summary in (("reader", reader["reader"]), ("distill", distilled["distill"])):
+        for key in ("last_loss", "steps"):
+            if summary.get(key) is not None:
+                out[f"{name}.{key}"] = summary[key]
+    for prefix, gate in (("gate", distilled["gate"]), ("reader_gate", reader["reader_gate"])):
+        if "promoted" in gate:
+            out[f"{prefix}.promoted"] = float(gate["promoted"])
+        out.update({f"{prefix}.{k}": gate[k] for k in ("gain", "gain_low", "gain_high", "n") if gate.get(k) is not None})
+    return out
 
 
 def _distillation_run_artifact(ctx: Context, run: Any, reader: dict[str, Any], scored: dict[str, Any],

@@ -5,8 +5,11 @@ directory of files. :func:`register_model` logs it as an MLflow 3 *logged model*
 run (with ``registry_config.json``: its config, data version and metrics, which are also linked
 to the logged model), creates a version of the registered model ``name`` from it
 (``MlflowClient.create_model_version``, no ``pyfunc`` flavour needed), gives it the
-alias ``challenger`` and promotes it to ``champion`` only if its gate metric is not worse than
-the champion's. The gate's numbers are logged to the run and stored as version tags.
+alias ``challenger`` and promotes it to ``champion`` only on evidence: the challenger's paired gain
+over the champion on the same fixed dev questions has a 95% percentile-bootstrap lower bound above 0
+and at least the configured margin (:func:`clears_margin`, :mod:`funnelrag.paired`); a tie never
+promotes. The decision, the interval and n are logged to the run, stored as the version's ``gate``
+tag and written into the version's description.
 
 Load with :func:`download_model` from ``models:/<name>@champion``, ``models:/<name>@challenger``
 or ``models:/<name>/<version>``.
@@ -29,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from data_contracts.base import sha256_file
 from funnelrag.config import config_hash, to_jsonable
+from funnelrag.paired import N_BOOTSTRAP, SEED, PairedDifference, pair_by_question, paired_difference
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +108,15 @@ class GateDecision:
     challenger_value : the new version's value.
     champion_version, champion_value : the champion before the gate (None if there was none).
     promoted : the new version is now the champion.
-    reason : ``no_champion`` | ``not_worse`` | ``worse``.
+    reason : ``no_champion`` | ``better`` (the gain's lower 95% bound clears the margin) |
+        ``no_measurable_gain`` (it does not: a tie, or an interval reaching below the margin) |
+        ``worse`` (the whole interval is below 0).
     eval_set : sha256 of the held-out question set both values were measured on (None if not given).
+    gain, gain_low, gain_high : the challenger's gain over the champion (in the better direction)
+        and its 95% paired-bootstrap interval; without per-question results the gain of the means
+        (``gain_low == gain_high == gain``). None without a champion.
+    n : questions paired (None without per-question results).
+    margin : the configured margin the lower bound had to reach.
     """
 
     name: str
@@ -118,6 +129,60 @@ class GateDecision:
     promoted: bool
     reason: str
     eval_set: str | None = None
+    gain: float | None = None
+    gain_low: float | None = None
+    gain_high: float | None = None
+    n: int | None = None
+    margin: float = 0.0
+
+    def description(self) -> str:
+        """One paragraph for the registry version's description: the decision and its evidence."""
+        if self.champion_version is None:
+            return f"Champion gate: promoted (no champion before; {self.metric} = {self.challenger_value:.4f})."
+        evidence = (f"paired gain in {self.metric} over champion v{self.champion_version}: {self.gain:+.4f} "
+                    f"[{self.gain_low:+.4f}, {self.gain_high:+.4f}] (95% percentile bootstrap over the questions, "
+                    f"n={self.n:,})" if self.n is not None else
+                    f"gain in {self.metric} over champion v{self.champion_version}: {self.gain:+.4f} "
+                    "(means only: no per-question results)")
+        verdict = {"better": f"promoted: the lower bound clears the margin {self.margin:g}",
+                   "worse": "not promoted: worse than the champion",
+                   "no_measurable_gain": f"not promoted: no measurable gain (the lower bound must be > 0 and "
+                                         f">= the margin {self.margin:g}; a tie never promotes)"}[self.reason]
+        return (f"Champion gate: {verdict}. {self.metric}: challenger {self.challenger_value:.4f}, "
+                f"champion {self.champion_value:.4f}; {evidence}.")
+
+
+def clears_margin(gain_low: float, margin: float = 0.0) -> bool:
+    """The promotion rule on the lower 95% bound of the challenger's paired gain: above 0 and at
+    least ``margin`` (a tie, whose interval is [0, 0], never promotes).
+
+    Raises
+    ------
+    ValueError
+        ``margin`` is negative (a gate promotes on evidence of a gain, not of non-inferiority).
+    """
+    if margin < 0:
+        raise ValueError(f"gate margin must be >= 0, got {margin}")
+    return gain_low > 0.0 and gain_low >= margin
+
+
+def gate_gain(challenger_scores: Mapping[str, float], champion_scores: Mapping[str, float],
+              higher_is_better: bool = True, n_bootstrap: int = N_BOOTSTRAP, seed: int = SEED) -> PairedDifference:
+    """The challenger's paired gain over the champion, question by question (``diff`` > 0: the
+    challenger is better, whatever the metric's direction), with its 95% bootstrap interval.
+
+    Parameters
+    ----------
+    challenger_scores, champion_scores : ``{question id: value}`` on the same fixed dev questions.
+
+    Raises
+    ------
+    ValueError
+        The question sets differ (names the counts and examples) or are empty.
+    """
+    _, chall, champ = pair_by_question(challenger_scores, champion_scores, "champion gate (challenger vs champion)")
+    return paired_difference(champ, chall, n_bootstrap, seed) if higher_is_better else \
+        paired_difference(chall, champ, n_bootstrap, seed)
 
 
 def question_set_digest(question_ids) -> str:
@@ -177,14 +242,12 @@ def version_metric(mv, metric: str) -> float | None:
     return None if raw is None else float(raw)
 
 
-def is_not_worse(challenger: float, champion: float, higher_is_better: bool = True) -> bool:
-    """The promotion rule: the challenger's metric is at least as good as the champion's."""
-    return challenger >= champion if higher_is_better else challenger <= champion
-
-
 def register_model(model_dir: Path, name: str, *, config: Any, data_version: str, metrics: Mapping[str, float],
                    gate_metric: str, higher_is_better: bool = True, champion_value: float | None = None,
-                   tags: Mapping[str, str] | None = None, eval_set: str | None = None) -> GateDecision:
+                   tags: Mapping[str, str] | None = None, eval_set: str | None = None,
+                   challenger_scores: Mapping[str, float] | None = None,
+                   champion_scores: Mapping[str, float] | None = None, margin: float = 0.0,
+                   n_bootstrap: int = N_BOOTSTRAP, seed: int = SEED) -> GateDecision:
     """Log ``model_dir`` to the active MLflow run, register it as a version of ``name`` and gate it.
 
     Parameters
@@ -202,11 +265,19 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
         :func:`question_set_digest`); stored as the version tag
         ``eval_set_digest`` and in the decision. When given, a champion value recorded on a
         different set is never compared: ``champion_value`` (re-measured on this set) is required.
+    challenger_scores, champion_scores : ``{question id: value}`` of ``gate_metric`` for the new
+        model and the current champion, measured now on the same fixed dev questions: the gate
+        then decides on the paired gain's 95% bootstrap interval (:func:`gate_gain`). Without
+        them it compares the two means (no interval: ``n`` is None), by the same rule.
+    margin : the lower bound of the gain must be > 0 and >= ``margin`` (:func:`clears_margin`).
+    n_bootstrap, seed : the bootstrap's resamples and seed.
 
     Returns
     -------
     GateDecision
-        Also logged to the run as metrics ``gate.challenger``, ``gate.champion``, ``gate.promoted``.
+        Also logged to the run as metrics ``gate.challenger``, ``gate.champion``, ``gate.promoted``,
+        ``gate.gain``, ``gate.gain_low``, ``gate.gain_high``, ``gate.n``; its
+        :meth:`GateDecision.description` is the version's description.
 
     Raises
     ------
@@ -215,7 +286,8 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     KeyError
         ``gate_metric`` is not in ``metrics``.
     ValueError
-        ``eval_set`` differs from the champion's and no ``champion_value`` was given.
+        ``eval_set`` differs from the champion's and no ``champion_value`` / ``champion_scores``
+        was given; the two score maps hold different questions; ``margin`` < 0.
     FileNotFoundError
         ``model_dir`` is not a directory.
     """
@@ -231,6 +303,12 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
     champion = champion_version(name)
+    if margin < 0:
+        raise ValueError(f"gate margin must be >= 0, got {margin}")
+    if (champion_scores is None) != (challenger_scores is None):
+        raise ValueError("give both challenger_scores and champion_scores (the same dev questions) or neither")
+    if champion_scores is not None:
+        champion_value = sum(champion_scores.values()) / max(len(champion_scores), 1)
     if (champion is not None and eval_set is not None and champion_value is None
             and champion.tags.get(EVAL_SET_TAG) != eval_set):
         raise ValueError(f"{name} champion v{champion.version} was measured on question set "
@@ -265,22 +343,32 @@ def register_model(model_dir: Path, name: str, *, config: Any, data_version: str
     value = float(metrics[gate_metric])
     if champion is None:
         decision = GateDecision(name, str(mv.version), gate_metric, higher_is_better, value, None, None, True,
-                                "no_champion", eval_set)
+                                "no_champion", eval_set, margin=margin)
     else:
         best = champion_value if champion_value is not None else version_metric(champion, gate_metric)
         if best is None:
             raise KeyError(f"champion {name} v{champion.version} has no recorded {gate_metric!r}; pass champion_value")
-        ok = is_not_worse(value, best, higher_is_better)
+        if challenger_scores is not None:
+            g = gate_gain(challenger_scores, champion_scores, higher_is_better, n_bootstrap, seed)
+            gain, low, high, n = g.diff, g.low, g.high, g.n
+        else:
+            gain = (value - best) if higher_is_better else (best - value)
+            low = high = gain
+            n = None
+        ok = clears_margin(low, margin)
+        reason = "better" if ok else ("worse" if high < 0 else "no_measurable_gain")
         decision = GateDecision(name, str(mv.version), gate_metric, higher_is_better, value, str(champion.version),
-                                float(best), ok, "not_worse" if ok else "worse", eval_set)
+                                float(best), ok, reason, eval_set, gain, low, high, n, margin)
     if decision.promoted:
         client.set_registered_model_alias(name, CHAMPION, mv.version)
     client.set_model_version_tag(name, mv.version, "gate", json.dumps(asdict(decision), sort_keys=True))
+    client.update_model_version(name, mv.version, description=decision.description())
+    evidence = {"gate.champion": decision.champion_value, "gate.gain": decision.gain, "gate.gain_low": decision.gain_low,
+                "gate.gain_high": decision.gain_high, "gate.n": decision.n}
     mlflow.log_metrics({"gate.challenger": value, "gate.promoted": float(decision.promoted),
-                        **({"gate.champion": decision.champion_value} if decision.champion_value is not None else {})})
+                        **{k: float(v) for k, v in evidence.items() if v is not None}})
     mlflow.set_tags({"registry.name": name, "registry.version": str(mv.version), "registry.gate": decision.reason})
-    log.info("registry %s v%s: %s=%.4f vs champion %s (%s) -> %s", name, mv.version, gate_metric, value,
-             decision.champion_version, decision.champion_value, decision.reason)
+    log.info("registry %s v%s: %s", name, mv.version, decision.description())
     return decision
 
 

@@ -1,4 +1,5 @@
-"""MLflow tracking on the workspace's SQLite file (or a configured server)."""
+"""MLflow tracking on the workspace's SQLite file (or a configured server): runs tagged with their
+Prefect flow run, metrics, artifacts, and per-question results with their 95% intervals."""
 from __future__ import annotations
 
 import contextlib
@@ -7,13 +8,17 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import psutil
+import pyarrow as pa
 
+from data_contracts.evaluation import QUESTION_SCORES
 from funnelrag.config import flatten_params
+from funnelrag.paired import mean_interval
 from funnelrag.locks import exclusive_lock
 from funnelrag.progress import heartbeat
 from funnelrag.workspace import Workspace
@@ -217,3 +222,60 @@ def run_link(run: Any, tracking_uri: str | None = None) -> str:
     return (f"`{run_id}` (serve it with `mlflow ui --backend-store-uri {uri}`, then "
             f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{run_id})")
 
+
+
+QUESTION_SCORES_DIR = "per_question"   # the run artifact folder of :data:`QUESTION_SCORES`
+
+
+def question_scores_table(scores: Mapping[str, Mapping[str, float]], questions: Mapping[str, str] | None = None,
+                          prefix: str = "") -> pa.Table:
+    """The :data:`data_contracts.evaluation.QUESTION_SCORES` table of ``{metric: {question id: value}}``
+    (metric names get ``prefix``; ``questions``: question texts by id), sorted by metric and id."""
+    rows = [(prefix + m, q, (questions or {}).get(q, ""), float(v))
+            for m in sorted(scores) for q, v in sorted(scores[m].items())]
+    return QUESTION_SCORES.validate(pa.table({"metric": [r[0] for r in rows], "question_id": [r[1] for r in rows],
+                                              "question": [r[2] for r in rows], "value": [r[3] for r in rows]},
+                                             schema=QUESTION_SCORES.schema))
+
+
+def interval_metrics(table: pa.Table) -> dict[str, float]:
+    """``<metric>.ci95_low``, ``<metric>.ci95_high`` and ``<metric>.n`` of every metric of a
+    :data:`QUESTION_SCORES` table: the 95% percentile-bootstrap interval of its mean over the
+    questions (:func:`funnelrag.paired.mean_interval`)."""
+    values: dict[str, list[float]] = {}
+    for m, v in zip(table["metric"].to_pylist(), table["value"].to_pylist()):
+        values.setdefault(m, []).append(v)
+    out: dict[str, float] = {}
+    for m, vs in values.items():
+        _, lo, hi = mean_interval(vs)
+        out.update({f"{m}.ci95_low": lo, f"{m}.ci95_high": hi, f"{m}.n": float(len(vs))})
+    return out
+
+
+def log_question_scores(table: pa.Table, directory: Path) -> Path:
+    """Write a :data:`QUESTION_SCORES` table into ``directory`` (atomic), log it to the active run
+    as ``per_question/question_scores.parquet`` and its metrics' 95% intervals as metrics
+    (:func:`interval_metrics`), so MLflow's compare view shows them; returns the file."""
+    path = QUESTION_SCORES.write(table, directory)
+    log_artifact(path, QUESTION_SCORES_DIR)
+    log_metrics(interval_metrics(table))
+    return path
+
+
+def read_question_scores(run_id: str) -> pa.Table | None:
+    """The :data:`QUESTION_SCORES` table a run logged (:func:`log_question_scores`), or None when it
+    logged none.
+
+    Raises
+    ------
+    data_contracts.base.ContractViolation
+        The artifact is not a valid question-scores table.
+    """
+    from mlflow import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when a run is read)
+
+    client = MlflowClient()
+    if not any(f.path.endswith(QUESTION_SCORES.filename) for f in client.list_artifacts(run_id, QUESTION_SCORES_DIR)):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(run_id, f"{QUESTION_SCORES_DIR}/{QUESTION_SCORES.filename}", tmp)
+        return QUESTION_SCORES.read(Path(local))

@@ -30,8 +30,10 @@ Contract
   not restore the step counter, so ``trainer_state.json`` does. A final checkpoint is written
   when training ends (if ``checkpoint_every > 0``), so resuming a finished run is a no-op.
 * Metrics: ``log_metrics(metrics, step)`` is called on the main process only, every
-  ``log_every`` steps and at the last step, with ``train/loss`` (mean over the window),
-  ``train/lr``, ``train/epoch`` and the hook's extras as ``train/<name>`` (main-process values).
+  :func:`log_interval` steps (``log_every``, made shorter for a short run so that a loss curve
+  has at least :data:`MIN_LOG_POINTS` points: every step when there are fewer) and at the last
+  step, with ``train/loss`` (mean over the window), ``train/lr``, ``train/epoch`` and the hook's
+  extras as ``train/<name>`` (main-process values).
 * Progress: the main process reports through :class:`funnelrag.progress.Progress` (unit
   ``steps``, rate, the last step's ``loss`` as postfix): a tqdm bar on a terminal, else an INFO
   line on ``funnelrag.progress`` at most every 30 s and one at the end.
@@ -92,7 +94,7 @@ class TrainConfig:
     gradient_checkpointing : call ``model.gradient_checkpointing_enable()`` when it exists.
     checkpoint_every : steps between checkpoints; 0 = never checkpoint.
     keep_checkpoints : newest complete checkpoints kept.
-    log_every : steps between metric logs.
+    log_every : steps between metric logs (at most; :func:`log_interval`).
     cpu : force CPU even where an accelerator exists (``ACCELERATE_USE_CPU`` semantics).
     """
 
@@ -234,6 +236,15 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     """Newest complete checkpoint directory, or None when there is none."""
     dirs = checkpoint_dirs(output_dir)
     return dirs[-1] if dirs else None
+
+
+MIN_LOG_POINTS = 20   # a loss curve with fewer points cannot be read
+
+
+def log_interval(log_every: int, total_steps: int) -> int:
+    """Steps between metric logs: ``log_every``, or shorter so that a run of ``total_steps``
+    steps logs at least :data:`MIN_LOG_POINTS` points (every step when it has fewer); >= 1."""
+    return max(1, min(log_every, total_steps // MIN_LOG_POINTS))
 
 
 def _lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
@@ -399,6 +410,7 @@ def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_se
                                             state["batch_in_epoch"], list(state["losses"]))
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", last_ckpt, global_step, epoch, skip)
 
+    every = log_interval(cfg.log_every, total_steps)
     window: list[float] = []
     extras: dict[str, list[float]] = {}
     micro_losses: list[torch.Tensor] = []
@@ -436,7 +448,7 @@ def _run(accelerator, model, train_data, hooks, cfg, log_metrics, resume, set_se
                     bar.update(1, loss=step_loss)
                 window.append(step_loss)
                 done = global_step >= total_steps
-                if done or global_step % cfg.log_every == 0:
+                if done or global_step % every == 0:
                     if accelerator.is_main_process and log_metrics is not None:
                         log = {"train/loss": sum(window) / len(window), "train/lr": scheduler.get_last_lr()[0],
                                "train/epoch": float(epoch)}

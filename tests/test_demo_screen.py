@@ -20,7 +20,7 @@ OUT = {
 
 
 def test_binary_interval_is_the_bootstrap_of_the_0_1_values():
-    from tasks.funnel.experiment_eval import bootstrap_indices, interval  # noqa: PLC0415
+    from funnelrag.paired import bootstrap_indices, interval  # noqa: PLC0415
 
     values = np.array([1.0, 0, 0, 1, 0, 0, 0, 1, 0, 0])
     assert binary_interval(0.3, 10) == interval(np.sort(values)[::-1].copy(), bootstrap_indices(10, 1000, 0))

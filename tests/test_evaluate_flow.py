@@ -195,6 +195,15 @@ def test_mlflow_run_and_artifacts(evaluated):
     text = open(md, encoding="utf-8").read()
     assert "| flat-bm25-8p-4p |" in text and "## answer_in_corpus" in text
     assert pq.read_metadata(f"{s['artifacts']}/per_question.evaluation.parquet").num_rows == 10 * s["questions"]
+    # per-question results for paired comparisons, and each figure's 95% interval as metrics
+    from funnelrag.tracking import read_question_scores  # noqa: PLC0415
+
+    scores = read_question_scores(run.info.run_id).to_pylist()
+    ar4 = [r["value"] for r in scores if r["metric"] == "flat-bm25-8p-4p.all.ar_4"]
+    assert len(ar4) == s["questions"] and sum(ar4) / len(ar4) == pytest.approx(row["ar_4"])
+    assert all(r["question"] for r in scores)
+    assert m["flat-bm25-8p-4p.all.ar_4.ci95_low"] <= row["ar_4"] <= m["flat-bm25-8p-4p.all.ar_4.ci95_high"]
+    assert m["flat-bm25-8p-4p.all.ar_4.n"] == s["questions"]
 
 
 def test_prefect_markdown_artifact(evaluated):

@@ -106,3 +106,35 @@ def test_summarize_hand_computed():
     assert stages[0]["answer_recall"] == pytest.approx(2 / 3) and stages[1]["seconds_per_query"] == pytest.approx(4.0)
     assert [r["em"] for r in per_q] == [True, False, False]
     assert isinstance(StageSummary("r", "p", 1, 1, 0.0, 0.5).answer_recall, float)
+
+
+def test_per_question_scores_average_to_the_table_and_the_markdown_carries_intervals():
+    """The per-question values logged for paired comparisons are the table's figures question by
+    question; the markdown table shows each AR@k and EM with its 95% bootstrap interval."""
+    from funnelrag.paired import mean_interval
+    from tasks.evaluate.report import Generated, question_scores, tables, to_markdown
+
+    def res(qid, hits):
+        stages = [StageOutcome("retrieval", "p", 100, len(hits), 0.5, any(hits))]
+        return QueryResult(qid, [(f"{qid}.{i}", f"T{i}", "text") for i in range(len(hits))], hits, stages)
+
+    results = [res(f"q{i:02d}", [i % 3 == 0, i % 4 == 0, False, i % 5 == 0]) for i in range(40)]
+    in_corpus = {r.question_id: i % 2 == 0 for i, r in enumerate(results)}
+    gen = Generated("fid", {r.question_id: "a" if i % 4 else "b" for i, r in enumerate(results)},
+                    {r.question_id: 0.1 for r in results})
+    rows, stage_rows, q_rows = summarize(SettingSpec("flat-x", "flat", "bm25"), results, in_corpus,
+                                         {r.question_id: ["b"] for r in results}, gen)
+    results_t, stages_t, per_q = tables(rows, stage_rows, q_rows)
+    scores = question_scores(per_q)
+    for row in rows:
+        key = "flat-x." + ("all" if row["subset"] == "all" else "in_corpus")
+        assert len(scores[f"{key}.ar_4"]) == row["n_questions"]
+        for m in ("ar_1", "ar_2", "ar_4", "em", "entropy_top4"):
+            values = list(scores[f"{key}.{m}"].values())
+            assert sum(values) / len(values) == pytest.approx(row[m]), (key, m)
+    md = to_markdown(results_t, stages_t, "t", per_q)
+    m, lo, hi = mean_interval(list(scores["flat-x.all.ar_4"].values()))
+    assert f"{100 * m:.2f} [{100 * lo:.2f}, {100 * hi:.2f}]" in md and lo < m < hi
+    m, lo, hi = mean_interval(list(scores["flat-x.in_corpus.em"].values()))
+    assert f"{100 * m:.2f} [{100 * lo:.2f}, {100 * hi:.2f}] |" in md
+    assert "95% percentile-bootstrap interval" in md and "[" not in to_markdown(results_t, stages_t, "t")

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 
 from data_contracts.funnel import CANDIDATES, UNIT_POOL
-from tasks.funnel.experiment_eval import (bootstrap_indices, interval, per_question_passage_recall,
-                                          per_question_unit_recall, recall_table)
+from funnelrag.paired import bootstrap_indices, interval
+from tasks.funnel.experiment_eval import per_question_passage_recall, per_question_unit_recall, recall_table
 
 
 def _pool(rows):

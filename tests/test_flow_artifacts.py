@@ -66,3 +66,18 @@ def test_distillation_run_markdown_names_every_step_and_both_gates():
         "|---:|---:|---:|---:|\n"
         "| 1 | 0.100 | 0.200 | +0.100 |\n"
         "| 4 | 0.300 | 0.250 | -0.050 |\n")
+
+
+def test_distillation_markdown_carries_the_gate_decision_with_its_interval_and_n():
+    from flows.funnel import distillation_markdown
+    from funnelrag.registry import GateDecision
+
+    decision = GateDecision("funnelrag-preranker", "3", "dev_prerank_ar_at_8", True, 0.067, "2", 0.067, False,
+                            "no_measurable_gain", None, 0.0, 0.0, 0.0, 30, 0.0)
+    md = distillation_markdown("wikispeedia", "v1", 30, [{"k": 8, "before": 0.05, "after": 0.067}],
+                               {"name": "funnelrag-preranker", "version": "3", "reason": decision.reason,
+                                "promoted": False, "description": decision.description()}, "`p`")
+    assert ("- registry: funnelrag-preranker v3 — no_measurable_gain. Champion gate: not promoted: no measurable gain "
+            "(the lower bound must be > 0 and >= the margin 0; a tie never promotes). dev_prerank_ar_at_8: challenger "
+            "0.0670, champion 0.0670; paired gain in dev_prerank_ar_at_8 over champion v2: +0.0000 [+0.0000, +0.0000] "
+            "(95% percentile bootstrap over the questions, n=30).\n") in md

@@ -107,6 +107,25 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     assert parent.data.params["candidates.n_clusters"] == "3"
     distill_run = next(r for r in children if r.info.run_name == "distill-preranker")
     assert "evaluate.after_ar_at_3" in distill_run.data.metrics and "gate.promoted" in distill_run.data.metrics
+    # every MLflow run carries its Prefect flow run; the parent has the summary figures; each
+    # training step's loss and learning rate are logged (a 2-step run: 2 points, not 1)
+    assert all(r.data.tags.get("prefect.flow_run_id") for r in (parent, *children))
+    assert len({r.data.tags["prefect.flow_run_id"] for r in (parent, *children)}) == 4
+    pm = parent.data.metrics
+    assert pm["evaluate.after_ar_at_3"] == out["answer_recall"][2]["after"] and "reader_eval.em" in pm
+    assert pm["gate.promoted"] == 1.0 and pm["distill.steps"] == 2
+    for name in ("distill/loss", "distill/lr"):
+        assert [h.step for h in client.get_metric_history(distill_run.info.run_id, name)] == [1, 2], name
+    # per-question dev results as an artifact, their 95% intervals as metrics
+    from funnelrag.tracking import read_question_scores
+
+    scores = read_question_scores(distill_run.info.run_id).to_pylist()
+    n_dev = int(distill_run.data.metrics["evaluate.questions"])
+    after3 = [r["value"] for r in scores if r["metric"] == "evaluate.after_ar_at_3"]
+    assert len(after3) == n_dev and sum(after3) / n_dev == pytest.approx(out["answer_recall"][2]["after"])
+    m = distill_run.data.metrics
+    assert m["evaluate.after_ar_at_3.ci95_low"] <= m["evaluate.after_ar_at_3"] <= m["evaluate.after_ar_at_3.ci95_high"]
+    assert m["evaluate.after_ar_at_3.n"] == n_dev
 
     # one Prefect artifact per sub-flow, naming its MLflow run, with its figures
     from prefect.client.orchestration import get_client
@@ -136,7 +155,10 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
     gate = third["reader_gate"]
     assert gate["registered"] and gate["champion_version"] == out["reader_gate"]["version"]
     assert gate["champion_value"] == reader_eval["em"]  # the champion's dev EM, measured again on the same pool
-    assert gate["promoted"] == (gate["challenger_value"] >= gate["champion_value"])
+    # promoted only on a paired gain whose lower 95% bound is above 0 (a tie never), with n and the interval
+    assert gate["n"] == reader_eval["questions"] and gate["gain_low"] <= gate["gain"] <= gate["gain_high"]
+    assert gate["promoted"] == (gate["gain_low"] > 0) and gate["reason"] in ("better", "no_measurable_gain", "worse")
+    assert f"n={gate['n']:,}" in gate["description"]
     alone = score_passages_flow(cfg)
     assert alone["attention"]["cache_hit"] and alone["labels"]["cache_hit"]
     _check_stage_artifacts(ws)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from funnelrag.registry import (CHALLENGER, CHAMPION, champion_version, download_model, find_version, is_not_worse,
-                                model_uri, register_model)
+from funnelrag.registry import (CHALLENGER, CHAMPION, champion_version, clears_margin, download_model, find_version,
+                                gate_gain, model_uri, register_model)
 from funnelrag.tracking import flow_run
 from funnelrag.workspace import Workspace
 
@@ -36,7 +36,7 @@ def _register(ws, tmp_path, tag, value, name=NAME, **kw):
                               metrics={"dev_ar": value, "other": 1.0}, gate_metric="dev_ar", **kw)
 
 
-def test_gate_keeps_champion_when_worse_and_promotes_when_not_worse(ws, tmp_path):
+def test_gate_keeps_champion_when_worse_or_tied_and_promotes_when_better(ws, tmp_path):
     first = _register(ws, tmp_path, "a", 0.50)
     assert first.promoted and first.reason == "no_champion" and first.version == "1"
 
@@ -46,17 +46,64 @@ def test_gate_keeps_champion_when_worse_and_promotes_when_not_worse(ws, tmp_path
     assert str(champion_version(NAME).version) == "1"
     assert str(champion_version(NAME, CHALLENGER).version) == "2"
 
-    equal = _register(ws, tmp_path, "c", 0.50)
-    assert equal.promoted and equal.reason == "not_worse" and equal.champion_version == "1"
-    champ = champion_version(NAME)
-    assert str(champ.version) == "3" and champ.tags["data_version"] == "sha-c"
-    assert json.loads(champ.tags["gate"])["reason"] == "not_worse"
+    equal = _register(ws, tmp_path, "c", 0.50)    # a tie never promotes (it used to: "not worse")
+    assert not equal.promoted and equal.reason == "no_measurable_gain" and equal.gain == 0.0 and equal.n is None
+    assert str(champion_version(NAME).version) == "1"
 
     # a champion value re-measured on the same dev data overrides the recorded one
     fresh = _register(ws, tmp_path, "d", 0.45, champion_value=0.44)
-    assert fresh.promoted and fresh.champion_value == 0.44
+    assert fresh.promoted and fresh.reason == "better" and fresh.champion_value == 0.44
+    champ = champion_version(NAME)
+    assert str(champ.version) == "4" and champ.tags["data_version"] == "sha-d"
+    assert json.loads(champ.tags["gate"])["reason"] == "better"
     lower_is_better = _register(ws, tmp_path, "e", 0.46, higher_is_better=False)
     assert not lower_is_better.promoted and str(champion_version(NAME).version) == "4"
+
+
+def _scores(hits):
+    return {f"q{i:03d}": float(h) for i, h in enumerate(hits)}
+
+
+def test_paired_gate_identical_challengers_stay_challengers_and_a_clearly_better_one_is_promoted(ws, tmp_path):
+    """Per-question dev results decide: two challengers identical to the champion are not
+    promoted (interval [0, 0]), with the reason in the decision and the version's description;
+    one that answers 75 more of 300 questions and loses none is."""
+    from mlflow import MlflowClient
+
+    name = "test-paired-gate"
+    champ_hits = [i % 4 == 0 for i in range(300)]                      # AR 0.25
+    _register(ws, tmp_path, "p0", 0.25, name=name)
+    for tag in ("p1", "p2"):
+        same = _register(ws, tmp_path, tag, 0.25, name=name, challenger_scores=_scores(champ_hits),
+                         champion_scores=_scores(champ_hits))
+        assert not same.promoted and same.reason == "no_measurable_gain"
+        assert (same.gain, same.gain_low, same.gain_high, same.n) == (0.0, 0.0, 0.0, 300)
+        desc = MlflowClient().get_model_version(name, same.version).description
+        assert "not promoted: no measurable gain" in desc and "n=300" in desc and "[+0.0000, +0.0000]" in desc
+    assert str(champion_version(name).version) == "1"
+    better_hits = [h or i % 4 == 1 for i, h in enumerate(champ_hits)]   # AR 0.50: 75 more questions, none lost
+    better = _register(ws, tmp_path, "p3", 0.50, name=name, challenger_scores=_scores(better_hits),
+                       champion_scores=_scores(champ_hits), margin=0.1)
+    assert better.promoted and better.reason == "better" and better.n == 300
+    assert better.gain == pytest.approx(0.25) and 0.1 <= better.gain_low < 0.25 < better.gain_high
+    assert str(champion_version(name).version) == better.version
+    mv = MlflowClient().get_model_version(name, better.version)
+    assert "promoted: the lower bound clears the margin 0.1" in mv.description and "over champion v1" in mv.description
+    assert json.loads(mv.tags["gate"])["gain_low"] == better.gain_low
+    run = MlflowClient().get_run(mv.run_id)
+    assert run.data.metrics["gate.n"] == 300 and run.data.metrics["gate.gain_low"] == pytest.approx(better.gain_low)
+    with pytest.raises(ValueError, match="question sets differ"):
+        _register(ws, tmp_path, "p4", 0.5, name=name, challenger_scores=_scores(better_hits[:10]),
+                  champion_scores=_scores(champ_hits))
+
+
+def test_gate_rule_and_gain_direction():
+    assert not clears_margin(0.0) and clears_margin(1e-9) and not clears_margin(0.02, 0.05) and clears_margin(0.05, 0.05)
+    with pytest.raises(ValueError, match="margin"):
+        clears_margin(0.1, -0.01)
+    loss_champ, loss_chall = {"a": 2.0, "b": 2.0}, {"a": 1.0, "b": 1.5}
+    assert gate_gain(loss_chall, loss_champ, higher_is_better=False).diff == pytest.approx(0.75)
+    assert gate_gain(loss_chall, loss_champ).diff == pytest.approx(-0.75)
 
 
 def test_load_by_alias_and_version(ws, tmp_path):
@@ -80,7 +127,6 @@ def test_errors(ws, tmp_path):
         with pytest.raises(FileNotFoundError):
             register_model(tmp_path / "nope", NAME, config={}, data_version="x", metrics={"m": 1.0}, gate_metric="m")
     assert champion_version("never-registered") is None
-    assert is_not_worse(0.5, 0.5) and not is_not_worse(0.4, 0.5) and is_not_worse(0.4, 0.5, higher_is_better=False)
 
 
 def test_find_version_by_tag(ws, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from funnelrag.training import (COMPLETE_MARKER, STATE_FILE, EpochSeededSampler, TrainConfig,
-                                checkpoint_dirs, latest_checkpoint, train)
+                                checkpoint_dirs, latest_checkpoint, log_interval, train)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 N_EXAMPLES = 41  # 11 batches of 4: the last accumulation group of an epoch is a single batch
@@ -170,13 +170,25 @@ def test_gradient_accumulation_equals_large_batch(tmp_path):
 
 def test_metrics_logged_every_n_steps_with_extras_and_loss_decreases(tmp_path):
     logged: dict[int, dict] = {}
-    res = train(_model(dropout=0.0), _data(), RegressionHooks(), _cfg(tmp_path, epochs=6, log_every=5),
+    res = train(_model(dropout=0.0), _data(), RegressionHooks(), _cfg(tmp_path, max_steps=102, log_every=5),
                 log_metrics=lambda m, s: logged.__setitem__(s, m))
-    assert sorted(logged) == [5, 10, 15, 20, 25, 30, 35, 36]
+    assert sorted(logged) == [*range(5, 101, 5), 102]                 # 102 steps: every 5th (>= 20 points) and the last
     assert set(logged[5]) == {"train/loss", "train/lr", "train/epoch", "train/pred_mean"}
     torch.testing.assert_close(logged[10]["train/loss"], sum(res.losses[5:10]) / 5)
-    assert logged[36]["train/lr"] == 0.0  # linear decay reaches 0 at the last step
+    assert logged[102]["train/lr"] == 0.0  # linear decay reaches 0 at the last step
     assert sum(res.losses[-5:]) < sum(res.losses[:5])
+
+
+def test_a_short_run_logs_every_step_so_its_loss_curve_can_be_read(tmp_path):
+    """36 steps with log_every=5 used to give 8 points; now each step's loss and learning rate."""
+    logged: dict[int, dict] = {}
+    res = train(_model(dropout=0.0), _data(), RegressionHooks(), _cfg(tmp_path, epochs=6, log_every=5),
+                log_metrics=lambda m, s: logged.__setitem__(s, m))
+    assert sorted(logged) == list(range(1, 37))
+    torch.testing.assert_close([logged[s]["train/loss"] for s in range(1, 37)], res.losses)
+    lrs = [logged[s]["train/lr"] for s in range(1, 37)]
+    assert lrs[0] < lrs[1] and lrs[-1] == 0.0                          # warm-up, then linear decay to 0
+    assert [log_interval(5, n) for n in (5, 36, 99, 100, 5000)] == [1, 1, 4, 5, 5]
 
 
 def test_bf16_trains_on_cpu_and_leaves_an_fp32_model(tmp_path):

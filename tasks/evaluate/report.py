@@ -2,7 +2,10 @@
 
 :func:`summarize` turns one setting's :class:`tasks.evaluate.retrieval.QueryResult` list into
 rows of the three evaluation contracts (:mod:`data_contracts.evaluation`); :func:`to_markdown`
-renders the results and stage tables; :func:`plot_answer_recall` draws AR@k per setting.
+renders the results and stage tables, AR@k and EM with their 95% percentile-bootstrap intervals
+over the questions (:mod:`funnelrag.paired`); :func:`question_scores` gives the per-question
+values MLflow keeps (``per_question`` artifact) for paired comparisons; :func:`plot_answer_recall`
+draws AR@k per setting.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import pyarrow.csv as pcsv
 
 from data_contracts.base import atomic_write
 from data_contracts.evaluation import EVAL_PER_QUESTION, EVAL_RESULTS, EVAL_STAGES, SUBSETS
+from funnelrag.paired import mean_interval
 from tasks.evaluate.retrieval import QueryResult
 from tasks.evaluate.timing import StageOutcome, funnel_label
 from tasks.qa.metrics import answer_recall, exact_match_rate, title_entropy
@@ -174,6 +178,28 @@ def metric_dict(results: pa.Table, stages: pa.Table) -> dict[str, float]:
     return out
 
 
+def question_scores(per_question: pa.Table) -> dict[str, dict[str, float]]:
+    """Per-question values of the evaluation's metrics, named like :func:`metric_dict`'s:
+    ``{"<setting>.<all|in_corpus>.<ar_k | em | entropy_top4>": {question id: value}}`` (AR@k and
+    EM 0/1; EM only for settings with a reader). The mean of each is the results table's figure.
+
+    Parameters
+    ----------
+    per_question : an :data:`EVAL_PER_QUESTION` table.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for r in per_question.to_pylist():
+        subsets = ("all", "in_corpus") if r["answer_in_corpus"] else ("all",)
+        values = {f"ar_{k}": float(any(r["has_answer"][:k])) for k in KS}
+        values["entropy_top4"] = r["entropy_top4"]
+        if r["em"] is not None:
+            values["em"] = float(r["em"])
+        for subset in subsets:
+            for m, v in values.items():
+                out.setdefault(f"{r['setting']}.{subset}.{m}", {})[r["question_id"]] = v
+    return out
+
+
 def write_tables(out_dir: Path, results: pa.Table, stages: pa.Table, per_question: pa.Table,
                  markdown: str) -> list[Path]:
     """Write the three contract tables (Parquet), ``results.evaluation.csv`` and
@@ -193,9 +219,22 @@ def _f(v, digits: int = 2, pct: bool = False) -> str:
     return f"{100 * v:.{digits - 1}f}" if pct else f"{v:.{digits}f}"
 
 
-def to_markdown(results: pa.Table, stages: pa.Table, title: str = "Evaluation") -> str:
+def _ci(scores: Mapping[str, Mapping[str, float]], key: str, value) -> str:
+    """``"41.0 [37.2, 44.9]"``: a fraction in % with its 95% interval over the questions of
+    ``scores[key]``; the bare value when there are no per-question values."""
+    if value is None or not scores.get(key):
+        return _f(value, 3, True)
+    _, lo, hi = mean_interval(list(scores[key].values()))
+    return f"{_f(value, 3, True)} [{_f(lo, 3, True)}, {_f(hi, 3, True)}]"
+
+
+def to_markdown(results: pa.Table, stages: pa.Table, title: str = "Evaluation",
+                per_question: pa.Table | None = None) -> str:
     """Markdown: one Table-2-shaped table per subset (AR in %, seconds per query), then the
-    per-stage table (Tables 11–13: candidates in → out, seconds per query, AR of the output)."""
+    per-stage table (Tables 11–13: candidates in → out, seconds per query, AR of the output).
+    With ``per_question`` (:data:`EVAL_PER_QUESTION`), AR@k and EM carry their 95%
+    percentile-bootstrap interval over the questions (:func:`funnelrag.paired.mean_interval`)."""
+    scores = question_scores(per_question) if per_question is not None else {}
     lines = [f"# {title}", ""]
     rows = results.to_pylist()
     for subset in SUBSETS:
@@ -207,10 +246,15 @@ def to_markdown(results: pa.Table, stages: pa.Table, title: str = "Evaluation") 
                   "| AR cand. | entropy@4 | EM |",
                   "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sub:
+            key = f"{r['setting']}.{SUBSET_KEY[subset]}."
             lines.append(f"| {r['setting']} | {r['funnel']} | {r['preranker'] or '–'} | {r['postranker'] or '–'} | "
-                         f"{r['seconds_per_query']:.3f} | " + " | ".join(_f(r[f'ar_{k}'], 3, True) for k in KS) +
-                         f" | {_f(r['ar_candidates'], 3, True)} | {_f(r['entropy_top4'], 3)} | {_f(r['em'], 3, True)} |")
+                         f"{r['seconds_per_query']:.3f} | " + " | ".join(_ci(scores, f"{key}ar_{k}", r[f'ar_{k}'])
+                                                                         for k in KS) +
+                         f" | {_f(r['ar_candidates'], 3, True)} | {_f(r['entropy_top4'], 3)} | "
+                         f"{_ci(scores, key + 'em', r['em'])} |")
         lines.append("")
+    if scores:
+        lines += ["AR@k and EM in %, each with its 95% percentile-bootstrap interval over the questions.", ""]
     lines += ["## stages (all questions)", "", "| setting | # | stage | in → out | s/query | AR of output |",
               "|---|---:|---|---|---:|---:|"]
     for r in stages.to_pylist():

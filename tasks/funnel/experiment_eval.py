@@ -3,8 +3,8 @@
 * Pre-ranker answer recall AR@k per question (DPR has_answer of the top-k units of the pool).
 * Passage answer recall of the post-ranking stage: the top-k passages of the same N units in
   pre-ranker order (unit rank, then position) vs in FiD Eq. 3 score order.
-* Percentile bootstrap over questions (the same resampled question sets for every row, so
-  paired differences get their own interval).
+* Percentile bootstrap over questions (:mod:`funnelrag.paired`: the same resampled question sets
+  for every row, so paired differences get their own interval).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from funnelrag.paired import interval
 from tasks.qa.metrics import first_hit, first_hit_ranks, recall_per_question
 
 
@@ -45,19 +46,6 @@ def per_question_passage_recall(candidates: pa.Table, ks: Sequence[int], questio
         per_q.setdefault(q, []).append((key, hit))
     first = [first_hit([h for _, h in sorted(per_q.get(q, []))]) for q in question_ids]
     return recall_per_question(first, ks)
-
-
-def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
-    """``(n_boot, n)`` resampled question indices (with replacement), fixed by ``seed``."""
-    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-
-
-def interval(values: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
-    """Mean of ``values`` ``(n,)`` and its percentile-bootstrap 95% interval over ``idx``
-    ``(n_boot, n)``: ``(mean, low, high)``."""
-    means = values[idx].mean(axis=1)                                    # (n_boot,)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(values.mean()), float(lo), float(hi)
 
 
 def fmt(ci: tuple[float, float, float], scale: float = 100.0) -> str:

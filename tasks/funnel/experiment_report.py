@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, READER_PREDICTIONS
+from funnelrag.paired import bootstrap_indices, interval
 from funnelrag.registry import question_set_digest
 from funnelrag.store import StageResult
 from tasks.funnel import experiment_eval as E
@@ -26,7 +27,7 @@ def distillation_report(cfg: Any, recalls: dict[str, StageResult], done: dict[st
     per = {n: json.loads((r.path / "recall.json").read_text()) for n, r in recalls.items()}
     qids = per["before"]["question_ids"]
     ks = [k for k in per["before"] if k != "question_ids"]
-    idx = E.bootstrap_indices(len(qids), c.n_bootstrap, c.bootstrap_seed)
+    idx = bootstrap_indices(len(qids), c.n_bootstrap, c.bootstrap_seed)
     rows = {"before distillation": {int(k): np.asarray(per["before"][k]) for k in ks},
             "BPR, answer-only (K=0)": {int(k): np.asarray(per["answer_only"][k]) for k in ks}}
     if "l2g" in per:
@@ -49,7 +50,7 @@ def reader_curve_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, di
     curve = json.loads((done["reader_curve"].path / "curve.json").read_text())
     losses = json.loads((done["reader"].path / "losses.json").read_text())
     n = len(curve[0]["per_question"]) if curve else 0
-    idx = E.bootstrap_indices(n, c.n_bootstrap, c.bootstrap_seed) if n else None
+    idx = bootstrap_indices(n, c.n_bootstrap, c.bootstrap_seed) if n else None
     lines = [f"Reader ({c.reader.fid.kind}) learning curve: held-out EM (%) on {n} dev-split questions whose flat "
              f"BM25 top {c.reader_search_k} holds an answer (reader input built like the training input), 95% "
              "bootstrap intervals", "", "| step | epoch | train loss (since previous) | held-out EM |", "|---|---|---|---|"]
@@ -57,7 +58,7 @@ def reader_curve_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, di
     for point in curve:
         window = losses[prev:point["step"]]
         loss = sum(window) / len(window) if window else float("nan")
-        em = E.interval(np.asarray(point["per_question"], float), idx)
+        em = interval(np.asarray(point["per_question"], float), idx)
         lines.append(f"| {point['step']} | {point['epoch']} | {loss:.3f} | {E.fmt(em)} |")
         rows.append({"step": point["step"], "epoch": point["epoch"], "train_loss": loss, "em": em})
         prev = point["step"]
@@ -80,10 +81,10 @@ def postranker_report(cfg: Any, done: dict[str, StageResult]) -> tuple[str, dict
     prows["FiD Eq. 3 post-ranking"] = E.per_question_passage_recall(cands, pks, pq, scores)
     t2, f2 = E.recall_table(f"Passage answer recall (%) over the same {c.candidates.n_units} units, {len(pq)} held-out "
                             "questions whose units hold an answer", prows,
-                            E.bootstrap_indices(len(pq), c.n_bootstrap, c.bootstrap_seed), baseline="pre-ranker passage order")
+                            bootstrap_indices(len(pq), c.n_bootstrap, c.bootstrap_seed), baseline="pre-ranker passage order")
     preds = READER_PREDICTIONS.read(done["reader_eval"].path)
     em = np.asarray(preds["exact_match"].to_pylist(), dtype=float)
-    em_ci = E.interval(em, E.bootstrap_indices(len(em), c.n_bootstrap, c.bootstrap_seed))
+    em_ci = interval(em, bootstrap_indices(len(em), c.n_bootstrap, c.bootstrap_seed))
     t3 = (f"Reader ({c.reader.fid.kind}) EM (%) on {len(em)} held-out questions whose reader input "
           f"(top {c.reader.n_passages} passages) holds an answer: {E.fmt(em_ci)}")
     return f"{t2}\n\n{t3}", {"postranker": f2, "postrank_digest": question_set_digest(pq), "reader_em": em_ci,

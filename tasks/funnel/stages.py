@@ -31,8 +31,10 @@ from data_contracts.funnel import (
     UNIT_POOL,
     UNITS,
 )
+from data_contracts.evaluation import QUESTION_SCORES
 from funnelrag.progress import Progress, progress
 from funnelrag.stages import stage
+from funnelrag.tracking import question_scores_table
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
@@ -45,6 +47,7 @@ from tasks.funnel.distill import (
     build_examples,
     prepare_for_distillation,
 )
+from tasks.funnel.experiment_eval import per_question_unit_recall
 from tasks.funnel.embeddings import embed_texts, model_version, open_embedding_index, passage_text, store_root
 from tasks.funnel.labels import LabelConfig, make_labels
 from tasks.funnel.reader import ReaderExample, load_reader, train_reader
@@ -303,13 +306,19 @@ def distill_setup(candidates_dir: Path, labels_dir: Path, preranker: PreRankerCo
     return model, tok, trainable, PairDataset(examples, cfg), hooks, report
 
 
-def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int],
-                       batch_size: int = 32, passages: pa.Table | None = None, device: str = "cpu") -> dict[int, float]:
-    """AR@k of the pre-ranking stage on the dev unit pool for a saved pre-ranker (or, with
-    ``preranker_dir=None``, the base one the pool was ranked with).
+def preranker_recall_per_question(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int], batch_size: int = 32,
+                                  passages: pa.Table | None = None, device: str = "cpu") -> dict[int, dict[str, float]]:
+    """Per dev question, whether the pre-ranking stage puts an answer unit among its top k:
+    ``{k: {question_id: 0.0 | 1.0}}`` for a saved pre-ranker (or, with ``preranker_dir=None``,
+    the base one the pool was ranked with); a question without pool rows is a miss.
 
     With ``passages`` (the corpus ``passages`` table) units are re-scored by MaxP over their
     passages, as a pool built with ``unit_scoring="maxp"`` was ranked; else from their text.
+
+    Raises
+    ------
+    ValueError
+        A cut-off is < 1.
     """
     pool = UNIT_POOL.read(dev_dir)
     questions = QUESTIONS.read(dev_dir)
@@ -318,20 +327,36 @@ def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[i
         model.to(device)
         passages_of = None if passages is None else unit_passages(passages, pool["unit_id"].to_pylist())
         pool = rerank_pool(pool, UNITS.read(dev_dir), questions, model, tok, batch_size, passages_of)
-    return answer_recall(pool, ks, questions["question_id"].to_pylist())
+    qids = questions["question_id"].to_pylist()
+    per_k = per_question_unit_recall(pool, ks, qids)                       # {k: (n_questions,) 0/1}
+    return {k: dict(zip(qids, v.tolist())) for k, v in per_k.items()}
 
 
-@stage("eval", version="1")
+def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int],
+                       batch_size: int = 32, passages: pa.Table | None = None, device: str = "cpu") -> dict[int, float]:
+    """AR@k of the pre-ranking stage on the dev unit pool: the means of
+    :func:`preranker_recall_per_question` (same arguments)."""
+    per_q = preranker_recall_per_question(dev_dir, preranker_dir, ks, batch_size, passages, device)
+    return {k: sum(v.values()) / len(v) if v else 0.0 for k, v in per_q.items()}
+
+
+@stage("eval", version="2")
 def run_eval(dev_dir: Path, distill_dir: Path, ks: Sequence[int], out_dir: Path,
              passages: pa.Table | None = None, device: str = "cpu") -> dict[str, Any]:
-    """Answer recall of the pre-ranking stage before (base) and after distillation → ``answer_recall``
-    (``passages``: MaxP re-ranking, :func:`evaluate_preranker`)."""
+    """Answer recall of the pre-ranking stage before (base) and after distillation → ``answer_recall``,
+    and per question → ``question_scores`` (metrics ``before_ar_at_<k>``, ``after_ar_at_<k>``)
+    (``passages``: MaxP re-ranking, :func:`preranker_recall_per_question`)."""
     t0 = time.perf_counter()
-    n = QUESTIONS.read(dev_dir).num_rows
-    rows = []
+    questions = QUESTIONS.read(dev_dir)
+    n = questions.num_rows
+    rows, scores = [], {}
     for name, directory in (("before", None), ("after", Path(distill_dir) / PRERANKER_DIR)):
-        for k, v in evaluate_preranker(dev_dir, directory, ks, passages=passages, device=device).items():
-            rows.append({"model": name, "k": k, "answer_recall": v, "n_questions": n})
+        per_q = preranker_recall_per_question(dev_dir, directory, ks, passages=passages, device=device)
+        for k, hits in per_q.items():
+            scores[f"{name}_ar_at_{k}"] = hits
+            rows.append({"model": name, "k": k, "answer_recall": sum(hits.values()) / n if n else 0.0, "n_questions": n})
+    QUESTION_SCORES.write(question_scores_table(scores, dict(zip(questions["question_id"].to_pylist(),
+                                                                 questions["question"].to_pylist()))), out_dir)
     ANSWER_RECALL.write(pa.Table.from_pylist(rows, schema=ANSWER_RECALL.schema), out_dir)
     out: dict[str, Any] = {"questions": n, "seconds": time.perf_counter() - t0}
     for r in rows:
