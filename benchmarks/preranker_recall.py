@@ -54,7 +54,7 @@ def main() -> None:
     index = find_embedding_index(ws.home / "stores", "wikispeedia", digest, model)
     if index is None:
         enc = model.encoder
-        index = LazyEmbeddingIndex.open(lazy_root(ws.cache_dir, digest, version), corpus.passages, digest, version,
+        index = LazyEmbeddingIndex.open(lazy_root(ws.cache_dir, version), corpus.passages, digest, version,
                                         enc.backbone.config.hidden_size, enc.cfg.max_length)
     clusters, bm25 = corpus.cluster_index(), PassageBM25(corpus.passage_index(), index.passage_ids)
     fused = FusionConfig(args.fusion, args.bm25_weight)

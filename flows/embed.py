@@ -21,12 +21,14 @@ from prefect.artifacts import create_markdown_artifact
 from flows.run_report import completed, embed_markdown, embed_message, name_run, run_name
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config
 from funnelrag.device import resolve_device
+from funnelrag.launch import TrainingSection
 from funnelrag.registry import missing_alias
 from funnelrag.threads import torch_threads
 from funnelrag.tracking import configure, flow_run, log_metrics, run_link
 from funnelrag.workspace import Workspace
 from tasks.corpus.published import open_corpus
 from tasks.evaluate.models import load_preranker_ref
+from flows.launched.embed import embed_with_workers
 from tasks.funnel.embeddings import EmbeddingConfig, ensure_embedding_index
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,10 @@ class EmbedConfig(FlowConfig):
     torch_threads : intra-op threads (None: torch's default).
     device : ``auto`` (cuda if available) | ``cpu`` | ``cuda[:i]``: where the encoder runs (fp32;
         bf16 only after ``tasks/funnel/precision.py:bf16_topk_agreement`` says it keeps the top 10).
+    training : ``training.launch`` with ``kind: accelerate``: the passages the vector store lacks
+        are embedded data-parallel by the ranks of one ``accelerate launch`` (one per GPU, or
+        ``num_processes`` on CPU; :mod:`flows.launched.embed`), then joined into the index here;
+        ``in_process`` (default): embedded in this process.
     """
 
     corpus: str = "wikispeedia"
@@ -51,6 +57,7 @@ class EmbedConfig(FlowConfig):
     embedding: EmbeddingConfig = EmbeddingConfig()
     torch_threads: int | None = None
     device: str = "auto"
+    training: TrainingSection = TrainingSection()
     experiment: str = EXPERIMENT
 
 
@@ -64,8 +71,16 @@ def embed_task(cfg: EmbedConfig, ws, corpus, model, tok) -> dict:
             logger.info("embedded %d/%d passages", done, total)
             last[0] = time.perf_counter()
 
+    launch_cfg = cfg.training.launch
+    workers = None
+    if launch_cfg.kind == "accelerate":
+        def workers(texts, store):
+            return embed_with_workers(texts, model, tok, store, cfg.embedding, ws.cache_dir / "embed-launch",
+                                      launch_cfg, logger=logger)
     _, info = ensure_embedding_index(ws.home / "stores", ws.cache_dir, cfg.corpus, corpus_digest(corpus),
-                                     corpus.passages, model, tok, cfg.embedding, progress=progress)
+                                     corpus.passages, model, tok, cfg.embedding, progress=progress,
+                                     embed_missing=workers)
+    logger.info("passages: %s embedded, %s reused from earlier versions", info.get("embedded", 0), info.get("reused", 0))
     return info
 
 
@@ -103,7 +118,8 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
         info = embed_task(config, ws, corpus, model, tok)
         mlflow.log_params({**resolved.as_params("preranker"), "model_version": info["model_version"][:16]})
         mlflow.set_tags({"corpus_digest": corpus_digest(corpus), "embedding_version": info["version"]})
-        log_metrics({k: float(info[k]) for k in ("passages", "embedded", "reused", "seconds", "passages_per_s")
+        log_metrics({k: float(info[k]) for k in ("passages", "embedded", "reused", "discarded_segments", "seconds",
+                                                  "passages_per_s")
                      if k in info} | {"cache_hit": float(info["cache_hit"])})
         create_markdown_artifact(
             key=f"embed-corpus-{config.corpus}".lower().replace("_", "-"), description="embed-corpus: passages embedded and reused",

@@ -234,7 +234,7 @@ def embeddings_task(cfg: EvaluateConfig, ws, corpus, preranker) -> tuple[Any, di
             raise
     version = model_version(preranker.model)
     enc = preranker.model.encoder
-    index = LazyEmbeddingIndex.open(lazy_root(ws.cache_dir, digest, version), corpus.passages, digest, version,
+    index = LazyEmbeddingIndex.open(lazy_root(ws.cache_dir, version), corpus.passages, digest, version,
                                     enc.backbone.config.hidden_size, enc.cfg.max_length)
     return index, {"lazy": True, "model_version": version, "filled_before": index.n_filled, "fill_seconds": 0.0}
 

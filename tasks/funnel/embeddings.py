@@ -14,8 +14,12 @@ Layout (``home/stores/embeddings/<corpus>/<model version[:16]>/``, an
 :class:`funnelrag.store.ArtifactStore`): ``versions/<id>/passage_embeddings.parquet``
 (:data:`data_contracts.embeddings.PASSAGE_EMBEDDINGS`) and ``manifest.json`` with
 ``corpus_digest``, ``model_version``, ``dim``, ``max_length``, ``text`` and the file hashes;
-``current`` names the published version. Embedding runs in shards cached under
-``home/cache/embed/<key>/`` so that a killed nightly run resumes where it stopped.
+``current`` names the published version.
+
+Incremental: every vector is also kept by the content of the text it encodes
+(:mod:`tasks.funnel.vector_store`, ``home/cache/embed-vectors/``), so a new corpus version embeds
+only its new and edited passages, a killed run resumes from the chunks it finished, and workers
+embedding parts of a corpus (``rank``/``world`` of :func:`embed_passages`) meet in the same store.
 """
 from __future__ import annotations
 
@@ -33,13 +37,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from data_contracts.base import atomic_write, sha256_file
+from data_contracts.base import sha256_file
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
 from funnelrag.progress import Progress
-from funnelrag.stages import stage, stage_of
+from funnelrag.stages import stage
 from funnelrag.store import ArtifactStore
-from models.encoders import encode_texts
+from models.encoders import BATCH_TOKENS, encode_texts
 from models.preranker import require_finite
+from tasks.funnel.vector_store import VectorStore, text_keys, vector_store_root
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +60,12 @@ class EmbeddingIndexMismatch(ValueError):
 class EmbeddingConfig:
     """Embedding stage settings.
 
-    batch_size : passages per forward pass.
-    shard_rows : passages per resumable shard (each shard is cached on its own).
+    batch_size : passages per forward pass, at most.
+    batch_tokens : padded tokens (rows x longest) per forward pass, at most: batches are cut by
+        tokens over length-sorted passages (:func:`models.encoders.token_batches`); a GPU takes
+        far larger ones than a CPU.
+    shard_rows : passages per chunk written to the vector store as it is embedded (what a killed
+        run keeps).
     layout : ``parquet`` (the ``passage_embeddings`` table, read into memory) or ``mapped``
         (:class:`MappedEmbeddingIndex`: read through memory maps, for corpora of millions of
         passages).
@@ -64,12 +73,13 @@ class EmbeddingConfig:
     """
 
     batch_size: int = 64
+    batch_tokens: int = BATCH_TOKENS
     shard_rows: int = 4096
     layout: str = "parquet"
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.shard_rows < 1:
+        if self.batch_size < 1 or self.shard_rows < 1 or self.batch_tokens < 1:
             raise ValueError(f"EmbeddingConfig sizes must be >= 1, got {self}")
         if self.layout not in ("parquet", "mapped") or self.dtype not in ("float32", "float16"):
             raise ValueError(f"EmbeddingConfig: layout must be parquet | mapped and dtype float32 | float16, got {self}")
@@ -110,11 +120,13 @@ def model_version(model) -> str:
     return h.hexdigest()
 
 
-def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64, bar=None) -> np.ndarray:
+def embed_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 64, bar=None,
+                batch_tokens: int = BATCH_TOKENS) -> np.ndarray:
     """L2-normalised document-tower embeddings ``E_d(d)`` of a bi-encoder pre-ranker, float32
     ``(len(texts), dim)``: what the embedding index stores (``bar``: optional
-    :class:`funnelrag.progress.Progress` counting the texts)."""
-    return encode_texts(model.encoder, tokenizer, texts, batch_size, bar)
+    :class:`funnelrag.progress.Progress` counting the texts; ``batch_size`` rows and
+    ``batch_tokens`` padded tokens a forward pass at most)."""
+    return encode_texts(model.encoder, tokenizer, texts, batch_size, bar, batch_tokens)
 
 
 def embed_queries(model, tokenizer, questions: Sequence[str], batch_size: int = 64) -> np.ndarray:
@@ -130,53 +142,70 @@ def embed_queries(model, tokenizer, questions: Sequence[str], batch_size: int = 
 
 
 def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(),
-                   shard_dir: Path | None = None, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """Embed passages shard by shard; finished shards are reused from ``shard_dir``.
+                   store: VectorStore | None = None, progress: Callable[[int, int], None] | None = None,
+                   rank: int = 0, world: int = 1) -> tuple[np.ndarray | None, dict]:
+    """Embed passages, reusing every vector ``store`` holds for the same text.
+
+    Each distinct text is embedded once; texts the store holds (from any earlier corpus version:
+    the key is the text's content, not its passage id) are read back, the rest embedded
+    ``cfg.shard_rows`` at a time and written to the store as each chunk arrives (a killed run
+    keeps its finished chunks).
 
     Parameters
     ----------
     texts : passage texts (:func:`passage_texts`), corpus order.
     model, tokenizer : the bi-encoder pre-ranker (:class:`models.preranker.BiEncoderPreRanker`).
     cfg : EmbeddingConfig
-    shard_dir : where shard ``i`` is kept as ``shard-{i:05d}.npy`` (written atomically); the
-        caller keys it by corpus digest, model version and shard size. None: no resume.
-    progress : ``progress(done, total)`` after each shard.
+    store : the content-keyed vectors of this model version
+        (:class:`tasks.funnel.vector_store.VectorStore`); None: embed everything, keep nothing.
+    progress : ``progress(done, total)`` after each chunk (texts to embed).
+    rank, world : this worker's share of the texts to embed (data-parallel embedding: worker
+        ``rank`` of ``world`` embeds the ``rank``-th of ``world`` contiguous parts of the missing
+        texts into ``store`` and returns ``None`` vectors when ``world > 1``; the index step then
+        joins the workers' segments by calling this again with ``world = 1``).
 
     Returns
     -------
-    np.ndarray
-        float32 ``(len(texts), dim)``, rows L2-normalised, in input order.
+    (vectors, info)
+        ``vectors``: float32 ``(len(texts), dim)``, rows L2-normalised, input order (None for a
+        worker of ``world > 1``). ``info``: ``embedded`` (texts encoded by this call),
+        ``reused`` (passages whose vector came from the store), ``discarded_segments``.
+
+    Raises
+    ------
+    ValueError
+        ``world > 1`` without a store, or ``rank`` outside ``[0, world)``.
     """
-    n = len(texts)
-    with Progress("embed passages", total=n, unit="passages") as bar:
-        shards = _embed_shards(texts, model, tokenizer, cfg, shard_dir, progress, bar)
-    if not shards:
-        dim = model.encoder.backbone.config.hidden_size
-        return np.zeros((0, dim), np.float32)
-    return np.concatenate(shards).astype(np.float32, copy=False)
-
-
-def _embed_shards(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig, shard_dir: Path | None,
-                  progress: Callable[[int, int], None] | None, bar: Progress) -> list[np.ndarray]:
-    """The shards of :func:`embed_passages` (cached ones loaded), each ``(shard, dim)``."""
-    n, shards = len(texts), []
-    for i, start in enumerate(range(0, n, cfg.shard_rows)):
-        path = None if shard_dir is None else Path(shard_dir) / f"shard-{i:05d}.npy"
-        part = texts[start:start + cfg.shard_rows]
-        if path is not None and path.exists():
-            emb = np.load(path)
-            if emb.shape[0] != len(part):
-                raise ValueError(f"{path}: {emb.shape[0]} rows cached for a shard of {len(part)} passages")
-            bar.update(len(part), cached_shards=bar.postfix.get("cached_shards", 0) + 1)
-        else:
-            emb = embed_texts(model, tokenizer, part, cfg.batch_size, bar)            # (shard, dim)
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(path, lambda p, e=emb: np.save(open(p, "wb"), e))
-        shards.append(emb)
-        if progress is not None:
-            progress(min(start + cfg.shard_rows, n), n)
-    return shards
+    if world > 1 and store is None or not 0 <= rank < world:
+        raise ValueError(f"embed_passages: rank {rank} of {world} workers (a store is needed for world > 1)")
+    dim = model.encoder.backbone.config.hidden_size
+    keys = text_keys(texts)                                                        # (n, 16)
+    ukeys, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if store is None:
+        found, uvec = np.zeros(len(ukeys), bool), np.zeros((len(ukeys), dim), np.float32)
+    else:
+        got = store.lookup(ukeys)
+        found, uvec = got.found, got.vectors
+    todo = np.flatnonzero(~found)
+    todo = todo[np.argsort(first[todo], kind="stable")]                            # corpus order of first use
+    mine = np.array_split(todo, world)[rank]
+    with Progress("embed passages", total=len(mine), unit="passages") as bar:
+        bar.update(0, reused=int(found[inverse].sum()))
+        for start in range(0, len(mine), cfg.shard_rows):
+            part = mine[start:start + cfg.shard_rows]
+            emb = embed_texts(model, tokenizer, [texts[int(first[u])] for u in part], cfg.batch_size, bar,
+                              cfg.batch_tokens)
+            if store is not None:
+                store.add(ukeys[part], emb)
+            uvec[part] = emb                                                       # (chunk, dim)
+            if progress is not None:
+                progress(min(start + cfg.shard_rows, len(mine)), len(mine))
+    info = {"embedded": int(len(mine)), "reused": int(found[inverse].sum()),
+            "discarded_segments": 0 if store is None else len(store.discarded)}
+    if world > 1:
+        return None, info
+    return uvec[inverse].astype(np.float32, copy=False), info
 
 
 @dataclass
@@ -276,24 +305,25 @@ class EmbeddingIndex:
                    flat.reshape(n, dim).astype(np.float32, copy=False), dict(meta))
 
 
-@stage("passage-embeddings", version="1")
+@stage("passage-embeddings", version="2")
 def build_embedding_index(passages: pa.Table, model, tokenizer, corpus_digest: str,
-                          cfg: EmbeddingConfig = EmbeddingConfig(), shard_dir: Path | None = None,
+                          cfg: EmbeddingConfig = EmbeddingConfig(), store: VectorStore | None = None,
                           progress: Callable[[int, int], None] | None = None) -> tuple[EmbeddingIndex, dict]:
-    """Embed every passage of a published corpus with a bi-encoder pre-ranker (the stage core).
+    """Embed every passage of a published corpus with a bi-encoder pre-ranker (the stage core),
+    reusing the vectors ``store`` holds for unchanged texts.
 
     Parameters
     ----------
     passages : the corpus ``passages`` table (passage_id, unit_id, cluster_id, title, text).
     model, tokenizer : bi-encoder pre-ranker and its tokenizer.
     corpus_digest : the corpus content digest (manifest ``content_digest``).
-    cfg, shard_dir, progress : see :func:`embed_passages`.
+    cfg, store, progress : see :func:`embed_passages`.
 
     Returns
     -------
     (EmbeddingIndex, info)
-        ``info`` = ``{"passages", "seconds", "passages_per_s"}`` (seconds of this call; shards
-        reused from ``shard_dir`` make it shorter).
+        ``info`` = ``{"passages", "embedded", "reused", "discarded_segments", "seconds",
+        "passages_per_s"}`` (``passages_per_s``: texts embedded per second of this call).
 
     Raises
     ------
@@ -302,20 +332,21 @@ def build_embedding_index(passages: pa.Table, model, tokenizer, corpus_digest: s
     """
     version = model_version(model)
     t0 = time.perf_counter()
-    vectors = embed_passages(passage_texts(passages), model, tokenizer, cfg, shard_dir, progress)   # (n, dim)
+    vectors, info = embed_passages(passage_texts(passages), model, tokenizer, cfg, store, progress)   # (n, dim)
     seconds = time.perf_counter() - t0
     meta = {"corpus_digest": corpus_digest, "model_version": version, "dim": int(vectors.shape[1]),
             "max_length": int(model.encoder.cfg.max_length), "text": TEXT_FORMAT}
     index = EmbeddingIndex(passages["passage_id"].to_pylist(), passages["unit_id"].to_pylist(),
                            passages["cluster_id"].to_numpy(), vectors, meta)
-    return index, {"passages": len(index), "seconds": seconds, "passages_per_s": len(index) / max(seconds, 1e-9)}
+    return index, {"passages": len(index), **info, "seconds": seconds,
+                   "passages_per_s": info["embedded"] / max(seconds, 1e-9)}
 
 
 # ---------------------------------------------------------------------------- store
-def shard_key(corpus_digest: str, version: str, cfg: EmbeddingConfig) -> str:
-    """Cache key of the shards of one (corpus, model, shard size) embedding run."""
-    return stage_of(build_embedding_index).key({"shard_rows": cfg.shard_rows, "text": TEXT_FORMAT},
-                                               {"corpus": corpus_digest, "model": version})
+def passage_vector_store(cache_dir: Path, model) -> VectorStore:
+    """The content-keyed vector store of ``model``'s document tower under ``cache_dir``
+    (:func:`tasks.funnel.vector_store.vector_store_root`)."""
+    return VectorStore(vector_store_root(cache_dir, model_version(model)), model.encoder.backbone.config.hidden_size)
 
 
 def store_root(stores_dir: Path, corpus: str, version: str) -> Path:
@@ -390,7 +421,9 @@ def find_embedding_index(stores_dir: Path, corpus: str, corpus_digest: str, mode
 
 def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpus_digest: str, passages: pa.Table,
                            model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(), build: bool = True,
-                           progress: Callable[[int, int], None] | None = None) -> tuple[EmbeddingIndex, dict]:
+                           progress: Callable[[int, int], None] | None = None,
+                           embed_missing: Callable[[list[str], VectorStore], dict] | None = None,
+                           ) -> tuple[EmbeddingIndex, dict]:
     """The published index of (corpus digest, model version), embedding and publishing it first
     when there is none (the stage the ``embed-corpus`` flow and the nightly build run).
 
@@ -401,6 +434,10 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
     corpus_digest, passages : the published corpus version's content digest and passages.
     model, tokenizer : the bi-encoder pre-ranker.
     build : False: never embed (raise instead when no matching index is published).
+    embed_missing : ``embed_missing(texts, store) -> figures``, called before the index is built
+        when one must be: fills ``store`` with the vectors it lacks elsewhere (the ``embed-corpus``
+        flow's data-parallel workers, :func:`flows.launched.embed.embed_with_workers`); the index
+        step then joins what the workers wrote. Its figures go to ``info["workers"]``.
 
     Returns
     -------
@@ -422,8 +459,11 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
     except (FileNotFoundError, EmbeddingIndexMismatch):
         if not build:
             raise
-    shards = Path(cache_dir) / "embed" / shard_key(corpus_digest, version, cfg)
-    index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, shards, progress)
+    store = passage_vector_store(cache_dir, model)
+    workers = None if embed_missing is None else embed_missing(passage_texts(passages), store)
+    index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, store, progress)
+    if workers is not None:
+        info = {**info, "workers": workers, "embedded": info["embedded"] + int(workers.get("embedded_total", 0))}
     if cfg.layout == MAPPED_LAYOUT:
         path = publish_mapped_embedding_index(root, index.passage_ids, index.unit_ids, index.cluster_ids,
                                               lambda rows: index.vectors[rows],
@@ -431,7 +471,7 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
         index = open_embedding_index(root, corpus_digest, version)
     else:
         path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
-    shutil.rmtree(shards, ignore_errors=True)
+    store.compact()
     return index, {"cache_hit": False, "model_version": version, "store": str(root), "version": path.name, **info}
 
 

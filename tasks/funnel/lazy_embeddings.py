@@ -1,38 +1,35 @@
-"""A lazily filled, persisted embedding index: passages are embedded on first use and kept.
+"""A lazily filled embedding index: passages are embedded on first use and kept by content.
 
 The full index (:mod:`tasks.funnel.embeddings`, embedded by the nightly ``embed-corpus`` flow)
 costs hours of CPU for the 146K Wikispeedia passages; the demo and CPU-sized evaluations only
-touch the passages of the clusters their questions retrieve. This cache holds a
-``(n_passages, dim)`` float32 matrix (a memory-mapped ``.npy``) in corpus passage order and a
-``filled`` mask; :meth:`LazyEmbeddingIndex.ensure` embeds the missing rows with the same text
-and model as the full index, so a filled row equals the full index's row (same function, same
-weights). Keyed like the full index by (corpus content digest, model version):
-``home/cache/embed-lazy/<corpus digest[:16]>-<model version[:16]>/``.
+touch the passages of the clusters their questions retrieve. This index holds a
+``(n_passages, dim)`` float32 matrix in corpus passage order and a ``filled`` mask;
+:meth:`LazyEmbeddingIndex.ensure` fills the missing rows from the content-keyed vector store
+(:mod:`tasks.funnel.vector_store`, verified on read) and embeds only the texts it does not
+hold, with the same text and model as the full index, writing them to the store. The store is
+the model version's one store (``home/cache/embed-vectors/<key>/``), shared with
+``embed-corpus`` and with every corpus version: a passage embedded for an earlier corpus, or by
+the full index, is never embedded again.
 
-Crash safety: vectors are flushed before the mask is replaced (written to a temporary file and
-renamed), so a killed run leaves rows either filled and correct or marked missing.
+Crash safety: the store's segments are written atomically (their JSON last), so a killed run
+keeps the chunks it finished and nothing half-written is read.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from data_contracts.base import atomic_write
 from funnelrag.progress import Progress
-from tasks.funnel.embeddings import TEXT_FORMAT, EmbeddingIndex, EmbeddingIndexMismatch, embed_texts, passage_text
-
-VECTORS_FILE = "vectors.float32.npy"
-FILLED_FILE = "filled.bool.npy"
-PARAMS_FILE = "params.embedding.json"
+from tasks.funnel.embeddings import TEXT_FORMAT, EmbeddingIndex, embed_texts, passage_text
+from tasks.funnel.vector_store import VectorStore, text_keys, vector_store_root
 
 
-def lazy_root(cache_dir: Path, corpus_digest: str, version: str) -> Path:
-    """Directory of the lazily filled index of one (corpus, model version)."""
-    return Path(cache_dir) / "embed-lazy" / f"{corpus_digest[:16]}-{version[:16]}"
+def lazy_root(cache_dir: Path, version: str) -> Path:
+    """The vector store a lazily filled index of this model version reads and fills."""
+    return vector_store_root(cache_dir, version)
 
 
 class LazyEmbeddingIndex(EmbeddingIndex):
@@ -48,36 +45,27 @@ class LazyEmbeddingIndex(EmbeddingIndex):
     @classmethod
     def open(cls, root: Path, passages: pa.Table, corpus_digest: str, version: str, dim: int,
              max_length: int) -> "LazyEmbeddingIndex":
-        """Create (zero rows, nothing filled) or reopen the cache at ``root``.
+        """A lazily filled index over ``passages``, its rows filled from the vector store at
+        ``root`` (:func:`lazy_root`) wherever the store holds the passage's text.
 
-        Raises
-        ------
-        EmbeddingIndexMismatch
-            ``root`` holds a cache of another corpus digest, model version or passage count.
+        Parameters
+        ----------
+        root : the model version's vector store.
+        passages : the corpus ``passages`` table.
+        corpus_digest, version : the corpus content digest and model version (index meta).
+        dim, max_length : the encoder's width and input length.
         """
-        root = Path(root)
         meta = {"corpus_digest": corpus_digest, "model_version": version, "dim": int(dim),
                 "max_length": int(max_length), "text": TEXT_FORMAT, "passages": passages.num_rows}
-        params = root / PARAMS_FILE
-        if params.exists():
-            found = json.loads(params.read_text())
-            if found != meta:
-                diff = {k: (found.get(k), v) for k, v in meta.items() if found.get(k) != v}
-                raise EmbeddingIndexMismatch(f"lazy embedding cache {root} differs in {diff}")
-        else:
-            root.mkdir(parents=True, exist_ok=True)
-            vec = np.lib.format.open_memmap(root / VECTORS_FILE, mode="w+", dtype=np.float32,
-                                            shape=(passages.num_rows, int(dim)))
-            vec.flush()
-            del vec
-            atomic_write(root / FILLED_FILE, lambda p: np.save(open(p, "wb"), np.zeros(passages.num_rows, bool)))
-            atomic_write(params, lambda p: p.write_text(json.dumps(meta, sort_keys=True, indent=1) + "\n"))
-        vectors = np.load(root / VECTORS_FILE, mmap_mode="r+")
         index = cls(passages["passage_id"].to_pylist(), passages["unit_id"].to_pylist(),
-                    passages["cluster_id"].to_numpy(), vectors, meta)
-        index.root = root
-        index.filled = np.load(root / FILLED_FILE)
+                    passages["cluster_id"].to_numpy(), np.zeros((passages.num_rows, int(dim)), np.float32), meta)
+        index.store = VectorStore(root, int(dim))
         index._titles, index._texts = passages["title"], passages["text"]
+        index._keys = text_keys([passage_text(t, x) for t, x in zip(index._titles.to_pylist(),
+                                                                   index._texts.to_pylist())])   # (n, 16)
+        got = index.store.lookup(index._keys)
+        index.vectors[got.found] = got.vectors[got.found]
+        index.filled = got.found
         return index
 
     @property
@@ -85,24 +73,32 @@ class LazyEmbeddingIndex(EmbeddingIndex):
         return int(self.filled.sum())
 
     def ensure(self, rows: Sequence[int] | np.ndarray, model, tokenizer, batch_size: int = 64) -> int:
-        """Embed the rows of ``rows`` not filled yet, persist them, and return how many.
+        """Fill the rows of ``rows`` not filled yet (from the store, else by embedding their
+        texts, each distinct text once, and adding them to the store); return how many texts
+        were embedded.
 
         Parameters
         ----------
         rows : passage rows (corpus order) about to be read.
-        model, tokenizer : the bi-encoder pre-ranker of this cache's model version.
+        model, tokenizer : the bi-encoder pre-ranker of this index's model version.
         """
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         missing = rows[~self.filled[rows]]
         if not missing.size:
             return 0
-        take = pa.array(missing)
+        got = self.store.lookup(self._keys[missing])                         # written since open
+        self.vectors[missing[got.found]] = got.vectors[got.found]
+        self.filled[missing[got.found]] = True
+        missing = missing[~got.found]
+        if not missing.size:
+            return 0
+        ukeys, first, inverse = np.unique(self._keys[missing], axis=0, return_index=True, return_inverse=True)
+        take = pa.array(missing[first])
         texts = [passage_text(t, x) for t, x in zip(self._titles.take(take).to_pylist(),
                                                    self._texts.take(take).to_pylist())]
         with Progress("embed passages (lazily filled index)", total=len(texts), unit="passages") as bar:
-            self.vectors[missing] = embed_texts(model, tokenizer, texts, batch_size, bar)   # (n_missing, dim)
-        self.vectors.flush()
+            emb = embed_texts(model, tokenizer, texts, batch_size, bar)           # (n_texts, dim)
+        self.store.add(ukeys, emb)
+        self.vectors[missing] = emb[inverse.reshape(-1)]
         self.filled[missing] = True
-        filled = self.filled.copy()
-        atomic_write(self.root / FILLED_FILE, lambda p: np.save(open(p, "wb"), filled))
-        return int(missing.size)
+        return int(len(texts))

@@ -1,0 +1,202 @@
+"""The content-keyed passage vector store: reuse across corpus versions, verification on read,
+and embedding only what changed (real MiniLM over real oracle passages)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tasks.funnel.vector_store import VectorStore, text_keys
+
+DIM = 8
+
+
+def _unit_rows(n: int, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_vectors_are_found_by_text_content_whatever_the_order(tmp_path):
+    texts = [f"passage {i}" for i in range(50)]
+    vectors = _unit_rows(50, 0)
+    store = VectorStore(tmp_path / "s", DIM)
+    store.add(text_keys(texts[:30]), vectors[:30])
+    store.add(text_keys(texts[30:]), vectors[30:])
+    again = VectorStore(tmp_path / "s", DIM)                      # a later process reads both segments
+    order = np.random.default_rng(1).permutation(60)
+    asked = [texts[i] if i < 50 else f"new text {i}" for i in order]
+    got = again.lookup(text_keys(asked))
+    assert got.found.tolist() == [i < 50 for i in order]
+    np.testing.assert_array_equal(got.vectors[got.found], vectors[order[order < 50]])
+    assert not got.vectors[~got.found].any() and len(again) == 50
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+@pytest.mark.parametrize("part", ["vectors", "keys"])
+def test_a_damaged_segment_is_discarded_and_named(tmp_path, caplog, damage, part):
+    texts = [f"t{i}" for i in range(20)]
+    store = VectorStore(tmp_path / "s", DIM)
+    store.add(text_keys(texts[:10]), _unit_rows(10, 0))
+    bad = store.add(text_keys(texts[10:]), _unit_rows(10, 1))
+    path = bad.with_name(bad.name[:-len(".json")] + f".{part}.npy")
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":                                            # same size, one byte changed
+        raw[-3] ^= 0x01
+        path.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        path.write_bytes(bytes(raw[:len(raw) // 2]))
+    else:
+        path.unlink()
+    with caplog.at_level(logging.WARNING, logger="tasks.funnel.vector_store"):
+        got = VectorStore(tmp_path / "s", DIM).lookup(text_keys(texts))
+    assert got.found.tolist() == [True] * 10 + [False] * 10         # the damaged rows are embedded again
+    assert str(bad) in caplog.text and not bad.exists()
+
+
+def test_a_segment_without_its_json_was_never_finished(tmp_path):
+    store = VectorStore(tmp_path / "s", DIM)
+    meta = store.add(text_keys(["a", "b"]), _unit_rows(2, 0))
+    meta.unlink()                                                   # killed before the JSON was written
+    assert not VectorStore(tmp_path / "s", DIM).lookup(text_keys(["a", "b"])).found.any()
+
+
+def test_non_finite_vectors_and_bad_shapes_are_refused(tmp_path):
+    store = VectorStore(tmp_path / "s", DIM)
+    nan = _unit_rows(2, 0)
+    nan[1, 3] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        store.add(text_keys(["a", "b"]), nan)
+    with pytest.raises(ValueError, match="dim"):
+        store.add(text_keys(["a"]), np.zeros((1, DIM + 1), np.float32))
+
+
+def test_compaction_keeps_every_vector_once(tmp_path):
+    store = VectorStore(tmp_path / "s", DIM)
+    vectors = _unit_rows(12, 0)
+    for i in range(12):
+        store.add(text_keys([f"t{i}"]), vectors[i:i + 1])
+    store.add(text_keys(["t0"]), vectors[:1])                       # a duplicate
+    assert not store.compact(max_segments=20) and store.compact(max_segments=4)
+    assert len(store.segments()) == 1
+    again = VectorStore(tmp_path / "s", DIM)
+    assert len(again) == 12
+    np.testing.assert_array_equal(again.lookup(text_keys([f"t{i}" for i in range(12)])).vectors, vectors)
+
+
+# ---------------------------------------------------------------------------- real MiniLM
+@pytest.fixture(scope="module")
+def oracle_passages(data_mirror):
+    """60 real 100-word Wikipedia passages (NQ-open oracle) as a ``passages`` table."""
+    import gzip  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    with gzip.open(data_mirror / "nq-open" / "nq-open-oracle.jsonl.gz", "rt", encoding="utf-8") as fh:
+        ctxs = [json.loads(line)["ctxs"][0] for _, line in zip(range(60), fh)]
+    n = len(ctxs)
+    return pa.table({"passage_id": [f"p{i:04d}" for i in range(n)], "unit_id": [f"u{i // 3:04d}" for i in range(n)],
+                     "cluster_id": pa.array([i // 6 for i in range(n)], pa.int32()),
+                     "title": [c["title"] for c in ctxs], "text": [c["text"] for c in ctxs]})
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from models.preranker import PreRankerConfig, build_preranker  # noqa: PLC0415
+
+    return build_preranker(PreRankerConfig(kind="bi", max_length=128))
+
+
+def _next_version(passages: pa.Table) -> pa.Table:
+    """A small change: every id renamed (content ids are not relied on), two texts edited, one
+    passage removed, one new passage added."""
+    rows = passages.to_pylist()
+    rows[5]["text"] += " Edited tonight."
+    rows[17]["text"] = rows[17]["text"].replace(" the ", " a ", 1) + " (revised)"
+    del rows[40]
+    rows.append({"passage_id": "new", "unit_id": "u9999", "cluster_id": 99, "title": "Tonight",
+                 "text": "A page created on the day of the adds-changes dump, about embeddings."})
+    for i, r in enumerate(rows):
+        r["passage_id"] = f"v2-{i:04d}"
+    return pa.Table.from_pylist(rows, schema=passages.schema)
+
+
+@pytest.mark.slow  # the real MiniLM over 60 + 60 passages (~20 s beside other jobs)
+def test_a_new_corpus_version_embeds_only_new_and_changed_passages(tmp_path, oracle_passages, minilm,
+                                                                   one_torch_thread):
+    from tasks.funnel.embeddings import EmbeddingConfig, build_embedding_index, passage_vector_store  # noqa: PLC0415
+
+    model, tok = minilm
+    cfg = EmbeddingConfig(batch_size=16, shard_rows=25)
+    first, info1 = build_embedding_index(oracle_passages, model, tok, "digest-1", cfg, passage_vector_store(tmp_path, model))
+    assert (info1["embedded"], info1["reused"]) == (60, 0)
+    changed = _next_version(oracle_passages)
+    store = passage_vector_store(tmp_path, model)
+    second, info2 = build_embedding_index(changed, model, tok, "digest-2", cfg, store)
+    assert (info2["embedded"], info2["reused"], info2["discarded_segments"]) == (3, 57, 0)   # 2 edited + 1 new
+    fresh, info3 = build_embedding_index(changed, model, tok, "digest-2", cfg, None)          # a full re-embedding
+    assert info3["embedded"] == 60
+    assert float(np.abs(second.vectors - fresh.vectors).max()) <= 1e-6
+    assert second.passage_ids == changed["passage_id"].to_pylist()
+
+
+@pytest.mark.slow  # the real MiniLM over 60 passages
+def test_a_damaged_store_segment_is_embedded_again(tmp_path, oracle_passages, minilm, one_torch_thread):
+    from tasks.funnel.embeddings import EmbeddingConfig, build_embedding_index, passage_vector_store  # noqa: PLC0415
+
+    model, tok = minilm
+    cfg = EmbeddingConfig(batch_size=16, shard_rows=25)                   # segments of 25, 25 and 10 texts
+    clean, _ = build_embedding_index(oracle_passages, model, tok, "d", cfg, passage_vector_store(tmp_path, model))
+    store = passage_vector_store(tmp_path, model)
+    victim = sorted(store.segments(), key=lambda p: p.stat().st_size)[0]
+    vec = victim.with_name(victim.name[:-len(".json")] + ".vectors.npy")
+    raw = bytearray(vec.read_bytes())
+    raw[200] ^= 0x40
+    vec.write_bytes(bytes(raw))
+    again, info = build_embedding_index(oracle_passages, model, tok, "d", cfg, store)
+    assert info["discarded_segments"] == 1 and info["embedded"] in (10, 25) and info["reused"] == 60 - info["embedded"]
+    assert float(np.abs(again.vectors - clean.vectors).max()) <= 1e-6
+
+
+@pytest.mark.slow  # the real MiniLM over 60 passages
+def test_the_lazy_index_reuses_vectors_of_an_earlier_corpus_version(tmp_path, oracle_passages, minilm,
+                                                                    one_torch_thread):
+    from tasks.funnel.embeddings import EmbeddingConfig, build_embedding_index, model_version  # noqa: PLC0415
+    from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex, lazy_root  # noqa: PLC0415
+
+    model, tok = minilm
+    version = model_version(model)
+    lazy = LazyEmbeddingIndex.open(lazy_root(tmp_path, version), oracle_passages, "digest-1", version, 384, 128)
+    assert lazy.ensure(np.arange(30), model, tok) == 30 and lazy.ensure(np.arange(30), model, tok) == 0
+    changed = _next_version(oracle_passages)                              # rows 0..29 keep their texts but 5, 17
+    lazy2 = LazyEmbeddingIndex.open(lazy_root(tmp_path, version), changed, "digest-2", version, 384, 128)
+    assert lazy2.n_filled == 28 and not lazy2.filled[[5, 17]].any()
+    assert lazy2.ensure(np.arange(30), model, tok) == 2
+    full, _ = build_embedding_index(changed, model, tok, "digest-2", EmbeddingConfig(batch_size=16), None)
+    assert float(np.abs(lazy2.vectors[:30] - full.vectors[:30]).max()) <= 1e-6
+
+
+@pytest.mark.slow  # two ranks under accelerate launch, each loading MiniLM (~1 min beside other jobs)
+def test_two_worker_processes_embed_shards_that_join_to_the_single_process_index(tmp_path, oracle_passages, minilm,
+                                                                                  one_torch_thread):
+    from flows.launched.embed import embed_with_workers  # noqa: PLC0415
+    from funnelrag.launch import LaunchConfig  # noqa: PLC0415
+    from tasks.funnel.embeddings import (  # noqa: PLC0415
+        EmbeddingConfig,
+        build_embedding_index,
+        passage_texts,
+        passage_vector_store,
+    )
+
+    model, tok = minilm
+    cfg = EmbeddingConfig(batch_size=16, shard_rows=20)
+    store = passage_vector_store(tmp_path / "cache", model)
+    launch_cfg = LaunchConfig(kind="accelerate", config="infra/accelerate/cpu_2proc.yaml", num_processes=2, cpu=True,
+                              timeout_s=600)
+    res = embed_with_workers(passage_texts(oracle_passages), model, tok, store, cfg, tmp_path / "launch", launch_cfg)
+    assert res["world_size"] == 2 and res["embedded_total"] == 60 and res["embedded"] == 30   # rank 0's half
+    assert len(store.segments()) == 4                                     # two chunks of 20 + 10 from each rank
+    joined, info = build_embedding_index(oracle_passages, model, tok, "d", cfg, store)
+    assert (info["embedded"], info["reused"]) == (0, 60)
+    single, _ = build_embedding_index(oracle_passages, model, tok, "d", cfg, None)
+    assert float(np.abs(joined.vectors - single.vectors).max()) <= 1e-6
