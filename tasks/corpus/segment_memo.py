@@ -5,7 +5,9 @@ Why: Algorithm 1 reruns every night and the document ids shift with every new ti
 cluster id nor a shard of clusters repeats after an adds-changes day; but most clusters hold the
 same articles, in the same order, with the same texts. Cutting them into ~100-word passages and
 ~1K-token units (:func:`tasks.corpus.segment.segment_cluster`) is then the same work for the same
-result, up to the ids. This memo keeps each cluster's rows *without* ids:
+result, up to the cluster and document ids in its rows. The memo is keyed on texts, not titles
+(two clusters of the same texts under other titles share an entry), so it keeps each cluster's rows
+without the titles and the document part of their content ids:
 
 - a cluster's key (:func:`cluster_keys`) is the BLAKE2b-128 of its members' text keys (each
   the BLAKE2b-128 of a text, hashed once a shard) and window token counts, in cluster order (the
