@@ -1,10 +1,27 @@
 """Contracts of the corpus build (the nightly corpus build).
 
-Ids: ``doc_id`` is a dense int32 over kept articles (0..n-1, assigned in sorted title order so a
-rebuild of the same input gives the same ids); ``cluster_id`` is a dense int32 over clusters;
-document units and passages have string ids derived from their position
-(``c{cluster_id:07d}.u{k:03d}`` and ``c{cluster_id:07d}.u{k:03d}.p{j:03d}``), so the passages cut at
-query time ("later chunking") carry the same ids as the passage table built offline.
+Ids, and what each is stable across:
+
+- ``passage_id`` (string, ``{key}.p{w:03d}``) names window ``w`` of the article whose title has the
+  document key ``key`` (16 hex digits of BLAKE2b-64 of the UTF-8 title,
+  :func:`tasks.corpus.segment.document_key`). **Stable across builds and nights** for as long as the
+  article keeps its title and is cut with the same ``segment`` settings (``passage_words``): it does
+  not depend on the cluster, the unit, the document's rank or any other article. An edited article
+  keeps the ids of its windows (their texts may change: reuse keyed on a passage must also check
+  its text); a window past the end of a shortened article disappears.
+- ``unit_id`` (string, ``{key}.u{w:03d}``) names a unit by its first passage's article and window:
+  stable while Algorithm 1 and the packing start a unit at that window (a unit keeps its id when
+  its cluster's members before it are unchanged).
+- ``doc_id`` (int32) is the rank of the article in sorted titles (0..n-1): the same for the same
+  input, **not** stable across inputs (an added title shifts every later one). Join across
+  versions on ``title`` or on the passage and unit ids, never on ``doc_id``.
+- ``cluster_id`` (int32) is the cluster's rank in Algorithm 1's output: the same for the same
+  input and config, not stable across inputs.
+
+The passages cut at query time ("later chunking") carry the same ids as the passage table built
+offline. Ids do not sort in file order: ``passages.parquet`` and ``document_units.parquet`` are in
+(cluster, unit position, passage position) order; the row numbers of the index files
+(``index/*.bm25``, embeddings) are that file order.
 """
 from __future__ import annotations
 
@@ -96,22 +113,28 @@ def _positions_dense_per_cluster(table: pa.Table):
     return ("position", order[bad[:5]].tolist(), "positions of a cluster are not 0..n_members-1") if bad.size else None
 
 
-def _passage_id_extends_unit_id(table: pa.Table):
-    """passages: ``passage_id`` is ``{unit_id}.p{j:03d}``.
+PASSAGE_ID_PATTERN = r"^[0-9a-f]{16}\.p[0-9]{3,}$"
+UNIT_ID_PATTERN = r"^[0-9a-f]{16}\.u[0-9]{3,}$"
+"""Content ids (:func:`tasks.corpus.segment.passage_id`, :func:`tasks.corpus.segment.unit_id`): the
+document key (16 hex digits of BLAKE2b-64 of the article's title) and the window in the article."""
 
-    Compared in Arrow (no Python string a row) when every ``unit_id`` has the same length, as
-    the ids of a build do (``c{cluster_id:07d}.u{k:03d}``); row by row otherwise."""
+
+def _ids_match(table: pa.Table, column: str, pattern: str):
+    """The rows whose ``column`` does not match ``pattern`` (Arrow's regex kernel, no Python string a row)."""
     if not table.num_rows:
         return None
-    pid, uid = table.column("passage_id"), table.column("unit_id")
-    prefix = pc.binary_join_element_wise(uid, pa.scalar(".p"), "")
-    width = pc.min_max(pc.binary_length(prefix)).as_py()
-    if width["min"] == width["max"]:
-        head = pc.binary_slice(pid.cast(pa.binary()), 0, width["max"])
-        bad = pc.indices_nonzero(pc.invert(pc.equal(head, prefix.cast(pa.binary())))).to_pylist()
-    else:
-        bad = [i for i, (p, u) in enumerate(zip(pid.to_pylist(), uid.to_pylist())) if not p.startswith(u + ".p")]
-    return ("passage_id", bad[:5], "passage_id does not extend its unit_id") if bad else None
+    bad = pc.indices_nonzero(pc.invert(pc.match_substring_regex(table.column(column), pattern))).to_pylist()
+    return (column, bad[:5], f"{column} is not a content id ({pattern})") if bad else None
+
+
+def _unit_ids_are_content_ids(table: pa.Table):
+    """document_units: ``unit_id`` is ``{document key}.u{window:03d}``."""
+    return _ids_match(table, "unit_id", UNIT_ID_PATTERN)
+
+
+def _passage_ids_are_content_ids(table: pa.Table):
+    """passages: ``passage_id`` is ``{document key}.p{window:03d}``, ``unit_id`` a unit's content id."""
+    return _ids_match(table, "passage_id", PASSAGE_ID_PATTERN) or _ids_match(table, "unit_id", UNIT_ID_PATTERN)
 
 
 GRAPH_METRICS = Contract(
@@ -165,6 +188,7 @@ DOCUMENT_UNITS = Contract(
         pa.field("title", pa.string(), nullable=False),              # title of the unit's first passage
     ]),
     unique=("unit_id",),
+    checks=(_unit_ids_are_content_ids,),
 )
 
 PASSAGES = Contract(
@@ -181,7 +205,7 @@ PASSAGES = Contract(
         pa.field("n_tokens", pa.int32(), nullable=False),
     ]),
     unique=("passage_id",),
-    checks=(_passage_id_extends_unit_id,),
+    checks=(_passage_ids_are_content_ids,),
     free_text=("text",),
 )
 

@@ -43,6 +43,7 @@ from tasks.corpus.published import corpus_store
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded_index import IndexLayout
 from tasks.corpus.shards import build_collector, run_segment_sharded, run_tokens_sharded
+from tasks.corpus.survival import id_survival
 from tasks.qa.questions import QuestionsConfig, load_questions
 
 log = logging.getLogger(__name__)
@@ -412,6 +413,13 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                      f"skipped {gate['candidate']['skipped_fraction']:.1%} of pages)")
     lines += ["", "| count | value |", "|---|---:|"]
     lines += [f"| {k} | {v:,} |" if isinstance(v, int) else f"| {k} | {v:.1f} |" for k, v in summary["counts"].items()]
+    if "survival" in summary:
+        sv = summary["survival"]
+        lines += ["", "| of the previous version | kept |", "|---|---:|",
+                  f"| passage ids ({sv['passages_before']:,}) | {sv['passages_kept_ids']:.2%} |",
+                  f"| unit ids ({sv['units_before']:,}) | {sv['units_kept_ids']:.2%} |",
+                  f"| units unchanged (id, passages, tokens) | {sv['units_unchanged']:.2%} |",
+                  f"| clusters unchanged (member titles, in order; {sv['clusters_before']:,}) | {sv['clusters_unchanged']:.2%} |"]
     lines += ["", "| stage | seconds spent | cache |", "|---|---:|---|"]
     lines += [f"| {k} | {'cached' if v['cache_hit'] else format(v['seconds'], '.2f')} | {'hit' if v['cache_hit'] else 'built'} |"
               for k, v in summary["stages"].items()]
@@ -496,6 +504,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
         finally:
             shutil.rmtree(split_dir, ignore_errors=True)
         t0 = time.perf_counter()
+        previous = corpus_store(ws, config.name).current_version()
         version_dir, rows, unchanged = publish_task(config, ws, stages)
         walls["publish"] = time.perf_counter() - t0
         decision = gate_task(config, ws, version_dir) if config.gate.enabled and not unchanged else None
@@ -530,6 +539,9 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
             "mlflow_run_link": run_link(run, config.workspace.tracking_uri),
             "prefect_flow_run_id": run.data.tags.get("prefect.flow_run_id"),
         }
+        if previous is not None and not unchanged:   # what of the current version survives into this one
+            summary["survival"] = id_survival(corpus_store(ws, config.name).versions_dir / previous, version_dir)
+            log_metrics({k: v for k, v in summary["survival"].items() if not k.endswith("_before")})
         if decision is not None:
             summary["gate"] = decision.as_dict()
             log_metrics({"gate_answer_recall": decision.candidate.answer_recall,

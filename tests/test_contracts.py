@@ -252,23 +252,29 @@ def test_string_keys_in_order_unordered_or_repeated_are_checked_exactly():
         table = pa.table({"unit_id": ids, "cluster_id": [0] * n, "position": list(range(n)), "n_tokens": [1] * n,
                           "n_passages": [1] * n, "title": ["t"] * n})
         return pa.concat_tables([table.slice(i, 1) for i in range(n)]) if chunks > 1 else table
-    assert DOCUMENT_UNITS.validate(units(["c1.u0", "c1.u1", "c2.u0"], chunks=3)).num_rows == 3
-    assert DOCUMENT_UNITS.validate(units(["c2.u0", "c1.u0", "c1.u1"])).num_rows == 3
-    for ids in (["c1.u0", "c1.u1", "c1.u1"], ["c1.u1", "c1.u0", "c1.u1"]):
+    u0, u1, u2 = (f"{k * 16}.u00{i}" for i, k in enumerate("abc"))
+    assert DOCUMENT_UNITS.validate(units([u0, u1, u2], chunks=3)).num_rows == 3
+    assert DOCUMENT_UNITS.validate(units([u2, u0, u1])).num_rows == 3
+    for ids in ([u0, u1, u1], [u1, u0, u1]):
         for chunks in (1, 3):
             with pytest.raises(ContractViolation, match="1 duplicate key value") as err:
                 DOCUMENT_UNITS.validate(units(ids, chunks))
             assert err.value.column == "unit_id"
 
 
-@pytest.mark.parametrize("unit_ids", [["c1.u1", "c1.u2", "c1.u1", "c2.u2", "c1.u1", "c1.u1"],      # one width
-                                      ["c1.u1", "c1.u10", "c1.u1", "c22.u2", "c1.u1", "abc.u1"]])  # row by row
-def test_passage_ids_must_extend_their_unit_ids(unit_ids):
-    pids = [unit_ids[0] + ".p000", unit_ids[1] + ".p000", "c1.u1x", unit_ids[3] + ".p1", "c1.u1.q0", "c1"]
+def test_passage_and_unit_ids_must_be_content_ids():
+    """``{document key}.p{window}`` / ``.u{window}``: 16 lower-case hex digits, at least three digits
+    of window; a positional id (``c0000001.u000.p000``) or a unit id where a passage id belongs is
+    refused with its rows."""
+    key = "0123456789abcdef"
+    pids = [f"{key}.p000", f"{key}.p1234", "c0000001.u000.p000", f"{key}.u000", f"{key.upper()}.p000", f"{key}.p01"]
     n = len(pids)
-    table = pa.table({"passage_id": pids, "unit_id": unit_ids, "cluster_id": [0] * n, "doc_id": [0] * n,
+    table = pa.table({"passage_id": pids, "unit_id": [f"{key}.u000"] * n, "cluster_id": [0] * n, "doc_id": [0] * n,
                       "title": ["t"] * n, "text": ["x"] * n, "n_words": [1] * n, "n_tokens": [1] * n})
-    with pytest.raises(ContractViolation, match="does not extend") as err:
+    with pytest.raises(ContractViolation, match="not a content id") as err:
         PASSAGES.validate(table)
-    assert err.value.rows == [2, 4, 5]
+    assert err.value.column == "passage_id" and err.value.rows == [2, 3, 4, 5]
     assert PASSAGES.validate(table.slice(0, 2)).num_rows == 2
+    with pytest.raises(ContractViolation, match="not a content id") as err:
+        PASSAGES.validate(table.slice(0, 2).set_column(1, "unit_id", pa.array([f"{key}.u000", "c0000001.u000"])))
+    assert err.value.column == "unit_id" and err.value.rows == [1]

@@ -141,10 +141,10 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
 FIGURES = {
     "wikispeedia": {"config": "corpus_wikispeedia.yaml", "docs_per_shard": 1_000, "tokens_per_shard": 2_000_000, "documents": 4_598, "links": 119_879, "clusters": 1_573,
                     "document_units": 23_397, "passages": 146_402, "max_cluster_tokens": 25_793,
-                    "content_digest": "4162f3f79a5dcb68e3c25d9a126af50bc09b521419b0d71ebeaf2278c1399617"},
+                    "content_digest": "d8d840eec150731c9e0ee07e25ecbcfb42bce208ad16c5804a0fbcb2a647d446"},
     "enwiki-sample": {"config": "corpus_enwiki_sample.yaml", "docs_per_shard": 25, "tokens_per_shard": 100_000, "documents": 98, "links": 93, "clusters": 98,
                       "document_units": 757, "passages": 4_568, "max_cluster_tokens": 21_999,
-                      "content_digest": "81a58125f5d8a7854dd6bfaf8179af887a1be55cca9f2c46ceafa603e08ecfbf"},
+                      "content_digest": "86e9a83f448ea3a84271b7febc6f7f756eab270f583be3626cc248821c97093c"},
 }
 
 

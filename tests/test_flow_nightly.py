@@ -58,6 +58,21 @@ def _digest(home: Path, version: str) -> str:
     return corpus_store(Workspace(home), WIKI).read_manifest(version)["content_digest"]
 
 
+def _passages_of_unchanged_articles(home: Path, before: str, after: str) -> tuple[set, set, int]:
+    """The ``(passage_id, title, text)`` rows of the articles whose title and text are the same in
+    both versions, in each version, and how many such articles there are."""
+    from data_contracts.corpus import DOCUMENTS, PASSAGES  # noqa: PLC0415  (this helper only)
+
+    versions = corpus_store(Workspace(home), WIKI).versions_dir
+    docs = [dict(zip(*DOCUMENTS.read(versions / v, columns=["title", "text"]).to_pydict().values())) for v in (before, after)]
+    same = {t for t, x in docs[0].items() if docs[1].get(t) == x}
+    rows = []
+    for v in (before, after):
+        table = PASSAGES.read(versions / v, columns=["passage_id", "title", "text"]).to_pydict()
+        rows.append({r for r in zip(table["passage_id"], table["title"], table["text"]) if r[1] in same})
+    return rows[0], rows[1], len(same)
+
+
 def test_nightly_follows_the_mirror(prefect_harness, tmp_path, data_mirror):
     info = write_mirror(tmp_path / "mirror", 600, 2, seed=3, wiki=WIKI, merged=tmp_path / "merged",
                         sample=data_mirror / SAMPLE, edit_share=0.02)
@@ -91,6 +106,15 @@ def test_nightly_follows_the_mirror(prefect_harness, tmp_path, data_mirror):
         for kind, counts in texts.items():   # only the day's edited and new pages are tokenized
             assert 0 < counts["built"] < counts["reused"], (kind, counts)
         assert store.current_version() == second["version"] != first["version"]
+        # content ids: every passage of an article the day left alone keeps its id (the day edited and
+        # added pages elsewhere, and Algorithm 1 regrouped clusters); the report says how much survived
+        kept_before, kept_after, n_same = _passages_of_unchanged_articles(home, first["version"], second["version"])
+        assert n_same > 100 and kept_before and kept_before == kept_after
+        assert "survival" not in first
+        survival = second["survival"]
+        assert survival["passages_kept_ids"] >= 0.95 and survival["units_kept_ids"] > 0.5
+        assert 0 < survival["clusters_unchanged"] <= 1 and 0 < survival["units_unchanged"] <= survival["units_kept_ids"]
+        assert survival["passages_before"] == first["counts"]["passages"]
 
         (day2 / "status.txt").write_text("done\n")
         good = (day2 / "md5sums.txt").read_text()

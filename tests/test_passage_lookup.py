@@ -47,13 +47,33 @@ def test_mapped_lookup_reads_as_the_in_memory_lookup(tmp_path):
             mapped.get(["p1", missing])
 
 
-def test_text_store_refuses_ids_out_of_order(tmp_path):
+def test_mapped_lookup_finds_ids_that_do_not_sort_in_file_order(tmp_path):
+    """Content ids are in cluster order, not id order: the store keeps rows in file order (the
+    index files' row numbers) and finds ids through its ``by_id`` permutation."""
+    import pyarrow.parquet as pq  # noqa: PLC0415  (only these tests write parquet)
+
+    from tasks.evaluate.retrieval import MappedPassageLookup, write_passage_text_store  # noqa: PLC0415
+
+    shuffled = _chunked_passages().take([4, 0, 8, 2, 7, 1, 5, 3, 6])
+    pq.write_table(shuffled, tmp_path / "passages.parquet")
+    mapped = MappedPassageLookup(write_passage_text_store(tmp_path / "passages.parquet", tmp_path / "passages.arrow",
+                                                          batch_rows=4))
+    memory = PassageLookup(shuffled)
+    assert mapped.get([f"p{i}" for i in range(9)]) == memory.get([f"p{i}" for i in range(9)])
+    assert [mapped.row_of(f"p{i}") for i in range(9)] == [1, 5, 3, 7, 0, 6, 8, 4, 2]
+    assert mapped.get_rows([0, 2]) == memory.get(["p4", "p8"])
+    for missing in ("p99", "a", "p45", "q"):
+        with pytest.raises(KeyError, match=missing):
+            mapped.get([missing])
+
+
+def test_text_store_refuses_a_repeated_id(tmp_path):
     import pyarrow.parquet as pq  # noqa: PLC0415  (only these tests write parquet)
 
     from tasks.evaluate.retrieval import write_passage_text_store  # noqa: PLC0415
 
     table = _chunked_passages()
-    pq.write_table(table.take([0, 2, 1]), tmp_path / "passages.parquet")
-    with pytest.raises(ValueError, match="row 2 passage id 'p1'"):
+    pq.write_table(table.take([0, 2, 1, 2]), tmp_path / "passages.parquet")
+    with pytest.raises(ValueError, match="passage id 'p2' repeats"):
         write_passage_text_store(tmp_path / "passages.parquet", tmp_path / "passages.arrow")
     assert not (tmp_path / "passages.arrow").exists()

@@ -52,7 +52,7 @@ def test_rank_by_relevance_orders_by_cosine_and_carries_embeddings(hotpot_record
 def wikispeedia_passages(data_mirror) -> pa.Table:
     """Real 100-word passages of the first 150 Wikispeedia articles (corpus PASSAGES contract)."""
     from tasks.corpus.ingest.wikispeedia import WikispeediaReader, strip_header_footer
-    from tasks.corpus.segment import article_windows
+    from tasks.corpus.segment import article_windows, passage_id, unit_id
 
     rows = {name: [] for name in C.PASSAGES.schema.names}
     reader = WikispeediaReader([resolve("wikispeedia-articles", data_mirror)], max_page_bytes=1 << 20)
@@ -61,8 +61,8 @@ def wikispeedia_passages(data_mirror) -> pa.Table:
         if page.error or not page.text:
             continue
         for j, window in enumerate(article_windows(strip_header_footer(page.text), 100)):
-            rows["passage_id"].append(f"c{n_docs:07d}.u000.p{j:03d}")
-            rows["unit_id"].append(f"c{n_docs:07d}.u000")
+            rows["passage_id"].append(passage_id(page.title, j))
+            rows["unit_id"].append(unit_id(page.title, 0))
             rows["cluster_id"].append(n_docs)
             rows["doc_id"].append(n_docs)
             rows["title"].append(page.title)

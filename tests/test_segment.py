@@ -1,6 +1,8 @@
 """Passage windows, document-unit packing, ids and corpus tables (tasks.corpus.segment, tasks.corpus.tokenize)."""
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -9,8 +11,8 @@ from hypothesis import strategies as st
 
 from data_contracts.base import ContractViolation
 from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES
-from tasks.corpus.segment import (SegmentConfig, article_windows, count_window_tokens, pack_units, segment_cluster,
-                           segment_corpus)
+from tasks.corpus.segment import (SegmentConfig, article_windows, count_window_tokens, document_key, pack_units,
+                                  segment_cluster, segment_corpus)
 from tasks.corpus.tokenize import WhitespaceCounter, load_token_counter
 
 WS = WhitespaceCounter()
@@ -62,11 +64,13 @@ def test_segment_cluster_ids_order_and_spanning_units():
     members = [(7, "Alpha", words(23, "a")), (3, "Beta", ""), (5, "Gamma", words(12, "g"))]
     seg = segment_cluster(42, members, cfg, WS)
     # windows: a(10) a(10) a(3) | g(10) g(2) -> units [10, 10, 3] [10, 2]
-    assert [u.unit_id for u in seg.units] == ["c0000042.u000", "c0000042.u001"]
+    a, g = document_key("Alpha"), document_key("Gamma")
+    assert a == hashlib.blake2b(b"Alpha", digest_size=8).hexdigest() and len(a) == 16
+    assert [u.unit_id for u in seg.units] == [f"{a}.u000", f"{g}.u000"]
     assert [u.n_tokens for u in seg.units] == [23, 12]
-    assert [p.passage_id for p in seg.passages] == [
-        "c0000042.u000.p000", "c0000042.u000.p001", "c0000042.u000.p002",
-        "c0000042.u001.p000", "c0000042.u001.p001"]
+    # ids name (article, window): the cluster does not enter them
+    assert [p.passage_id for p in seg.passages] == [f"{a}.p000", f"{a}.p001", f"{a}.p002", f"{g}.p000", f"{g}.p001"]
+    assert [p.unit_id for p in seg.passages] == [f"{a}.u000"] * 3 + [f"{g}.u000"] * 2
     assert [p.doc_id for p in seg.passages] == [7, 7, 7, 5, 5]
     assert [p.title for p in seg.passages] == ["Alpha"] * 3 + ["Gamma"] * 2
     assert [p.n_words for p in seg.passages] == [10, 10, 3, 10, 2]
@@ -75,6 +79,20 @@ def test_segment_cluster_ids_order_and_spanning_units():
     # a unit spans articles when they fit
     wide = segment_cluster(42, members, SegmentConfig(passage_words=10, unit_max_tokens=1000, tokenizer="whitespace"), WS)
     assert len(wide.units) == 1 and {p.doc_id for p in wide.passages} == {5, 7}
+    assert [p.unit_id for p in wide.passages] == [f"{a}.u000"] * 5   # a unit spanning articles: its first one's
+
+
+def test_an_article_keeps_its_passage_ids_in_another_cluster_and_position():
+    """A passage's id depends on its article and window only: the same article in another cluster,
+    after other members, keeps its ids while its units (and their ids) follow the packing."""
+    cfg = SegmentConfig(passage_words=10, unit_max_tokens=25, tokenizer="whitespace")
+    beta = (8, "Beta", words(21, "b"))
+    alone = segment_cluster(1, [beta], cfg, WS)
+    later = segment_cluster(99, [(2, "Alpha", words(15, "a")), (40, "Beta", words(21, "b"))], cfg, WS)
+    ids = [p.passage_id for p in alone.passages]
+    assert ids == [p.passage_id for p in later.passages if p.title == "Beta"] == [
+        f"{document_key('Beta')}.p{w:03d}" for w in range(3)]
+    assert {p.doc_id for p in later.passages if p.title == "Beta"} == {40}   # the row's doc_id is tonight's
 
 
 def test_segment_cluster_rejects_wrong_tokenizer_and_counts():
@@ -115,12 +133,13 @@ def test_segment_corpus_tables_and_precomputed_counts(tmp_path):
     # cluster 0 = [doc 2 (40 words), doc 0 (230)]: windows 40 | 100 100 30; limit 120:
     # 40 + 100 > 120 -> [40], [100], then 100 + 30 > 120 -> [100], [30]
     units = out.units.to_pylist()
+    t0, t2, t3 = document_key("T0"), document_key("T2"), document_key("T3")
     assert [(u["unit_id"], u["n_tokens"], u["n_passages"], u["title"]) for u in units if u["cluster_id"] == 0] == [
-        ("c0000000.u000", 40, 1, "T2"), ("c0000000.u001", 100, 1, "T0"),
-        ("c0000000.u002", 100, 1, "T0"), ("c0000000.u003", 30, 1, "T0")]
+        (f"{t2}.u000", 40, 1, "T2"), (f"{t0}.u000", 100, 1, "T0"),
+        (f"{t0}.u001", 100, 1, "T0"), (f"{t0}.u002", 30, 1, "T0")]
     # cluster 1 = [doc 3 (150), doc 4 (5)]: windows 100 50 5 -> [100] [50 5]
     assert [(u["unit_id"], u["n_passages"]) for u in units if u["cluster_id"] == 1] == [
-        ("c0000001.u000", 1), ("c0000001.u001", 2)]
+        (f"{t3}.u000", 1), (f"{t3}.u001", 2)]
     assert not [u for u in units if u["cluster_id"] == 2]  # the empty article: no unit, counted
     passages = out.passages.to_pylist()
     for d, text in enumerate(texts):  # passages of an article rebuild its text in order
@@ -129,7 +148,7 @@ def test_segment_corpus_tables_and_precomputed_counts(tmp_path):
         contract.write(table, tmp_path)
         assert contract.read(tmp_path).equals(table)
     wrong = out.passages.set_column(1, "unit_id", pa.array(["c0000009.u000"] * out.passages.num_rows))
-    with pytest.raises(ContractViolation, match="does not extend its unit_id"):
+    with pytest.raises(ContractViolation, match="unit_id is not a content id"):
         PASSAGES.validate(wrong)
 
 

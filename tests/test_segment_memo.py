@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from tasks.corpus import segment_memo as SM
 from tasks.corpus.memo import text_keys
-from tasks.corpus.segment import SegmentConfig, article_windows, segment_cluster, segments_to_tables
+from tasks.corpus.segment import SegmentConfig, article_windows, document_key, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import WhitespaceCounter
 
 CFG = SegmentConfig(tokenizer="whitespace", passage_words=7, unit_max_tokens=20)
@@ -29,9 +29,10 @@ def _members(orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_unlabelled_rows_relabel_to_the_rows_of_new_ids():
-    """Two clusters segmented under old ids, kept id-free, labelled with new cluster ids (more
-    digits than the old) and new document ids, equal segmenting them under the new ids; the keys
-    depend on the texts and counts only."""
+    """Two clusters segmented under old cluster and document ids, kept id-free, labelled with new
+    ones, equal segmenting them under the new ids (passage and unit ids come from the titles and
+    windows, the cluster id and doc id columns from tonight); the keys depend on the texts and
+    counts only."""
     old = [_segments(3, [10, 11], [0, 1]), _segments(4, [12, 13], [2, 3])]
     units, passages, counts = SM.unlabel(old, [[10, 11], [12, 13]])
     assert counts.tolist() == [[len(s.units), len(s.passages)] for s in old]
@@ -40,7 +41,8 @@ def test_unlabelled_rows_relabel_to_the_rows_of_new_ids():
     titles = pa.array([TEXTS[k][0] for k in (0, 1, 2, 3)])
     got = SM.label(units, passages, counts, np.array(new_ids), np.array([0, 2]), np.array([500, 7, 2, 600]), titles)
     assert got[0].equals(want[0]) and got[1].equals(want[1])
-    assert got[1].column("passage_id")[0].as_py() == "c12345678.u000.p000"
+    assert got[1].column("passage_id")[0].as_py() == f"{document_key('Alpha')}.p000"
+    assert got[1].column("cluster_id")[0].as_py() == 12_345_678
 
 
 def test_interleave_puts_each_cluster_back_in_its_place():

@@ -12,8 +12,11 @@ the DPR-style ~100-word windows of each article.
 * Units: the windows of a cluster's members, in cluster order, are packed greedily into units
   of consecutive whole windows with at most ``unit_max_tokens`` tokens (a unit may span
   articles of the cluster); a single window longer than the limit is a unit of its own.
-* Ids: unit ``c{cluster_id:07d}.u{k:03d}``, passage ``c{cluster_id:07d}.u{k:03d}.p{j:03d}``
-  (``k`` = unit position in its cluster, ``j`` = passage position in its unit).
+* Ids from content (:func:`passage_id`, :func:`unit_id`): a passage is named by its document and
+  its window, ``{key}.p{w:03d}`` (``key`` = :func:`document_key` of the document's title, ``w`` = the
+  window's index in its article), a unit by its first passage's document and window,
+  ``{key}.u{w:03d}``. An unchanged article keeps its passage ids from one build to the next,
+  whatever cluster and unit Algorithm 1 puts it in; ids do not sort in file order.
 
 :func:`segment_cluster` is the one function used offline (whole corpus → the
 ``document_units`` and ``passages`` tables, :func:`segment_corpus`) and at query time
@@ -21,6 +24,7 @@ the DPR-style ~100-word windows of each article.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -107,14 +111,38 @@ class ClusterSegments:
         return [p for u in self.units for p in u.passages]
 
 
-def unit_id(cluster_id: int, k: int) -> str:
-    """``c{cluster_id:07d}.u{k:03d}``."""
-    return f"c{cluster_id:07d}.u{k:03d}"
+def document_key(title: str) -> str:
+    """The document part of unit and passage ids: 16 hex digits of BLAKE2b-64 of the UTF-8 title.
+
+    The same on every machine and Python (no ``PYTHONHASHSEED``), and stable across builds for as
+    long as the article keeps its title (the dense ``doc_id`` is not: it is the rank in sorted
+    titles). Two titles with the same key would give two passages one id, which the ``passages``
+    contract rejects (unique ``passage_id``): at 6M titles the chance is ~1e-6.
+    """
+    return hashlib.blake2b(title.encode("utf-8"), digest_size=8).hexdigest()
 
 
-def passage_id(cluster_id: int, k: int, j: int) -> str:
-    """``c{cluster_id:07d}.u{k:03d}.p{j:03d}``."""
-    return f"c{cluster_id:07d}.u{k:03d}.p{j:03d}"
+def unit_id(title: str, window: int) -> str:
+    """``{document_key(title)}.u{window:03d}``: a unit named by its first passage's article and
+    window (a window starts at most one unit, so the id is unique)."""
+    return f"{document_key(title)}.u{window:03d}"
+
+
+def passage_id(title: str, window: int) -> str:
+    """``{document_key(title)}.p{window:03d}``: window ``window`` (0-based, :func:`article_windows`)
+    of the article titled ``title``."""
+    return f"{document_key(title)}.p{window:03d}"
+
+
+def windows_in_member(member_of: Sequence[int]) -> np.ndarray:
+    """``(n_windows,)`` int64: each window's index in its own article, from ``member_of`` (the
+    member of each window, members' windows consecutive, as :func:`cluster_windows` returns them)."""
+    member = np.asarray(member_of, np.int64)
+    if not member.size:
+        return np.zeros(0, np.int64)
+    starts = np.r_[True, member[1:] != member[:-1]]
+    first = np.maximum.accumulate(np.where(starts, np.arange(member.size), 0))
+    return np.arange(member.size) - first
 
 
 def article_windows(text: str, passage_words: int) -> list[str]:
@@ -216,7 +244,7 @@ def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConf
     Parameters
     ----------
     cluster_id : int
-        Cluster id (enters the unit and passage ids).
+        Cluster id (a column of the rows; the ids come from the members' titles and windows).
     members : sequence of (doc_id, title, text)
         The cluster's documents in cluster order (``cluster_members.position``).
     cfg : SegmentConfig
@@ -241,15 +269,17 @@ def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConf
     texts, member_of, counts, bounds = cluster_windows(cluster_id, doc_ids, [m[2] for m in members], cfg, tokenizer,
                                                        window_tokens)
     windows = [(doc_ids[m], members[m][1], w) for m, w in zip(member_of, texts)]   # (doc_id, title, text)
+    in_doc = windows_in_member(member_of).tolist()
     units = []
     for k in range(len(bounds) - 1):
-        uid = unit_id(cluster_id, k)
+        first = bounds[k]
+        uid = unit_id(windows[first][1], in_doc[first])
         passages = tuple(
-            Passage(passage_id=passage_id(cluster_id, k, j), unit_id=uid, cluster_id=int(cluster_id),
+            Passage(passage_id=passage_id(windows[i][1], in_doc[i]), unit_id=uid, cluster_id=int(cluster_id),
                     doc_id=int(windows[i][0]), title=windows[i][1], text=windows[i][2],
                     n_words=windows[i][2].count(" ") + 1,  # words joined by single spaces
                     n_tokens=int(counts[i]))
-            for j, i in enumerate(range(bounds[k], bounds[k + 1])))
+            for i in range(bounds[k], bounds[k + 1]))
         units.append(DocumentUnit(unit_id=uid, cluster_id=int(cluster_id), position=k, passages=passages))
     return ClusterSegments(cluster_id=int(cluster_id), units=tuple(units))
 

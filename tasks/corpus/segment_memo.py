@@ -5,7 +5,9 @@ Why: Algorithm 1 reruns every night and the document ids shift with every new ti
 cluster id nor a shard of clusters repeats after an adds-changes day; but most clusters hold the
 same articles, in the same order, with the same texts. Cutting them into ~100-word passages and
 ~1K-token units (:func:`tasks.corpus.segment.segment_cluster`) is then the same work for the same
-result, up to the ids. This memo keeps each cluster's rows *without* ids:
+result, up to the cluster and document ids in its rows. The memo is keyed on texts, not titles
+(two clusters of the same texts under other titles share an entry), so it keeps each cluster's rows
+without the titles and the document part of their content ids:
 
 - a cluster's key (:func:`cluster_keys`) is the BLAKE2b-128 of its members' text keys (each
   the BLAKE2b-128 of a text, hashed once a shard) and window token counts, in cluster order (the
@@ -16,11 +18,13 @@ result, up to the ids. This memo keeps each cluster's rows *without* ids:
   the clusters after a 1% adds-changes day on the synthetic mirror, most of their articles
   unchanged) is packed from its members' windows as cut before, and only a new or edited text is
   cut again;
-- its passage rows hold the member (index in the cluster), the unit and passage suffixes
-  (``u000.p000``), text, words and tokens; its unit rows the suffix, position, tokens, passages
-  and the member of the first passage;
-- :func:`label` gives them the ids of tonight's cluster: ``c{cluster_id:07d}.`` before the
-  suffixes, the member's document id and title — the rows :func:`tasks.corpus.segment.segments_to_tables`
+- its passage rows hold the member (index in the cluster), the id suffixes of the passage and of
+  its unit (``.p003``, ``.u000``: the window in the member's article, the part of a content id
+  after the document key, :func:`tasks.corpus.segment.passage_id`), text, words and tokens; its
+  unit rows the suffix, position, tokens, passages and the member of the first passage;
+- :func:`label` joins them with tonight's documents: each member's document key before the
+  suffixes (ids depend on the article and window only, never on the cluster), the cluster id, the
+  member's document id and title — the rows :func:`tasks.corpus.segment.segments_to_tables`
   makes for that cluster, byte for byte (tested).
 
 Layout: a :class:`tasks.corpus.memo.DocumentMemo` whose fields ``units`` and ``passages`` map each
@@ -47,9 +51,10 @@ import pyarrow.ipc as ipc
 from data_contracts import corpus as C
 from data_contracts.base import names_disk_full
 from tasks.corpus.memo import DocumentMemo, first_of_each_key, ranges_take, settings_dir, take_rows, take_texts
-from tasks.corpus.segment import ClusterSegments, SegmentConfig, TokenCounter, cluster_windows
+from tasks.corpus.segment import (ClusterSegments, SegmentConfig, TokenCounter, cluster_windows, document_key,
+                                  windows_in_member)
 
-SEGMENT_MEMO_VERSION = "2"
+SEGMENT_MEMO_VERSION = "3"   # 3: id suffixes from the window in the article (content ids)
 UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
 KEYS_FILE, COUNTS_FILE = "keys.npy", "counts.npy"
 MEMBER_KEYS_FILE, MEMBER_WINDOWS_FILE = "member_keys.npy", "member_windows.npy"
@@ -62,7 +67,6 @@ UNIT_SCHEMA = pa.schema([pa.field("suffix", pa.string(), nullable=False), pa.fie
                          pa.field("n_tokens", pa.int32(), nullable=False),
                          pa.field("n_passages", pa.int32(), nullable=False), pa.field("member", pa.int32(), nullable=False)])
 PASSAGE_SCHEMA = pa.schema([pa.field("suffix", pa.string(), nullable=False),
-                            pa.field("unit_suffix", pa.string(), nullable=False),
                             pa.field("member", pa.int32(), nullable=False), pa.field("text", pa.large_string(), nullable=False),
                             pa.field("n_words", pa.int32(), nullable=False), pa.field("n_tokens", pa.int32(), nullable=False)])
 
@@ -111,13 +115,12 @@ def unlabel(segments: Sequence[ClusterSegments], member_doc_ids: Sequence[Sequen
         member = {int(d): i for i, d in enumerate(doc_ids)}
         n_passages = 0
         for u in seg.units:
-            suffix = u.unit_id[u.unit_id.index(".") + 1:]
+            suffix = u.unit_id[u.unit_id.index("."):]
             for key, value in (("suffix", suffix), ("position", u.position), ("n_tokens", u.n_tokens),
                                ("n_passages", len(u.passages)), ("member", member[u.passages[0].doc_id])):
                 units[key].append(value)
             for p in u.passages:
-                passages["suffix"].append(p.passage_id[p.passage_id.index(".") + 1:])
-                passages["unit_suffix"].append(suffix)
+                passages["suffix"].append(p.passage_id[p.passage_id.index("."):])
                 passages["member"].append(member[p.doc_id])
                 passages["text"].append(p.text)
                 passages["n_words"].append(p.n_words)
@@ -162,7 +165,6 @@ def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str]
     u_passages: list[int] = []
     u_member: list[int] = []
     p_suffix: list[str] = []
-    p_unit: list[str] = []
     p_member: list[int] = []
     p_text: list[str] = []
     p_words: list[int] = []
@@ -170,16 +172,16 @@ def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str]
     counts: list[tuple[int, int]] = []
     for cluster_id, doc_ids, texts, window_tokens in clusters:
         windows, members, tokens, bounds = cluster_windows(cluster_id, doc_ids, texts, cfg, tokenizer, window_tokens)
+        in_doc = windows_in_member(members).tolist()
+        p_suffix.extend(f".p{w:03d}" for w in in_doc)
         for k in range(len(bounds) - 1):
             a, b = bounds[k], bounds[k + 1]
-            unit = f"u{k:03d}"
+            unit = f".u{in_doc[a]:03d}"
             u_suffix.append(unit)
             u_position.append(k)
             u_tokens.append(int(tokens[a:b].sum()))
             u_passages.append(b - a)
             u_member.append(members[a])
-            p_suffix.extend(f"{unit}.p{j:03d}" for j in range(b - a))
-            p_unit.extend([unit] * (b - a))
         p_member.extend(members)
         p_text.extend(windows)
         p_words.extend(w.count(" ") + 1 for w in windows)   # words joined by single spaces
@@ -188,7 +190,7 @@ def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str]
     units = pa.table({"suffix": u_suffix, "position": pa.array(u_position, pa.int32()),
                       "n_tokens": pa.array(u_tokens, pa.int32()), "n_passages": pa.array(u_passages, pa.int32()),
                       "member": pa.array(u_member, pa.int32())}, schema=UNIT_SCHEMA)
-    passages = pa.table({"suffix": p_suffix, "unit_suffix": p_unit, "member": pa.array(p_member, pa.int32()),
+    passages = pa.table({"suffix": p_suffix, "member": pa.array(p_member, pa.int32()),
                          "text": pa.array(p_text, pa.large_string()), "n_words": pa.array(p_words, pa.int32()),
                          "n_tokens": pa.array(np.concatenate(p_tokens) if p_tokens else np.zeros(0, np.int32), pa.int32())},
                         schema=PASSAGE_SCHEMA)
@@ -200,26 +202,29 @@ def label(units: pa.Table, passages: pa.Table, counts: np.ndarray, cluster_ids: 
     """Tonight's ``document_units`` and ``passages`` rows of clusters whose id-free rows
     (:func:`unlabel`, clusters one after the other, ``counts`` ``(n, 2)`` units and passages each)
     are ``units`` / ``passages``: cluster ``c`` is ``cluster_ids[c]`` and its member ``m`` is the
-    document ``doc_ids[member_starts[c] + m]`` titled ``titles[member_starts[c] + m]``.
+    document ``doc_ids[member_starts[c] + m]`` titled ``titles[member_starts[c] + m]``; an id is
+    the member's :func:`tasks.corpus.segment.document_key` and the kept suffix (the cluster does
+    not enter it).
 
     Returns tables of :data:`data_contracts.corpus.DOCUMENT_UNITS` / ``PASSAGES``'s schemas
     (contract-validated)."""
     n = len(cluster_ids)
-    prefixes = pa.array([f"c{int(c):07d}." for c in np.asarray(cluster_ids).tolist()], pa.string())
     u_of = np.repeat(np.arange(n), counts[:, 0]) if n else np.zeros(0, np.int64)
     p_of = np.repeat(np.arange(n), counts[:, 1]) if n else np.zeros(0, np.int64)
     starts = np.asarray(member_starts, np.int64)
     cids = np.asarray(cluster_ids, np.int32)
-    u_prefix, p_prefix = prefixes.take(pa.array(u_of)), prefixes.take(pa.array(p_of))
     u_member = starts[u_of] + units.column("member").to_numpy()
     p_member = starts[p_of] + passages.column("member").to_numpy()
-    join = lambda a, b: pc.binary_join_element_wise(a, b, "")  # noqa: E731
-    out_units = pa.table({"unit_id": join(u_prefix, units.column("suffix")), "cluster_id": pa.array(cids[u_of], pa.int32()),
+    keys = pa.array([document_key(t) for t in titles.to_pylist()], pa.string())   # (n_members,) one hash a document
+    u_prefix, p_prefix = keys.take(pa.array(u_member)), keys.take(pa.array(p_member))
+    unit_ids = pc.binary_join_element_wise(u_prefix, units.column("suffix"), "")
+    unit_of = np.repeat(np.arange(units.num_rows), units.column("n_passages").to_numpy())   # (n_passages,) each one's unit
+    out_units = pa.table({"unit_id": unit_ids, "cluster_id": pa.array(cids[u_of], pa.int32()),
                           "position": units.column("position"), "n_tokens": units.column("n_tokens"),
                           "n_passages": units.column("n_passages"), "title": titles.take(pa.array(u_member))},
                          schema=C.DOCUMENT_UNITS.schema)
-    out_passages = pa.table({"passage_id": join(p_prefix, passages.column("suffix")),
-                             "unit_id": join(p_prefix, passages.column("unit_suffix")),
+    out_passages = pa.table({"passage_id": pc.binary_join_element_wise(p_prefix, passages.column("suffix"), ""),
+                             "unit_id": unit_ids.take(pa.array(unit_of)),
                              "cluster_id": pa.array(cids[p_of], pa.int32()),
                              "doc_id": pa.array(np.asarray(doc_ids)[p_member].astype(np.int32), pa.int32()),
                              "title": titles.take(pa.array(p_member)), "text": passages.column("text").cast(pa.string()),
@@ -427,7 +432,7 @@ class MemoWriter:
         self._member_keys.append(np.load(part / MEMBER_KEYS_FILE))
         self._member_ends.append(self._n_passages + np.cumsum(windows, dtype=np.int64))
         self._n_passages += rows.num_rows
-        table = rows.add_column(3, "text", text.cast(pa.large_string()))
+        table = rows.add_column(PASSAGE_SCHEMA.get_field_index("text"), "text", text.cast(pa.large_string()))
         self._passages.write_table(table.cast(PASSAGE_SCHEMA).combine_chunks(), max_chunksize=MEMO_BATCH_ROWS)
 
     def commit(self) -> int:

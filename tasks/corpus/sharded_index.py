@@ -229,7 +229,7 @@ def read_passage_range(segment_dir: Path, lo: int, hi: int) -> tuple[list[str], 
     """``(texts, passage ids)`` of clusters ``lo <= cluster_id < hi`` in ``passages.parquet`` order;
     a text is ``title\\ntext``, as the single index indexes it."""
     table = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id", "title", "text"], memory_map=True,
-                          filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by("passage_id")
+                          filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
     texts = [f"{t}\n{x}" for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
     return texts, table.column("passage_id").to_pylist()
 
@@ -308,7 +308,7 @@ def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
         mark_used(cached)
         return str(cached), True
     ids = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id"],
-                        filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by("passage_id")
+                        filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
     kept = Path(work_dir) / "passage-stats" / stats_key
     tokens = TokenIds.load(kept)
     if len(tokens) != ids.num_rows:

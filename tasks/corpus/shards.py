@@ -539,7 +539,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
 
 
 # ---------------------------------------------------------------------------------- segment
-SEGMENT_SHARD_VERSION = "4"
+SEGMENT_SHARD_VERSION = "5"   # 5: content ids (document key and window)
 
 
 

@@ -139,7 +139,7 @@ def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: Clusteri
     }
 
 
-@stage("segment", version="1")
+@stage("segment", version="2")  # 2: unit and passage ids from the article and window (content ids)
 def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
                 mirror: Path | None) -> dict[str, Any]:
     """Clusters → ~1K-token document units → ~100-word passages (offline "later chunking")."""

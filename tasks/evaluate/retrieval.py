@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_write
@@ -198,37 +199,41 @@ class PassageLookup:
         return list(zip(passage_ids, self._titles.take(rows).to_pylist(), self._texts.take(rows).to_pylist()))
 
 
-PASSAGE_TEXT_FILE = "passages.arrow"
+PASSAGE_TEXT_FILE = "passages.text.arrow"   # with its by-id permutation (content ids)
 
 
 def write_passage_text_store(passages_parquet: Path, out: Path, batch_rows: int = 65_536) -> Path:
     """Copy ``passage_id``, ``title``, ``text`` of a corpus ``passages.parquet`` into an
     uncompressed Arrow IPC file that :class:`MappedPassageLookup` memory-maps (streamed batch by
-    batch: memory does not grow with the corpus; written atomically).
+    batch after one read of the id column; written atomically), with a fourth column ``by_id``:
+    row ``i`` holds the corpus row of the ``i``-th smallest passage id (ids are content ids and do
+    not sort in file order), for the lookup's binary search.
 
     Raises
     ------
     ValueError
-        The passage ids are not strictly increasing (the lookup finds ids by binary search; the
-        corpus build writes passages in cluster order and ids ``c{cluster:07d}.u{k:03d}.p{j:03d}``
-        sort in that order): names the first row out of order.
+        A passage id repeats (names it and its rows).
     """
     pf = pq.ParquetFile(passages_parquet)
     cols = ["passage_id", "title", "text"]
-    schema = pa.schema([pf.schema_arrow.field(k) for k in cols])
+    ids = pf.read(columns=["passage_id"]).column("passage_id")
+    by_id = pc.sort_indices(ids).to_numpy().astype(np.int64)   # (n_passages,) rows in id order
+    if by_id.size > 1:
+        ordered = ids.take(pa.array(by_id))
+        same = pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1)).to_numpy(zero_copy_only=False)
+        if same.any():
+            i = int(np.flatnonzero(same)[0])
+            raise ValueError(f"{passages_parquet}: passage id {ordered[i].as_py()!r} repeats "
+                             f"(rows {int(by_id[i])} and {int(by_id[i + 1])}); the text store needs unique ids")
+    schema = pa.schema([pf.schema_arrow.field(k) for k in cols] + [pa.field("by_id", pa.int64(), nullable=False)])
 
     def write(tmp: Path) -> None:
-        last, row = None, 0
+        row = 0
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
-                ids = batch["passage_id"].to_pylist()
-                for i, pid in enumerate(ids):
-                    if last is not None and pid <= last:
-                        raise ValueError(f"{passages_parquet}: row {row + i} passage id {pid!r} does not sort after "
-                                         f"{last!r}; the text store needs ids in increasing order")
-                    last = pid
-                row += len(ids)
-                writer.write_batch(pa.RecordBatch.from_arrays(batch.columns, schema=schema))
+                n = batch.num_rows
+                writer.write_batch(pa.RecordBatch.from_arrays([*batch.columns, pa.array(by_id[row:row + n])], schema=schema))
+                row += n
 
     atomic_write(Path(out), write)
     return Path(out)
@@ -237,7 +242,7 @@ def write_passage_text_store(passages_parquet: Path, out: Path, batch_rows: int 
 class MappedPassageLookup:
     """``passage_id → (title, text)`` over the memory-mapped Arrow copy of the passages table
     (:func:`write_passage_text_store`): opening it reads nothing that grows with the corpus, a
-    lookup finds a row by binary search over the sorted ids (~23 probes at 5M passages) and reads
+    lookup finds a row by binary search over the ids in the order of the ``by_id`` column (~23 probes at 5M passages) and reads
     only that row's pages. Same ``get`` as :class:`PassageLookup`; ``get_rows`` takes corpus rows
     (the BM25 passage index's and the mapped embedding index's row numbers)."""
 
@@ -265,13 +270,14 @@ class MappedPassageLookup:
         lo, hi = 0, len(self)
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._cell(mid, "passage_id") < passage_id:
+            if self._cell(self._cell(mid, "by_id"), "passage_id") < passage_id:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo == len(self) or self._cell(lo, "passage_id") != passage_id:
+        row = self._cell(lo, "by_id") if lo < len(self) else -1
+        if row < 0 or self._cell(row, "passage_id") != passage_id:
             raise KeyError(f"passage id {passage_id!r} is not in the corpus passages table")
-        return lo
+        return row
 
     def get_rows(self, rows: Sequence[int]) -> list[tuple[str, str, str]]:
         """``[(passage_id, title, text)]`` of corpus ``rows``, in the order asked."""
