@@ -213,6 +213,9 @@ class FlowCommand:
 
     ``run(cfg) -> dict`` returns a summary printed by the CLI as a table; with ``screen``,
     ``screen(cfg, summary) -> str`` is printed instead (one screen), the table with ``--verbose``.
+    ``flags``: ``(flag, override, help)`` each, a switch that stands for ``--set override``
+    (e.g. ``("--no-cache", "cache.read=false", ...)``). ``exit_status(summary) -> int``: the
+    command's exit status after a run (0 when not given).
     """
 
     name: str
@@ -220,3 +223,5 @@ class FlowCommand:
     config_model: type[BaseModel]
     run: Callable[[Any], dict]
     screen: Callable[[Any, dict], str] | None = None
+    flags: tuple[tuple[str, str, str], ...] = ()
+    exit_status: Callable[[dict], int] | None = None

@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -146,22 +146,22 @@ def verified_entry(directory: Path | str | None) -> bool:
 
 
 # ---------------------------------------------------------------------------- first difference
-def first_difference(left: Path | str, right: Path | str, names: Sequence[str], batch_rows: int = 65_536) -> dict[str, Any] | None:
-    """The first of ``names`` (files of two builds, in ``left`` and ``right``) whose bytes differ,
-    and where: ``{"file", "row"}`` for Parquet tables (the first row, 0-based, whose values differ;
-    a row past the end of the shorter table when one holds more rows; ``"column"`` names the first
-    column that differs there), ``{"file", "element"}`` for ``.npy`` arrays (flat index; ``"shape"``
-    when the shapes differ), ``{"file", "byte"}`` for other files; ``"missing"`` names the side
-    without the file. ``None`` when every file has the same bytes on both sides.
+def first_difference(left: Mapping[str, Path], right: Mapping[str, Path], batch_rows: int = 65_536) -> dict[str, Any] | None:
+    """The first file of two builds (``{relative name: path}`` each; ``left``'s names in its order,
+    then those only ``right`` has) whose bytes differ, and where: ``{"file", "row"}`` for Parquet
+    tables (the first row, 0-based, whose values differ, ``"column"`` the first column that differs
+    there; a row past the end of the shorter table when one holds more rows; ``"error"`` when a
+    file cannot be read as a table, with the first differing ``"byte"``), ``{"file", "element"}``
+    for ``.npy`` arrays (flat index; ``"shape"`` when the shapes differ), ``{"file", "byte"}``
+    for other files; ``{"file", "missing"}`` names the side without the file (``"left"`` or
+    ``"right"``). ``None`` when both hold the same names with the same bytes.
 
-    Files are compared by sha256 first; only the first differing one is read."""
-    left, right = Path(left), Path(right)
-    for name in names:
-        a, b = left / name, right / name
-        if not a.is_file() or not b.is_file():
-            if a.is_file() != b.is_file():
-                return {"file": name, "missing": str(b if a.is_file() else a)}
-            continue
+    Files are compared by size and sha256 first; only the first differing one is read."""
+    for name in [*left, *(n for n in right if n not in left)]:
+        a, b = left.get(name), right.get(name)
+        if a is None or b is None or not Path(a).is_file() or not Path(b).is_file():
+            return {"file": name, "missing": "left" if a is None or not Path(a).is_file() else "right"}
+        a, b = Path(a), Path(b)
         if a.stat().st_size == b.stat().st_size and sha256_file(a) == sha256_file(b):
             continue
         if name.endswith(".parquet"):
@@ -174,7 +174,10 @@ def first_difference(left: Path | str, right: Path | str, names: Sequence[str], 
 
 def _first_row(a: Path, b: Path, batch_rows: int) -> dict[str, Any]:
     """Where two Parquet files first differ in their rows (see :func:`first_difference`)."""
-    ta, tb = pq.read_table(a, memory_map=True), pq.read_table(b, memory_map=True)
+    try:
+        ta, tb = pq.read_table(a, memory_map=True), pq.read_table(b, memory_map=True)
+    except (OSError, ValueError) as exc:   # pyarrow's errors on a damaged file are both
+        return {"row": None, "error": f"unreadable as a table ({exc})", "byte": _first_byte(a, b)}
     if ta.schema.remove_metadata() != tb.schema.remove_metadata():
         return {"row": 0, "schema": "the two tables' schemas differ"}
     n = min(ta.num_rows, tb.num_rows)
