@@ -192,18 +192,20 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
             bar.close()
 
 
-def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
+def put_cached(cached: Path, write: Callable[[Path], None], record: bool = True) -> None:
     """Write a cache entry: ``write(tmp_dir)``, its digest manifest
     (:func:`funnelrag.verify.record_digests`, checked by :func:`funnelrag.verify.verified_entry`
-    before the entry is read), then rename onto ``cached`` (a concurrent writer of the same key
-    wins; both wrote the same bytes). If ``write`` raises, its temporary directory is removed and
-    the error passes on; ``cached`` is left as it was."""
+    before the entry is read; ``record`` False: none, for a build's own scratch that no later
+    build reads), then rename onto ``cached`` (a concurrent writer of the same key wins; both
+    wrote the same bytes). If ``write`` raises, its temporary directory is removed and the error
+    passes on; ``cached`` is left as it was."""
     tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         write(tmp)
-        record_digests(tmp)
+        if record:
+            record_digests(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -400,14 +402,14 @@ class DocumentSplit:
         h.update(np.asarray(cluster_ids, np.int64).tobytes())
         h.update(np.asarray(doc_ids, np.int64).tobytes())
         done = self.shared / h.hexdigest()
-        if verified_entry(done):
+        if (done / "COMPLETE").exists():   # this build's scratch (removed when it ends): no digests
             self.reused = True
             return [done / f"{k:06d}" for k in range(len(ranges))]
 
         def write(tmp: Path) -> None:
             partition_documents(ingest_dir, ranges, cluster_ids, doc_ids, tmp, submit, docs_per_range, window)
             (tmp / "COMPLETE").write_text("\n")
-        put_cached(done, write)
+        put_cached(done, write, record=False)
         return [done / f"{k:06d}" for k in range(len(ranges))]
 
 
