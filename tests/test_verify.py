@@ -143,7 +143,8 @@ def test_build_corpus_verify_finds_a_planted_corruption(prefect_harness, tmp_pat
     table = pq.read_table(passages)
     texts = table.column("text").to_pylist()
     texts[17] = texts[17].replace("a", "u", 1)   # one letter, as the fault run's "auimal"
-    planted = table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
+    field = table.schema.field("text")
+    planted = table.set_column(table.schema.get_field_index("text"), field, pa.array(texts, field.type))
     passages.unlink()   # a hard link of the cache's file: the cache keeps the good bytes
     pq.write_table(planted, passages)
     assert main([*base, "--verify", "--json", str(tmp_path / "differs.json")]) == 1
