@@ -8,13 +8,15 @@ markdown summary artifact in Prefect.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -32,6 +34,7 @@ from funnelrag.locks import exclusive_lock
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
 from funnelrag.store import StageCache, StageResult, code_version, dir_digest, prune_cache, write_json
 from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link
+from funnelrag.verify import first_difference
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
@@ -83,6 +86,25 @@ class CorpusSource(DataSource):
                                     "enwiki-…-pages-articles-multistream.xml.bz2, or a file of ingest.format)")
 
 
+class CacheConfig(BaseModel):
+    """What a build reads from the home's cache (no output byte depends on it).
+
+    read : take stage outputs, shard outputs and memos from ``<home>/cache/corpus`` (each entry
+        checked against its digest manifest first, :func:`funnelrag.verify.verified_entry`);
+        False (``--no-cache``) = build everything from the input in an empty scratch cache,
+        removed afterwards: the home's cache is neither read nor changed (the nightly also parses
+        every adds-changes day again).
+    verify : (``--verify``) build as with ``read: false``, publish nothing, and compare the
+        build's content digest with the current version's; the summary's ``verify`` names the
+        first file, table row or array element that differs (:func:`funnelrag.verify.first_difference`),
+        and the CLI exits with status 1 when they differ.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    read: bool = True
+    verify: bool = False
+
+
 class RetentionConfig(BaseModel):
     """What a build removes from its home once it has published (no artifact byte depends on it).
 
@@ -117,6 +139,7 @@ class CorpusBuildConfig(FlowConfig):
     gate: GateConfig = GateConfig()
     runner: RunnerConfig = Field(default_factory=RunnerConfig)   # where per-shard tasks run; no output byte depends on it
     retention: RetentionConfig = RetentionConfig()   # what a build removes from the home afterwards; no output byte depends on it
+    cache: CacheConfig = CacheConfig()   # read the home's cache or build from scratch (--no-cache, --verify); no output byte depends on it
     embed_preranker: str | None = None   # a bi-encoder pre-ranker ref: embed the published passages (flows/embed.py)
 
     @model_validator(mode="after")
@@ -212,6 +235,55 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
         tokens_per_shard=runner.tokens_per_shard, docs_per_range=runner.docs_per_shard, split_dir=split_dir))
 
 
+# The files a version publishes, by the stage that makes them (and every file of the index stage).
+PUBLISHED = {
+    "ingest": ["documents.parquet", "redirects.parquet", "links.parquet", "ingest_report.parquet"],
+    "cluster": ["graph_metrics.parquet", "clusters.parquet", "cluster_members.parquet"],
+    "segment": ["document_units.parquet", "passages.parquet"],
+}
+
+
+def published_files(stages: dict[str, StageResult]) -> tuple[dict[str, Path], dict[str, str]]:
+    """``({name: path}, {name: sha256})`` of the files a version of these stages' outputs holds,
+    in publication order (:data:`PUBLISHED`, then the index stage's files); the content digest is
+    :func:`funnelrag.store.dir_digest` of the second."""
+    digests = {name: stages[stage].files[name] for stage, names in PUBLISHED.items() for name in names}
+    digests.update(stages["index"].files)
+    paths = {name: (stages["index"].path if name in stages["index"].files else
+                    next(stages[s].path for s, ns in PUBLISHED.items() if name in ns)) / name for name in digests}
+    return paths, digests
+
+
+def verify_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult]) -> dict[str, Any]:
+    """``--verify``: this build (made without reading the cache) against the current version.
+
+    Returns ``{"current", "current_digest", "fresh_digest", "same", "first_difference"}``:
+    ``same`` when the content digests are equal *and* every file of the current version has the
+    bytes this build made (its files are hashed again, so a file changed after publishing is found
+    too); otherwise ``first_difference`` names the first file, in publication order, and the first
+    row (Parquet tables), element (``.npy`` arrays) or byte where they differ
+    (:func:`funnelrag.verify.first_difference`).
+
+    Raises ``FileNotFoundError`` when the corpus has no current version."""
+    store = corpus_store(ws, cfg.name)
+    current_dir = store.current_dir()
+    manifest = store.read_manifest()
+    paths, digests = published_files(stages)
+    fresh = dir_digest(digests)
+    current_files = {name: current_dir / name for name in manifest["files"]}
+    first = first_difference(paths, current_files)
+    same = first is None and manifest.get("content_digest") == fresh
+    result = {"current": current_dir.name, "current_digest": manifest.get("content_digest"), "fresh_digest": fresh,
+              "same": same, "first_difference": first}
+    if same:
+        log.info("verify %s: a build without the cache equals current version %s (content digest %s)",
+                 cfg.name, current_dir.name, fresh[:12])
+    else:
+        log.error("verify %s: current version %s differs from a build without the cache: %s", cfg.name,
+                  current_dir.name, first or "content digests differ, files equal (the manifest was changed)")
+    return result
+
+
 @task(name="publish", cache_policy=NO_CACHE)
 def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult]) -> tuple[Path, dict, bool]:
     """Publish the built files as a new version, or nothing when they equal ``current``'s.
@@ -220,20 +292,12 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
     equals the current version's, so no version is written and ``version_dir`` is the current
     one (a rebuild of unchanged input is a no-op: no new version, no pointer move, no event).
     """
-    published = {
-        "ingest": ["documents.parquet", "redirects.parquet", "links.parquet", "ingest_report.parquet"],
-        "cluster": ["graph_metrics.parquet", "clusters.parquet", "cluster_members.parquet"],
-        "segment": ["document_units.parquet", "passages.parquet"],
-    }
-    file_digests = {name: stages[stage].files[name] for stage, names in published.items() for name in names}
-    file_digests.update(stages["index"].files)
-    files = {name: (stages["index"].path if name in stages["index"].files else
-                    next(stages[s].path for s, ns in published.items() if name in ns)) / name for name in file_digests}
+    files, file_digests = published_files(stages)
     digest = dir_digest(file_digests)
     counts = {k: v for k, v in stages["cluster"].summary.items() if not k.endswith("seconds")}
     manifest_extra = {
         "corpus": cfg.name, "content_digest": digest, "code_version": code_version(),
-        **S.C.BUILD_CONFIG.stamp(to_jsonable(cfg.model_dump(exclude={"workspace", "runner", "retention"}))),
+        **S.C.BUILD_CONFIG.stamp(to_jsonable(cfg.model_dump(exclude={"workspace", "runner", "retention", "cache"}))),
         "schema_versions": {c.name: c.version for c in S.C.CORPUS_CONTRACTS},
         "counts": {"documents": stages["ingest"].summary["documents"], "links": stages["ingest"].summary["links"],
                    "redirects": stages["ingest"].summary["redirects"], **counts,
@@ -440,12 +504,15 @@ def corpus_build_flow(config: CorpusBuildConfig | None = None, config_file: str 
     name_run(run_name("build-corpus", config.name))
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
+    if config.cache.verify and corpus_store(ws, config.name).current_version() is None:
+        raise FileNotFoundError(f"verify: corpus {config.name!r} has no current version in {ws.home} to compare with")
     with exclusive_lock(corpus_store(ws, config.name).root / BUILD_LOCK,
                         f"corpus build of {config.name!r} in {ws.home}"), build_collector():
-        summary = _build_and_publish(config, ws, logger)
+        with build_cache(config.cache, ws) as cache:
+            summary = _build_and_publish(config, ws, cache, logger)
         if removed := apply_retention(config.retention, ws, config.name):
             summary["retention"] = removed
-    if config.embed_preranker:   # the embedding index step of the nightly build (after `current` moved)
+    if config.embed_preranker and not config.cache.verify:   # the embedding index step of the nightly build (after `current` moved)
         from flows.embed import EmbedConfig, embed_flow  # noqa: PLC0415  (heavy: torch via the embedding flow, only when the build embeds the corpus)
 
         summary["embeddings"] = embed_flow(EmbedConfig(corpus=config.name, corpus_version=summary["version"],
@@ -471,11 +538,32 @@ def apply_retention(cfg: RetentionConfig, ws: Workspace, corpus: str) -> dict[st
 BUILD_LOCK = ".build.lock"
 
 
-def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict[str, Any]:
-    """The stages, publish, gate and promotion of one build (under the build lock)."""
+@contextlib.contextmanager
+def build_cache(cfg: CacheConfig, ws: Workspace) -> Iterator[StageCache]:
+    """The stage cache a build reads and fills: the home's ``cache/corpus``, or with
+    ``cache.read: false`` or ``cache.verify`` an empty scratch cache in it (``.tmp-no-cache-<pid>``,
+    never an entry of the home's cache; swept by :func:`funnelrag.reaper.sweep_stale_temp_dirs`
+    should the build be killed), removed when the build ends. A published version keeps its files
+    (hard links)."""
+    root = ws.cache_dir / "corpus"
+    if cfg.read and not cfg.verify:
+        yield StageCache(root)
+        return
+    scratch = root / f".tmp-no-cache-{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    log.info("building without the cache (in %s, removed afterwards)", scratch)
+    try:
+        yield StageCache(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCache, logger) -> dict[str, Any]:
+    """The stages, publish, gate and promotion of one build (under the build lock); with
+    ``cache.verify``, the stages and :func:`verify_task` only (nothing published)."""
     import mlflow  # noqa: PLC0415  (heavy: mlflow, only when a run is logged or read)
 
-    cache = StageCache(ws.cache_dir / "corpus")
     mirror = config.workspace.data_mirror
     t_flow = time.perf_counter()
     with flow_run(ws, "corpus-build", f"corpus-build-{config.name}", config.model_dump(exclude={"workspace"}),
@@ -503,6 +591,12 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
                             walls[name])
         finally:
             shutil.rmtree(split_dir, ignore_errors=True)
+        if config.cache.verify:
+            result = verify_task(config, ws, stages)
+            log_metrics({"verify_same": int(result["same"])})
+            mlflow.set_tag("corpus_verify", "same" if result["same"] else "differs")
+            return {"corpus": config.name, "verify": result, "total_seconds": time.perf_counter() - t_flow,
+                    "mlflow_run_id": run.info.run_id}
         t0 = time.perf_counter()
         previous = corpus_store(ws, config.name).current_version()
         version_dir, rows, unchanged = publish_task(config, ws, stages)
@@ -593,5 +687,9 @@ def refuse_mirror(cfg: CorpusBuildConfig) -> None:
 
 COMMANDS = [
     FlowCommand("build-corpus", "build, validate and publish a versioned corpus + BM25 indexes (default: Wikispeedia)",
-                CorpusBuildConfig, run_corpus_build, check=refuse_mirror),
+                CorpusBuildConfig, run_corpus_build, check=refuse_mirror,
+                flags=(("--no-cache", "cache.read=false", "build without reading any cache entry"),
+                       ("--verify", "cache.verify=true", "build without the cache and compare with the current version "
+                        "(first differing table and row; exit status 1 when they differ); nothing is published")),
+                exit_status=lambda summary: 1 if not summary.get("verify", {}).get("same", True) else 0),
 ]

@@ -60,7 +60,8 @@ def fetch_task(config: CorpusBuildConfig, ws: Workspace, plan: N.NightPlan) -> t
     applies to the base dump (or the merged dump, for a base not in page id order)."""
     with exclusive_lock(dumps_dir(ws) / FETCH_LOCK, f"dump download into {dumps_dir(ws)}"), \
             Mirror(config.source.mirror, auth=mirror_auth(os.environ)) as mirror:
-        return N.prepare_input(mirror, plan, dumps_dir(ws), workers=config.runner.n_workers())
+        return N.prepare_input(mirror, plan, dumps_dir(ws), workers=config.runner.n_workers(),
+                               read_cache=config.cache.read and not config.cache.verify)
 
 
 def nightly_markdown(name: str, plan: N.NightPlan, summary: dict[str, Any] | None) -> str:

@@ -102,10 +102,16 @@ def rebuilt_words(summary: Mapping[str, Any]) -> str:
 def build_message(summary: Mapping[str, Any]) -> str:
     """State message of a ``corpus-build`` run from its summary (:func:`flows.corpus_build.corpus_build_flow`).
 
-    ``unchanged: current version <v> already holds these inputs``, or ``published <v>: 4,598
+    ``unchanged: current version <v> already holds these inputs``, ``verify: ...`` (``--verify``:
+    the comparison with ``current``, nothing published), or ``published <v>: 4,598
     documents, 912 clusters, 146,402 passages; 18 documents re-tokenised, 558 reused``, or, when the
     quality gate refused the version, ``gate refused <v>: <reasons>``.
     """
+    if "verify" in summary:   # --verify: a build without the cache compared with current, nothing published
+        check = summary["verify"]
+        if check.get("same"):
+            return f"verify: a build without the cache equals current {check.get('current')}"
+        return f"verify: current {check.get('current')} differs from a build without the cache: {check.get('first_difference')}"
     version = summary["version"]
     if summary.get("unchanged"):
         return f"unchanged: current version {version} already holds these inputs"

@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. clustering.max_tokens=2048 (repeatable)")
         p.add_argument("--home", help=HOME_HELP + "; a --set workspace.home=... wins")
+        for flag, override, text in cmd.flags:   # a switch for one --set override
+            p.add_argument(flag, dest="overrides", action="append_const", const=override, help=f"{text} (--set {override})")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         p.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -296,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(summary)
     if args.json:
         write_json(args.json, summary)
-    return 0
+    return cmd.exit_status(summary) if cmd.exit_status is not None else 0
 
 
 def user_error(command: str, exc: BaseException, verbose: bool) -> int:

@@ -389,6 +389,9 @@ class FlowCommand:
     ``check(cfg)``, when given, runs before any Prefect API or flow run starts and raises
     :class:`ConfigError` for a config this command cannot run (e.g. ``build-corpus`` with a mirror,
     which ``nightly`` follows).
+    ``flags``: ``(flag, override, help)`` each, a switch that stands for ``--set override``
+    (e.g. ``("--no-cache", "cache.read=false", ...)``). ``exit_status(summary) -> int``: the
+    command's exit status after a run (0 when not given).
     """
 
     name: str
@@ -397,3 +400,5 @@ class FlowCommand:
     run: Callable[[Any], dict]
     screen: Callable[[Any, dict], str] | None = None
     check: Callable[[Any], None] | None = None
+    flags: tuple[tuple[str, str, str], ...] = ()
+    exit_status: Callable[[dict], int] | None = None

@@ -25,6 +25,7 @@ from data_contracts.base import atomic_write, atomic_write_bytes, link_or_copy, 
 from funnelrag import __version__
 from funnelrag.config import config_hash, redact, to_jsonable
 from funnelrag.reaper import sweep_stale_temp_dirs
+from funnelrag.verify import DIGESTS_FILE, record_digests, verified_entry
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +102,15 @@ class StageCache:
         """Return the cached outputs for ``key`` or call ``build(tmp_dir) -> summary`` to make them.
 
         ``build`` writes its files into ``tmp_dir``; on success the directory gets a
-        ``COMPLETE`` marker (with file digests and the summary) and is renamed into place. A
-        directory without the marker (a killed run) is ignored and rebuilt.
+        ``COMPLETE`` marker (with file digests and the summary) and its digest manifest
+        (:func:`funnelrag.verify.record_digests`, last) and is renamed into place. A hit is read
+        only after its files match that manifest (:func:`funnelrag.verify.verified_entry`); an
+        entry that does not (other bytes, a truncated or missing file, no manifest: a killed run
+        or an older release) is discarded, logged and rebuilt.
         """
         final = self.root / stage / key
         marker = final / COMPLETE
-        if marker.exists():
+        if verified_entry(final) and marker.exists():
             meta = json.loads(marker.read_text())
             mark_used(final)
             log.info("stage %s: cache hit %s", stage, key[:12])
@@ -121,6 +125,7 @@ class StageCache:
             files = {p.relative_to(tmp).as_posix(): sha256_file(p)
                      for p in sorted(tmp.rglob("*")) if p.is_file()}
             atomic_write_bytes(tmp / COMPLETE, canonical_json({"files": files, "summary": summary}))
+            record_digests(tmp, files)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         except BaseException:
@@ -130,9 +135,10 @@ class StageCache:
 
 
 # ---------------------------------------------------------------------------- cache retention
-# Files whose modification time records an entry's last use, by kind of entry: stage and shard
-# entries (COMPLETE), ingest pieces (piece.json), passage index shards (params.index.json).
-ENTRY_MARKERS = (COMPLETE, "piece.json", "params.index.json")
+# Files whose modification time records an entry's last use, by kind of entry: every entry's
+# digest manifest (funnelrag.verify); in entries written before it, stage and shard entries'
+# COMPLETE, ingest pieces' piece.json, passage index shards' params.index.json.
+ENTRY_MARKERS = (DIGESTS_FILE, COMPLETE, "piece.json", "params.index.json")
 
 
 def entry_marker(entry: Path | str) -> Path:

@@ -129,5 +129,5 @@ def test_collection_and_pair_stages_are_byte_identical(data_mirror, tmp_path):
     coll = read_collection(tmp_path / "a" / "c")
     assert [len(coll.questions["train"]), len(coll.questions["dev"])] == [summary["train_questions"], summary["dev_questions"]]
     assert all(len(q.supporting) == 2 for qs in coll.questions.values() for q in qs)
-    with pytest.raises(ValueError, match="leaves train="):
+    with pytest.raises(ValueError, match="leaves no dev question"):
         run_collection(path, HotpotQADataConfig(max_questions=5, split=SplitConfig(dev_fraction=0.0)), tmp_path / "x")

@@ -29,6 +29,10 @@ def test_a_build_says_what_it_published_and_what_it_redid():
     assert build_message(no_memo).endswith("; 1 token shards built, 7 reused")
     assert build_message({**SUMMARY, "unchanged": True}).startswith("unchanged: current version 20260103T")
     refused = {**SUMMARY, "gate": {"passed": False, "reasons": ["AR@20 0.1 < 0.2"]}}
+    assert build_message({"verify": {"current": "v1", "same": True}}) == \
+        "verify: a build without the cache equals current v1"
+    assert build_message({"verify": {"current": "v1", "same": False, "first_difference": "passages.parquet row 17"}}) \
+        .endswith("differs from a build without the cache: passages.parquet row 17")
     assert build_message(refused) == "gate refused 20260103T020000Z-1a2b3c4d: AR@20 0.1 < 0.2 (current did not move)"
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from funnelrag.store import ArtifactStore, StageCache, cache_entries, entry_marker, mark_used, prune_cache
+from funnelrag.verify import DIGESTS_FILE
 
 
 def _build_writing(text, calls):
@@ -169,7 +170,7 @@ def test_cache_retention_removes_what_no_build_used_for_the_age(tmp_path):
     version = tmp_path / "version"
     version.mkdir()
     os.link(old.path / "a.txt", version / "a.txt")   # a published version links the old stage output
-    unlinked = (old.path / "COMPLETE").stat().st_size + 2 + 100 + 2 + 50
+    unlinked = (old.path / "COMPLETE").stat().st_size + (old.path / DIGESTS_FILE).stat().st_size + 2 + 100 + 2 + 50
 
     assert cache.run("index", "k-hit", _build_writing("never built", [])).cache_hit   # a hit: used now
     mark_used(shard)

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from funnelrag.store import mark_used
+from funnelrag.verify import verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
 from tasks.corpus.memo import JoinedTexts, keys_digest
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
@@ -105,7 +106,7 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     piece_keys = pieces.keys()   # hashed once: the shard's cache key and the memo lookup
     key = keys_digest(CLUSTER_TOKENS_VERSION, asdict(cfg), [*ids, *map(str, offsets.tolist())], piece_keys)
     cached = Path(work_dir) / "cluster-tokens" / key
-    if (cached / "COMPLETE").exists():
+    if verified_entry(cached):
         mark_used(cached)
         return ids, pq.read_table(cached / TokenIds.TERMS_FILE).column("term").to_pylist(), key, True, len(pieces)
     memo, memo_terms = open_token_memo(memo_dir)
@@ -245,6 +246,7 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
         del members, cids
         t_partition = time.perf_counter() - t0
         memo_dir = token_memo_dir(work_dir, "clusters", cfg)
+        verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
         calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d),
                   str(memo_dir)) for (lo, hi), d in zip(ranges, docs_dirs)]
         for ids, terms, key, hit, from_memo in ordered_results(submit, calls, window, "cluster index token shards"):

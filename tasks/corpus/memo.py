@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from data_contracts.base import atomic_directory, link_or_copy
+from funnelrag.verify import record_digests, recorded_digests
 
 KEYS_FILE = "keys.npy"
 COMPLETE_FILE = "COMPLETE"
@@ -408,7 +409,9 @@ class DocumentMemo:
     @classmethod
     def open(cls, directory: Path | str | None, fields: Sequence[str]) -> "DocumentMemo | None":
         """The memo in ``directory`` with ``fields``, or ``None`` when ``directory`` is ``None``,
-        absent, incomplete (no ``COMPLETE`` marker) or lacks a field."""
+        absent, incomplete (no ``COMPLETE`` marker) or lacks a field. Its files are not checked
+        here (a memo is opened by every shard): the build checks them once before its shards
+        open it (:func:`funnelrag.verify.verified_entry`)."""
         if directory is None:
             return None
         directory = Path(directory)
@@ -499,6 +502,7 @@ class DocumentMemo:
             for name, write in (extra or {}).items():
                 write(tmp / name)
             (tmp / COMPLETE_FILE).write_text(f"{rows.size}\n")
+            record_digests(tmp)
         return int(rows.size)
 
     def extend(self, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, np.ndarray]],
@@ -526,6 +530,7 @@ class DocumentMemo:
             new = new[first]
         at = self._insertion_points(keys[new])
         files = {name: _data_files(self.directory, name) for name in self.fields}
+        known = recorded_digests(self.directory)   # of the data files linked below: not hashed again
         with atomic_directory(self.directory) as tmp:
             np.save(tmp / KEYS_FILE, np.insert(np.asarray(self.keys), at, keys[new], axis=0))
             for name, (offsets, data) in fields.items():
@@ -541,6 +546,7 @@ class DocumentMemo:
             for name, write in (extra or {}).items():
                 write(tmp / name)
             (tmp / COMPLETE_FILE).write_text(f"{len(self) + new.size}\n")
+            record_digests(tmp, {n: d for n, d in known.items() if ".data." in n})
         return len(self) + int(new.size)
 
     def _insertion_points(self, keys: np.ndarray) -> np.ndarray:

@@ -158,7 +158,7 @@ def _base_dump(mirror: Mirror, wiki: str, date: str) -> tuple[FullDump, None]:
 
 
 def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int = 1,
-                  while_ingesting: bool = True) -> tuple[Path, dict[str, Any]]:
+                  while_ingesting: bool = True, read_cache: bool = True) -> tuple[Path, dict[str, Any]]:
     """The dump file to build tonight, downloaded and verified, and what was done to get it.
 
     ``full``: the dump and its index (``downloads/<wiki>/<date>/``). ``incremental``: the base as
@@ -172,7 +172,8 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     (:func:`tasks.corpus.adds_changes.apply_changes`; reused when it is already there from the
     same base and days) and returned. Either way each day's revisions are kept beside its download
     (:func:`tasks.corpus.adds_changes.read_day_memo`): a day is parsed by the first night that
-    applies it only.
+    applies it only. ``read_cache`` False (``cache.read: false``): every day is parsed and the
+    merged dump written again, neither the day memos nor an earlier merged dump read.
 
     Raises
     ------
@@ -197,11 +198,11 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     stamp = out.with_name(out.name + ".applied.json")
     want = {"base": plan.base.date, "base_digest": plan.base.dump.digest,
             "days": [[d.date, d.file.digest] for d in plan.scan.days]}
-    if out.is_file() and stamp.is_file() and json.loads(stamp.read_text()).get("inputs") == want:
+    if read_cache and out.is_file() and stamp.is_file() and json.loads(stamp.read_text()).get("inputs") == want:
         info.update(json.loads(stamp.read_text()).get("report", {}), reused_merged_dump=True)
         return out, info
     # each day parsed once per base: later nights read its revisions from the memo beside the download
-    changes, counts = merge_days(day_files, memo_dir=downloads / "other" / "incr" / plan.wiki)
+    changes, counts = merge_days(day_files, memo_dir=downloads / "other" / "incr" / plan.wiki if read_cache else None)
     if while_ingesting:
         folded, report = plan_changes(dump, changes, out.name)
         if folded is not None:

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from data_contracts.base import atomic_write_bytes, link_or_copy, replace_file, sha256_file, temp_file_beside
 from data_contracts.corpus import CLUSTERS, PASSAGES
 from funnelrag.store import mark_used
+from funnelrag.verify import DIGESTS_FILE, verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.memo import keys_digest, text_keys
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
@@ -248,7 +249,7 @@ def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     text_keys_ = text_keys(texts)   # hashed once: the shard's cache key and the memo lookup
     key = keys_digest(PASSAGE_SHARD_VERSION, asdict(cfg), ids, text_keys_)
     cached = Path(work_dir) / "passage-stats" / key
-    if (cached / "COMPLETE").exists():
+    if verified_entry(cached):
         mark_used(cached)
         meta = json.loads((cached / "COMPLETE").read_text())
         return key, meta["n_docs"], meta["total_len"], True, len(texts)
@@ -304,7 +305,7 @@ def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     statistics, so then every shard is re-indexed (only the statistics of unchanged shards,
     :func:`passage_stats_shard`, are reused)."""
     cached = Path(work_dir) / "passage-shards" / hashlib.sha256(f"{stats_key}:{global_key}".encode()).hexdigest()
-    if (cached / "params.index.json").exists():
+    if verified_entry(cached):
         mark_used(cached)
         return str(cached), True
     ids = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id"],
@@ -319,14 +320,18 @@ def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     if at.null_count:
         raise ValueError(f"BM25 shard {lo}..{hi - 1}: terms missing from the global statistics {global_df}")
     df = dict(zip(terms.to_pylist(), table.column("df").take(at).to_pylist()))
-    build_shard_from_ids(tokens.tokenized(), ids.column("passage_id").to_pylist(), cfg,
-                         CorpusStats(n_docs, total_len, df)).save(cached)
+    shard = build_shard_from_ids(tokens.tokenized(), ids.column("passage_id").to_pylist(), cfg,
+                                 CorpusStats(n_docs, total_len, df))
+    put_cached(cached, shard.save)
     return str(cached), False
 
 
 def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (or copy across devices) every file of ``src`` into ``dst``."""
+    """Hard-link (or copy across devices) every file of the cache entry ``src`` into ``dst``, but
+    its digest manifest (:data:`funnelrag.verify.DIGESTS_FILE`)."""
     for path in sorted(src.rglob("*")):
+        if path.relative_to(src).as_posix() == DIGESTS_FILE:
+            continue
         target = dst / path.relative_to(src)
         if path.is_dir():
             target.mkdir(parents=True, exist_ok=True)
@@ -356,6 +361,7 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     t0 = time.perf_counter()
     ranges = read_cluster_ranges(cluster_dir, shard_tokens)
     memo_dir = token_memo_dir(work_dir, "passages", cfg)
+    verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
     calls = [(passage_stats_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir)) for lo, hi in ranges]
     stats = list(ordered_results(submit, calls, window, "passage index statistics shards"))
     kept = [(r, s) for r, s in zip(ranges, stats) if s[1] > 0]

@@ -38,6 +38,7 @@ from data_contracts import corpus as C
 from data_contracts.base import atomic_write, names_disk_full
 from funnelrag.progress import Progress, progress
 from funnelrag.store import mark_used
+from funnelrag.verify import record_digests, verified_entry
 from tasks.corpus import segment_memo as SM
 from tasks.corpus.memo import DocumentMemo, Utf8Rows, arrow_text_keys, settings_dir, take_texts
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
@@ -191,10 +192,13 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
             bar.close()
 
 
-def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
-    """Write a cache entry: ``write(tmp_dir)`` then rename onto ``cached`` (a concurrent writer of
-    the same key wins; both wrote the same bytes). If ``write`` raises, its temporary directory is
-    removed and the error passes on (a disk-full error naming no file names ``cached``,
+def put_cached(cached: Path, write: Callable[[Path], None], record: bool = True) -> None:
+    """Write a cache entry: ``write(tmp_dir)``, its digest manifest
+    (:func:`funnelrag.verify.record_digests`, checked by :func:`funnelrag.verify.verified_entry`
+    before the entry is read; ``record`` False: none, for a build's own scratch that no later
+    build reads), then rename onto ``cached`` (a concurrent writer of the same key wins; both
+    wrote the same bytes). If ``write`` raises, its temporary directory is removed and the error
+    passes on (a disk-full error naming no file names ``cached``,
     :func:`data_contracts.base.names_disk_full`); ``cached`` is left as it was."""
     tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -202,6 +206,8 @@ def put_cached(cached: Path, write: Callable[[Path], None]) -> None:
     try:
         with names_disk_full(cached):
             write(tmp)
+        if record:
+            record_digests(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -398,14 +404,14 @@ class DocumentSplit:
         h.update(np.asarray(cluster_ids, np.int64).tobytes())
         h.update(np.asarray(doc_ids, np.int64).tobytes())
         done = self.shared / h.hexdigest()
-        if (done / "COMPLETE").exists():
+        if (done / "COMPLETE").exists():   # this build's scratch (removed when it ends): no digests
             self.reused = True
             return [done / f"{k:06d}" for k in range(len(ranges))]
 
         def write(tmp: Path) -> None:
             partition_documents(ingest_dir, ranges, cluster_ids, doc_ids, tmp, submit, docs_per_range, window)
             (tmp / "COMPLETE").write_text("\n")
-        put_cached(done, write)
+        put_cached(done, write, record=False)
         return [done / f"{k:06d}" for k in range(len(ranges))]
 
 
@@ -507,6 +513,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     keys: list[np.ndarray] = []
     reused_docs = reused_shards = 0
     memo_dir = tokens_memo_dir(cache_dir, cfg) if cache_dir is not None else None
+    verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
     calls = [(count_shard, str(ingest_dir), lo, hi, cfg, str(mirror) if mirror else None,
               str(memo_dir) if memo_dir else None) for lo, hi in shards]
     with Progress("token counts", total=n_docs, unit="documents") as bar:
@@ -683,7 +690,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     if text_keys is None:
         text_keys = arrow_text_keys(docs.column("text"))
     cached = Path(cache_dir) / _segment_key(members, docs, text_keys, tokens, cfg)
-    if (cached / "COMPLETE").exists():
+    if verified_entry(cached):
         mark_used(cached)
         n_clusters = len(set(members.column("cluster_id").to_pylist()))
         return str(cached), int((cached / "COMPLETE").read_text()), n_clusters, True, 0, 0
@@ -785,6 +792,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         del members
         t_partition = time.perf_counter() - t0
         memo = SM.memo_dir(rows_dir, cfg) if cache_dir is not None else None
+        verified_entry(memo)   # checked once here, not by each shard that opens it: a bad memo is discarded
         calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
                   str(mirror) if mirror else None, str(rows_dir), str(d), str(memo) if memo else None)
                  for (lo, hi), d in zip(ranges, docs_dirs)]

@@ -26,6 +26,7 @@ import numpy as np
 
 from data_contracts.base import atomic_directory, sha256_file
 from funnelrag.store import mark_used
+from funnelrag.verify import record_digests, verified_entry
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def index_summary(index: Path, cache_dir: Path | None = None) -> IndexSummary:
     if cache_dir is None:
         return read_index_summary(index)
     entry = Path(cache_dir) / f"multistream-index-{INDEX_SUMMARY_VERSION}-{sha256_file(index)}"
-    if (entry / "COMPLETE").exists():
+    if verified_entry(entry):
         mark_used(entry)
         offsets, first = np.load(entry / "offsets.npy"), np.load(entry / "first_ids.npy")
         return IndexSummary(offsets.tolist(), dict(zip(first[:, 0].tolist(), first[:, 1].tolist())))
@@ -175,6 +176,7 @@ def index_summary(index: Path, cache_dir: Path | None = None) -> IndexSummary:
         np.save(tmp / "offsets.npy", np.asarray(summary.offsets, dtype=np.int64))
         np.save(tmp / "first_ids.npy", pairs)
         (tmp / "COMPLETE").write_text(f"{index.name}\n")
+        record_digests(tmp)
     return summary
 
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from data_contracts.base import atomic_directory, link_or_copy
+from funnelrag.verify import record_digests
 from tasks.corpus.memo import first_of_each_key, settings_dir, text_key
 from tasks.corpus.ingest.config import IngestConfig
 
@@ -113,6 +114,7 @@ class PageMemo:
             for k, part in enumerate(parts):
                 link_or_copy(Path(part), tmp / f"part-{k:05d}.arrow")
             np.save(tmp / INDEX_FILE, np.ascontiguousarray(index, np.uint64))
+            record_digests(tmp)
         return int(rows.size)
 
 

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from data_contracts.base import link_or_copy
 from funnelrag.store import mark_used
+from funnelrag.verify import record_digests, verified_entry
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
 from tasks.corpus.ingest.changes import PageChanges, is_newer, merge_pages, page_xml
 from tasks.corpus.ingest.mediawiki import MediaWikiReader, page_from_xml
@@ -171,6 +172,7 @@ def _save_piece(result: PieceResult, directory: Path) -> None:
         link_or_copy(Path(part), tmp / MEMO_PART)
     (tmp / "piece.json").write_text(json.dumps({"xml_bytes": result.xml_bytes, "shards": len(result.shards),
                                                 "stale": result.stale}))
+    record_digests(tmp)
     try:
         os.replace(tmp, directory)
     except OSError:   # another worker kept the same piece first
@@ -242,10 +244,10 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     cached = Path(cache_dir) / key if key is not None else None
     source = changes.source if changes is not None else Path(path).name
     state = _PiecePass(cfg, ShardWriter(Path(shard_dir), cfg.shard_size))
-    if cached is not None and (cached / "piece.json").exists():
+    if verified_entry(cached):
         mark_used(cached)
         return _load_piece(piece, cached, Path(shard_dir), source, state.shards.group_rows)
-    if base is not None and base != cached and (base / "piece.json").exists():
+    if base is not None and base != cached and verified_entry(base):
         mark_used(base)   # the base dump's piece: every night until the next full dump patches it
         patched = patch_piece(piece, base, changes, namespaces, cfg, shard_dir, memo)
         if patched is not None:
@@ -539,6 +541,7 @@ def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Pa
     per_piece = piece_changes(layout, changes) if changes is not None else [None] * len(layout.pieces)
     namespaces, total = read_siteinfo(layout)
     memo = memo_dir(piece_cache, state.cfg, namespaces) if piece_cache is not None else None
+    verified_entry(memo)   # checked once here, not by each piece that opens it: a bad memo is discarded
     parts: list[str] = []
     with_parts = 0   # pieces that gave memo parts: the memo is written when every piece did
     pending: deque = deque()
