@@ -12,7 +12,6 @@ import json
 import logging
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,8 +27,10 @@ from funnelrag import datasets
 from funnelrag.config import FlowCommand, FlowConfig, resolve_flow_config, to_jsonable
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
+from funnelrag.reaper import scratch_dir
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
-from funnelrag.store import StageCache, StageResult, code_version, dir_digest, prune_cache, write_json
+from funnelrag.store import (StageCache, StageResult, code_version, dir_digest, prune_cache, sweep_cache_temps,
+                             write_json)
 from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link
 from funnelrag.workspace import Workspace
 from tasks.corpus import stages as S
@@ -431,8 +432,9 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, logger) -> dict
         logger.info("inputs: %s", ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p, _ in inputs))
         stages: dict[str, StageResult] = {}
         walls: dict[str, float] = {}
+        sweep_cache_temps(cache.root)   # what a killed run left (its pool workers' temps, its scratch)
         # the documents split by cluster shard: made once, by segment, and read again by index
-        split_dir = cache.root / f".split-{uuid.uuid4().hex}"
+        split_dir = scratch_dir(cache.root, "split")   # .tmp-<pid>-split-<uuid>: swept if this run is killed
         try:
             for name, call in (
                 ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner, config.source.changes)),

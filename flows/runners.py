@@ -27,6 +27,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Literal
@@ -39,10 +40,15 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
 from funnelrag.config import RUN_LOGGERS
+from funnelrag.reaper import ensure_reaper
 from flows.shard_retry import ShardFuture
 from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
 
 log = logging.getLogger(__name__)
+
+WORKER_STOP_GRACE_S = 3.0
+"""Seconds an interrupted run's pool workers get to end after SIGTERM before SIGKILL
+(:meth:`SharedAPIProcessPoolTaskRunner.stop_workers`)."""
 
 
 class RunnerConfig(BaseModel):
@@ -254,6 +260,7 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
     """
 
     def __enter__(self) -> "SharedAPIProcessPoolTaskRunner":
+        ensure_reaper()   # a kill -9 of this process (from Python, a Prefect worker's run) leaves no worker behind
         super().__enter__()
         ctx = worker_context()
         self._owns_forkserver = ctx.get_start_method() == "forkserver" and _forkserver_pid() is None
@@ -270,8 +277,35 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
     def submit(self, *args: Any, **kwargs: Any) -> Any:
         return _submit_under_parent_api(super().submit, *args, **kwargs)
 
+    def stop_workers(self, grace_s: float = WORKER_STOP_GRACE_S) -> list[int]:
+        """Stop the pool now, for a run that was interrupted (SIGTERM, Ctrl-C): queued shard tasks
+        are cancelled and the worker processes terminated (SIGKILL after ``grace_s`` seconds), so
+        an in-flight shard stops where it is and writes no cache entry (entries are renamed into
+        place only when complete: :func:`tasks.corpus.shards.put_cached`; its temp directory,
+        named by the worker's pid, is swept later). Prefect's own exit would wait for every
+        in-flight shard to finish (minutes each at full size). Returns the pids terminated."""
+        executor = getattr(self, "_executor", None)
+        if executor is None:
+            return []
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + grace_s
+        for p in processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        if processes:
+            log.warning("run interrupted: %d shard worker process(es) stopped, queued shards cancelled", len(processes))
+        return [p.pid for p in processes]
+
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         queue = getattr(self, "_subprocess_message_queue", None)
+        if exc_type is not None and not issubclass(exc_type, Exception):   # SIGTERM, Ctrl-C, SystemExit
+            self.stop_workers()
         try:
             super().__exit__(exc_type, exc_value, traceback)
         finally:

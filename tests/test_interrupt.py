@@ -1,0 +1,92 @@
+"""A nightly build (2 local workers, a synthetic mirror) interrupted for real: SIGTERM during token
+counting stops it within seconds, with its pool workers, forkserver, resource tracker and ephemeral
+Prefect API, and the interrupted shard writes no cache entry; ``kill -9`` of a run from Python or of
+the CLI leaves no process alive after 10 s (the reaper); the next run leaves no scratch byte.
+
+Each test prints its measured figures (seconds from the signal to the exit, processes left)."""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from benchmarks.synth_dump import SAMPLE, write_mirror
+from tests.interrupted_run import (WIKI, build_config, entries_written_after, scratch_bytes, start_from_cli,
+                                   start_from_python)
+
+pytestmark = pytest.mark.slow
+TOKENS_STARTED = "stage ingest"   # the flow's line after the ingest stage: token counting starts next
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory, data_mirror):
+    root = tmp_path_factory.mktemp("mirror")
+    write_mirror(root, 3000, 1, seed=3, wiki=WIKI, sample=data_mirror / SAMPLE)
+    return root
+
+
+def _interrupt(run, sig: int, after_s: float = 1.5) -> tuple[float, float]:
+    """Wait for token counting, ``after_s`` more, then send ``sig``; returns (POSIX time of the signal,
+    seconds from the signal to the child's exit)."""
+    run.wait_for_line(TOKENS_STARTED, timeout=1200)
+    until = time.monotonic() + after_s
+    while time.monotonic() < until:
+        run.look()
+        time.sleep(0.2)
+    run.look()
+    sent, t0 = time.time(), time.monotonic()
+    run.proc.send_signal(sig)
+    run.proc.wait(timeout=120)
+    return sent, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("start", [start_from_python, start_from_cli], ids=["python", "cli"])
+def test_sigterm_during_token_counting_stops_the_run_and_everything_it_started(start, tmp_path, mirror, data_mirror):
+    home = tmp_path / "home"
+    config = build_config(home, data_mirror, mirror=str(mirror)) if start is start_from_python else \
+        build_config(home, data_mirror, paths=[str(mirror / WIKI / "20260101" /
+                                                   f"{WIKI}-20260101-pages-articles-multistream.xml.bz2")])
+    run = start(config, tmp_path / "prefect", tmp_path / "run.log")
+    try:
+        sent, stop_s = _interrupt(run, signal.SIGTERM)
+        time.sleep(5)
+        left = run.left_alive()
+        print(f"\n[{start.__name__}] SIGTERM → exit in {stop_s:.1f} s (rc {run.proc.returncode}); "
+              f"{len(run.seen)} descendants seen, {len(left)} alive 5 s after the exit")
+        assert stop_s < 5.0 + 5.0, run.tail()   # workers within 5 s, then the MLflow/Prefect bookkeeping
+        assert left == [], left
+        assert any("forkserver" in cmd for _, cmd in run.seen.values()), run.seen   # the pool had started
+        assert entries_written_after(home / "cache" / "corpus", sent + 1.0) == []
+    finally:
+        run.kill_left()
+    rerun = start(config, tmp_path / "prefect", tmp_path / "rerun.log")
+    try:
+        assert rerun.proc.wait(timeout=1800) == 0, rerun.tail()
+    finally:
+        rerun.kill_left()
+    assert (home / "stores" / "corpus" / WIKI / "current").is_file()
+    assert scratch_bytes(home) == (0, [])
+
+
+def test_kill_9_of_a_nightly_run_from_python_leaves_no_process_and_no_scratch(tmp_path, mirror, data_mirror):
+    home = tmp_path / "home"
+    config = build_config(home, data_mirror, mirror=str(mirror))
+    run = start_from_python(config, tmp_path / "prefect", tmp_path / "run.log")
+    try:
+        _interrupt(run, signal.SIGKILL, after_s=3.0)
+        time.sleep(10)
+        left = run.left_alive()
+        print(f"\n[python] kill -9: {len(run.seen)} descendants seen, {len(left)} alive 10 s later: {left}")
+        assert left == [], left
+        assert any("forkserver" in cmd for _, cmd in run.seen.values()) and any(
+            "uvicorn" in cmd for _, cmd in run.seen.values()), run.seen
+        assert scratch_bytes(home)[1]   # the killed run's split and temp directories are there
+    finally:
+        run.kill_left()
+    rerun = start_from_python(config, tmp_path / "prefect", tmp_path / "rerun.log")
+    try:
+        assert rerun.proc.wait(timeout=1800) == 0, rerun.tail()
+    finally:
+        rerun.kill_left()
+    assert scratch_bytes(home) == (0, [])
