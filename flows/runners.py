@@ -27,6 +27,8 @@ import gc
 import logging
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -46,6 +48,8 @@ from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS, in_build_collector, re
 
 log = logging.getLogger(__name__)
 
+INTERRUPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""Signals that stop a run's pool workers at once (:meth:`SharedAPIProcessPoolTaskRunner._chain_signal_handlers`)."""
 WORKER_STOP_GRACE_S = 3.0
 """Seconds an interrupted run's pool workers get to end after SIGTERM before SIGKILL
 (:meth:`SharedAPIProcessPoolTaskRunner.stop_workers`)."""
@@ -272,7 +276,38 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
         self._executor = ProcessPoolExecutor(max_workers=self._max_workers, mp_context=ctx,
                                              initializer=spawn_pool._initializer, initargs=initargs)
         spawn_pool.shutdown(wait=False)
+        self._chain_signal_handlers()
         return self
+
+    def _chain_signal_handlers(self) -> None:
+        """On SIGTERM or SIGINT, terminate the pool's workers first, then run the handler that was
+        there (Prefect's, which raises ``TerminationSignal`` in the flow, or ``KeyboardInterrupt``):
+        the workers stop at once, not after the flow's bookkeeping unwinds (MLflow run ended,
+        Prefect state set), then :meth:`stop_workers` on exit. Only in the main thread (the only
+        one that may set handlers) and over a Python handler (a default or ignored signal is left)."""
+        self._chained: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in INTERRUPT_SIGNALS:
+            previous = signal.getsignal(sig)
+            if callable(previous):
+                self._chained[sig] = previous
+                signal.signal(sig, self._on_interrupt)
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        executor = getattr(self, "_executor", None)
+        for p in list((getattr(executor, "_processes", None) or {}).values()):
+            try:
+                os.kill(p.pid, signal.SIGTERM)   # only a signal here: no lock a handler could deadlock on
+            except OSError:
+                continue
+        self._chained[signum](signum, frame)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, previous in getattr(self, "_chained", {}).items():
+            if signal.getsignal(sig) == self._on_interrupt:
+                signal.signal(sig, previous)
+        self._chained = {}
 
     def submit(self, *args: Any, **kwargs: Any) -> Any:
         return _submit_under_parent_api(super().submit, *args, **kwargs)
@@ -304,6 +339,7 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         queue = getattr(self, "_subprocess_message_queue", None)
+        self._restore_signal_handlers()
         if exc_type is not None and not issubclass(exc_type, Exception):   # SIGTERM, Ctrl-C, SystemExit
             self.stop_workers()
         try:
