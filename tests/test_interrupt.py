@@ -41,6 +41,19 @@ def _interrupt(run, sig: int, after_s: float = 1.5) -> tuple[float, float]:
     return sent, time.monotonic() - t0
 
 
+def _rerun_publishes_and_leaves_no_scratch(start, config: dict, tmp_path, home) -> None:
+    """The next run of the same config completes and publishes; no temp or scratch byte is left."""
+    rerun = start(config, tmp_path / "prefect", tmp_path / "rerun.log")
+    try:
+        assert rerun.proc.wait(timeout=1800) == 0, rerun.tail()
+    finally:
+        rerun.kill_left()
+    assert (home / "stores" / "corpus" / WIKI / "current").is_file()
+    bytes_left, names_left = scratch_bytes(home)
+    print(f"after the next run: {bytes_left} scratch bytes, {len(names_left)} temp names left")
+    assert (bytes_left, names_left) == (0, [])
+
+
 @pytest.mark.parametrize("start", [start_from_python, start_from_cli], ids=["python", "cli"])
 def test_sigterm_during_token_counting_stops_the_run_and_everything_it_started(start, tmp_path, mirror, data_mirror):
     home = tmp_path / "home"
@@ -60,13 +73,7 @@ def test_sigterm_during_token_counting_stops_the_run_and_everything_it_started(s
         assert entries_written_after(home / "cache" / "corpus", sent + 1.0) == []
     finally:
         run.kill_left()
-    rerun = start(config, tmp_path / "prefect", tmp_path / "rerun.log")
-    try:
-        assert rerun.proc.wait(timeout=1800) == 0, rerun.tail()
-    finally:
-        rerun.kill_left()
-    assert (home / "stores" / "corpus" / WIKI / "current").is_file()
-    assert scratch_bytes(home) == (0, [])
+    _rerun_publishes_and_leaves_no_scratch(start, config, tmp_path, home)
 
 
 def test_kill_9_of_a_nightly_run_from_python_leaves_no_process_and_no_scratch(tmp_path, mirror, data_mirror):
@@ -84,9 +91,4 @@ def test_kill_9_of_a_nightly_run_from_python_leaves_no_process_and_no_scratch(tm
         assert scratch_bytes(home)[1]   # the killed run's split and temp directories are there
     finally:
         run.kill_left()
-    rerun = start_from_python(config, tmp_path / "prefect", tmp_path / "rerun.log")
-    try:
-        assert rerun.proc.wait(timeout=1800) == 0, rerun.tail()
-    finally:
-        rerun.kill_left()
-    assert scratch_bytes(home) == (0, [])
+    _rerun_publishes_and_leaves_no_scratch(start_from_python, config, tmp_path, home)
