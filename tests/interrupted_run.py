@@ -78,6 +78,18 @@ class Run:
             time.sleep(0.3)
         raise AssertionError(f"no {text!r} after {timeout:.0f} s:\n{self.tail()}")
 
+    def pool_processes(self) -> list[psutil.Process]:
+        """The running forkserver and pool workers among the recorded descendants."""
+        found = []
+        for pid, (created, cmd) in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if "forkserver" in cmd and p.create_time() == created:
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
     def tail(self, n: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-n:]
 
