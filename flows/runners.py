@@ -252,7 +252,7 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
     flow unwinds, and on exit the queued shards are cancelled (:meth:`stop_workers`); Prefect's
     own exit waits for every in-flight task (a shard: minutes at full size). Measured (a real pool
     of 2 workers, each inside a shard, beside other jobs on the 2-core box): both workers gone
-    0.09 s after SIGTERM, no cache entry written (``tests/test_flow_runners.py``). The pool also
+    0.05 s after SIGTERM, no cache entry written (``tests/test_flow_runners.py``). The pool also
     starts this process's reaper (:func:`funnelrag.reaper.ensure_reaper`) when none runs, so a
     ``kill -9`` of a flow run started from Python or by a Prefect worker, not only of the CLI,
     leaves no forkserver, worker, resource tracker or ephemeral API behind.
@@ -354,6 +354,9 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
         self._restore_signal_handlers()
         if exc_type is not None and not issubclass(exc_type, Exception):   # SIGTERM, Ctrl-C, SystemExit
             self.stop_workers()
+            if getattr(self, "_owns_forkserver", False):   # no worker left: the forkserver now, not after
+                self._owns_forkserver = False              # Prefect's exit (5 s on a queue a killed worker locked)
+                _stop_forkserver()
         try:
             super().__exit__(exc_type, exc_value, traceback)
         finally:
