@@ -10,6 +10,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -509,32 +510,71 @@ _WHILE_WRITING = " while writing "   # in the message of a disk-full error that 
 
 
 def _readable_temp(final: Path) -> Path:
-    """An empty temporary file beside ``final``, mode 0644: mkstemp makes 0600, and published
-    artifacts must be readable by every user of a shared home (whole and streamed writes alike)."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    """An empty temporary file beside ``final`` named by :func:`temp_name` (owner pid, then
+    ``final``'s name and a random suffix), mode 0644: mkstemp makes 0600, and published artifacts
+    must be readable by every user of a shared home (whole and streamed writes alike)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_name(f"{final.name}."), dir=final.parent)
     os.close(fd)
     os.chmod(tmp_name, 0o644)
     return Path(tmp_name)
 
 
+# ---------------------------------------------------------------------- temp names
+TEMP_KINDS = ("tmp", "old")
+"""``tmp``: work in progress of its owner; ``old``: the directory :func:`atomic_directory` moved aside."""
+_TEMP_NAME = re.compile(r"^\.(tmp|old)-(\d+)-(.+)$")
+
+
+@dataclass(frozen=True)
+class TempName:
+    """What a temp name (:func:`temp_name`) says: its kind, its owner's pid, and its label
+    (the final name it will take, for :func:`atomic_directory`'s pair)."""
+
+    kind: str
+    pid: int
+    label: str
+
+
+def temp_name(label: str, pid: int | None = None, kind: str = "tmp") -> str:
+    """The one temp-name scheme of the stores: ``.<kind>-<pid>-<label>``, the owner's pid
+    (default: this process) in a fixed position, so a sweep (:func:`funnelrag.reaper.sweep_stale_temp_dirs`)
+    can tell a live writer's work from a killed one's; parsed back by :func:`parse_temp_name`.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``kind`` (not in :data:`TEMP_KINDS`) or an empty ``label``.
+    """
+    if kind not in TEMP_KINDS or not label:
+        raise ValueError(f"temp name: kind {kind!r} must be one of {TEMP_KINDS} and the label non-empty ({label!r})")
+    return f".{kind}-{os.getpid() if pid is None else pid}-{label}"
+
+
+def parse_temp_name(name: str) -> TempName | None:
+    """The kind, owner pid and label of a :func:`temp_name`; ``None`` for any other name."""
+    m = _TEMP_NAME.match(name)
+    return TempName(m.group(1), int(m.group(2)), m.group(3)) if m else None
+
+
 @contextlib.contextmanager
 def atomic_directory(final: Path) -> Iterator[Path]:
-    """Build a directory under a temporary sibling name and move it onto ``final`` on success.
+    """Build a directory under a temporary sibling name (``.tmp-<pid>-<name>``, :func:`temp_name`)
+    and move it onto ``final`` on success.
 
     Yields the temporary directory. If the block raises, it is removed and ``final`` is left
-    as it was. An existing ``final`` is moved aside, replaced, then deleted, so a reader sees
-    the old or the new complete directory (or, for an instant, none), never a partial one. A
-    disk-full error of the block that names no file names ``final`` (:func:`names_disk_full`).
+    as it was. An existing ``final`` is moved aside (``.old-<pid>-<name>``), replaced, then deleted, so a
+    reader sees the old or the new complete directory (or, for an instant, none), never a partial one.
+    A disk-full error of the block that names no file names ``final`` (:func:`names_disk_full`).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    tmp = final.parent / temp_name(final.name)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         with names_disk_full(final):
             yield tmp
-        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        old = final.parent / temp_name(final.name, kind="old")
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
@@ -542,6 +582,26 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def move_into_place(tmp: Path, final: Path) -> None:
+    """Rename the complete directory ``tmp`` onto ``final`` (a cache entry that every writer of
+    the same key fills with the same bytes): when a concurrent writer kept ``final`` first, its
+    entry stays and ``tmp`` is removed. Any other failure removes ``tmp`` and raises.
+
+    Raises
+    ------
+    OSError
+        The rename failed for another reason (``final`` is a file, the disk, permissions), naming
+        both paths.
+    """
+    try:
+        os.replace(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and Path(final).is_dir():
+            return   # kept by a concurrent writer of the same entry
+        raise OSError(exc.errno, f"cannot move the finished {tmp} onto {final}: {exc.strerror}", str(final)) from exc
 
 
 def atomic_write_bytes(final: Path, data: bytes) -> None:

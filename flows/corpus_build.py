@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
@@ -31,8 +29,10 @@ from funnelrag import datasets
 from funnelrag.config import ConfigError, FlowCommand, FlowConfig, redact_url, resolve_flow_config, to_jsonable
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
+from funnelrag.reaper import scratch_dir
 from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
-from funnelrag.store import StageCache, StageResult, code_version, dir_digest, prune_cache, write_json
+from funnelrag.store import (StageCache, StageResult, code_version, dir_digest, prune_cache, sweep_cache_temps,
+                             write_json)
 from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link
 from funnelrag.verify import first_difference
 from funnelrag.workspace import Workspace
@@ -541,7 +541,7 @@ BUILD_LOCK = ".build.lock"
 @contextlib.contextmanager
 def build_cache(cfg: CacheConfig, ws: Workspace) -> Iterator[StageCache]:
     """The stage cache a build reads and fills: the home's ``cache/corpus``, or with
-    ``cache.read: false`` or ``cache.verify`` an empty scratch cache in it (``.tmp-no-cache-<pid>``,
+    ``cache.read: false`` or ``cache.verify`` an empty scratch cache in it (``.tmp-<pid>-no-cache``,
     never an entry of the home's cache; swept by :func:`funnelrag.reaper.sweep_stale_temp_dirs`
     should the build be killed), removed when the build ends. A published version keeps its files
     (hard links)."""
@@ -549,7 +549,7 @@ def build_cache(cfg: CacheConfig, ws: Workspace) -> Iterator[StageCache]:
     if cfg.read and not cfg.verify:
         yield StageCache(root)
         return
-    scratch = root / f".tmp-no-cache-{os.getpid()}"
+    scratch = scratch_dir(root, "no-cache")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     log.info("building without the cache (in %s, removed afterwards)", scratch)
@@ -572,8 +572,9 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCac
         logger.info("inputs: %s", ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p, _ in inputs))
         stages: dict[str, StageResult] = {}
         walls: dict[str, float] = {}
+        sweep_cache_temps(cache.root)   # what a killed run left (its pool workers' temps, its scratch)
         # the documents split by cluster shard: made once, by segment, and read again by index
-        split_dir = cache.root / f".split-{uuid.uuid4().hex}"
+        split_dir = scratch_dir(cache.root, "split")   # .tmp-<pid>-split-<uuid>: swept if this run is killed
         try:
             for name, call in (
                 ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner, config.source.changes)),

@@ -33,7 +33,7 @@ from funnelrag.config import RUN_LOGGERS, ConfigError, FlowCommand, WorkspaceCon
 from funnelrag.display import format_value
 from funnelrag.inputs import InputFileError, check_inputs
 from funnelrag.progress import heartbeat
-from funnelrag.reaper import start_reaper
+from funnelrag.reaper import ensure_reaper
 from funnelrag.store import write_json
 from funnelrag.workspace import Workspace
 
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, InputFileError, OSError) as exc:
         return user_error(args.command, exc, args.verbose)
     if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
-        start_reaper()
+        ensure_reaper()
         start_ephemeral_api()
     summary = cmd.run(cfg)
     print()

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 import pyarrow.parquet as pq
 
-from data_contracts.base import atomic_write, atomic_write_bytes, link_or_copy, sha256_file
+from data_contracts.base import atomic_write, atomic_write_bytes, link_or_copy, sha256_file, temp_name
 from funnelrag import __version__
 from funnelrag.config import config_hash, redact, to_jsonable
 from funnelrag.reaper import sweep_stale_temp_dirs
@@ -117,7 +117,7 @@ class StageCache:
             return StageResult(final, meta["files"], meta["summary"], True)
 
         sweep_stale_temp_dirs(self.root / stage)  # left by killed runs (GBs at full scale)
-        tmp = self.root / stage / f".tmp-{key}-{os.getpid()}"
+        tmp = self.root / stage / temp_name(key)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
@@ -191,11 +191,24 @@ class PruneReport:
 
 
 def _remove_dir(path: Path) -> None:
-    """Rename ``path`` to a ``.tmp-…-<pid>`` sibling (atomic; a killed removal is swept like a
-    killed build's temp directory, :func:`funnelrag.reaper.sweep_stale_temp_dirs`), then delete it."""
-    trash = path.parent / f".tmp-removed.{path.name}-{os.getpid()}"
+    """Rename ``path`` to a ``.tmp-<pid>-removed.<name>`` sibling (atomic; a killed removal is swept
+    like a killed build's temp directory, :func:`funnelrag.reaper.sweep_stale_temp_dirs`), then delete it."""
+    trash = path.parent / temp_name(f"removed.{path.name}")
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def sweep_cache_temps(root: Path | str) -> list[Path]:
+    """Remove what killed runs left in a cache tree (:func:`funnelrag.reaper.sweep_stale_temp_dirs`:
+    temp names whose owner pid is gone): in the root (the memos' :func:`data_contracts.base.atomic_directory`
+    temps, removed entries, a build's scratch directories) and in each group (stage builds, cache
+    entries written by killed pool workers). Returns what was removed; a live writer's work stays."""
+    root = Path(root)
+    removed = sweep_stale_temp_dirs(root)
+    for group in (sorted(root.iterdir()) if root.is_dir() else []):
+        if group.is_dir() and not group.name.startswith("."):
+            removed += sweep_stale_temp_dirs(group)
+    return removed
 
 
 def prune_cache(root: Path | str, max_age_s: float, now: float | None = None) -> PruneReport:
@@ -228,10 +241,7 @@ def prune_cache(root: Path | str, max_age_s: float, now: float | None = None) ->
         report.entries += 1
         report.bytes_freed += freed
         report.removed.append(entry.relative_to(root).as_posix())
-    sweep_stale_temp_dirs(root)   # the memos' (atomic_directory) and removed memo entries' temps lie in the root
-    for group in (root.iterdir() if root.is_dir() else []):
-        if group.is_dir() and not group.name.startswith("."):
-            sweep_stale_temp_dirs(group)
+    sweep_cache_temps(root)
     if report.entries:
         log.info("retention: removed %d cache entries unused for %.1f days from %s (%.1f MB freed)",
                  report.entries, max_age_s / 86400, root, report.bytes_freed / 1e6)

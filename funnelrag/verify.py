@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 import pyarrow.parquet as pq
 
-from data_contracts.base import atomic_write_bytes, sha256_file
+from data_contracts.base import atomic_write_bytes, sha256_file, temp_name
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +116,12 @@ def entry_problem(directory: Path | str) -> str | None:
 
 
 def discard_entry(directory: Path | str, reason: str) -> None:
-    """Move the entry ``directory`` aside (one atomic rename to a ``.tmp-discarded.…-<pid>``
-    sibling, which :func:`funnelrag.reaper.sweep_stale_temp_dirs` removes should this process die
+    """Move the entry ``directory`` aside (one atomic rename to a ``.tmp-<pid>-discarded.…``
+    sibling, :func:`data_contracts.base.temp_name`, which :func:`funnelrag.reaper.sweep_stale_temp_dirs` removes should this process die
     first), delete it, and log its path and ``reason`` at WARNING. An entry gone meanwhile (another
     build discarded it) is left alone."""
     directory = Path(directory)
-    trash = directory.parent / f".tmp-discarded.{directory.name}-{os.getpid()}"
+    trash = directory.parent / temp_name(f"discarded.{directory.name}")
     try:
         shutil.rmtree(trash, ignore_errors=True)
         os.replace(directory, trash)

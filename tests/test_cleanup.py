@@ -1,5 +1,5 @@
 """What a killed build leaves behind is cleaned up: the ephemeral Prefect
-server stops with the CLI, and a later run removes ``.tmp-<key>-<pid>`` directories of dead pids."""
+server stops with the CLI, and a later run removes ``.tmp-<pid>-<label>`` directories of dead pids."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from funnelrag.reaper import sweep_stale_temp_dirs
+from data_contracts.base import parse_temp_name
+from funnelrag.reaper import scratch_dir, sweep_stale_temp_dirs
 from funnelrag.store import StageCache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +27,8 @@ def _dead_pid() -> int:
 
 def test_stale_temp_dirs_of_dead_pids_are_removed_by_the_next_build(tmp_path):
     stage = tmp_path / "cache" / "ingest"
-    dead = stage / f".tmp-{'a' * 64}-{_dead_pid()}"
-    live = stage / f".tmp-{'b' * 64}-1"  # pid 1 always runs: a concurrent build's directory
+    dead = stage / f".tmp-{_dead_pid()}-{'a' * 64}"
+    live = stage / f".tmp-1-{'b' * 64}"  # pid 1 always runs: a concurrent build's directory
     for d in (dead, live):
         (d / "part").mkdir(parents=True)
         (d / "part" / "documents.parquet").write_bytes(b"x" * 1000)
@@ -74,21 +75,21 @@ def test_kill_9_of_a_build_does_not_leave_the_ephemeral_prefect_server_running(t
 
 
 def test_atomic_directory_leftovers_of_dead_pids_are_swept_unless_they_are_the_last_good_output(tmp_path):
-    """atomic_directory's ``.<name>.tmp-<pid>`` / ``.<name>.old-<pid>`` of a killed run: removed once
+    """atomic_directory's ``.tmp-<pid>-<name>`` / ``.old-<pid>-<name>`` of a killed run: removed once
     ``<name>`` exists (or for a first write that never finished); kept, both, when the run died
     between the two renames (``<name>`` missing, the old directory beside the new one)."""
     dead, me = _dead_pid(), os.getpid()
     group = tmp_path / "corpus"
     (group / "memo-a").mkdir(parents=True)                       # replaced: leftovers are garbage
-    for name in (f".memo-a.tmp-{dead}", f".memo-a.old-{dead}", f".memo-b.tmp-{dead}",   # b: a first write killed
-                 f".memo-c.tmp-{dead}", f".memo-c.old-{dead}",   # c: killed between the renames
-                 f".memo-d.tmp-{me}", ".memo-e.tmp-1"):          # this process, a live one
+    for name in (f".tmp-{dead}-memo-a", f".old-{dead}-memo-a", f".tmp-{dead}-memo-b",   # b: a first write killed
+                 f".tmp-{dead}-memo-c", f".old-{dead}-memo-c",   # c: killed between the renames
+                 f".tmp-{me}-memo-d", ".tmp-1-memo-e"):          # this process, a live one
         (group / name).mkdir()
         (group / name / "keys.npy").write_bytes(b"x")
     removed = sweep_stale_temp_dirs(group)
-    assert sorted(p.name for p in removed) == sorted([f".memo-a.tmp-{dead}", f".memo-a.old-{dead}", f".memo-b.tmp-{dead}"])
-    assert sorted(p.name for p in group.iterdir()) == sorted(["memo-a", f".memo-c.tmp-{dead}", f".memo-c.old-{dead}",
-                                                              f".memo-d.tmp-{me}", ".memo-e.tmp-1"])
+    assert sorted(p.name for p in removed) == sorted([f".tmp-{dead}-memo-a", f".old-{dead}-memo-a", f".tmp-{dead}-memo-b"])
+    assert sorted(p.name for p in group.iterdir()) == sorted(["memo-a", f".tmp-{dead}-memo-c", f".old-{dead}-memo-c",
+                                                              f".tmp-{me}-memo-d", ".tmp-1-memo-e"])
 
 
 def test_a_memo_write_killed_inside_atomic_directory_is_swept(tmp_path):
@@ -100,5 +101,41 @@ def test_a_memo_write_killed_inside_atomic_directory_is_swept(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "memo")], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.wait() == 9
-    assert [p.name for p in tmp_path.iterdir()] == [f".memo.tmp-{proc.pid}"]
-    assert [p.name for p in sweep_stale_temp_dirs(tmp_path)] == [f".memo.tmp-{proc.pid}"] and not any(tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == [f".tmp-{proc.pid}-memo"]
+    assert [p.name for p in sweep_stale_temp_dirs(tmp_path)] == [f".tmp-{proc.pid}-memo"] and not any(tmp_path.iterdir())
+
+
+def test_a_live_writer_s_temp_directory_survives_a_sweep_and_a_dead_one_s_is_swept(tmp_path):
+    """The one temp-name scheme (``.tmp-<pid>-<label>``): a cache writer that is still running in
+    another process keeps its directory through a sweep (cache retention's), a killed one's goes,
+    and so do its temp files; names of another scheme are left alone."""
+    cached = tmp_path / "segment-shards" / "k1"
+    code = ("import sys, time; from pathlib import Path; from tasks.corpus.shards import put_cached\n"
+            "def write(tmp):\n    (tmp / 'rows.arrow').write_bytes(b'x'); print(tmp.name, flush=True); time.sleep(60)\n"
+            "put_cached(Path(sys.argv[1]), write)\n")
+    writer = subprocess.Popen([sys.executable, "-c", code, str(cached)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        live = cached.parent / writer.stdout.readline().strip()
+        assert live.is_dir() and live.name.startswith(f".tmp-{writer.pid}-k1-")   # the pid first, then the thread
+        dead = _dead_pid()
+        (cached.parent / f".tmp-{dead}-k2-140063373495168").mkdir()     # a killed writer's (its thread id last)
+        (cached.parent / f".tmp-{dead}-k3.parquet.abc123").write_bytes(b"x")   # a killed file write's
+        (cached.parent / ".other-name").mkdir()
+        removed = sweep_stale_temp_dirs(cached.parent)
+        assert sorted(p.name for p in removed) == sorted([f".tmp-{dead}-k2-140063373495168", f".tmp-{dead}-k3.parquet.abc123"])
+        assert live.is_dir() and (live / "rows.arrow").exists() and (cached.parent / ".other-name").is_dir()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert [p.name for p in sweep_stale_temp_dirs(cached.parent)] == [live.name]   # its writer is gone now
+
+
+def test_a_scratch_directory_carries_its_owner_s_pid_and_a_dead_owner_s_is_swept(tmp_path):
+    dead = _dead_pid()
+    left = tmp_path / f".tmp-{dead}-split-{'a' * 32}"   # a killed build's document split
+    (left / "000000").mkdir(parents=True)
+    (left / "000000" / "docs.parquet").write_bytes(b"x" * 1000)
+    mine = scratch_dir(tmp_path, "split")
+    assert parse_temp_name(mine.name).pid == os.getpid() and mine.name.startswith(f".tmp-{os.getpid()}-split-")
+    assert not left.exists() and [p.name for p in tmp_path.iterdir()] == [mine.name]

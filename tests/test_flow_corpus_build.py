@@ -45,7 +45,7 @@ def test_enwiki_sample_builds_publishes_and_reuses_cache(prefect_harness, worksp
     assert first["counts"]["passages"] == corpus.passages.num_rows > docs.num_rows
     assert not any(v["cache_hit"] for k, v in first["stages"].items() if k != "publish")
     cache = ws.cache_dir / "corpus"   # the documents split by shard, shared by segment and index, is gone
-    assert not list(cache.glob(".split-*")) and not list(cache.rglob(".documents-by-shard-*"))
+    assert not list(cache.glob(".tmp-*-split-*")) and not list(cache.rglob(".tmp-*-documents-by-shard-*"))
 
     # MLflow: one run with config params, per-stage seconds, and the artifacts
     client = mlflow.tracking.MlflowClient(f"sqlite:///{workspace_home / 'mlflow.db'}")

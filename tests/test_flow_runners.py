@@ -166,3 +166,74 @@ def test_local_workers_fork_from_a_preloaded_forkserver_that_stops_with_the_pool
         assert {f["ppid"] for f in run} != {os.getpid()} and len({f["ppid"] for f in run}) == 1, run
         assert not Path(f"/proc/{run[0]['ppid']}").exists()   # the forkserver ended and was waited for
     assert first[0]["ppid"] != second[0]["ppid"]
+
+
+def slow_cache_entry(cache_dir: str, name: str) -> None:
+    """A shard that takes 60 s to write its cache entry (it announces its start with a file)."""
+    import time  # noqa: PLC0415
+
+    from tasks.corpus.shards import put_cached  # noqa: PLC0415
+
+    def write(tmp: Path) -> None:
+        (Path(cache_dir) / f"started-{name}").touch()
+        time.sleep(60)
+        (tmp / "COMPLETE").write_text("done\n")
+
+    put_cached(Path(cache_dir) / name, write)
+
+
+def test_sigterm_stops_in_flight_shards_at_once_and_cancels_queued_ones(prefect_harness, tmp_path):
+    """SIGTERM to a flow run whose two workers are each inside a shard, a third shard queued: the
+    flow ends within seconds (Prefect's own exit waits for every in-flight task), the workers are
+    gone, no cache entry is written (their temp directories carry their pids: swept), the queued
+    shard never starts."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from prefect import flow  # noqa: PLC0415
+
+    from data_contracts.base import parse_temp_name  # noqa: PLC0415
+    from flows.runners import submitter  # noqa: PLC0415
+    from funnelrag.reaper import pid_alive, sweep_stale_temp_dirs  # noqa: PLC0415
+
+    @flow(task_runner=build_task_runner(RunnerConfig(workers=2)))
+    def three_shards(cache_dir: str) -> None:
+        submit = submitter()
+        for f in [submit(slow_cache_entry, cache_dir, f"k{i}") for i in range(3)]:
+            f.result()
+
+    sent: list[float] = []
+    workers_gone: list[float] = []
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = [parse_temp_name(p.name).pid for p in tmp_path.iterdir() if parse_temp_name(p.name)]
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+        while any(pid_alive(pid) for pid in workers) and time.monotonic() < sent[0] + 60:
+            time.sleep(0.05)
+        workers_gone.append(time.monotonic() - sent[0])
+
+    # a Python SIGTERM handler under Prefect's: after its crash handling Prefect re-sends the signal
+    # to the handler it found (the default one would end the test session)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        watcher = threading.Thread(target=interrupt, daemon=True)
+        watcher.start()
+        with pytest.raises(BaseException) as stopped:
+            three_shards(str(tmp_path))
+        stop_s = time.monotonic() - sent[0]
+        watcher.join(60)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert type(stopped.value).__name__ == "TerminationSignal", stopped.value
+    print(f"\nSIGTERM → both in-flight workers gone in {workers_gone[0]:.2f} s, flow call returned in {stop_s:.1f} s")
+    assert workers_gone[0] < 5.0 and stop_s < 60   # then Prefect's crash report (API calls on a loaded box)
+    temps = [p for p in tmp_path.iterdir() if parse_temp_name(p.name)]
+    assert len(temps) == 2 and not any(pid_alive(parse_temp_name(p.name).pid) for p in temps), temps
+    assert len([p for p in tmp_path.iterdir() if not parse_temp_name(p.name)]) == 2   # 2 started, no entry
+    assert sorted(sweep_stale_temp_dirs(tmp_path)) == sorted(temps) and not any(tmp_path.glob(".tmp-*"))

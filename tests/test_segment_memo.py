@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import pyarrow as pa
 
+from data_contracts.base import parse_temp_name, temp_name
 from tasks.corpus import segment_memo as SM
 from tasks.corpus.memo import text_keys
 from tasks.corpus.segment import SegmentConfig, article_windows, document_key, segment_cluster, segments_to_tables
@@ -161,7 +162,7 @@ def test_a_memo_written_as_the_shards_are_read_equals_one_written_after(tmp_path
     killed.add(parts[0])                                      # are in a temp directory the sweep knows
     (work,) = [f for f in tmp_path.iterdir() if f.name.startswith(".tmp-")]
     assert sweep_stale_temp_dirs(tmp_path) == [] and work.is_dir()   # this process is alive: kept
-    dead = work.with_name(work.name.rsplit("-", 1)[0] + "-999999999")   # as if its process had died
+    dead = work.with_name(temp_name(parse_temp_name(work.name).label, pid=999_999_999))   # as if its process had died
     work.rename(dead)
     assert sweep_stale_temp_dirs(tmp_path) == [dead] and not dead.exists()
     with pytest.raises(ValueError, match="memo rows but"):

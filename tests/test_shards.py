@@ -2,6 +2,7 @@
 (real enwiki sample, real T5 tokenizer)."""
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -12,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from data_contracts.base import sha256_file
+from data_contracts.base import parse_temp_name, sha256_file
 from funnelrag.datasets import resolve
 from tasks.corpus import segment_memo as SM
 from tasks.corpus import stages as S
@@ -471,3 +472,23 @@ def test_init_worker_sets_levels_and_the_young_threshold():
     finally:
         gc.set_threshold(*old)
         logging.getLogger("tasks").setLevel(level)
+
+
+def test_a_failed_rename_of_a_finished_cache_entry_is_not_swallowed(tmp_path):
+    """Only a concurrent writer's entry at ``cached`` is taken as done; a rename that fails for
+    another reason (here: a file, not an entry, at that name) raises, naming both paths."""
+    put_cached(tmp_path / "key", lambda tmp: (tmp / "COMPLETE").write_text("0\n"))
+    put_cached(tmp_path / "key", lambda tmp: (tmp / "COMPLETE").write_text("0\n"))   # kept by another writer: fine
+    (tmp_path / "blocked").write_text("not a cache entry")
+    with pytest.raises(OSError, match="cannot move the finished .*blocked"):
+        put_cached(tmp_path / "blocked", lambda tmp: (tmp / "COMPLETE").write_text("0\n"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocked", "key"]   # no temporary directory left
+
+
+def test_a_cache_writer_s_temp_name_carries_its_pid_first(tmp_path):
+    """``put_cached``'s temp directory is ``.tmp-<pid>-<name>-<thread>``: the pid parsed back is the
+    writer's, never its thread id."""
+    seen = []
+    put_cached(tmp_path / "key", lambda tmp: seen.append(tmp.name))
+    parsed = parse_temp_name(seen[0])
+    assert parsed is not None and parsed.pid == os.getpid() and parsed.label.startswith("key-")

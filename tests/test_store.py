@@ -158,10 +158,10 @@ def test_cache_retention_removes_what_no_build_used_for_the_age(tmp_path):
     shard = root / "passage-shards" / "s1"
     shard.mkdir(parents=True)
     (shard / "params.index.json").write_text("{}")
-    killed = root / "index" / f".tmp-removed.k-gone-{_dead_pid()}"
+    killed = root / "index" / f".tmp-{_dead_pid()}-removed.k-gone"
     killed.mkdir()
     dead = _dead_pid()
-    killed_memo = [root / f".bm25-memo-passages-abc.tmp-{dead}", root / f".tmp-removed.bm25-memo-x-{dead}"]   # in the root
+    killed_memo = [root / f".tmp-{dead}-bm25-memo-passages-abc", root / f".tmp-{dead}-removed.bm25-memo-x"]   # in the root
     for d in killed_memo:
         d.mkdir()
     for entry in (old.path, hit.path, piece, memo, shard):

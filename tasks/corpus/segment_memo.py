@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from data_contracts import corpus as C
-from data_contracts.base import names_disk_full
+from data_contracts.base import names_disk_full, temp_name
 from tasks.corpus.memo import DocumentMemo, first_of_each_key, ranges_take, settings_dir, take_rows, take_texts
 from tasks.corpus.segment import (ClusterSegments, SegmentConfig, TokenCounter, cluster_windows, document_key,
                                   windows_in_member)
@@ -385,7 +385,7 @@ class MemoWriter:
     its units and id-free passages (:func:`write_part`) with the text of its labelled passages,
     which the stage has just read for ``passages.parquet`` of the build and hands over, so the
     texts are not read a second time. A repeated key is kept once. The rows go to two Arrow files
-    in a ``.tmp-<memo>-<pid>`` directory beside ``directory`` (same file system), moved into the
+    in a ``.tmp-<pid>-<memo>.parts`` directory beside ``directory`` (same file system), moved into the
     memo's directory on commit and removed on :meth:`abort` (or, after a killed stage, by the
     cache's sweep of stale temp directories); ``directory`` keeps the last memo until
     :meth:`commit` replaces it.
@@ -398,9 +398,9 @@ class MemoWriter:
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        # ".tmp-<name>-<pid>": a killed stage's files are swept with the cache's other temp
-        # directories (funnelrag.reaper.sweep_stale_temp_dirs, run by cache retention)
-        self._work = self.directory.parent / f".tmp-{self.directory.name}-{os.getpid()}"
+        # ".tmp-<pid>-<name>.parts" (not atomic_directory's ".tmp-<pid>-<name>"): a killed stage's
+        # files are swept with the cache's other temp directories (funnelrag.reaper.sweep_stale_temp_dirs)
+        self._work = self.directory.parent / temp_name(f"{self.directory.name}.parts")
         shutil.rmtree(self._work, ignore_errors=True)
         self._work.mkdir(parents=True)
         self._tmp = {name: self._work / name for name in (UNITS_FILE, PASSAGES_FILE)}

@@ -18,10 +18,8 @@ import gc
 import hashlib
 import json
 import logging
-import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -35,8 +33,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
-from data_contracts.base import atomic_write, names_disk_full
+from data_contracts.base import atomic_write, move_into_place, names_disk_full, temp_name
 from funnelrag.progress import Progress, progress
+from funnelrag.reaper import scratch_dir
 from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
 from tasks.corpus import segment_memo as SM
@@ -193,14 +192,23 @@ def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
 
 
 def put_cached(cached: Path, write: Callable[[Path], None], record: bool = True) -> None:
-    """Write a cache entry: ``write(tmp_dir)``, its digest manifest
-    (:func:`funnelrag.verify.record_digests`, checked by :func:`funnelrag.verify.verified_entry`
-    before the entry is read; ``record`` False: none, for a build's own scratch that no later
-    build reads), then rename onto ``cached`` (a concurrent writer of the same key wins; both
+    """Write a cache entry: ``write(tmp_dir)`` into ``.tmp-<pid>-<name>-<thread>`` beside ``cached``
+    (:func:`data_contracts.base.temp_name`: a killed writer's directory is swept, a live one's kept),
+    then its digest manifest (:func:`funnelrag.verify.record_digests`, checked by
+    :func:`funnelrag.verify.verified_entry` before the entry is read; ``record`` False: none, for a
+    build's own scratch that no later build reads), then rename it onto ``cached``
+    (:func:`data_contracts.base.move_into_place`: a concurrent writer of the same key wins; both
     wrote the same bytes). If ``write`` raises, its temporary directory is removed and the error
     passes on (a disk-full error naming no file names ``cached``,
-    :func:`data_contracts.base.names_disk_full`); ``cached`` is left as it was."""
-    tmp = cached.with_name(f".tmp-{cached.name}-{os.getpid()}-{threading.get_ident()}")
+    :func:`data_contracts.base.names_disk_full`); ``cached`` is left as it was.
+
+    Raises
+    ------
+    OSError
+        The finished directory could not be renamed onto ``cached`` (other than a concurrent
+        writer's entry being there): both paths named.
+    """
+    tmp = cached.with_name(temp_name(f"{cached.name}-{threading.get_ident()}"))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -211,10 +219,7 @@ def put_cached(cached: Path, write: Callable[[Path], None], record: bool = True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    try:
-        os.replace(tmp, cached)
-    except OSError:   # kept by another worker meanwhile
-        shutil.rmtree(tmp, ignore_errors=True)
+    move_into_place(tmp, cached)
 
 
 # ---------------------------------------------------------------------------------- tokens
@@ -393,8 +398,7 @@ class DocumentSplit:
         """:func:`partition_documents` into this split's directory, or the shared split of the same
         inputs when a stage of this build made it. Returns one directory a range."""
         if self.shared is None:
-            self.scratch_parent.mkdir(parents=True, exist_ok=True)
-            self.scratch = Path(tempfile.mkdtemp(prefix=".documents-by-shard-", dir=self.scratch_parent))
+            self.scratch = scratch_dir(self.scratch_parent, "documents-by-shard")
             return partition_documents(ingest_dir, ranges, cluster_ids, doc_ids, self.scratch, submit, docs_per_range,
                                        window)
         documents = Path(ingest_dir) / C.DOCUMENTS.filename

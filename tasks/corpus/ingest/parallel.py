@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import operator
-import os
 import shutil
 from collections import deque
 from dataclasses import asdict, dataclass, fields
@@ -35,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_contracts.base import link_or_copy
+from data_contracts.base import link_or_copy, move_into_place, temp_name
 from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
 from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
@@ -154,7 +153,7 @@ def _report_table(rows: list[tuple]) -> pa.Table:
 
 def _save_piece(result: PieceResult, directory: Path) -> None:
     """Keep a piece's pass-1 output: report rows + effects as Parquet, shards copied; atomic rename."""
-    tmp = directory.with_name(f".tmp-{directory.name}-{os.getpid()}")
+    tmp = directory.with_name(temp_name(directory.name))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     effects = list(zip(*result.effects)) if result.effects else [[] for _ in _EFFECT_NAMES]
@@ -173,10 +172,7 @@ def _save_piece(result: PieceResult, directory: Path) -> None:
     (tmp / "piece.json").write_text(json.dumps({"xml_bytes": result.xml_bytes, "shards": len(result.shards),
                                                 "stale": result.stale}))
     record_digests(tmp)
-    try:
-        os.replace(tmp, directory)
-    except OSError:   # another worker kept the same piece first
-        shutil.rmtree(tmp, ignore_errors=True)
+    move_into_place(tmp, directory)   # another worker may have kept the same piece first
 
 
 def _kept_rows(table: pa.Table, source: str) -> tuple[pa.Table, list[tuple]]:

@@ -1,0 +1,159 @@
+"""A real corpus build in a child process, for the tests that interrupt one: started from Python
+(the nightly flow), from the CLI (``funnelrag build-corpus``), watched (its process tree recorded
+as it grows), signalled, and what it left afterwards (processes, cache entries, scratch bytes)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from data_contracts.base import parse_temp_name
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKI = "synwiki"
+RUNNER = {"kind": "local", "workers": 2, "streams_per_piece": 2, "docs_per_shard": 50, "tokens_per_shard": 200_000}
+
+# The child of a run from Python: a script with a __main__ guard (the forkserver imports __main__).
+NIGHTLY_SCRIPT = """\
+import json, sys
+from flows.corpus_build import CorpusBuildConfig
+from flows.corpus_nightly import corpus_build_nightly
+
+if __name__ == "__main__":
+    summary = corpus_build_nightly(CorpusBuildConfig.model_validate(json.loads(sys.argv[1])))
+    print("VERSION", summary["version"], flush=True)
+"""
+
+
+def build_config(home: Path, data_mirror: Path, **source) -> dict:
+    """The corpus-build config of these runs (2 local workers, small shards, no gate), as JSON data."""
+    return {"name": WIKI, "source": {"datasets": [], "wiki": WIKI, **source}, "ingest": {"format": "mediawiki"},
+            "clustering": {"max_tokens": 4096}, "gate": {"enabled": False}, "runner": RUNNER,
+            "workspace": {"home": str(home), "data_mirror": str(data_mirror)}}
+
+
+def child_env(prefect_home: Path) -> dict[str, str]:
+    """No API URL (each run starts its ephemeral Prefect API), a throwaway PREFECT_HOME."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(prefect_home), PYTHONPATH=str(ROOT), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+@dataclass
+class Run:
+    """One child run: its process, its log file, and every descendant seen (pid → (start time, command))."""
+
+    proc: subprocess.Popen
+    log: Path
+    seen: dict[int, tuple[float, str]] = field(default_factory=dict)
+
+    def look(self) -> None:
+        """Record the child's descendants now."""
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        for c in children:
+            try:
+                self.seen.setdefault(c.pid, (c.create_time(), " ".join(c.cmdline())[:120]))
+            except psutil.Error:
+                continue
+
+    def wait_for_line(self, text: str, timeout: float) -> float:
+        """Record descendants until ``text`` appears in the log; returns the monotonic time it was seen."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.look()
+            if text in self.log.read_text(errors="replace"):
+                return time.monotonic()
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the run ended (rc {self.proc.returncode}) before {text!r}:\n{self.tail()}")
+            time.sleep(0.3)
+        raise AssertionError(f"no {text!r} after {timeout:.0f} s:\n{self.tail()}")
+
+    def pool_processes(self) -> list[psutil.Process]:
+        """The running forkserver and pool workers among the recorded descendants."""
+        found = []
+        for pid, (created, cmd) in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if "forkserver" in cmd and p.create_time() == created:
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+    def left_alive(self) -> list[str]:
+        """The recorded descendants still running (same pid and start time), as ``pid command``."""
+        alive = []
+        for pid, (created, cmd) in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{pid} {cmd}")
+            except psutil.Error:
+                continue
+        return alive
+
+    def kill_left(self) -> None:
+        """Do not leak processes into the rest of the session when a test fails."""
+        for pid, (created, _) in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created:
+                    p.kill()
+            except psutil.Error:
+                continue
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_from_python(config: dict, prefect_home: Path, log: Path) -> Run:
+    """``corpus_build_nightly(config)`` called from a Python script in a child process."""
+    out = open(log, "w")
+    proc = subprocess.Popen([sys.executable, "-c", NIGHTLY_SCRIPT, json.dumps(config)], cwd=ROOT,
+                            env=child_env(prefect_home), stdout=out, stderr=subprocess.STDOUT)
+    out.close()
+    return Run(proc, log)
+
+
+def start_from_cli(config: dict, prefect_home: Path, log: Path) -> Run:
+    """``funnelrag build-corpus --config <file>`` in a child process (the CLI starts its own reaper)."""
+    cfg_file = log.with_suffix(".yaml")
+    cfg_file.write_text(json.dumps(config))   # JSON is YAML
+    out = open(log, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "funnelrag.cli", "build-corpus", "--config", str(cfg_file)],
+                            cwd=ROOT, env=child_env(prefect_home), stdout=out, stderr=subprocess.STDOUT)
+    out.close()
+    return Run(proc, log)
+
+
+def entries_written_after(cache: Path, since_epoch: float) -> list[str]:
+    """Cache entries (``COMPLETE`` or ``piece.json`` markers) made after ``since_epoch`` (POSIX s)."""
+    found = []
+    for marker in (*cache.rglob("COMPLETE"), *cache.rglob("piece.json")):
+        if marker.stat().st_mtime > since_epoch and not any(parse_temp_name(p) for p in marker.relative_to(cache).parts):
+            found.append(str(marker.parent.relative_to(cache)))
+    return found
+
+
+def scratch_bytes(home: Path) -> tuple[int, list[str]]:
+    """Bytes and names of every temp or scratch file and directory (``.tmp-<pid>-…``, ``.old-<pid>-…``) under ``home``."""
+    total, names = 0, []
+    for path in home.rglob("*"):
+        if parse_temp_name(path.name) and not any(parse_temp_name(p) for p in path.relative_to(home).parts[:-1]):
+            names.append(str(path.relative_to(home)))
+            files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+            total += sum(f.stat().st_size for f in files)
+    return total, names

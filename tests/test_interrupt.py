@@ -1,0 +1,101 @@
+"""A nightly build (2 local workers, a synthetic mirror) interrupted for real: SIGTERM during token
+counting stops it within seconds, with its pool workers, forkserver, resource tracker and ephemeral
+Prefect API, and the interrupted shard writes no cache entry; ``kill -9`` of a run from Python or of
+the CLI leaves no process alive after 10 s (the reaper); the next run leaves no scratch byte.
+
+Each test prints its measured figures (seconds from the signal to the exit, processes left)."""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from benchmarks.synth_dump import SAMPLE, write_mirror
+from funnelrag.reaper import pid_alive
+from tests.interrupted_run import (WIKI, build_config, entries_written_after, scratch_bytes, start_from_cli,
+                                   start_from_python)
+
+pytestmark = pytest.mark.slow
+TOKENS_STARTED = "token counts of documents"   # a token shard finished: the others are in flight
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory, data_mirror):
+    root = tmp_path_factory.mktemp("mirror")
+    write_mirror(root, 1500, 1, seed=3, wiki=WIKI, sample=data_mirror / SAMPLE)
+    return root
+
+
+def _interrupt(run, sig: int, after_s: float = 1.5) -> tuple[float, float, float]:
+    """Wait for token counting, ``after_s`` more, then send ``sig``; returns (POSIX time of the signal,
+    seconds from the signal until the pool's processes (forkserver and workers) are gone, seconds
+    from the signal to the child's exit)."""
+    run.wait_for_line(TOKENS_STARTED, timeout=1200)
+    until = time.monotonic() + after_s
+    while time.monotonic() < until:
+        run.look()
+        time.sleep(0.2)
+    run.look()
+    pool = run.pool_processes()
+    sent, t0 = time.time(), time.monotonic()
+    run.proc.send_signal(sig)
+    while pool and time.monotonic() < t0 + 120 and any(pid_alive(p.pid) and p.is_running() for p in pool):
+        time.sleep(0.05)
+    pool_s = time.monotonic() - t0
+    run.proc.wait(timeout=300)
+    return sent, pool_s, time.monotonic() - t0
+
+
+def _rerun_publishes_and_leaves_no_scratch(start, config: dict, tmp_path, home) -> None:
+    """The next run of the same config completes and publishes; no temp or scratch byte is left."""
+    rerun = start(config, tmp_path / "prefect", tmp_path / "rerun.log")
+    try:
+        assert rerun.proc.wait(timeout=1800) == 0, rerun.tail()
+    finally:
+        rerun.kill_left()
+    assert (home / "stores" / "corpus" / WIKI / "current").is_file()
+    bytes_left, names_left = scratch_bytes(home)
+    print(f"after the next run: {bytes_left} scratch bytes, {len(names_left)} temp names left")
+    assert (bytes_left, names_left) == (0, [])
+
+
+@pytest.mark.parametrize("start", [start_from_python, start_from_cli], ids=["python", "cli"])
+def test_sigterm_during_token_counting_stops_the_run_and_everything_it_started(start, tmp_path, mirror, data_mirror):
+    home = tmp_path / "home"
+    config = build_config(home, data_mirror, mirror=str(mirror)) if start is start_from_python else \
+        build_config(home, data_mirror, paths=[str(mirror / WIKI / "20260101" /
+                                                   f"{WIKI}-20260101-pages-articles-multistream.xml.bz2")])
+    run = start(config, tmp_path / "prefect", tmp_path / "run.log")
+    try:
+        sent, pool_s, stop_s = _interrupt(run, signal.SIGTERM)
+        time.sleep(5)
+        left = run.left_alive()
+        print(f"\n[{start.__name__}] SIGTERM → pool processes gone in {pool_s:.1f} s, exit in {stop_s:.1f} s "
+              f"(rc {run.proc.returncode}); {len(run.seen)} descendants seen, {len(left)} alive 5 s after the exit")
+        assert pool_s < 5.0, run.tail()
+        assert stop_s < 60, run.tail()   # after the pool: Prefect's crash report through its API (slow on a busy box)
+        assert left == [], left
+        assert any("forkserver" in cmd for _, cmd in run.seen.values()), run.seen   # the pool had started
+        assert entries_written_after(home / "cache" / "corpus", sent + 1.0) == []
+    finally:
+        run.kill_left()
+    _rerun_publishes_and_leaves_no_scratch(start, config, tmp_path, home)
+
+
+def test_kill_9_of_a_nightly_run_from_python_leaves_no_process_and_no_scratch(tmp_path, mirror, data_mirror):
+    home = tmp_path / "home"
+    config = build_config(home, data_mirror, mirror=str(mirror))
+    run = start_from_python(config, tmp_path / "prefect", tmp_path / "run.log")
+    try:
+        _interrupt(run, signal.SIGKILL, after_s=3.0)
+        time.sleep(10)
+        left = run.left_alive()
+        print(f"\n[python] kill -9: {len(run.seen)} descendants seen, {len(left)} alive 10 s later: {left}")
+        assert left == [], left
+        assert any("forkserver" in cmd for _, cmd in run.seen.values()) and any(
+            "uvicorn" in cmd for _, cmd in run.seen.values()), run.seen
+        assert scratch_bytes(home)[1]   # the killed run's split and temp directories are there
+    finally:
+        run.kill_left()
+    _rerun_publishes_and_leaves_no_scratch(start_from_python, config, tmp_path, home)
