@@ -35,7 +35,7 @@ def nothing_starts(monkeypatch, kept_environ):
     def started(*_a, **_k):
         raise AssertionError("the command went past its config check")
 
-    monkeypatch.setattr(cli, "start_reaper", started)
+    monkeypatch.setattr(cli, "ensure_reaper", started)
     monkeypatch.setattr(cli, "start_ephemeral_api", started)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
 

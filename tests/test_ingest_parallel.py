@@ -18,6 +18,7 @@ from benchmarks.synth_dump import repack, write_dump
 from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
+from funnelrag.store import entry_marker
 from tasks.corpus.ingest import IngestConfig, IngestError, ingest
 from tasks.corpus.ingest import multistream, parallel
 from tasks.corpus.ingest.changes import PageChanges
@@ -196,12 +197,12 @@ def test_index_summary_is_kept_by_the_index_bytes(tmp_path, monkeypatch):
     index.write_bytes(bz2.compress(b"10:5:A\n10:3:B\n20:7:C\n"))
     first = multistream.index_summary(index, cache)
     (entry,) = cache.iterdir()
-    os.utime(entry / "COMPLETE", (0, 0))
+    os.utime(entry_marker(entry), (0, 0))
     read = multistream._read_index_summary
     monkeypatch.setattr(multistream, "_read_index_summary", lambda path: pytest.fail("read the index again"))
     again = multistream.index_summary(index, cache)
     assert again == first == multistream.IndexSummary([10, 20], {10: 3, 20: 7})
-    assert (entry / "COMPLETE").stat().st_mtime > 0
+    assert entry_marker(entry).stat().st_mtime > 0
     monkeypatch.setattr(multistream, "_read_index_summary", read)
     index.write_bytes(bz2.compress(b"10:5:A\n20:7:C\n30:8:D\n"))
     assert multistream.index_summary(index, cache).offsets == [10, 20, 30]
