@@ -137,11 +137,11 @@ def nightly_message(action: str, reason: str, days: list[str], summary: Mapping[
 
     Returns
     -------
-    ``nothing: <reason>``, ``full: published <v>: ...`` or ``incremental: 2 days, 18 documents
+    ``nothing new: <why>`` (the plan's reason), ``full: published <v>: ...`` or ``incremental: 2 days, 18 documents
     re-tokenised, 558 reused; published <v>: ...``.
     """
-    if summary is None:
-        return f"nothing: {reason}"
+    if summary is None:   # the plan's reason already says "nothing new: ..." where it says why
+        return reason if reason.startswith("nothing") else f"nothing: {reason}"
     built = build_message(summary)
     if action == "incremental":
         work = rebuilt_words(summary)

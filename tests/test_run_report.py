@@ -38,6 +38,8 @@ def test_a_build_says_what_it_published_and_what_it_redid():
 
 def test_a_night_says_its_action():
     assert nightly_message("nothing", "no new dump or day", [], None) == "nothing: no new dump or day"
+    assert nightly_message("nothing", "nothing new: full dump 20260101 already built", [], None) == \
+        "nothing new: full dump 20260101 already built"
     assert nightly_message("incremental", "", ["20260102", "20260103"], SUMMARY) == (
         "incremental: 2 days, 18 documents re-tokenised, 558 reused; published 20260103T020000Z-1a2b3c4d: "
         "4,598 documents, 912 clusters, 146,402 passages")
