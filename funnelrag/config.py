@@ -28,6 +28,28 @@ from funnelrag.errors import BadInput
 M = TypeVar("M", bound=BaseModel)
 
 
+_SET_IN_PROCESS: set[str] = set()
+"""Tracking URIs this process gave MLflow itself (:func:`note_tracking_uri`): MLflow copies each
+into ``$MLFLOW_TRACKING_URI`` for its subprocesses, which must not make it the user's setting."""
+_USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI") or None   # as the process started
+
+
+def note_tracking_uri(uri: str) -> None:
+    """Record that this process pointed MLflow at ``uri`` (``mlflow.set_tracking_uri`` also writes
+    it to ``$MLFLOW_TRACKING_URI``), so :func:`environment_tracking_uri` does not take it for the
+    user's. Called by :func:`funnelrag.tracking.configure`."""
+    if uri != _USER_TRACKING_URI:
+        _SET_IN_PROCESS.add(uri)
+
+
+def environment_tracking_uri() -> str | None:
+    """The user's ``$MLFLOW_TRACKING_URI`` (e.g. the deployment environment's MLflow server), or
+    ``None`` when unset. A URI this process set itself (another home's SQLite store, say) is not
+    the user's: then the value the process started with counts."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or None
+    return _USER_TRACKING_URI if uri in _SET_IN_PROCESS else uri
+
+
 class WorkspaceConfig(BaseModel):
     """Where a flow reads real data and writes artifacts and tracking.
 
@@ -42,7 +64,7 @@ class WorkspaceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     home: Path = Field(default_factory=default_home)
     data_mirror: Path | None = Field(default_factory=default_mirror)
-    tracking_uri: str | None = Field(default_factory=lambda: os.environ.get("MLFLOW_TRACKING_URI") or None)
+    tracking_uri: str | None = Field(default_factory=lambda: environment_tracking_uri())
 
 
 class FlowConfig(BaseModel):

@@ -17,7 +17,7 @@ import psutil
 import pyarrow as pa
 
 from data_contracts.evaluation import QUESTION_SCORES
-from funnelrag.config import flatten_params
+from funnelrag.config import flatten_params, note_tracking_uri
 from funnelrag.paired import mean_interval
 from funnelrag.locks import exclusive_lock
 from funnelrag.progress import heartbeat
@@ -39,6 +39,7 @@ def configure(ws: Workspace, tracking_uri: str | None = None) -> str:
     uri = ws.tracking_uri(tracking_uri)
     if uri.startswith("sqlite:///"):
         ensure_sqlite_database(uri)
+    note_tracking_uri(uri)   # mlflow copies it into $MLFLOW_TRACKING_URI: not the user's setting
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return uri

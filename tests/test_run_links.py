@@ -37,3 +37,18 @@ def test_an_mlflow_server_in_the_environment_is_where_flows_track_and_link(monke
     assert WorkspaceConfig(tracking_uri="sqlite:///x.db").tracking_uri == "sqlite:///x.db"   # a setting wins
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert WorkspaceConfig().tracking_uri is None
+
+
+def test_a_uri_this_process_gave_mlflow_is_not_taken_for_the_users(tmp_path, monkeypatch):
+    """``mlflow.set_tracking_uri`` copies the URI into ``$MLFLOW_TRACKING_URI``: a later flow of the
+    same process (another home) must still track in its own home's store, not the first one's."""
+    from funnelrag.config import WorkspaceConfig  # noqa: PLC0415
+    from funnelrag.tracking import configure  # noqa: PLC0415
+    from funnelrag.workspace import Workspace  # noqa: PLC0415
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first = configure(Workspace(tmp_path / "a"))
+    assert first.startswith("sqlite:///") and first.endswith("a/mlflow.db")
+    import os  # noqa: PLC0415
+    assert os.environ["MLFLOW_TRACKING_URI"] == first   # what mlflow does
+    assert WorkspaceConfig().tracking_uri is None        # not taken for the user's server
