@@ -28,26 +28,11 @@ from funnelrag.errors import BadInput
 M = TypeVar("M", bound=BaseModel)
 
 
-_SET_IN_PROCESS: set[str] = set()
-"""Tracking URIs this process gave MLflow itself (:func:`note_tracking_uri`): MLflow copies each
-into ``$MLFLOW_TRACKING_URI`` for its subprocesses, which must not make it the user's setting."""
-_USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI") or None   # as the process started
-
-
-def note_tracking_uri(uri: str) -> None:
-    """Record that this process pointed MLflow at ``uri`` (``mlflow.set_tracking_uri`` also writes
-    it to ``$MLFLOW_TRACKING_URI``), so :func:`environment_tracking_uri` does not take it for the
-    user's. Called by :func:`funnelrag.tracking.configure`."""
-    if uri != _USER_TRACKING_URI:
-        _SET_IN_PROCESS.add(uri)
-
-
 def environment_tracking_uri() -> str | None:
     """The user's ``$MLFLOW_TRACKING_URI`` (e.g. the deployment environment's MLflow server), or
-    ``None`` when unset. A URI this process set itself (another home's SQLite store, say) is not
-    the user's: then the value the process started with counts."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or None
-    return _USER_TRACKING_URI if uri in _SET_IN_PROCESS else uri
+    ``None`` when unset. :func:`funnelrag.tracking.configure` leaves the variable as it found it
+    (``mlflow.set_tracking_uri`` would copy a home's store into it), so what is here is the user's."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
 class WorkspaceConfig(BaseModel):

@@ -17,7 +17,7 @@ import psutil
 import pyarrow as pa
 
 from data_contracts.evaluation import QUESTION_SCORES
-from funnelrag.config import flatten_params, note_tracking_uri
+from funnelrag.config import flatten_params
 from funnelrag.paired import mean_interval
 from funnelrag.locks import exclusive_lock
 from funnelrag.progress import heartbeat
@@ -39,10 +39,30 @@ def configure(ws: Workspace, tracking_uri: str | None = None) -> str:
     uri = ws.tracking_uri(tracking_uri)
     if uri.startswith("sqlite:///"):
         ensure_sqlite_database(uri)
-    note_tracking_uri(uri)   # mlflow copies it into $MLFLOW_TRACKING_URI: not the user's setting
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    with _environment_kept(_MLFLOW_URI_VARIABLES):
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
     return uri
+
+
+# mlflow.set_tracking_uri / set_registry_uri copy the URI into these for subprocesses to inherit; a
+# home's store is this process's choice, not the environment's: a worker, a test or a script that
+# starts a subprocess after a flow ran must pass on the user's setting (or none), never a home's.
+_MLFLOW_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+@contextlib.contextmanager
+def _environment_kept(names: tuple[str, ...]) -> Iterator[None]:
+    """Restore the environment variables ``names`` to their values on entry (unset if they were)."""
+    before = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @functools.lru_cache(maxsize=None)

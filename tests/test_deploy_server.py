@@ -31,7 +31,9 @@ def _free_port() -> int:
 
 
 def _env(prefect_home: Path, port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    # hermetic: no Prefect setting and no MLflow store of the shell that runs the tests
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PREFECT_") and k not in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_API_PORT=str(port), PREFECT_SERVER_WAIT="120",
                PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_LOGGING_LEVEL="WARNING",
                PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),

@@ -18,6 +18,7 @@ from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.funnel import COMMANDS, DistillationConfig, distillation_run_flow, score_passages_flow, train_reader_flow
 from funnelrag.datasets import resolve
 from funnelrag.registry import champion_version, download_model, find_model_dir, model_uri
+from funnelrag.tracking import configure
 from funnelrag.workspace import Workspace
 from tasks.corpus.published import open_corpus
 from tasks.funnel.reader import READER_CONFIG
@@ -80,8 +81,7 @@ def test_distillation_run_end_to_end_then_cached(sample, tmp_path):
 
     # registry: the first distilled pre-ranker is the champion, tagged with the data version
     assert out["gate"]["registered"] and out["gate"]["promoted"] and out["gate"]["reason"] == "no_champion"
-    mlflow.set_tracking_uri(f"sqlite:///{ws.mlflow_db}")
-    mlflow.set_registry_uri(f"sqlite:///{ws.mlflow_db}")
+    configure(ws)
     champ = champion_version("test-preranker")
     assert champ is not None and champ.tags["data_version"] == corpus.digest
 

@@ -1,6 +1,7 @@
 """What a person sees: Prefect artifacts link their MLflow run; distillation has its own artifact."""
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 from flows.funnel import distillation_markdown
@@ -41,14 +42,31 @@ def test_an_mlflow_server_in_the_environment_is_where_flows_track_and_link(monke
 
 def test_a_uri_this_process_gave_mlflow_is_not_taken_for_the_users(tmp_path, monkeypatch):
     """``mlflow.set_tracking_uri`` copies the URI into ``$MLFLOW_TRACKING_URI``: a later flow of the
-    same process (another home) must still track in its own home's store, not the first one's."""
+    same process (another home) must still track in its own home's store, and a subprocess started
+    afterwards (a Prefect worker, a launched trainer) must not inherit the first home's store as if
+    the user had set it. A user's server in the environment stays there."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import mlflow  # noqa: PLC0415
+
     from funnelrag.config import WorkspaceConfig  # noqa: PLC0415
     from funnelrag.tracking import configure  # noqa: PLC0415
     from funnelrag.workspace import Workspace  # noqa: PLC0415
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     first = configure(Workspace(tmp_path / "a"))
     assert first.startswith("sqlite:///") and first.endswith("a/mlflow.db")
-    import os  # noqa: PLC0415
-    assert os.environ["MLFLOW_TRACKING_URI"] == first   # what mlflow does
+    assert mlflow.get_tracking_uri() == first and mlflow.get_registry_uri() == first   # this process uses it
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
     assert WorkspaceConfig().tracking_uri is None        # not taken for the user's server
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('MLFLOW_TRACKING_URI'))"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "None"
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")   # the user's server
+    second = configure(Workspace(tmp_path / "b"), "sqlite:///" + str(tmp_path / "b" / "other.db"))
+    assert mlflow.get_tracking_uri() == second
+    assert os.environ["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+    assert WorkspaceConfig().tracking_uri == "http://127.0.0.1:5000"
