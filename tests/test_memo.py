@@ -270,3 +270,31 @@ def test_first_of_each_key_keeps_the_first_row_of_a_repeated_key_in_key_order():
     keys = np.array([[2, 1], [1, 9], [2, 1], [1, 3], [1, 9]], np.uint64)
     assert first_of_each_key(keys).tolist() == [3, 1, 0]
     assert first_of_each_key(np.zeros((0, 2), np.uint64)).tolist() == []
+
+
+def test_a_memo_key_covers_every_field_of_its_config_section(tmp_path):
+    """Every memo directory is keyed by the whole config section it reads: a field added to the
+    section later (or any field changed) gives another directory, so no memo is silently stale."""
+    import dataclasses  # noqa: PLC0415
+
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.memo import settings_dir  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.segment_memo import memo_dir  # noqa: PLC0415
+    from tasks.corpus.shards import tokens_memo_dir  # noqa: PLC0415
+    from tasks.corpus.token_memo import token_memo_dir  # noqa: PLC0415
+
+    for cfg, directory in [(BM25Config(), lambda c: token_memo_dir(tmp_path, "passages", c)),
+                           (SegmentConfig(), lambda c: memo_dir(tmp_path, c)),
+                           (SegmentConfig(), lambda c: tokens_memo_dir(tmp_path, c))]:
+        base = directory(cfg)
+        assert directory(dataclasses.replace(cfg)) == base          # same settings, same memo
+        for field in dataclasses.fields(cfg):                       # every field is in the key
+            value = getattr(cfg, field.name)
+            other = (not value) if isinstance(value, bool) else (value + 1 if isinstance(value, (int, float))
+                                                                  else f"{value}-other")
+            assert directory(dataclasses.replace(cfg, **{field.name: other})) != base, field.name
+        extended = dataclasses.make_dataclass(type(cfg).__name__, [("added", int, dataclasses.field(default=0))],
+                                              bases=(type(cfg),), frozen=True)
+        assert directory(extended()) != base    # a field added to the section changes the key
+    assert settings_dir(tmp_path, "m", "1", BM25Config()) != settings_dir(tmp_path, "m", "2", BM25Config())

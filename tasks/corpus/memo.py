@@ -34,17 +34,22 @@ import numpy as np
 import pyarrow as pa
 
 from data_contracts.base import atomic_directory, link_or_copy
+from funnelrag.config import config_hash
 from funnelrag.verify import record_digests, recorded_digests
 
 KEYS_FILE = "keys.npy"
 COMPLETE_FILE = "COMPLETE"
 
 
-def settings_dir(root: Path, prefix: str, settings: object) -> Path:
-    """``root/<prefix>-<16 hex of the sha256 of settings as JSON>``: the directory of a memo
-    whose values depend on ``settings`` (a build with other settings never reads it)."""
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
-    return Path(root) / f"{prefix}-{digest[:16]}"
+def settings_dir(root: Path, prefix: str, version: str, section: Any, *extra: object) -> Path:
+    """``root/<prefix>-<16 hex>``: the directory of a memo whose values depend on a config section.
+
+    The key is :func:`funnelrag.config.config_hash` over ``version``, the **whole** ``section``
+    (a dataclass or pydantic model: every field, not a hand-picked list, so a field added to the
+    section later changes the key instead of leaving the memo silently stale) and ``extra`` (e.g.
+    the dump's namespaces). A build with other settings never reads another's memo.
+    """
+    return Path(root) / f"{prefix}-{config_hash({'version': version, 'section': section, 'extra': list(extra)})[:16]}"
 
 
 def text_key(text: str) -> tuple[int, int]:

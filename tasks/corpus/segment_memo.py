@@ -75,8 +75,7 @@ _PART_PASSAGE_SCHEMA = pa.schema([f for f in PASSAGE_SCHEMA if f.name != "text"]
 
 def memo_dir(root: Path, cfg: SegmentConfig) -> Path:
     """The segmentation memo under ``root`` (the segment shards' cache) for ``cfg``'s settings."""
-    return settings_dir(root, "segment-memo", [SEGMENT_MEMO_VERSION, cfg.passage_words, cfg.unit_max_tokens,
-                                               cfg.tokenizer])
+    return settings_dir(root, "segment-memo", SEGMENT_MEMO_VERSION, cfg)
 
 
 MEMO_BATCH_ROWS = 65_536

@@ -458,7 +458,7 @@ def read_text_keys(tokens_dir: Path, doc_ids: np.ndarray) -> np.ndarray | None:
 def tokens_memo_dir(root: Path, cfg: SegmentConfig) -> Path:
     """The window-token memo of ``cfg``'s tokenizer and window size under ``root`` (the stage
     cache): one memo per setting, so a build with other settings never reads another's counts."""
-    return settings_dir(root, "tokens-memo", [TOKENS_MEMO_VERSION, cfg.tokenizer, cfg.passage_words])
+    return settings_dir(root, "tokens-memo", TOKENS_MEMO_VERSION, cfg)
 
 
 def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: str | None,

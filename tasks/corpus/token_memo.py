@@ -39,7 +39,7 @@ TOKEN_MEMO_VERSION = "1"
 def token_memo_dir(root: Path, kind: str, cfg: BM25Config) -> Path:
     """The BM25 token memo of ``kind`` (``"clusters"``: member pieces; ``"passages"``) for
     ``cfg``'s tokenizer settings under ``root`` (the stage cache)."""
-    return settings_dir(root, f"bm25-memo-{kind}", [TOKEN_MEMO_VERSION, cfg.lower, cfg.stopwords, cfg.stemmer])
+    return settings_dir(root, f"bm25-memo-{kind}", TOKEN_MEMO_VERSION, cfg)
 
 
 def open_token_memo(directory: Path | str | None) -> tuple[DocumentMemo | None, list[str]]:

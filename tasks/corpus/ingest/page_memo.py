@@ -24,7 +24,6 @@ namespaces the values depend on (:func:`memo_dir`). Nothing here imports Prefect
 """
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
@@ -48,7 +47,7 @@ _SCHEMA = pa.schema([pa.field("hi", pa.uint64(), nullable=False), pa.field("lo",
 
 def memo_dir(root: Path, cfg: IngestConfig, namespaces: frozenset[str]) -> Path:
     """The page memo under ``root`` (the piece cache) for ``cfg`` and the dump's ``namespaces``."""
-    return settings_dir(root, "page-memo", [PAGE_MEMO_VERSION, asdict(cfg), sorted(namespaces)])
+    return settings_dir(root, "page-memo", PAGE_MEMO_VERSION, cfg, sorted(namespaces))
 
 
 page_key = text_key
