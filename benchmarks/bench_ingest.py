@@ -30,7 +30,7 @@ from pathlib import Path
 from funnelrag.datasets import default_mirror, resolve
 from tasks.corpus.ingest import IngestConfig, clean_wikitext, extract_link_targets, ingest
 from tasks.corpus.ingest.mediawiki import MediaWikiReader
-from tasks.corpus.shards import status_mb
+from funnelrag.memory import status_mb
 
 
 def _cpu() -> float:

@@ -16,7 +16,7 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
   the shard list repeated K times (K x the tokens, pairs and clusters; same vocabulary).
 * ``reuse STAGES --kind K --size N --tasks T``: the first T shard tasks (shards of at most N tokens)
   run one after another in one worker process (as in a nightly build), without and with
-  :func:`tasks.corpus.shards.release_memory` after each: every task's tokens, RSS at its start,
+  :func:`funnelrag.memory.release_memory` after each: every task's tokens, RSS at its start,
   its peak and its end.
 * ``vocabulary --terms 450000 1800000``: bytes a vocabulary term: 8 shards of random 9-letter terms
   (each term in ~2 shards, 3 tokens each), merged, indexed and saved.
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.corpus.shards import status_mb
+from funnelrag.memory import status_mb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -126,8 +126,8 @@ _REUSED = {   # whether a shard call's result says it reused a kept shard
 
 def _reuse_task(call: tuple, release: bool) -> dict:
     """One shard task in a reused worker: its RSS at the start, its peak and, after
-    :func:`tasks.corpus.shards.release_memory` when ``release``, its RSS at the end (MB)."""
-    from tasks.corpus.shards import release_memory  # noqa: PLC0415
+    :func:`funnelrag.memory.release_memory` when ``release``, its RSS at the end (MB)."""
+    from funnelrag.memory import release_memory  # noqa: PLC0415
 
     Path("/proc/self/clear_refs").write_text("5")
     start = status_mb("VmRSS")

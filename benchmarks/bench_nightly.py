@@ -59,7 +59,7 @@ def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path, **_: in
 def _stage_peak_rss_mb(reset: bool = False) -> float | None:
     """This process's peak RSS since the last reset (Linux ``VmHWM``, reset through
     ``/proc/self/clear_refs``); None where that is not available."""
-    from tasks.corpus.shards import status_mb  # noqa: PLC0415 - not in the ingest-only runs' coordinator
+    from funnelrag.memory import status_mb  # noqa: PLC0415 - not in the ingest-only runs' coordinator
 
     if reset:
         try:
@@ -75,7 +75,7 @@ def _peak_call(fn, *args):
     worker's RSS (MB) when the call starts (what earlier tasks left in that process) and its peak
     RSS (the high-water mark, which the release does not lower)."""
     from flows.runners import shard_call  # noqa: PLC0415
-    from tasks.corpus.shards import status_mb  # noqa: PLC0415
+    from funnelrag.memory import status_mb  # noqa: PLC0415
 
     _stage_peak_rss_mb(reset=True)
     start = status_mb("VmRSS")
@@ -122,7 +122,8 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.ingest import IngestConfig  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded, status_mb  # noqa: PLC0415
+    from funnelrag.memory import status_mb  # noqa: PLC0415
+    from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded  # noqa: PLC0415
 
     mirror, seg = default_mirror(), SegmentConfig()
     dirs = {k: out / k for k in ("ingest", "tokens", "cluster", "segment", "index")}

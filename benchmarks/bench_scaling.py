@@ -78,7 +78,7 @@ DTYPES = {"f32": "float32", "f16": "float16"}
 
 
 def _mb(field: str) -> float:
-    from tasks.corpus.shards import status_mb  # noqa: PLC0415  (Linux /proc reader of the project)
+    from funnelrag.memory import status_mb  # noqa: PLC0415  (Linux /proc reader of the project)
 
     return status_mb(field) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

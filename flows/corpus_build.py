@@ -45,7 +45,8 @@ from tasks.corpus.ingest.changes import PageChanges
 from tasks.corpus.published import corpus_store
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded_index import IndexLayout
-from tasks.corpus.shards import build_collector, run_segment_sharded, run_tokens_sharded
+from funnelrag.memory import build_collector
+from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded
 from tasks.corpus.survival import id_survival
 from tasks.qa.questions import QuestionsConfig, load_questions
 

@@ -45,7 +45,7 @@ from funnelrag.config import RUN_LOGGERS
 from flows.main_guard import check_main_guard
 from funnelrag.reaper import ensure_reaper
 from flows.shard_retry import ShardFuture
-from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
+from funnelrag.memory import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def run_log_levels() -> dict[str, int]:
 def init_worker(levels: dict[str, int], api_url: str | None = None) -> None:
     """Pool initializer of a spawned worker: the parent's log levels (so a shard's progress lines
     reach the terminal and, through Prefect's forwarding, the task run logs), the young
-    generation's collection threshold of :func:`tasks.corpus.shards.build_collector` (a worker
+    generation's collection threshold of :func:`funnelrag.memory.build_collector` (a worker
     freezes its survivors after each shard task: :func:`shard_call`) and, given the API URL of
     the flow run (:meth:`SharedAPIProcessPoolTaskRunner.__enter__`), one API client for the
     worker's life (:func:`keep_worker_client`)."""
@@ -381,9 +381,9 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
 @task(name="corpus-shard", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=2)
 def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
     """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...), then
-    give the memory it freed back to the OS (:func:`tasks.corpus.shards.release_memory`), so a
+    give the memory it freed back to the OS (:func:`funnelrag.memory.release_memory`), so a
     worker that runs many shards holds one shard's memory at a time, not its high-water mark
-    (in a worker process of the pool, or inside :func:`tasks.corpus.shards.build_collector`,
+    (in a worker process of the pool, or inside :func:`funnelrag.memory.build_collector`,
     which unfreezes at its end, the objects that outlive a task are frozen, so the next
     collection skips them; any other process, which may live on after the build, is never
     frozen)."""

@@ -144,7 +144,7 @@ def test_local_workers_fork_from_a_preloaded_forkserver_that_stops_with_the_pool
     from prefect import flow  # noqa: PLC0415
 
     from flows.runners import _forkserver_pid, submitter  # noqa: PLC0415
-    from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS  # noqa: PLC0415
+    from funnelrag.memory import YOUNG_COLLECTION_OBJECTS  # noqa: PLC0415
 
     if not sys.platform.startswith("linux"):
         pytest.skip("the forkserver's pid is read from the stdlib's Linux forkserver")

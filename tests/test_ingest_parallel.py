@@ -364,7 +364,7 @@ def test_garbage_between_streams_of_a_piece_names_the_piece(enwiki_xml, tmp_path
 def test_open_piece_frees_the_compressed_bytes(tmp_path):
     """indexed_bzip2 keeps the file object it reads from after ``close``: the piece reader must
     free the compressed bytes anyway, or a worker's memory grows by every piece it reads."""
-    from tasks.corpus.shards import status_mb
+    from funnelrag.memory import status_mb
     path = tmp_path / "random.bz2"
     path.write_bytes(bz2.compress(random.Random(3).randbytes(4_000_000)))
     size = path.stat().st_size

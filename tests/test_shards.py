@@ -309,7 +309,7 @@ def test_rows_by_id_are_the_filtered_read(tmp_path, statistics):
 def test_status_mb_reads_the_process_memory_fields():
     import mmap
 
-    from tasks.corpus.shards import status_mb
+    from funnelrag.memory import status_mb
 
     rss, peak = status_mb("VmRSS"), status_mb("VmHWM")
     assert 10 < rss <= peak                      # MB, not kB: a Python process with pyarrow holds tens of MB
@@ -328,7 +328,7 @@ def test_release_memory_gives_a_finished_tasks_heap_back():
     release_memory; afterwards it is back with the OS, the survivors intact."""
     import gc
 
-    from tasks.corpus.shards import release_memory, status_mb
+    from funnelrag.memory import release_memory, status_mb
 
     release_memory()
     base = status_mb("VmRSS")
@@ -364,7 +364,7 @@ def _freeze_count_after_release(_: int) -> tuple[int, int]:
     count and how many of the cycle's objects the collection found."""
     import gc
 
-    from tasks.corpus.shards import release_memory
+    from funnelrag.memory import release_memory
 
     class Node:
         pass
@@ -398,7 +398,7 @@ def test_build_collector_freezes_raises_the_young_threshold_and_restores_both():
     import gc
     import weakref
 
-    from tasks.corpus.shards import build_collector, in_build_collector
+    from funnelrag.memory import build_collector, in_build_collector
 
     gc.unfreeze()
     old = gc.get_threshold()
@@ -432,7 +432,7 @@ def test_build_collector_freezes_raises_the_young_threshold_and_restores_both():
 def test_build_collector_leaves_a_processs_own_freeze_alone():
     import gc
 
-    from tasks.corpus.shards import build_collector
+    from funnelrag.memory import build_collector
 
     mine = [[]]
     gc.freeze()
@@ -447,7 +447,7 @@ def test_build_collector_leaves_a_processs_own_freeze_alone():
 
 def test_shard_call_freezes_inside_a_build_collector(monkeypatch):
     from flows import runners
-    from tasks.corpus.shards import build_collector
+    from funnelrag.memory import build_collector
 
     calls = []
     monkeypatch.setattr(runners, "release_memory", lambda freeze: calls.append(freeze))
@@ -462,7 +462,7 @@ def test_init_worker_sets_levels_and_the_young_threshold():
     import logging
 
     from flows.runners import init_worker
-    from tasks.corpus.shards import YOUNG_COLLECTION_OBJECTS
+    from funnelrag.memory import YOUNG_COLLECTION_OBJECTS
 
     old, level = gc.get_threshold(), logging.getLogger("tasks").level
     try:

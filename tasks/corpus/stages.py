@@ -35,7 +35,8 @@ from tasks.corpus.ingest import IngestConfig, ingest
 from tasks.corpus.memo import JoinedTexts
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
-from tasks.corpus.shards import in_build_collector, release_memory, run_here
+from funnelrag.memory import in_build_collector, release_memory
+from tasks.corpus.shards import run_here
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.tokenize import load_token_counter
 
