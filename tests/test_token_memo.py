@@ -163,3 +163,25 @@ def test_an_edited_corpus_tokenizes_only_its_edits_and_indexes_the_same_bytes(ni
     assert tonight["passages_reused"] >= int((~np.isin(passages, edited_ids)).sum()) > 0
     assert tonight["passages_reused"] <= passages.size - len(edited_ids)   # each edit ends in a new last window
     assert tonight["cluster_members_reused"] == members.size - len(edited_ids)
+
+
+def test_the_pieces_join_is_checked_against_the_token_pattern_in_use():
+    """A cluster's members are tokenized one by one and joined; that equals tokenizing the joined
+    text only while no token can span the join. The pattern every index uses passes; one whose
+    tokens cross whitespace is refused with a message naming it (never a silently wrong memo)."""
+    import bm25s  # noqa: PLC0415
+
+    from tasks.corpus.index import TOKEN_PATTERN  # noqa: PLC0415
+    from tasks.corpus.token_memo import PIECES_JOIN, check_pieces_join  # noqa: PLC0415
+
+    check_pieces_join()
+    pieces = ["Zürich\nThe city's lake", "Lake Geneva\n(French: Lac Léman) is", "x\n\ny"]
+    one = bm25s.tokenize([PIECES_JOIN.join(pieces)], token_pattern=TOKEN_PATTERN, stopwords=None,
+                         return_ids=False, show_progress=False)[0]
+    each = sum(bm25s.tokenize(pieces, token_pattern=TOKEN_PATTERN, stopwords=None, return_ids=False,
+                              show_progress=False), [])
+    assert one == each
+    with pytest.raises(ValueError, match="can match across the pieces' join"):
+        check_pieces_join(r"(?s)\w[\w\s]*\w")
+    with pytest.raises(ValueError, match="can match across"):
+        check_pieces_join(TOKEN_PATTERN, "_")

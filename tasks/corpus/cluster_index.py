@@ -43,7 +43,7 @@ from funnelrag.store import mark_used
 from funnelrag.verify import verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
 from tasks.corpus.memo import JoinedTexts, keys_digest
-from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
+from tasks.corpus.token_memo import PIECES_JOIN, memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.shards import (DocumentSplit, ordered_results, put_cached, read_cluster_ranges, read_shard_documents,
                                  sorted_by_id)
 
@@ -80,7 +80,7 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
     them or a subset); raises ``ValueError`` if a member's document is missing."""
     ids, pieces, offsets = cluster_pieces(documents, cluster_members)
     pieces = pieces.to_pylist()
-    return ids, ["\n\n".join(pieces[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    return ids, [PIECES_JOIN.join(pieces[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
 
 def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg: BM25Config,

@@ -24,6 +24,10 @@ import Stemmer
 from data_contracts.base import atomic_directory
 
 TOKENIZER_FILE = "tokenizer.index.json"
+TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+"""The token split of every BM25 index and query (bm25s's default, passed explicitly so that a
+new bm25s default cannot change our tokens). A token never spans a non-word character, which the
+token memo relies on (:data:`tasks.corpus.token_memo.PIECES_JOIN`)."""
 IDS_FILE = "doc_ids.index.json"
 
 
@@ -77,7 +81,7 @@ def tokenize_ids(texts: Sequence[str], cfg: BM25Config, stem=None):
     import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
     from bm25s.tokenization import Tokenized  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
-    raw = bm25s.tokenize(list(texts), lower=cfg.lower, stopwords=cfg.stopwords, stemmer=None,
+    raw = bm25s.tokenize(list(texts), lower=cfg.lower, token_pattern=TOKEN_PATTERN, stopwords=cfg.stopwords, stemmer=None,
                          return_ids=True, show_progress=False)
     if stem is None:
         return raw
@@ -250,7 +254,7 @@ class BM25Index:
         """Tokens (strings) of ``texts`` with this index's lower-casing, stop words and stemmer."""
         import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
-        return bm25s.tokenize(list(texts), lower=self.cfg.lower, stopwords=self.cfg.stopwords,
+        return bm25s.tokenize(list(texts), lower=self.cfg.lower, token_pattern=TOKEN_PATTERN, stopwords=self.cfg.stopwords,
                               stemmer=self._stem, return_ids=False, show_progress=False)
 
     @classmethod

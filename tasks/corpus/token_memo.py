@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.index import TOKEN_PATTERN, BM25Config, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.memo import (MAX_DEAD, DocumentMemo, JoinedTexts, arrow_text_keys, copy_ranges, keep_extending, ranges_take,
                                settings_dir, take_texts, text_keys)
 
@@ -34,6 +34,33 @@ PART_OFFSETS = "memo_piece_offsets.npy"
 
 
 TOKEN_MEMO_VERSION = "1"
+
+PIECES_JOIN = "\n\n"
+"""What joins a text's pieces (a cluster's members). Tokenizing pieces one by one equals tokenizing
+the joined text only because no token of :data:`tasks.corpus.index.TOKEN_PATTERN` can match a
+non-word character; :func:`check_pieces_join` proves it for the pattern in use."""
+
+
+def check_pieces_join(pattern: str = TOKEN_PATTERN, join: str = PIECES_JOIN) -> None:
+    """Raise unless tokens of ``pattern`` can never span ``join`` (so pieces tokenize alone).
+
+    The test: the pattern must match no string containing a character of ``join`` (every one a
+    non-word character), tried on the join itself between word characters. A tokenizer whose
+    tokens could cross it (e.g. one that keeps ``"a\n\nb"`` as one token) would make the memo's
+    per-piece terms differ from the joined text's.
+
+    Raises
+    ------
+    ValueError
+        The pattern can match across ``join``: name both; the token memo cannot be used with it.
+    """
+    import re  # noqa: PLC0415  (stdlib; only where checked)
+
+    compiled = re.compile(pattern)
+    probe = f"ab{join}cd"
+    if any(set(m.group()) & set(join) for m in compiled.finditer(probe)) or any(c.isalnum() or c == "_" for c in join):
+        raise ValueError(f"token pattern {pattern!r} can match across the pieces' join {join!r}: "
+                         "tokenizing a cluster's members one by one would differ from its joined text")
 
 
 def token_memo_dir(root: Path, kind: str, cfg: BM25Config) -> Path:
@@ -108,7 +135,7 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
     cfg : BM25 settings (lower-casing, stop words, stemmer).
     memo, memo_terms : :func:`open_token_memo` (``None, []``: tokenize every piece).
     group_offsets : ``(n_texts + 1,)`` int64: text ``g`` is pieces ``group_offsets[g]:group_offsets[g + 1]``
-        joined by non-word characters (default: each piece is a text).
+        joined by :data:`PIECES_JOIN` (default: each piece is a text).
     keys : the pieces' :func:`tasks.corpus.memo.text_keys`, when the caller has them already.
 
     Returns
@@ -120,8 +147,11 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
     Raises
     ------
     ValueError
-        ``group_offsets`` does not cover the pieces.
+        ``group_offsets`` does not cover the pieces, or the token pattern could span the pieces'
+        join (:func:`check_pieces_join`).
     """
+    if group_offsets is not None:
+        check_pieces_join()
     n = len(pieces)
     bounds = np.arange(n + 1, dtype=np.int64) if group_offsets is None else np.asarray(group_offsets, np.int64)
     if bounds.size == 0 or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
