@@ -17,13 +17,12 @@ Run: ``python benchmarks/bench_id_survival.py OUT_DIR [--pages 3000] [--seed 0] 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from pathlib import Path
 
-from benchmarks.synth_dump import SAMPLE, write_mirror
+from benchmarks.synth_dump import SAMPLE, synthetic_arguments, write_mirror
 from data_contracts import corpus as C
 
 WIKI = "synwiki"
@@ -69,11 +68,7 @@ def positional_survival(before: Path, after: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--pages", type=int, default=3_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=2)
+    ap = synthetic_arguments(__doc__, pages=3_000, workers=2)
     ap.add_argument("--edit-share", type=float, default=0.01)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()

@@ -482,12 +482,34 @@ def write_mirror(root: Path, n_pages: int, n_days: int = 3, seed: int = 0, worke
     return info
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def synthetic_arguments(doc: str, pages: int, workers: int) -> argparse.ArgumentParser:
+    """The command line of a script that writes a synthetic dump or mirror and works on it.
+
+    Parameters
+    ----------
+    doc : str
+        The script's module docstring; its first paragraph becomes the description.
+    pages : int
+        Default of ``--pages``, the synthetic dump's page count.
+    workers : int
+        Default of ``--workers``, the processes that write the dump (and build from it).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        With ``out_dir`` (positional), ``--pages``, ``--seed`` (default 0: the same command gives
+        the same dump) and ``--workers``; the script adds its own arguments.
+    """
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--pages", type=int, default=10_000)
+    ap.add_argument("--pages", type=int, default=pages)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=workers)
+    return ap
+
+
+def main() -> None:
+    ap = synthetic_arguments(__doc__, pages=10_000, workers=1)
     ap.add_argument("--mirror-days", type=int, default=0,
                     help="write a Wikimedia-layout mirror in OUT_DIR: the full dump and this many adds-changes days")
     ap.add_argument("--merged", type=Path, help="with --mirror-days: write the full dump of the last day's texts here")
