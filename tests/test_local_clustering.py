@@ -205,3 +205,66 @@ def test_nothing_kept_is_the_full_algorithm(case):
     metrics, cfg = graph_metrics(graph), ClusteringConfig(max_tokens=s)
     none_kept = cluster_documents(graph, metrics, tokens, cfg, KeptClusters(np.zeros(1, np.int64), np.zeros(0, np.int32)))
     assert same(none_kept, cluster_documents(graph, metrics, tokens, cfg)) and not none_kept.kept.any()
+
+
+# ---------------------------------------------------------------- the cluster stage over directories
+def _stage_dirs(root, name: str, pages: dict[str, int], links: list[tuple[str, str]]):
+    """An ingest directory (documents, links) and a tokens directory (one window per article of
+    ``pages[title]`` tokens) for :func:`tasks.corpus.stages.run_cluster`."""
+    from data_contracts import corpus as C  # noqa: PLC0415  (these stage tests only)
+
+    titles = sorted(pages)
+    rank = {t: i for i, t in enumerate(titles)}
+    ingest, tokens = root / name / "ingest", root / name / "tokens"
+    C.DOCUMENTS.write(pa.table({"doc_id": pa.array(range(len(titles)), pa.int32()), "title": titles,
+                                "text": [f"text of {t}" for t in titles], "page_id": pa.array([None] * len(titles), pa.int64()),
+                                "source": ["x"] * len(titles)}), ingest)
+    pairs = sorted({(rank[a], rank[b]) for a, b in links})
+    C.LINKS.write(pa.table({"src_doc_id": pa.array([a for a, _ in pairs], pa.int32()),
+                            "dst_doc_id": pa.array([b for _, b in pairs], pa.int32())}), ingest)
+    C.WINDOW_TOKENS.write(pa.table({"doc_id": pa.array(range(len(titles)), pa.int32()),
+                                    "n_tokens": pa.array([[pages[t]] for t in titles], pa.list_(pa.field("item", pa.int32(), nullable=False))),
+                                    "tokenizer": ["t5"] * len(titles)}), tokens)
+    return ingest, tokens
+
+
+def _publish_like(ingest, cluster_dir, max_tokens: int) -> None:
+    """What :func:`tasks.corpus.local_clustering.PreviousClusters.read` reads of a published version."""
+    import json  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from data_contracts import corpus as C  # noqa: PLC0415  (these stage tests only)
+
+    for f in ("documents.parquet", "links.parquet"):
+        shutil.copy(ingest / f, cluster_dir / f)
+    config = {"ingest": {"format": "x"}, "clustering": {"max_tokens": max_tokens, "tokenizer": "t5"},
+              "segment": {"passage_words": 100, "unit_max_tokens": 1000, "tokenizer": "t5"}, "bm25": {"k1": 1.5, "b": 0.75}}
+    (cluster_dir / "manifest.json").write_text(json.dumps(C.BUILD_CONFIG.stamp(config)))
+
+
+def test_cluster_stage_runs_local_over_a_previous_version_and_full_without_one(tmp_path):
+    from data_contracts import corpus as C  # noqa: PLC0415  (these stage tests only)
+    from tasks.corpus.stages import run_cluster  # noqa: PLC0415
+
+    local_cfg = ClusteringConfig(max_tokens=250, mode="local")
+    ingest1, tokens1 = _stage_dirs(tmp_path, "night1", PAGES, LINKS)
+    first = run_cluster(ingest1, tokens1, tmp_path / "v1", local_cfg)              # no previous version: full
+    assert first["clustering_local"] == 0
+    _publish_like(ingest1, tmp_path / "v1", 250)
+    ingest2, tokens2 = _stage_dirs(tmp_path, "night2", PAGES, LINKS + [("p0", "p7")])
+    second = run_cluster(ingest2, tokens2, tmp_path / "v2", local_cfg, previous_dir=tmp_path / "v1")
+    assert second["clustering_local"] == 1 and second["local_kept_clusters"] == first["clusters"] - 2
+    assert second["local_touched_documents"] == 2 and second["local_edges_changed"] == 1
+    run_cluster(ingest2, tokens2, tmp_path / "v2b", local_cfg, previous_dir=tmp_path / "v1")
+    for contract in (C.CLUSTERS, C.CLUSTER_MEMBERS, C.GRAPH_METRICS):                # deterministic: same bytes
+        assert (tmp_path / "v2" / contract.filename).read_bytes() == (tmp_path / "v2b" / contract.filename).read_bytes()
+    full = run_cluster(ingest2, tokens2, tmp_path / "v2f", ClusteringConfig(max_tokens=250), previous_dir=tmp_path / "v1")
+    assert "clustering_local" not in full                                          # mode full ignores the previous version
+    other_s = run_cluster(ingest2, tokens2, tmp_path / "v2s", ClusteringConfig(max_tokens=300, mode="local"),
+                          previous_dir=tmp_path / "v1")
+    assert other_s["clustering_local"] == 0                                        # built with another S: full
+
+
+def test_mode_is_checked():
+    with pytest.raises(ValueError, match="'full' or 'local'"):
+        ClusteringConfig(mode="partial")
