@@ -85,17 +85,29 @@ def test_one_edge_change_frees_only_the_touched_clusters():
     assert change.n_edges_changed == 1 and change.n_new == change.n_removed == change.n_length_changed == 0
 
 
-def test_a_length_change_frees_its_cluster_and_a_removed_page_its_neighbours():
-    prev, res_prev = previous_of(PAGES, LINKS, 250)
+def test_a_length_change_or_a_removed_page_frees_its_cluster_only():
+    prev, res_prev = previous_of(PAGES, LINKS, 250)   # clusters (p0 p1) (p6 p7) (p2 p3) (p5 p4)
     pages = {**PAGES, "p3": 130}
-    titles, _, _, _, change = local(pages, LINKS, prev, 250)
+    titles, _, _, res, change = local(pages, LINKS, prev, 250)
     assert [titles[i].as_py() for i in np.flatnonzero(change.touched)] == ["p3"] and change.n_length_changed == 1
+    assert sorted(c for c, k in zip(named_clusters(titles, res), res.kept.tolist()) if k) == [("p0", "p1"), ("p5", "p4"), ("p6", "p7")]
     pages = {t: v for t, v in PAGES.items() if t != "p4"}
     links = [(a, b) for a, b in LINKS if "p4" not in (a, b)]
     titles, _, _, res, change = local(pages, links, prev, 250)
-    assert {titles[i].as_py() for i in np.flatnonzero(change.touched)} == {"p3", "p5"}
-    assert change.n_removed == 1 and change.n_edges_changed == 2
+    assert not change.touched.any() and change.n_removed == 1 and change.n_edges_changed == 2
+    assert sorted(c for c, k in zip(named_clusters(titles, res), res.kept.tolist()) if k) == [("p0", "p1"), ("p2", "p3"), ("p6", "p7")]
     assert sorted(res.members.tolist()) == list(range(7))
+
+
+def test_a_removed_edge_frees_its_cluster_when_inside_it_and_nothing_when_across():
+    prev, _ = previous_of(PAGES, LINKS, 250)
+    inside = [e for e in LINKS if e != ("p0", "p1")]                # p0 p1 no longer linked directly
+    titles, _, _, res, change = local(PAGES, inside, prev, 250)
+    assert not change.touched.any() and change.kept.n_clusters == 3
+    assert ("p0", "p1") not in [c for c, k in zip(named_clusters(titles, res), res.kept.tolist()) if k]
+    across = [e for e in LINKS if e != ("p3", "p4")]                # between (p2 p3) and (p5 p4)
+    titles, _, _, res, change = local(PAGES, across, prev, 250)
+    assert not change.touched.any() and change.kept.n_clusters == 4 and res.kept.all()
 
 
 def test_new_pages_shift_doc_ids_but_kept_clusters_keep_their_titles():
@@ -189,7 +201,12 @@ def test_local_clustering_is_a_partition_within_s_that_keeps_untouched_clusters(
     before = named_clusters(prev.titles, res_prev)
     after = named_clusters(titles, res)
     touched = {titles[i].as_py() for i in np.flatnonzero(change.touched)}
-    untouched = [c for c in before if not set(c) & touched and all(t in pages2 for t in c)]
+    edges1, edges2 = ({frozenset(e) for e in links if e[0] != e[1]} for links in (links1, links2))
+    home = {t: i for i, c in enumerate(before) for t in c}
+    joined = {t for e in edges2 - edges1 for t in e if any(x not in home for x in e) or len({home[x] for x in e}) > 1}
+    assert touched == {t for t in pages2 if t not in pages1 or pages2[t] != pages1[t]} | joined
+    cut = [c for c in before for a, b in links1 if a != b and a in c and b in c and frozenset((a, b)) not in edges2]
+    untouched = [c for c in before if not set(c) & touched and all(t in pages2 for t in c) and c not in cut]
     assert sorted(c for c, k in zip(after, res.kept.tolist()) if k) == sorted(untouched)
     again = local(pages2, links2, prev, s)[3]                                # deterministic
     assert same(res, again) and np.array_equal(res.kept, again.kept)

@@ -6,18 +6,23 @@ algorithm stays the default and is what a build without a current version runs.
 
 Where the graph changed. Documents are matched between the previous version and this build by
 title (``doc_id`` is the rank of the title, so it shifts). Algorithm 1 reads nothing but the
-undirected edge set and each document's length ``n_tokens``, so a document of this build is
+undirected edge set and each document's length ``n_tokens``. A document of this build is
 *touched* when
 
 1. it is new (its title is not in the previous version), or
 2. its ``n_tokens`` changed (a text edit that keeps the token count moves nothing Algorithm 1
    reads), or
-3. its set of neighbours (by title) changed: an edge added or removed, including an edge to a
-   new document or from a removed one (a removed document's neighbours are touched).
+3. it is an end of an *added* edge whose ends were in different previous clusters (or one end is
+   new): the two sides may now merge.
 
-A previous cluster is *freed* when one of its members is touched or was removed; every other
-previous cluster is *kept*: same members in the same order (so its units and passages keep
-their content ids; its dense ``cluster_id`` follows the processing rank as in a full build).
+A previous cluster is *freed* when one of its members is touched or was removed, or when an edge
+between two of its members was removed (it may no longer be connected). Every other previous
+cluster is *kept*: same members in the same order (so its units and passages keep their content
+ids; its dense ``cluster_id`` follows the processing rank as in a full build). A kept cluster is
+still one Algorithm 1 could make: connected by its old edges, its size unchanged and ≤ S. An edge
+removed between two different clusters frees neither (it only takes away a merge), nor does an
+edge added inside one cluster.
+
 The *freed documents* are the members of freed clusters that are still here plus the new
 documents. Algorithm 1 (:func:`tasks.corpus.clustering.cluster_documents`, the one
 implementation) then runs with the kept clusters frozen: the freed documents in the processing
@@ -114,9 +119,10 @@ class GraphChange:
     previous_of : np.ndarray
         ``(n,)`` int64 previous doc id of each doc id of this build, ``-1`` for a new document.
     touched : np.ndarray
-        ``(n,)`` bool, new or changed length or changed neighbour set.
+        ``(n,)`` bool: new, changed length, or an end of an edge added between two clusters.
     kept : KeptClusters
-        The previous clusters with no touched or removed member, in doc ids of this build.
+        The previous clusters with no touched or removed member and no removed inner edge, in
+        doc ids of this build.
     n_new, n_removed, n_length_changed, n_edges_changed : int
         New and removed documents, documents whose ``n_tokens`` changed, undirected edges
         added or removed (between documents present in both versions, or to a new or removed one).
@@ -191,18 +197,22 @@ def graph_change(titles: pa.Array | pa.ChunkedArray, graph: CSRGraph, n_tokens: 
     prev_keys = _edge_keys(qu[kept_ends], qv[kept_ends], n_prev)
     added = ~np.isin(now_keys, prev_keys)
     gone = ~np.isin(prev_keys, now_keys)
+    counts = np.diff(previous.indptr)
+    cluster_of_prev = np.empty(n_prev, dtype=np.int64)                                      # (n_prev,)
+    cluster_of_prev[previous.members] = np.repeat(np.arange(counts.size), counts)
+    au, av = u[both][added], v[both][added]
+    across = cluster_of_prev[previous_of[au]] != cluster_of_prev[previous_of[av]]
     touched[u[~both]] = True                       # an edge to a new document: both ends
     touched[v[~both]] = True
-    touched[u[both][added]] = True
-    touched[v[both][added]] = True
-    ends = np.r_[now_of[qu[~kept_ends]], now_of[qv[~kept_ends]],       # an edge of a removed document
-                 now_of[qu[kept_ends][gone]], now_of[qv[kept_ends][gone]]]
-    touched[ends[ends >= 0]] = True
-    # kept clusters: no member touched or removed
+    touched[au[across]] = True                     # an edge added between two clusters: both ends
+    touched[av[across]] = True
+    ru, rv = qu[kept_ends][gone], qv[kept_ends][gone]
+    inside = cluster_of_prev[ru] == cluster_of_prev[rv]
+    # kept clusters: no member touched or removed, no edge between two members removed
     member_now = now_of[previous.members]                                                   # (n_prev,)
     bad = (member_now < 0) | touched[np.maximum(member_now, 0)]
-    counts = np.diff(previous.indptr)
     freed = np.add.reduceat(bad.astype(np.int64), previous.indptr[:-1]) > 0 if counts.size else np.zeros(0, bool)
+    freed[cluster_of_prev[ru[inside]]] = True
     keep_rows = np.repeat(~freed, counts)
     kept = KeptClusters(indptr=np.r_[0, np.cumsum(counts[~freed])].astype(np.int64),
                         members=member_now[keep_rows].astype(np.int32))
