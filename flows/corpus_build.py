@@ -210,8 +210,9 @@ def cluster_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cf
 def clustering_base(cfg: CorpusBuildConfig, ws: Workspace) -> Path | None:
     """The published version a ``clustering.mode: local`` build re-clusters from, or None (full).
 
-    A build follows ``current``; ``--no-cache`` and a build of a corpus without a version run the
-    full algorithm. ``--verify`` rebuilds the ``clustering_base`` that ``current``'s manifest names
+    A build follows ``current``; ``--no-cache``, a build of a corpus without a version and the
+    nightly's build of a new full dump (``source.dump.base`` other than current's) run the full
+    algorithm, so a chain of local nights starts again from the paper's clusters at each full dump. ``--verify`` rebuilds the ``clustering_base`` that ``current``'s manifest names
     (a published version, not the cache), so a locally clustered ``current`` is reproduced; when
     that version is gone (retention) the full algorithm runs and the clusters may differ (logged).
     """
@@ -222,6 +223,10 @@ def clustering_base(cfg: CorpusBuildConfig, ws: Workspace) -> Path | None:
     if current is None or not (cfg.cache.read or cfg.cache.verify):
         return None
     if not cfg.cache.verify:
+        dump = cfg.source.dump
+        if dump is not None and (store.read_manifest(current).get("dump") or {}).get("base") != dump.get("base"):
+            log.info("clustering.mode local: a new full dump (%s) is clustered by the full algorithm", dump.get("base"))
+            return None
         return store.versions_dir / current
     base = store.read_manifest(current).get("clustering_base")
     if base is not None and (store.versions_dir / base / "manifest.json").exists():
