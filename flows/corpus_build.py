@@ -212,9 +212,10 @@ def clustering_base(cfg: CorpusBuildConfig, ws: Workspace) -> Path | None:
 
     A build follows ``current``; ``--no-cache``, a build of a corpus without a version and the
     nightly's build of a new full dump (``source.dump.base`` other than current's) run the full
-    algorithm, so a chain of local nights starts again from the paper's clusters at each full dump. ``--verify`` rebuilds the ``clustering_base`` that ``current``'s manifest names
-    (a published version, not the cache), so a locally clustered ``current`` is reproduced; when
-    that version is gone (retention) the full algorithm runs and the clusters may differ (logged).
+    algorithm, so a chain of local nights starts again from the paper's clusters at each full dump.
+    ``--verify`` rebuilds from the ``clustering_base`` that ``current``'s manifest names (a
+    published version, not the cache), so a locally clustered ``current`` is reproduced; when that
+    version is gone (retention) the full algorithm runs and the clusters may differ (logged).
     """
     if cfg.clustering.mode != "local":
         return None

@@ -43,3 +43,37 @@ def test_local_night_keeps_more_clusters_and_passes_the_gate(prefect_harness, tm
 
     verify = corpus_build_flow(_config(home, data_mirror, info["merged"]["dump"], "local", cache={"verify": True}))
     assert verify["verify"]["same"], verify["verify"]
+
+
+def _versions(home: Path, manifests: dict[str, dict], current: str) -> None:
+    """Manifests of published versions (nothing else) and the ``current`` pointer of corpus ``WIKI``."""
+    import json  # noqa: PLC0415
+
+    store = corpus_store(Workspace(home), WIKI)
+    for version, manifest in manifests.items():
+        (store.versions_dir / version).mkdir(parents=True)
+        (store.versions_dir / version / "manifest.json").write_text(json.dumps(manifest))
+    (store.root / "current").write_text(current + "\n")
+
+
+def test_which_version_a_local_build_follows(tmp_path, data_mirror):
+    from flows.corpus_build import clustering_base  # noqa: PLC0415
+
+    home = tmp_path / "home"
+    ws = Workspace(home)
+    versions = corpus_store(ws, WIKI).versions_dir
+
+    def base(mode="local", **extra):
+        return clustering_base(_config(home, data_mirror, "x.xml.bz2", mode, **extra), ws)
+
+    assert base() is None                                              # no version yet: the full algorithm
+    _versions(home, {"v1": {"dump": {"base": "20260101", "days": []}},
+                     "v2": {"dump": {"base": "20260101", "days": ["20260102"]}, "clustering_base": "v1"}}, "v2")
+    assert base() == versions / "v2" and base("full") is None
+    assert base(cache={"read": False}) is None                          # --no-cache: full
+    assert base(cache={"verify": True}) == versions / "v1"              # --verify: current's own base
+    night = {"datasets": [], "paths": ["x.xml.bz2"], "dump": {"base": "20260101", "days": ["20260102", "20260103"]}}
+    assert base(source=night) == versions / "v2"                        # an adds-changes night: local
+    assert base(source={**night, "dump": {"base": "20260201", "days": []}}) is None   # a new full dump: full
+    (versions / "v1" / "manifest.json").unlink()                        # the base is gone: verify runs full
+    assert base(cache={"verify": True}) is None
