@@ -12,14 +12,20 @@ mirror read as a directory. Figures (shares of night 1's rows):
   ``passages_same_text_same_id``: of the passages with the same (title, text), those with the same id;
 - ``positional_ids``: the same shares under the old positional ids.
 
+``--clustering-mode local`` builds both nights with ``clustering.mode: local`` (night 1 has no
+current version and runs the full algorithm; night 2 re-runs Algorithm 1 only where the graph
+changed): compare its ``clusters_unchanged`` with the default's. ``--max-tokens`` sets ``S``
+(default: the build's default, 16,384).
+
 Run: ``python benchmarks/bench_id_survival.py OUT_DIR [--pages 3000] [--seed 0] [--workers 2]
-[--edit-share 0.01] [--out results.json]``.
+[--edit-share 0.01] [--clustering-mode full|local] [--max-tokens S] [--out results.json]``.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.synth_dump import SAMPLE, synthetic_arguments, write_mirror
@@ -70,6 +76,8 @@ def positional_survival(before: Path, after: Path) -> dict[str, float]:
 def main() -> None:
     ap = synthetic_arguments(__doc__, pages=3_000, workers=2)
     ap.add_argument("--edit-share", type=float, default=0.01)
+    ap.add_argument("--clustering-mode", choices=("full", "local"), default="full")
+    ap.add_argument("--max-tokens", type=int, default=None, help="S of Algorithm 1 (default: the build's)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")   # a loaded box starts it slowly
@@ -92,6 +100,8 @@ def main() -> None:
         "name": WIKI, "source": {"datasets": [], "wiki": WIKI, "mirror": str(mirror)}, "ingest": {"format": "mediawiki"},
         "gate": {"enabled": False}, "runner": {"kind": "local", "workers": args.workers},
         "workspace": {"home": str(home), "data_mirror": default_mirror()}})
+    cfg = cfg.model_copy(update={"clustering": replace(cfg.clustering, mode=args.clustering_mode,
+                                                       max_tokens=args.max_tokens or cfg.clustering.max_tokens)})
     (day / "status.txt").write_text("in-progress\n")
     try:
         first = corpus_build_nightly(cfg)
@@ -101,7 +111,8 @@ def main() -> None:
     versions = corpus_store(Workspace(home), WIKI).versions_dir
     before, after = versions / first["version"], versions / second["version"]
     result = {
-        "pages": args.pages, "edit_share": args.edit_share, "seed": args.seed,
+        "pages": args.pages, "edit_share": args.edit_share, "seed": args.seed, "clustering_mode": args.clustering_mode,
+        "max_tokens": cfg.clustering.max_tokens, "clustering": second.get("clustering"),
         "night2": second["nightly"]["action"], "days": second["nightly"]["days"],
         "content_ids": id_survival(before, after), "positional_ids": positional_survival(before, after),
         **text_figures(before, after), "seconds": time.perf_counter() - t0,

@@ -22,6 +22,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.events import emit_event
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
+from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTERS
 from flows.run_report import build_message, completed, name_run, run_name
 from flows.runners import RunnerConfig, build_task_runner, submitter
@@ -196,9 +197,45 @@ def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, m
 
 
 @stage_task("cluster")
-def cluster_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cfg: ClusteringConfig) -> StageResult:
+def cluster_task(cache: StageCache, ingest: StageResult, tokens: StageResult, cfg: ClusteringConfig,
+                 base: Path | None = None) -> StageResult:
+    """Algorithm 1; with ``base`` (``clustering.mode: local``, :func:`clustering_base`) re-run only
+    where the graph changed since that published version, whose manifest digest joins the key."""
     inputs = {"documents": ingest.files["documents.parquet"], "links": ingest.files["links.parquet"], "tokens": tokens.digest}
-    return run_cached(cache, S.run_cluster, cfg, inputs, lambda out, _: S.run_cluster(ingest.path, tokens.path, out, cfg))
+    if base is not None:
+        inputs["base"] = sha256_file(base / "manifest.json")
+    return run_cached(cache, S.run_cluster, cfg, inputs,
+                      lambda out, _: S.run_cluster(ingest.path, tokens.path, out, cfg, previous_dir=base))
+
+
+def clustering_base(cfg: CorpusBuildConfig, ws: Workspace) -> Path | None:
+    """The published version a ``clustering.mode: local`` build re-clusters from, or None (full).
+
+    A build follows ``current``; ``--no-cache``, a build of a corpus without a version and the
+    nightly's build of a new full dump (``source.dump.base`` other than current's) run the full
+    algorithm, so a chain of local nights starts again from the paper's clusters at each full dump.
+    ``--verify`` rebuilds from the ``clustering_base`` that ``current``'s manifest names (a
+    published version, not the cache), so a locally clustered ``current`` is reproduced; when that
+    version is gone (retention) the full algorithm runs and the clusters may differ (logged).
+    """
+    if cfg.clustering.mode != "local":
+        return None
+    store = corpus_store(ws, cfg.name)
+    current = store.current_version()
+    if current is None or not (cfg.cache.read or cfg.cache.verify):
+        return None
+    if not cfg.cache.verify:
+        dump = cfg.source.dump
+        if dump is not None and (store.read_manifest(current).get("dump") or {}).get("base") != dump.get("base"):
+            log.info("clustering.mode local: a new full dump (%s) is clustered by the full algorithm", dump.get("base"))
+            return None
+        return store.versions_dir / current
+    base = store.read_manifest(current).get("clustering_base")
+    if base is not None and (store.versions_dir / base / "manifest.json").exists():
+        return store.versions_dir / base
+    if base is not None:
+        log.warning("verify: %s was clustered locally from version %s, which is gone; the full algorithm runs", current, base)
+    return None
 
 
 def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult,
@@ -286,8 +323,11 @@ def verify_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageRe
 
 
 @task(name="publish", cache_policy=NO_CACHE)
-def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult]) -> tuple[Path, dict, bool]:
+def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageResult],
+                 base: Path | None = None) -> tuple[Path, dict, bool]:
     """Publish the built files as a new version, or nothing when they equal ``current``'s.
+    ``base``: the version Algorithm 1 re-clustered from (``clustering.mode: local``), named in
+    the manifest as ``clustering_base`` when the cluster stage did.
 
     Returns ``(version_dir, validation_checks, unchanged)``: with ``unchanged`` the content digest
     equals the current version's, so no version is written and ``version_dir`` is the current
@@ -307,6 +347,8 @@ def publish_task(cfg: CorpusBuildConfig, ws: Workspace, stages: dict[str, StageR
     }
     if cfg.source.dump:   # the nightly's input: the base full dump and the adds-changes days applied
         manifest_extra["dump"] = cfg.source.dump
+    if base is not None and stages["cluster"].summary.get("clustering_local"):
+        manifest_extra["clustering_base"] = base.name
     store = corpus_store(ws, cfg.name)
     current = store.current_version()
     if current is not None and store.read_manifest(current).get("content_digest") == digest:
@@ -476,6 +518,12 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         verdict = "passed: now current" if gate["passed"] else "REFUSED: " + "; ".join(gate["reasons"])
         lines.append(f"- quality gate: {verdict} (AR@{gate['k']} {gate['candidate']['answer_recall']:.4f}, "
                      f"skipped {gate['candidate']['skipped_fraction']:.1%} of pages)")
+    if summary.get("clustering", {}).get("clustering_local"):
+        cl = summary["clustering"]
+        lines.append(f"- Algorithm 1 re-ran only where the graph changed since version `{cl['base']}`: "
+                     f"{cl['local_kept_clusters']:,} clusters kept, {cl['local_freed_documents']:,} documents re-clustered "
+                     f"({cl['local_touched_documents']:,} touched: {cl['local_new_documents']:,} new, "
+                     f"{cl['local_length_changed']:,} lengths, {cl['local_edges_changed']:,} edges changed)")
     lines += ["", "| count | value |", "|---|---:|"]
     lines += [f"| {k} | {v:,} |" if isinstance(v, int) else f"| {k} | {v:.1f} |" for k, v in summary["counts"].items()]
     if "survival" in summary:
@@ -576,11 +624,12 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCac
         sweep_cache_temps(cache.root)   # what a killed run left (its pool workers' temps, its scratch)
         # the documents split by cluster shard: made once, by segment, and read again by index
         split_dir = scratch_dir(cache.root, "split")   # .tmp-<pid>-split-<uuid>: swept if this run is killed
+        base = clustering_base(config, ws)
         try:
             for name, call in (
                 ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner, config.source.changes)),
                 ("tokens", lambda: tokens_sharded(cache, stages["ingest"], config.segment, mirror, config.runner)),
-                ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering)),
+                ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering, base)),
                 ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
                                                     config.segment, mirror, config.runner, split_dir)),
                 ("index", lambda: index_sharded(cache, stages["ingest"], stages["cluster"], stages["segment"],
@@ -601,7 +650,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCac
                     "mlflow_run_id": run.info.run_id}
         t0 = time.perf_counter()
         previous = corpus_store(ws, config.name).current_version()
-        version_dir, rows, unchanged = publish_task(config, ws, stages)
+        version_dir, rows, unchanged = publish_task(config, ws, stages, base)
         walls["publish"] = time.perf_counter() - t0
         decision = gate_task(config, ws, version_dir) if config.gate.enabled and not unchanged else None
         manifest = (version_dir / "manifest.json").read_text()
@@ -635,6 +684,11 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCac
             "mlflow_run_link": run_link(run, config.workspace.tracking_uri),
             "prefect_flow_run_id": run.data.tags.get("prefect.flow_run_id"),
         }
+        if config.clustering.mode == "local":   # where Algorithm 1 ran: kept clusters, freed documents
+            summary["clustering"] = {k: v for k, v in stages["cluster"].summary.items()
+                                     if k.startswith("local_") or k == "clustering_local"}
+            summary["clustering"]["base"] = base.name if base is not None else None
+            log_metrics({k: v for k, v in summary["clustering"].items() if k != "base"})
         if previous is not None and not unchanged:   # what of the current version survives into this one
             summary["survival"] = id_survival(corpus_store(ws, config.name).versions_dir / previous, version_dir)
             log_metrics({k: v for k, v in summary["survival"].items() if not k.endswith("_before")})

@@ -38,6 +38,12 @@ cluster. Clusters and their member lists are kept with a document → cluster la
 O(1) linked-list concatenation and relabelling of the smaller side (small-into-large), so
 the run is ``O(m log m + n log n)``; no step scans all clusters.
 
+Local re-clustering (``ClusteringConfig.mode = "local"``, not in the paper): over a published
+version, only the clusters where the graph changed are re-run; the others are passed in as
+:class:`KeptClusters`, whose members lines 4–5 skip (frozen). The freed documents go through
+lines 2–7 unchanged, so the invariant above holds among the freed clusters only
+(:func:`check_clustering`). Which clusters are freed: :mod:`tasks.corpus.local_clustering`.
+
 Output order. Member order inside a cluster: when ``d``'s cluster absorbs a candidate, the
 candidate's members are appended after the current members (in their own order); so a
 cluster reads as its founding document's chain of merges in closeness order. Cluster ids are
@@ -48,7 +54,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numba
 import numpy as np
@@ -67,14 +73,21 @@ class ClusteringConfig:
     max_tokens : cluster size limit ``S`` in tokens of ``tokenizer`` (FunnelRAG: 4K).
     tokenizer : name of the tokenizer the article lengths ``n_tokens`` are counted with
         (:mod:`tasks.corpus.tokenize`); the flow must count with this one.
+    mode : ``"full"`` (default, the paper's): Algorithm 1 over every document. ``"local"``: over a
+        current version, Algorithm 1 re-runs only where the graph changed and every other cluster
+        of that version is kept as is (:mod:`tasks.corpus.local_clustering`); a build without a
+        current version, or with ``--no-cache``, runs ``"full"``.
     """
 
     max_tokens: int = 4096
     tokenizer: str = "t5"
+    mode: Literal["full", "local"] = "full"
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"ClusteringConfig.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.mode not in ("full", "local"):
+            raise ValueError(f"ClusteringConfig.mode must be 'full' or 'local', got {self.mode!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +111,9 @@ class Clustering:
         ``(n_clusters,)`` int64 cluster sizes in tokens.
     n_merged, n_skipped : int
         Merges done, and candidate clusters skipped because they did not fit in ``S``.
+    kept : np.ndarray or None
+        ``(n_clusters,)`` bool: the cluster was given as a :class:`KeptClusters` cluster (frozen,
+        not re-clustered); None when every cluster came out of Algorithm 1.
     """
 
     order: np.ndarray
@@ -108,6 +124,7 @@ class Clustering:
     n_tokens: np.ndarray
     n_merged: int
     n_skipped: int
+    kept: np.ndarray | None = None
 
     @property
     def n_clusters(self) -> int:
@@ -120,6 +137,26 @@ class Clustering:
     def n_members(self) -> np.ndarray:
         """``(n_clusters,)`` int32 member counts."""
         return np.diff(self.indptr).astype(np.int32)
+
+
+@dataclass(frozen=True, eq=False)
+class KeptClusters:
+    """Clusters that Algorithm 1 takes as given and never touches (``mode: local``).
+
+    Attributes
+    ----------
+    indptr : np.ndarray
+        ``(n_kept + 1,)`` int64; kept cluster ``j`` is ``members[indptr[j]:indptr[j + 1]]``.
+    members : np.ndarray
+        ``(n_kept_members,)`` int32 doc ids in each cluster's member order; each doc id at most once.
+    """
+
+    indptr: np.ndarray
+    members: np.ndarray
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.indptr.size - 1)
 
 
 def processing_order(metrics: GraphMetrics) -> np.ndarray:
@@ -148,8 +185,16 @@ def ego_closeness(graph: CSRGraph, metrics: GraphMetrics, d: int) -> np.ndarray:
 
 
 def cluster_documents(graph: CSRGraph, metrics: GraphMetrics, n_tokens: np.ndarray,
-                      cfg: ClusteringConfig) -> Clustering:
+                      cfg: ClusteringConfig, kept: KeptClusters | None = None) -> Clustering:
     """Run FunnelRAG Algorithm 1 (module docstring) on the hyperlink graph.
+
+    With ``kept`` (``mode: local``, :func:`tasks.corpus.local_clustering.cluster_documents_local`),
+    the kept clusters are frozen: their members are not processed (line 4) and are never a
+    candidate (line 5), so the other, *freed* documents run through lines 3–7 in the same order
+    with the same closeness rule and merge only among themselves. The kept clusters come out
+    with the same members in the same order; cluster ids are dense over all clusters by the
+    smallest processing rank, as in a full run. Nothing is kept (``None`` or no kept cluster):
+    exactly the full algorithm.
 
     Parameters
     ----------
@@ -160,19 +205,23 @@ def cluster_documents(graph: CSRGraph, metrics: GraphMetrics, n_tokens: np.ndarr
     n_tokens : np.ndarray
         ``(n,)`` non-negative article lengths in tokens of ``cfg.tokenizer``.
     cfg : ClusteringConfig
+    kept : KeptClusters, optional
+        Clusters to keep as they are (doc ids of this graph).
 
     Returns
     -------
     Clustering
         Every document in exactly one cluster; no cluster over ``cfg.max_tokens`` tokens unless
-        it is a single over-long document. Deterministic: depends only on the edge set,
-        ``n_tokens`` and ``cfg``.
+        it is a single over-long document (a kept cluster is checked too). Deterministic:
+        depends only on the edge set, ``n_tokens``, ``cfg`` and ``kept``. ``kept`` marks the kept
+        clusters when ``kept`` was given.
 
     Raises
     ------
     ValueError
         ``n_tokens`` or ``metrics`` do not match the graph's node count or edge count, or
-        ``n_tokens`` has a negative entry (names the doc id).
+        ``n_tokens`` has a negative entry (names the doc id); a kept member is out of range or
+        in two kept clusters, or a kept cluster is empty (names it).
     """
     n = graph.n_nodes
     n_tokens = np.asarray(n_tokens)
@@ -183,21 +232,60 @@ def cluster_documents(graph: CSRGraph, metrics: GraphMetrics, n_tokens: np.ndarr
     if n and n_tokens.min() < 0:
         bad = int(np.flatnonzero(n_tokens < 0)[0])
         raise ValueError(f"n_tokens[{bad}] = {int(n_tokens[bad])} is negative")
+    frozen = np.zeros(n, dtype=np.bool_)   # (n,) member of a kept cluster
+    if kept is not None:
+        _check_kept(kept, n)
+        frozen[kept.members] = True
     order = processing_order(metrics)
     rank = np.empty(n, dtype=np.int32)
     rank[order] = np.arange(n, dtype=np.int32)
+    tokens64 = n_tokens.astype(np.int64)
     label, head, nxt, size, n_merged, n_skipped = _algorithm1(
-        graph.indptr, graph.indices, metrics.support, order, rank,
-        n_tokens.astype(np.int64), np.int64(cfg.max_tokens))
+        graph.indptr, graph.indices, metrics.support, order, rank, tokens64, np.int64(cfg.max_tokens), frozen)
+    if kept is not None:
+        _splice_kept(kept, tokens64, label, head, nxt, size)
     cluster_of, indptr, members, sizes = _finalise(order, label, head, nxt, size)
-    log.info("Algorithm 1: %d documents -> %d clusters (S=%d tokens, %d merges, %d skipped for size)",
-             n, indptr.size - 1, cfg.max_tokens, n_merged, n_skipped)
+    kept_mask = None
+    if kept is not None:
+        kept_mask = np.zeros(indptr.size - 1, dtype=np.bool_)
+        kept_mask[cluster_of[kept.members[kept.indptr[:-1]]]] = True
+    log.info("Algorithm 1: %d documents -> %d clusters (S=%d tokens, %d merges, %d skipped for size%s)",
+             n, indptr.size - 1, cfg.max_tokens, n_merged, n_skipped,
+             "" if kept is None else f"; {kept.n_clusters} clusters kept, {int(n - frozen.sum())} documents re-clustered")
     return Clustering(order=order, rank=rank, cluster_of=cluster_of, indptr=indptr, members=members,
-                      n_tokens=sizes, n_merged=int(n_merged), n_skipped=int(n_skipped))
+                      n_tokens=sizes, n_merged=int(n_merged), n_skipped=int(n_skipped), kept=kept_mask)
+
+
+def _check_kept(kept: KeptClusters, n: int) -> None:
+    """Raise ``ValueError`` unless ``kept`` is a set of disjoint, non-empty clusters of doc ids in ``[0, n)``."""
+    counts = np.diff(kept.indptr)
+    if kept.indptr.size < 1 or kept.indptr[0] != 0 or kept.indptr[-1] != kept.members.size or (counts < 1).any():
+        bad = int(np.flatnonzero(counts < 1)[0]) if (counts < 1).any() else -1
+        raise ValueError(f"kept clusters: indptr does not cut the members into non-empty clusters (cluster {bad})")
+    if kept.members.size and (kept.members.min() < 0 or kept.members.max() >= n):
+        raise ValueError(f"kept clusters: a member id is outside [0, {n})")
+    times = np.bincount(kept.members, minlength=n)
+    if (times > 1).any():
+        raise ValueError(f"kept clusters: document {int(np.flatnonzero(times > 1)[0])} is in {int(times.max())} kept clusters")
+
+
+def _splice_kept(kept: KeptClusters, n_tokens: np.ndarray, label: np.ndarray, head: np.ndarray,
+                 nxt: np.ndarray, size: np.ndarray) -> None:
+    """Write the kept clusters into Algorithm 1's label / member-list state (in place): their
+    members were frozen, so each is still its own singleton there. Label of a kept cluster = its
+    first member; its list in the given member order."""
+    counts = np.diff(kept.indptr)
+    first = kept.members[kept.indptr[:-1]]                  # (n_kept,)
+    label[kept.members] = np.repeat(first, counts)
+    nxt[kept.members[:-1]] = kept.members[1:]
+    nxt[kept.members[kept.indptr[1:] - 1]] = -1              # each cluster's last member ends its list
+    head[first] = first
+    if first.size:
+        size[first] = np.add.reduceat(n_tokens[kept.members], kept.indptr[:-1])
 
 
 @numba.njit(cache=True, nogil=True)
-def _algorithm1(indptr, indices, support, order, rank, n_tokens, max_tokens):  # pragma: no cover
+def _algorithm1(indptr, indices, support, order, rank, n_tokens, max_tokens, frozen):  # pragma: no cover
     n = indptr.size - 1
     label = np.arange(n).astype(np.int32)     # cluster label of each document
     head = np.arange(n).astype(np.int32)      # per label: first member
@@ -217,7 +305,7 @@ def _algorithm1(indptr, indices, support, order, rank, n_tokens, max_tokens):  #
         d = order[step]
         lo = indptr[d]
         k = indptr[d + 1] - lo
-        if k == 0:
+        if k == 0 or frozen[d]:          # a kept cluster's member is not processed
             continue
         # line 6: neighbours by closeness k / (2k - 1 - c) desc == c desc, then rank asc
         for i in range(k):
@@ -227,6 +315,8 @@ def _algorithm1(indptr, indices, support, order, rank, n_tokens, max_tokens):  #
         seen[label[d]] = step
         for i in range(k):
             u = order[ranked[i] & low32]
+            if frozen[u]:                # nor is a kept cluster a candidate
+                continue
             c = label[u]
             if seen[c] == step:          # own cluster, or a cluster already considered
                 continue
@@ -295,7 +385,10 @@ def check_clustering(graph: CSRGraph, clustering: Clustering, n_tokens: np.ndarr
     members' tokens, no cluster exceeds ``cfg.max_tokens`` unless it is one over-long document,
     cluster ids follow the smallest processing rank of their members, and no linked pair of
     clusters would still fit together (what skip-and-continue over every document guarantees,
-    since cluster sizes only grow).
+    since cluster sizes only grow). With kept clusters (``clustering.kept``, ``mode: local``) the
+    last check is the invariant that still holds: no two linked *freed* clusters (neither of
+    them kept) would fit together; a kept cluster was never a candidate, so it may still fit
+    beside a linked neighbour.
 
     Raises
     ------
@@ -328,9 +421,12 @@ def check_clustering(graph: CSRGraph, clustering: Clustering, n_tokens: np.ndarr
     u, v = graph.edge_list()
     cu, cv = c.cluster_of[u], c.cluster_of[v]
     fits = (cu != cv) & (c.n_tokens[cu] + c.n_tokens[cv] <= cfg.max_tokens)
+    if c.kept is not None:
+        fits &= ~(c.kept[cu] | c.kept[cv])
     if fits.any():
         i = int(np.flatnonzero(fits)[0])
-        raise ValueError(f"linked documents {int(u[i])} and {int(v[i])} are in clusters {int(cu[i])} and {int(cv[i])} "
+        freed = "" if c.kept is None else "freed "
+        raise ValueError(f"linked documents {int(u[i])} and {int(v[i])} are in {freed}clusters {int(cu[i])} and {int(cv[i])} "
                          f"that would still fit together in S = {cfg.max_tokens} tokens")
 
 

@@ -32,6 +32,7 @@ from tasks.corpus.clustering import (
 from tasks.corpus.graph import graph_from_links, graph_metrics
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.corpus.local_clustering import PreviousClusters, cluster_documents_local
 from tasks.corpus.memo import JoinedTexts
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
@@ -107,8 +108,18 @@ def read_window_tokens(tokens_dir: Path) -> WindowTokens:
 
 
 @stage("cluster", version="1")
-def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: ClusteringConfig) -> dict[str, Any]:
-    """Graph + local clustering coefficients + Algorithm 1 → graph_metrics, clusters, cluster_members."""
+def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: ClusteringConfig,
+                previous_dir: Path | None = None) -> dict[str, Any]:
+    """Graph + local clustering coefficients + Algorithm 1 → graph_metrics, clusters, cluster_members.
+
+    ``cfg.mode == "local"`` with ``previous_dir`` (the published version this build follows):
+    Algorithm 1 re-runs only where the graph changed since that version and keeps its other
+    clusters (:func:`tasks.corpus.local_clustering.cluster_documents_local`); the summary adds
+    ``clustering_local`` = 1 and the ``local_*`` counts of
+    :meth:`tasks.corpus.local_clustering.GraphChange.summary`. Without ``previous_dir``, or a
+    previous version clustered with another ``S`` or tokenizer, the full algorithm runs
+    (``clustering_local`` = 0, logged). ``mode: full`` ignores ``previous_dir``.
+    """
     t0 = time.perf_counter()
     docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "title"]).sort_by("doc_id")
     links = C.LINKS.read(ingest_dir)
@@ -120,7 +131,21 @@ def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: Clusteri
     t1 = time.perf_counter()
     metrics = graph_metrics(graph)
     t2 = time.perf_counter()
-    clustering = cluster_documents(graph, metrics, n_tokens, cfg)
+    local: dict[str, int] = {}
+    previous = PreviousClusters.read(previous_dir) if cfg.mode == "local" and previous_dir is not None else None
+    if previous is not None and (previous.max_tokens, previous.tokenizer) != (cfg.max_tokens, cfg.tokenizer):
+        log.warning("clustering.mode local: %s was clustered with S = %d (%s), this build S = %d (%s); running the full "
+                    "algorithm", previous_dir, previous.max_tokens, previous.tokenizer, cfg.max_tokens, cfg.tokenizer)
+        previous = None
+    if previous is not None:
+        clustering, change = cluster_documents_local(graph, metrics, n_tokens, docs.column("title").combine_chunks(),
+                                                     cfg, previous)
+        local = {"clustering_local": 1, **change.summary()}
+    else:
+        clustering = cluster_documents(graph, metrics, n_tokens, cfg)
+        if cfg.mode == "local":
+            log.info("clustering.mode local without a previous version: the full algorithm runs")
+            local = {"clustering_local": 0}
     t3 = time.perf_counter()
     check_clustering(graph, clustering, n_tokens, cfg)  # Algorithm 1 post-conditions, O(n + m)
     C.GRAPH_METRICS.write(graph_metrics_table(metrics, n_tokens, clustering), out_dir)
@@ -135,7 +160,7 @@ def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: Clusteri
         "max_cluster_tokens": int(sizes.max()) if sizes.size else 0, "mean_cluster_members": float(members.mean()) if members.size else 0.0,
         "merges": clustering.n_merged, "skipped_for_size": clustering.n_skipped,
         "mean_clustering_coefficient": float(metrics.clustering.mean()) if metrics.clustering.size else 0.0,
-        "graph_seconds": t1 - t0, "coefficient_seconds": t2 - t1, "algorithm1_seconds": t3 - t2,
+        "graph_seconds": t1 - t0, "coefficient_seconds": t2 - t1, "algorithm1_seconds": t3 - t2, **local,
         "seconds": time.perf_counter() - t0,
     }
 
