@@ -235,12 +235,14 @@ def _state(api: str, run_id: str) -> dict:
     return httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
 
 
-def _work_until_final(api: str, env: dict, run_id: str, tries: int = 4) -> dict:
+def _work_until_final(api: str, env: dict, run_id: str, tries: int = 4, log: Path | None = None) -> dict:
     """Run ``--run-once`` workers until run ``run_id`` is final (runs that a build's events started
-    through the automations may be handed out first, one a worker); returns its final state."""
+    through the automations may be handed out first, one a worker); returns its final state. Their
+    output is appended to ``log`` when one is given."""
     for _ in range(tries):
-        subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once", "--limit", "1"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        with open(log or os.devnull, "a") as out:
+            subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once",
+                            "--limit", "1"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
         if _state(api, run_id)["type"] in FINAL:
             break
     return _wait(f"run {run_id}", lambda: (st := _state(api, run_id))["type"] in FINAL and st, 300)
@@ -364,14 +366,14 @@ def test_nightly_under_a_worker_stopped_by_sigterm_then_kill_9_leaves_nothing(se
     server's database and its WAL) or the worker's output holds the password."""
     api, env, _ = server
     home, log = tmp_path / "home", tmp_path / "worker.log"
-    write_mirror(tmp_path / "mirror", 1500, 1, seed=3, wiki=WIKI, sample=data_mirror / SAMPLE)
+    write_mirror(tmp_path / "mirror", 500, 1, seed=3, wiki=WIKI, sample=data_mirror / SAMPLE)
     worker_env = {**env, MIRROR_USER_ENV: USER, MIRROR_PASSWORD_ENV: PASSWORD, "PREFECT_WORKER_QUERY_SECONDS": "1"}
     deployed = subprocess.run(["prefect", "--no-prompt", "deploy", "--name", NIGHTLY_BOX], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=300)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     nightly = _deployment(api, NIGHTLY_BOX)
     with serve(tmp_path / "mirror", auth=(USER, PASSWORD)) as mirror:
-        runner = [f"runner.{k}={v}" for k, v in RUNNER.items()]
+        runner = [f"runner.{k}={v}" for k, v in {**RUNNER, "docs_per_shard": 30}.items()]   # ~6 token shards
         params = {"home": str(home), "overrides": [f"name={WIKI}", f"source.wiki={WIKI}", f"source.mirror={mirror.url}",
                                                    f"workspace.data_mirror={data_mirror}", "gate.enabled=false",
                                                    "index.passage_shard_tokens=0", *runner]}
@@ -394,23 +396,23 @@ def test_nightly_under_a_worker_stopped_by_sigterm_then_kill_9_leaves_nothing(se
                 print(f"\n[worker] {signal.Signals(sig).name}: pool gone {pool_s:.2f} s, flow-run process exited "
                       f"{exit_s:.2f} s after the signal; {len(left)} of {len(run.seen)} processes alive 10 s after "
                       f"it; run {state['type']}: {state['message']!r}")
-                assert any("forkserver" in cmd for _, cmd in run.seen.values()), run.seen   # the pool had started
+                commands = [cmd for _, cmd in run.seen.values()]
+                assert any("forkserver" in cmd for cmd in commands), commands   # the pool had started
+                assert any("funnelrag.reaper" in cmd for cmd in commands), commands   # and the run's reaper
                 assert left == [], f"{left}\n{run.tail()}"
                 assert exit_s < 10, run.tail()
         finally:
             for run in runs:
                 run.kill_left()
-            _stop(worker)
+            os.killpg(worker.pid, signal.SIGKILL)   # it has no run; SIGTERM would not stop it (docs/deploying.md)
+            worker.wait(timeout=30)
         for name, *_, state in rows:
             assert state["type"] in ("CRASHED", "FAILED", "CANCELLED"), (name, state)
         assert scratch_bytes(home)[1]   # the killed runs' temp directories are there
 
         # the deployment's slot is free: the next run completes, and sweeps what the killed runs left
         again = _post(api, f"/deployments/{nightly['id']}/create_flow_run", {"parameters": params})
-        with open(log, "a") as out:
-            subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once",
-                            "--limit", "1"], cwd=ROOT, env=worker_env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
-        state = _wait("the next run", lambda: (st := _state(api, again["id"]))["type"] in FINAL and st, 300)
+        state = _work_until_final(api, worker_env, again["id"], log=log)
         assert state["type"] == "COMPLETED", f"{state}\n{log.read_text()[-4000:]}"
         assert mirror.refused == 0   # the worker's login reached the flow
     assert (home / "stores" / "corpus" / WIKI / "current").is_file()
