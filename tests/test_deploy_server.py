@@ -1,7 +1,8 @@
 """A real Prefect server, as the README's *Deploying* section runs it: infra/server/prefect-server.sh
 starts it, ``prefect deploy`` registers prefect.yaml's deployments, the scheduler creates the
 nightly cron runs, a process worker runs a triggered enwiki-sample build to completion, and the
-evaluate-champion automation is started with that build's home and corpus version.
+evaluate-champion automation is started with that build's home and corpus version. The nightly
+deployment run by a process worker is stopped with SIGTERM and with kill -9 and leaves nothing behind.
 
 Nothing here is mocked; it takes a few minutes (marked ``slow``, runs in CI)."""
 from __future__ import annotations
@@ -235,14 +236,20 @@ def _state(api: str, run_id: str) -> dict:
     return httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
 
 
-def _work_until_final(api: str, env: dict, run_id: str, tries: int = 4, log: Path | None = None) -> dict:
-    """Run ``--run-once`` workers until run ``run_id`` is final (runs that a build's events started
-    through the automations may be handed out first, one a worker); returns its final state. Their
-    output is appended to ``log`` when one is given."""
+def _worker_command(queue: str | None = None) -> list[str]:
+    """``prefect worker start`` on the pool (only its work queue ``queue`` when given)."""
+    return [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, *(["--work-queue", queue] if queue else [])]
+
+
+def _work_until_final(api: str, env: dict, run_id: str, tries: int = 4, log: Path | None = None,
+                      queue: str | None = None) -> dict:
+    """Run ``--run-once`` workers (of work queue ``queue`` when given) until run ``run_id`` is final
+    (runs that a build's events started through the automations may be handed out first, one a
+    worker); returns its final state. Their output is appended to ``log`` when one is given."""
     for _ in range(tries):
         with open(log or os.devnull, "a") as out:
-            subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once",
-                            "--limit", "1"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
+            subprocess.run([*_worker_command(queue), "--run-once", "--limit", "1"], cwd=ROOT, env=env, stdout=out,
+                           stderr=subprocess.STDOUT, timeout=600)
         if _state(api, run_id)["type"] in FINAL:
             break
     return _wait(f"run {run_id}", lambda: (st := _state(api, run_id))["type"] in FINAL and st, 300)
@@ -339,8 +346,11 @@ def test_worker_stop_script_lets_the_run_finish_and_takes_no_new_one(server):
 NIGHTLY_BOX = "nightly-corpus-build-enwiki-box"   # the nightly flow (flows/corpus_nightly.py) on local workers
 
 
-def _flow_run_process(worker: subprocess.Popen, timeout: float) -> psutil.Process:
-    """The worker's flow-run process (``python -m prefect.engine``), once it runs."""
+KILL_QUEUE = "kill-test"   # the runs of the kill test: its worker takes no run another test left queued
+
+
+def _flow_run_process(worker: subprocess.Popen, run_id: str, timeout: float) -> psutil.Process:
+    """The worker's process of flow run ``run_id`` (``python -m prefect.engine``), once it runs."""
     def find():
         try:
             children = psutil.Process(worker.pid).children(recursive=True)
@@ -348,7 +358,8 @@ def _flow_run_process(worker: subprocess.Popen, timeout: float) -> psutil.Proces
             return None
         for child in children:
             try:
-                if "prefect.engine" in " ".join(child.cmdline()):
+                if "prefect.engine" in " ".join(child.cmdline()) and \
+                        child.environ().get("PREFECT__FLOW_RUN_ID") == run_id:
                     return child
             except psutil.Error:
                 continue
@@ -377,15 +388,17 @@ def test_nightly_under_a_worker_stopped_by_sigterm_then_kill_9_leaves_nothing(se
         params = {"home": str(home), "overrides": [f"name={WIKI}", f"source.wiki={WIKI}", f"source.mirror={mirror.url}",
                                                    f"workspace.data_mirror={data_mirror}", "gate.enabled=false",
                                                    "index.passage_shard_tokens=0", *runner]}
+        new_run = {"parameters": params, "work_queue_name": KILL_QUEUE}
         rows = []
         with open(log, "w") as out:
-            worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL], cwd=ROOT,
-                                      env=worker_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            worker = subprocess.Popen(_worker_command(KILL_QUEUE), cwd=ROOT, env=worker_env, stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
         runs: list[Run] = []
         try:
             for sig in (signal.SIGTERM, signal.SIGKILL):
-                flow_run = _post(api, f"/deployments/{nightly['id']}/create_flow_run", {"parameters": params})
-                run = Run(ForeignProcess(_flow_run_process(worker, 300)), log, offset=log.stat().st_size)
+                flow_run = _post(api, f"/deployments/{nightly['id']}/create_flow_run", new_run)
+                run = Run(ForeignProcess(_flow_run_process(worker, flow_run["id"], 300)), log,
+                          offset=log.stat().st_size)
                 runs.append(run)
                 sent, pool_s, exit_s = interrupt(run, sig, after_s=1.0)
                 time.sleep(max(0.0, sent + 10 - time.time()))
@@ -411,8 +424,8 @@ def test_nightly_under_a_worker_stopped_by_sigterm_then_kill_9_leaves_nothing(se
         assert scratch_bytes(home)[1]   # the killed runs' temp directories are there
 
         # the deployment's slot is free: the next run completes, and sweeps what the killed runs left
-        again = _post(api, f"/deployments/{nightly['id']}/create_flow_run", {"parameters": params})
-        state = _work_until_final(api, worker_env, again["id"], log=log)
+        again = _post(api, f"/deployments/{nightly['id']}/create_flow_run", new_run)
+        state = _work_until_final(api, worker_env, again["id"], log=log, queue=KILL_QUEUE)
         assert state["type"] == "COMPLETED", f"{state}\n{log.read_text()[-4000:]}"
         assert mirror.refused == 0   # the worker's login reached the flow
     assert (home / "stores" / "corpus" / WIKI / "current").is_file()
