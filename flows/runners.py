@@ -238,15 +238,27 @@ def _forkserver_pid() -> int | None:
     return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
-def _stop_forkserver() -> None:
+def _stop_forkserver(kill: bool = False) -> None:
     """Stop this process's forkserver and wait for it (so its CPU time, and that of the workers it
     reaped, counts as this process's children's, and no process with stale imports lingers).
-    ``ForkServer._stop`` is private, CPython's own tests use it; without it, nothing is done."""
+    ``ForkServer._stop`` is private, CPython's own tests use it; without it, nothing is done.
+
+    ``kill``: SIGKILL it first, for an interrupted run whose workers are already gone. Stopped
+    the ordinary way, the forkserver exits through a full interpreter shutdown of the modules it
+    preloaded (Prefect, the stages), ~3 s of a loaded 2-core box in which the run's pool outlived
+    its workers; it holds nothing that needs flushing (it only forks)."""
     from multiprocessing import forkserver  # noqa: PLC0415  (stdlib; absent on Windows)
 
     stop = getattr(forkserver._forkserver, "_stop", None)
-    if stop is not None:
-        stop()
+    if stop is None:
+        return
+    pid = _forkserver_pid()
+    if kill and pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    stop()
 
 
 class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
@@ -363,7 +375,7 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
             self.stop_workers()
             if getattr(self, "_owns_forkserver", False):   # no worker left: the forkserver now, not after
                 self._owns_forkserver = False              # Prefect's exit (5 s on a queue a killed worker locked)
-                _stop_forkserver()
+                _stop_forkserver(kill=True)
         try:
             super().__exit__(exc_type, exc_value, traceback)
         finally:

@@ -14,10 +14,12 @@ from pathlib import Path
 import psutil
 
 from data_contracts.base import parse_temp_name
+from funnelrag.reaper import pid_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = "synwiki"
 RUNNER = {"kind": "local", "workers": 2, "streams_per_piece": 2, "docs_per_shard": 50, "tokens_per_shard": 200_000}
+TOKENS_STARTED = "token counts of documents"   # a token shard finished: the others are in flight
 
 # The child of a run from Python: a script with a __main__ guard (the forkserver imports __main__).
 NIGHTLY_SCRIPT = """\
@@ -46,13 +48,50 @@ def child_env(prefect_home: Path) -> dict[str, str]:
     return env
 
 
+class ForeignProcess:
+    """A process this test did not start (a Prefect worker's flow-run process) with the part of
+    ``subprocess.Popen``'s interface :class:`Run` uses; its exit status is its parent's to read,
+    so ``returncode`` says only ``"exited"``."""
+
+    def __init__(self, proc: psutil.Process):
+        self.pid, self._proc, self.returncode = proc.pid, proc, None
+
+    def poll(self) -> str | None:
+        try:
+            gone = not self._proc.is_running() or self._proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            gone = True
+        if gone:
+            self.returncode = "exited"
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self._proc.send_signal(sig)
+
+    def kill(self) -> None:
+        try:
+            self._proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait(self, timeout: float | None = None) -> str | None:
+        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
 @dataclass
 class Run:
-    """One child run: its process, its log file, and every descendant seen (pid → (start time, command))."""
+    """One child run: its process, its log file (read from ``offset``: a worker's log holds earlier
+    runs too), and every descendant seen (pid → (start time, command))."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForeignProcess
     log: Path
     seen: dict[int, tuple[float, str]] = field(default_factory=dict)
+    offset: int = 0
 
     def look(self) -> None:
         """Record the child's descendants now."""
@@ -71,7 +110,7 @@ class Run:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.look()
-            if text in self.log.read_text(errors="replace"):
+            if text in self.log.read_text(errors="replace")[self.offset:]:
                 return time.monotonic()
             if self.proc.poll() is not None:
                 raise AssertionError(f"the run ended (rc {self.proc.returncode}) before {text!r}:\n{self.tail()}")
@@ -91,7 +130,7 @@ class Run:
         return found
 
     def tail(self, n: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-n:]
+        return self.log.read_text(errors="replace")[self.offset:][-n:]
 
     def left_alive(self) -> list[str]:
         """The recorded descendants still running (same pid and start time), as ``pid command``."""
@@ -117,6 +156,26 @@ class Run:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def interrupt(run: Run, sig: int, after_s: float = 1.5) -> tuple[float, float, float]:
+    """Wait for token counting (:data:`TOKENS_STARTED`), ``after_s`` more, then send ``sig``;
+    returns (POSIX time of the signal, seconds from the signal until the pool's processes
+    (forkserver and workers) are gone, seconds from the signal to the run process's exit)."""
+    run.wait_for_line(TOKENS_STARTED, timeout=1200)
+    until = time.monotonic() + after_s
+    while time.monotonic() < until:
+        run.look()
+        time.sleep(0.2)
+    run.look()
+    pool = run.pool_processes()
+    sent, t0 = time.time(), time.monotonic()
+    run.proc.send_signal(sig)
+    while pool and time.monotonic() < t0 + 120 and any(pid_alive(p.pid) and p.is_running() for p in pool):
+        time.sleep(0.05)
+    pool_s = time.monotonic() - t0
+    run.proc.wait(timeout=300)
+    return sent, pool_s, time.monotonic() - t0
 
 
 def start_from_python(config: dict, prefect_home: Path, log: Path) -> Run:

@@ -1,7 +1,8 @@
 """A real Prefect server, as the README's *Deploying* section runs it: infra/server/prefect-server.sh
 starts it, ``prefect deploy`` registers prefect.yaml's deployments, the scheduler creates the
 nightly cron runs, a process worker runs a triggered enwiki-sample build to completion, and the
-evaluate-champion automation is started with that build's home and corpus version.
+evaluate-champion automation is started with that build's home and corpus version. The nightly
+deployment run by a process worker is stopped with SIGTERM and with kill -9 and leaves nothing behind.
 
 Nothing here is mocked; it takes a few minutes (marked ``slow``, runs in CI)."""
 from __future__ import annotations
@@ -16,7 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
+
+from benchmarks.synth_dump import SAMPLE, write_mirror
+from tasks.corpus.dump_source import MIRROR_PASSWORD_ENV, MIRROR_USER_ENV
+from tests.interrupted_run import RUNNER, WIKI, ForeignProcess, Run, interrupt, scratch_bytes
+from tests.mirror_server import serve
+from tests.test_mirror_credentials import PASSWORD, USER, _files_holding_the_password
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "infra" / "server" / "prefect-server.sh"
@@ -228,12 +236,20 @@ def _state(api: str, run_id: str) -> dict:
     return httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
 
 
-def _work_until_final(api: str, env: dict, run_id: str, tries: int = 4) -> dict:
-    """Run ``--run-once`` workers until run ``run_id`` is final (runs that a build's events started
-    through the automations may be handed out first, one a worker); returns its final state."""
+def _worker_command(queue: str | None = None) -> list[str]:
+    """``prefect worker start`` on the pool (only its work queue ``queue`` when given)."""
+    return [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, *(["--work-queue", queue] if queue else [])]
+
+
+def _work_until_final(api: str, env: dict, run_id: str, tries: int = 4, log: Path | None = None,
+                      queue: str | None = None) -> dict:
+    """Run ``--run-once`` workers (of work queue ``queue`` when given) until run ``run_id`` is final
+    (runs that a build's events started through the automations may be handed out first, one a
+    worker); returns its final state. Their output is appended to ``log`` when one is given."""
     for _ in range(tries):
-        subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once", "--limit", "1"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        with open(log or os.devnull, "a") as out:
+            subprocess.run([*_worker_command(queue), "--run-once", "--limit", "1"], cwd=ROOT, env=env, stdout=out,
+                           stderr=subprocess.STDOUT, timeout=600)
         if _state(api, run_id)["type"] in FINAL:
             break
     return _wait(f"run {run_id}", lambda: (st := _state(api, run_id))["type"] in FINAL and st, 300)
@@ -325,3 +341,97 @@ def test_worker_stop_script_lets_the_run_finish_and_takes_no_new_one(server):
 
     state = _work_until_final(api, env, queued["id"])
     assert state["type"] == "COMPLETED", state
+
+
+NIGHTLY_BOX = "nightly-corpus-build-enwiki-box"   # the nightly flow (flows/corpus_nightly.py) on local workers
+
+
+KILL_QUEUE = "kill-test"   # the runs of the kill test: its worker takes no run another test left queued
+
+
+def _flow_run_process(worker: subprocess.Popen, run_id: str, timeout: float) -> psutil.Process:
+    """The worker's process of flow run ``run_id`` (``python -m prefect.engine``), once it runs."""
+    def find():
+        try:
+            children = psutil.Process(worker.pid).children(recursive=True)
+        except psutil.Error:
+            return None
+        for child in children:
+            try:
+                if "prefect.engine" in " ".join(child.cmdline()) and \
+                        child.environ().get("PREFECT__FLOW_RUN_ID") == run_id:
+                    return child
+            except psutil.Error:
+                continue
+        return None
+    return _wait("the worker's flow-run process", find, timeout, every=0.3)
+
+
+def test_nightly_under_a_worker_stopped_by_sigterm_then_kill_9_leaves_nothing(server, tmp_path, data_mirror):
+    """The nightly deployment, 2 local workers, a mirror with a login (given to the worker in its
+    environment, as docs/deploying.md says) run by a process worker: its flow-run process gets
+    SIGTERM during token counting, the next run kill -9 at the same point. 10 s after each signal
+    no process of that run's tree (recorded before the signal: pid and start time) is alive, the
+    run is final in Prefect (so the deployment's concurrency slot of 1 is free), and the next run
+    completes and leaves no scratch byte in the home; no file of the home, of PREFECT_HOME (the
+    server's database and its WAL) or the worker's output holds the password."""
+    api, env, _ = server
+    home, log = tmp_path / "home", tmp_path / "worker.log"
+    write_mirror(tmp_path / "mirror", 500, 1, seed=3, wiki=WIKI, sample=data_mirror / SAMPLE)
+    worker_env = {**env, MIRROR_USER_ENV: USER, MIRROR_PASSWORD_ENV: PASSWORD, "PREFECT_WORKER_QUERY_SECONDS": "1"}
+    deployed = subprocess.run(["prefect", "--no-prompt", "deploy", "--name", NIGHTLY_BOX], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    nightly = _deployment(api, NIGHTLY_BOX)
+    with serve(tmp_path / "mirror", auth=(USER, PASSWORD)) as mirror:
+        runner = [f"runner.{k}={v}" for k, v in {**RUNNER, "docs_per_shard": 30}.items()]   # ~6 token shards
+        params = {"home": str(home), "overrides": [f"name={WIKI}", f"source.wiki={WIKI}", f"source.mirror={mirror.url}",
+                                                   f"workspace.data_mirror={data_mirror}", "gate.enabled=false",
+                                                   "index.passage_shard_tokens=0", *runner]}
+        new_run = {"parameters": params, "work_queue_name": KILL_QUEUE}
+        rows = []
+        with open(log, "w") as out:
+            worker = subprocess.Popen(_worker_command(KILL_QUEUE), cwd=ROOT, env=worker_env, stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        runs: list[Run] = []
+        try:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                flow_run = _post(api, f"/deployments/{nightly['id']}/create_flow_run", new_run)
+                run = Run(ForeignProcess(_flow_run_process(worker, flow_run["id"], 300)), log,
+                          offset=log.stat().st_size)
+                runs.append(run)
+                sent, pool_s, exit_s = interrupt(run, sig, after_s=1.0)
+                time.sleep(max(0.0, sent + 10 - time.time()))
+                left = run.left_alive()
+                state = _wait("the interrupted run to be final", lambda r=flow_run: (
+                    st := _state(api, r["id"]))["type"] in FINAL and st, 120)
+                rows.append((signal.Signals(sig).name, pool_s, exit_s, len(run.seen), left, state))
+                print(f"\n[worker] {signal.Signals(sig).name}: pool gone {pool_s:.2f} s, flow-run process exited "
+                      f"{exit_s:.2f} s after the signal; {len(left)} of {len(run.seen)} processes alive 10 s after "
+                      f"it; run {state['type']}: {state['message']!r}")
+                commands = [cmd for _, cmd in run.seen.values()]
+                assert any("forkserver" in cmd for cmd in commands), commands   # the pool had started
+                assert any("funnelrag.reaper" in cmd for cmd in commands), commands   # and the run's reaper
+                assert left == [], f"{left}\n{run.tail()}"
+                assert exit_s < 10, run.tail()
+        finally:
+            for run in runs:
+                run.kill_left()
+            os.killpg(worker.pid, signal.SIGKILL)   # it has no run; SIGTERM would not stop it (docs/deploying.md)
+            worker.wait(timeout=30)
+        for name, *_, state in rows:
+            assert state["type"] in ("CRASHED", "FAILED", "CANCELLED"), (name, state)
+        assert scratch_bytes(home)[1]   # the killed runs' temp directories are there
+
+        # the deployment's slot is free: the next run completes, and sweeps what the killed runs left
+        again = _post(api, f"/deployments/{nightly['id']}/create_flow_run", new_run)
+        state = _work_until_final(api, worker_env, again["id"], log=log, queue=KILL_QUEUE)
+        assert state["type"] == "COMPLETED", f"{state}\n{log.read_text()[-4000:]}"
+        assert mirror.refused == 0   # the worker's login reached the flow
+    assert (home / "stores" / "corpus" / WIKI / "current").is_file()
+    bytes_left, names_left = scratch_bytes(home)
+    print(f"[worker] after the next run: {bytes_left} scratch bytes, {len(names_left)} temp names left")
+    assert (bytes_left, names_left) == (0, [])
+    prefect_home = Path(env["PREFECT_HOME"])
+    assert list(prefect_home.glob("*.db")) and (home / "mlflow.db").is_file()
+    assert _files_holding_the_password(home, prefect_home, log) == []

@@ -12,12 +12,10 @@ import time
 import pytest
 
 from benchmarks.synth_dump import SAMPLE, write_mirror
-from funnelrag.reaper import pid_alive
-from tests.interrupted_run import (WIKI, build_config, entries_written_after, scratch_bytes, start_from_cli,
-                                   start_from_python)
+from tests.interrupted_run import (WIKI, build_config, entries_written_after, interrupt, scratch_bytes,
+                                   start_from_cli, start_from_python)
 
 pytestmark = pytest.mark.slow
-TOKENS_STARTED = "token counts of documents"   # a token shard finished: the others are in flight
 
 
 @pytest.fixture(scope="module")
@@ -25,26 +23,6 @@ def mirror(tmp_path_factory, data_mirror):
     root = tmp_path_factory.mktemp("mirror")
     write_mirror(root, 1500, 1, seed=3, wiki=WIKI, sample=data_mirror / SAMPLE)
     return root
-
-
-def _interrupt(run, sig: int, after_s: float = 1.5) -> tuple[float, float, float]:
-    """Wait for token counting, ``after_s`` more, then send ``sig``; returns (POSIX time of the signal,
-    seconds from the signal until the pool's processes (forkserver and workers) are gone, seconds
-    from the signal to the child's exit)."""
-    run.wait_for_line(TOKENS_STARTED, timeout=1200)
-    until = time.monotonic() + after_s
-    while time.monotonic() < until:
-        run.look()
-        time.sleep(0.2)
-    run.look()
-    pool = run.pool_processes()
-    sent, t0 = time.time(), time.monotonic()
-    run.proc.send_signal(sig)
-    while pool and time.monotonic() < t0 + 120 and any(pid_alive(p.pid) and p.is_running() for p in pool):
-        time.sleep(0.05)
-    pool_s = time.monotonic() - t0
-    run.proc.wait(timeout=300)
-    return sent, pool_s, time.monotonic() - t0
 
 
 def _rerun_publishes_and_leaves_no_scratch(start, config: dict, tmp_path, home) -> None:
@@ -68,7 +46,7 @@ def test_sigterm_during_token_counting_stops_the_run_and_everything_it_started(s
                                                    f"{WIKI}-20260101-pages-articles-multistream.xml.bz2")])
     run = start(config, tmp_path / "prefect", tmp_path / "run.log")
     try:
-        sent, pool_s, stop_s = _interrupt(run, signal.SIGTERM)
+        sent, pool_s, stop_s = interrupt(run, signal.SIGTERM)
         time.sleep(5)
         left = run.left_alive()
         print(f"\n[{start.__name__}] SIGTERM → pool processes gone in {pool_s:.1f} s, exit in {stop_s:.1f} s "
@@ -88,7 +66,7 @@ def test_kill_9_of_a_nightly_run_from_python_leaves_no_process_and_no_scratch(tm
     config = build_config(home, data_mirror, mirror=str(mirror))
     run = start_from_python(config, tmp_path / "prefect", tmp_path / "run.log")
     try:
-        _interrupt(run, signal.SIGKILL, after_s=3.0)
+        interrupt(run, signal.SIGKILL, after_s=3.0)
         time.sleep(10)
         left = run.left_alive()
         print(f"\n[python] kill -9: {len(run.seen)} descendants seen, {len(left)} alive 10 s later: {left}")
