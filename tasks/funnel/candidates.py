@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from funnelrag.progress import Progress, progress
 from models.preranker import score_grouped
-from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
+from tasks.corpus.segment import ClusterSegments, DocumentUnit, Passage, SegmentConfig, segment_cluster
 from tasks.funnel.embeddings import passage_text
 from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores, stored_maxp_pool_scores, stored_text_scores
 from tasks.qa.metrics import first_hit_ranks, recall_at_ranks
@@ -91,6 +91,37 @@ def chunk_clusters(cluster_ids: Sequence[int], members_of: MembersOf, seg_cfg: S
             for c in progress(unique, "later chunking of candidate clusters", unit="clusters")}
 
 
+def published_segments(passages: pa.Table, cluster_ids: Sequence[int]) -> dict[int, ClusterSegments]:
+    """Later chunking of published clusters, read back: ``{cluster_id: ClusterSegments}`` of the
+    distinct ``cluster_ids`` from a corpus ``passages`` table.
+
+    The corpus build cut every cluster with :func:`tasks.corpus.segment.segment_cluster` and
+    wrote its units' passages in order (:func:`tasks.corpus.segment.segments_to_tables`), so
+    these are the units and passages :func:`chunk_clusters` would cut again from the members
+    (same ids, texts and token counts), without tokenizing the clusters a second time.
+
+    Raises
+    ------
+    KeyError
+        A cluster id has no passage in ``passages`` (not a cluster of this corpus version).
+    """
+    unique = sorted({int(c) for c in cluster_ids})
+    sub = passages.filter(pc.is_in(passages["cluster_id"], pa.array(unique, pa.int32())))
+    by_unit: dict[str, list[Passage]] = {}
+    cols = [sub[n].to_pylist() for n in ("passage_id", "unit_id", "cluster_id", "doc_id", "title", "text",
+                                          "n_words", "n_tokens")]
+    for pid, uid, cid, did, title, text, n_words, n_tokens in zip(*cols):   # table order = position order
+        by_unit.setdefault(uid, []).append(Passage(pid, uid, cid, did, title, text, n_words, n_tokens))
+    units: dict[int, list[DocumentUnit]] = {c: [] for c in unique}
+    for uid, ps in by_unit.items():
+        cid = ps[0].cluster_id
+        units[cid].append(DocumentUnit(uid, cid, len(units[cid]), tuple(ps)))
+    empty = [c for c in unique if not units[c]]
+    if empty:
+        raise KeyError(f"cluster {empty[0]} has no passage in the corpus passages table ({len(empty)} such)")
+    return {c: ClusterSegments(c, tuple(units[c])) for c in unique}
+
+
 def _units_table(segments: dict[int, ClusterSegments]) -> pa.Table:
     rows = [(u.unit_id, u.cluster_id, u.title, u.text, len(u.passages))
             for c in sorted(segments) for u in segments[c].units]
@@ -100,7 +131,7 @@ def _units_table(segments: dict[int, ClusterSegments]) -> pa.Table:
 
 def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, seg_cfg: SegmentConfig,
                      token_counter, model, tokenizer, cfg: CandidatesConfig = CandidatesConfig(),
-                     index=None, unit_store=None) -> CandidateSet:
+                     index=None, unit_store=None, segments_of=None) -> CandidateSet:
     """Run the funnel for every question.
 
     Parameters
@@ -123,6 +154,9 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
         tower (a bi-encoder with ``unit_scoring="first"``): unit vectors are read from it, and the
         units it lacks embedded once and added (:func:`tasks.funnel.unit_scoring.stored_text_scores`;
         same ranking up to float rounding).
+    segments_of : optional ``segments_of(cluster_ids) -> {cluster_id: ClusterSegments}``: the
+        published corpus's own cut (:func:`published_segments`) instead of later chunking the
+        members again (the same units and passages).
 
     Returns
     -------
@@ -155,7 +189,9 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     timings["retrieval"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    segments = chunk_clusters([c for row in cluster_ids for c in row], members_of, seg_cfg, token_counter)
+    retrieved = [c for row in cluster_ids for c in row]
+    segments = (chunk_clusters(retrieved, members_of, seg_cfg, token_counter) if segments_of is None
+                else segments_of(retrieved))
     units = {u.unit_id: u for seg in segments.values() for u in seg.units}
     timings["chunking"] = time.perf_counter() - t0
 

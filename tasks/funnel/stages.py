@@ -38,7 +38,14 @@ from funnelrag.tracking import question_scores_table
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
-from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, rerank_pool, unit_passages
+from tasks.funnel.candidates import (
+    CandidatesConfig,
+    answer_recall,
+    build_candidates,
+    published_segments,
+    rerank_pool,
+    unit_passages,
+)
 from tasks.funnel.distill import (
     BPRHooks,
     DistillConfig,
@@ -107,7 +114,9 @@ def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, s
     With ``vector_cache`` (the home's cache directory) a bi-encoder pre-ranking units from their
     text reads and keeps the unit vectors in its document tower's vector store
     (:func:`unit_vector_store`), so the units shared by both splits, the re-ranking after a
-    query-side distillation and the champion gate embed nothing again.
+    query-side distillation and the champion gate embed nothing again. The retrieved clusters'
+    units and passages are the published version's own (:func:`tasks.funnel.candidates.published_segments`:
+    the build's later chunking, read back instead of cut again).
 
     With ``stores_dir`` (and ``corpus_name``), the passage vectors of the published embedding
     index of this corpus and of the pre-ranker's weights are read instead of computed
@@ -132,7 +141,8 @@ def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, s
                                      corpus.manifest.get("content_digest", corpus.digest), version)
     unit_store = unit_vector_store(model, vector_cache) if cfg.unit_scoring == "first" else None
     cs = build_candidates(questions, corpus.cluster_index(), corpus.members_of, seg_cfg, token_counter,
-                          model, tok, cfg, index=index, unit_store=unit_store)
+                          model, tok, cfg, index=index, unit_store=unit_store,
+                          segments_of=lambda ids: published_segments(corpus.passages, ids))
     for contract, table in ((UNIT_POOL, cs.unit_pool), (CANDIDATES, cs.candidates), (UNITS, cs.units),
                             (QUESTIONS, questions)):
         contract.write(table, out_dir)
