@@ -5,19 +5,17 @@ real mini corpus (NQ-open oracle gold passages) with the real MiniLM weights."""
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
-from oracle_corpus import oracle_clusters
+from oracle_corpus import funnel_stage_dirs, oracle_clusters
 
-from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNIT_POOL, UNITS
+from data_contracts.funnel import LABELS
 from models.preranker import PreRankerConfig, build_preranker, score_grouped
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.tokenize import WhitespaceCounter
 from tasks.funnel import stages as S
 from tasks.funnel.candidates import CandidatesConfig, build_candidates, rerank_pool
 from tasks.funnel.distill import BPRHooks, DistillConfig, MaxPBPRHooks, PairDataset, build_examples
-from tasks.funnel.labels import LabelConfig, make_labels
 from tasks.funnel.unit_scoring import stored_text_scores
 from tasks.qa.questions import QuestionsConfig, load_questions
 
@@ -73,14 +71,7 @@ def test_stored_unit_vectors_rank_as_computed_and_embed_each_unit_once(mini, tmp
 def test_query_side_distillation_from_unit_text_reads_the_frozen_towers_vectors(mini, tmp_path, one_torch_thread):
     model, tok = build_preranker(PRE)
     cs = _candidates(mini, model, tok, S.unit_vector_store(model, tmp_path / "cache"))
-    cand_dir, label_dir = tmp_path / "cands", tmp_path / "labels"
-    for contract, table in ((CANDIDATES, cs.candidates), (UNITS, cs.units), (QUESTIONS, mini["questions"]),
-                            (UNIT_POOL, cs.unit_pool)):
-        contract.write(table, cand_dir)
-    c = cs.candidates
-    zero = pa.table({"question_id": c["question_id"], "unit_id": c["unit_id"], "passage_id": c["passage_id"],
-                     "score": pa.array([0.0] * c.num_rows, pa.float32()), "attention": pa.array(["none"] * c.num_rows)})
-    LABELS.write(make_labels(zero.cast(ATTENTION_SCORES.schema), c, LabelConfig(top_k=1)), label_dir)
+    cand_dir, label_dir = funnel_stage_dirs(cs, mini["questions"], tmp_path, top_k=1)
     cfg = DistillConfig(epochs=1, max_pairs_per_question=4, score_scale=20.0, towers="query")
     held = len(S.unit_vector_store(model, tmp_path / "cache"))
 
