@@ -103,7 +103,7 @@ def unit_vector_store(model, vector_cache: Path | None) -> VectorStore | None:
     return VectorStore(vector_store_root(vector_cache, model_version(model)), model.encoder.backbone.config.hidden_size)
 
 
-@stage("candidates", version="1")
+@stage("candidates", version="2")
 def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, seg_cfg, token_counter,
                    preranker: PreRankerConfig, cfg: CandidatesConfig, out_dir: Path,
                    stores_dir: Path | None = None, corpus_name: str | None = None, device: str = "cpu",
@@ -269,7 +269,7 @@ def run_labels(candidates_dir: Path, attention_dir: Path, cfg: LabelConfig, out_
             **{f"reason_{r}": reasons.count(r) for r in sorted(set(reasons))}}
 
 
-@stage("distill", version="2")
+@stage("distill", version="3")
 def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig,
                 train_cfg: TrainConfig, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None,
                 index=None, vector_cache: Path | None = None) -> dict[str, Any]:
