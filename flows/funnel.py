@@ -239,7 +239,7 @@ def candidates_task(ctx: Context, questions: StageResult, split: str) -> StageRe
     inputs = {"questions": questions.files["questions.parquet"], "corpus": ctx.data_version}
     return ctx.run(S.run_candidates, key_cfg, inputs, lambda out, _: S.run_candidates(
         questions.path, split, limit, ctx.corpus, seg_cfg, counter, ctx.cfg.preranker, ctx.cfg.candidates, out,
-        device=ctx.device))
+        device=ctx.device, vector_cache=ctx.ws.cache_dir))
 
 
 @stage_task("train-reader")
@@ -294,7 +294,7 @@ def distill_task(ctx: Context, train: StageResult, labels: StageResult) -> Stage
                                   ctx.cfg.training.launch, index=where, tracking=_tracking("distill"),
                                   logger=get_run_logger())
         return S.run_distill(train.path, labels.path, ctx.cfg.preranker, d, ctx.cfg.distill_train,
-                             work, out, _metrics("distill"), index=index)
+                             work, out, _metrics("distill"), index=index, vector_cache=ctx.ws.cache_dir)
 
     return ctx.run(S.run_distill, key_cfg, inputs, build)
 
@@ -304,7 +304,7 @@ def eval_task(ctx: Context, dev: StageResult, distilled: StageResult) -> StageRe
     inputs = {"dev": dev.digest, "distilled": distilled.digest}
     return ctx.run(S.run_eval, {"ks": ctx.cfg.recall_ks, **ctx.maxp_key()}, inputs,
                    lambda out, _: S.run_eval(dev.path, distilled.path, ctx.cfg.recall_ks, out, ctx.maxp_passages(),
-                                             ctx.device))
+                                             ctx.device, ctx.ws.cache_dir))
 
 
 @stage_task("reader-eval")
@@ -349,7 +349,8 @@ def register_task(ctx: Context, dev: StageResult, distilled: StageResult, evalua
     outcome = _register_gated(ctx, ctx.cfg.registry_name, distilled.path / S.PRERANKER_DIR, distilled.digest, metrics,
                               f"dev_prerank_ar_at_{n}", _stage_scores(evaluation)[f"after_ar_at_{n}"],
                               lambda d: S.preranker_recall_per_question(dev.path, d, [n], passages=ctx.maxp_passages(),
-                                                                        device=ctx.device)[n], dev)
+                                                                        device=ctx.device,
+                                                                        vector_cache=ctx.ws.cache_dir)[n], dev)
     if outcome.get("promoted"):
         emit_champion_event(ctx.cfg.registry_name, outcome["version"], ctx.cfg.corpus, ctx.ws.home)
     return outcome

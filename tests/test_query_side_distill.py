@@ -7,12 +7,11 @@ import json
 import math
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
-from oracle_corpus import oracle_clusters
+from oracle_corpus import funnel_stage_dirs, oracle_clusters
 
-from data_contracts.funnel import ATTENTION_SCORES, CANDIDATES, LABELS, QUESTIONS, UNIT_POOL, UNITS
+from data_contracts.funnel import LABELS
 from funnelrag.training import TrainConfig
 from models.preranker import QUERY_ENCODER_DIR, PreRankerConfig, build_preranker, load_preranker, save_preranker, score
 from tasks.corpus.segment import SegmentConfig, segment_cluster, segments_to_tables
@@ -21,7 +20,6 @@ from tasks.funnel import stages as S
 from tasks.funnel.candidates import CandidatesConfig, build_candidates, rerank_pool, unit_passages
 from tasks.funnel.distill import DistillConfig, MaxPBPRHooks, PairItem, bpr_loss, prepare_for_distillation
 from tasks.funnel.embeddings import build_embedding_index, embed_queries, embed_texts, model_version
-from tasks.funnel.labels import LabelConfig, make_labels
 from tasks.qa.questions import QuestionsConfig, load_questions
 
 SEG = SegmentConfig(passage_words=30, unit_max_tokens=70, tokenizer="whitespace")
@@ -117,16 +115,7 @@ def _stage_dirs(mini, model, tok, tmp_path):
     cfg = CandidatesConfig(n_clusters=3, n_units=3, batch_size=8, unit_scoring="maxp")
     cs = build_candidates(mini["questions"], mini["index"], mini["members_of"], SEG, WhitespaceCounter(),
                           model, tok, cfg)
-    cand_dir, label_dir = tmp_path / "cands", tmp_path / "labels"
-    for contract, table in ((CANDIDATES, cs.candidates), (UNITS, cs.units), (QUESTIONS, mini["questions"]),
-                            (UNIT_POOL, cs.unit_pool)):
-        contract.write(table, cand_dir)
-    c = cs.candidates
-    zero = pa.table({"question_id": c["question_id"], "unit_id": c["unit_id"], "passage_id": c["passage_id"],
-                     "score": pa.array([0.0] * c.num_rows, pa.float32()), "attention": pa.array(["none"] * c.num_rows)})
-    labels = make_labels(zero.cast(ATTENTION_SCORES.schema), c, LabelConfig(top_k=0))
-    LABELS.write(labels, label_dir)
-    return cs, cand_dir, label_dir
+    return (cs, *funnel_stage_dirs(cs, mini["questions"], tmp_path))
 
 
 @pytest.mark.slow  # distils the MiniLM pre-ranker on the real mini funnel (module fixture)

@@ -28,9 +28,9 @@ import pyarrow.compute as pc
 from data_contracts.funnel import CANDIDATES, UNIT_POOL, UNITS
 from funnelrag.progress import Progress, progress
 from models.preranker import score_grouped
-from tasks.corpus.segment import ClusterSegments, SegmentConfig, segment_cluster
+from tasks.corpus.segment import ClusterSegments, DocumentUnit, Passage, SegmentConfig, segment_cluster
 from tasks.funnel.embeddings import passage_text
-from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores, stored_maxp_pool_scores
+from tasks.funnel.unit_scoring import UNIT_SCORING, maxp_pool_scores, stored_maxp_pool_scores, stored_text_scores
 from tasks.qa.metrics import first_hit_ranks, recall_at_ranks
 from tasks.qa.questions import AnswerMatcher, dpr_tokens
 
@@ -91,6 +91,37 @@ def chunk_clusters(cluster_ids: Sequence[int], members_of: MembersOf, seg_cfg: S
             for c in progress(unique, "later chunking of candidate clusters", unit="clusters")}
 
 
+def published_segments(passages: pa.Table, cluster_ids: Sequence[int]) -> dict[int, ClusterSegments]:
+    """Later chunking of published clusters, read back: ``{cluster_id: ClusterSegments}`` of the
+    distinct ``cluster_ids`` from a corpus ``passages`` table.
+
+    The corpus build cut every cluster with :func:`tasks.corpus.segment.segment_cluster` and
+    wrote its units' passages in order (:func:`tasks.corpus.segment.segments_to_tables`), so
+    these are the units and passages :func:`chunk_clusters` would cut again from the members
+    (same ids, texts and token counts), without tokenizing the clusters a second time.
+
+    Raises
+    ------
+    KeyError
+        A cluster id has no passage in ``passages`` (not a cluster of this corpus version).
+    """
+    unique = sorted({int(c) for c in cluster_ids})
+    sub = passages.filter(pc.is_in(passages["cluster_id"], pa.array(unique, pa.int32())))
+    by_unit: dict[str, list[Passage]] = {}
+    cols = [sub[n].to_pylist() for n in ("passage_id", "unit_id", "cluster_id", "doc_id", "title", "text",
+                                          "n_words", "n_tokens")]
+    for pid, uid, cid, did, title, text, n_words, n_tokens in zip(*cols):   # table order = position order
+        by_unit.setdefault(uid, []).append(Passage(pid, uid, cid, did, title, text, n_words, n_tokens))
+    units: dict[int, list[DocumentUnit]] = {c: [] for c in unique}
+    for uid, ps in by_unit.items():
+        cid = ps[0].cluster_id
+        units[cid].append(DocumentUnit(uid, cid, len(units[cid]), tuple(ps)))
+    empty = [c for c in unique if not units[c]]
+    if empty:
+        raise KeyError(f"cluster {empty[0]} has no passage in the corpus passages table ({len(empty)} such)")
+    return {c: ClusterSegments(c, tuple(units[c])) for c in unique}
+
+
 def _units_table(segments: dict[int, ClusterSegments]) -> pa.Table:
     rows = [(u.unit_id, u.cluster_id, u.title, u.text, len(u.passages))
             for c in sorted(segments) for u in segments[c].units]
@@ -100,7 +131,7 @@ def _units_table(segments: dict[int, ClusterSegments]) -> pa.Table:
 
 def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, seg_cfg: SegmentConfig,
                      token_counter, model, tokenizer, cfg: CandidatesConfig = CandidatesConfig(),
-                     index=None) -> CandidateSet:
+                     index=None, unit_store=None, segments_of=None) -> CandidateSet:
     """Run the funnel for every question.
 
     Parameters
@@ -119,6 +150,13 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
         this corpus (checked by the caller): with ``unit_scoring="maxp"``, passage vectors are read
         from it instead of computed (:func:`tasks.funnel.unit_scoring.stored_maxp_pool_scores`;
         same ranking up to float rounding).
+    unit_store : optional :class:`tasks.funnel.vector_store.VectorStore` of ``model``'s document
+        tower (a bi-encoder with ``unit_scoring="first"``): unit vectors are read from it, and the
+        units it lacks embedded once and added (:func:`tasks.funnel.unit_scoring.stored_text_scores`;
+        same ranking up to float rounding).
+    segments_of : optional ``segments_of(cluster_ids) -> {cluster_id: ClusterSegments}``: the
+        published corpus's own cut (:func:`published_segments`) instead of later chunking the
+        members again (the same units and passages).
 
     Returns
     -------
@@ -129,12 +167,14 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     Raises
     ------
     ValueError
-        The index returns an id that is not an integer cluster id, or ``index`` is given with
-        ``unit_scoring="first"`` (stored vectors are passage vectors).
+        The index returns an id that is not an integer cluster id, ``index`` is given with
+        ``unit_scoring="first"`` (stored vectors are passage vectors), or ``unit_store`` with
+        ``unit_scoring="maxp"`` or a pre-ranker that is not a bi-encoder.
     """
     if index is not None and cfg.unit_scoring != "maxp":
         raise ValueError("stored passage vectors (index=...) need unit_scoring='maxp', "
                          f"got {cfg.unit_scoring!r}")
+    _check_unit_store(unit_store, model, cfg.unit_scoring == "first")
     timings: dict[str, float] = {}
     qids = questions["question_id"].to_pylist()
     texts = questions["question"].to_pylist()
@@ -149,7 +189,9 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
     timings["retrieval"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    segments = chunk_clusters([c for row in cluster_ids for c in row], members_of, seg_cfg, token_counter)
+    retrieved = [c for row in cluster_ids for c in row]
+    segments = (chunk_clusters(retrieved, members_of, seg_cfg, token_counter) if segments_of is None
+                else segments_of(retrieved))
     units = {u.unit_id: u for seg in segments.values() for u in seg.units}
     timings["chunking"] = time.perf_counter() - t0
 
@@ -181,6 +223,10 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
         else:
             scores, by_qi = maxp_pool_scores(model, tokenizer, texts, rows, passages_of, cfg.batch_size)
         passage_scores = {(qids[qi], pid): s for (qi, pid), s in by_qi.items()}
+    elif unit_store is not None:
+        scores, _ = stored_text_scores(model, tokenizer, texts, [units[u].text for u in unit_order],
+                                       [(qi, unit_row[uid]) for qi, _, _, _, uid in pool], unit_store,
+                                       cfg.batch_size)                                          # (n_pool,)
     else:
         with Progress("pre-rank candidate units", total=len(unit_order), unit="units") as bar:
             scores = score_grouped(model, tokenizer, texts, [units[u].text for u in unit_order],
@@ -219,7 +265,7 @@ def build_candidates(questions: pa.Table, cluster_index, members_of: MembersOf, 
 
 def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tokenizer,
                 batch_size: int = 32, passages_of: dict[str, list[tuple[str, str]]] | None = None,
-                index=None) -> pa.Table:
+                index=None, unit_store=None) -> pa.Table:
     """The same unit pool re-scored and re-ranked by another pre-ranker (e.g. after distillation).
 
     Parameters
@@ -231,12 +277,18 @@ def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tok
         (:mod:`tasks.funnel.unit_scoring`); None: from the unit text (``unit_scoring="first"``).
     index : with ``passages_of``, an :class:`tasks.funnel.embeddings.EmbeddingIndex` of the
         model's document tower (checked by the caller): passage vectors are read, not computed.
+    unit_store : without ``passages_of``, an optional :class:`tasks.funnel.vector_store.VectorStore`
+        of a bi-encoder's document tower: unit vectors are read from it (and the missing ones
+        embedded once and added), as in :func:`build_candidates`.
 
     Raises
     ------
     KeyError
         A pool row names a question or unit missing from ``questions`` / ``units``.
+    ValueError
+        ``unit_store`` with ``passages_of`` or with a pre-ranker that is not a bi-encoder.
     """
+    _check_unit_store(unit_store, model, passages_of is None)
     q_row = {q: i for i, q in enumerate(questions["question_id"].to_pylist())}
     u_row = {u: j for j, u in enumerate(units["unit_id"].to_pylist())}
     qids, uids = pool["question_id"].to_pylist(), pool["unit_id"].to_pylist()
@@ -244,7 +296,11 @@ def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tok
         if q not in q_row or u not in u_row:
             raise KeyError(f"unit pool row ({q}, {u}) has no question or unit text")
     texts = questions["question"].to_pylist()
-    if passages_of is None:
+    if passages_of is None and unit_store is not None:
+        scores, _ = stored_text_scores(model, tokenizer, texts, units["text"].to_pylist(),
+                                       [(q_row[q], u_row[u]) for q, u in zip(qids, uids)], unit_store,
+                                       batch_size)                                              # (n_pool,)
+    elif passages_of is None:
         with Progress("re-rank pool units", total=units.num_rows, unit="units") as bar:
             scores = score_grouped(model, tokenizer, texts, units["text"].to_pylist(),
                                    [(q_row[q], u_row[u]) for q, u in zip(qids, uids)], batch_size, bar)  # (n_pool,)
@@ -263,6 +319,13 @@ def rerank_pool(pool: pa.Table, units: pa.Table, questions: pa.Table, model, tok
     out = pool.set_column(pool.schema.get_field_index("prerank_score"), "prerank_score", pa.array(scores, pa.float32()))
     out = out.set_column(out.schema.get_field_index("prerank_rank"), "prerank_rank", pa.array(ranks, pa.int16()))
     return UNIT_POOL.validate(out.take(pa.array(order)))
+
+
+def _check_unit_store(unit_store, model, from_unit_text: bool) -> None:
+    """Stored unit vectors are a bi-encoder's document-tower vectors of the unit text."""
+    if unit_store is not None and (not from_unit_text or getattr(model, "kind", None) != "bi"):
+        raise ValueError("stored unit vectors (unit_store=...) need unit_scoring='first' and a bi-encoder, "
+                         f"got kind {getattr(model, 'kind', None)!r}")
 
 
 def unit_passages(passages: pa.Table, unit_ids) -> dict[str, list[tuple[str, str]]]:

@@ -38,7 +38,14 @@ from funnelrag.tracking import question_scores_table
 from funnelrag.training import TrainConfig, train
 from models.preranker import PreRankerConfig, build_preranker, load_preranker, save_preranker
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig, score_candidates
-from tasks.funnel.candidates import CandidatesConfig, answer_recall, build_candidates, rerank_pool, unit_passages
+from tasks.funnel.candidates import (
+    CandidatesConfig,
+    answer_recall,
+    build_candidates,
+    published_segments,
+    rerank_pool,
+    unit_passages,
+)
 from tasks.funnel.distill import (
     BPRHooks,
     DistillConfig,
@@ -48,9 +55,18 @@ from tasks.funnel.distill import (
     prepare_for_distillation,
 )
 from tasks.funnel.experiment_eval import per_question_unit_recall
-from tasks.funnel.embeddings import embed_texts, model_version, open_embedding_index, passage_text, store_root
+from tasks.funnel.embeddings import (
+    EmbeddingConfig,
+    embed_passages,
+    embed_texts,
+    model_version,
+    open_embedding_index,
+    passage_text,
+    store_root,
+)
 from tasks.funnel.labels import LabelConfig, make_labels
 from tasks.funnel.reader import ReaderExample, load_reader, train_reader
+from tasks.funnel.vector_store import VectorStore, vector_store_root
 from tasks.qa.generation import FiDGenerator, GenerationConfig
 from tasks.qa.questions import QuestionsConfig, exact_match, load_questions
 
@@ -77,12 +93,30 @@ def select_questions(questions: pa.Table, split: str, limit: int | None) -> pa.T
     return sub if limit is None else sub.slice(0, limit)
 
 
-@stage("candidates", version="1")
+def unit_vector_store(model, vector_cache: Path | None) -> VectorStore | None:
+    """The content-keyed vector store of a bi-encoder's document tower under the home's cache
+    directory ``vector_cache`` (:func:`tasks.funnel.vector_store.vector_store_root` of
+    :func:`tasks.funnel.embeddings.model_version`), shared with the passage vectors of the
+    evaluation and ``embed-corpus``; None for a cross-encoder or without ``vector_cache``."""
+    if vector_cache is None or getattr(model, "kind", None) != "bi":
+        return None
+    return VectorStore(vector_store_root(vector_cache, model_version(model)), model.encoder.backbone.config.hidden_size)
+
+
+@stage("candidates", version="2")
 def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, seg_cfg, token_counter,
                    preranker: PreRankerConfig, cfg: CandidatesConfig, out_dir: Path,
-                   stores_dir: Path | None = None, corpus_name: str | None = None, device: str = "cpu") -> dict[str, Any]:
+                   stores_dir: Path | None = None, corpus_name: str | None = None, device: str = "cpu",
+                   vector_cache: Path | None = None) -> dict[str, Any]:
     """Funnel of one split's questions: writes ``unit_pool``, ``candidates``, ``units`` and
     ``questions`` (the subset) tables; summary has per-stage seconds and counts.
+
+    With ``vector_cache`` (the home's cache directory) a bi-encoder pre-ranking units from their
+    text reads and keeps the unit vectors in its document tower's vector store
+    (:func:`unit_vector_store`), so the units shared by both splits, the re-ranking after a
+    query-side distillation and the champion gate embed nothing again. The retrieved clusters'
+    units and passages are the published version's own (:func:`tasks.funnel.candidates.published_segments`:
+    the build's later chunking, read back instead of cut again).
 
     With ``stores_dir`` (and ``corpus_name``), the passage vectors of the published embedding
     index of this corpus and of the pre-ranker's weights are read instead of computed
@@ -105,8 +139,10 @@ def run_candidates(questions_dir: Path, split: str, limit: int | None, corpus, s
         version = model_version(model)
         index = open_embedding_index(store_root(stores_dir, corpus_name or "", version),
                                      corpus.manifest.get("content_digest", corpus.digest), version)
+    unit_store = unit_vector_store(model, vector_cache) if cfg.unit_scoring == "first" else None
     cs = build_candidates(questions, corpus.cluster_index(), corpus.members_of, seg_cfg, token_counter,
-                          model, tok, cfg, index=index)
+                          model, tok, cfg, index=index, unit_store=unit_store,
+                          segments_of=lambda ids: published_segments(corpus.passages, ids))
     for contract, table in ((UNIT_POOL, cs.unit_pool), (CANDIDATES, cs.candidates), (UNITS, cs.units),
                             (QUESTIONS, questions)):
         contract.write(table, out_dir)
@@ -233,17 +269,19 @@ def run_labels(candidates_dir: Path, attention_dir: Path, cfg: LabelConfig, out_
             **{f"reason_{r}": reasons.count(r) for r in sorted(set(reasons))}}
 
 
-@stage("distill", version="2")
+@stage("distill", version="3")
 def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig,
                 train_cfg: TrainConfig, work_dir: Path, out_dir: Path, log_metrics: MetricsFn = None,
-                index=None) -> dict[str, Any]:
+                index=None, vector_cache: Path | None = None) -> dict[str, Any]:
     """Eq. 6 BPR training of the pre-ranker through the shared loop → ``out_dir/preranker``.
 
     With ``cfg.unit_scoring="maxp"`` a unit scores as its best passage (the candidates table
     gives each unit's passages). With ``cfg.towers="query"`` only a query tower is trained; the
     frozen document tower's passage vectors are read from ``index`` (a
     :class:`tasks.funnel.embeddings.EmbeddingIndex` of the same document tower, checked here) or,
-    without one, computed once before training.
+    without one, computed once before training; with ``unit_scoring="first"`` the frozen tower's
+    unit vectors are computed once (read from the vector store under ``vector_cache`` where it
+    holds them, :func:`unit_vector_store`).
 
     Raises
     ------
@@ -253,7 +291,8 @@ def run_distill(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConf
         A candidate passage is not in ``index``.
     """
     t0 = time.perf_counter()
-    model, tok, trainable, data, hooks, report = distill_setup(candidates_dir, labels_dir, preranker, cfg, index)
+    model, tok, trainable, data, hooks, report = distill_setup(candidates_dir, labels_dir, preranker, cfg, index,
+                                                               vector_cache)
     result = train(model, data, hooks, replace(train_cfg, output_dir=str(work_dir)), log_metrics=log_metrics)
     save_preranker(model, tok, Path(out_dir) / PRERANKER_DIR)
     return distill_summary(report, trainable, result, cfg, time.perf_counter() - t0)
@@ -267,13 +306,28 @@ def distill_summary(report: dict[str, Any], trainable: int, result, cfg: Distill
             "first_loss": losses[0], "last_loss": losses[-1], "seconds": seconds}
 
 
-def distill_setup(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig, index=None):
+def distill_setup(candidates_dir: Path, labels_dir: Path, preranker: PreRankerConfig, cfg: DistillConfig, index=None,
+                  vector_cache: Path | None = None):
     """What :func:`run_distill` trains: ``(model, tokenizer, trainable parameters, PairDataset,
-    hooks, example report)`` (also the launched entry point's, :mod:`flows.launched.preranker`)."""
+    hooks, example report)`` (also the launched entry point's, :mod:`flows.launched.preranker`).
+
+    Query-side fine-tuning from unit texts (``towers="query"``, ``unit_scoring="first"``): the
+    frozen document tower's vector of each labelled unit is computed once (or read from the
+    vector store under ``vector_cache``), not at every step; each unit is then a one-vector MaxP
+    unit (:class:`tasks.funnel.distill.MaxPBPRHooks`), the same ``S(q, d)``."""
     model, tok = build_preranker(preranker)
+    store = unit_vector_store(model, vector_cache)      # the document tower's: before the query tower is split off
     trainable = prepare_for_distillation(model, cfg)
     labels, questions, units = LABELS.read(labels_dir), QUESTIONS.read(candidates_dir), UNITS.read(candidates_dir)
-    if cfg.unit_scoring == "first":
+    if cfg.unit_scoring == "first" and cfg.towers == "query":
+        labelled = set(labels["unit_id"].to_pylist())
+        uids = [u for u in units["unit_id"].to_pylist() if u in labelled]
+        text_of = dict(zip(units["unit_id"].to_pylist(), units["text"].to_pylist()))
+        model.eval()                                     # the frozen tower's vectors, as at scoring time
+        vectors, _ = embed_passages([text_of[u] for u in uids], model, tok, EmbeddingConfig(), store)  # (n_units, dim)
+        examples, report = build_examples(labels, questions, units, {u: (i,) for i, u in enumerate(uids)})
+        hooks = MaxPBPRHooks(tok, model.cfg.max_length, cfg.score_scale, vectors)
+    elif cfg.unit_scoring == "first":
         examples, report = build_examples(labels, questions, units)
         hooks = BPRHooks(model.tokenize, tok, cfg.score_scale)
     else:
@@ -307,13 +361,16 @@ def distill_setup(candidates_dir: Path, labels_dir: Path, preranker: PreRankerCo
 
 
 def preranker_recall_per_question(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int], batch_size: int = 32,
-                                  passages: pa.Table | None = None, device: str = "cpu") -> dict[int, dict[str, float]]:
+                                  passages: pa.Table | None = None, device: str = "cpu",
+                                  vector_cache: Path | None = None) -> dict[int, dict[str, float]]:
     """Per dev question, whether the pre-ranking stage puts an answer unit among its top k:
     ``{k: {question_id: 0.0 | 1.0}}`` for a saved pre-ranker (or, with ``preranker_dir=None``,
     the base one the pool was ranked with); a question without pool rows is a miss.
 
     With ``passages`` (the corpus ``passages`` table) units are re-scored by MaxP over their
-    passages, as a pool built with ``unit_scoring="maxp"`` was ranked; else from their text.
+    passages, as a pool built with ``unit_scoring="maxp"`` was ranked; else from their text, a
+    bi-encoder's unit vectors read from (and kept in) the vector store under ``vector_cache``
+    (:func:`unit_vector_store`): after query-side fine-tuning only the questions are encoded.
 
     Raises
     ------
@@ -326,32 +383,35 @@ def preranker_recall_per_question(dev_dir: Path, preranker_dir: Path | None, ks:
         model, tok = load_preranker(preranker_dir)
         model.to(device)
         passages_of = None if passages is None else unit_passages(passages, pool["unit_id"].to_pylist())
-        pool = rerank_pool(pool, UNITS.read(dev_dir), questions, model, tok, batch_size, passages_of)
+        store = unit_vector_store(model, vector_cache) if passages_of is None else None
+        pool = rerank_pool(pool, UNITS.read(dev_dir), questions, model, tok, batch_size, passages_of, unit_store=store)
     qids = questions["question_id"].to_pylist()
     per_k = per_question_unit_recall(pool, ks, qids)                       # {k: (n_questions,) 0/1}
     return {k: dict(zip(qids, v.tolist())) for k, v in per_k.items()}
 
 
 def evaluate_preranker(dev_dir: Path, preranker_dir: Path | None, ks: Sequence[int],
-                       batch_size: int = 32, passages: pa.Table | None = None, device: str = "cpu") -> dict[int, float]:
+                       batch_size: int = 32, passages: pa.Table | None = None, device: str = "cpu",
+                       vector_cache: Path | None = None) -> dict[int, float]:
     """AR@k of the pre-ranking stage on the dev unit pool: the means of
     :func:`preranker_recall_per_question` (same arguments)."""
-    per_q = preranker_recall_per_question(dev_dir, preranker_dir, ks, batch_size, passages, device)
+    per_q = preranker_recall_per_question(dev_dir, preranker_dir, ks, batch_size, passages, device, vector_cache)
     return {k: sum(v.values()) / len(v) if v else 0.0 for k, v in per_q.items()}
 
 
 @stage("eval", version="2")
 def run_eval(dev_dir: Path, distill_dir: Path, ks: Sequence[int], out_dir: Path,
-             passages: pa.Table | None = None, device: str = "cpu") -> dict[str, Any]:
+             passages: pa.Table | None = None, device: str = "cpu", vector_cache: Path | None = None) -> dict[str, Any]:
     """Answer recall of the pre-ranking stage before (base) and after distillation → ``answer_recall``,
     and per question → ``question_scores`` (metrics ``before_ar_at_<k>``, ``after_ar_at_<k>``)
-    (``passages``: MaxP re-ranking, :func:`preranker_recall_per_question`)."""
+    (``passages``: MaxP re-ranking; ``vector_cache``: stored unit vectors; :func:`preranker_recall_per_question`)."""
     t0 = time.perf_counter()
     questions = QUESTIONS.read(dev_dir)
     n = questions.num_rows
     rows, scores = [], {}
     for name, directory in (("before", None), ("after", Path(distill_dir) / PRERANKER_DIR)):
-        per_q = preranker_recall_per_question(dev_dir, directory, ks, passages=passages, device=device)
+        per_q = preranker_recall_per_question(dev_dir, directory, ks, passages=passages, device=device,
+                                              vector_cache=vector_cache)
         for k, hits in per_q.items():
             scores[f"{name}_ar_at_{k}"] = hits
             rows.append({"model": name, "k": k, "answer_recall": sum(hits.values()) / n if n else 0.0, "n_questions": n})

@@ -19,8 +19,9 @@ from typing import Sequence
 import numpy as np
 
 from funnelrag.progress import Progress
-from models.preranker import score_grouped
-from tasks.funnel.embeddings import embed_queries
+from models.preranker import require_finite, score_grouped
+from tasks.funnel.embeddings import EmbeddingConfig, embed_passages, embed_queries
+from tasks.funnel.vector_store import VectorStore
 
 UNIT_SCORING = ("first", "maxp")
 
@@ -132,3 +133,57 @@ def stored_maxp_pool_scores(model, tokenizer, questions: Sequence[str], pool: Se
         for (pid, _), v in zip(passages_of[uid], s.tolist()):
             passage_scores[(qi, pid)] = v
     return unit_scores, passage_scores
+
+
+def stored_text_scores(model, tokenizer, questions: Sequence[str], texts: Sequence[str],
+                       pairs: Sequence[tuple[int, int]], store: VectorStore, batch_size: int = 32
+                       ) -> tuple[np.ndarray, dict]:
+    """Bi-encoder scores ``f(q, d) = E_q(q) · E_d(d)`` (FunnelRAG Eq. 1) of ``(questions[i], texts[j])``
+    for each ``(i, j)`` in ``pairs``, the document vectors kept by content in ``store``.
+
+    Same values as :func:`models.preranker.score_grouped` up to float rounding (both L2-normalise
+    both towers' outputs); each distinct text is embedded once per model version, whatever step
+    asks for it (a pool's units, the same pool re-ranked by a pre-ranker fine-tuned on the query
+    side only, the champion gate), and a text the store already holds is not embedded again
+    (:func:`tasks.funnel.embeddings.embed_passages`).
+
+    Parameters
+    ----------
+    model, tokenizer : a bi-encoder pre-ranker (:class:`models.preranker.BiEncoderPreRanker`).
+    questions, texts : query texts and document texts (e.g. unit texts, truncated by the model to
+        its ``max_length`` as in :func:`models.preranker.score_grouped`).
+    pairs : ``[(question index, text index)]``.
+    store : the vector store of ``model``'s document tower
+        (:func:`tasks.funnel.vector_store.vector_store_root` of
+        :func:`tasks.funnel.embeddings.model_version`); the caller picks it by model version.
+    batch_size : texts per forward pass, at most.
+
+    Returns
+    -------
+    (scores, info)
+        float32 ``(len(pairs),)`` and ``{"embedded": texts encoded now, "reused": texts read
+        from the store, "discarded_segments": damaged store segments dropped}``.
+
+    Raises
+    ------
+    models.preranker.NonFiniteScoresError
+        A score is NaN or infinite.
+    """
+    if not pairs:
+        return np.zeros(0, dtype=np.float32), {"embedded": 0, "reused": 0, "discarded_segments": 0}
+    d_idx = sorted({j for _, j in pairs})
+    q_idx = sorted({i for i, _ in pairs})
+    was_training = model.training
+    model.eval()
+    try:
+        d_vec, info = embed_passages([texts[j] for j in d_idx], model, tokenizer,
+                                     EmbeddingConfig(batch_size=batch_size), store)         # (n_d, dim)
+        q_vec = embed_queries(model, tokenizer, [questions[i] for i in q_idx], batch_size)  # (n_q, dim)
+    finally:
+        model.train(was_training)
+    q_row = {i: r for r, i in enumerate(q_idx)}
+    d_row = {j: r for r, j in enumerate(d_idx)}
+    qi = np.fromiter((q_row[i] for i, _ in pairs), np.int64, len(pairs))
+    dj = np.fromiter((d_row[j] for _, j in pairs), np.int64, len(pairs))
+    scores = np.einsum("nd,nd->n", q_vec[qi], d_vec[dj]).astype(np.float32)                # (n_pairs,)
+    return require_finite(scores, "pre-ranker scores"), info
