@@ -119,7 +119,7 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
         mlflow.log_params({**resolved.as_params("preranker"), "model_version": info["model_version"][:16]})
         mlflow.set_tags({"corpus_digest": corpus_digest(corpus), "embedding_version": info["version"]})
         log_metrics({k: float(info[k]) for k in ("passages", "embedded", "reused", "discarded_segments", "seconds",
-                                                  "passages_per_s")
+                                                  "passages_per_s", "vectors_pruned")
                      if k in info} | {"cache_hit": float(info["cache_hit"])})
         create_markdown_artifact(
             key=f"embed-corpus-{config.corpus}".lower().replace("_", "-"), description="embed-corpus: passages embedded and reused",
