@@ -22,9 +22,11 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Iterator
 
 from benchmarks.synth_dump import SAMPLE, write_mirror
 from data_contracts import corpus as C
+from funnelrag.workspace import Workspace
 
 WIKI = "synwiki"
 
@@ -68,6 +70,36 @@ def positional_survival(before: Path, after: Path) -> dict[str, float]:
     return {"passages_kept_ids": len(set(pa_) & set(pb)) / len(pa_), "units_kept_ids": len(set(ua) & set(ub)) / len(ua)}
 
 
+def mirror_nights(out_dir: Path, pages: int, seed: int = 0, workers: int = 2, edit_share: float = 0.01,
+                  ) -> Iterator[tuple[Workspace, dict]]:
+    """Night 1 (the full dump, its one day held "in-progress") and night 2 (that day applied) of
+    ``corpus-build-nightly`` over a synthetic mirror written under ``out_dir/mirror``
+    (:func:`benchmarks.synth_dump.write_mirror`), home ``out_dir/home``: yields the home and each
+    night's summary after it ran (a caller may work on night 1's version before night 2 runs)."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")   # a loaded box starts it slowly
+    from flows.corpus_build import CorpusBuildConfig
+    from flows.corpus_nightly import corpus_build_nightly
+    from funnelrag.datasets import default_mirror
+
+    mirror = out_dir / "mirror"
+    write_mirror(mirror, pages, 1, seed=seed, wiki=WIKI, sample=Path(default_mirror()) / SAMPLE,
+                 edit_share=edit_share, workers=workers)
+    day = next((mirror / "other" / "incr" / WIKI).iterdir())
+    done = (day / "status.txt").read_text()
+    home = out_dir / "home"
+    cfg = CorpusBuildConfig.model_validate({
+        "name": WIKI, "source": {"datasets": [], "wiki": WIKI, "mirror": str(mirror)}, "ingest": {"format": "mediawiki"},
+        "gate": {"enabled": False}, "runner": {"kind": "local", "workers": workers},
+        "workspace": {"home": str(home), "data_mirror": default_mirror()}})
+    (day / "status.txt").write_text("in-progress\n")
+    try:
+        first = corpus_build_nightly(cfg)
+    finally:
+        (day / "status.txt").write_text(done)
+    yield Workspace(home), first
+    yield Workspace(home), corpus_build_nightly(cfg)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path)
@@ -77,33 +109,13 @@ def main() -> None:
     ap.add_argument("--edit-share", type=float, default=0.01)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")   # a loaded box starts it slowly
 
-    from flows.corpus_build import CorpusBuildConfig
-    from flows.corpus_nightly import corpus_build_nightly
-    from funnelrag.datasets import default_mirror
-    from funnelrag.workspace import Workspace
     from tasks.corpus.published import corpus_store
     from tasks.corpus.survival import id_survival
 
     t0 = time.perf_counter()
-    mirror = args.out_dir / "mirror"
-    write_mirror(mirror, args.pages, 1, seed=args.seed, wiki=WIKI, sample=Path(default_mirror()) / SAMPLE,
-                 edit_share=args.edit_share, workers=args.workers)
-    day = next((mirror / "other" / "incr" / WIKI).iterdir())
-    done = (day / "status.txt").read_text()
-    home = args.out_dir / "home"
-    cfg = CorpusBuildConfig.model_validate({
-        "name": WIKI, "source": {"datasets": [], "wiki": WIKI, "mirror": str(mirror)}, "ingest": {"format": "mediawiki"},
-        "gate": {"enabled": False}, "runner": {"kind": "local", "workers": args.workers},
-        "workspace": {"home": str(home), "data_mirror": default_mirror()}})
-    (day / "status.txt").write_text("in-progress\n")
-    try:
-        first = corpus_build_nightly(cfg)
-    finally:
-        (day / "status.txt").write_text(done)
-    second = corpus_build_nightly(cfg)
-    versions = corpus_store(Workspace(home), WIKI).versions_dir
+    (ws, first), (_, second) = mirror_nights(args.out_dir, args.pages, args.seed, args.workers, args.edit_share)
+    versions = corpus_store(ws, WIKI).versions_dir
     before, after = versions / first["version"], versions / second["version"]
     result = {
         "pages": args.pages, "edit_share": args.edit_share, "seed": args.seed,
