@@ -330,3 +330,46 @@ def test_two_worker_processes_embed_shards_that_join_to_the_single_process_index
     assert (info["embedded"], info["reused"]) == (0, 60)
     single, _ = build_embedding_index(oracle_passages, model, tok, "d", cfg, None)
     assert float(np.abs(joined.vectors - single.vectors).max()) <= 1e-6
+
+
+@pytest.mark.slow  # two nightly builds of a 40-page mirror and MiniLM over ~1,000 passages (~5 min beside other jobs)
+def test_after_a_real_night_only_new_texts_are_embedded_and_retention_prunes_the_retired_ones(
+        prefect_harness, tmp_path, data_mirror, minilm, one_torch_thread):
+    from benchmarks.bench_id_survival import WIKI, mirror_nights  # noqa: PLC0415
+    from benchmarks.bench_incremental_embedding import new_texts  # noqa: PLC0415
+    from tasks.corpus.published import corpus_store, open_corpus  # noqa: PLC0415
+    from tasks.funnel.embeddings import (  # noqa: PLC0415
+        EmbeddingConfig,
+        build_embedding_index,
+        ensure_embedding_index,
+        passage_texts,
+        passage_vector_store,
+        prune_vector_store,
+    )
+
+    model, tok = minilm
+    cfg = EmbeddingConfig(batch_size=16, shard_rows=128)
+    (ws, first), (_, second) = mirror_nights(tmp_path, 40, seed=0, workers=1, edit_share=0.05)
+    stores = ws.home / "stores"
+    v1, v2 = (open_corpus(ws, WIKI, s["version"]) for s in (first, second))
+    _, info1 = ensure_embedding_index(stores, ws.cache_dir, WIKI, "night-1", v1.passages, model, tok, cfg)
+    night, info2 = ensure_embedding_index(stores, ws.cache_dir, WIKI, "night-2", v2.passages, model, tok, cfg)
+    counts = new_texts(v1.path, v2.path)
+    assert second["nightly"]["action"] == "incremental" and 0 < counts["new_texts"] < counts["passages"] // 10
+    assert info1["embedded"] == len(set(passage_texts(v1.passages)))
+    assert info2["embedded"] == counts["new_texts"]                     # only the night's new and edited texts
+    assert info2["reused"] + info2["embedded"] >= counts["passages"] - counts["new_texts"]
+    fresh, _ = build_embedding_index(v2.passages, model, tok, "night-2", cfg, None)     # a full re-embedding
+    assert float(np.abs(night.vectors - fresh.vectors).max()) <= 1e-6
+
+    store = passage_vector_store(ws.cache_dir, model)
+    keys2 = text_keys(passage_texts(v2.passages))
+    before = store.lookup(keys2).vectors
+    only_v1 = len(set(passage_texts(v1.passages)) - set(passage_texts(v2.passages)))
+    assert not prune_vector_store(store, stores, 0.0).dead              # both versions kept: nothing dead
+    assert corpus_store(ws, WIKI).prune(keep=1) == [first["version"]]   # retention retires night 1
+    done = prune_vector_store(store, stores, 0.0)
+    assert done.rewritten and done.dead == only_v1 > 0
+    after = VectorStore(store.root, store.dim)
+    got = after.lookup(keys2)
+    assert got.found.all() and got.vectors.tobytes() == before.tobytes() and len(after) == len(np.unique(keys2, axis=0))
