@@ -100,15 +100,21 @@ def mirror_nights(out_dir: Path, pages: int, seed: int = 0, workers: int = 2, ed
     yield Workspace(home), corpus_build_nightly(cfg)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def night_arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments of a bench over :func:`mirror_nights` (``OUT_DIR``, ``--pages``, ``--seed``,
+    ``--workers``, ``--edit-share``, ``--out``), described by ``doc``'s first paragraph."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--pages", type=int, default=3_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--edit-share", type=float, default=0.01)
     ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = night_arguments(__doc__).parse_args()
 
     from tasks.corpus.published import corpus_store
     from tasks.corpus.survival import id_survival

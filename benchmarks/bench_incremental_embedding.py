@@ -23,14 +23,13 @@ Run: ``python benchmarks/bench_incremental_embedding.py OUT_DIR [--pages 3000] [
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_id_survival import WIKI, mirror_nights
+from benchmarks.bench_id_survival import WIKI, mirror_nights, night_arguments
 
 
 def new_texts(before: Path, after: Path) -> dict[str, int]:
@@ -85,17 +84,11 @@ def from_scratch(ws, version: str, threads: int, check_rows: int | None = None) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--pages", type=int, default=3_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--edit-share", type=float, default=0.01)
+    ap = night_arguments(__doc__)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every embedding")
     ap.add_argument("--count-only", action="store_true", help="count the texts to embed; embed nothing")
     ap.add_argument("--check-rows", type=int, help="compare this many random rows with a from-scratch embedding "
                     "(default: every row)")
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     from tasks.corpus.published import corpus_store
 

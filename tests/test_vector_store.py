@@ -338,31 +338,25 @@ def test_after_a_real_night_only_new_texts_are_embedded_and_retention_prunes_the
     from benchmarks.bench_id_survival import WIKI, mirror_nights  # noqa: PLC0415
     from benchmarks.bench_incremental_embedding import new_texts  # noqa: PLC0415
     from tasks.corpus.published import corpus_store, open_corpus  # noqa: PLC0415
-    from tasks.funnel.embeddings import (  # noqa: PLC0415
-        EmbeddingConfig,
-        build_embedding_index,
-        ensure_embedding_index,
-        passage_texts,
-        passage_vector_store,
-        prune_vector_store,
-    )
+    from tasks.funnel import embeddings as E  # noqa: PLC0415
 
     model, tok = minilm
-    cfg = EmbeddingConfig(batch_size=16, shard_rows=128)
+    passage_texts, prune_vector_store = E.passage_texts, E.prune_vector_store
+    cfg = E.EmbeddingConfig(batch_size=16, shard_rows=128)
     (ws, first), (_, second) = mirror_nights(tmp_path, 40, seed=0, workers=1, edit_share=0.05)
     stores = ws.home / "stores"
     v1, v2 = (open_corpus(ws, WIKI, s["version"]) for s in (first, second))
-    _, info1 = ensure_embedding_index(stores, ws.cache_dir, WIKI, "night-1", v1.passages, model, tok, cfg)
-    night, info2 = ensure_embedding_index(stores, ws.cache_dir, WIKI, "night-2", v2.passages, model, tok, cfg)
+    _, info1 = E.ensure_embedding_index(stores, ws.cache_dir, WIKI, "night-1", v1.passages, model, tok, cfg)
+    night, info2 = E.ensure_embedding_index(stores, ws.cache_dir, WIKI, "night-2", v2.passages, model, tok, cfg)
     counts = new_texts(v1.path, v2.path)
     assert second["nightly"]["action"] == "incremental" and 0 < counts["new_texts"] < counts["passages"] // 10
     assert info1["embedded"] == len(set(passage_texts(v1.passages)))
     assert info2["embedded"] == counts["new_texts"]                     # only the night's new and edited texts
     assert info2["reused"] + info2["embedded"] >= counts["passages"] - counts["new_texts"]
-    fresh, _ = build_embedding_index(v2.passages, model, tok, "night-2", cfg, None)     # a full re-embedding
+    fresh, _ = E.build_embedding_index(v2.passages, model, tok, "night-2", cfg, None)   # a full re-embedding
     assert float(np.abs(night.vectors - fresh.vectors).max()) <= 1e-6
 
-    store = passage_vector_store(ws.cache_dir, model)
+    store = E.passage_vector_store(ws.cache_dir, model)
     keys2 = text_keys(passage_texts(v2.passages))
     before = store.lookup(keys2).vectors
     only_v1 = len(set(passage_texts(v1.passages)) - set(passage_texts(v2.passages)))

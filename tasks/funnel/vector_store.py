@@ -104,11 +104,11 @@ class Compaction:
     rows: int = 0
     dead: int = 0
     kept: int = 0
+    rewritten: bool = False
+    reason: str = ""
     segments_before: int = 0
     segments_after: int = 0
     legacy_files: int = 0
-    rewritten: bool = False
-    reason: str = ""
     removed: list[str] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
