@@ -398,12 +398,15 @@ def prune_vector_store(store: VectorStore, stores_dir: Path, max_dead_share: flo
     ``max_dead_share`` of its rows are dead, the vectors of texts no kept version holds are
     dropped. A kept version that cannot be read leaves every vector in place (logged at
     WARNING; duplicates and the segment count are still handled)."""
+    t0 = time.perf_counter()
     try:
         live = retained_text_keys(stores_dir)
     except ValueError as exc:
         log.warning("%s", exc)
         live = None
-    return store.compact(live, max_dead_share=max_dead_share)
+    report = store.compact(live, max_dead_share=max_dead_share)
+    report.seconds = time.perf_counter() - t0
+    return report
 
 
 def store_root(stores_dir: Path, corpus: str, version: str) -> Path:

@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,8 @@ class Compaction:
     legacy_files : files of the flat layout of older code removed (never read: their texts are
         embedded again).
     rewritten : whether the segments were rewritten; ``reason`` says why or why not.
+    seconds : wall seconds of the compaction (with :func:`tasks.funnel.embeddings.prune_vector_store`:
+        the live keys' reading and hashing too).
     """
 
     rows: int = 0
@@ -109,6 +112,7 @@ class Compaction:
     segments_before: int = 0
     segments_after: int = 0
     legacy_files: int = 0
+    seconds: float = 0.0
     removed: list[str] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -295,6 +299,7 @@ class VectorStore:
         -------
         Compaction
         """
+        t0 = time.perf_counter()
         report = Compaction()
         if not self.root.is_dir():
             report.reason = "empty store"
@@ -304,6 +309,7 @@ class VectorStore:
                 self._compact(report, live, max_segments, max_dead_share, segment_rows)
         except LockHeld as exc:
             report.reason = str(exc)
+        report.seconds = time.perf_counter() - t0
         return report
 
     def _compact(self, report: Compaction, live: np.ndarray | None, max_segments: int, max_dead_share: float,
