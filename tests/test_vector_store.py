@@ -270,22 +270,43 @@ def test_a_new_corpus_version_embeds_only_new_and_changed_passages(tmp_path, ora
     assert second.passage_ids == changed["passage_id"].to_pylist()
 
 
-@pytest.mark.slow  # the real MiniLM over 60 passages
-def test_a_damaged_store_segment_is_embedded_again(tmp_path, oracle_passages, minilm, one_torch_thread):
+@pytest.fixture(scope="module")
+def clean_store(tmp_path_factory, oracle_passages, minilm):
+    """A vector store of the 60 oracle passages in segments of 25, 25 and 10 texts, and the clean
+    run's index."""
+    from tasks.funnel.embeddings import EmbeddingConfig, build_embedding_index, passage_vector_store  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    model, tok = minilm
+    cache = tmp_path_factory.mktemp("clean")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        clean, _ = build_embedding_index(oracle_passages, model, tok, "d", EmbeddingConfig(batch_size=16, shard_rows=25),
+                                         passage_vector_store(cache, model))
+    finally:
+        torch.set_num_threads(threads)
+    return cache, clean
+
+
+@pytest.mark.slow  # the real MiniLM over 60 passages, then 10 again per case
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_a_damaged_store_segment_is_embedded_again(tmp_path, caplog, clean_store, oracle_passages, minilm, damage,
+                                                   one_torch_thread):
+    import shutil  # noqa: PLC0415
+
     from tasks.funnel.embeddings import EmbeddingConfig, build_embedding_index, passage_vector_store  # noqa: PLC0415
 
     model, tok = minilm
-    cfg = EmbeddingConfig(batch_size=16, shard_rows=25)                   # segments of 25, 25 and 10 texts
-    clean, _ = build_embedding_index(oracle_passages, model, tok, "d", cfg, passage_vector_store(tmp_path, model))
-    store = passage_vector_store(tmp_path, model)
-    victim = sorted(store.segments(), key=lambda p: (p / "vectors.npy").stat().st_size)[0]
-    vec = victim / "vectors.npy"
-    raw = bytearray(vec.read_bytes())
-    raw[200] ^= 0x40
-    vec.write_bytes(bytes(raw))
-    again, info = build_embedding_index(oracle_passages, model, tok, "d", cfg, store)
-    assert info["discarded_segments"] == 1 and info["embedded"] in (10, 25) and info["reused"] == 60 - info["embedded"]
-    assert float(np.abs(again.vectors - clean.vectors).max()) <= 1e-6
+    shutil.copytree(clean_store[0], tmp_path / "cache")
+    store = passage_vector_store(tmp_path / "cache", model)
+    victim = sorted(store.segments(), key=lambda p: (p / "vectors.npy").stat().st_size)[0]   # the 10-text segment
+    _damage(victim / "vectors.npy", damage)
+    with caplog.at_level(logging.WARNING):
+        again, info = build_embedding_index(oracle_passages, model, tok, "d", EmbeddingConfig(batch_size=16), store)
+    assert (info["discarded_segments"], info["embedded"], info["reused"]) == (1, 10, 50)
+    assert str(victim) in caplog.text and not victim.exists()
+    assert float(np.abs(again.vectors - clean_store[1].vectors).max()) <= 1e-6
 
 
 @pytest.mark.slow  # the real MiniLM over 60 passages
@@ -332,7 +353,7 @@ def test_two_worker_processes_embed_shards_that_join_to_the_single_process_index
     assert float(np.abs(joined.vectors - single.vectors).max()) <= 1e-6
 
 
-@pytest.mark.slow  # two nightly builds of a 40-page mirror and MiniLM over ~1,000 passages (~5 min beside other jobs)
+@pytest.mark.slow  # two nightly builds of a 40-page mirror, MiniLM over ~1,000 passages (11 min beside other jobs, load ~10)
 def test_after_a_real_night_only_new_texts_are_embedded_and_retention_prunes_the_retired_ones(
         prefect_harness, tmp_path, data_mirror, minilm, one_torch_thread):
     from benchmarks.bench_id_survival import WIKI, mirror_nights  # noqa: PLC0415
