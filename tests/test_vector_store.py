@@ -181,6 +181,19 @@ def test_a_kept_corpus_version_keeps_its_vectors_until_retention_removes_it(tmp_
     assert got.vectors[10:].tobytes() == vectors[10:].tobytes()
 
 
+def test_a_home_that_keeps_no_corpus_version_prunes_nothing_and_the_passages_just_embedded_are_live(tmp_path):
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+    from tasks.funnel.embeddings import prune_vector_store  # noqa: PLC0415
+
+    store = VectorStore(tmp_path / "s", DIM)
+    store.add(text_keys(["a", "b", "c"]), _unit_rows(3, 0))
+    assert prune_vector_store(store, tmp_path / "stores", 0.0, text_keys(["a"])).dead == 0   # nothing tells what is live
+    _publish(ArtifactStore(tmp_path / "stores" / "corpus" / "mini"), "v0", _passages(["b"]))   # "Title. b" only
+    done = prune_vector_store(store, tmp_path / "stores", 0.0, text_keys(["a"]))
+    assert done.rewritten and done.dead == 2                          # "b" and "c": "a" is in use
+    assert VectorStore(tmp_path / "s", DIM).lookup(text_keys(["a", "b", "c"])).found.tolist() == [True, False, False]
+
+
 def test_an_unreadable_kept_version_prunes_nothing(tmp_path, caplog):
     from funnelrag.store import ArtifactStore  # noqa: PLC0415
     from tasks.funnel.embeddings import prune_vector_store  # noqa: PLC0415

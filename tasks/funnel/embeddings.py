@@ -359,7 +359,7 @@ def passage_vector_store(cache_dir: Path, model) -> VectorStore:
     return VectorStore(vector_store_root(cache_dir, model_version(model)), model.encoder.backbone.config.hidden_size)
 
 
-def retained_text_keys(stores_dir: Path) -> np.ndarray:
+def retained_text_keys(stores_dir: Path) -> np.ndarray | None:
     """The text keys (:func:`tasks.funnel.vector_store.text_keys` of :func:`passage_texts`) of
     every passage of every corpus version the home keeps: each version under
     ``<stores>/corpus/<name>/versions/`` of every corpus, i.e. what the corpus build's retention
@@ -369,8 +369,9 @@ def retained_text_keys(stores_dir: Path) -> np.ndarray:
 
     Returns
     -------
-    numpy.ndarray
-        uint8 ``(n, 16)``, distinct keys.
+    numpy.ndarray or None
+        uint8 ``(n, 16)``, distinct keys; None when the home keeps no corpus version at all
+        (then nothing tells what is live).
 
     Raises
     ------
@@ -378,7 +379,7 @@ def retained_text_keys(stores_dir: Path) -> np.ndarray:
         A kept version's ``passages.parquet`` cannot be read (names the version and the reason):
         its live keys are unknown, so nothing may be pruned.
     """
-    parts = [np.zeros((0, 16), np.uint8)]
+    parts = []
     root = Path(stores_dir) / CORPUS_STORE
     for corpus in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         store = ArtifactStore(corpus)
@@ -389,21 +390,26 @@ def retained_text_keys(stores_dir: Path) -> np.ndarray:
                 raise ValueError(f"retained corpus version {store.versions_dir / version}: passages unreadable "
                                  f"({exc}); the vector store is not pruned") from exc
             parts.append(np.unique(text_keys(passage_texts(passages)), axis=0))
-    return np.unique(np.concatenate(parts), axis=0)
+    return np.unique(np.concatenate(parts), axis=0) if parts else None
 
 
-def prune_vector_store(store: VectorStore, stores_dir: Path, max_dead_share: float) -> Compaction:
+def prune_vector_store(store: VectorStore, stores_dir: Path, max_dead_share: float,
+                       in_use: np.ndarray | None = None) -> Compaction:
     """Compact ``store`` (:meth:`tasks.funnel.vector_store.VectorStore.compact`), its live keys
-    those of the corpus versions the home keeps (:func:`retained_text_keys`): once more than
-    ``max_dead_share`` of its rows are dead, the vectors of texts no kept version holds are
-    dropped. A kept version that cannot be read leaves every vector in place (logged at
-    WARNING; duplicates and the segment count are still handled)."""
+    those of the corpus versions the home keeps (:func:`retained_text_keys`) and ``in_use``
+    (uint8 ``(m, 16)``: the keys of the passages just embedded, live whatever the home keeps):
+    once more than ``max_dead_share`` of its rows are dead, the vectors of texts no kept version
+    holds are dropped. A home that keeps no corpus version, or a kept version that cannot be read
+    (logged at WARNING), leaves every vector in place; duplicates and the segment count are still
+    handled."""
     t0 = time.perf_counter()
     try:
         live = retained_text_keys(stores_dir)
     except ValueError as exc:
         log.warning("%s", exc)
         live = None
+    if live is not None and in_use is not None:
+        live = np.concatenate([live, in_use])
     report = store.compact(live, max_dead_share=max_dead_share)
     report.seconds = time.perf_counter() - t0
     return report
@@ -536,7 +542,7 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
         index = open_embedding_index(root, corpus_digest, version)
     else:
         path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
-    compaction = prune_vector_store(store, stores_dir, cfg.max_dead_share)
+    compaction = prune_vector_store(store, stores_dir, cfg.max_dead_share, text_keys(passage_texts(passages)))
     return index, {"cache_hit": False, "model_version": version, "store": str(root), "version": path.name, **info,
                    "vectors_pruned": compaction.dead if compaction.rewritten else 0, "compaction": compaction.as_dict()}
 
