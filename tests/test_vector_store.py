@@ -366,7 +366,7 @@ def test_two_worker_processes_embed_shards_that_join_to_the_single_process_index
     assert float(np.abs(joined.vectors - single.vectors).max()) <= 1e-6
 
 
-@pytest.mark.slow  # two nightly builds of a 40-page mirror, MiniLM over ~1,000 passages (11 min beside other jobs, load ~10)
+@pytest.mark.slow  # two nightly builds of a 40-page mirror, MiniLM over ~1,000 passages (4–11 min beside other jobs)
 def test_after_a_real_night_only_new_texts_are_embedded_and_retention_prunes_the_retired_ones(
         prefect_harness, tmp_path, data_mirror, minilm, one_torch_thread):
     from benchmarks.bench_id_survival import WIKI, mirror_nights  # noqa: PLC0415
