@@ -22,14 +22,20 @@ Run: ``python benchmarks/bench_id_survival.py OUT_DIR [--pages 3000] [--seed 0] 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
-from benchmarks.synth_dump import SAMPLE, synthetic_arguments, write_mirror
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # `python benchmarks/<script>.py` from anywhere
+
+from benchmarks.synth_dump import SAMPLE, synthetic_arguments, write_mirror  # noqa: E402
 from data_contracts import corpus as C
+from funnelrag.workspace import Workspace
 
 WIKI = "synwiki"
 
@@ -73,46 +79,65 @@ def positional_survival(before: Path, after: Path) -> dict[str, float]:
     return {"passages_kept_ids": len(set(pa_) & set(pb)) / len(pa_), "units_kept_ids": len(set(ua) & set(ub)) / len(ua)}
 
 
-def main() -> None:
-    ap = synthetic_arguments(__doc__, pages=3_000, workers=2)
-    ap.add_argument("--edit-share", type=float, default=0.01)
-    ap.add_argument("--clustering-mode", choices=("full", "local"), default="full")
-    ap.add_argument("--max-tokens", type=int, default=None, help="S of Algorithm 1 (default: the build's)")
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+def mirror_nights(out_dir: Path, pages: int, seed: int = 0, workers: int = 2, edit_share: float = 0.01,
+                  clustering_mode: str = "full", max_tokens: int | None = None) -> Iterator[tuple[Workspace, dict]]:
+    """Night 1 (the full dump, its one day held "in-progress") and night 2 (that day applied) of
+    ``corpus-build-nightly`` over a synthetic mirror written under ``out_dir/mirror``
+    (:func:`benchmarks.synth_dump.write_mirror`), home ``out_dir/home``: yields the home and each
+    night's summary after it ran (a caller may work on night 1's version before night 2 runs).
+    ``clustering_mode`` and ``max_tokens`` (S; default the build's) set Algorithm 1's run."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")   # a loaded box starts it slowly
-
     from flows.corpus_build import CorpusBuildConfig
     from flows.corpus_nightly import corpus_build_nightly
     from funnelrag.datasets import default_mirror
-    from funnelrag.workspace import Workspace
-    from tasks.corpus.published import corpus_store
-    from tasks.corpus.survival import id_survival
 
-    t0 = time.perf_counter()
-    mirror = args.out_dir / "mirror"
-    write_mirror(mirror, args.pages, 1, seed=args.seed, wiki=WIKI, sample=Path(default_mirror()) / SAMPLE,
-                 edit_share=args.edit_share, workers=args.workers)
+    mirror = out_dir / "mirror"
+    write_mirror(mirror, pages, 1, seed=seed, wiki=WIKI, sample=Path(default_mirror()) / SAMPLE,
+                 edit_share=edit_share, workers=workers)
     day = next((mirror / "other" / "incr" / WIKI).iterdir())
     done = (day / "status.txt").read_text()
-    home = args.out_dir / "home"
+    home = out_dir / "home"
     cfg = CorpusBuildConfig.model_validate({
         "name": WIKI, "source": {"datasets": [], "wiki": WIKI, "mirror": str(mirror)}, "ingest": {"format": "mediawiki"},
-        "gate": {"enabled": False}, "runner": {"kind": "local", "workers": args.workers},
+        "gate": {"enabled": False}, "runner": {"kind": "local", "workers": workers},
         "workspace": {"home": str(home), "data_mirror": default_mirror()}})
-    cfg = cfg.model_copy(update={"clustering": replace(cfg.clustering, mode=args.clustering_mode,
-                                                       max_tokens=args.max_tokens or cfg.clustering.max_tokens)})
+    cfg = cfg.model_copy(update={"clustering": replace(cfg.clustering, mode=clustering_mode,
+                                                       max_tokens=max_tokens or cfg.clustering.max_tokens)})
     (day / "status.txt").write_text("in-progress\n")
     try:
         first = corpus_build_nightly(cfg)
     finally:
         (day / "status.txt").write_text(done)
-    second = corpus_build_nightly(cfg)
-    versions = corpus_store(Workspace(home), WIKI).versions_dir
+    yield Workspace(home), first
+    yield Workspace(home), corpus_build_nightly(cfg)
+
+
+def night_arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments of a bench over :func:`mirror_nights` (``OUT_DIR``, ``--pages``, ``--seed``,
+    ``--workers`` of :func:`benchmarks.synth_dump.synthetic_arguments`, ``--edit-share``,
+    ``--clustering-mode``, ``--max-tokens``, ``--out``), described by ``doc``'s first paragraph."""
+    ap = synthetic_arguments(doc, pages=3_000, workers=2)
+    ap.add_argument("--edit-share", type=float, default=0.01)
+    ap.add_argument("--clustering-mode", choices=("full", "local"), default="full")
+    ap.add_argument("--max-tokens", type=int, default=None, help="S of Algorithm 1 (default: the build's)")
+    ap.add_argument("--out", type=Path)
+    return ap
+
+
+def main() -> None:
+    args = night_arguments(__doc__).parse_args()
+
+    from tasks.corpus.published import corpus_store
+    from tasks.corpus.survival import id_survival
+
+    t0 = time.perf_counter()
+    (ws, first), (_, second) = mirror_nights(args.out_dir, args.pages, args.seed, args.workers, args.edit_share,
+                                             args.clustering_mode, args.max_tokens)
+    versions = corpus_store(ws, WIKI).versions_dir
     before, after = versions / first["version"], versions / second["version"]
     result = {
         "pages": args.pages, "edit_share": args.edit_share, "seed": args.seed, "clustering_mode": args.clustering_mode,
-        "max_tokens": cfg.clustering.max_tokens, "clustering": second.get("clustering"),
+        "max_tokens": args.max_tokens, "clustering": second.get("clustering"),
         "night2": second["nightly"]["action"], "days": second["nightly"]["days"],
         "content_ids": id_survival(before, after), "positional_ids": positional_survival(before, after),
         **text_figures(before, after), "seconds": time.perf_counter() - t0,

@@ -6,7 +6,10 @@ It resolves the pre-ranker (``minilm`` or a registry reference such as
 ``stores/embeddings/<corpus>/<model version>/`` unless an index of the same corpus content
 digest and model version is already published (then it is a no-op). The ``embed-champion``
 deployment runs it after every nightly corpus build and after every distillation run, so a
-newly promoted champion (or a new corpus) is re-embedded, and an unchanged one is not.
+newly promoted champion (or a new corpus) is re-embedded, and an unchanged one is not. Only
+texts the model version's vector store lacks are embedded; after publishing, the store drops the
+vectors of texts no corpus version of the home keeps once they exceed ``embedding.max_dead_share``
+(:func:`tasks.funnel.embeddings.prune_vector_store`; their count is the ``vectors_pruned`` metric).
 """
 from __future__ import annotations
 
@@ -119,7 +122,7 @@ def embed_flow(config: EmbedConfig | None = None, config_file: str | None = None
         mlflow.log_params({**resolved.as_params("preranker"), "model_version": info["model_version"][:16]})
         mlflow.set_tags({"corpus_digest": corpus_digest(corpus), "embedding_version": info["version"]})
         log_metrics({k: float(info[k]) for k in ("passages", "embedded", "reused", "discarded_segments", "seconds",
-                                                  "passages_per_s")
+                                                  "passages_per_s", "vectors_pruned")
                      if k in info} | {"cache_hit": float(info["cache_hit"])})
         create_markdown_artifact(
             key=f"embed-corpus-{config.corpus}".lower().replace("_", "-"), description="embed-corpus: passages embedded and reused",

@@ -100,7 +100,7 @@ def test_index_is_published_reused_and_rejected_on_mismatch(mini, tmp_path, one_
     index, info = ensure_embedding_index(tmp_path / "stores", tmp_path / "cache", "mini", "digest-a", passages,
                                          model, tok, EmbeddingConfig(batch_size=16, shard_rows=10))
     assert not info["cache_hit"] and info["embedded"] == passages.num_rows
-    assert list((tmp_path / "cache" / "embed-vectors").glob("*/*.json"))       # kept by content for the next version
+    assert list((tmp_path / "cache" / "embed-vectors").glob("*/seg-*/digests.json"))   # kept by content for the next version
     again, info2 = ensure_embedding_index(tmp_path / "stores", tmp_path / "cache", "mini", "digest-a", passages,
                                           model, tok, build=False)
     assert info2["cache_hit"] and info2["version"] == info["version"]

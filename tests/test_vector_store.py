@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from data_contracts.base import temp_name
+from tasks.funnel import vector_store
 from tasks.funnel.vector_store import VectorStore, text_keys
 
 DIM = 8
@@ -33,33 +35,43 @@ def test_vectors_are_found_by_text_content_whatever_the_order(tmp_path):
     assert not got.vectors[~got.found].any() and len(again) == 50
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
-@pytest.mark.parametrize("part", ["vectors", "keys"])
-def test_a_damaged_segment_is_discarded_and_named(tmp_path, caplog, damage, part):
-    texts = [f"t{i}" for i in range(20)]
-    store = VectorStore(tmp_path / "s", DIM)
-    store.add(text_keys(texts[:10]), _unit_rows(10, 0))
-    bad = store.add(text_keys(texts[10:]), _unit_rows(10, 1))
-    path = bad.with_name(bad.name[:-len(".json")] + f".{part}.npy")
+def _damage(path, damage: str) -> None:
+    """A same-size flip of one byte, a truncation to half, or a deletion of ``path``."""
     raw = bytearray(path.read_bytes())
-    if damage == "flip":                                            # same size, one byte changed
+    if damage == "flip":
         raw[-3] ^= 0x01
         path.write_bytes(bytes(raw))
     elif damage == "truncate":
         path.write_bytes(bytes(raw[:len(raw) // 2]))
     else:
         path.unlink()
-    with caplog.at_level(logging.WARNING, logger="tasks.funnel.vector_store"):
-        got = VectorStore(tmp_path / "s", DIM).lookup(text_keys(texts))
-    assert got.found.tolist() == [True] * 10 + [False] * 10         # the damaged rows are embedded again
-    assert str(bad) in caplog.text and not bad.exists()
 
 
-def test_a_segment_without_its_json_was_never_finished(tmp_path):
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+@pytest.mark.parametrize("part", ["vectors.npy", "keys.npy", "digests.json"])
+def test_a_damaged_segment_is_discarded_and_named(tmp_path, caplog, damage, part):
+    texts = [f"t{i}" for i in range(20)]
     store = VectorStore(tmp_path / "s", DIM)
-    meta = store.add(text_keys(["a", "b"]), _unit_rows(2, 0))
-    meta.unlink()                                                   # killed before the JSON was written
-    assert not VectorStore(tmp_path / "s", DIM).lookup(text_keys(["a", "b"])).found.any()
+    store.add(text_keys(texts[:10]), _unit_rows(10, 0))
+    bad = store.add(text_keys(texts[10:]), _unit_rows(10, 1))
+    _damage(bad / part, damage)
+    again = VectorStore(tmp_path / "s", DIM)
+    with caplog.at_level(logging.WARNING):
+        got = again.lookup(text_keys(texts))
+    assert got.found.tolist() == [True] * 10 + [False] * 10         # the damaged rows are embedded again
+    assert str(bad) in caplog.text and not bad.exists() and again.discarded == [str(bad)]
+    assert not [p for p in (tmp_path / "s").iterdir() if p.name.startswith(".tmp-")]   # moved aside, then deleted
+
+
+def test_a_segment_is_written_whole_or_not_at_all(tmp_path):
+    store = VectorStore(tmp_path / "s", DIM)
+    seg = store.add(text_keys(["a", "b"]), _unit_rows(2, 0))
+    assert sorted(p.name for p in seg.iterdir()) == ["digests.json", "keys.npy", "vectors.npy"]
+    half = tmp_path / "s" / temp_name("seg-killed")                # a writer killed before its rename
+    half.mkdir()
+    np.save(half / "keys.npy", text_keys(["c"]))
+    assert VectorStore(tmp_path / "s", DIM).segments() == [seg]
+    assert not VectorStore(tmp_path / "s", DIM).lookup(text_keys(["c"])).found.any()
 
 
 def test_non_finite_vectors_and_bad_shapes_are_refused(tmp_path):
@@ -78,11 +90,142 @@ def test_compaction_keeps_every_vector_once(tmp_path):
     for i in range(12):
         store.add(text_keys([f"t{i}"]), vectors[i:i + 1])
     store.add(text_keys(["t0"]), vectors[:1])                       # a duplicate
-    assert not store.compact(max_segments=20) and store.compact(max_segments=4)
+    assert not store.compact(max_segments=20).rewritten
+    done = store.compact(max_segments=4)
+    assert done.rewritten and (done.rows, done.dead, done.kept) == (13, 1, 12)
     assert len(store.segments()) == 1
     again = VectorStore(tmp_path / "s", DIM)
     assert len(again) == 12
     np.testing.assert_array_equal(again.lookup(text_keys([f"t{i}" for i in range(12)])).vectors, vectors)
+
+
+def _segment_files(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_pruning_drops_dead_vectors_and_keeps_live_ones_bit_identical(tmp_path):
+    store = VectorStore(tmp_path / "s", DIM)
+    texts, vectors = [f"t{i}" for i in range(40)], _unit_rows(40, 3)
+    for lo in range(0, 40, 10):
+        store.add(text_keys(texts[lo:lo + 10]), vectors[lo:lo + 10])
+    live = text_keys(texts[5:35])                                    # 10 of 40 dead: 25%
+    assert not store.compact(live, max_dead_share=0.3).rewritten     # under the share: left alone
+    done = store.compact(live, max_dead_share=0.2)
+    assert done.rewritten and (done.dead, done.kept, done.segments_before, done.segments_after) == (10, 30, 4, 1)
+    again = VectorStore(tmp_path / "s", DIM)
+    got = again.lookup(text_keys(texts))
+    assert got.found.tolist() == [5 <= i < 35 for i in range(40)] and len(again) == 30
+    assert got.vectors[5:35].tobytes() == vectors[5:35].tobytes()    # bit-identical
+    first = _segment_files(tmp_path / "s")
+    other = VectorStore(tmp_path / "t", DIM)                         # the same rows another way: the same bytes
+    other.add(text_keys(texts[20:35]), vectors[20:35])
+    other.add(text_keys(texts[5:20]), vectors[5:20])
+    other.compact(live, max_segments=1)
+    strip = {k.split("/", 1)[1]: v for k, v in first.items() if "/" in k}
+    assert strip == {k.split("/", 1)[1]: v for k, v in _segment_files(tmp_path / "t").items() if "/" in k}
+
+
+def test_a_compaction_killed_before_it_removed_the_old_segments_loses_nothing(tmp_path, monkeypatch):
+    store = VectorStore(tmp_path / "s", DIM)
+    texts, vectors = [f"t{i}" for i in range(20)], _unit_rows(20, 4)
+    store.add(text_keys(texts[:10]), vectors[:10])
+    store.add(text_keys(texts[10:]), vectors[10:])
+
+    def killed(*_):
+        raise KeyboardInterrupt("killed while removing the old segments")
+
+    monkeypatch.setattr(vector_store, "temp_name", killed)           # killed as it moves the first old segment aside
+    with pytest.raises(KeyboardInterrupt):
+        store.compact(text_keys(texts[:15]), max_dead_share=0.1)
+    monkeypatch.undo()
+    assert len(store.segments()) == 3                                # the two old ones and the new one
+    again = VectorStore(tmp_path / "s", DIM)
+    got = again.lookup(text_keys(texts))
+    assert got.found.all() and got.vectors.tobytes() == vectors.tobytes()
+    done = again.compact(text_keys(texts[:15]), max_dead_share=0.1)    # the next one finishes the job
+    assert done.rewritten and len(again.segments()) == 1 and len(VectorStore(tmp_path / "s", DIM)) == 15
+
+
+def test_files_of_the_older_flat_layout_are_removed_by_a_compaction(tmp_path):
+    root = tmp_path / "s"
+    root.mkdir()
+    for name in ("seg-0a-1.json", "seg-0a-1.keys.npy", "seg-0a-1.vectors.npy"):
+        (root / name).write_bytes(b"old layout")
+    store = VectorStore(root, DIM)
+    store.add(text_keys(["a"]), _unit_rows(1, 0))
+    assert len(store) == 1
+    done = store.compact()
+    assert done.rewritten and done.legacy_files == 3
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [s.name for s in store.segments()]
+
+
+def test_a_kept_corpus_version_keeps_its_vectors_until_retention_removes_it(tmp_path):
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+    from tasks.funnel.embeddings import passage_texts, prune_vector_store, retained_text_keys  # noqa: PLC0415
+
+    corpus = ArtifactStore(tmp_path / "stores" / "corpus" / "mini")
+    tables = [_passages([f"text {i}" for i in range(lo, lo + 20)]) for lo in (0, 10)]   # v2 keeps 10 of v1's 20
+    for i, table in enumerate(tables):
+        _publish(corpus, f"v{i}", table)
+    store = VectorStore(tmp_path / "s", DIM)
+    all_texts = passage_texts(tables[0]) + passage_texts(tables[1])[10:]
+    vectors = _unit_rows(30, 5)
+    store.add(text_keys(all_texts), vectors)
+    assert len(retained_text_keys(tmp_path / "stores")) == 30
+    assert not prune_vector_store(store, tmp_path / "stores", 0.2).rewritten           # both versions kept: all live
+    assert corpus.prune(keep=1) == ["v0"]                                               # retention retires v1
+    done = prune_vector_store(store, tmp_path / "stores", 0.2)
+    assert done.rewritten and (done.dead, done.kept) == (10, 20)
+    got = VectorStore(tmp_path / "s", DIM).lookup(text_keys(all_texts))
+    assert got.found.tolist() == [False] * 10 + [True] * 20
+    assert got.vectors[10:].tobytes() == vectors[10:].tobytes()
+
+
+def test_a_home_that_keeps_no_corpus_version_prunes_nothing_and_the_passages_just_embedded_are_live(tmp_path):
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+    from tasks.funnel.embeddings import prune_vector_store  # noqa: PLC0415
+
+    store = VectorStore(tmp_path / "s", DIM)
+    store.add(text_keys(["a", "b", "c"]), _unit_rows(3, 0))
+    assert prune_vector_store(store, tmp_path / "stores", 0.0, text_keys(["a"])).dead == 0   # nothing tells what is live
+    _publish(ArtifactStore(tmp_path / "stores" / "corpus" / "mini"), "v0", _passages(["b"]))   # "Title. b" only
+    done = prune_vector_store(store, tmp_path / "stores", 0.0, text_keys(["a"]))
+    assert done.rewritten and done.dead == 2                          # "b" and "c": "a" is in use
+    assert VectorStore(tmp_path / "s", DIM).lookup(text_keys(["a", "b", "c"])).found.tolist() == [True, False, False]
+
+
+def test_an_unreadable_kept_version_prunes_nothing(tmp_path, caplog):
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+    from tasks.funnel.embeddings import prune_vector_store  # noqa: PLC0415
+
+    corpus = ArtifactStore(tmp_path / "stores" / "corpus" / "mini")
+    version = _publish(corpus, "v0", _passages(["kept"]))
+    (version / "passages.parquet").write_bytes(b"not parquet")
+    store = VectorStore(tmp_path / "s", DIM)
+    store.add(text_keys(["kept. dead"]), _unit_rows(1, 0))
+    with caplog.at_level(logging.WARNING):
+        done = prune_vector_store(store, tmp_path / "stores", 0.0)
+    assert done.dead == 0 and len(VectorStore(tmp_path / "s", DIM)) == 1
+    assert str(version) in caplog.text and "not pruned" in caplog.text
+
+
+def _passages(texts: list[str]) -> pa.Table:
+    from data_contracts.corpus import PASSAGES  # noqa: PLC0415
+
+    n = len(texts)
+    return PASSAGES.validate(pa.table({
+        "passage_id": [f"{i:016x}.p000" for i in range(n)], "unit_id": [f"{i:016x}.u000" for i in range(n)],
+        "cluster_id": pa.array(range(n), pa.int32()), "doc_id": pa.array(range(n), pa.int32()),
+        "title": ["Title"] * n, "text": texts, "n_words": pa.array([2] * n, pa.int32()),
+        "n_tokens": pa.array([3] * n, pa.int32())}, schema=PASSAGES.schema))
+
+
+def _publish(corpus, version: str, passages: pa.Table):
+    from data_contracts.corpus import PASSAGES  # noqa: PLC0415
+
+    staging = corpus.root / f"staging-{version}"
+    path = PASSAGES.write(passages, staging)
+    return corpus.publish(version, {PASSAGES.filename: path}, {}, lambda _: None)
 
 
 # ---------------------------------------------------------------------------- real MiniLM
@@ -140,22 +283,43 @@ def test_a_new_corpus_version_embeds_only_new_and_changed_passages(tmp_path, ora
     assert second.passage_ids == changed["passage_id"].to_pylist()
 
 
-@pytest.mark.slow  # the real MiniLM over 60 passages
-def test_a_damaged_store_segment_is_embedded_again(tmp_path, oracle_passages, minilm, one_torch_thread):
+@pytest.fixture(scope="module")
+def clean_store(tmp_path_factory, oracle_passages, minilm):
+    """A vector store of the 60 oracle passages in segments of 25, 25 and 10 texts, and the clean
+    run's index."""
+    from tasks.funnel.embeddings import EmbeddingConfig, build_embedding_index, passage_vector_store  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    model, tok = minilm
+    cache = tmp_path_factory.mktemp("clean")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        clean, _ = build_embedding_index(oracle_passages, model, tok, "d", EmbeddingConfig(batch_size=16, shard_rows=25),
+                                         passage_vector_store(cache, model))
+    finally:
+        torch.set_num_threads(threads)
+    return cache, clean
+
+
+@pytest.mark.slow  # the real MiniLM over 60 passages, then 10 again per case
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_a_damaged_store_segment_is_embedded_again(tmp_path, caplog, clean_store, oracle_passages, minilm, damage,
+                                                   one_torch_thread):
+    import shutil  # noqa: PLC0415
+
     from tasks.funnel.embeddings import EmbeddingConfig, build_embedding_index, passage_vector_store  # noqa: PLC0415
 
     model, tok = minilm
-    cfg = EmbeddingConfig(batch_size=16, shard_rows=25)                   # segments of 25, 25 and 10 texts
-    clean, _ = build_embedding_index(oracle_passages, model, tok, "d", cfg, passage_vector_store(tmp_path, model))
-    store = passage_vector_store(tmp_path, model)
-    victim = sorted(store.segments(), key=lambda p: p.stat().st_size)[0]
-    vec = victim.with_name(victim.name[:-len(".json")] + ".vectors.npy")
-    raw = bytearray(vec.read_bytes())
-    raw[200] ^= 0x40
-    vec.write_bytes(bytes(raw))
-    again, info = build_embedding_index(oracle_passages, model, tok, "d", cfg, store)
-    assert info["discarded_segments"] == 1 and info["embedded"] in (10, 25) and info["reused"] == 60 - info["embedded"]
-    assert float(np.abs(again.vectors - clean.vectors).max()) <= 1e-6
+    shutil.copytree(clean_store[0], tmp_path / "cache")
+    store = passage_vector_store(tmp_path / "cache", model)
+    victim = sorted(store.segments(), key=lambda p: (p / "vectors.npy").stat().st_size)[0]   # the 10-text segment
+    _damage(victim / "vectors.npy", damage)
+    with caplog.at_level(logging.WARNING):
+        again, info = build_embedding_index(oracle_passages, model, tok, "d", EmbeddingConfig(batch_size=16), store)
+    assert (info["discarded_segments"], info["embedded"], info["reused"]) == (1, 10, 50)
+    assert str(victim) in caplog.text and not victim.exists()
+    assert float(np.abs(again.vectors - clean_store[1].vectors).max()) <= 1e-6
 
 
 @pytest.mark.slow  # the real MiniLM over 60 passages
@@ -200,3 +364,40 @@ def test_two_worker_processes_embed_shards_that_join_to_the_single_process_index
     assert (info["embedded"], info["reused"]) == (0, 60)
     single, _ = build_embedding_index(oracle_passages, model, tok, "d", cfg, None)
     assert float(np.abs(joined.vectors - single.vectors).max()) <= 1e-6
+
+
+@pytest.mark.slow  # two nightly builds of a 40-page mirror, MiniLM over ~1,000 passages (4–11 min beside other jobs)
+def test_after_a_real_night_only_new_texts_are_embedded_and_retention_prunes_the_retired_ones(
+        prefect_harness, tmp_path, data_mirror, minilm, one_torch_thread):
+    from benchmarks.bench_id_survival import WIKI, mirror_nights  # noqa: PLC0415
+    from benchmarks.bench_incremental_embedding import new_texts  # noqa: PLC0415
+    from tasks.corpus.published import corpus_store, open_corpus  # noqa: PLC0415
+    from tasks.funnel import embeddings as E  # noqa: PLC0415
+
+    model, tok = minilm
+    passage_texts, prune_vector_store = E.passage_texts, E.prune_vector_store
+    cfg = E.EmbeddingConfig(batch_size=16, shard_rows=128)
+    (ws, first), (_, second) = mirror_nights(tmp_path, 40, seed=0, workers=1, edit_share=0.05)
+    stores = ws.home / "stores"
+    v1, v2 = (open_corpus(ws, WIKI, s["version"]) for s in (first, second))
+    _, info1 = E.ensure_embedding_index(stores, ws.cache_dir, WIKI, "night-1", v1.passages, model, tok, cfg)
+    night, info2 = E.ensure_embedding_index(stores, ws.cache_dir, WIKI, "night-2", v2.passages, model, tok, cfg)
+    counts = new_texts(v1.path, v2.path)
+    assert second["nightly"]["action"] == "incremental" and 0 < counts["new_texts"] < counts["passages"] // 10
+    assert info1["embedded"] == len(set(passage_texts(v1.passages)))
+    assert info2["embedded"] == counts["new_texts"]                     # only the night's new and edited texts
+    assert info2["reused"] + info2["embedded"] >= counts["passages"] - counts["new_texts"]
+    fresh, _ = E.build_embedding_index(v2.passages, model, tok, "night-2", cfg, None)   # a full re-embedding
+    assert float(np.abs(night.vectors - fresh.vectors).max()) <= 1e-6
+
+    store = E.passage_vector_store(ws.cache_dir, model)
+    keys2 = text_keys(passage_texts(v2.passages))
+    before = store.lookup(keys2).vectors
+    only_v1 = len(set(passage_texts(v1.passages)) - set(passage_texts(v2.passages)))
+    assert not prune_vector_store(store, stores, 0.0).dead              # both versions kept: nothing dead
+    assert corpus_store(ws, WIKI).prune(keep=1) == [first["version"]]   # retention retires night 1
+    done = prune_vector_store(store, stores, 0.0)
+    assert done.rewritten and done.dead == only_v1 > 0
+    after = VectorStore(store.root, store.dim)
+    got = after.lookup(keys2)
+    assert got.found.all() and got.vectors.tobytes() == before.tobytes() and len(after) == len(np.unique(keys2, axis=0))

@@ -20,6 +20,8 @@ Incremental: every vector is also kept by the content of the text it encodes
 (:mod:`tasks.funnel.vector_store`, ``home/cache/embed-vectors/``), so a new corpus version embeds
 only its new and edited passages, a killed run resumes from the chunks it finished, and workers
 embedding parts of a corpus (``rank``/``world`` of :func:`embed_passages`) meet in the same store.
+After publishing, the store drops the vectors of texts that no corpus version the home keeps
+holds any more, once they are more than ``max_dead_share`` of it (:func:`prune_vector_store`).
 """
 from __future__ import annotations
 
@@ -38,13 +40,15 @@ import pyarrow as pa
 import torch
 
 from data_contracts.base import sha256_file
+from data_contracts.corpus import PASSAGES
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
 from funnelrag.progress import Progress
 from funnelrag.stages import stage
 from funnelrag.store import ArtifactStore
 from models.encoders import BATCH_TOKENS, encode_texts
 from models.preranker import require_finite
-from tasks.funnel.vector_store import VectorStore, text_keys, vector_store_root
+from tasks.corpus.published import CORPUS_STORE
+from tasks.funnel.vector_store import MAX_DEAD_SHARE, Compaction, VectorStore, text_keys, vector_store_root
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,9 @@ class EmbeddingConfig:
         (:class:`MappedEmbeddingIndex`: read through memory maps, for corpora of millions of
         passages).
     dtype : ``float32`` or ``float16``, the stored vectors of the ``mapped`` layout.
+    max_dead_share : after publishing, the vector store is compacted once more than this share
+        of its rows are dead (texts no corpus version the home keeps holds, and duplicates;
+        :func:`prune_vector_store`); 1.0: never pruned for dead rows.
     """
 
     batch_size: int = 64
@@ -77,10 +84,13 @@ class EmbeddingConfig:
     shard_rows: int = 4096
     layout: str = "parquet"
     dtype: str = "float32"
+    max_dead_share: float = MAX_DEAD_SHARE
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.shard_rows < 1 or self.batch_tokens < 1:
             raise ValueError(f"EmbeddingConfig sizes must be >= 1, got {self}")
+        if not 0.0 <= self.max_dead_share <= 1.0:
+            raise ValueError(f"EmbeddingConfig: max_dead_share must be in [0, 1], got {self.max_dead_share}")
         if self.layout not in ("parquet", "mapped") or self.dtype not in ("float32", "float16"):
             raise ValueError(f"EmbeddingConfig: layout must be parquet | mapped and dtype float32 | float16, got {self}")
 
@@ -349,6 +359,62 @@ def passage_vector_store(cache_dir: Path, model) -> VectorStore:
     return VectorStore(vector_store_root(cache_dir, model_version(model)), model.encoder.backbone.config.hidden_size)
 
 
+def retained_text_keys(stores_dir: Path) -> np.ndarray | None:
+    """The text keys (:func:`tasks.funnel.vector_store.text_keys` of :func:`passage_texts`) of
+    every passage of every corpus version the home keeps: each version under
+    ``<stores>/corpus/<name>/versions/`` of every corpus, i.e. what the corpus build's retention
+    (``retention.keep_versions``, :meth:`funnelrag.store.ArtifactStore.prune`) left. Every
+    encoder's vector store of the home serves these corpora, so a vector whose key is not here
+    is dead.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        uint8 ``(n, 16)``, distinct keys; None when the home keeps no corpus version at all
+        (then nothing tells what is live).
+
+    Raises
+    ------
+    ValueError
+        A kept version's ``passages.parquet`` cannot be read (names the version and the reason):
+        its live keys are unknown, so nothing may be pruned.
+    """
+    parts = []
+    root = Path(stores_dir) / CORPUS_STORE
+    for corpus in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        store = ArtifactStore(corpus)
+        for version in store.versions():
+            try:
+                passages = PASSAGES.read(store.versions_dir / version, columns=["title", "text"])
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                raise ValueError(f"retained corpus version {store.versions_dir / version}: passages unreadable "
+                                 f"({exc}); the vector store is not pruned") from exc
+            parts.append(np.unique(text_keys(passage_texts(passages)), axis=0))
+    return np.unique(np.concatenate(parts), axis=0) if parts else None
+
+
+def prune_vector_store(store: VectorStore, stores_dir: Path, max_dead_share: float,
+                       in_use: np.ndarray | None = None) -> Compaction:
+    """Compact ``store`` (:meth:`tasks.funnel.vector_store.VectorStore.compact`), its live keys
+    those of the corpus versions the home keeps (:func:`retained_text_keys`) and ``in_use``
+    (uint8 ``(m, 16)``: the keys of the passages just embedded, live whatever the home keeps):
+    once more than ``max_dead_share`` of its rows are dead, the vectors of texts no kept version
+    holds are dropped. A home that keeps no corpus version, or a kept version that cannot be read
+    (logged at WARNING), leaves every vector in place; duplicates and the segment count are still
+    handled."""
+    t0 = time.perf_counter()
+    try:
+        live = retained_text_keys(stores_dir)
+    except ValueError as exc:
+        log.warning("%s", exc)
+        live = None
+    if live is not None and in_use is not None:
+        live = np.concatenate([live, in_use])
+    report = store.compact(live, max_dead_share=max_dead_share)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
 def store_root(stores_dir: Path, corpus: str, version: str) -> Path:
     """``<stores>/embeddings/<corpus>/<model version[:16]>``: one versioned store per model."""
     return Path(stores_dir) / "embeddings" / corpus / version[:16]
@@ -442,8 +508,13 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
     Returns
     -------
     (EmbeddingIndex, info)
-        ``info`` = ``{"cache_hit", "model_version", "store", "version", ...}`` plus the build
-        figures of :func:`build_embedding_index` when it embedded.
+        ``info`` = ``{"cache_hit", "model_version", "store", "version", ...}`` plus, when it
+        embedded, the build figures of :func:`build_embedding_index`, ``vectors_pruned`` (dead
+        vectors dropped from the store) and ``compaction``
+        (:meth:`tasks.funnel.vector_store.Compaction.as_dict`). The store is pruned here, after
+        publishing, rather than by the corpus build's retention: this step runs after every build
+        that moves ``current`` (the nightly's ``embed-champion``), knows the encoder's store, and
+        keeps the corpus build ignorant of embeddings.
 
     Raises
     ------
@@ -471,8 +542,9 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
         index = open_embedding_index(root, corpus_digest, version)
     else:
         path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
-    store.compact()
-    return index, {"cache_hit": False, "model_version": version, "store": str(root), "version": path.name, **info}
+    compaction = prune_vector_store(store, stores_dir, cfg.max_dead_share, text_keys(passage_texts(passages)))
+    return index, {"cache_hit": False, "model_version": version, "store": str(root), "version": path.name, **info,
+                   "vectors_pruned": compaction.dead if compaction.rewritten else 0, "compaction": compaction.as_dict()}
 
 
 # ---------------------------------------------------------------------------- memory-mapped layout

@@ -11,8 +11,8 @@ the model version's one store (``home/cache/embed-vectors/<key>/``), shared with
 ``embed-corpus`` and with every corpus version: a passage embedded for an earlier corpus, or by
 the full index, is never embedded again.
 
-Crash safety: the store's segments are written atomically (their JSON last), so a killed run
-keeps the chunks it finished and nothing half-written is read.
+Crash safety: the store's segments are directories renamed into place whole (their digest
+manifest inside), so a killed run keeps the chunks it finished and nothing half-written is read.
 """
 from __future__ import annotations
 

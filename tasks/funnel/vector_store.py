@@ -8,38 +8,55 @@ saw (``"{title}. {text}"``, before tokenisation). A passage whose text is unchan
 earlier version, or shared with another passage, is embedded once.
 
 Layout (``home/cache/embed-vectors/<store key[:32]>/``): one *segment* per batch of vectors
-written, three files named ``<segment>.keys.npy`` (uint8 ``(n, 16)``), ``<segment>.vectors.npy``
-(float32 ``(n, dim)``, L2-normalised rows) and ``<segment>.json`` (rows, dim and the sha256 of
-both files), the JSON written last and atomically: a segment without one was never finished
-and is ignored. Segments are written as the vectors arrive, so a killed run keeps what it
-embedded; worker processes write their own segments side by side (unique names) and the
-index step reads them all.
+written, a directory ``seg-<uuid>-<pid>/`` holding ``keys.npy`` (uint8 ``(n, 16)``),
+``vectors.npy`` (float32 ``(n, dim)``, L2-normalised rows) and the digest manifest of every
+cache entry (:func:`funnelrag.verify.record_digests`), built under a temp name
+(:func:`data_contracts.base.temp_name`) and renamed into place whole
+(:func:`data_contracts.base.atomic_directory`). Segments are written as the vectors arrive, so a
+killed run keeps what it embedded; worker processes write their own segments side by side
+(unique names) and the index step reads them all.
 
-Every read verifies each segment's recorded digests (git-style: nothing read is trusted
-blindly); a segment whose bytes differ, is truncated or lacks a file is discarded (its path
-logged, counted in :attr:`VectorStore.discarded`) and its rows are embedded again. When more
-than :data:`MAX_SEGMENTS` segments exist, :meth:`VectorStore.compact` rewrites them as one.
+Every read checks each segment as the corpus cache checks its entries
+(:func:`funnelrag.verify.verified_entry`: nothing read is trusted blindly); a segment whose bytes
+differ, is truncated or lacks a file is moved aside and deleted, its path logged at WARNING and
+counted in :attr:`VectorStore.discarded`, and its texts are embedded again.
+
+Pruning (:meth:`VectorStore.compact`): vectors of texts that no retained corpus version holds
+any more, and duplicates, are dropped by rewriting the store's segments as new ones (each
+written atomically) before the old ones are removed, so an interrupted compaction leaves every
+live vector in place (at worst twice, until the next compaction).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
+import shutil
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from data_contracts.base import atomic_write, sha256_file
+from data_contracts.base import atomic_directory, temp_name
+from funnelrag.locks import LockHeld, exclusive_lock
+from funnelrag.reaper import sweep_stale_temp_dirs
+from funnelrag.verify import discard_entry, record_digests, verified_entry
 
 log = logging.getLogger(__name__)
 
 KEY_BYTES = 16
 MAX_SEGMENTS = 64
+MAX_DEAD_SHARE = 0.2
+"""Compact when more than this share of the stored rows is dead (duplicate, or a text no retained
+corpus version holds): the memos' rule of rewriting once a fifth would be stale."""
+SEGMENT_ROWS = 1 << 18
+"""Rows a compacted segment holds at most (384-d float32: ~400 MB)."""
 STORE_FORMAT = "1"
+KEYS_FILE, VECTORS_FILE = "keys.npy", "vectors.npy"
+COMPACT_LOCK = ".compact.lock"
 
 
 def text_key(text: str) -> bytes:
@@ -72,9 +89,68 @@ class Lookup:
     vectors: np.ndarray
 
 
+@dataclass
+class Compaction:
+    """What :meth:`VectorStore.compact` found and did.
+
+    rows : rows stored before (every verified segment, duplicates included).
+    dead : of them, duplicates and rows whose text is not live.
+    kept : rows written to the new segments (``rows - dead`` when it rewrote).
+    segments_before, segments_after : verified segments before and after.
+    legacy_files : files of the flat layout of older code removed (never read: their texts are
+        embedded again).
+    rewritten : whether the segments were rewritten; ``reason`` says why or why not.
+    seconds : wall seconds of the compaction (with :func:`tasks.funnel.embeddings.prune_vector_store`:
+        the live keys' reading and hashing too).
+    """
+
+    rows: int = 0
+    dead: int = 0
+    kept: int = 0
+    rewritten: bool = False
+    reason: str = ""
+    segments_before: int = 0
+    segments_after: int = 0
+    legacy_files: int = 0
+    seconds: float = 0.0
+    removed: list[str] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "removed"}
+
+
 def _hi(keys: np.ndarray) -> np.ndarray:
     """The first 8 bytes of each ``(n, 16)`` key as uint64 ``(n,)`` (the sort key of the join)."""
     return np.ascontiguousarray(keys[:, :8]).view("<u8").reshape(-1)
+
+
+def sort_keys(keys: np.ndarray) -> np.ndarray:
+    """``keys`` (uint8 ``(n, 16)``) ordered for :func:`find_keys`: the row order, int64 ``(n,)``."""
+    return np.argsort(_hi(keys), kind="stable")
+
+
+def find_keys(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A join on sorted keys: for each of ``keys`` (uint8 ``(n, 16)``) whether ``sorted_keys``
+    (uint8 ``(m, 16)``, ordered by :func:`sort_keys`) holds it, and at which row.
+
+    Returns
+    -------
+    (found, at)
+        bool ``(n,)`` and int64 ``(n,)`` (meaningful where found). All 16 bytes are compared: two
+        keys sharing their first 8 bytes (a 64-bit clash, ~n²/2⁶⁵) make the later one a miss.
+    """
+    n = keys.shape[0]
+    if not n or not sorted_keys.shape[0]:
+        return np.zeros(n, bool), np.zeros(n, np.int64)
+    have = _hi(sorted_keys)
+    at = np.minimum(np.searchsorted(have, _hi(keys)), have.size - 1)
+    return np.all(sorted_keys[at] == keys, axis=1), at
+
+
+def _is_legacy_file(path: Path) -> bool:
+    """A file of the flat segment layout of older code (``<segment>.json``, ``.keys.npy``,
+    ``.vectors.npy`` at the store's root): never read, removed by a compaction."""
+    return path.is_file() and path.name.startswith("seg-") and path.name.endswith((".json", ".npy"))
 
 
 class VectorStore:
@@ -97,37 +173,35 @@ class VectorStore:
 
     # ------------------------------------------------------------------ reading
     def segments(self) -> list[Path]:
-        """The finished segments' JSON files, sorted by name."""
-        return sorted(self.root.glob("*.json")) if self.root.is_dir() else []
+        """The segments' directories, sorted by name (work in progress, named ``.tmp-…``, is not one)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
-    def _read_segment(self, meta_path: Path) -> tuple[np.ndarray, np.ndarray] | None:
-        """A segment's ``(keys, vectors)`` after checking its digests; None (and the segment
-        removed, its path logged) when anything differs from what was recorded."""
-        stem = meta_path.name[:-len(".json")]
-        keys_path, vec_path = meta_path.with_name(f"{stem}.keys.npy"), meta_path.with_name(f"{stem}.vectors.npy")
-        try:
-            meta = json.loads(meta_path.read_text())
-            reason = None
-            if meta.get("dim") != self.dim:
-                reason = f"dim {meta.get('dim')} != {self.dim}"
-            elif sha256_file(keys_path) != meta["keys_sha256"] or sha256_file(vec_path) != meta["vectors_sha256"]:
-                reason = "bytes differ from the recorded sha256"
+    def _read_segment(self, segment: Path) -> tuple[np.ndarray, np.ndarray] | None:
+        """A segment's ``(keys, vectors)`` once its digest manifest checks
+        (:func:`funnelrag.verify.verified_entry`); None when it does not (the segment moved aside
+        and deleted, its path logged at WARNING, counted in :attr:`discarded`) or another process
+        removed it meanwhile (a compaction)."""
+        if not segment.is_dir():
+            return None
+        if verified_entry(segment):
+            try:
+                keys, vectors = np.load(segment / KEYS_FILE), np.load(segment / VECTORS_FILE)
+            except FileNotFoundError:                         # compacted away by another process meanwhile
+                return None
+            except (OSError, ValueError) as exc:              # recorded so, but not arrays: a writer's bug
+                discard_entry(segment, f"unreadable arrays ({exc!r})")
             else:
-                keys, vectors = np.load(keys_path), np.load(vec_path)
-                if keys.shape != (meta["rows"], KEY_BYTES) or vectors.shape != (meta["rows"], self.dim):
-                    reason = f"shapes {keys.shape} {vectors.shape} for {meta['rows']} rows"
-                else:
-                    return keys, vectors.astype(np.float32, copy=False)
-        except (OSError, ValueError, KeyError) as exc:       # missing file, bad JSON, truncated npy
-            reason = f"{type(exc).__name__}: {exc}"
-        log.warning("vector store: discarding segment %s (%s); its passages are embedded again", meta_path, reason)
-        self.discarded.append(str(meta_path))
-        for p in (meta_path, keys_path, vec_path):
-            p.unlink(missing_ok=True)
+                if keys.ndim == 2 and keys.shape[1] == KEY_BYTES and vectors.shape == (keys.shape[0], self.dim):
+                    return keys.astype(np.uint8, copy=False), vectors.astype(np.float32, copy=False)
+                discard_entry(segment, f"keys {keys.shape} and vectors {vectors.shape}, "
+                                       f"not (n, {KEY_BYTES}) and (n, {self.dim})")
+        self.discarded.append(str(segment))
         return None
 
     def load(self) -> None:
-        """Read and verify every finished segment (again: segments written since are seen)."""
+        """Read and verify every segment (again: segments written since are seen)."""
         self._keys = np.zeros((0, KEY_BYTES), np.uint8)
         self._vectors = np.zeros((0, self.dim), np.float32)
         self._pending, self._seen = [], set()
@@ -137,10 +211,10 @@ class VectorStore:
     def refresh(self) -> None:
         """Read (and verify) the segments written since the last read, by this or another
         process (a worker, a second index over the same store)."""
-        for meta_path in self.segments():
-            if meta_path.name not in self._seen:
-                self._seen.add(meta_path.name)
-                got = self._read_segment(meta_path)
+        for segment in self.segments():
+            if segment.name not in self._seen:
+                self._seen.add(segment.name)
+                got = self._read_segment(segment)
                 if got is not None:
                     self._pending.append(got)
         self._join_pending()
@@ -152,7 +226,7 @@ class VectorStore:
         self._keys = np.concatenate([self._keys, *(k for k, _ in self._pending)])
         self._vectors = np.concatenate([self._vectors, *(v for _, v in self._pending)])
         self._pending = []
-        order = np.argsort(_hi(self._keys), kind="stable")
+        order = sort_keys(self._keys)
         self._keys, self._vectors = self._keys[order], self._vectors[order]
 
     def __len__(self) -> int:
@@ -166,19 +240,15 @@ class VectorStore:
         if not self._loaded:
             self.load()
         self.refresh()
-        n = keys.shape[0]
-        found, vectors = np.zeros(n, bool), np.zeros((n, self.dim), np.float32)
-        if not n or not self._keys.shape[0]:
-            return Lookup(found, vectors)
-        have = _hi(self._keys)
-        at = np.minimum(np.searchsorted(have, _hi(keys)), have.size - 1)
-        found = np.all(self._keys[at] == keys, axis=1)       # full 16 bytes (a rare 64-bit clash: a miss)
+        found, at = find_keys(self._keys, keys)
+        vectors = np.zeros((keys.shape[0], self.dim), np.float32)
         vectors[found] = self._vectors[at[found]]
         return Lookup(found, vectors)
 
     # ------------------------------------------------------------------ writing
     def add(self, keys: np.ndarray, vectors: np.ndarray) -> Path | None:
-        """Write ``(keys, vectors)`` as one new segment (atomic; its JSON last); returns its JSON path.
+        """Write ``(keys, vectors)`` as one new segment (a directory renamed into place whole,
+        its digest manifest recorded); returns its directory (None for no rows).
 
         Raises
         ------
@@ -192,34 +262,96 @@ class VectorStore:
             raise ValueError("vector store: refusing non-finite vectors")
         if not keys.shape[0]:
             return None
-        self.root.mkdir(parents=True, exist_ok=True)
-        stem = f"seg-{uuid.uuid4().hex}-{os.getpid()}"
-        keys_path, vec_path = self.root / f"{stem}.keys.npy", self.root / f"{stem}.vectors.npy"
-        atomic_write(keys_path, lambda p: np.save(open(p, "wb"), np.ascontiguousarray(keys, dtype=np.uint8)))
-        atomic_write(vec_path, lambda p: np.save(open(p, "wb"), vectors))
-        meta = {"rows": int(keys.shape[0]), "dim": self.dim, "keys_sha256": sha256_file(keys_path),
-                "vectors_sha256": sha256_file(vec_path)}
-        meta_path = self.root / f"{stem}.json"
-        atomic_write(meta_path, lambda p: p.write_text(json.dumps(meta, sort_keys=True) + "\n"))
+        keys = np.ascontiguousarray(keys, dtype=np.uint8)
+        segment = self.root / f"seg-{uuid.uuid4().hex}-{os.getpid()}"
+        with atomic_directory(segment) as tmp:
+            np.save(tmp / KEYS_FILE, keys)
+            np.save(tmp / VECTORS_FILE, vectors)
+            record_digests(tmp)
         if self._loaded:                                      # joined at the next lookup
-            self._seen.add(meta_path.name)
-            self._pending.append((np.array(keys, dtype=np.uint8), vectors))
-        return meta_path
+            self._seen.add(segment.name)
+            self._pending.append((keys.copy(), vectors))
+        return segment
 
-    def compact(self, max_segments: int = MAX_SEGMENTS) -> bool:
-        """Rewrite every segment as one (duplicates dropped) when there are more than
-        ``max_segments``; the new segment is finished before the old ones go. Returns whether it did."""
+    def compact(self, live: np.ndarray | None = None, max_segments: int = MAX_SEGMENTS,
+                max_dead_share: float = MAX_DEAD_SHARE, segment_rows: int = SEGMENT_ROWS) -> Compaction:
+        """Prune and merge: rewrite the store's segments without their dead rows (duplicates, and
+        with ``live`` the rows whose key it lacks) when more than ``max_dead_share`` of the rows
+        are dead, when there are more than ``max_segments`` segments, or when files of the older
+        flat layout are left.
+
+        The kept rows (sorted by key: the same rows give the same bytes) are written as new
+        segments of at most ``segment_rows`` rows, each renamed into place whole, before any old
+        segment is removed (each moved aside under a temp name, then deleted), so a compaction
+        killed at any point loses no live vector; the next one removes what it left twice, and
+        :func:`funnelrag.reaper.sweep_stale_temp_dirs` what it left half-written. Segments other
+        processes write meanwhile are not touched. One compaction at a time: while another holds
+        the store's lock this one does nothing.
+
+        Parameters
+        ----------
+        live : uint8 ``(m, 16)``, optional
+            The text keys still in use (:func:`text_keys` of every passage of every retained
+            corpus version); None: only duplicates are dead.
+        max_segments, max_dead_share, segment_rows : the rewrite rule and the new segments' size.
+
+        Returns
+        -------
+        Compaction
+        """
+        t0 = time.perf_counter()
+        report = Compaction()
+        if not self.root.is_dir():
+            report.reason = "empty store"
+            return report
+        try:
+            with exclusive_lock(self.root / COMPACT_LOCK, f"compaction of the vector store {self.root}"):
+                self._compact(report, live, max_segments, max_dead_share, segment_rows)
+        except LockHeld as exc:
+            report.reason = str(exc)
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    def _compact(self, report: Compaction, live: np.ndarray | None, max_segments: int, max_dead_share: float,
+                 segment_rows: int) -> None:
+        """:meth:`compact`'s work, under the store's lock."""
+        sweep_stale_temp_dirs(self.root)
         old = self.segments()
-        if len(old) <= max_segments:
-            return False
+        self.load()                                           # verifies every segment, drops damaged ones
+        old = [s for s in old if s.name in self._seen and str(s) not in self.discarded]
+        legacy = [p for p in self.root.iterdir() if _is_legacy_file(p)]
+        keys, vectors = self._keys, self._vectors
+        keep = np.ones(keys.shape[0], bool)
+        keep[1:] = np.any(keys[1:] != keys[:-1], axis=1)      # sorted: the first of equal keys (duplicates hold equal vectors)
+        if live is not None:
+            live = np.ascontiguousarray(live, dtype=np.uint8)
+            keep &= find_keys(live[sort_keys(live)], keys)[0]
+        report.rows, report.kept = int(keys.shape[0]), int(keep.sum())
+        report.dead, report.segments_before, report.legacy_files = report.rows - report.kept, len(old), len(legacy)
+        report.segments_after = len(old)
+        dead_share = report.dead / max(report.rows, 1)
+        if dead_share <= max_dead_share and len(old) <= max_segments and not legacy:
+            report.reason = (f"{report.dead:,} of {report.rows:,} rows dead ({dead_share:.1%} <= {max_dead_share:.0%}), "
+                             f"{len(old)} segments (<= {max_segments})")
+            return
+        report.reason = (f"{report.dead:,} of {report.rows:,} rows dead ({dead_share:.1%}), {len(old)} segments, "
+                         f"{len(legacy)} files of the older layout")
+        rows = np.flatnonzero(keep)
+        for start in range(0, rows.size, segment_rows):      # the new segments first: nothing live is ever missing
+            part = rows[start:start + segment_rows]
+            self.add(keys[part], vectors[part])
+        for segment in old:
+            trash = self.root / temp_name(f"compacted.{segment.name}")
+            try:
+                os.replace(segment, trash)
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
+            report.removed.append(segment.name)
+        for path in legacy:
+            path.unlink(missing_ok=True)
+        report.rewritten = True
         self.load()
-        _, first = np.unique(self._keys, axis=0, return_index=True)
-        first.sort()
-        self.add(self._keys[first], self._vectors[first])
-        for meta_path in old:
-            stem = meta_path.name[:-len(".json")]
-            meta_path.unlink(missing_ok=True)                # the JSON first: never a half segment
-            for suffix in (".keys.npy", ".vectors.npy"):
-                meta_path.with_name(stem + suffix).unlink(missing_ok=True)
-        self.load()
-        return True
+        report.segments_after = len(self._seen)
+        log.info("vector store %s compacted: %s; %d rows in %d segments now", self.root, report.reason,
+                 report.kept, report.segments_after)
