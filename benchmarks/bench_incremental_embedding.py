@@ -24,8 +24,8 @@ Run: ``python benchmarks/bench_incremental_embedding.py OUT_DIR [--pages 3000] [
 from __future__ import annotations
 
 import json
-import time
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
