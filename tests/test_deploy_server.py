@@ -395,8 +395,12 @@ def test_nightly_under_a_worker_stopped_by_sigterm_then_kill_9_leaves_nothing(se
                                       stderr=subprocess.STDOUT, start_new_session=True)
         runs: list[Run] = []
         try:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                flow_run = _post(api, f"/deployments/{nightly['id']}/create_flow_run", new_run)
+            for sig, words in ((signal.SIGTERM, 97), (signal.SIGKILL, 98)):
+                # each interrupted run counts its own tokens (another window size): on a quiet box the
+                # first run's counting can finish before its signal lands, and the second would then
+                # take it from the cache and never count
+                own = {**new_run, "parameters": {**params, "overrides": [*params["overrides"], f"segment.passage_words={words}"]}}
+                flow_run = _post(api, f"/deployments/{nightly['id']}/create_flow_run", own)
                 run = Run(ForeignProcess(_flow_run_process(worker, flow_run["id"], 300)), log,
                           offset=log.stat().st_size)
                 runs.append(run)
