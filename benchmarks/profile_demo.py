@@ -8,7 +8,7 @@ The demo runs exactly as ``funnelrag demo`` runs it (``funnelrag.cli.main``), in
 script only wraps each step's command. Figures taken on a shared box are noisy in wall seconds:
 compare CPU seconds, and say what else ran.
 
-Run: ``python benchmarks/profile_demo.py --home /tmp/demo-home [--profile-dir DIR] [--json FILE]
+Run: ``python benchmarks/profile_demo.py --home demo-home [--profile-dir DIR] [--json FILE]
 [--set 'steps=[distillation, evaluate]'] ...`` (``--set`` as for ``funnelrag demo``; a home that
 already holds the published corpora runs the later steps alone).
 """
