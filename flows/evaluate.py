@@ -68,7 +68,13 @@ from tasks.evaluate.stored_retrieval import StoredPreRanker, fill_lazy_rows, run
 from tasks.evaluate.timing import machine_info
 from tasks.funnel.attention import AttentionRunConfig, AttentionScoreConfig
 from tasks.funnel.fusion import PassageBM25
-from tasks.funnel.embeddings import EmbeddingConfig, EmbeddingIndexMismatch, ensure_embedding_index, model_version
+from tasks.funnel.embeddings import (
+    EmbeddingConfig,
+    EmbeddingIndexMismatch,
+    corpus_text_keys,
+    ensure_embedding_index,
+    model_version,
+)
 from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex, lazy_root
 from tasks.qa.generation import CausalLMGenerator, FiDGenerator, GenerationConfig
 from tasks.qa.metrics import TokenCache
@@ -235,7 +241,8 @@ def embeddings_task(cfg: EvaluateConfig, ws, corpus, preranker) -> tuple[Any, di
     version = model_version(preranker.model)
     enc = preranker.model.encoder
     index = LazyEmbeddingIndex.open(lazy_root(ws.cache_dir, version), corpus.passages, digest, version,
-                                    enc.backbone.config.hidden_size, enc.cfg.max_length)
+                                    enc.backbone.config.hidden_size, enc.cfg.max_length,
+                                    keys=corpus_text_keys(ws.cache_dir, digest, corpus.passages))
     return index, {"lazy": True, "model_version": version, "filled_before": index.n_filled, "fill_seconds": 0.0}
 
 

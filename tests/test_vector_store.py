@@ -171,10 +171,10 @@ def test_a_kept_corpus_version_keeps_its_vectors_until_retention_removes_it(tmp_
     all_texts = passage_texts(tables[0]) + passage_texts(tables[1])[10:]
     vectors = _unit_rows(30, 5)
     store.add(text_keys(all_texts), vectors)
-    assert len(retained_text_keys(tmp_path / "stores")) == 30
-    assert not prune_vector_store(store, tmp_path / "stores", 0.2).rewritten           # both versions kept: all live
+    assert len(retained_text_keys(tmp_path / "stores", tmp_path / "cache")) == 30
+    assert not prune_vector_store(store, tmp_path / "stores", tmp_path / "cache", 0.2).rewritten   # both kept: all live
     assert corpus.prune(keep=1) == ["v0"]                                               # retention retires v1
-    done = prune_vector_store(store, tmp_path / "stores", 0.2)
+    done = prune_vector_store(store, tmp_path / "stores", tmp_path / "cache", 0.2)
     assert done.rewritten and (done.dead, done.kept) == (10, 20)
     got = VectorStore(tmp_path / "s", DIM).lookup(text_keys(all_texts))
     assert got.found.tolist() == [False] * 10 + [True] * 20
@@ -187,9 +187,10 @@ def test_a_home_that_keeps_no_corpus_version_prunes_nothing_and_the_passages_jus
 
     store = VectorStore(tmp_path / "s", DIM)
     store.add(text_keys(["a", "b", "c"]), _unit_rows(3, 0))
-    assert prune_vector_store(store, tmp_path / "stores", 0.0, text_keys(["a"])).dead == 0   # nothing tells what is live
+    cache = tmp_path / "cache"
+    assert prune_vector_store(store, tmp_path / "stores", cache, 0.0, text_keys(["a"])).dead == 0   # nothing tells what is live
     _publish(ArtifactStore(tmp_path / "stores" / "corpus" / "mini"), "v0", _passages(["b"]))   # "Title. b" only
-    done = prune_vector_store(store, tmp_path / "stores", 0.0, text_keys(["a"]))
+    done = prune_vector_store(store, tmp_path / "stores", cache, 0.0, text_keys(["a"]))
     assert done.rewritten and done.dead == 2                          # "b" and "c": "a" is in use
     assert VectorStore(tmp_path / "s", DIM).lookup(text_keys(["a", "b", "c"])).found.tolist() == [True, False, False]
 
@@ -204,19 +205,115 @@ def test_an_unreadable_kept_version_prunes_nothing(tmp_path, caplog):
     store = VectorStore(tmp_path / "s", DIM)
     store.add(text_keys(["kept. dead"]), _unit_rows(1, 0))
     with caplog.at_level(logging.WARNING):
-        done = prune_vector_store(store, tmp_path / "stores", 0.0)
+        done = prune_vector_store(store, tmp_path / "stores", tmp_path / "cache", 0.0)
     assert done.dead == 0 and len(VectorStore(tmp_path / "s", DIM)) == 1
     assert str(version) in caplog.text and "not pruned" in caplog.text
 
 
-def _passages(texts: list[str]) -> pa.Table:
+@pytest.fixture
+def hashed(monkeypatch):
+    """Counts the texts hashed into text keys (every key goes through ``vector_store.text_key``)."""
+    count = [0]
+    plain = vector_store.text_key
+
+    def counting(text: str) -> bytes:
+        count[0] += 1
+        return plain(text)
+
+    monkeypatch.setattr(vector_store, "text_key", counting)
+    return count
+
+
+def test_each_kept_version_is_hashed_once_and_later_prunes_decide_the_same(tmp_path, hashed):
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+    from tasks.funnel.embeddings import passage_texts, prune_vector_store, retained_text_keys  # noqa: PLC0415
+
+    stores, cache = tmp_path / "stores", tmp_path / "cache"
+    corpus = ArtifactStore(stores / "corpus" / "mini")
+    tables = [_passages([f"text {i}" for i in range(lo, lo + 20)]) for lo in (0, 10, 15)]   # 20, 10 and 5 new texts
+    texts = [passage_texts(t) for t in tables]
+    store = VectorStore(tmp_path / "s", DIM)
+    every = sorted(set(sum(texts, [])))                                  # 35 texts
+    store.add(text_keys(texts[0] + texts[1][10:]), _unit_rows(30, 3))
+    for i in range(2):
+        _publish(corpus, f"v{i}", tables[i])
+    hashed[0] = 0
+    assert not prune_vector_store(store, stores, cache, 0.0).dead       # both versions kept: nothing dead
+    assert hashed[0] == 40                                              # both kept versions, each hashed once
+    assert len(list((cache / vector_store.CORPUS_KEYS).iterdir())) == 2
+    hashed[0] = 0
+    warm = retained_text_keys(stores, cache)
+    assert hashed[0] == 0                                               # a later night hashes no kept passage again
+    np.testing.assert_array_equal(warm, np.unique(text_keys(texts[0] + texts[1]), axis=0))
+    np.testing.assert_array_equal(warm, retained_text_keys(stores, tmp_path / "cold"))   # as from scratch
+    _publish(corpus, "v2", tables[2])
+    store.add(text_keys(texts[2][15:]), _unit_rows(5, 4))              # the new version's new texts, embedded
+    assert corpus.prune(keep=2) == ["v0"]                               # retention retires v0: texts 0..9 dead
+    hashed[0] = 0
+    done = prune_vector_store(store, stores, cache, 0.0)
+    assert hashed[0] == 20                                              # only the new version
+    assert done.rewritten and (done.rows, done.dead, done.kept) == (35, 10, 25)
+    got = VectorStore(tmp_path / "s", DIM).lookup(text_keys(every))
+    assert got.found.tolist() == [t not in texts[0][:10] for t in every]
+    assert len(list((cache / vector_store.CORPUS_KEYS).iterdir())) == 2     # the retired version's entry removed
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+@pytest.mark.parametrize("part", ["keys.npy", "digests.json"])
+def test_a_damaged_keys_entry_is_hashed_again_and_named(tmp_path, caplog, hashed, damage, part):
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+    from tasks.funnel.embeddings import corpus_text_keys, passage_texts, retained_text_keys  # noqa: PLC0415
+
+    stores, cache = tmp_path / "stores", tmp_path / "cache"
+    corpus = ArtifactStore(stores / "corpus" / "mini")
+    tables = [_passages([f"text {i}" for i in range(lo, lo + 20)]) for lo in (0, 10)]
+    for i, table in enumerate(tables):
+        _publish(corpus, f"v{i}", table)
+    clean = retained_text_keys(stores, cache)
+    entries = sorted((cache / vector_store.CORPUS_KEYS).iterdir())
+    victim = entries[0]
+    _damage(victim / part, damage)
+    hashed[0] = 0
+    with caplog.at_level(logging.WARNING):
+        again = retained_text_keys(stores, cache)
+    assert hashed[0] == 20 and str(victim) in caplog.text               # one version hashed again, its entry named
+    np.testing.assert_array_equal(again, clean)
+    hashed[0] = 0
+    assert retained_text_keys(stores, cache).shape == clean.shape and hashed[0] == 0   # rebuilt, then read
+    keys = corpus_text_keys(cache, "some digest", tables[1])            # any caller: passage order, one per passage
+    np.testing.assert_array_equal(keys, text_keys(passage_texts(tables[1])))
+    short = corpus_text_keys(cache, "some digest", tables[1].slice(0, 3))   # an entry of another length is not used
+    np.testing.assert_array_equal(short, keys[:3])
+
+
+def test_the_lazy_index_reads_a_versions_kept_keys_instead_of_hashing(tmp_path, hashed):
+    from tasks.funnel.embeddings import corpus_text_keys, passage_texts  # noqa: PLC0415
+    from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex  # noqa: PLC0415
+
+    passages = _passages([f"text {i}" for i in range(12)])
+    store = VectorStore(tmp_path / "s", DIM)
+    store.add(text_keys(passage_texts(passages)[:5]), _unit_rows(5, 0))
+    keys = corpus_text_keys(tmp_path / "cache", "digest-1", passages)      # e.g. embed-corpus hashed them
+    hashed[0] = 0
+    kept = LazyEmbeddingIndex.open(tmp_path / "s", passages, "digest-1", "m", DIM, 32,
+                                   keys=corpus_text_keys(tmp_path / "cache", "digest-1", passages))
+    assert hashed[0] == 0 and kept.n_filled == 5
+    plain = LazyEmbeddingIndex.open(tmp_path / "s", passages, "digest-1", "m", DIM, 32)
+    assert hashed[0] == 12
+    np.testing.assert_array_equal(kept._keys, plain._keys)
+    np.testing.assert_array_equal(kept.filled, plain.filled)
+    with pytest.raises(ValueError, match="keys"):
+        LazyEmbeddingIndex.open(tmp_path / "s", passages, "digest-1", "m", DIM, 32, keys=keys[:3])
+
+
+def _passages(texts: list[str], titles: list[str] | None = None) -> pa.Table:
     from data_contracts.corpus import PASSAGES  # noqa: PLC0415
 
     n = len(texts)
     return PASSAGES.validate(pa.table({
         "passage_id": [f"{i:016x}.p000" for i in range(n)], "unit_id": [f"{i:016x}.u000" for i in range(n)],
         "cluster_id": pa.array(range(n), pa.int32()), "doc_id": pa.array(range(n), pa.int32()),
-        "title": ["Title"] * n, "text": texts, "n_words": pa.array([2] * n, pa.int32()),
+        "title": titles or ["Title"] * n, "text": texts, "n_words": pa.array([2] * n, pa.int32()),
         "n_tokens": pa.array([3] * n, pa.int32())}, schema=PASSAGES.schema))
 
 
@@ -281,6 +378,48 @@ def test_a_new_corpus_version_embeds_only_new_and_changed_passages(tmp_path, ora
     assert info3["embedded"] == 60
     assert float(np.abs(second.vectors - fresh.vectors).max()) <= 1e-6
     assert second.passage_ids == changed["passage_id"].to_pylist()
+
+
+@pytest.mark.slow  # the real MiniLM over 60 + 3 + 2 passages, then 60 again from scratch (~40 s beside other jobs)
+def test_embed_corpus_nights_hash_each_kept_version_once_and_prune_as_from_scratch(tmp_path, oracle_passages, minilm,
+                                                                                  hashed, one_torch_thread):
+    from data_contracts.base import sha256_file  # noqa: PLC0415
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+    from tasks.funnel import embeddings as E  # noqa: PLC0415
+
+    model, tok = minilm
+    stores, cache = tmp_path / "stores", tmp_path / "cache"
+    corpus = ArtifactStore(stores / "corpus" / "mini")
+    cfg = E.EmbeddingConfig(batch_size=16, max_dead_share=0.0)
+    second = _next_version(oracle_passages)                               # 2 texts edited, 1 removed, 1 new
+    third = second.to_pylist()
+    for r in third[:2]:
+        r["text"] += " Edited the night after."
+    tables = [_passages(t["text"].to_pylist(), t["title"].to_pylist())
+              for t in (oracle_passages, second, pa.Table.from_pylist(third, schema=second.schema))]
+
+    def night(name: str, table: pa.Table, keep: int = 3):
+        version = _publish(corpus, name, table)
+        corpus.prune(keep=keep)                                           # the build's retention, before embed-corpus
+        hashed[0] = 0
+        index, info = E.ensure_embedding_index(stores, cache, "mini", sha256_file(version / "manifest.json"), table,
+                                               model, tok, cfg)
+        return index, info, hashed[0]
+
+    _, info1, count1 = night("v1", tables[0])
+    assert (info1["embedded"], count1) == (60, 60)                        # hashed once: embedding, in use, kept
+    _, info2, count2 = night("v2", tables[1])
+    assert (info2["embedded"], count2, info2["compaction"]["dead"]) == (3, 60, 0)   # v1 not hashed again
+    index3, info3, count3 = night("v3", tables[2], keep=2)               # retention retires v1
+    assert (info3["embedded"], count3) == (2, 60)
+    only_v1 = set(E.passage_texts(tables[0])) - set(E.passage_texts(tables[1])) - set(E.passage_texts(tables[2]))
+    assert info3["compaction"]["dead"] == len(only_v1) == 3               # as the texts of the kept versions say
+    store = E.passage_vector_store(cache, model)
+    live = set(E.passage_texts(tables[1])) | set(E.passage_texts(tables[2]))
+    assert len(store) == len(live)
+    assert store.lookup(text_keys(sorted(live))).found.all()
+    fresh, _ = E.build_embedding_index(tables[2], model, tok, "scratch", cfg, None)   # a full re-embedding
+    assert float(np.abs(index3.vectors - fresh.vectors).max()) <= 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -394,9 +533,9 @@ def test_after_a_real_night_only_new_texts_are_embedded_and_retention_prunes_the
     keys2 = text_keys(passage_texts(v2.passages))
     before = store.lookup(keys2).vectors
     only_v1 = len(set(passage_texts(v1.passages)) - set(passage_texts(v2.passages)))
-    assert not prune_vector_store(store, stores, 0.0).dead              # both versions kept: nothing dead
+    assert not prune_vector_store(store, stores, ws.cache_dir, 0.0).dead   # both versions kept: nothing dead
     assert corpus_store(ws, WIKI).prune(keep=1) == [first["version"]]   # retention retires night 1
-    done = prune_vector_store(store, stores, 0.0)
+    done = prune_vector_store(store, stores, ws.cache_dir, 0.0)
     assert done.rewritten and done.dead == only_v1 > 0
     after = VectorStore(store.root, store.dim)
     got = after.lookup(keys2)

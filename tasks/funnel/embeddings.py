@@ -22,6 +22,8 @@ only its new and edited passages, a killed run resumes from the chunks it finish
 embedding parts of a corpus (``rank``/``world`` of :func:`embed_passages`) meet in the same store.
 After publishing, the store drops the vectors of texts that no corpus version the home keeps
 holds any more, once they are more than ``max_dead_share`` of it (:func:`prune_vector_store`).
+The text keys of each published corpus version are hashed once and kept by its content digest
+(:func:`corpus_text_keys`), so neither pruning nor a later night hashes a kept version again.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from data_contracts.base import sha256_file
+from data_contracts.base import sha256_file, temp_name
 from data_contracts.corpus import PASSAGES
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
 from funnelrag.progress import Progress
@@ -48,7 +50,17 @@ from funnelrag.store import ArtifactStore
 from models.encoders import BATCH_TOKENS, encode_texts
 from models.preranker import require_finite
 from tasks.corpus.published import CORPUS_STORE
-from tasks.funnel.vector_store import MAX_DEAD_SHARE, Compaction, VectorStore, text_keys, vector_store_root
+from tasks.funnel.vector_store import (
+    CORPUS_KEYS,
+    KEY_BYTES,
+    MAX_DEAD_SHARE,
+    Compaction,
+    VectorStore,
+    corpus_keys_entry,
+    kept_text_keys,
+    text_keys,
+    vector_store_root,
+)
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +165,7 @@ def embed_queries(model, tokenizer, questions: Sequence[str], batch_size: int = 
 
 def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(),
                    store: VectorStore | None = None, progress: Callable[[int, int], None] | None = None,
-                   rank: int = 0, world: int = 1) -> tuple[np.ndarray | None, dict]:
+                   rank: int = 0, world: int = 1, keys: np.ndarray | None = None) -> tuple[np.ndarray | None, dict]:
     """Embed passages, reusing every vector ``store`` holds for the same text.
 
     Each distinct text is embedded once; texts the store holds (from any earlier corpus version:
@@ -173,6 +185,10 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
         ``rank`` of ``world`` embeds the ``rank``-th of ``world`` contiguous parts of the missing
         texts into ``store`` and returns ``None`` vectors when ``world > 1``; the index step then
         joins the workers' segments by calling this again with ``world = 1``).
+    keys : uint8 ``(len(texts), 16)``, optional
+        The texts' keys (:func:`tasks.funnel.vector_store.text_keys`) when the caller holds them
+        already (:func:`corpus_text_keys`, which the pruning after publishing reads too); hashed
+        here otherwise.
 
     Returns
     -------
@@ -184,12 +200,15 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
     Raises
     ------
     ValueError
-        ``world > 1`` without a store, or ``rank`` outside ``[0, world)``.
+        ``world > 1`` without a store, ``rank`` outside ``[0, world)``, or ``keys`` not
+        ``(len(texts), 16)``.
     """
     if world > 1 and store is None or not 0 <= rank < world:
         raise ValueError(f"embed_passages: rank {rank} of {world} workers (a store is needed for world > 1)")
     dim = model.encoder.backbone.config.hidden_size
-    keys = text_keys(texts)                                                        # (n, 16)
+    keys = text_keys(texts) if keys is None else keys                             # (n, 16)
+    if keys.shape != (len(texts), KEY_BYTES):
+        raise ValueError(f"embed_passages: keys {keys.shape} for {len(texts)} texts")
     ukeys, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     if store is None:
@@ -318,7 +337,8 @@ class EmbeddingIndex:
 @stage("passage-embeddings", version="2")
 def build_embedding_index(passages: pa.Table, model, tokenizer, corpus_digest: str,
                           cfg: EmbeddingConfig = EmbeddingConfig(), store: VectorStore | None = None,
-                          progress: Callable[[int, int], None] | None = None) -> tuple[EmbeddingIndex, dict]:
+                          progress: Callable[[int, int], None] | None = None,
+                          keys: np.ndarray | None = None) -> tuple[EmbeddingIndex, dict]:
     """Embed every passage of a published corpus with a bi-encoder pre-ranker (the stage core),
     reusing the vectors ``store`` holds for unchanged texts.
 
@@ -327,7 +347,7 @@ def build_embedding_index(passages: pa.Table, model, tokenizer, corpus_digest: s
     passages : the corpus ``passages`` table (passage_id, unit_id, cluster_id, title, text).
     model, tokenizer : bi-encoder pre-ranker and its tokenizer.
     corpus_digest : the corpus content digest (manifest ``content_digest``).
-    cfg, store, progress : see :func:`embed_passages`.
+    cfg, store, progress, keys : see :func:`embed_passages`.
 
     Returns
     -------
@@ -342,7 +362,8 @@ def build_embedding_index(passages: pa.Table, model, tokenizer, corpus_digest: s
     """
     version = model_version(model)
     t0 = time.perf_counter()
-    vectors, info = embed_passages(passage_texts(passages), model, tokenizer, cfg, store, progress)   # (n, dim)
+    vectors, info = embed_passages(passage_texts(passages), model, tokenizer, cfg, store, progress,
+                                   keys=keys)                                     # (n, dim)
     seconds = time.perf_counter() - t0
     meta = {"corpus_digest": corpus_digest, "model_version": version, "dim": int(vectors.shape[1]),
             "max_length": int(model.encoder.cfg.max_length), "text": TEXT_FORMAT}
@@ -359,13 +380,41 @@ def passage_vector_store(cache_dir: Path, model) -> VectorStore:
     return VectorStore(vector_store_root(cache_dir, model_version(model)), model.encoder.backbone.config.hidden_size)
 
 
-def retained_text_keys(stores_dir: Path) -> np.ndarray | None:
+def corpus_text_keys(cache_dir: Path, corpus_digest: str, passages: pa.Table) -> np.ndarray:
+    """The text keys (:func:`tasks.funnel.vector_store.text_keys` of :func:`passage_texts`) of a
+    published corpus version's passages, in table order: hashed once per version and kept in the
+    cache under its content digest (:func:`tasks.funnel.vector_store.kept_text_keys`, verified on
+    every read), so ``embed-corpus``, its pruning on every later night and the evaluation's lazily
+    filled index read them instead of hashing every passage again.
+
+    Parameters
+    ----------
+    cache_dir : ``Workspace.cache_dir``.
+    corpus_digest : the version's content digest (``flows.embed.corpus_digest``): the entry's key,
+        so ``passages`` must be that version's table (its length is checked).
+    passages : the version's ``passages`` table (title, text).
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 ``(passages.num_rows, 16)``.
+    """
+    return kept_text_keys(corpus_keys_entry(cache_dir, corpus_digest, TEXT_FORMAT), passages.num_rows,
+                          lambda: text_keys(passage_texts(passages)))
+
+
+def retained_text_keys(stores_dir: Path, cache_dir: Path) -> np.ndarray | None:
     """The text keys (:func:`tasks.funnel.vector_store.text_keys` of :func:`passage_texts`) of
     every passage of every corpus version the home keeps: each version under
     ``<stores>/corpus/<name>/versions/`` of every corpus, i.e. what the corpus build's retention
     (``retention.keep_versions``, :meth:`funnelrag.store.ArtifactStore.prune`) left. Every
     encoder's vector store of the home serves these corpora, so a vector whose key is not here
     is dead.
+
+    Each version's keys come from its cache entry (:func:`corpus_text_keys`: keyed by the
+    manifest's ``content_digest``, or the manifest's sha256 for a version without one); only a
+    version seen for the first time, or whose entry is damaged, has its passages read and
+    hashed. Entries of versions the home no longer keeps are removed.
 
     Returns
     -------
@@ -379,32 +428,50 @@ def retained_text_keys(stores_dir: Path) -> np.ndarray | None:
         A kept version's ``passages.parquet`` cannot be read (names the version and the reason):
         its live keys are unknown, so nothing may be pruned.
     """
-    parts = []
+    parts, kept = [], set()
     root = Path(stores_dir) / CORPUS_STORE
     for corpus in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         store = ArtifactStore(corpus)
         for version in store.versions():
-            try:
-                passages = PASSAGES.read(store.versions_dir / version, columns=["title", "text"])
-            except (OSError, ValueError, pa.ArrowException) as exc:
-                raise ValueError(f"retained corpus version {store.versions_dir / version}: passages unreadable "
-                                 f"({exc}); the vector store is not pruned") from exc
-            parts.append(np.unique(text_keys(passage_texts(passages)), axis=0))
-    return np.unique(np.concatenate(parts), axis=0) if parts else None
+            where = store.versions_dir / version
+            manifest = store.read_manifest(version)
+            digest = manifest.get("content_digest") or sha256_file(where / "manifest.json")
+            rows = manifest.get("files", {}).get(PASSAGES.filename, {}).get("rows")
+
+            def read_and_hash(where: Path = where) -> np.ndarray:
+                try:
+                    passages = PASSAGES.read(where, columns=["title", "text"])
+                except (OSError, ValueError, pa.ArrowException) as exc:
+                    raise ValueError(f"retained corpus version {where}: passages unreadable ({exc}); "
+                                     f"the vector store is not pruned") from exc
+                return text_keys(passage_texts(passages))
+
+            entry = corpus_keys_entry(cache_dir, digest, TEXT_FORMAT)
+            kept.add(entry.name)
+            parts.append(kept_text_keys(entry, rows, read_and_hash))
+    if not parts:
+        return None
+    keys_root = Path(cache_dir) / CORPUS_KEYS
+    for entry in sorted(keys_root.iterdir()) if keys_root.is_dir() else []:
+        if entry.is_dir() and not entry.name.startswith(".") and entry.name not in kept:   # a retired version's
+            trash = keys_root / temp_name(f"removed.{entry.name}")
+            os.replace(entry, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+    return np.unique(np.concatenate(parts), axis=0)
 
 
-def prune_vector_store(store: VectorStore, stores_dir: Path, max_dead_share: float,
+def prune_vector_store(store: VectorStore, stores_dir: Path, cache_dir: Path, max_dead_share: float,
                        in_use: np.ndarray | None = None) -> Compaction:
     """Compact ``store`` (:meth:`tasks.funnel.vector_store.VectorStore.compact`), its live keys
-    those of the corpus versions the home keeps (:func:`retained_text_keys`) and ``in_use``
-    (uint8 ``(m, 16)``: the keys of the passages just embedded, live whatever the home keeps):
-    once more than ``max_dead_share`` of its rows are dead, the vectors of texts no kept version
-    holds are dropped. A home that keeps no corpus version, or a kept version that cannot be read
-    (logged at WARNING), leaves every vector in place; duplicates and the segment count are still
-    handled."""
+    those of the corpus versions the home keeps (:func:`retained_text_keys`, kept per version under
+    ``cache_dir``) and ``in_use`` (uint8 ``(m, 16)``: the keys of the passages just embedded, live
+    whatever the home keeps): once more than ``max_dead_share`` of its rows are dead, the vectors
+    of texts no kept version holds are dropped. A home that keeps no corpus version, or a kept
+    version that cannot be read (logged at WARNING), leaves every vector in place; duplicates and
+    the segment count are still handled."""
     t0 = time.perf_counter()
     try:
-        live = retained_text_keys(stores_dir)
+        live = retained_text_keys(stores_dir, cache_dir)
     except ValueError as exc:
         log.warning("%s", exc)
         live = None
@@ -531,8 +598,9 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
         if not build:
             raise
     store = passage_vector_store(cache_dir, model)
+    keys = corpus_text_keys(cache_dir, corpus_digest, passages)                   # (n, 16), hashed once a version
     workers = None if embed_missing is None else embed_missing(passage_texts(passages), store)
-    index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, store, progress)
+    index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, store, progress, keys)
     if workers is not None:
         info = {**info, "workers": workers, "embedded": info["embedded"] + int(workers.get("embedded_total", 0))}
     if cfg.layout == MAPPED_LAYOUT:
@@ -542,7 +610,7 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
         index = open_embedding_index(root, corpus_digest, version)
     else:
         path = publish_embedding_index(root, index, {"batch_size": cfg.batch_size})
-    compaction = prune_vector_store(store, stores_dir, cfg.max_dead_share, text_keys(passage_texts(passages)))
+    compaction = prune_vector_store(store, stores_dir, cache_dir, cfg.max_dead_share, keys)
     return index, {"cache_hit": False, "model_version": version, "store": str(root), "version": path.name, **info,
                    "vectors_pruned": compaction.dead if compaction.rewritten else 0, "compaction": compaction.as_dict()}
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from funnelrag.progress import Progress
 from tasks.funnel.embeddings import TEXT_FORMAT, EmbeddingIndex, embed_texts, passage_text
-from tasks.funnel.vector_store import VectorStore, text_keys, vector_store_root
+from tasks.funnel.vector_store import KEY_BYTES, VectorStore, text_keys, vector_store_root
 
 
 def lazy_root(cache_dir: Path, version: str) -> Path:
@@ -44,7 +44,7 @@ class LazyEmbeddingIndex(EmbeddingIndex):
 
     @classmethod
     def open(cls, root: Path, passages: pa.Table, corpus_digest: str, version: str, dim: int,
-             max_length: int) -> "LazyEmbeddingIndex":
+             max_length: int, keys: np.ndarray | None = None) -> "LazyEmbeddingIndex":
         """A lazily filled index over ``passages``, its rows filled from the vector store at
         ``root`` (:func:`lazy_root`) wherever the store holds the passage's text.
 
@@ -54,6 +54,15 @@ class LazyEmbeddingIndex(EmbeddingIndex):
         passages : the corpus ``passages`` table.
         corpus_digest, version : the corpus content digest and model version (index meta).
         dim, max_length : the encoder's width and input length.
+        keys : uint8 ``(passages.num_rows, 16)``, optional
+            The passages' text keys in table order when the caller holds them
+            (:func:`tasks.funnel.embeddings.corpus_text_keys`: kept per corpus version, so a
+            version is hashed once whatever opens it); hashed here otherwise.
+
+        Raises
+        ------
+        ValueError
+            ``keys`` is not one key per passage.
         """
         meta = {"corpus_digest": corpus_digest, "model_version": version, "dim": int(dim),
                 "max_length": int(max_length), "text": TEXT_FORMAT, "passages": passages.num_rows}
@@ -61,8 +70,11 @@ class LazyEmbeddingIndex(EmbeddingIndex):
                     passages["cluster_id"].to_numpy(), np.zeros((passages.num_rows, int(dim)), np.float32), meta)
         index.store = VectorStore(root, int(dim))
         index._titles, index._texts = passages["title"], passages["text"]
-        index._keys = text_keys([passage_text(t, x) for t, x in zip(index._titles.to_pylist(),
-                                                                   index._texts.to_pylist())])   # (n, 16)
+        if keys is None:
+            keys = text_keys([passage_text(t, x) for t, x in zip(index._titles.to_pylist(), index._texts.to_pylist())])
+        if keys.shape != (passages.num_rows, KEY_BYTES):
+            raise ValueError(f"lazy embedding index: keys {keys.shape} for {passages.num_rows} passages")
+        index._keys = keys                                                        # (n, 16)
         got = index.store.lookup(index._keys)
         index.vectors[got.found] = got.vectors[got.found]
         index.filled = got.found

@@ -25,6 +25,11 @@ Pruning (:meth:`VectorStore.compact`): vectors of texts that no retained corpus 
 any more, and duplicates, are dropped by rewriting the store's segments as new ones (each
 written atomically) before the old ones are removed, so an interrupted compaction leaves every
 live vector in place (at worst twice, until the next compaction).
+
+The text keys of a published corpus version's passages are themselves kept, once per version
+(:func:`kept_text_keys`, ``home/cache/corpus-text-keys/<key[:32]>/keys.npy``, keyed by the
+version's content digest and the text format, verified on every read like a segment): pruning
+needs the keys of every retained version each night, and a kept version's passages never change.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -57,6 +62,8 @@ SEGMENT_ROWS = 1 << 18
 STORE_FORMAT = "1"
 KEYS_FILE, VECTORS_FILE = "keys.npy", "vectors.npy"
 COMPACT_LOCK = ".compact.lock"
+CORPUS_KEYS = "corpus-text-keys"
+"""The cache directory of the corpus versions' text keys (:func:`kept_text_keys`)."""
 
 
 def text_key(text: str) -> bytes:
@@ -78,6 +85,62 @@ def store_key(model_version: str, precision: str = "fp32") -> str:
 def vector_store_root(cache_dir: Path, model_version: str, precision: str = "fp32") -> Path:
     """``<cache>/embed-vectors/<store key[:32]>``."""
     return Path(cache_dir) / "embed-vectors" / store_key(model_version, precision)[:32]
+
+
+def corpus_keys_entry(cache_dir: Path, corpus_digest: str, text_format: str) -> Path:
+    """``<cache>/corpus-text-keys/<key[:32]>``: the cache entry of the text keys of one corpus
+    version's passages; key = sha256 of (store format, the text format the passages are keyed
+    as, e.g. ``"{title}. {text}"``, the version's content digest)."""
+    key = hashlib.sha256(f"format={STORE_FORMAT}\0text={text_format}\0corpus={corpus_digest}".encode()).hexdigest()
+    return Path(cache_dir) / CORPUS_KEYS / key[:32]
+
+
+def kept_text_keys(entry: Path, rows: int | None, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """The text keys of one corpus version's passages, read from the cache entry ``entry``
+    (:func:`corpus_keys_entry`) when it verifies, else ``compute()`` and written as that entry.
+
+    The entry (``keys.npy`` + the digest manifest, :func:`funnelrag.verify.record_digests`) is a
+    directory renamed into place whole; every read checks it
+    (:func:`funnelrag.verify.verified_entry`): other bytes, a truncation, a missing file, or keys
+    that are not ``(rows, 16)`` discard it (path logged at WARNING) and it is computed again.
+
+    Parameters
+    ----------
+    entry : the version's entry directory.
+    rows : the version's passage count when known (an entry of another length is not used); None:
+        not checked.
+    compute : ``compute() -> uint8 (n, 16)``, the keys in passage order (:func:`text_keys`).
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 ``(n, 16)``, one key per passage, passage order.
+
+    Raises
+    ------
+    ValueError
+        ``compute`` gave an array that is not ``(rows, 16)`` uint8-compatible.
+    """
+    entry = Path(entry)
+    if verified_entry(entry):
+        try:
+            keys = np.load(entry / KEYS_FILE)
+        except FileNotFoundError:                             # removed meanwhile: computed below
+            keys = None
+        except (OSError, ValueError) as exc:                  # recorded so, but not an array: a writer's bug
+            discard_entry(entry, f"unreadable keys ({exc!r})")
+            keys = None
+        if keys is not None:
+            if keys.ndim == 2 and keys.shape[1] == KEY_BYTES and (rows is None or keys.shape[0] == rows):
+                return keys.astype(np.uint8, copy=False)
+            discard_entry(entry, f"keys {keys.shape}, not ({rows if rows is not None else 'n'}, {KEY_BYTES})")
+    keys = np.ascontiguousarray(compute(), dtype=np.uint8)
+    if keys.ndim != 2 or keys.shape[1] != KEY_BYTES or (rows is not None and keys.shape[0] != rows):
+        raise ValueError(f"text keys of {entry}: computed {keys.shape}, expected ({rows}, {KEY_BYTES})")
+    with atomic_directory(entry) as tmp:
+        np.save(tmp / KEYS_FILE, keys)
+        record_digests(tmp)
+    return keys
 
 
 @dataclass
