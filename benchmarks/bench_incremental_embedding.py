@@ -18,8 +18,14 @@ dump, night 2 applies one day of ~1% edits and new pages, both with ``corpus-bui
 did not hold (what step 2 would embed, since the store then holds exactly night 1's texts), so the
 share is measured at sizes whose full embedding does not fit the box.
 
+``--prune-only`` skips the embedding too and times ``embed-corpus``'s pruning step
+(:func:`tasks.funnel.embeddings.prune_vector_store`) over the home's two kept versions, with a
+vector store holding a random unit vector for every kept text: ``first`` with no version's text
+keys kept yet (every kept version's passages read and hashed, as every night did before the keys
+were kept), then ``later`` (what each later night costs: the kept keys read and verified).
+
 Run: ``python benchmarks/bench_incremental_embedding.py OUT_DIR [--pages 3000] [--seed 0]
-[--workers 2] [--threads 1] [--count-only] [--check-rows N] [--out results.json]``.
+[--workers 2] [--threads 1] [--count-only | --prune-only] [--check-rows N] [--out results.json]``.
 """
 from __future__ import annotations
 
@@ -86,10 +92,35 @@ def from_scratch(ws, version: str, threads: int, check_rows: int | None = None) 
             "max_abs_difference": float(np.abs(published.gather(rows) - fresh.vectors).max())}
 
 
+def prune_timing(ws, dim: int = 384, repeats: int = 3) -> dict:
+    """Seconds of the pruning step over the home's kept corpus versions: the first run (no text
+    keys kept: every kept version read and hashed) and the best of ``repeats`` later runs (the
+    kept keys read), in a scratch keys cache under ``ws.cache_dir``; a store of random unit
+    vectors, one per kept text (nothing dead, so nothing is rewritten)."""
+    import shutil
+
+    from tasks.funnel.embeddings import prune_vector_store, retained_text_keys
+    from tasks.funnel.vector_store import VectorStore
+
+    stores, scratch = ws.home / "stores", ws.cache_dir / "bench-prune"
+    shutil.rmtree(scratch, ignore_errors=True)
+    live = retained_text_keys(stores, scratch / "fill")
+    vectors = np.random.default_rng(0).standard_normal((live.shape[0], dim)).astype(np.float32)
+    store = VectorStore(scratch / "store", dim)
+    store.add(live, vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+    first = prune_vector_store(store, stores, scratch / "keys", 0.2)
+    later = [prune_vector_store(store, stores, scratch / "keys", 0.2) for _ in range(repeats)]
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"kept_texts": int(live.shape[0]), "rewritten": first.rewritten, "first_seconds": first.seconds,
+            "later_seconds": min(r.seconds for r in later)}
+
+
 def main() -> None:
     ap = night_arguments(__doc__)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every embedding")
     ap.add_argument("--count-only", action="store_true", help="count the texts to embed; embed nothing")
+    ap.add_argument("--prune-only", action="store_true", help="time the pruning step over the kept versions; "
+                    "embed nothing")
     ap.add_argument("--check-rows", type=int, help="compare this many random rows with a from-scratch embedding "
                     "(default: every row)")
     args = ap.parse_args()
@@ -114,7 +145,9 @@ def main() -> None:
     versions = corpus_store(ws, WIKI).versions_dir
     counts = new_texts(versions / first["version"], versions / second["version"])
     report("count", {**counts, "share": counts["new_texts"] / counts["passages"]})
-    if args.count_only:
+    if args.prune_only:
+        report("prune", prune_timing(ws))
+    if args.count_only or args.prune_only:
         return
     # night 1's version embedded after night 2 was built: the store then holds what it would have
     # held had it run between the nights (night 1's vectors; nothing is pruned while both are kept)
