@@ -77,9 +77,9 @@ def embed_task(cfg: EmbedConfig, ws, corpus, model, tok) -> dict:
     launch_cfg = cfg.training.launch
     workers = None
     if launch_cfg.kind == "accelerate":
-        def workers(texts, store):
+        def workers(texts, keys, store):
             return embed_with_workers(texts, model, tok, store, cfg.embedding, ws.cache_dir / "embed-launch",
-                                      launch_cfg, logger=logger)
+                                      launch_cfg, keys=keys, logger=logger)
     _, info = ensure_embedding_index(ws.home / "stores", ws.cache_dir, cfg.corpus, corpus_digest(corpus),
                                      corpus.passages, model, tok, cfg.embedding, progress=progress,
                                      embed_missing=workers)

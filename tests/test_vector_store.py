@@ -496,13 +496,19 @@ def test_two_worker_processes_embed_shards_that_join_to_the_single_process_index
     store = passage_vector_store(tmp_path / "cache", model)
     launch_cfg = LaunchConfig(kind="accelerate", config="infra/accelerate/cpu_2proc.yaml", num_processes=2, cpu=True,
                               timeout_s=600)
-    res = embed_with_workers(passage_texts(oracle_passages), model, tok, store, cfg, tmp_path / "launch", launch_cfg)
-    assert res["world_size"] == 2 and res["embedded_total"] == 60 and res["embedded"] == 30   # rank 0's half
-    assert len(store.segments()) == 4                                     # two chunks of 20 + 10 from each rank
+    texts = passage_texts(oracle_passages)
+    build_embedding_index(oracle_passages.slice(10, 20), model, tok, "d", cfg, store)   # an earlier night held 20
+    res = embed_with_workers(texts, model, tok, store, cfg, tmp_path / "launch", launch_cfg, keys=text_keys(texts))
+    assert res["world_size"] == 2 and res["embedded_total"] == 40 and res["embedded"] == 20   # rank 0's half
+    with pa.memory_map(str(tmp_path / "launch" / "texts.arrow")) as source:                  # only what was missing
+        assert pa.ipc.open_file(source).read_all()["text"].to_pylist() == texts[:10] + texts[30:]
+    assert len(store.segments()) == 3                                     # the earlier 20, one chunk of 20 a rank
     joined, info = build_embedding_index(oracle_passages, model, tok, "d", cfg, store)
     assert (info["embedded"], info["reused"]) == (0, 60)
     single, _ = build_embedding_index(oracle_passages, model, tok, "d", cfg, None)
     assert float(np.abs(joined.vectors - single.vectors).max()) <= 1e-6
+    assert embed_with_workers(texts, model, tok, store, cfg, tmp_path / "launch", launch_cfg) == {
+        "embedded_total": 0, "world_size": 0}                             # nothing missing: no launch
 
 
 @pytest.mark.slow  # two nightly builds of a 40-page mirror, MiniLM over ~1,000 passages (4–11 min beside other jobs)

@@ -9,7 +9,8 @@ the index from the store (the join: every vector found, nothing embedded).
 
 Spec keys (written by :func:`embed_with_workers`): ``preranker_dir`` (a saved pre-ranker,
 :func:`models.preranker.save_preranker`), ``texts_path`` (an Arrow IPC file, one ``text``
-column: the passages as embedded), ``store_root``, ``embedding`` (the
+column: the distinct passage texts, as embedded, that the store lacked when the launch was
+prepared, corpus order of first use), ``store_root``, ``embedding`` (the
 :class:`tasks.funnel.embeddings.EmbeddingConfig` as JSON), ``cpu``.
 """
 from __future__ import annotations
@@ -54,12 +55,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def embed_with_workers(texts: Sequence[str], model, tokenizer, store, cfg, work_dir: Path,
-                       launch_cfg: L.LaunchConfig, *, logger=None) -> dict[str, Any]:
+                       launch_cfg: L.LaunchConfig, *, keys: np.ndarray | None = None, logger=None) -> dict[str, Any]:
     """Flow side: embed the passages ``store`` (:class:`tasks.funnel.vector_store.VectorStore`)
-    lacks on the ranks of one ``accelerate launch`` (the pre-ranker saved and the texts written
-    under ``work_dir`` first), then re-read the store. Returns the main rank's figures plus
-    ``embedded_total`` (distinct texts the workers embedded together). The caller then builds
-    the index from the store (the join).
+    lacks on the ranks of one ``accelerate launch`` (the pre-ranker saved and only the missing
+    texts written under ``work_dir`` first, so a night's ranks read and hash its new texts, not
+    the corpus), then re-read the store. ``keys``: uint8 ``(len(texts), 16)``, the texts' keys
+    when the caller holds them (:func:`tasks.funnel.embeddings.corpus_text_keys`); hashed here
+    otherwise. Returns the main rank's figures plus ``embedded_total`` (distinct texts the
+    workers embedded together). The caller then builds the index from the store (the join).
 
     Raises
     ------
@@ -70,13 +73,16 @@ def embed_with_workers(texts: Sequence[str], model, tokenizer, store, cfg, work_
 
     from tasks.funnel.vector_store import text_keys  # noqa: PLC0415  (heavy: numpy store, only when a launch is prepared)
 
-    missing = int((~store.lookup(np.unique(text_keys(texts), axis=0)).found).sum())
+    keys = text_keys(texts) if keys is None else keys                              # (n, 16)
+    ukeys, first = np.unique(keys, axis=0, return_index=True)
+    todo = np.sort(first[~store.lookup(ukeys).found])                              # corpus order of first use
+    missing = int(todo.size)
     if not missing:
         return {"embedded_total": 0, "world_size": 0}
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     save_preranker(model, tokenizer, work_dir / "preranker")
-    table = pa.table({"text": pa.array(list(texts), pa.large_string())})
+    table = pa.table({"text": pa.array([texts[int(i)] for i in todo], pa.large_string())})
     with pa.OSFile(str(work_dir / TEXTS_FILE), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     cpu = L.resolve_processes(launch_cfg)[1]

@@ -555,7 +555,7 @@ def find_embedding_index(stores_dir: Path, corpus: str, corpus_digest: str, mode
 def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpus_digest: str, passages: pa.Table,
                            model, tokenizer, cfg: EmbeddingConfig = EmbeddingConfig(), build: bool = True,
                            progress: Callable[[int, int], None] | None = None,
-                           embed_missing: Callable[[list[str], VectorStore], dict] | None = None,
+                           embed_missing: Callable[[list[str], np.ndarray, VectorStore], dict] | None = None,
                            ) -> tuple[EmbeddingIndex, dict]:
     """The published index of (corpus digest, model version), embedding and publishing it first
     when there is none (the stage the ``embed-corpus`` flow and the nightly build run).
@@ -567,7 +567,8 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
     corpus_digest, passages : the published corpus version's content digest and passages.
     model, tokenizer : the bi-encoder pre-ranker.
     build : False: never embed (raise instead when no matching index is published).
-    embed_missing : ``embed_missing(texts, store) -> figures``, called before the index is built
+    embed_missing : ``embed_missing(texts, keys, store) -> figures`` (``keys``: the texts' keys,
+        :func:`corpus_text_keys`), called before the index is built
         when one must be: fills ``store`` with the vectors it lacks elsewhere (the ``embed-corpus``
         flow's data-parallel workers, :func:`flows.launched.embed.embed_with_workers`); the index
         step then joins what the workers wrote. Its figures go to ``info["workers"]``.
@@ -599,7 +600,7 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
             raise
     store = passage_vector_store(cache_dir, model)
     keys = corpus_text_keys(cache_dir, corpus_digest, passages)                   # (n, 16), hashed once a version
-    workers = None if embed_missing is None else embed_missing(passage_texts(passages), store)
+    workers = None if embed_missing is None else embed_missing(passage_texts(passages), keys, store)
     index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, store, progress, keys)
     if workers is not None:
         info = {**info, "workers": workers, "embedded": info["embedded"] + int(workers.get("embedded_total", 0))}
