@@ -419,8 +419,10 @@ def retained_text_keys(stores_dir: Path, cache_dir: Path) -> np.ndarray | None:
     Returns
     -------
     numpy.ndarray or None
-        uint8 ``(n, 16)``, distinct keys; None when the home keeps no corpus version at all
-        (then nothing tells what is live).
+        uint8 ``(n, 16)``, one key per kept passage, version after version (a text several
+        versions or passages share is repeated: the compaction's join on sorted keys takes them
+        as they are, and ``np.unique(axis=0)`` over them cost more than reading them); None when
+        the home keeps no corpus version at all (then nothing tells what is live).
 
     Raises
     ------
@@ -457,7 +459,7 @@ def retained_text_keys(stores_dir: Path, cache_dir: Path) -> np.ndarray | None:
             trash = keys_root / temp_name(f"removed.{entry.name}")
             os.replace(entry, trash)
             shutil.rmtree(trash, ignore_errors=True)
-    return np.unique(np.concatenate(parts), axis=0)
+    return np.concatenate(parts)
 
 
 def prune_vector_store(store: VectorStore, stores_dir: Path, cache_dir: Path, max_dead_share: float,
