@@ -100,11 +100,11 @@ def prune_timing(ws, dim: int = 384, repeats: int = 3) -> dict:
     import shutil
 
     from tasks.funnel.embeddings import prune_vector_store, retained_text_keys
-    from tasks.funnel.vector_store import VectorStore
+    from tasks.funnel.vector_store import VectorStore, distinct_keys
 
     stores, scratch = ws.home / "stores", ws.cache_dir / "bench-prune"
     shutil.rmtree(scratch, ignore_errors=True)
-    live = retained_text_keys(stores, scratch / "fill")
+    live = distinct_keys(retained_text_keys(stores, scratch / "fill"))[0]
     vectors = np.random.default_rng(0).standard_normal((live.shape[0], dim)).astype(np.float32)
     store = VectorStore(scratch / "store", dim)
     store.add(live, vectors / np.linalg.norm(vectors, axis=1, keepdims=True))

@@ -210,6 +210,18 @@ def test_an_unreadable_kept_version_prunes_nothing(tmp_path, caplog):
     assert str(version) in caplog.text and "not pruned" in caplog.text
 
 
+def test_distinct_keys_partition_the_rows_as_numpy_unique():
+    keys = text_keys([f"t{i % 37}" for i in range(200)] + ["", "t1"])
+    distinct, first, inverse = vector_store.distinct_keys(keys)
+    plain, plain_first, plain_inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    np.testing.assert_array_equal(distinct[inverse], keys)
+    np.testing.assert_array_equal(np.sort(first), np.sort(plain_first))              # each key's first row
+    np.testing.assert_array_equal(first[inverse], plain_first[plain_inverse.reshape(-1)])
+    assert distinct.shape == plain.shape == (38, 16)
+    empty = vector_store.distinct_keys(keys[:0])
+    assert [a.shape for a in empty] == [(0, 16), (0,), (0,)]
+
+
 @pytest.fixture
 def hashed(monkeypatch):
     """Counts the texts hashed into text keys (every key goes through ``vector_store.text_key``)."""

@@ -71,10 +71,10 @@ def embed_with_workers(texts: Sequence[str], model, tokenizer, store, cfg, work_
     """
     from models.preranker import save_preranker  # noqa: PLC0415  (heavy: torch, only when a launch is prepared)
 
-    from tasks.funnel.vector_store import text_keys  # noqa: PLC0415  (heavy: numpy store, only when a launch is prepared)
+    from tasks.funnel.vector_store import distinct_keys, text_keys  # noqa: PLC0415  (heavy: numpy store, only when a launch is prepared)
 
     keys = text_keys(texts) if keys is None else keys                              # (n, 16)
-    ukeys, first = np.unique(keys, axis=0, return_index=True)
+    ukeys, first, _ = distinct_keys(keys)
     todo = np.sort(first[~store.lookup(ukeys).found])                              # corpus order of first use
     missing = int(todo.size)
     if not missing:

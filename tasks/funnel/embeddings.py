@@ -57,6 +57,7 @@ from tasks.funnel.vector_store import (
     Compaction,
     VectorStore,
     corpus_keys_entry,
+    distinct_keys,
     kept_text_keys,
     text_keys,
     vector_store_root,
@@ -209,8 +210,7 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
     keys = text_keys(texts) if keys is None else keys                             # (n, 16)
     if keys.shape != (len(texts), KEY_BYTES):
         raise ValueError(f"embed_passages: keys {keys.shape} for {len(texts)} texts")
-    ukeys, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    ukeys, first, inverse = distinct_keys(keys)
     if store is None:
         found, uvec = np.zeros(len(ukeys), bool), np.zeros((len(ukeys), dim), np.float32)
     else:

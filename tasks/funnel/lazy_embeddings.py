@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from funnelrag.progress import Progress
 from tasks.funnel.embeddings import TEXT_FORMAT, EmbeddingIndex, embed_texts, passage_text
-from tasks.funnel.vector_store import KEY_BYTES, VectorStore, text_keys, vector_store_root
+from tasks.funnel.vector_store import KEY_BYTES, VectorStore, distinct_keys, text_keys, vector_store_root
 
 
 def lazy_root(cache_dir: Path, version: str) -> Path:
@@ -104,13 +104,13 @@ class LazyEmbeddingIndex(EmbeddingIndex):
         missing = missing[~got.found]
         if not missing.size:
             return 0
-        ukeys, first, inverse = np.unique(self._keys[missing], axis=0, return_index=True, return_inverse=True)
+        ukeys, first, inverse = distinct_keys(self._keys[missing])
         take = pa.array(missing[first])
         texts = [passage_text(t, x) for t, x in zip(self._titles.take(take).to_pylist(),
                                                    self._texts.take(take).to_pylist())]
         with Progress("embed passages (lazily filled index)", total=len(texts), unit="passages") as bar:
             emb = embed_texts(model, tokenizer, texts, batch_size, bar)           # (n_texts, dim)
         self.store.add(ukeys, emb)
-        self.vectors[missing] = emb[inverse.reshape(-1)]
+        self.vectors[missing] = emb[inverse]
         self.filled[missing] = True
         return int(len(texts))
