@@ -239,3 +239,27 @@ def test_stored_vectors_rank_as_on_the_fly_and_embed_flow_reuses_them(evaluated)
     out = embed_flow(EmbedConfig.model_validate({"workspace": evaluated["cfg"].workspace.model_dump(),
                                                  "corpus": "oracle-mini", "torch_threads": 1}))
     assert out["cache_hit"] is True and out["model_version"] == emb["model_version"] and out["version"] == emb["version"]
+
+
+def test_the_lazily_filled_index_reads_the_corpus_versions_kept_text_keys(evaluated, monkeypatch):
+    """``embeddings: lazy`` for a model version with no published index: the evaluation opens the
+    lazily filled index over the text keys the version's first embedding kept, hashing no passage."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from flows.evaluate import embeddings_task  # noqa: PLC0415
+    from models.preranker import PreRankerConfig, build_preranker  # noqa: PLC0415
+    from tasks.funnel import vector_store  # noqa: PLC0415
+    from tasks.funnel.embeddings import passage_texts  # noqa: PLC0415
+    from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex  # noqa: PLC0415
+
+    model, tok = build_preranker(PreRankerConfig(kind="bi", max_length=128))   # another model version than minilm's 256
+    hashed = []
+    plain = vector_store.text_key
+    monkeypatch.setattr(vector_store, "text_key", lambda text: hashed.append(text) or plain(text))
+    cfg = evaluated["cfg"].model_copy(update={"embeddings": "lazy"})
+    corpus = evaluated["corpus"]
+    index, info = embeddings_task.fn(cfg, Workspace(evaluated["home"]), corpus, SimpleNamespace(model=model, tokenizer=tok))
+    assert isinstance(index, LazyEmbeddingIndex) and info["lazy"] and info["filled_before"] == 0
+    assert hashed == []                                                   # the kept keys, not the passages again
+    monkeypatch.undo()
+    np.testing.assert_array_equal(index._keys, vector_store.text_keys(passage_texts(corpus.passages)))
