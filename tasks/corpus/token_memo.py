@@ -33,7 +33,7 @@ PART_KEYS = "memo_keys.npy"
 PART_OFFSETS = "memo_piece_offsets.npy"
 
 
-TOKEN_MEMO_VERSION = "1"
+TOKEN_MEMO_VERSION = "2"   # 2: written whole each build (one data file); an extended memo of 1 is never read
 
 PIECES_JOIN = "\n\n"
 """What joins a text's pieces (a cluster's members). Tokenizing pieces one by one equals tokenizing
