@@ -71,16 +71,6 @@ def record_digests(directory: Path | str, known: Mapping[str, str] | None = None
     return {name: info["sha256"] for name, info in files.items()}
 
 
-def recorded_digests(directory: Path | str) -> dict[str, str]:
-    """``{relative name: sha256}`` of the entry's manifest (``{}`` when it has none or it is
-    unreadable), e.g. to pass as ``known`` for files hard-linked from it into a new entry."""
-    try:
-        body = json.loads((Path(directory) / DIGESTS_FILE).read_text())
-        return {name: info["sha256"] for name, info in body["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
 def entry_problem(directory: Path | str) -> str | None:
     """Why the entry ``directory`` cannot be trusted, or ``None`` when every file it recorded is
     there with its recorded size and sha256 and it holds no other file.

@@ -18,29 +18,40 @@ def test_parts_make_a_memo_that_finds_each_page_once(tmp_path):
     assert memo.get(page_key("never seen")) is None
     assert memo.get((a[0], a[1] ^ 1)) is None   # same high word, another low word
     assert PageMemo.open(tmp_path / "absent") is None and PageMemo.open(None) is None
-    # the rows stay in part order (the texts are not sorted); the index is sorted by key, each key once
+    # the rows stay in part order (the texts are not sorted); the keys are sorted, each key once
     assert memo.table.column("text").to_pylist() == ["Alpha is Beta.", "short", "Beta text", "Alpha is Beta."]
-    keys = list(zip(memo.hi.tolist(), memo.lo.tolist()))
-    assert keys == sorted({a, b, c}) and memo.rows.tolist()[keys.index(a)] == 0
+    keys = [tuple(k) for k in memo.memo.keys.tolist()]
+    assert keys == sorted({a, b, c}) and memo.memo.take("page", [keys.index(a)])[1].tolist() == [0]
 
 
-def test_a_memo_written_before_the_index_still_finds_its_pages(tmp_path):
-    """The earlier layout: rows sorted by key, no keys.npy (a home upgraded between two nights)."""
+def test_a_memo_of_the_earlier_layout_is_never_read_and_retention_sweeps_it(tmp_path):
+    """The first build after the upgrade cleans every page (the earlier layout, one ``pages.arrow``
+    and a ``(n, 3)`` index, sits under another name); unused, retention removes it."""
+    import os
+    import time
+
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
 
-    from tasks.corpus.ingest import page_memo as PM
+    from funnelrag.content_store import settings_dir
+    from funnelrag.store import cache_entries, entry_marker, prune_cache
+    from funnelrag.verify import record_digests
 
-    keys = sorted([page_key("x"), page_key("y"), page_key("z")])
-    write_part(tmp_path / "p1.arrow", [(k, f"text {i}", None, [i, 0, 0]) for i, k in enumerate(keys)])
-    (tmp_path / "old").mkdir()
-    table = ipc.open_file(pa.memory_map(str(tmp_path / "p1.arrow"))).read_all()
-    with ipc.new_file(str(tmp_path / "old" / PM.MEMO_FILE), table.schema) as writer:
-        writer.write_table(table)
-    memo = PageMemo.open(tmp_path / "old")
-    assert [memo.get(k)[0] for k in keys] == ["text 0", "text 1", "text 2"]
-    assert memo.get(page_key("w")) is None and np.array_equal(memo.rows, np.arange(3))
+    cfg, namespaces = IngestConfig(format="mediawiki"), frozenset({"file"})
+    pieces = tmp_path / "ingest-pieces"                                       # the piece cache, as in a home
+    old = settings_dir(pieces, "page-memo", "1", cfg, sorted(namespaces))    # the layout before the content store
+    old.mkdir(parents=True)
+    write_part(old / "pages.arrow", [(page_key("x"), "text", None, [0, 0, 0])])
+    np.save(old / "keys.npy", np.array([[*page_key("x"), 0]], np.uint64))
+    record_digests(old)
+    new = memo_dir(pieces, cfg, namespaces)
+    assert new != old and PageMemo.open(new) is None and PageMemo.open(old) is None
+    write_part(tmp_path / "p.arrow", [(page_key("x"), "text", None, [0, 0, 0])])
+    PageMemo.write(new, [tmp_path / "p.arrow"])
+    week_ago = time.time() - 7 * 86400
+    os.utime(entry_marker(old), (week_ago, week_ago))   # no build used it since the upgrade
+    assert set(cache_entries(tmp_path)) == {old, new}
+    assert prune_cache(tmp_path, 3 * 86400).removed == [old.relative_to(tmp_path).as_posix()]
+    assert not old.exists() and PageMemo.open(new).get(page_key("x"))[0] == "text"
 
 
 def test_the_memo_directory_depends_on_settings_and_namespaces(tmp_path):
@@ -74,8 +85,7 @@ def test_the_memo_links_its_parts_and_outlives_them(tmp_path):
     memo = PageMemo.open(tmp_path / "memo")
     assert memo.get(edited) == ("new text", ["B"], [1, 0, 0]) and memo.get(b) == ("b text", [], [0, 0, 0])
     assert memo.get(a) == ("old text", None, [0, 0, 0])   # the base row of a revised page: space only
-    assert not (tmp_path / "memo" / PM.MEMO_FILE).exists()
-    parts[1].unlink()   # a part removed by hand: the index names rows no part holds
+    parts[1].unlink()   # a part removed by hand: the keys name rows no part holds
     with pytest.raises(FileNotFoundError, match="its parts hold 2 rows"):
         PageMemo.open(tmp_path / "memo")
     assert PageMemo.write(tmp_path / "empty", []) == 0 and PageMemo.open(tmp_path / "empty").get(a) is None

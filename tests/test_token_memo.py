@@ -87,54 +87,27 @@ def test_memo_token_ids_equal_tokenize_ids_with_and_without_a_memo(nights, tmp_p
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["stemmed", "raw"])
-def test_an_extended_token_memo_gives_the_ids_of_a_rewritten_one(nights, tmp_path, cfg):
-    """Night 1 writes the memo; night 2 (every 7th text edited) extends it with the edited texts
-    (the old ids linked, new terms at the end of its vocabulary); a memo written whole from
-    night 2's texts, and no memo at all, give the same ids on night 3 (more edits)."""
+def test_a_token_memo_holds_each_nights_texts_and_gives_the_ids_of_no_memo(nights, tmp_path, cfg):
+    """Night 1 writes the memo; night 2 (every 7th text edited), in two shards saved as parts,
+    replaces it with exactly its texts (the edited texts' old versions are gone, the vocabulary
+    is the sorted union of the parts'); on night 3 (more edits) it gives the ids of no memo."""
     base, edited, edited_ids = nights
     old, new = _pieces(base), _pieces(edited)
     third = [t + " Zebrafication resumed." if i % 5 == 0 else t for i, t in enumerate(new)]
-    write_token_memo(tmp_path / "ext", [memo_token_ids(old, cfg, None, [])])
-    first_terms = open_token_memo(tmp_path / "ext")[1]
-    tonight = memo_token_ids(new, cfg, *open_token_memo(tmp_path / "ext"))
-    assert write_token_memo(tmp_path / "ext", [tonight]) == len(set(old) | set(new))      # extended: old rows kept
-    other = memo_token_ids(new, cfg, None, [])              # rows of no memo: the write looks them up itself
-    assert other.memo_rows is None and tonight.memo_rows is not None
-    assert (tmp_path / "ext" / "terms.data.1.npy").exists()
-    terms = open_token_memo(tmp_path / "ext")[1]
-    assert terms[:len(first_terms)] == first_terms and len(terms) > len(first_terms)   # new terms at the end
-    write_token_memo(tmp_path / "whole", [memo_token_ids(new, cfg, None, [])])
-    reference = TokenIds.from_tokenized(tokenize_ids(third, cfg, _stemmer(cfg.stemmer)))
-    for memo_dir in ("ext", "whole"):
-        got = memo_token_ids(third, cfg, *open_token_memo(tmp_path / memo_dir))
-        assert got.reused == sum(1 for i in range(len(third)) if i % 5) and _same(got.tokens, reference), memo_dir
-    # night 3 in shards saved to parts, with a bound on dead rows that forces a rewrite
+    write_token_memo(tmp_path / "memo", [memo_token_ids(old, cfg, None, [])])
     parts = []
-    for k, (a, b) in enumerate([(0, 40), (40, len(third))]):
+    for k, (a, b) in enumerate([(0, 40), (40, len(new))]):
         (tmp_path / f"part{k}").mkdir()
-        memo_token_ids(third[a:b], cfg, *open_token_memo(tmp_path / "ext")).save(tmp_path / f"part{k}")
+        found = memo_token_ids(new[a:b], cfg, *open_token_memo(tmp_path / "memo"))
+        assert found.reused == sum(1 for i in range(a, b) if i not in edited_ids)
+        found.save(tmp_path / f"part{k}")
         parts.append(tmp_path / f"part{k}")
-    assert write_token_memo(tmp_path / "ext", parts, max_dead=0.0) == len(set(third))   # rewritten: only tonight's
-    assert not (tmp_path / "ext" / "terms.data.1.npy").exists()
-    assert open_token_memo(tmp_path / "ext")[1] == sorted(open_token_memo(tmp_path / "ext")[1])
-    got = memo_token_ids(third, cfg, *open_token_memo(tmp_path / "ext"))
-    assert got.reused == len(third) and _same(got.tokens, reference)
-
-
-def test_memo_rows_of_another_memo_are_looked_up_again(nights, tmp_path):
-    """Pieces looked up in memo ``a`` and written into memo ``b``: their rows in ``a`` are not
-    taken for rows of ``b``; ``b`` ends up holding every piece, with the ids of a fresh tokenization."""
-    base, edited, _ = nights
-    old, new, cfg = _pieces(base), _pieces(edited), BM25Config()
-    write_token_memo(tmp_path / "a", [memo_token_ids(old[:50], cfg, None, [])])
-    write_token_memo(tmp_path / "b", [memo_token_ids(old[50:], cfg, None, [])])
-    found = memo_token_ids(new, cfg, *open_token_memo(tmp_path / "a"))
-    assert found.reused > 0
-    write_token_memo(tmp_path / "b", [found], max_dead=1.0)   # extended whatever goes stale
-    memo_b, terms_b = open_token_memo(tmp_path / "b")
-    assert (memo_b.lookup(found.keys) >= 0).all() and memo_b.data_files == 2
-    again = memo_token_ids(new, cfg, memo_b, terms_b)
-    assert again.reused == len(new) and _same(again.tokens, TokenIds.from_tokenized(tokenize_ids(new, cfg, _stemmer(cfg.stemmer))))
+    assert write_token_memo(tmp_path / "memo", parts) == len(set(new))
+    memo, terms = open_token_memo(tmp_path / "memo")
+    assert terms == sorted(terms) and (memo.lookup(memo_token_ids([old[0]], cfg, None, []).keys) < 0).all()   # old[0] was edited
+    got = memo_token_ids(third, cfg, memo, terms)
+    assert got.reused == sum(1 for i in range(len(third)) if i % 5)
+    assert _same(got.tokens, TokenIds.from_tokenized(tokenize_ids(third, cfg, _stemmer(cfg.stemmer))))
 
 
 def _index_files(directory):

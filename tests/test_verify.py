@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from funnelrag.content_store import ContentMemo
 from funnelrag.store import StageCache
 from funnelrag.verify import DIGESTS_FILE, entry_problem, first_difference, record_digests, verified_entry
-from tasks.corpus.memo import DocumentMemo
 
 
 def _entry(root: Path) -> Path:
@@ -91,13 +91,15 @@ def test_a_stage_output_with_a_fault_is_rebuilt(tmp_path, fault, caplog):
     assert str(first.path) in caplog.text and entry_problem(again.path) is None
 
 
-def test_an_extended_memo_verifies_with_the_digests_it_took_over(tmp_path):
+def test_a_content_store_entry_records_its_arrays_and_the_files_beside_them(tmp_path):
     keys = np.array([[1, 1], [5, 5]], np.uint64)
-    DocumentMemo.write(tmp_path / "memo", keys, {"terms": (np.array([0, 2, 3]), np.array([7, 8, 9], np.int32))})
-    memo = DocumentMemo.open(tmp_path / "memo", ["terms"])
-    memo.extend(np.array([[3, 3]], np.uint64), {"terms": (np.array([0, 2]), np.array([4, 6], np.int32))})
+    ContentMemo.write(tmp_path / "memo", keys, {"terms": (np.array([0, 2, 3]), np.array([7, 8, 9], np.int32))},
+                      extra={"rows.arrow": lambda path: path.write_bytes(b"rows of the memo")})
     assert entry_problem(tmp_path / "memo") is None
-    assert len(json.loads((tmp_path / "memo" / DIGESTS_FILE).read_text())["files"]) == 5   # keys, COMPLETE, bounds, 2 data
+    assert sorted(json.loads((tmp_path / "memo" / DIGESTS_FILE).read_text())["files"]) == [
+        "COMPLETE", "keys.npy", "rows.arrow", "terms.bounds.npy", "terms.data.npy"]
+    _flip(tmp_path / "memo" / "rows.arrow")
+    assert "other bytes" in entry_problem(tmp_path / "memo")
 
 
 def test_first_difference_names_the_table_and_row(tmp_path):

@@ -9,7 +9,7 @@ documents, tokenizes their texts with :func:`tasks.corpus.index.tokenize_ids` an
 ids with the shard's own vocabulary (:class:`tasks.corpus.index.TokenIds`) in the work directory,
 keyed by the sha256 of the texts, so an unchanged shard is reused by the next build. A changed
 shard tokenizes only the members the last build did not see: each member's ``title\ntext`` takes
-its terms from the token memo (:mod:`tasks.corpus.token_memo`, extended or rewritten after each build).
+its terms from the token memo (:mod:`tasks.corpus.token_memo`, rewritten after each build).
 
 :func:`merge_vocabularies` gives the vocabulary the one-process tokenization of all texts gives:
 :func:`tasks.corpus.index.tokenize_ids` numbers stems in sorted order (the sorted union of the

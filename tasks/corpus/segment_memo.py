@@ -27,7 +27,7 @@ without the titles and the document part of their content ids:
   member's document id and title — the rows :func:`tasks.corpus.segment.segments_to_tables`
   makes for that cluster, byte for byte (tested).
 
-Layout: a :class:`tasks.corpus.memo.DocumentMemo` whose fields ``units`` and ``passages`` map each
+Layout: a :class:`tasks.corpus.memo.ContentMemo` whose fields ``units`` and ``passages`` map each
 key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped), and the
 document index: ``documents.keys.npy`` (sorted distinct text keys) and ``documents.rows.npy``
 (``[start, end)`` passage rows of each). Each
@@ -50,7 +50,8 @@ import pyarrow.ipc as ipc
 
 from data_contracts import corpus as C
 from data_contracts.base import names_disk_full, temp_name
-from tasks.corpus.memo import DocumentMemo, first_of_each_key, ranges_take, settings_dir, take_rows, take_texts
+from funnelrag.content_store import ContentMemo, first_of_each_key, ranges_take, settings_dir
+from tasks.corpus.memo import take_rows, take_texts
 from tasks.corpus.segment import (ClusterSegments, SegmentConfig, TokenCounter, cluster_windows, document_key,
                                   windows_in_member)
 
@@ -235,7 +236,7 @@ def label(units: pa.Table, passages: pa.Table, counts: np.ndarray, cluster_ids: 
 class SegmentMemo:
     """A segmentation memo opened for lookups (:meth:`open`)."""
 
-    def __init__(self, memo: DocumentMemo, units: pa.Table, passages: pa.Table, documents: DocumentMemo | None = None,
+    def __init__(self, memo: ContentMemo, units: pa.Table, passages: pa.Table, documents: ContentMemo | None = None,
                  document_rows: np.ndarray | None = None):
         self.memo, self.units, self.passages = memo, units, passages
         self.documents, self.document_rows = documents, document_rows
@@ -243,7 +244,7 @@ class SegmentMemo:
     @classmethod
     def open(cls, directory: Path | str | None) -> "SegmentMemo | None":
         """The memo in ``directory`` (arrays and tables memory-mapped), or ``None`` when there is none."""
-        memo = DocumentMemo.open(directory, FIELDS)
+        memo = ContentMemo.open(directory, FIELDS)
         if memo is None:
             return None
         tables = [ipc.open_file(pa.memory_map(str(Path(directory) / name))).read_all()
@@ -253,7 +254,7 @@ class SegmentMemo:
             rows = np.load(Path(directory) / DOCUMENT_ROWS_FILE, mmap_mode="r")
         except FileNotFoundError:   # no document index: clusters only
             return cls(memo, *tables)
-        return cls(memo, *tables, DocumentMemo(Path(directory), keys, {}), rows)
+        return cls(memo, *tables, ContentMemo(Path(directory), keys, {}), rows)
 
     def document_windows(self, text_keys: np.ndarray, n_windows: np.ndarray) -> list[list[str] | None]:
         """Each text's windows as the last build cut them (:func:`tasks.corpus.segment.article_windows`),
@@ -278,7 +279,7 @@ class SegmentMemo:
         return out
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Memo row of each cluster key (``-1``: not held), :meth:`tasks.corpus.memo.DocumentMemo.lookup`."""
+        """Memo row of each cluster key (``-1``: not held), :meth:`tasks.corpus.memo.ContentMemo.lookup`."""
         return self.memo.lookup(keys)
 
     def take(self, rows: np.ndarray) -> tuple[pa.Table, pa.Table, np.ndarray]:
@@ -447,7 +448,7 @@ class MemoWriter:
         move = lambda name: lambda path: os.replace(self._tmp[name], path)  # noqa: E731
         doc_keys, doc_rows = document_index(self._member_keys, self._member_ends)
         try:
-            return DocumentMemo.write(self.directory, keys_all, fields,
+            return ContentMemo.write(self.directory, keys_all, fields,
                                       extra={UNITS_FILE: move(UNITS_FILE), PASSAGES_FILE: move(PASSAGES_FILE),
                                              DOCUMENT_KEYS_FILE: lambda path: np.save(path, doc_keys),
                                              DOCUMENT_ROWS_FILE: lambda path: np.save(path, doc_rows)})

@@ -35,10 +35,11 @@ import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_write_bytes, link_or_copy, replace_file, sha256_file, temp_file_beside
 from data_contracts.corpus import CLUSTERS, PASSAGES
+from funnelrag.content_store import text_keys
 from funnelrag.store import mark_used
 from funnelrag.verify import DIGESTS_FILE, verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import keys_digest, text_keys
+from tasks.corpus.memo import keys_digest
 from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges
 

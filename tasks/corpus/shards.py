@@ -30,13 +30,14 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from data_contracts.base import atomic_write, move_into_place, names_disk_full, temp_name
+from funnelrag.content_store import ContentMemo, settings_dir
 from funnelrag.progress import Progress, progress
 from funnelrag.reaper import scratch_dir
 from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
 from tasks.corpus import segment_memo as SM
-from tasks.corpus.memo import DocumentMemo, Utf8Rows, arrow_text_keys, settings_dir, take_texts
-from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_cluster, segments_to_tables
+from tasks.corpus.memo import Utf8Rows, arrow_text_keys, take_texts
+from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -356,14 +357,14 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
     """Window token counts of documents ``[lo, hi)`` (a worker-process call).
 
     With ``memo_dir`` (:func:`tokens_memo_dir`, written by the previous build), a document whose
-    text the memo holds takes its counts from it (:class:`tasks.corpus.memo.DocumentMemo`, keyed
+    text the memo holds takes its counts from it (:class:`funnelrag.content_store.ContentMemo`, keyed
     by the BLAKE2b-128 of the text); only the others are tokenized.
 
     Returns ``(windows per doc (hi-lo,) int32, tokens per window int32, documents taken from the
     memo, text keys (hi-lo, 2) uint64)``."""
     texts = read_doc_range(Path(ingest_dir), lo, hi, ["doc_id", "text"]).column("text")
     keys = arrow_text_keys(texts)   # from the Arrow buffer: only the texts the memo lacks become str
-    memo = DocumentMemo.open(memo_dir, [TOKENS_MEMO_FIELD])
+    memo = ContentMemo.open(memo_dir, [TOKENS_MEMO_FIELD])
     rows = memo.lookup(keys) if memo is not None else np.full(len(texts), -1, np.int64)
     missing = np.flatnonzero(rows < 0)
     windows = np.zeros(len(texts), np.int32)
@@ -431,7 +432,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     text_keys = np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64)
     np.save(Path(out_dir) / TEXT_KEYS_FILE, np.ascontiguousarray(text_keys, np.uint64))
     if memo_dir is not None:
-        DocumentMemo.write(memo_dir, text_keys, {TOKENS_MEMO_FIELD: (offsets.astype(np.int64), n_tokens)})
+        ContentMemo.write(memo_dir, text_keys, {TOKENS_MEMO_FIELD: (offsets.astype(np.int64), n_tokens)})
     seconds = time.perf_counter() - t0
     return {"documents": n_docs, "windows": int(n_tokens.size), "tokens": int(n_tokens.sum()), "tokenizer": cfg.tokenizer,
             "shards": len(shards), "shards_reused": reused_shards, "shards_built": len(shards) - reused_shards,
@@ -550,7 +551,9 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
                   mirror: str | None, cache_dir: str, docs_dir: str | None = None,
                   memo: str | None = None) -> tuple[str, int, int, bool, int, int]:
     """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
-    cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them, written to
+    cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them (one path with
+    a memo or without: clusters cut by :func:`tasks.corpus.segment_memo.segment_unlabeled`, then
+    given tonight's ids by :func:`tasks.corpus.segment_memo.label`), written to
     ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.labelled.arrow`` (:func:`tasks.corpus.segment_memo.write_rows`).
 
     Returns ``(that directory, articles without words, clusters taken from the memo or the entry,
@@ -613,32 +616,22 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     texts = dict(zip(needed.tolist(), cut))
     texts.update(zip(uncut.tolist(), take_texts(docs.column("text"), uncut)))
     what = f"segment clusters {lo:,}-{hi - 1:,}"
-    part = None
-    if memo is None:
-        titles = dict(zip(needed.tolist(), take_texts(docs.column("title"), needed)))
-        segs = []
+
+    def clusters():   # the clusters cut tonight go straight to id-free rows, as the memo's are
         for s, e in progress(todo, what, unit="clusters"):
             rs = rows[s:e].tolist()
-            segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[r]), titles[r], texts[r]) for r in rs], cfg,
-                                        counter, [values[offsets[r]:offsets[r + 1]] for r in rs]))
-        units, passages = segments_to_tables(segs)
-    else:   # the clusters cut tonight go straight to id-free rows, as the memo's are
-        hit = found >= 0
-        def clusters():
-            for s, e in progress(todo, what, unit="clusters"):
-                rs = rows[s:e].tolist()
-                yield int(cids[s]), dids[s:e], [texts[r] for r in rs], [values[offsets[r]:offsets[r + 1]] for r in rs]
+            yield int(cids[s]), dids[s:e], [texts[r] for r in rs], [values[offsets[r]:offsets[r + 1]] for r in rs]
 
-        computed = SM.segment_unlabeled(clusters(), cfg, counter)
-        taken = kept.take(found[hit]) if kept is not None else SM.unlabel([], [])
-        part = SM.interleave(computed, taken, hit)
-        units, passages = SM.label(*part, cids[starts], starts, dids, docs.column("title").take(pa.array(rows)))
+    computed = SM.segment_unlabeled(clusters(), cfg, counter)
+    taken = kept.take(found[found >= 0]) if kept is not None else SM.unlabel([], [])
+    part = SM.interleave(computed, taken, found >= 0)
+    units, passages = SM.label(*part, cids[starts], starts, dids, docs.column("title").take(pa.array(rows)))
     n_empty = text_bytes.count_blank()
 
     def write(tmp: Path) -> None:
         SM.write_rows(tmp / SM.LABELLED_UNITS_FILE, units)
         SM.write_rows(tmp / SM.LABELLED_PASSAGES_FILE, passages)
-        if part is not None:
+        if memo is not None:
             SM.write_part(tmp, keys, *part, text_keys[rows], offsets[rows + 1] - offsets[rows])
         (tmp / "COMPLETE").write_text(f"{n_empty}\n")
     put_cached(cached, write)

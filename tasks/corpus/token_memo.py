@@ -3,7 +3,7 @@ tokenized (bm25s's split, stop words and stemmer, :func:`tasks.corpus.index.toke
 
 The BM25 indexes of the corpus build (clusters, passages) tokenize every text of the corpus; a
 nightly that edited 1% of the pages needs only 1% of that. A text's terms are kept in the memo
-(:class:`tasks.corpus.memo.DocumentMemo`, field ``terms``) as ids into the memo's own vocabulary
+(a :class:`funnelrag.content_store.ContentMemo`, field ``terms``) as ids into the memo's own vocabulary
 (``terms.parquet`` beside it); :func:`memo_token_ids` returns exactly what
 ``TokenIds.from_tokenized(tokenize_ids(texts, cfg, stem))`` returns (same ids, same vocabulary
 order: sorted stems with a stemmer, first occurrence without), tested on the enwiki sample.
@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from funnelrag.content_store import ContentMemo, settings_dir, text_keys
 from tasks.corpus.index import TOKEN_PATTERN, BM25Config, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import (MAX_DEAD, DocumentMemo, JoinedTexts, arrow_text_keys, copy_ranges, keep_extending, ranges_take,
-                               settings_dir, take_texts, text_keys)
+from tasks.corpus.memo import JoinedTexts, arrow_text_keys, copy_ranges, take_texts
 
 TERMS_FIELD = "terms"
 VOCAB_FILE = "terms.parquet"
@@ -33,7 +33,7 @@ PART_KEYS = "memo_keys.npy"
 PART_OFFSETS = "memo_piece_offsets.npy"
 
 
-TOKEN_MEMO_VERSION = "1"
+TOKEN_MEMO_VERSION = "2"   # 2: written whole each build (one data file); an extended memo of 1 is never read
 
 PIECES_JOIN = "\n\n"
 """What joins a text's pieces (a cluster's members). Tokenizing pieces one by one equals tokenizing
@@ -69,10 +69,10 @@ def token_memo_dir(root: Path, kind: str, cfg: BM25Config) -> Path:
     return settings_dir(root, f"bm25-memo-{kind}", TOKEN_MEMO_VERSION, cfg)
 
 
-def open_token_memo(directory: Path | str | None) -> tuple[DocumentMemo | None, list[str]]:
+def open_token_memo(directory: Path | str | None) -> tuple[ContentMemo | None, list[str]]:
     """The BM25 token memo in ``directory`` and its vocabulary (memo id → term), or ``(None, [])``
     when there is none."""
-    memo = DocumentMemo.open(directory, [TERMS_FIELD])
+    memo = ContentMemo.open(directory, [TERMS_FIELD])
     if memo is None or not (Path(directory) / VOCAB_FILE).exists():
         return None, []
     return memo, pq.read_table(Path(directory) / VOCAB_FILE).column("term").to_pylist()
@@ -86,16 +86,12 @@ class MemoTokens:
     keys : ``(n_pieces, 2)`` uint64 text keys of the pieces.
     piece_offsets : ``(n_pieces + 1,)`` int64 bounds of each piece's ids in ``tokens.ids``.
     reused : pieces whose terms came from the memo.
-    memo_rows : ``(n_pieces,)`` int64 row of each piece in the memo it was looked up in (-1: not
-        held), so that :func:`write_token_memo` does not look them up again; ``None`` when unknown
-        (not saved by :meth:`save`).
     """
 
     tokens: TokenIds
     keys: np.ndarray
     piece_offsets: np.ndarray
     reused: int
-    memo_rows: np.ndarray | None = None
 
     def save(self, directory: Path) -> None:
         """The token ids (:meth:`TokenIds.save`) plus the pieces' keys and bounds, the part of
@@ -121,7 +117,7 @@ IDS_CHUNK = 1 << 24
 """Ids renumbered per step (:func:`memo_token_ids`): a 64 MiB temporary, whatever the texts' total."""
 
 
-def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTexts, cfg: BM25Config, memo: DocumentMemo | None, memo_terms: Sequence[str],
+def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTexts, cfg: BM25Config, memo: ContentMemo | None, memo_terms: Sequence[str],
                    group_offsets: np.ndarray | None = None, keys: np.ndarray | None = None) -> MemoTokens:
     """Token ids of texts made of ``pieces``, taking each piece's terms from ``memo`` when it
     holds the piece's text.
@@ -216,30 +212,18 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
     lookup[used] = local
     for a in range(0, total, IDS_CHUNK):   # every id is checked above
         ids[a:a + IDS_CHUNK] = lookup[ids[a:a + IDS_CHUNK]]
-    return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size),
-                      rows if memo is not None else None)
+    return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size))
 
 
-def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens], max_dead: float = MAX_DEAD) -> int:
-    """Write the token memo in ``directory`` for the pieces of ``part_dirs`` (directories
+def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens]) -> int:
+    """Replace the token memo in ``directory`` with the pieces of ``part_dirs`` (directories
     :meth:`MemoTokens.save` wrote: this build's shards; or the :class:`MemoTokens` themselves),
-    atomically, so that it holds every piece of this build.
-
-    When ``directory`` holds a memo and extending it keeps at most ``max_dead`` of its rows
-    unasked-for (:func:`tasks.corpus.memo.keep_extending`), the memo is *extended* with the
-    pieces it lacks (:meth:`tasks.corpus.memo.DocumentMemo.extend`: its ids are hard-linked, the
-    new pieces' ids are one more file, their new terms go at the end of its vocabulary). Otherwise
-    it is rewritten with exactly these pieces, its vocabulary the sorted union of the parts'
-    terms. Either way :func:`memo_token_ids` gives the same ids from it (its result does not depend
-    on the memo's numbering). Returns the pieces the memo holds (a repeated text once)."""
+    atomically, so that it holds exactly this build's pieces (a repeated text once), its
+    vocabulary the sorted union of the parts' terms (:meth:`funnelrag.content_store.ContentMemo.write`).
+    :func:`memo_token_ids` gives the same ids from any memo (its result does not depend on the
+    memo's numbering). Returns the pieces the memo holds."""
     parts = [(d.keys, d.piece_offsets, d.tokens) if isinstance(d, MemoTokens) else
              (np.load(Path(d) / PART_KEYS), np.load(Path(d) / PART_OFFSETS), TokenIds.load(Path(d))) for d in part_dirs]
-    memo, memo_terms = open_token_memo(directory)
-    if memo is not None and parts:
-        known = [d.memo_rows if isinstance(d, MemoTokens) else None for d in part_dirs]
-        extended = _extend_token_memo(memo, memo_terms, parts, max_dead, known)
-        if extended is not None:
-            return extended
     vocab = sorted(set().union(*(p[2].terms for p in parts))) if parts else []
     rank = {t: i for i, t in enumerate(vocab)}
     keys = [p[0] for p in parts]
@@ -251,56 +235,6 @@ def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens], ma
     flat_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
     offsets = np.zeros(flat_lengths.size + 1, np.int64)
     np.cumsum(flat_lengths, out=offsets[1:])
-    directory = Path(directory)
-    n = DocumentMemo.write(directory, np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64),
-                           {TERMS_FIELD: (offsets, np.concatenate(ids) if ids else np.zeros(0, np.int32))},
-                           extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": pa.array(vocab, pa.string())}), path)})
-    return n
-
-
-def _extend_token_memo(memo: DocumentMemo, memo_terms: list[str], parts: list[tuple[np.ndarray, np.ndarray, TokenIds]],
-                       max_dead: float, known: Sequence[np.ndarray | None]) -> int | None:
-    """:func:`write_token_memo`'s extension of ``memo`` with the parts' pieces it lacks, or ``None``
-    (nothing written) when the memo would keep more than ``max_dead`` of rows unasked-for.
-    ``known``: each part's memo rows when :func:`memo_token_ids` looked them up in this memo."""
-    keys = np.concatenate([p[0] for p in parts]).reshape(-1, 2)
-    rows = np.concatenate([r if _rows_of(memo, p[0], r) else memo.lookup(p[0]) for p, r in zip(parts, known)]).astype(np.int64)
-    miss = np.flatnonzero(rows < 0)
-    new_keys = np.unique(keys[miss], axis=0) if miss.size else np.zeros((0, 2), np.uint64)
-    asked = np.zeros(len(memo), bool)
-    asked[rows[rows >= 0]] = True
-    live = int(np.count_nonzero(asked)) + new_keys.shape[0]
-    if not keep_extending(len(memo), new_keys.shape[0], live, max_dead, memo.data_files):
-        return None
-    if not miss.size:   # the memo holds every piece: nothing to write
-        return len(memo)
-    index = {t: i for i, t in enumerate(memo_terms)}
-    fresh = sorted({t for _, _, tokens in parts for t in tokens.terms if t not in index})
-    vocab = [*memo_terms, *fresh]
-    index.update((t, len(memo_terms) + j) for j, t in enumerate(fresh))
-    lengths, ids, first = [], [], 0
-    for part_keys, offsets, tokens in parts:
-        n = part_keys.shape[0]
-        at = miss[(miss >= first) & (miss < first + n)] - first
-        first += n
-        if not at.size:
-            continue
-        remap = np.fromiter((index[t] for t in tokens.terms), np.int32, count=len(tokens.terms))
-        got_lengths, got = ranges_take(offsets[at], offsets[at + 1], tokens.ids)
-        lengths.append(got_lengths)
-        ids.append(remap[got] if got.size else np.zeros(0, np.int32))
-    flat = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-    offsets = np.zeros(flat.size + 1, np.int64)
-    np.cumsum(flat, out=offsets[1:])
-    return memo.extend(keys[miss], {TERMS_FIELD: (offsets, np.concatenate(ids) if ids else np.zeros(0, np.int32))},
-                       extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": pa.array(vocab, pa.string())}), path)})
-
-
-def _rows_of(memo: DocumentMemo, keys: np.ndarray, rows: np.ndarray | None) -> bool:
-    """Whether ``rows`` are ``keys``' rows in ``memo``: every held row holds its key (a gather,
-    not a search). Rows found in another memo are looked up again."""
-    if rows is None or rows.shape[0] != keys.shape[0]:
-        return False
-    held = np.flatnonzero(rows >= 0)
-    return not held.size or (int(rows[held].max()) < len(memo)
-                             and np.array_equal(np.asarray(memo.keys)[rows[held]], np.asarray(keys, np.uint64).reshape(-1, 2)[held]))
+    return ContentMemo.write(Path(directory), np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64),
+                             {TERMS_FIELD: (offsets, np.concatenate(ids) if ids else np.zeros(0, np.int32))},
+                             extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": pa.array(vocab, pa.string())}), path)})

@@ -5,22 +5,22 @@ settings, whatever piece the page falls in.
 Cleaning wikitext and extracting links (:func:`tasks.corpus.ingest.wikitext.clean_wikitext`,
 :meth:`tasks.corpus.ingest.page_pass.PagePass._link_targets`) are most of a piece's CPU after the
 bz2 decompression; a nightly that edited ~1% of the pages finds every other page's wikitext
-unchanged. The memo is a directory of Arrow IPC files (``part-00000.arrow``, ...: the parts that made
-it, hard-linked, not copied; read memory-mapped and concatenated without a copy, so a lookup reads
-only the rows it hits), with columns ``hi``, ``lo`` (the digest's two words), ``text`` (the cleaned
-text), ``targets`` (the normalised, deduplicated article targets, null when the cleaned text was
-too short to keep) and ``delta`` (the page's increments of every
-:class:`tasks.corpus.ingest.config.LinkCounts` field), and its index ``keys.npy``: ``(n, 3)``
-uint64 rows ``(hi, lo, row)`` sorted by key, each key once (the first row that has it; ``row``
-counts through the parts in order). Each piece writes the rows of its pages as a part
-(:func:`write_part`); a piece patched from the base dump's kept piece contributes that piece's
-part as it is and a part of tonight's revisions only. After pass 1 the parts replace the memo
-(:meth:`PageMemo.write`, atomic), so it holds the last build's pages, and, until the next full
-dump, the base dump's rows of pages revised since (their old wikitext's key is never asked again;
-they cost only space). Writing a memo copies no text: at 200K pages it linked 0.66 GB that each
-build wrote again before. Earlier layouts are still read: one ``pages.arrow`` with ``keys.npy``,
-or one ``pages.arrow`` sorted by key without it. Its directory name carries the settings and
-namespaces the values depend on (:func:`memo_dir`). Nothing here imports Prefect.
+unchanged. The memo is an entry of the content store (:class:`funnelrag.content_store.ContentMemo`:
+sorted keys, field ``page`` the row of each key's page) with the rows in Arrow IPC files beside
+it (``part-00000.arrow``, ...: the parts that made it, hard-linked, not copied; read
+memory-mapped and concatenated without a copy, so a lookup reads only the rows it hits), columns
+``hi``, ``lo`` (the digest's two words), ``text`` (the cleaned text), ``targets`` (the
+normalised, deduplicated article targets, null when the cleaned text was too short to keep) and
+``delta`` (the page's increments of every :class:`tasks.corpus.ingest.config.LinkCounts` field).
+A repeated key points at its first row (rows count through the parts in order). Each piece
+writes the rows of its pages as a part (:func:`write_part`); a piece patched from the base dump's
+kept piece contributes that piece's part as it is and a part of tonight's revisions only. After
+pass 1 the parts replace the memo (:meth:`PageMemo.write`, atomic), so it holds the last build's
+pages, and, until the next full dump, the base dump's rows of pages revised since (their old
+wikitext's key is never asked again; they cost only space). Writing a memo copies no text: at
+200K pages it linked 0.66 GB that each build wrote again before. Its directory name carries the
+settings and namespaces the values depend on (:func:`memo_dir`); a memo of an earlier layout has
+another name, is never read, and is swept by retention. Nothing here imports Prefect.
 """
 from __future__ import annotations
 
@@ -31,14 +31,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from data_contracts.base import atomic_directory, link_or_copy
-from funnelrag.verify import record_digests
-from tasks.corpus.memo import first_of_each_key, settings_dir, text_key
+from data_contracts.base import link_or_copy
+from funnelrag.content_store import ContentMemo, settings_dir, text_key
 from tasks.corpus.ingest.config import IngestConfig
 
-PAGE_MEMO_VERSION = "1"
-MEMO_FILE = "pages.arrow"   # the earlier layout: one file
-INDEX_FILE = "keys.npy"
+PAGE_MEMO_VERSION = "2"   # 2: a content-store entry (keys and rows as every memo's), parts beside it
+PAGE_FIELD = "page"
 PART_GLOB = "part-*.arrow"
 _SCHEMA = pa.schema([pa.field("hi", pa.uint64(), nullable=False), pa.field("lo", pa.uint64(), nullable=False),
                      pa.field("text", pa.large_string(), nullable=False), pa.field("targets", pa.list_(pa.string())),
@@ -51,70 +49,55 @@ def memo_dir(root: Path, cfg: IngestConfig, namespaces: frozenset[str]) -> Path:
 
 
 page_key = text_key
-"""The key of a page's wikitext (:func:`tasks.corpus.memo.text_key`)."""
+"""The key of a page's wikitext (:func:`funnelrag.content_store.text_key`)."""
 
 
 class PageMemo:
-    """A page memo opened for lookups (:meth:`open`)."""
+    """A page memo opened for lookups (:meth:`open`): ``memo`` its keys, ``table`` its rows."""
 
-    def __init__(self, table: pa.Table, index: np.ndarray):
-        self.table = table
-        self.hi, self.lo, self.rows = index[:, 0], index[:, 1], index[:, 2]
+    def __init__(self, memo: ContentMemo, table: pa.Table):
+        self.memo, self.table = memo, table
+        self._text, self._targets, self._delta = (table.column(n) for n in ("text", "targets", "delta"))
 
     @classmethod
     def open(cls, directory: Path | str | None) -> "PageMemo | None":
-        """The memo in ``directory`` (memory-mapped), or ``None`` when there is none. A memo written
-        before the index existed holds its rows sorted by key: its index is its own key columns.
+        """The memo in ``directory`` (memory-mapped), or ``None`` when there is none.
 
-        Raises ``FileNotFoundError`` when the index names more rows than the parts hold (a
-        part removed by hand)."""
-        if directory is None:
+        Raises ``FileNotFoundError`` when its keys name more rows than its parts hold (a part
+        removed by hand)."""
+        memo = ContentMemo.open(directory, [PAGE_FIELD])
+        if memo is None:
             return None
-        directory = Path(directory)
-        if (directory / MEMO_FILE).is_file():
-            table = ipc.open_file(pa.memory_map(str(directory / MEMO_FILE))).read_all()
-        elif (directory / INDEX_FILE).is_file():
-            table = _read_parts(sorted(directory.glob(PART_GLOB)))
-        else:
-            return None
-        if (directory / INDEX_FILE).is_file():
-            index = np.load(directory / INDEX_FILE, mmap_mode="r")
-            if index.shape[0] and int(np.max(index[:, 2])) >= table.num_rows:
-                raise FileNotFoundError(f"page memo {directory}: its index names row {int(np.max(index[:, 2]))} "
-                                        f"but its parts hold {table.num_rows} rows")
-            return cls(table, index)
-        hi, lo = table.column("hi").to_numpy(), table.column("lo").to_numpy()
-        return cls(table, np.stack([hi, lo, np.arange(hi.size, dtype=np.uint64)], axis=1))
+        table = _read_parts(sorted(Path(directory).glob(PART_GLOB)))
+        rows = memo.fields[PAGE_FIELD][1]
+        if len(rows) and int(np.max(rows)) >= table.num_rows:
+            raise FileNotFoundError(f"page memo {directory}: its keys name row {int(np.max(rows))} "
+                                    f"but its parts hold {table.num_rows} rows")
+        return cls(memo, table)
 
     def get(self, key: tuple[int, int]) -> tuple[str, list[str] | None, list[int]] | None:
         """``(cleaned text, targets or None, link-count increments)`` of the page whose wikitext has
         ``key``, or ``None``."""
-        hi, lo = np.uint64(key[0]), np.uint64(key[1])
-        a = int(np.searchsorted(self.hi, hi, side="left"))
-        b = int(np.searchsorted(self.hi, hi, side="right"))
-        for at in range(a, b):
-            if self.lo[at] == lo:
-                row = int(self.rows[at])
-                return (self.table.column("text")[row].as_py(), self.table.column("targets")[row].as_py(),
-                        self.table.column("delta")[row].as_py())
-        return None
+        at = self.memo.find(key)
+        if at < 0:
+            return None
+        bounds, rows = self.memo.fields[PAGE_FIELD]
+        row = int(rows[bounds[at, 0]])
+        return self._text[row].as_py(), self._targets[row].as_py(), self._delta[row].as_py()
 
     @staticmethod
     def write(directory: Path, parts: Sequence[Path]) -> int:
         """Replace the memo in ``directory`` with the parts ``parts`` (:func:`write_part` files),
-        hard-linked in order (copied across file systems), and their index sorted by key (a
-        repeated key points at its first row); atomic. Returns the distinct keys."""
+        hard-linked in order (copied across file systems), keyed by their pages' keys (a repeated
+        key points at its first row); atomic. Returns the distinct keys."""
         table = _read_parts(parts)
-        hi = table.column("hi").to_numpy().astype(np.uint64)
-        lo = table.column("lo").to_numpy().astype(np.uint64)
-        rows = first_of_each_key(np.stack([hi, lo], axis=1))
-        index = np.stack([hi[rows], lo[rows], rows.astype(np.uint64)], axis=1) if rows.size else np.zeros((0, 3), np.uint64)
-        with atomic_directory(Path(directory)) as tmp:
-            for k, part in enumerate(parts):
-                link_or_copy(Path(part), tmp / f"part-{k:05d}.arrow")
-            np.save(tmp / INDEX_FILE, np.ascontiguousarray(index, np.uint64))
-            record_digests(tmp)
-        return int(rows.size)
+        keys = np.stack([table.column("hi").to_numpy().astype(np.uint64),
+                         table.column("lo").to_numpy().astype(np.uint64)], axis=1)
+        n = keys.shape[0]
+        links = {f"part-{k:05d}.arrow": (lambda path, part=Path(part): link_or_copy(part, path))
+                 for k, part in enumerate(parts)}
+        return ContentMemo.write(Path(directory), keys, {PAGE_FIELD: (np.arange(n + 1), np.arange(n, dtype=np.int64))},
+                                 extra=links)
 
 
 def _read_parts(parts: Sequence[Path | str]) -> pa.Table:

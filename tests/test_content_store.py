@@ -1,0 +1,110 @@
+"""The content store (funnelrag/content_store.py): keys, the entry of a config section, lookups,
+CSR values, atomic replacement."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from funnelrag.content_store import (ContentMemo, contiguous_runs, first_of_each_key, ranges_take, settings_dir,
+                                     text_keys)
+
+
+def test_text_keys_are_the_blake2b_digest_in_big_endian_words():
+    digest = hashlib.blake2b("Zürich".encode("utf-8"), digest_size=16).digest()
+    keys = text_keys(["Zürich", ""])
+    assert keys.shape == (2, 2) and keys.dtype == np.uint64
+    assert int(keys[0, 0]) == int.from_bytes(digest[:8], "big") and int(keys[0, 1]) == int.from_bytes(digest[8:], "big")
+    assert not np.array_equal(keys[0], keys[1])
+
+
+def test_a_memo_finds_what_it_was_given_and_nothing_else(tmp_path):
+    texts = ["alpha", "beta", "gamma", "beta"]            # a repeated text is kept once
+    keys = text_keys(texts)
+    values = [[1, 2], [3], [], [3]]
+    offsets = np.concatenate([[0], np.cumsum([len(v) for v in values])])
+    assert ContentMemo.write(tmp_path / "m", keys, {"v": (offsets, np.array(sum(values, []), np.int32))}) == 3
+    memo = ContentMemo.open(tmp_path / "m", ["v"])
+    rows = memo.lookup(text_keys(["gamma", "delta", "alpha", "beta"]))
+    assert rows[1] == -1 and (rows[[0, 2, 3]] >= 0).all()
+    lengths, got = memo.take("v", rows[[0, 2, 3]])
+    assert lengths.tolist() == [0, 2, 1] and got.tolist() == [1, 2, 3]
+    assert ContentMemo.open(tmp_path / "m", ["other"]) is None
+    assert ContentMemo.open(tmp_path / "absent", ["v"]) is None and ContentMemo.open(None, ["v"]) is None
+
+
+def test_keys_sharing_a_high_word_are_told_apart_by_the_low_word(tmp_path):
+    keys = np.array([[7, 1], [7, 2], [3, 9]], np.uint64)
+    ContentMemo.write(tmp_path / "m", keys, {"v": (np.arange(4), np.array([100, 200, 300]))})
+    memo = ContentMemo.open(tmp_path / "m", ["v"])
+    rows = memo.lookup(np.array([[7, 2], [7, 1], [7, 3], [3, 9]], np.uint64))
+    assert rows[2] == -1
+    assert memo.take("v", rows[[0, 1, 3]])[1].tolist() == [200, 100, 300]
+    assert [memo.find(tuple(k)) for k in [[7, 2], [7, 1], [7, 3], [3, 9], [1, 1]]] == [*rows.tolist(), -1]
+
+
+def test_a_failed_write_leaves_the_last_memo(tmp_path):
+    keys = text_keys(["a", "b"])
+    ContentMemo.write(tmp_path / "m", keys, {"v": (np.arange(3), np.array([1, 2]))})
+    with pytest.raises(ValueError, match="has 2 offsets for 2 keys"):
+        ContentMemo.write(tmp_path / "m", keys, {"v": (np.arange(2), np.array([1]))})
+    memo = ContentMemo.open(tmp_path / "m", ["v"])
+    assert len(memo) == 2 and memo.take("v", memo.lookup(keys))[1].tolist() == [1, 2]
+
+
+def test_contiguous_runs_merge_ranges_that_follow_one_another():
+    starts, ends = np.array([0, 3, 5, 9, 2]), np.array([3, 5, 7, 10, 4])
+    rs, re_ = contiguous_runs(starts, ends)
+    assert rs.tolist() == [0, 9, 2] and re_.tolist() == [7, 10, 4]
+    assert contiguous_runs(np.zeros(0), np.zeros(0))[0].size == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ranges_take_by_runs_and_by_gather_give_the_same_values(seed):
+    rng = np.random.default_rng(seed)
+    data = np.arange(10_000, dtype=np.int32) * 7
+    bounds = np.sort(rng.choice(10_000, 400, replace=False))
+    starts, ends = bounds[:-1], bounds[1:]
+    ends = np.where(rng.random(starts.size) < 0.1, starts, ends)   # some empty ranges
+    expected_values = np.concatenate([data[a:b] for a, b in zip(starts, ends)])
+    for pick in (np.arange(starts.size),                       # in data order: long runs, copied by slices
+                 rng.permutation(starts.size)):                # scattered: gathered
+        lengths, values = ranges_take(starts[pick], ends[pick], data)
+        assert lengths.tolist() == (ends[pick] - starts[pick]).tolist()
+        assert np.array_equal(values, np.concatenate([data[a:b] for a, b in zip(starts[pick], ends[pick])]))
+    assert np.array_equal(ranges_take(starts, ends, data)[1], expected_values)
+
+
+def test_first_of_each_key_keeps_the_first_row_of_a_repeated_key_in_key_order():
+    keys = np.array([[2, 1], [1, 9], [2, 1], [1, 3], [1, 9]], np.uint64)
+    assert first_of_each_key(keys).tolist() == [3, 1, 0]
+    assert first_of_each_key(np.zeros((0, 2), np.uint64)).tolist() == []
+
+
+def test_a_memo_key_covers_every_field_of_its_config_section(tmp_path):
+    """Every memo directory is keyed by the whole config section it reads: a field added to the
+    section later (or any field changed) gives another directory, so no memo is silently stale."""
+    import dataclasses  # noqa: PLC0415
+
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.segment_memo import memo_dir  # noqa: PLC0415
+    from tasks.corpus.shards import tokens_memo_dir  # noqa: PLC0415
+    from tasks.corpus.token_memo import token_memo_dir  # noqa: PLC0415
+
+    for cfg, directory in [(BM25Config(), lambda c: token_memo_dir(tmp_path, "passages", c)),
+                           (SegmentConfig(), lambda c: memo_dir(tmp_path, c)),
+                           (SegmentConfig(), lambda c: tokens_memo_dir(tmp_path, c))]:
+        base = directory(cfg)
+        assert directory(dataclasses.replace(cfg)) == base          # same settings, same memo
+        for field in dataclasses.fields(cfg):                       # every field is in the key
+            value = getattr(cfg, field.name)
+            other = (not value) if isinstance(value, bool) else (value + 1 if isinstance(value, (int, float))
+                                                                  else f"{value}-other")
+            assert directory(dataclasses.replace(cfg, **{field.name: other})) != base, field.name
+        extended = dataclasses.make_dataclass(type(cfg).__name__, [("added", int, dataclasses.field(default=0))],
+                                              bases=(type(cfg),), frozen=True)
+        assert directory(extended()) != base    # a field added to the section changes the key
+    assert settings_dir(tmp_path, "m", "1", BM25Config()) != settings_dir(tmp_path, "m", "2", BM25Config())
+
