@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bz2
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,14 @@ def _stage_task_runs(flow_run_id: str) -> dict[str, list[str]]:
     """``{task run name: [its log lines]}`` of one flow run, read from Prefect's API."""
     from prefect.client.orchestration import get_client  # noqa: PLC0415
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId  # noqa: PLC0415
+    from prefect.logging.handlers import APILogHandler  # noqa: PLC0415
 
+    APILogHandler().flush()   # the run's last records, still queued in this process
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id for r in runs])))
-    return {r.name: [g.message for g in logs if g.task_run_id == r.id] for r in runs}
+        runs = {r.id: r for r in client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))}   # the API may list one twice
+        return {r.name: [g.message for g in client.read_logs(
+            log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id])))] for r in runs.values()}
 
 
 def test_local_and_dask_builds_are_byte_identical_and_show_one_task_run_per_stage(prefect_harness, tmp_path,
@@ -45,15 +49,21 @@ def test_local_and_dask_builds_are_byte_identical_and_show_one_task_run_per_stag
     dump = tmp_path / "enwiki-sample-multistream.xml.bz2"
     repack(bz2.decompress(resolve("enwiki-sample", data_mirror).read_bytes()), dump, pages_per_stream=10)
     summaries = {}
-    for kind in ("local", "dask"):
-        home = tmp_path / kind
-        home.mkdir()
-        cfg = enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
-                                   source={"datasets": [], "paths": [dump]},
-                                   runner={"kind": kind, "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30,
-                                           "tokens_per_shard": 100_000},
-                                   index={"passage_shard_tokens": 250_000})
-        summaries[kind] = corpus_build_nightly(cfg)
+    task_runs = logging.getLogger("prefect.task_runs")   # the tests' Prefect logs WARNING and up only
+    level = task_runs.level
+    task_runs.setLevel(logging.INFO)
+    try:
+        for kind in ("local", "dask"):
+            home = tmp_path / kind
+            home.mkdir()
+            cfg = enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
+                                       source={"datasets": [], "paths": [dump]},
+                                       runner={"kind": kind, "workers": 2, "streams_per_piece": 3,
+                                               "docs_per_shard": 30, "tokens_per_shard": 100_000},
+                                       index={"passage_shard_tokens": 250_000})
+            summaries[kind] = corpus_build_nightly(cfg)
+    finally:
+        task_runs.setLevel(level)
     local, dask = (_manifest(summaries[k]) for k in ("local", "dask"))
     assert local["content_digest"] == dask["content_digest"]
     assert local["files"] == dask["files"]
