@@ -173,6 +173,7 @@ def pool_processes() -> tuple[psutil.Process | None, list[psutil.Process]]:
     runs) and the pool workers it forked, or the spawned pool workers where there is no
     forkserver; read from the process table (psutil), so a signal handler can find them."""
     forkserver, workers = None, []
+    spawned = "forkserver" not in multiprocessing.get_all_start_methods()   # else a spawned child is not a pool's
     try:
         children = psutil.Process().children()
     except psutil.Error:
@@ -183,7 +184,7 @@ def pool_processes() -> tuple[psutil.Process | None, list[psutil.Process]]:
             if "multiprocessing.forkserver" in cmd and child.status() != psutil.STATUS_ZOMBIE:
                 forkserver = child
                 workers += [w for w in child.children() if _running(w)]
-            elif "multiprocessing.spawn" in cmd and "resource_tracker" not in cmd:
+            elif spawned and "multiprocessing.spawn" in cmd:
                 workers.append(child)
         except psutil.Error:
             continue
