@@ -70,16 +70,16 @@ def _stage_peak_rss_mb(reset: bool = False) -> float | None:
 
 
 def _peak_call(fn, *args):
-    """``fn(*args)`` in a worker through the flows' own shard task body
-    (``flows.runners.shard_call``: the call, then the freed memory back to the OS), with the
+    """``fn(*args)`` in a worker through the flows' own shard body
+    (``flows.runners.run_shard``: the call, then the freed memory back to the OS), with the
     worker's RSS (MB) when the call starts (what earlier tasks left in that process) and its peak
     RSS (the high-water mark, which the release does not lower)."""
-    from flows.runners import shard_call  # noqa: PLC0415
+    from flows.runners import run_shard  # noqa: PLC0415
     from funnelrag.memory import status_mb  # noqa: PLC0415
 
     _stage_peak_rss_mb(reset=True)
     start = status_mb("VmRSS")
-    value = shard_call.fn(fn, list(args))
+    value = run_shard(fn, list(args))
     return value, start, _stage_peak_rss_mb()
 
 
@@ -154,8 +154,8 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
         _stage_peak_rss_mb(reset=True)
         start_rss = status_mb("VmRSS")
         t0, (own0, kids0) = time.perf_counter(), _cpu_s()
-        # spawned workers, as Prefect's ProcessPoolTaskRunner starts them: a forked worker would
-        # count the coordinator's pages (GBs by the later stages) in its own RSS
+        # spawned workers (a stage pool's workers fork from a forkserver, not from the coordinator): a
+        # worker forked from this process would count the coordinator's pages (GBs by the later stages) in its RSS
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             peaks = _WorkerPeaks(pool)
             summary = call(peaks.submit)

@@ -1,12 +1,14 @@
-"""What one per-shard task costs the workflow engine: CPU seconds of the whole process tree (the
-flow's process, its pool workers and the ephemeral Prefect API server) of a flow on the corpus
-build's task runner (``flows.runners.build_task_runner``) that submits N shard calls through
-``flows.runners.submitter`` doing nothing, for each N of ``--tasks`` (default 0 and 40), each in
-a fresh process, ``--repeat`` times alternated; the slope of CPU against N is the cost of a task.
+"""What one shard costs the workflow engine: CPU seconds of the whole process tree (the flow's
+process, its stage pool's forkserver and workers, and the ephemeral Prefect API server) of a flow
+whose one stage task opens the corpus build's shard pool (``flows.runners.ShardRunner``) and
+submits N shard calls doing nothing, for each N of ``--tasks`` (default 0 and 40), each in a fresh
+process, ``--repeat`` times alternated; the slope of CPU against N is the cost of a shard.
 
-Why: an adds-changes night of the nightly runs ~25–40 shard tasks whose work is a second or two,
-so a task's own cost (a task run created and moved through its states in the API, its log
-records and events sent, the worker's API client) decides whether batching small shards pays.
+Why: an adds-changes night of the nightly runs ~25–40 shards whose work is a second or two, so a
+shard's own cost decides whether batching small shards pays. A shard was a Prefect task run
+(``corpus-shard``: a task run created and moved through its states in the API, its log records
+and events sent, the worker's API client) until each stage drove its own executor; it is now one
+call through a ``ProcessPoolExecutor`` (pickled call and result, the worker's memory release).
 
 ``--server DIR``: every run against one standing Prefect server (``infra/server/prefect-server.sh``,
 its SQLite under ``DIR``, stopped at the end), as the nightly deployments run, instead of an
@@ -15,7 +17,7 @@ forkserver and workers) and ``server_cpu_s`` what the server used from the run's
 after its end (``/proc``); the line is fitted to their sum.
 
 Run: ``python benchmarks/bench_task_overhead.py [--tasks 0 40] [--repeat 3] [--workers 2] [--server DIR]``
-(prints one JSON line per run, then the per-task CPU of the least-squares line).
+(prints one JSON line per run, then the per-shard CPU of the least-squares line).
 """
 from __future__ import annotations
 
@@ -37,20 +39,24 @@ def nothing(k: int) -> int:
 
 
 def child(n_tasks: int, workers: int) -> None:
-    """Run the flow in this process: the pool starts, then ``n_tasks`` shard calls."""
+    """Run the flow in this process: one stage task, its pool started, then ``n_tasks`` shard calls."""
     sys.path.append(str(ROOT))   # after PYTHONPATH: another checkout first on it is the code measured
-    from prefect import flow  # noqa: PLC0415
+    from prefect import flow, task  # noqa: PLC0415
 
-    from flows.runners import RunnerConfig, build_task_runner, submitter  # noqa: PLC0415
+    from flows.runners import RunnerConfig, ShardRunner  # noqa: PLC0415
+
+    @task(name="stage")
+    def stage() -> int:
+        with ShardRunner(RunnerConfig(workers=workers)) as runner, runner.pool("overhead") as pool:
+            futures = [pool.submit(nothing, 0)]   # the pool's start, in every run
+            futures += [pool.submit(nothing, k) for k in range(1, n_tasks + 1)]
+            return sum(f.result() for f in futures)
 
     @flow(name="task-overhead")
     def run() -> int:
-        submit = submitter()
-        futures = [submit(nothing, 0)]   # the pool's start, in every run
-        futures += [submit(nothing, k) for k in range(1, n_tasks + 1)]
-        return sum(f.result() for f in futures)
+        return stage()
 
-    run.with_options(task_runner=build_task_runner(RunnerConfig(workers=workers)))()
+    run()
 
 
 def main() -> None:

@@ -25,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTERS
 from flows.run_report import build_message, completed, name_run, run_name
-from flows.runners import RunnerConfig, build_task_runner, submitter
+from flows.runners import RunnerConfig, ShardRunner
+from flows.shard_retry import ShardWorkerDied
 from funnelrag import datasets
 from funnelrag.config import ConfigError, FlowCommand, FlowConfig, redact_url, resolve_flow_config, to_jsonable
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.reaper import scratch_dir
-from funnelrag.stages import DataSource, input_digests, run_cached, stage_task
+from funnelrag.stages import DataSource, input_digests, retry_transient, run_cached, stage_task
 from funnelrag.store import (StageCache, StageResult, code_version, dir_digest, prune_cache, sweep_cache_temps,
                              write_json)
 from funnelrag.tracking import flow_run, log_artifact, log_metrics, run_link
@@ -139,7 +140,7 @@ class CorpusBuildConfig(FlowConfig):
     bm25: BM25Config = BM25Config()
     index: IndexLayout = IndexLayout()   # passage_shard_tokens: 0 = one passage index; n > 0 = shards of <= n tokens
     gate: GateConfig = GateConfig()
-    runner: RunnerConfig = Field(default_factory=RunnerConfig)   # where per-shard tasks run; no output byte depends on it
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)   # where the stages run their shards; no output byte depends on it
     retention: RetentionConfig = RetentionConfig()   # what a build removes from the home afterwards; no output byte depends on it
     cache: CacheConfig = CacheConfig()   # read the home's cache or build from scratch (--no-cache, --verify); no output byte depends on it
     embed_preranker: str | None = None   # a bi-encoder pre-ranker ref: embed the published passages (flows/embed.py)
@@ -172,28 +173,62 @@ def resolve_inputs(cfg: CorpusBuildConfig, ws: Workspace) -> list[tuple[Path, st
     return cfg.source.resolve(cfg.workspace.data_mirror, ws.downloads_dir, "source.paths")
 
 
-def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig, runner: RunnerConfig,
+def retry_shard_stage(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn`` of a stage whose shards run on the build's runner: as
+    :func:`funnelrag.stages.retry_transient`, and never after a shard's worker died on each of its
+    attempts (:class:`flows.shard_retry.ShardWorkerDied`: each was on a fresh pool already)."""
+    try:
+        state.result()
+    except ShardWorkerDied:
+        return False
+    except Exception:  # noqa: BLE001 - the platform's rule decides
+        pass
+    return retry_transient(task, task_run, state)
+
+
+def shard_stage(name: str) -> Any:
+    """The Prefect ``@task`` of a stage that drives its own shard pool (one task run per stage):
+    one retry after 2 s of a failure that may be transient (:func:`retry_shard_stage`; shards
+    already built are cache hits then), Prefect caching off."""
+    return task(name=name, retries=1, retry_delay_seconds=2, retry_condition_fn=retry_shard_stage,
+                cache_policy=NO_CACHE)
+
+
+@contextlib.contextmanager
+def stage_pool(runner: ShardRunner, name: str) -> Iterator[Any]:
+    """``runner``'s pool of stage ``name`` around the stage's core; its shard count and seconds
+    go to the task run's log when the stage ends."""
+    with runner.pool(name) as pool:
+        yield pool
+    get_run_logger().info(pool.report())
+
+
+@shard_stage("ingest")
+def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig, runner: ShardRunner,
                    changes: str | None = None) -> StageResult:
-    """Ingest with multistream pieces as ``corpus-shard`` tasks on the flow's task runner (flow body
-    only); with ``changes`` (``source.changes``), the adds-changes revisions applied as the dump is
-    read (their digest joins the cache key)."""
+    """Ingest with multistream pieces as shards on this stage's pool; with ``changes``
+    (``source.changes``), the adds-changes revisions applied as the dump is read (their digest
+    joins the cache key)."""
     page_changes = PageChanges.load(Path(changes)) if changes else None
     digests = input_digests(inputs)
     if page_changes is not None:
         digests["changes"] = page_changes.digest()
-    return run_cached(cache, S.run_ingest, cfg, digests, lambda out, _: S.run_ingest(
-        [p for p, _ in inputs], out, cfg, submit=submitter(), streams_per_piece=runner.streams_per_piece,
-        window=2 * runner.n_workers() + 2, piece_cache=cache.root / "ingest-pieces", changes=page_changes))
+    with stage_pool(runner, "ingest") as pool:
+        return run_cached(cache, S.run_ingest, cfg, digests, lambda out, _: S.run_ingest(
+            [p for p, _ in inputs], out, cfg, submit=pool.submit, streams_per_piece=runner.cfg.streams_per_piece,
+            window=2 * runner.cfg.n_workers() + 2, piece_cache=cache.root / "ingest-pieces", changes=page_changes))
 
 
+@shard_stage("tokens")
 def tokens_sharded(cache: StageCache, ingest: StageResult, cfg: SegmentConfig, mirror: Path | None,
-                   runner: RunnerConfig) -> StageResult:
-    """Window token counts by document shards as ``corpus-shard`` tasks (flow body only); same key and bytes as :func:`tasks.corpus.stages.run_tokens`."""
+                   runner: ShardRunner) -> StageResult:
+    """Window token counts by document shards on this stage's pool; same key and bytes as :func:`tasks.corpus.stages.run_tokens`."""
     inputs = {"documents": ingest.files["documents.parquet"]}
     key_cfg = {"tokenizer": cfg.tokenizer, "passage_words": cfg.passage_words}
-    return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: run_tokens_sharded(
-        ingest.path, out, cfg, mirror, submitter(), runner.docs_per_shard, window=2 * runner.n_workers() + 2,
-        cache_dir=cache.root))
+    with stage_pool(runner, "tokens") as pool:
+        return run_cached(cache, S.run_tokens, key_cfg, inputs, lambda out, _: run_tokens_sharded(
+            ingest.path, out, cfg, mirror, pool.submit, runner.cfg.docs_per_shard,
+            window=2 * runner.cfg.n_workers() + 2, cache_dir=cache.root))
 
 
 @stage_task("cluster")
@@ -238,25 +273,28 @@ def clustering_base(cfg: CorpusBuildConfig, ws: Workspace) -> Path | None:
     return None
 
 
+@shard_stage("segment")
 def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult,
-                    cfg: SegmentConfig, mirror: Path | None, runner: RunnerConfig,
+                    cfg: SegmentConfig, mirror: Path | None, runner: ShardRunner,
                     split_dir: Path | None = None) -> StageResult:
-    """Units and passages by cluster ranges as ``corpus-shard`` tasks (flow body only); same key
-    and bytes as :func:`tasks.corpus.stages.run_segment`. ``split_dir``: the build's shared
-    document split (:class:`tasks.corpus.shards.DocumentSplit`), which the index stage reuses."""
+    """Units and passages by cluster ranges on this stage's pool; same key and bytes as
+    :func:`tasks.corpus.stages.run_segment`. ``split_dir``: the build's shared document split
+    (:class:`tasks.corpus.shards.DocumentSplit`), which the index stage reuses."""
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
               "members": cluster.files["cluster_members.parquet"]}
-    return run_cached(cache, S.run_segment, cfg, inputs, lambda out, _: run_segment_sharded(
-        ingest.path, tokens.path, cluster.path, out, cfg, mirror, submitter(), runner.tokens_per_shard,
-        window=2 * runner.n_workers() + 2, cache_dir=cache.root / "segment-shards", docs_per_range=runner.docs_per_shard,
-        split_dir=split_dir))
+    with stage_pool(runner, "segment") as pool:
+        return run_cached(cache, S.run_segment, cfg, inputs, lambda out, _: run_segment_sharded(
+            ingest.path, tokens.path, cluster.path, out, cfg, mirror, pool.submit, runner.cfg.tokens_per_shard,
+            window=2 * runner.cfg.n_workers() + 2, cache_dir=cache.root / "segment-shards",
+            docs_per_range=runner.cfg.docs_per_shard, split_dir=split_dir))
 
 
+@shard_stage("index")
 def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
-                  cfg: BM25Config, layout: IndexLayout, runner: RunnerConfig, split_dir: Path | None = None) -> StageResult:
-    """The index stage with its per-shard steps as ``corpus-shard`` tasks (flow body only): the
-    cluster index's tokenization by cluster ranges of at most ``runner.tokens_per_shard`` tokens,
-    and with ``layout.passage_shard_tokens`` > 0 the passage shards (cut from ``clusters.parquet``,
+                  cfg: BM25Config, layout: IndexLayout, runner: ShardRunner, split_dir: Path | None = None) -> StageResult:
+    """The index stage with its per-shard steps on this stage's pool: the cluster index's
+    tokenization by cluster ranges of at most ``runner.tokens_per_shard`` tokens, and with
+    ``layout.passage_shard_tokens`` > 0 the passage shards (cut from ``clusters.parquet``,
     which then joins the key). Shard token ids, statistics and indexes kept under the stage cache
     for reuse. The cache key of a one-index build is the one it always had (the cluster index's
     bytes do not depend on the shards). ``split_dir``: the build's shared document split, made by
@@ -267,10 +305,12 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
     if layout.sharded:
         key_cfg = {"bm25": cfg, "passage_shard_tokens": layout.passage_shard_tokens}
         inputs["clusters"] = cluster.files["clusters.parquet"]
-    return run_cached(cache, S.run_index, key_cfg, inputs, lambda out, _: S.run_index(
-        ingest.path, cluster.path, segment.path, out, cfg, passage_shard_tokens=layout.passage_shard_tokens,
-        submit=submitter(), window=2 * runner.n_workers() + 2, work_dir=cache.root,
-        tokens_per_shard=runner.tokens_per_shard, docs_per_range=runner.docs_per_shard, split_dir=split_dir))
+    with stage_pool(runner, "index") as pool:
+        return run_cached(cache, S.run_index, key_cfg, inputs, lambda out, _: S.run_index(
+            ingest.path, cluster.path, segment.path, out, cfg, passage_shard_tokens=layout.passage_shard_tokens,
+            submit=pool.submit, window=2 * runner.cfg.n_workers() + 2, work_dir=cache.root,
+            tokens_per_shard=runner.cfg.tokens_per_shard, docs_per_range=runner.cfg.docs_per_shard,
+            split_dir=split_dir))
 
 
 # The files a version publishes, by the stage that makes them (and every file of the index stage).
@@ -626,20 +666,21 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCac
         split_dir = scratch_dir(cache.root, "split")   # .tmp-<pid>-split-<uuid>: swept if this run is killed
         base = clustering_base(config, ws)
         try:
-            for name, call in (
-                ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, config.runner, config.source.changes)),
-                ("tokens", lambda: tokens_sharded(cache, stages["ingest"], config.segment, mirror, config.runner)),
-                ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering, base)),
-                ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
-                                                    config.segment, mirror, config.runner, split_dir)),
-                ("index", lambda: index_sharded(cache, stages["ingest"], stages["cluster"], stages["segment"],
-                                                config.bm25, config.index, config.runner, split_dir)),
-            ):
-                t0 = time.perf_counter()
-                stages[name] = call()
-                walls[name] = time.perf_counter() - t0
-                logger.info("stage %-8s %s in %.2f s", name, "cache hit" if stages[name].cache_hit else "built",
-                            walls[name])
+            with ShardRunner(config.runner) as runner:   # each stage task opens its own pool of it
+                for name, call in (
+                    ("ingest", lambda: ingest_sharded(cache, inputs, config.ingest, runner, config.source.changes)),
+                    ("tokens", lambda: tokens_sharded(cache, stages["ingest"], config.segment, mirror, runner)),
+                    ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering, base)),
+                    ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
+                                                        config.segment, mirror, runner, split_dir)),
+                    ("index", lambda: index_sharded(cache, stages["ingest"], stages["cluster"], stages["segment"],
+                                                    config.bm25, config.index, runner, split_dir)),
+                ):
+                    t0 = time.perf_counter()
+                    stages[name] = call()
+                    walls[name] = time.perf_counter() - t0
+                    logger.info("stage %-8s %s in %.2f s", name, "cache hit" if stages[name].cache_hit else "built",
+                                walls[name])
         finally:
             shutil.rmtree(split_dir, ignore_errors=True)
         if config.cache.verify:
@@ -723,7 +764,7 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCac
 
 def run_corpus_build(cfg: CorpusBuildConfig) -> dict[str, Any]:
     """CLI entry: run the flow (ephemeral Prefect API unless PREFECT_API_URL is set)."""
-    return corpus_build_flow.with_options(task_runner=build_task_runner(cfg.runner))(cfg)
+    return corpus_build_flow(cfg)
 
 
 def refuse_mirror(cfg: CorpusBuildConfig) -> None:

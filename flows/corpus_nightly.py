@@ -1,6 +1,6 @@
-"""Prefect flow ``corpus-build-nightly``: ``corpus-build`` with its per-shard tasks on the runner
-named in the config (``runner.kind: local`` processes on this box, or ``dask``: a Dask cluster
-through prefect-dask). The entrypoint of the nightly full-dump deployments in ``prefect.yaml``.
+"""Prefect flow ``corpus-build-nightly``: ``corpus-build`` with its stages' shards on the runner
+named in the config (``runner.kind: local`` processes on this box, or ``dask``: a Dask cluster,
+:mod:`flows.runners`). The entrypoint of the nightly full-dump deployments in ``prefect.yaml``.
 
 With ``source.mirror`` (a Wikimedia dumps site such as https://dumps.wikimedia.org, or a local
 directory in its layout) the flow follows Wikipedia by itself (:mod:`tasks.corpus.nightly`): a new
@@ -24,7 +24,6 @@ from prefect.cache_policies import NONE as NO_CACHE
 
 from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.run_report import build_message, completed, name_run, nightly_message, run_name
-from flows.runners import build_task_runner
 from funnelrag.config import FlowCommand, redact_url, resolve_flow_config
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
@@ -95,7 +94,7 @@ def nightly_markdown(name: str, plan: N.NightPlan, summary: dict[str, Any] | Non
 def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: str | None = None,
                          overrides: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
     """Resolve the config as ``corpus-build`` does (file + key-by-key overrides + home), then run
-    ``corpus-build`` as a subflow whose task runner is ``config.runner``'s: on ``source.paths``, or
+    ``corpus-build`` as a subflow, its shards on ``config.runner``: on ``source.paths``, or
     with ``source.mirror`` on tonight's input (module docstring). Returns the build's summary with
     a ``nightly`` entry (action, reason, base dump, days applied, missing and waiting days, what
     the fetch did), or, with nothing to do, ``{"corpus", "nightly", "version"}`` only.
@@ -108,10 +107,9 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
     """
     config = resolve_flow_config(CorpusBuildConfig, config, config_file, overrides, home)
     check_inputs(config)
-    runner = build_task_runner(config.runner)
     if not config.source.mirror:
         name_run(run_name("nightly", config.name, "paths"))
-        summary = corpus_build_flow.with_options(task_runner=runner)(config)
+        summary = corpus_build_flow(config)
         return completed(build_message(summary), summary)
     logger = get_run_logger()
     ws = Workspace(config.workspace.home)
@@ -131,7 +129,7 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
     dump = {**plan.dump_entry(), "stale_revisions_before_ingest": int(fetched.get("stale_revisions", 0))}
     source = config.source.model_copy(update={"paths": [dump_path], "datasets": [], "dump": dump,
                                               "changes": fetched.get("changes_file")})
-    summary = corpus_build_flow.with_options(task_runner=runner)(config.model_copy(update={"source": source}))
+    summary = corpus_build_flow(config.model_copy(update={"source": source}))
     summary["nightly"] = {**plan.as_dict(), "fetch": fetched, "seconds": time.perf_counter() - t0}
     if summary.get("unchanged"):   # nothing published: the state file says current holds tonight's inputs
         N.write_state(store.root, summary["version"], plan.dump_entry())

@@ -1,65 +1,67 @@
-"""The runner switch of the corpus build: where per-shard stages run.
+"""Where a corpus build's shards run: each stage drives its own executor, Prefect sees the stages.
 
-``runner.kind: local`` (default) runs the per-shard Prefect tasks in processes on this box
-(Prefect's ``ProcessPoolTaskRunner``); ``runner.kind: dask`` submits them to a Dask cluster through
-``prefect-dask``'s ``DaskTaskRunner``: the scheduler at ``runner.address``
-(e.g. ``tcp://scheduler:8786``), or a ``LocalCluster`` of ``runner.workers`` single-threaded worker
-processes when no address is given. Shard outputs go to the stage cache under the workspace home,
-which must be on storage shared by the workers (NFS, or the same disk for a LocalCluster).
+A build opens one :class:`ShardRunner` (``runner`` of the config) around its stages; each stage
+task (``ingest``, ``tokens``, ``segment``, ``index`` in :mod:`flows.corpus_build`) opens its own
+pool from it (:meth:`ShardRunner.pool`) and hands the pool's ``submit(fn, *args) -> future`` to
+the stage core, so Prefect shows one task run per stage (its shard count and seconds in its log)
+and no Prefect engine, API client or log queue runs in a worker:
 
-The pure stage cores take ``submit(fn, *args) -> future``; :func:`submitter` makes one that runs
-``fn(*args)`` as the Prefect task ``corpus-shard`` on the flow's task runner. It must be called in
-the flow body (not inside a task), so the submissions reach the flow's runner.
+* ``runner.kind: local`` (default): a ``concurrent.futures.ProcessPoolExecutor`` of
+  ``runner.workers`` processes forked from a ``forkserver`` that imported the stages once
+  (:func:`worker_context`, :mod:`flows.pool_worker`); a shard whose worker died (the OOM killer,
+  ``kill -9``) runs again on a fresh pool, at most :data:`flows.shard_retry.WORKER_DEATH_RETRIES`
+  times (:class:`flows.shard_retry.ShardFuture`); SIGTERM or Ctrl-C stops the workers at once
+  (:meth:`LocalShardPool.stop_workers`).
+* ``runner.kind: dask``: a ``distributed.Client`` per stage, on the scheduler at
+  ``runner.address`` (e.g. ``tcp://scheduler:8786``) or on a ``LocalCluster`` of ``runner.workers``
+  single-threaded worker processes started once for the build when no address is given. Dask
+  reschedules a lost worker's shards itself.
 
-Local workers start from a ``forkserver`` that has imported :mod:`flows.pool_worker` (Prefect's task
-engine and the corpus stages), so each worker forks ready instead of importing them itself
-(``spawn``, Prefect's own choice, where the platform has no forkserver: Windows).
-
-One API for every worker: without ``PREFECT_API_URL`` the flow runs against the ephemeral API
-server that Prefect starts in a subprocess, and each spawned worker (local processes, or a Dask
-LocalCluster's) would start a server of its own (~10 s and ~220 MB each). The runners built here
-submit under the parent's API URL (:func:`parent_api_url`), so the settings that Prefect hands to
-each worker point at the parent's server.
+Each shard runs as :func:`run_shard` (the call, then its freed memory given back to the OS:
+:func:`funnelrag.memory.release_memory`). A worker's log records (progress lines of a shard) go
+to its own stderr, which is the build process's (:func:`init_worker`); the stage's totals go to
+the Prefect task run's log. Shard outputs go to the stage cache under the workspace home, which
+must be on storage shared by the workers (NFS, or the same disk for a LocalCluster).
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Literal
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Literal
 
-from prefect import task
-from prefect.cache_policies import NONE as NO_CACHE
-from prefect.context import FlowRunContext, SettingsContext, SyncClientContext, get_settings_context
-from prefect.settings import PREFECT_API_URL, temporary_settings
-from prefect.task_runners import ProcessPoolTaskRunner
+import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from funnelrag.config import RUN_LOGGERS
 from flows.main_guard import check_main_guard
-from funnelrag.reaper import ensure_reaper
 from flows.shard_retry import ShardFuture
+from funnelrag.config import RUN_LOGGERS
 from funnelrag.memory import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
+from funnelrag.reaper import ensure_reaper
 
 log = logging.getLogger(__name__)
 
 INTERRUPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-"""Signals that stop a run's pool workers at once (:meth:`SharedAPIProcessPoolTaskRunner._chain_signal_handlers`)."""
+"""Signals that stop a stage's pool workers at once (:meth:`LocalShardPool.__enter__`)."""
 WORKER_STOP_GRACE_S = 3.0
-"""Seconds an interrupted run's pool workers get to end after SIGTERM before SIGKILL
-(:meth:`SharedAPIProcessPoolTaskRunner.stop_workers`)."""
+"""Seconds an interrupted stage's pool workers get to end after SIGTERM before SIGKILL
+(:meth:`LocalShardPool.stop_workers`)."""
+WORKER_LOG_FORMAT = "%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s"
+"""The lines a pool worker writes to its stderr (the layout of Prefect's console lines)."""
 
 
 class RunnerConfig(BaseModel):
-    """Where and how wide the per-shard stages run (none of it changes an artifact byte).
+    """Where and how wide the per-shard steps run (none of it changes an artifact byte).
 
-    kind : ``local`` (processes on this box) or ``dask`` (a Dask cluster via prefect-dask).
+    kind : ``local`` (processes on this box) or ``dask`` (a Dask cluster, ``distributed``'s client).
     workers : worker processes (local, or the LocalCluster's); None (``workers: null`` in YAML) = the
         CPUs this process may run on (its affinity mask, e.g. a container's or ``taskset``'s cores;
         ``os.cpu_count()`` where the platform has no mask), so one config follows the machine.
@@ -88,73 +90,20 @@ class RunnerConfig(BaseModel):
         return len(cpus) or os.cpu_count() or 1
 
 
-def parent_api_url() -> str | None:
-    """The URL of the ephemeral API this flow run talks to, when no ``PREFECT_API_URL`` is set.
+# ------------------------------------------------------------------ what runs in a worker
 
-    ``None`` when an API URL is configured (workers inherit it already), outside a flow run, or
-    when the flow's client is not an HTTP client of a local server.
-    """
-    if PREFECT_API_URL.value():
-        return None
-    ctx = FlowRunContext.get()
-    client = getattr(ctx, "client", None) if ctx else None
-    url = str(getattr(client, "api_url", "") or "").rstrip("/")
-    return url if url.startswith(("http://127.0.0.1:", "http://localhost:")) else None
-
-
-def flow_run_api_url() -> str | None:
-    """The HTTP(S) URL of the API this flow run talks to (``PREFECT_API_URL``, else the ephemeral
-    server's, :func:`parent_api_url`); ``None`` outside a flow run with neither."""
-    url = str(PREFECT_API_URL.value() or "") or parent_api_url()
-    return url if url and url.startswith(("http://", "https://")) else None
-
-
-# url -> (the settings it was made from, those settings with PREFECT_API_URL = url)
-_API_SETTINGS: dict[str, tuple[Any, Any]] = {}
-
-
-@contextmanager
-def _settings_with_api_url(url: str) -> Iterator[None]:
-    """Prefect's ``temporary_settings(updates={PREFECT_API_URL: url})``, with the updated settings
-    made once per URL and current settings object: building them validates every Prefect setting
-    (~40 ms of CPU), once per shard call before this, a second or more of a nightly's CPU."""
-    ctx = get_settings_context()
-    made = _API_SETTINGS.get(url)
-    if made is None or made[0] is not ctx.settings:
-        made = _API_SETTINGS[url] = (ctx.settings, ctx.settings.copy_with_update(updates={PREFECT_API_URL: url}))
-    with SettingsContext(profile=ctx.profile, settings=made[1]):
-        yield
-
-
-def _submit_under_parent_api(submit: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a runner's ``submit`` with the parent's API URL in the settings Prefect serializes
-    for the worker (its ``SettingsContext`` and environment), so the worker starts no server."""
-    url = parent_api_url()
-    if url is None:
-        return submit(*args, **kwargs)
-
-    with _settings_with_api_url(url):
-        return submit(*args, **kwargs)
-
-
-def build_task_runner(cfg: RunnerConfig):
-    """The Prefect task runner for ``cfg``: ``ProcessPoolTaskRunner`` or prefect-dask's ``DaskTaskRunner``
-    (local ones submit under the parent's API URL: :func:`parent_api_url`)."""
-    if cfg.kind == "dask":
-        from prefect_dask import DaskTaskRunner  # noqa: PLC0415  (heavy: dask, only for the dask runner)
-
-        if cfg.address:  # remote workers cannot reach this box's 127.0.0.1: their own settings apply
-            return DaskTaskRunner(address=cfg.address)
-
-        class LocalDaskTaskRunner(DaskTaskRunner):
-            def submit(self, *args: Any, **kwargs: Any) -> Any:
-                return _submit_under_parent_api(super().submit, *args, **kwargs)
-
-        return LocalDaskTaskRunner(cluster_class="distributed.LocalCluster",
-                                   cluster_kwargs={"n_workers": cfg.n_workers(), "threads_per_worker": 1,
-                                                   "processes": True, "dashboard_address": None})
-    return SharedAPIProcessPoolTaskRunner(max_workers=cfg.n_workers(), initializer=init_worker,
-                                          initargs=(run_log_levels(),))
+def run_shard(fn: Callable[..., Any], args: list[Any]) -> Any:
+    """Run one shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...), then
+    give the memory it freed back to the OS (:func:`funnelrag.memory.release_memory`), so a
+    worker that runs many shards holds one shard's memory at a time, not its high-water mark.
+    In a worker process (a child of a pool or a Dask nanny), or inside
+    :func:`funnelrag.memory.build_collector` (which unfreezes at its end), the objects that outlive
+    the call are frozen, so the next collection skips them; any other process, which may live on
+    after the build, is never frozen. Returns what ``fn`` returns; raises what it raises."""
+    try:
+        return fn(*args)
+    finally:
+        release_memory(freeze=multiprocessing.parent_process() is not None or in_build_collector())
 
 
 def run_log_levels() -> dict[str, int]:
@@ -162,51 +111,38 @@ def run_log_levels() -> dict[str, int]:
     return {n: logging.getLogger(n).level for n in RUN_LOGGERS if logging.getLogger(n).level}
 
 
-def init_worker(levels: dict[str, int], api_url: str | None = None) -> None:
-    """Pool initializer of a spawned worker: the parent's log levels (so a shard's progress lines
-    reach the terminal and, through Prefect's forwarding, the task run logs), the young
-    generation's collection threshold of :func:`funnelrag.memory.build_collector` (a worker
-    freezes its survivors after each shard task: :func:`shard_call`) and, given the API URL of
-    the flow run (:meth:`SharedAPIProcessPoolTaskRunner.__enter__`), one API client for the
-    worker's life (:func:`keep_worker_client`)."""
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
+def init_worker(levels: dict[str, int], environ: dict[str, str] | None = None, cwd: str | None = None) -> None:
+    """Pool initializer of a local worker process.
+
+    * ``levels``: the parent's levels of :data:`funnelrag.config.RUN_LOGGERS`; each of those loggers
+      writes to this worker's stderr (inherited from the build process, so a shard's progress lines
+      reach the terminal or the flow-run process's output) and to nothing else: no Prefect handler
+      runs in a worker.
+    * ``environ``, ``cwd``: the parent's environment and working directory when the stage's pool
+      started (the forkserver lives as long as the build process and holds those of its own start).
+    * the young generation's collection threshold of :func:`funnelrag.memory.build_collector` (a
+      worker freezes its survivors after each shard: :func:`run_shard`).
+    """
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
+    if cwd is not None:
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            log.warning("pool worker %d: cannot enter the build's directory %s (%s)", os.getpid(), cwd, exc)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(WORKER_LOG_FORMAT, datefmt="%H:%M:%S"))
+    for name in RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+        if name in levels:
+            logger.setLevel(levels[name])
     gc.set_threshold(YOUNG_COLLECTION_OBJECTS, *gc.get_threshold()[1:])
-    if api_url:
-        keep_worker_client(api_url)
 
 
-_WORKER_CLIENT: list[SyncClientContext] = []
-"""The pool worker's kept client context (:func:`keep_worker_client`); empty elsewhere."""
-
-
-def keep_worker_client(api_url: str) -> SyncClientContext | None:
-    """Enter, for the rest of this worker process, a Prefect ``SyncClientContext`` on ``api_url``.
-
-    Why: Prefect runs each task in a pool worker under a fresh ``SyncPrefectClient`` made twice
-    (once restoring the flow's context, once by the task engine), and each one builds an SSL
-    context from certifi's bundle (~17 ms of CPU measured here, for an ``http://`` API too) and a
-    new connection. Both take the client of an open ``SyncClientContext`` when one is set with the
-    same (default) HTTP settings, so one kept from the pool's start serves every task of the
-    worker: a shard task's own cost 0.118 → 0.076 CPU s, the server's part included
-    (``benchmarks/bench_task_overhead.py --server``), ~1.7 CPU s of an adds-changes night's ~40
-    tasks. The URL is the flow run's, the one each task's client would use. The context is never
-    left (the worker's exit closes the connection). Returns it; calling again returns the kept
-    one; ``None`` when the API did not answer (logged: each task then makes its own client, as
-    Prefect does, and fails or succeeds on its own)."""
-    if _WORKER_CLIENT:
-        return _WORKER_CLIENT[0]
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: api_url}):
-            ctx = SyncClientContext()
-        ctx.__enter__()   # checks the API's version: one request
-    except Exception as exc:  # noqa: BLE001  (an initializer that raises breaks the whole pool)
-        log.warning("pool worker %d: no API client kept for %s (%s); each task makes its own", os.getpid(),
-                    api_url, exc)
-        return None
-    _WORKER_CLIENT.append(ctx)
-    return ctx
-
+# ------------------------------------------------------------------ local processes
 
 WORKER_PRELOAD = ("__main__", "flows.pool_worker")
 """What the forkserver of a local pool imports before it forks workers (``__main__``: the
@@ -218,11 +154,12 @@ def worker_context() -> multiprocessing.context.BaseContext:
     :data:`WORKER_PRELOAD` where the platform has it (Linux, macOS), else ``spawn``.
 
     A forkserver is a single-threaded process that imports the preload once and forks each worker
-    from itself: a worker then starts with Prefect's task engine and the corpus stages imported
-    (copy-on-write pages) instead of importing them (~2.9 CPU s a worker on the build box), and
-    inherits none of the flow process's threads or open clients, which is why Prefect's own pool
-    spawns rather than forks. Each worker still gets the flow process's working directory,
-    ``sys.path`` and (from Prefect, per task) its environment.
+    from itself: a worker then starts with the corpus stages imported (copy-on-write pages)
+    instead of importing them (~2.9 CPU s a worker on the build box), and inherits none of the
+    build process's threads or open clients. It lives as long as the build process (every stage
+    pool forks from the same one), is killed when a stage is interrupted, and is stopped and waited
+    for when the process exits (:func:`pool_processes`), so its CPU time counts as the process's
+    children's.
     """
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
@@ -231,89 +168,125 @@ def worker_context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
-def _forkserver_pid() -> int | None:
-    """The pid of this process's ``multiprocessing`` forkserver, None when none runs."""
-    from multiprocessing import forkserver  # noqa: PLC0415  (stdlib; absent on Windows)
-
-    return getattr(forkserver._forkserver, "_forkserver_pid", None)
-
-
-def _stop_forkserver(kill: bool = False) -> None:
-    """Stop this process's forkserver and wait for it (so its CPU time, and that of the workers it
-    reaped, counts as this process's children's, and no process with stale imports lingers).
-    ``ForkServer._stop`` is private, CPython's own tests use it; without it, nothing is done.
-
-    ``kill``: SIGKILL it first, for an interrupted run whose workers are already gone. Stopped
-    the ordinary way, the forkserver exits through a full interpreter shutdown of the modules it
-    preloaded (Prefect, the stages), ~3 s of a loaded 2-core box in which the run's pool outlived
-    its workers; it holds nothing that needs flushing (it only forks)."""
-    from multiprocessing import forkserver  # noqa: PLC0415  (stdlib; absent on Windows)
-
-    stop = getattr(forkserver._forkserver, "_stop", None)
-    if stop is None:
-        return
-    pid = _forkserver_pid()
-    if kill and pid is not None:
+def pool_processes() -> tuple[psutil.Process | None, list[psutil.Process]]:
+    """``(forkserver, workers)``: this process's ``multiprocessing`` forkserver (None when none
+    runs) and the pool workers it forked, or the spawned pool workers where there is no
+    forkserver; read from the process table (psutil), so a signal handler can find them."""
+    forkserver, workers = None, []
+    spawned = "forkserver" not in multiprocessing.get_all_start_methods()   # else a spawned child is not a pool's
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return None, []
+    for child in children:
         try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    stop()
+            cmd = " ".join(child.cmdline())
+            if "multiprocessing.forkserver" in cmd and child.status() != psutil.STATUS_ZOMBIE:
+                forkserver = child
+                workers += [w for w in child.children() if _running(w)]
+            elif spawned and "multiprocessing.spawn" in cmd:
+                workers.append(child)
+        except psutil.Error:
+            continue
+    return forkserver, workers
 
 
-class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
-    """Prefect's ``ProcessPoolTaskRunner`` whose workers start from a preloaded forkserver
-    (:func:`worker_context`), use the parent's API (no server each), whose process still exits
-    after a worker was killed mid-message, and which stops at once when the run is interrupted.
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
-    Interrupted (SIGTERM, Ctrl-C): the workers are terminated from the signal handler, before the
-    flow unwinds, and on exit the queued shards are cancelled (:meth:`stop_workers`); Prefect's
-    own exit waits for every in-flight task (a shard: minutes at full size). Measured (a real pool
-    of 2 workers, each inside a shard, beside other jobs on the 2-core box): both workers gone
-    0.05 s after SIGTERM, no cache entry written (``tests/test_flow_runners.py``). The pool also
-    starts this process's reaper (:func:`funnelrag.reaper.ensure_reaper`) when none runs, so a
-    ``kill -9`` of a flow run started from Python or by a Prefect worker, not only of the CLI,
-    leaves no forkserver, worker, resource tracker or ephemeral API behind.
 
-    Prefect's ``__enter__`` makes a ``spawn`` executor (it starts no process until the first
-    submit); this runner replaces it with one of :func:`worker_context`, with the same initializer
-    (Prefect's log and event forwarding to the parent, then :func:`init_worker`). A forkserver this
-    runner started is stopped on exit, so each pool imports the code as it is then, as ``spawn`` did.
+def _stop_forkserver_at_exit() -> None:
+    """At interpreter exit: stop this process's forkserver and wait for it (no pool runs then),
+    so its CPU and that of the workers it reaped count as this process's children's."""
+    forkserver, _ = pool_processes()
+    if forkserver is None:
+        return
+    try:
+        forkserver.terminate()
+        forkserver.wait(5)
+    except (psutil.Error, OSError):
+        pass
 
-    The workers send their log records and events to the parent through one multiprocessing
-    queue, whose write lock a worker holds while it sends. A worker killed then (the OOM killer,
-    ``kill -9``; :mod:`flows.shard_retry` runs its shard again on a fresh pool) leaves that lock
-    held for ever: on exit the runner cannot send the queue its stop message (Prefect waits 5 s,
-    warns and leaves the queue), and at interpreter exit ``multiprocessing`` joins the queue's
-    feeder thread, which waits for the lock, so the process never ended (a CLI build, or the test
-    run, hung after its last line). :meth:`__exit__` tells such a queue not to be joined
-    (``cancel_join_thread``); nothing is lost that was not already undeliverable.
+
+_EXIT_HOOK: list[int] = []   # the pid whose atexit hook is registered (a forked child has another)
+
+
+class LocalShardPool:
+    """One stage's ``ProcessPoolExecutor`` on this box; a context manager whose :meth:`submit`
+    returns a :class:`flows.shard_retry.ShardFuture`.
+
+    On entry: the main script's ``__main__`` guard is checked (:func:`flows.main_guard.check_main_guard`),
+    this process's reaper is started (:func:`funnelrag.reaper.ensure_reaper`: a ``kill -9`` of a
+    flow run started from Python or by a Prefect worker leaves no forkserver or worker behind) and,
+    in the main thread, a SIGTERM / SIGINT handler is put in front of the one there (Prefect's,
+    which raises ``TerminationSignal`` in the flow, or Python's ``KeyboardInterrupt``): it sends
+    SIGTERM to the pool's workers first, so they stop at once, not after the flow unwinds. The
+    executor starts on the first :meth:`submit` (a stage that is a cache hit starts no process).
+
+    On exit: the executor is shut down (its workers end); after an interruption
+    (``BaseException`` that is not an ``Exception``) the workers are stopped instead and the
+    queued shards cancelled (:meth:`stop_workers`), so an in-flight shard writes no cache entry.
     """
 
-    def __enter__(self) -> "SharedAPIProcessPoolTaskRunner":
-        check_main_guard()   # a main script without a __main__ guard: its workers would run it again and die
-        ensure_reaper()   # a kill -9 of this process (from Python, a Prefect worker's run) leaves no worker behind
-        super().__enter__()
-        ctx = worker_context()
-        self._owns_forkserver = ctx.get_start_method() == "forkserver" and _forkserver_pid() is None
-        spawn_pool = self._executor
-        initargs = spawn_pool._initargs
-        if len(initargs) == 3 and initargs[1] is init_worker:
-            # (queue, init_worker, (levels,)): the workers also keep one client of this flow run's API
-            initargs = (initargs[0], init_worker, (*initargs[2][:1], flow_run_api_url()))
-        self._executor = ProcessPoolExecutor(max_workers=self._max_workers, mp_context=ctx,
-                                             initializer=spawn_pool._initializer, initargs=initargs)
-        spawn_pool.shutdown(wait=False)
+    def __init__(self, stage: str, workers: int):
+        self.stage, self.workers = stage, workers
+        self.shards = self.renewed = 0
+        self.seconds = 0.0
+        self._executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._chained: dict[int, tuple[Any, Callable[..., Any]]] = {}
+
+    def __enter__(self) -> "LocalShardPool":
+        check_main_guard()
+        ensure_reaper()
+        if _EXIT_HOOK != [os.getpid()]:
+            _EXIT_HOOK[:] = [os.getpid()]
+            atexit.register(_stop_forkserver_at_exit)
+        self._ctx = worker_context()
+        self._initargs = (run_log_levels(), dict(os.environ), os.getcwd())
+        self._t0 = time.perf_counter()
         self._chain_signal_handlers()
         return self
 
+    def _new_executor(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx, initializer=init_worker,
+                                   initargs=self._initargs)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> ShardFuture:
+        """``fn(*args)`` in a worker (:func:`run_shard`); its future retries a dead worker's shard."""
+        self.shards += 1
+        return ShardFuture(self, fn, args)
+
+    def submit_once(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[ProcessPoolExecutor, Future]:
+        """One attempt: ``(executor, future)``; a pool already broken gives a future holding its error."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = self._new_executor()
+            executor = self._executor
+        try:
+            return executor, executor.submit(run_shard, fn, list(args))
+        except BrokenProcessPool as exc:
+            failed: Future = Future()
+            failed.set_exception(exc)
+            return executor, failed
+
+    def renew(self, broken: ProcessPoolExecutor) -> bool:
+        """Replace ``broken`` by a fresh executor, once per break (the other shards of the same
+        break find it renewed); True if this call renewed it."""
+        with self._lock:
+            if self._executor is not broken:
+                return False
+            broken.shutdown(wait=False, cancel_futures=True)
+            self._executor = self._new_executor()
+            self.renewed += 1
+            return True
+
     def _chain_signal_handlers(self) -> None:
-        """On SIGTERM or SIGINT, terminate the pool's workers first, then run the handler that was
-        there (Prefect's, which raises ``TerminationSignal`` in the flow, or ``KeyboardInterrupt``):
-        the workers stop at once, not after the flow's bookkeeping unwinds (MLflow run ended,
-        Prefect state set), then :meth:`stop_workers` on exit. Only in the main thread (the only
-        one that may set handlers) and over a Python handler (a default or ignored signal is left)."""
-        self._chained: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+        """Only in the main thread (the only one that may set handlers) and over a Python handler
+        (a default or ignored signal is left as it is)."""
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in INTERRUPT_SIGNALS:
@@ -325,89 +298,142 @@ class SharedAPIProcessPoolTaskRunner(ProcessPoolTaskRunner):
                 self._chained[sig] = (previous, on_interrupt)
                 signal.signal(sig, on_interrupt)
 
-    def _signal_workers(self) -> None:
-        """SIGTERM to each worker process; only signals (no lock a signal handler could deadlock on)."""
-        executor = getattr(self, "_executor", None)
-        for p in list((getattr(executor, "_processes", None) or {}).values()):
-            try:
-                os.kill(p.pid, signal.SIGTERM)
-            except OSError:
-                continue
-
     def _restore_signal_handlers(self) -> None:
-        for sig, (previous, ours) in getattr(self, "_chained", {}).items():
+        for sig, (previous, ours) in self._chained.items():
             if signal.getsignal(sig) is ours:
                 signal.signal(sig, previous)
         self._chained = {}
 
-    def submit(self, *args: Any, **kwargs: Any) -> Any:
-        return _submit_under_parent_api(super().submit, *args, **kwargs)
+    def _signal_workers(self) -> None:
+        """SIGTERM to each pool worker; only signals and the process table (no lock a signal
+        handler could deadlock on)."""
+        if self._executor is None:
+            return
+        for p in pool_processes()[1]:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                continue
 
     def stop_workers(self, grace_s: float = WORKER_STOP_GRACE_S) -> list[int]:
-        """Stop the pool now, for a run that was interrupted (SIGTERM, Ctrl-C): queued shard tasks
-        are cancelled and the worker processes terminated (SIGKILL after ``grace_s`` seconds), so
-        an in-flight shard stops where it is and writes no cache entry (entries are renamed into
-        place only when complete: :func:`tasks.corpus.shards.put_cached`; its temp directory,
-        named by the worker's pid, is swept later). Prefect's own exit would wait for every
-        in-flight shard to finish (minutes each at full size). Returns the pids terminated."""
-        executor = getattr(self, "_executor", None)
+        """Stop the pool now, for a stage that was interrupted (SIGTERM, Ctrl-C): queued shards are
+        cancelled, the workers terminated (SIGKILL after ``grace_s`` seconds) and the forkserver
+        killed (it holds nothing to flush; the next pool starts a new one), so an in-flight shard
+        stops where it is and writes no cache entry (entries are renamed into place only when
+        complete: :func:`tasks.corpus.shards.put_cached`; its temp directory, named by the
+        worker's pid, is swept later). Returns the pids of the workers stopped."""
+        executor, self._executor = self._executor, None
         if executor is None:
             return []
-        processes = list((getattr(executor, "_processes", None) or {}).values())
+        forkserver, workers = pool_processes()
         executor.shutdown(wait=False, cancel_futures=True)
-        for p in processes:
-            if p.is_alive():
+        for p in workers:
+            try:
                 p.terminate()
-        deadline = time.monotonic() + grace_s
-        for p in processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
+            except psutil.Error:
+                continue
+        _, alive = psutil.wait_procs(workers, timeout=grace_s)
+        for p in alive:
+            try:
                 p.kill()
-                p.join(1.0)
-        if processes:
-            log.warning("run interrupted: %d shard worker process(es) stopped, queued shards cancelled", len(processes))
-        return [p.pid for p in processes]
+            except psutil.Error:
+                continue
+        if forkserver is not None:
+            try:
+                forkserver.kill()
+            except psutil.Error:
+                pass
+        if workers:
+            log.warning("stage %s interrupted: %d shard worker process(es) stopped, queued shards cancelled",
+                        self.stage, len(workers))
+        return [p.pid for p in workers]
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        queue = getattr(self, "_subprocess_message_queue", None)
         self._restore_signal_handlers()
-        if exc_type is not None and not issubclass(exc_type, Exception):   # SIGTERM, Ctrl-C, SystemExit
-            self.stop_workers()
-            if getattr(self, "_owns_forkserver", False):   # no worker left: the forkserver now, not after
-                self._owns_forkserver = False              # Prefect's exit (5 s on a queue a killed worker locked)
-                _stop_forkserver(kill=True)
         try:
-            super().__exit__(exc_type, exc_value, traceback)
+            if exc_type is not None and not issubclass(exc_type, Exception):   # SIGTERM, Ctrl-C, SystemExit
+                self.stop_workers()
+            elif self._executor is not None:
+                self._executor.shutdown(wait=True, cancel_futures=exc_type is not None)
         finally:
-            if getattr(self, "_owns_forkserver", False):   # after the pool's shutdown: no worker left
-                self._owns_forkserver = False
-                _stop_forkserver()
-            forwarder = getattr(self, "_message_forwarding_thread", None)
-            if queue is not None and forwarder is not None and forwarder.is_alive():
-                log.warning("a worker process died while sending its log records to this process (their "
-                            "queue is locked for good); this process will not wait for that queue at exit")
-                queue.cancel_join_thread()
-                self._message_forwarding_thread = self._subprocess_message_queue = None
+            self._executor = None
+            self.seconds = time.perf_counter() - self._t0
+
+    def report(self) -> str:
+        """One line for the stage's log: shards, where, seconds, renewed pools."""
+        renewed = f"; {self.renewed} broken pool(s) renewed" if self.renewed else ""
+        return (f"stage {self.stage}: {self.shards} shard(s) on {self.workers} local worker process(es) "
+                f"in {self.seconds:.2f} s{renewed}")
 
 
-@task(name="corpus-shard", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=2)
-def shard_call(fn: Callable[..., Any], args: list[Any]) -> Any:
-    """Run one per-shard call ``fn(*args)`` of a stage core (ingest piece, token shard, ...), then
-    give the memory it freed back to the OS (:func:`funnelrag.memory.release_memory`), so a
-    worker that runs many shards holds one shard's memory at a time, not its high-water mark
-    (in a worker process of the pool, or inside :func:`funnelrag.memory.build_collector`,
-    which unfreezes at its end, the objects that outlive a task are frozen, so the next
-    collection skips them; any other process, which may live on after the build, is never
-    frozen)."""
-    try:
-        return fn(*args)
-    finally:
-        release_memory(freeze=multiprocessing.parent_process() is not None or in_build_collector())
+# ------------------------------------------------------------------ Dask
+
+class DaskShardPool:
+    """One stage's ``distributed.Client``; a context manager whose :meth:`submit` returns Dask's
+    future. The client connects on the first :meth:`submit` (a cache hit connects nothing)."""
+
+    def __init__(self, stage: str, runner: "ShardRunner"):
+        self.stage, self._runner = stage, runner
+        self.shards = 0
+        self.seconds = 0.0
+        self._client: Any = None
+
+    def __enter__(self) -> "DaskShardPool":
+        self._t0 = time.perf_counter()
+        return self
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on a Dask worker (:func:`run_shard`); ``pure=False``: every call runs."""
+        if self._client is None:
+            self._client = self._runner.dask_client()
+        self.shards += 1
+        return self._client.submit(run_shard, fn, list(args), pure=False)
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        client, self._client = self._client, None
+        self.seconds = time.perf_counter() - self._t0
+        if client is not None:
+            client.close()
+
+    def report(self) -> str:
+        where = self._runner.cfg.address or f"a LocalCluster of {self._runner.cfg.n_workers()} workers"
+        return f"stage {self.stage}: {self.shards} shard(s) on Dask ({where}) in {self.seconds:.2f} s"
 
 
-def submitter() -> Callable[..., Any]:
-    """``submit(fn, *args) -> ShardFuture`` (:mod:`flows.shard_retry`) on the current flow's task runner."""
-    def submit(fn: Callable[..., Any], *args: Any):
-        return ShardFuture(shard_call.submit, fn, args)   # a shard whose worker died: retried on a fresh pool
+class ShardRunner:
+    """The shard runner of one build (``runner`` of the config), opened by the flow around its
+    stages; each stage opens its own pool with :meth:`pool`.
 
-    return submit
+    For ``runner.kind: dask`` without an address, a ``LocalCluster`` of ``runner.workers``
+    single-threaded worker processes is started on the first shard of the build and closed on
+    exit, so the stages share its workers (and their imports); every stage has a client of its own.
+    """
+
+    def __init__(self, cfg: RunnerConfig):
+        self.cfg = cfg
+        self._cluster: Any = None
+
+    def __enter__(self) -> "ShardRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        cluster, self._cluster = self._cluster, None
+        if cluster is not None:
+            cluster.close()
+
+    def pool(self, stage: str) -> LocalShardPool | DaskShardPool:
+        """A new pool for ``stage`` (use it as a context manager, around the stage's core)."""
+        if self.cfg.kind == "dask":
+            return DaskShardPool(stage, self)
+        return LocalShardPool(stage, self.cfg.n_workers())
+
+    def dask_client(self) -> Any:
+        """A new ``distributed.Client`` of the scheduler at ``address``, or of the build's LocalCluster."""
+        from distributed import Client, LocalCluster  # noqa: PLC0415  (heavy: dask, only for the dask runner)
+
+        if self.cfg.address:
+            return Client(self.cfg.address)
+        if self._cluster is None:
+            self._cluster = LocalCluster(n_workers=self.cfg.n_workers(), threads_per_worker=1, processes=True,
+                                         dashboard_address=None)
+        return Client(self._cluster)

@@ -1,33 +1,38 @@
 """A shard whose local worker process died is run again on a fresh process pool.
 
-When a worker of Prefect's ``ProcessPoolTaskRunner`` dies (OOM killer, ``kill``), the
-``ProcessPoolExecutor`` under it is broken: every future of it raises ``BrokenProcessPool``, the
-task's own retries cannot run (they run inside the dead worker), and later submissions fail too.
-:class:`ShardFuture` (what :func:`flows.runners.submitter` returns) catches that in ``result()``,
-restarts the flow's task runner once per break (:func:`renew_broken_pool`) and submits the shard
-again, at most :data:`WORKER_DEATH_RETRIES` times, each logged; then :class:`ShardWorkerDied`
-names the shard (its stage function and arguments: input file, piece or range). The Dask runner
-never raises ``BrokenProcessPool`` (it reschedules a lost worker's tasks itself).
+When a worker of a ``ProcessPoolExecutor`` dies (OOM killer, ``kill``), the executor is broken:
+every future of it raises ``BrokenProcessPool`` and later submissions fail too.
+:class:`ShardFuture` (what :meth:`flows.runners.LocalShardPool.submit` returns) catches that in
+``result()``, has the stage's pool renew its executor once per break
+(:meth:`flows.runners.LocalShardPool.renew`) and submits the shard again, at most
+:data:`WORKER_DEATH_RETRIES` times, each logged; then :class:`ShardWorkerDied` names the shard
+(its stage function and arguments: input file, piece or range). Dask reschedules a lost
+worker's shards itself.
 """
 from __future__ import annotations
 
 import logging
-import threading
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable
-
-from prefect.context import FlowRunContext
+from typing import Any, Callable, Protocol
 
 from flows.main_guard import MainGuardMissing, guard_message, unguarded_main_script
 
 log = logging.getLogger(__name__)
 
 WORKER_DEATH_RETRIES = 2
-_RENEW = threading.Lock()
 
 
 class ShardWorkerDied(RuntimeError):
     """A shard's worker process died on every attempt (the message names the shard)."""
+
+
+class RenewablePool(Protocol):
+    """What :class:`ShardFuture` needs of a pool: one attempt, and a fresh executor for a broken one."""
+
+    def submit_once(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, Future]: ...
+
+    def renew(self, broken: Any) -> bool: ...
 
 
 def describe_shard(fn: Callable[..., Any], args: tuple[Any, ...], width: int = 120) -> str:
@@ -39,32 +44,28 @@ def describe_shard(fn: Callable[..., Any], args: tuple[Any, ...], width: int = 1
     return f"{getattr(fn, '__name__', fn)}({', '.join(shown)}) of {getattr(fn, '__module__', '?')}"
 
 
-def renew_broken_pool() -> bool:
-    """Restart the current flow's task runner if its process pool is broken; True if it was."""
-    ctx = FlowRunContext.get()
-    runner = ctx.task_runner if ctx is not None else None
-    with _RENEW:
-        executor = getattr(runner, "_executor", None)
-        if executor is None or not getattr(executor, "_broken", False):
-            return False   # renewed already (by another shard of the same break), or no process pool
-        runner.__exit__(None, None, None)
-        runner.__enter__()
-        return True
-
-
 class ShardFuture:
-    """The future of one shard call; ``result()`` resubmits it when its worker process died."""
+    """The future of one shard call; ``result()`` resubmits it when its worker process died.
 
-    def __init__(self, submit: Callable[[Callable[..., Any], list[Any]], Any], fn: Callable[..., Any],
-                 args: tuple[Any, ...], retries: int = WORKER_DEATH_RETRIES):
-        self._submit, self._fn, self._args, self._retries = submit, fn, args, retries
+    Raises (from ``result``)
+    ------------------------
+    flows.main_guard.MainGuardMissing
+        The pool broke under a main script without a ``__main__`` guard (never retried: it would
+        fail the same way).
+    ShardWorkerDied
+        The shard's worker died on each of ``retries + 1`` attempts, each on a fresh pool.
+    """
+
+    def __init__(self, pool: RenewablePool, fn: Callable[..., Any], args: tuple[Any, ...],
+                 retries: int = WORKER_DEATH_RETRIES):
+        self._pool, self._fn, self._args, self._retries = pool, fn, args, retries
         self._attempt = 1
-        self._future = submit(fn, list(args))
+        self._executor, self._future = pool.submit_once(fn, args)
 
-    def result(self, *a: Any, **kw: Any) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         while True:
             try:
-                return self._future.result(*a, **kw)
+                return self._future.result(timeout)
             except BrokenProcessPool as exc:
                 shard = describe_shard(self._fn, self._args)
                 if (script := unguarded_main_script()) is not None:   # its workers died running it again
@@ -77,9 +78,12 @@ class ShardFuture:
                 log.warning("shard %s: a worker process of its pool died (this shard's or one beside it: %s); "
                             "retrying it on a fresh process pool (retry %d of %d)", shard, exc, self._attempt,
                             self._retries)
-                renew_broken_pool()
+                self._pool.renew(self._executor)
                 self._attempt += 1
-                self._future = self._submit(self._fn, list(self._args))
+                self._executor, self._future = self._pool.submit_once(self._fn, self._args)
 
-    def __getattr__(self, name: str) -> Any:   # cancel, wait, state, task_run_id: the current attempt's
-        return getattr(self._future, name)
+    def done(self) -> bool:
+        return self._future.done()
+
+    def cancel(self) -> bool:
+        return self._future.cancel()

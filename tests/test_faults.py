@@ -325,13 +325,14 @@ def square_or_die(marker: str, x: int, die: str) -> int:
 def test_a_shard_whose_worker_died_is_retried_on_a_fresh_pool(prefect_harness, tmp_path):
     from prefect import flow  # noqa: PLC0415
 
-    from flows.runners import RunnerConfig, build_task_runner, submitter  # noqa: PLC0415
+    from flows.runners import RunnerConfig, ShardRunner  # noqa: PLC0415
 
-    @flow(task_runner=build_task_runner(RunnerConfig(workers=2)))
+    @flow
     def squares(die_at: int, die: str) -> list[int]:
-        submit = submitter()
-        futures = [submit(square_or_die, str(tmp_path / f"died-{i}"), i, die if i == die_at else "") for i in range(6)]
-        return [f.result() for f in futures]
+        with ShardRunner(RunnerConfig(workers=2)) as runner, runner.pool("squares") as pool:
+            futures = [pool.submit(square_or_die, str(tmp_path / f"died-{i}"), i, die if i == die_at else "")
+                       for i in range(6)]
+            return [f.result() for f in futures]
 
     import logging  # noqa: PLC0415
 
@@ -355,55 +356,3 @@ def test_a_shard_whose_worker_died_is_retried_on_a_fresh_pool(prefect_harness, t
         squares(4, "always")
 
 
-def die_holding_the_log_queue_lock(marker: str, x: int) -> int:
-    """``x * x``; the first call (``marker`` absent) takes the write lock of the queue that carries
-    this pool worker's log records and events to the parent, then kills the worker: a worker
-    killed while it sends a record, deterministically."""
-
-    from prefect.logging import handlers  # noqa: PLC0415
-
-    if not Path(marker).exists():
-        Path(marker).touch()
-        sink = handlers._api_log_sink   # Prefect's worker side: partial(_enqueue_process_pool_log, queue)
-        assert sink is not None, "this Prefect sends no worker records through a queue"
-        sink.args[0]._wlock.acquire()
-        os.kill(os.getpid(), signal.SIGKILL)
-    return x * x
-
-
-_FLOW_WITH_A_WORKER_KILLED_MID_MESSAGE = """
-import sys
-from prefect import flow
-from flows.runners import RunnerConfig, build_task_runner, submitter
-from tests.test_faults import die_holding_the_log_queue_lock
-
-@flow(task_runner=build_task_runner(RunnerConfig(workers=1)))
-def squares():
-    submit = submitter()
-    return [f.result() for f in [submit(die_holding_the_log_queue_lock, sys.argv[1], x) for x in (2, 3)]]
-
-print("squares", squares(), flush=True)
-"""
-
-
-@pytest.mark.slow
-def test_a_worker_killed_while_sending_a_log_record_does_not_hang_the_exit(prefect_harness, tmp_path):
-    """The shard is retried on a fresh pool and the process ends (it used to hang for ever at
-    interpreter exit, joining the dead worker's locked message queue)."""
-    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    if PREFECT_API_URL.value():
-        env["PREFECT_API_URL"] = PREFECT_API_URL.value()
-    proc = subprocess.Popen([sys.executable, "-c", _FLOW_WITH_A_WORKER_KILLED_MID_MESSAGE, str(tmp_path / "died")],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the flow's process did not exit within 240 s\n{out[-2000:]}\n{err[-3000:]}")
-    assert proc.returncode == 0, err[-3000:]
-    assert "squares [4, 9]" in out
-    assert "retrying it on a fresh process pool" in err and "will not wait for that queue at exit" in err

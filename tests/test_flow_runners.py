@@ -1,21 +1,21 @@
-"""The runner switch: corpus-build through local processes and through prefect-dask's
-DaskTaskRunner on a 2-worker LocalCluster publishes byte-identical artifacts (real enwiki sample,
-re-packed as a multistream dump so that ingest runs in pieces; segment by cluster ranges and a
-passage index in token-budget shards, so every per-shard stage runs on the runner)."""
+"""The runner switch: corpus-build through local processes and through a Dask client of a
+2-worker LocalCluster publishes byte-identical artifacts (real enwiki sample, re-packed as a
+multistream dump so that ingest runs in pieces; segment by cluster ranges and a passage index in
+token-budget shards, so every per-shard stage runs on the runner), and Prefect sees one task run
+per stage, never one per shard."""
 from __future__ import annotations
 
 import bz2
 import json
+import logging
 from pathlib import Path
 
 import pytest
-from prefect.context import get_settings_context
-from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
 from benchmarks.synth_dump import repack
 from flows.corpus_build import enwiki_sample_config
 from flows.corpus_nightly import corpus_build_nightly
-from flows.runners import RunnerConfig, _settings_with_api_url, build_task_runner
+from flows.runners import DaskShardPool, LocalShardPool, RunnerConfig, ShardRunner
 from funnelrag.datasets import resolve
 
 
@@ -23,46 +23,47 @@ def _manifest(summary) -> dict:
     return json.loads((Path(summary["path"]) / "manifest.json").read_text())
 
 
-def test_runner_config_picks_the_task_runner():
-    from prefect.task_runners import ProcessPoolTaskRunner  # noqa: PLC0415
-    from prefect_dask import DaskTaskRunner  # noqa: PLC0415
-
-    assert isinstance(build_task_runner(RunnerConfig(workers=2)), ProcessPoolTaskRunner)
-    remote = build_task_runner(RunnerConfig(kind="dask", address="tcp://scheduler:8786"))
-    assert isinstance(remote, DaskTaskRunner) and remote.address == "tcp://scheduler:8786"
-    local = build_task_runner(RunnerConfig(kind="dask", workers=2))
-    assert local.address is None and local.cluster_kwargs["n_workers"] == 2
+def test_runner_config_picks_the_pool():
+    assert isinstance(ShardRunner(RunnerConfig(workers=2)).pool("tokens"), LocalShardPool)
+    assert ShardRunner(RunnerConfig(workers=2)).pool("tokens").workers == 2
+    remote = ShardRunner(RunnerConfig(kind="dask", address="tcp://scheduler:8786"))
+    assert isinstance(remote.pool("tokens"), DaskShardPool)
 
 
-def test_shard_calls_carry_the_parent_api_url_without_rebuilding_settings():
-    """Each submission runs under settings whose API URL is the parent's; they are made once per
-    URL and base settings, and made again when the base settings change."""
-    url = "http://127.0.0.1:4299/api"
-    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 3}):
-        with _settings_with_api_url(url):
-            first = get_settings_context().settings
-            assert PREFECT_API_URL.value() == url and PREFECT_CLIENT_MAX_RETRIES.value() == 3
-        with _settings_with_api_url(url):
-            assert get_settings_context().settings is first
-        assert PREFECT_API_URL.value() != url
-        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 4}), _settings_with_api_url(url):
-            assert get_settings_context().settings is not first
-            assert PREFECT_API_URL.value() == url and PREFECT_CLIENT_MAX_RETRIES.value() == 4
+def _stage_task_runs(flow_run_id: str) -> dict[str, list[str]]:
+    """``{task run name: [its log lines]}`` of one flow run, read from Prefect's API."""
+    from prefect.client.orchestration import get_client  # noqa: PLC0415
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId  # noqa: PLC0415
+    from prefect.logging.handlers import APILogHandler  # noqa: PLC0415
+
+    APILogHandler().flush()   # the run's last records, still queued in this process
+    with get_client(sync_client=True) as client:
+        runs = {r.id: r for r in client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))}   # the API may list one twice
+        return {r.name: [g.message for g in client.read_logs(
+            log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id])))] for r in runs.values()}
 
 
-def test_dask_local_cluster_build_equals_local_processes(prefect_harness, tmp_path, data_mirror):
+def test_local_and_dask_builds_are_byte_identical_and_show_one_task_run_per_stage(prefect_harness, tmp_path,
+                                                                                 data_mirror):
     dump = tmp_path / "enwiki-sample-multistream.xml.bz2"
     repack(bz2.decompress(resolve("enwiki-sample", data_mirror).read_bytes()), dump, pages_per_stream=10)
     summaries = {}
-    for kind in ("local", "dask"):
-        home = tmp_path / kind
-        home.mkdir()
-        cfg = enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
-                                   source={"datasets": [], "paths": [dump]},
-                                   runner={"kind": kind, "workers": 2, "streams_per_piece": 3, "docs_per_shard": 30,
-                                           "tokens_per_shard": 100_000},
-                                   index={"passage_shard_tokens": 250_000})
-        summaries[kind] = corpus_build_nightly(cfg)
+    task_runs = logging.getLogger("prefect.task_runs")   # the tests' Prefect logs WARNING and up only
+    level = task_runs.level
+    task_runs.setLevel(logging.INFO)
+    try:
+        for kind in ("local", "dask"):
+            home = tmp_path / kind
+            home.mkdir()
+            cfg = enwiki_sample_config(workspace={"home": home, "data_mirror": data_mirror},
+                                       source={"datasets": [], "paths": [dump]},
+                                       runner={"kind": kind, "workers": 2, "streams_per_piece": 3,
+                                               "docs_per_shard": 30, "tokens_per_shard": 100_000},
+                                       index={"passage_shard_tokens": 250_000})
+            summaries[kind] = corpus_build_nightly(cfg)
+    finally:
+        task_runs.setLevel(level)
     local, dask = (_manifest(summaries[k]) for k in ("local", "dask"))
     assert local["content_digest"] == dask["content_digest"]
     assert local["files"] == dask["files"]
@@ -71,6 +72,14 @@ def test_dask_local_cluster_build_equals_local_processes(prefect_harness, tmp_pa
     assert summaries["dask"]["shards"]["cluster_token_shards"]["built"] > 1
     assert summaries["local"]["counts"] == summaries["dask"]["counts"]
     assert summaries["local"]["counts"]["documents"] > 50
+    for kind, where in (("local", "on 2 local worker process(es)"), ("dask", "on Dask (a LocalCluster of 2 workers)")):
+        runs = _stage_task_runs(summaries[kind]["prefect_flow_run_id"])
+        stages = sorted(name.rsplit("-", 1)[0] for name in runs)
+        assert stages == ["cluster", "gate", "index", "ingest", "publish", "segment", "tokens"], runs.keys()
+        for stage in ("ingest", "tokens", "segment", "index"):
+            lines = next(lines for name, lines in runs.items() if name.rsplit("-", 1)[0] == stage)
+            shards = [line for line in lines if line.startswith(f"stage {stage}: ") and where in line]
+            assert len(shards) == 1 and int(shards[0].split(": ")[1].split()[0]) > 1, (stage, lines)
 
 
 def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data_mirror):
@@ -114,58 +123,37 @@ def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data
     assert _manifest(tonight)["content_digest"] == _manifest(scratch)["content_digest"] != _manifest(first)["content_digest"]
 
 
-def worker_facts(name: str) -> dict:
-    """What a pool worker sees: its parent, whether it forked from the preloaded forkserver, the
-    parent's environment variable ``name``, and its young collection threshold."""
-    import gc  # noqa: PLC0415
-    import os  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    from prefect.client.orchestration import get_client  # noqa: PLC0415
-    from prefect.context import FlowRunContext  # noqa: PLC0415
-
-    from flows.runners import _WORKER_CLIENT  # noqa: PLC0415
-
-    kept = _WORKER_CLIENT[0].client if _WORKER_CLIENT else None
-    return {"pid": os.getpid(), "ppid": os.getppid(), "preloaded": "flows.pool_worker" in sys.modules,
-            "env": os.environ.get(name), "young": gc.get_threshold()[0],
-            "kept_client": kept is not None and get_client(sync_client=True) is kept
-            and FlowRunContext.get().client is kept, "api": str(kept.api_url) if kept is not None else None}
-
-
-def test_local_workers_fork_from_a_preloaded_forkserver_that_stops_with_the_pool(prefect_harness, monkeypatch):
+def test_local_workers_fork_from_one_preloaded_forkserver_and_run_plain_python(monkeypatch):
     """Each worker forks from a forkserver that imported the stages (not from this process, not
-    spawned bare), gets this process's environment and the pool initializer's threshold, and runs
-    every task with the one API client it kept from its start, on the flow run's API; the
-    forkserver is gone once the flow's pool closed, and the next pool starts a new one."""
+    spawned bare), gets this process's environment as it was when its stage's pool started and
+    the build's young threshold, and runs its shards without Prefect; each stage's pool has
+    workers of its own, forked from the same forkserver, which lives as long as this process."""
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    from prefect import flow  # noqa: PLC0415
-
-    from flows.runners import _forkserver_pid, submitter  # noqa: PLC0415
+    from flows.runners import pool_processes  # noqa: PLC0415
+    from tests.pool_probe import worker_facts  # noqa: PLC0415  (a module without Prefect: the workers import it)
     from funnelrag.memory import YOUNG_COLLECTION_OBJECTS  # noqa: PLC0415
 
     if not sys.platform.startswith("linux"):
-        pytest.skip("the forkserver's pid is read from the stdlib's Linux forkserver")
+        pytest.skip("the forkserver is read from Linux's process table")
 
-    @flow(task_runner=build_task_runner(RunnerConfig(workers=2)))
-    def facts(name: str) -> list[dict]:
-        submit = submitter()
-        return [f.result() for f in [submit(worker_facts, name) for _ in range(4)]]
+    def stage(name: str) -> list[dict]:
+        with ShardRunner(RunnerConfig(workers=2)) as runner, runner.pool("facts") as pool:
+            facts = [f.result() for f in [pool.submit(worker_facts, name) for _ in range(4)]]
+        assert pool.shards == 4 and not pool_processes()[1]   # the stage's workers ended with its pool
+        return facts
 
-    api = str(PREFECT_API_URL.value()).rstrip("/")
     monkeypatch.setenv("FUNNELRAG_TEST_WORKER_ENV", "first pool")
-    first = facts("FUNNELRAG_TEST_WORKER_ENV")
-    assert _forkserver_pid() is None
+    first = stage("FUNNELRAG_TEST_WORKER_ENV")
     monkeypatch.setenv("FUNNELRAG_TEST_WORKER_ENV", "second pool")
-    second = facts("FUNNELRAG_TEST_WORKER_ENV")
+    second = stage("FUNNELRAG_TEST_WORKER_ENV")
     for run, want in ((first, "first pool"), (second, "second pool")):
         assert all(f["preloaded"] and f["env"] == want and f["young"] == YOUNG_COLLECTION_OBJECTS for f in run), run
-        assert all(f["kept_client"] and f["api"].rstrip("/") == api for f in run), run
+        assert not any(f["prefect"] for f in run), run
         assert {f["ppid"] for f in run} != {os.getpid()} and len({f["ppid"] for f in run}) == 1, run
-        assert not Path(f"/proc/{run[0]['ppid']}").exists()   # the forkserver ended and was waited for
-    assert first[0]["ppid"] != second[0]["ppid"]
+    assert first[0]["ppid"] == second[0]["ppid"] == pool_processes()[0].pid   # one forkserver
+    assert not {f["pid"] for f in first} & {f["pid"] for f in second}
 
 
 def slow_cache_entry(cache_dir: str, name: str) -> None:
@@ -184,7 +172,7 @@ def slow_cache_entry(cache_dir: str, name: str) -> None:
 
 def test_sigterm_stops_in_flight_shards_at_once_and_cancels_queued_ones(prefect_harness, tmp_path):
     """SIGTERM to a flow run whose two workers are each inside a shard, a third shard queued: the
-    flow ends within seconds (Prefect's own exit waits for every in-flight task), the workers are
+    flow ends within seconds (a pool's own shutdown waits for every in-flight shard), the workers are
     gone, no cache entry is written (their temp directories carry their pids: swept), the queued
     shard never starts."""
     import os  # noqa: PLC0415
@@ -195,14 +183,13 @@ def test_sigterm_stops_in_flight_shards_at_once_and_cancels_queued_ones(prefect_
     from prefect import flow  # noqa: PLC0415
 
     from data_contracts.base import parse_temp_name  # noqa: PLC0415
-    from flows.runners import submitter  # noqa: PLC0415
     from funnelrag.reaper import pid_alive, sweep_stale_temp_dirs  # noqa: PLC0415
 
-    @flow(task_runner=build_task_runner(RunnerConfig(workers=2)))
+    @flow
     def three_shards(cache_dir: str) -> None:
-        submit = submitter()
-        for f in [submit(slow_cache_entry, cache_dir, f"k{i}") for i in range(3)]:
-            f.result()
+        with ShardRunner(RunnerConfig(workers=2)) as runner, runner.pool("slow") as pool:
+            for f in [pool.submit(slow_cache_entry, cache_dir, f"k{i}") for i in range(3)]:
+                f.result()
 
     sent: list[float] = []
     workers_gone: list[float] = []

@@ -19,15 +19,16 @@ from flows.shard_retry import ShardFuture, ShardWorkerDied
 ROOT = Path(__file__).resolve().parents[1]
 FLOW = '''from prefect import flow
 
-from flows.runners import RunnerConfig, build_task_runner, submitter
+from flows.runners import RunnerConfig, ShardRunner
 
 
 @flow
 def tiny():
-    return submitter()(abs, -3).result()
+    with ShardRunner(RunnerConfig(workers=1)) as runner, runner.pool("tiny") as pool:
+        return pool.submit(abs, -3).result()
 
 '''
-CALL = 'print("result", tiny.with_options(task_runner=build_task_runner(RunnerConfig(workers=1)))())\n'
+CALL = 'print("result", tiny())\n'
 GUARDED = FLOW + 'if __name__ == "__main__":\n    ' + CALL
 
 
@@ -63,26 +64,38 @@ def test_no_script_no_guard_needed(monkeypatch, tmp_path):
     assert unguarded_main_script() is None
 
 
-def _broken(fn, args):
-    future = Future()
-    future.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
-    return future
+class BrokenEveryTime:
+    """A pool whose every attempt finds its worker dead (what a real pool of a dying script gives)."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.renewed = 0
+
+    def submit_once(self, fn, args):
+        self.calls.append(args)
+        future = Future()
+        future.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+        return len(self.calls), future
+
+    def renew(self, broken) -> bool:
+        self.renewed += 1
+        return True
 
 
 def test_broken_pool_under_an_unguarded_script_is_named_not_retried(monkeypatch, tmp_path):
     script = tmp_path / "nightly_by_hand.py"
     script.write_text(FLOW + CALL)
     _main_module(monkeypatch, script)
-    calls = []
+    pool = BrokenEveryTime()
     with pytest.raises(MainGuardMissing, match=r"shard abs\(-3\) of builtins: its worker process died; .*nightly_by_hand\.py"):
-        ShardFuture(lambda fn, args: calls.append(args) or _broken(fn, args), abs, (-3,)).result()
-    assert calls == [[-3]]   # no retry: it would fail the same way
+        ShardFuture(pool, abs, (-3,)).result()
+    assert pool.calls == [(-3,)] and pool.renewed == 0   # no retry: it would fail the same way
 
-    script.write_text(GUARDED)   # a guarded script: a dead worker is retried, then named as before
-    calls.clear()
+    script.write_text(GUARDED)   # a guarded script: a dead worker is retried on a fresh pool, then named
+    pool = BrokenEveryTime()
     with pytest.raises(ShardWorkerDied, match="OOM killer"):
-        ShardFuture(lambda fn, args: calls.append(args) or _broken(fn, args), abs, (-3,)).result()
-    assert len(calls) == 3
+        ShardFuture(pool, abs, (-3,)).result()
+    assert len(pool.calls) == 3 and pool.renewed == 2
 
 
 def _run(script: Path, api_url: str) -> subprocess.CompletedProcess:

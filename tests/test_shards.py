@@ -344,18 +344,18 @@ def test_release_memory_gives_a_finished_tasks_heap_back():
     assert all(b[1000:] == (100 * i).to_bytes(4, "little") for i, b in enumerate(keep))
 
 
-def test_shard_call_releases_memory_after_the_call_even_when_it_fails(monkeypatch):
+def test_run_shard_releases_memory_after_the_call_even_when_it_fails(monkeypatch):
     from flows import runners
 
     calls = []
     monkeypatch.setattr(runners, "release_memory", lambda freeze: calls.append(("release", freeze)))
-    assert runners.shard_call.fn(lambda a, b: calls.append("call") or a + b, [2, 3]) == 5
+    assert runners.run_shard(lambda a, b: calls.append("call") or a + b, [2, 3]) == 5
     assert calls == ["call", ("release", False)]   # this test's process is no pool's child: never frozen
 
     def boom():
         raise ValueError("shard 7: bad record")
     with pytest.raises(ValueError, match="shard 7"):
-        runners.shard_call.fn(boom, [])
+        runners.run_shard(boom, [])
     assert calls == ["call", ("release", False), ("release", False)]
 
 
@@ -445,33 +445,54 @@ def test_build_collector_leaves_a_processs_own_freeze_alone():
     assert any(o is mine for o in gc.get_objects())
 
 
-def test_shard_call_freezes_inside_a_build_collector(monkeypatch):
+def test_run_shard_freezes_inside_a_build_collector(monkeypatch):
     from flows import runners
     from funnelrag.memory import build_collector
 
     calls = []
     monkeypatch.setattr(runners, "release_memory", lambda freeze: calls.append(freeze))
     with build_collector():
-        runners.shard_call.fn(lambda: None, [])
-    runners.shard_call.fn(lambda: None, [])
+        runners.run_shard(lambda: None, [])
+    runners.run_shard(lambda: None, [])
     assert calls == [True, False]
 
 
-def test_init_worker_sets_levels_and_the_young_threshold():
+def test_init_worker_sets_levels_environment_directory_stderr_lines_and_the_young_threshold(monkeypatch, tmp_path):
+    """A pool worker's start: the parent's levels, environment (the forkserver's own is older) and
+    directory, our loggers writing to the worker's stderr only (no Prefect handler), and the young
+    collection threshold of a build."""
     import gc
     import logging
+    import os
+    import sys
 
     from flows.runners import init_worker
+    from funnelrag.config import RUN_LOGGERS
     from funnelrag.memory import YOUNG_COLLECTION_OBJECTS
 
-    old, level = gc.get_threshold(), logging.getLogger("tasks").level
+    old = gc.get_threshold()
+    loggers = {n: (logging.getLogger(n).level, logging.getLogger(n).handlers[:], logging.getLogger(n).propagate)
+               for n in RUN_LOGGERS}
+    monkeypatch.setenv("FUNNELRAG_TEST_STALE", "forkserver's")
+    monkeypatch.chdir(tmp_path.parent)
+    environ = {k: v for k, v in os.environ.items() if k != "FUNNELRAG_TEST_STALE"}
     try:
-        init_worker({"tasks": logging.DEBUG})
+        init_worker({"tasks": logging.DEBUG}, {**environ, "FUNNELRAG_TEST_PARENT": "pool start"}, str(tmp_path))
         assert gc.get_threshold() == (YOUNG_COLLECTION_OBJECTS, *old[1:])
         assert logging.getLogger("tasks").level == logging.DEBUG
+        assert os.environ["FUNNELRAG_TEST_PARENT"] == "pool start" and "FUNNELRAG_TEST_STALE" not in os.environ
+        assert os.getcwd() == str(tmp_path)
+        for name in RUN_LOGGERS:
+            handlers = logging.getLogger(name).handlers
+            assert len(handlers) == 1 and handlers[0].stream is sys.stderr and not logging.getLogger(name).propagate
     finally:
+        os.environ.pop("FUNNELRAG_TEST_PARENT", None)
         gc.set_threshold(*old)
-        logging.getLogger("tasks").setLevel(level)
+        for name, (level, handlers, propagate) in loggers.items():
+            logger = logging.getLogger(name)
+            logger.setLevel(level)
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
 
 
 def test_a_failed_rename_of_a_finished_cache_entry_is_not_swallowed(tmp_path):

@@ -13,7 +13,7 @@ a single index over all passages would store. A query scores each shard, keeps i
 In the corpus build (``index.passage_shard_tokens`` > 0, :func:`build_passage_shards`) a shard is a
 range of whole clusters of ``passages.parquet`` cut by tokens with content-defined cuts
 (:func:`tasks.corpus.shards.cluster_ranges`); both steps run per shard through
-``submit(fn, *args) -> future`` (the flow's ``corpus-shard`` tasks) and the published
+``submit(fn, *args) -> future`` (the index stage's pool) and the published
 ``index/passages.bm25/`` holds ``shards.json``, ``global_stats.json`` and ``shard-00000/``, ….
 :func:`load_passage_index` opens either layout.
 """
@@ -57,7 +57,7 @@ class IndexLayout:
         content-defined cuts (:func:`tasks.corpus.shards.cluster_ranges`: ``passage_shard_tokens / 2``
         to ``passage_shard_tokens`` tokens a shard, so a worker's memory is bounded whatever the
         dump's size, and an edited page moves no other shard), indexed with corpus-wide statistics
-        as ``corpus-shard`` tasks; search results equal the single index's. An explicit setting
+        as shards of the index stage; search results equal the single index's. An explicit setting
         rather than one derived from ``runner``: it changes the published files (and the content
         digest), which no runner setting may.
     """

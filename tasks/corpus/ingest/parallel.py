@@ -11,7 +11,7 @@ report, the titles and redirect tables, the link accounting and the set of kept 
 one the serial pass builds, so the artifacts are byte-identical to the serial path's.
 
 Workers are submitted through any executor with ``submit(fn, *args) -> future`` (a
-``concurrent.futures`` pool, or the Prefect task runner of the corpus-build flow); at most
+``concurrent.futures`` pool, or the ingest stage's pool in the corpus-build flow); at most
 ``window`` tasks are in flight or finished-but-not-replayed, which bounds coordinator memory. A
 full build submits one piece a task; a build that applies adds-changes submits runs of a few
 consecutive pieces a task (:func:`piece_batches`, :func:`parse_pieces`): such a piece is patched

@@ -1,0 +1,15 @@
+"""What a local pool worker sees, in a module that imports nothing heavy (a worker imports the
+module of each function it runs, so a probe kept in a test module would load Prefect there)."""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+
+def worker_facts(name: str) -> dict:
+    """A pool worker's pid and parent, whether it forked from the preloaded forkserver, the
+    parent's environment variable ``name``, its young collection threshold, whether Prefect is
+    loaded in it."""
+    return {"pid": os.getpid(), "ppid": os.getppid(), "preloaded": "flows.pool_worker" in sys.modules,
+            "env": os.environ.get(name), "young": gc.get_threshold()[0], "prefect": "prefect" in sys.modules}
