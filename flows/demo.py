@@ -3,6 +3,11 @@
 Runs, in order, each step's flow with its YAML config from ``configs/`` (all sharing one
 workspace: artifact store, cache and MLflow SQLite under ``workspace.home``), then prints one
 summary. Steps whose flow module is missing are reported, not skipped silently.
+
+A step's settings, lowest first: its shipped YAML file (the same file a deployment or a user's
+``funnelrag <command> --config`` runs), the demo's own sizes for that step
+(``configs/demo.yaml``: what keeps the demo within minutes on two CPU cores, and nothing else
+uses), the user's ``overrides``, then the demo's workspace.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from funnelrag.store import write_json
 
 log = logging.getLogger(__name__)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+DEMO_SIZES = "demo.yaml"     # {step: settings} over each step's shipped config, for the demo only
 
 # (step name, flow module, command name, config file in configs/)
 STEPS: dict[str, tuple[str, str, str]] = {
@@ -54,6 +60,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"demo: unknown step(s) {unknown}; known: {list(STEPS)}")
     missing = [f for _, _, f in (STEPS[s] for s in cfg.steps) if not (CONFIG_DIR / f).is_file()]
+    missing += [] if (CONFIG_DIR / DEMO_SIZES).is_file() else [DEMO_SIZES]
     if missing:
         raise FileNotFoundError(f"demo: step config(s) {missing} missing in {CONFIG_DIR}")
     out: dict[str, Any] = {}
@@ -69,13 +76,33 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
 
 def step_command(cfg: DemoConfig, step: str) -> tuple[FlowCommand, Any]:
-    """The command of ``step`` and its config: the YAML file, ``cfg.overrides[step]``, the demo's workspace."""
+    """The command of ``step`` and its config: the YAML file, the demo's sizes for the step
+    (:func:`demo_sizes`), ``cfg.overrides[step]``, the demo's workspace."""
 
     module, command, config_file = STEPS[step]
     cmd = next(c for c in importlib.import_module(module).COMMANDS if c.name == command)
     data = yaml.safe_load((CONFIG_DIR / config_file).read_text()) or {}
-    data = deep_merge(deep_merge(data, cfg.overrides.get(step, {})), {"workspace": cfg.workspace.model_dump()})
+    for layer in (demo_sizes().get(step, {}), cfg.overrides.get(step, {}), {"workspace": cfg.workspace.model_dump()}):
+        data = deep_merge(data, layer)
     return cmd, cmd.config_model.model_validate(data)
+
+
+def demo_sizes(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The demo's own settings per step (``configs/demo.yaml``), merged over the step's shipped config.
+
+    Raises
+    ------
+    ValueError
+        The file is not a mapping of known step names to mappings (names the file and the step).
+    """
+    path = path or CONFIG_DIR / DEMO_SIZES
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of step name to settings, got {type(data).__name__}")
+    for step, settings in data.items():
+        if step not in STEPS or not isinstance(settings, dict):
+            raise ValueError(f"{path}: {step!r} must be one of {list(STEPS)} with a mapping of settings")
+    return data
 
 
 def summary_path(cfg: DemoConfig) -> Path:

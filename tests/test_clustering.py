@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from data_contracts.corpus import CLUSTER_MEMBERS, CLUSTERS, GRAPH_METRICS
 from tasks.corpus.clustering import (Clustering, ClusteringConfig, check_clustering, cluster_documents, cluster_members_table,
-                              clusters_table, ego_closeness, graph_metrics_table)
+                              clusters_table, ego_closeness, graph_metrics_table, _sort_prefix)
 from tasks.corpus.graph import CSRGraph, build_graph, graph_metrics
 
 
@@ -202,3 +202,15 @@ def test_contracts_reject_bad_coefficients_and_positions():
     bad = gm.set_column(3, "clustering_coefficient", pa.array([1.0, 1.5, 1.0]))
     with pytest.raises(ContractViolation, match="outside \\[0, 1\\]"):
         GRAPH_METRICS.validate(bad)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 15, 16, 17, 18, 100, 1001])
+def test_sort_prefix_equals_numpy_sort(k):
+    """Algorithm 1's own compiled sort of a row's neighbour keys (distinct int64) equals np.sort,
+    and leaves the rest of the scratch array alone."""
+    rng = np.random.default_rng(k)
+    keys = rng.permutation(np.arange(3 * k + 5, dtype=np.int64) * 7919 - 10**12)
+    tail = keys[k:].copy()
+    expected = np.sort(keys[:k])
+    _sort_prefix(keys, k)
+    assert np.array_equal(keys[:k], expected) and np.array_equal(keys[k:], tail)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flows.demo import CONFIG_DIR, STEPS, DemoConfig, run_demo
+from flows.demo import CONFIG_DIR, STEPS, DemoConfig, demo_sizes, run_demo, step_command
 from funnelrag.cli import main
 
 TINY = {
@@ -35,6 +35,23 @@ TINY = {
 
 def test_every_step_names_a_shipped_config():
     assert all((CONFIG_DIR / config).is_file() for _, _, config in STEPS.values())
+
+
+def test_demo_sizes_sit_between_the_shipped_config_and_the_users_overrides(workspace_home):
+    sizes = demo_sizes()
+    assert set(sizes) <= set(STEPS) and sizes["distillation"]["n_train"] == 24
+    cfg = DemoConfig(workspace={"home": workspace_home}, overrides={"distillation": {"n_eval": 7}})
+    dist = step_command(cfg, "distillation")[1]
+    # the demo's sizes over configs/distillation_wikispeedia_cpu.yaml (40 / 30, 3 clusters), the user's over both
+    assert (dist.n_train, dist.n_eval, dist.candidates.n_clusters, dist.distill.towers) == (24, 7, 1, "query")
+    assert step_command(cfg, "corpus-wikispeedia")[1].gate.limit == 50
+
+
+def test_demo_sizes_name_known_steps(tmp_path):
+    bad = tmp_path / "demo.yaml"
+    bad.write_text("distilation: {n_train: 3}\n")
+    with pytest.raises(ValueError, match="distilation"):
+        demo_sizes(bad)
 
 
 def test_unknown_step_is_refused(workspace_home):

@@ -285,6 +285,46 @@ def _splice_kept(kept: KeptClusters, n_tokens: np.ndarray, label: np.ndarray, he
 
 
 @numba.njit(cache=True, nogil=True)
+def _sort_prefix(keys, k):  # pragma: no cover - compiled
+    """Sort ``keys[:k]`` (int64) ascending in place: insertion sort up to 16 keys, heapsort beyond.
+
+    Numba's ``ndarray.sort`` (its generic quicksort) took ~2 of the ~4.6 CPU s that compiling
+    :func:`_algorithm1` costs on a fresh checkout (``benchmarks/numba_compile.py``); these loops
+    compile in a fraction of that. Algorithm 1's keys are distinct (a neighbour's rank is in the
+    low bits), so every correct sort gives the same order (``tests/test_clustering.py``).
+    """
+    if k <= 16:
+        for i in range(1, k):
+            x = keys[i]
+            j = i - 1
+            while j >= 0 and keys[j] > x:
+                keys[j + 1] = keys[j]
+                j -= 1
+            keys[j + 1] = x
+        return
+    n_heapify = k // 2
+    for step in range(n_heapify + k - 1):
+        if step < n_heapify:                  # build the max-heap bottom up
+            pos, size = n_heapify - 1 - step, k
+        else:                                 # move the largest left to the end, heap shrinks
+            size = k - 1 - (step - n_heapify)
+            keys[0], keys[size] = keys[size], keys[0]
+            pos = 0
+        x = keys[pos]
+        while True:                           # sift x down from pos
+            child = 2 * pos + 1
+            if child >= size:
+                break
+            if child + 1 < size and keys[child + 1] > keys[child]:
+                child += 1
+            if keys[child] <= x:
+                break
+            keys[pos] = keys[child]
+            pos = child
+        keys[pos] = x
+
+
+@numba.njit(cache=True, nogil=True)
 def _algorithm1(indptr, indices, support, order, rank, n_tokens, max_tokens, frozen):  # pragma: no cover
     n = indptr.size - 1
     label = np.arange(n).astype(np.int32)     # cluster label of each document
@@ -310,8 +350,8 @@ def _algorithm1(indptr, indices, support, order, rank, n_tokens, max_tokens, fro
         # line 6: neighbours by closeness k / (2k - 1 - c) desc == c desc, then rank asc
         for i in range(k):
             keys[i] = (np.int64(k - support[lo + i]) << 32) | np.int64(rank[indices[lo + i]])
+        _sort_prefix(keys, k)
         ranked = keys[:k]
-        ranked.sort()
         seen[label[d]] = step
         for i in range(k):
             u = order[ranked[i] & low32]

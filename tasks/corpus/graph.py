@@ -278,5 +278,12 @@ def _triangle_pass(indptr, indices, rank, order):  # pragma: no cover - compiled
             support[p] = sup[e]
             v = indices[p]
             lo = indptr[v]
-            support[lo + np.searchsorted(indices[lo:indptr[v + 1]], u)] = sup[e]
+            hi = indptr[v + 1]
+            while lo < hi:                     # binary search for u in v's sorted row (np.searchsorted's
+                mid = (lo + hi) >> 1           # compilation alone costs ~0.7 CPU s on a fresh checkout)
+                if indices[mid] < u:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            support[lo] = sup[e]
     return triangles, support
