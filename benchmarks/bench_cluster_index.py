@@ -26,9 +26,9 @@ from pathlib import Path
 def one(stages: Path, variant: str, tokens_per_shard: int, out: Path) -> dict:
     from data_contracts import corpus as C  # noqa: PLC0415
     from data_contracts.base import sha256_file  # noqa: PLC0415
-    from tasks.corpus.cluster_index import build_cluster_index, cluster_texts  # noqa: PLC0415
+    from tasks.corpus.sharded.cluster_index import build_cluster_index, cluster_texts  # noqa: PLC0415
     from tasks.corpus.index import BM25Config, BM25Index  # noqa: PLC0415
-    from tasks.corpus.shards import run_here  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import run_here  # noqa: PLC0415
 
     import bm25s  # noqa: F401, PLC0415 - imported before the base RSS is taken
     import numba  # noqa: F401, PLC0415

@@ -53,7 +53,7 @@ the corpus, each the way it was done before and the way it is done now (CPU seco
 three, and a check that both give the same result): a full garbage collection in a process with
 the flow's modules imported, before and after ``gc.freeze``; a ``doc_id`` range of
 ``documents.parquet`` read and sorted vs read in order; the passages' ``title\\ntext`` keys
-from a column Arrow joined vs from the two columns (:class:`tasks.corpus.memo.JoinedTexts`); the
+from a column Arrow joined vs from the two columns (:class:`funnelrag.memo.JoinedTexts`); the
 same for every document in a shuffled (cluster) order, taken and joined vs hashed in place; the
 passage token memo's lookup in the callers' order vs in key order; its values gathered one by one vs copied
 by runs; a segment shard's passages written and read back as lz4 Parquet vs uncompressed Arrow
@@ -87,8 +87,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_contracts.base import sha256_file  # noqa: E402
-from tasks.corpus.adds_changes import merge_days, plan_changes  # noqa: E402
-from tasks.corpus.ingest import IngestConfig, ingest  # noqa: E402
+from tasks.sources.adds_changes import merge_days, plan_changes  # noqa: E402
+from tasks.sources.ingest import IngestConfig, ingest  # noqa: E402
 
 
 def _cpu(who: int) -> float:
@@ -144,9 +144,9 @@ def bench_ingest(mirror: Path, work: Path, wiki: str, workers: int) -> None:
 
 
 def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = None) -> None:
-    from tasks.corpus import segment_memo as SM  # noqa: PLC0415 (heavy: after argument parsing)
+    from tasks.corpus.sharded import segment_memo as SM  # noqa: PLC0415 (heavy: after argument parsing)
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.corpus.shards import run_segment_sharded  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import run_segment_sharded  # noqa: PLC0415
 
     newest = functools.partial(_newest, home)
     cfg = SegmentConfig()
@@ -184,7 +184,7 @@ def bench_passage_tokens(home: Path, memo_home: Path) -> None:
 
     from data_contracts import corpus as C  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
-    from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir  # noqa: PLC0415
+    from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir  # noqa: PLC0415
 
     segment = _newest(home, "segment")
     passages = C.PASSAGES.read(segment, columns=["title", "text"])
@@ -199,7 +199,7 @@ def bench_passage_tokens(home: Path, memo_home: Path) -> None:
 
 def bench_index(dump: Path, work: Path) -> None:
     """``index`` (module docstring): the base dump's index read twice vs its kept summary."""
-    from tasks.corpus.ingest.multistream import index_first_ids, index_offsets, index_path, index_summary  # noqa: PLC0415
+    from tasks.sources.ingest.multistream import index_first_ids, index_offsets, index_path, index_summary  # noqa: PLC0415
 
     index = index_path(dump)
     cache = Path(work) / "index-cache"
@@ -215,9 +215,9 @@ def bench_index(dump: Path, work: Path) -> None:
 
 def bench_page_memo(home: Path, work: Path) -> None:
     """Pass 1's page memo written from the parts kept in ``home``'s piece cache (one a piece, what
-    a full build hands to :meth:`tasks.corpus.ingest.page_memo.PageMemo.write`) into ``work``:
+    a full build hands to :meth:`tasks.sources.ingest.page_memo.PageMemo.write`) into ``work``:
     user and system CPU seconds of each of three writes, and the keys written."""
-    from tasks.corpus.ingest.page_memo import PageMemo  # noqa: PLC0415 (heavy: after argument parsing)
+    from tasks.sources.ingest.page_memo import PageMemo  # noqa: PLC0415 (heavy: after argument parsing)
 
     parts = sorted((home / "cache" / "corpus" / "ingest-pieces").glob("*/page-memo-part.arrow"))
     times, n = [], 0
@@ -262,10 +262,10 @@ def bench_memo_writes(home: Path, memo_home: Path, work: Path) -> None:
     import pyarrow.compute as pc  # noqa: PLC0415
 
     from data_contracts import corpus as C  # noqa: PLC0415
-    from tasks.corpus import segment_memo as SM  # noqa: PLC0415
+    from tasks.corpus.sharded import segment_memo as SM  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo  # noqa: PLC0415
+    from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo  # noqa: PLC0415
 
     root, old_root = home / "cache" / "corpus", memo_home / "cache" / "corpus"
     segment = _newest(home, "segment")
@@ -328,9 +328,9 @@ def bench_copies(home: Path) -> None:
 
     import flows.corpus_build  # noqa: F401, PLC0415 (what a shard worker process holds)
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
-    from tasks.corpus.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
-    from tasks.corpus.shards import read_doc_range  # noqa: PLC0415
-    from tasks.corpus.token_memo import TERMS_FIELD, open_token_memo, token_memo_dir  # noqa: PLC0415
+    from funnelrag.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import read_doc_range  # noqa: PLC0415
+    from tasks.corpus.sharded.token_memo import TERMS_FIELD, open_token_memo, token_memo_dir  # noqa: PLC0415
 
     root = home / "cache" / "corpus"
     newest = functools.partial(_newest, home)
@@ -417,7 +417,7 @@ def bench_copies(home: Path) -> None:
         now, (_, new_values) = _best(lambda: memo.take(TERMS_FIELD, hit))
         row(f"token memo values of {hit.size:,} passages", before, now, np.array_equal(old, new_values))
 
-    from tasks.corpus import segment_memo as SM  # noqa: PLC0415
+    from tasks.corpus.sharded import segment_memo as SM  # noqa: PLC0415
 
     shard = max((root / "segment-shards").glob(f"*/{SM.LABELLED_PASSAGES_FILE}"), key=lambda f: f.stat().st_size,
                 default=None)
@@ -452,14 +452,14 @@ def bench_joined_keys(home: Path, texts: str, way: str) -> None:
     """One call, as a night makes it in a process: the token-memo keys of the newest passages'
     (``texts="passages"``) or of every document's (``"members"``, in a seeded shuffled order as
     cluster members come) ``title\\ntext``, joined by Arrow first (``way="join"``, the code before) or
-    hashed from the two columns (``"columns"``, :class:`tasks.corpus.memo.JoinedTexts`). Prints user
+    hashed from the two columns (``"columns"``, :class:`funnelrag.memo.JoinedTexts`). Prints user
     and system CPU seconds and the peak RSS the call added; run it in fresh processes, alternating."""
     import numpy as np  # noqa: PLC0415
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.compute as pc  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from tasks.corpus.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
+    from funnelrag.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
 
     stage, name = ("segment", "passages.parquet") if texts == "passages" else ("ingest", "documents.parquet")
     newest = _newest(home, stage)

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from funnelrag.datasets import default_mirror, resolve
-from tasks.corpus.ingest import IngestConfig, clean_wikitext, extract_link_targets, ingest
-from tasks.corpus.ingest.mediawiki import MediaWikiReader
+from tasks.sources.ingest import IngestConfig, clean_wikitext, extract_link_targets, ingest
+from tasks.sources.ingest.mediawiki import MediaWikiReader
 from funnelrag.memory import status_mb
 
 
@@ -107,9 +107,9 @@ def bench_memory(dump: Path, scale: int) -> None:
 
 
 def bench_piece(dump: Path, index: int, repeats: int) -> None:
-    from tasks.corpus.ingest import parallel  # noqa: PLC0415
-    from tasks.corpus.ingest.multistream import open_piece, plan_layout  # noqa: PLC0415
-    from tasks.corpus.ingest.shards import ShardWriter  # noqa: PLC0415
+    from tasks.sources.ingest import parallel  # noqa: PLC0415
+    from tasks.sources.ingest.multistream import open_piece, plan_layout  # noqa: PLC0415
+    from tasks.sources.ingest.shards import ShardWriter  # noqa: PLC0415
 
     layout = plan_layout(dump, 100)
     namespaces, _ = parallel.read_siteinfo(layout)

@@ -10,9 +10,9 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
   shard of ``docs_per_shard`` = A, then B documents; for the cluster-range kinds — ``segment``,
   ``cluster_tokens`` (the cluster index's tokenization), ``passage_stats``, ``passage_index`` (after
   its statistics step, in the same process) — the shard with the most tokens when shards hold at
-  most A, then B tokens (:func:`tasks.corpus.shards.read_cluster_ranges`); the slope is per token.
+  most A, then B tokens (:func:`tasks.corpus.sharded.shards.read_cluster_ranges`); the slope is per token.
 * ``cluster-index STAGES --tokens-per-shard N --tile 1 4 16``: the coordinator's cluster index
-  (:func:`tasks.corpus.cluster_index.index_from_token_shards`) over the kept token ids of the shards,
+  (:func:`tasks.corpus.sharded.cluster_index.index_from_token_shards`) over the kept token ids of the shards,
   the shard list repeated K times (K x the tokens, pairs and clusters; same vocabulary).
 * ``reuse STAGES --kind K --size N --tasks T``: the first T shard tasks (shards of at most N tokens)
   run one after another in one worker process (as in a nightly build), without and with
@@ -68,7 +68,7 @@ def shard_ranges(stages: Path, max_tokens: int) -> tuple[list[tuple[int, int]], 
     """The cluster ranges of a build's shards of at most ``max_tokens`` tokens and their tokens."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from tasks.corpus.shards import read_cluster_ranges  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import read_cluster_ranges  # noqa: PLC0415
 
     ranges = read_cluster_ranges(stages / "cluster", max_tokens)
     table = pq.read_table(stages / "cluster" / "clusters.parquet", columns=["cluster_id", "n_tokens"])
@@ -80,9 +80,9 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
-    from tasks.corpus import cluster_index as CI  # noqa: PLC0415
-    from tasks.corpus import sharded_index as SI  # noqa: PLC0415
-    from tasks.corpus import shards as SH  # noqa: PLC0415
+    from tasks.corpus.sharded import cluster_index as CI  # noqa: PLC0415
+    from tasks.corpus.sharded import sharded_index as SI  # noqa: PLC0415
+    from tasks.corpus.sharded import shards as SH  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
 
@@ -146,9 +146,9 @@ def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, t
     from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
 
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
-    from tasks.corpus import cluster_index as CI  # noqa: PLC0415
-    from tasks.corpus import sharded_index as SI  # noqa: PLC0415
-    from tasks.corpus import shards as SH  # noqa: PLC0415
+    from tasks.corpus.sharded import cluster_index as CI  # noqa: PLC0415
+    from tasks.corpus.sharded import sharded_index as SI  # noqa: PLC0415
+    from tasks.corpus.sharded import shards as SH  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
 
@@ -173,7 +173,7 @@ def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, t
 
 def shard_order(stages: Path, tokens_per_shard: int, work: Path) -> list[str]:
     """Tokenize the cluster index's shards once into ``work`` (kept) and return their keys in order."""
-    from tasks.corpus.cluster_index import cluster_token_shard  # noqa: PLC0415
+    from tasks.corpus.sharded.cluster_index import cluster_token_shard  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
 
     return [cluster_token_shard(str(stages / "ingest"), str(stages / "cluster"), lo, hi, BM25Config(), str(work))[2]
@@ -183,7 +183,7 @@ def shard_order(stages: Path, tokens_per_shard: int, work: Path) -> list[str]:
 def one_tiled_index(work: Path, keys: list[str], tile: int) -> dict:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from tasks.corpus.cluster_index import VocabularyMerge, index_from_token_shards  # noqa: PLC0415
+    from tasks.corpus.sharded.cluster_index import VocabularyMerge, index_from_token_shards  # noqa: PLC0415
     from tasks.corpus.index import BM25Config, TokenIds  # noqa: PLC0415
 
     _warm()
@@ -207,7 +207,7 @@ def one_tiled_index(work: Path, keys: list[str], tile: int) -> dict:
 def one_vocabulary(n_terms: int, tmp: Path) -> dict:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from tasks.corpus.cluster_index import VocabularyMerge, index_from_token_shards  # noqa: PLC0415
+    from tasks.corpus.sharded.cluster_index import VocabularyMerge, index_from_token_shards  # noqa: PLC0415
     from tasks.corpus.index import BM25Config, TokenIds  # noqa: PLC0415
 
     _warm()

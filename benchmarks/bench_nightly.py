@@ -36,7 +36,7 @@ from pathlib import Path
 
 def one_run(dump: Path, workers: int, streams_per_piece: int, out: Path, **_: int) -> dict:
     from data_contracts.base import sha256_file  # noqa: PLC0415
-    from tasks.corpus.ingest import IngestConfig, ingest  # noqa: PLC0415
+    from tasks.sources.ingest import IngestConfig, ingest  # noqa: PLC0415
 
     t0 = time.perf_counter()
     with ProcessPoolExecutor(workers) as pool:
@@ -120,10 +120,10 @@ def stages_run(dump: Path, workers: int, streams_per_piece: int, out: Path, docs
     from tasks.corpus import stages as S  # noqa: PLC0415
     from tasks.corpus.clustering import ClusteringConfig  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
-    from tasks.corpus.ingest import IngestConfig  # noqa: PLC0415
+    from tasks.sources.ingest import IngestConfig  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
     from funnelrag.memory import status_mb  # noqa: PLC0415
-    from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import run_segment_sharded, run_tokens_sharded  # noqa: PLC0415
 
     mirror, seg = default_mirror(), SegmentConfig()
     dirs = {k: out / k for k in ("ingest", "tokens", "cluster", "segment", "index")}

@@ -1,15 +1,15 @@
 """Would polars do pass 2 of the ingest better? A measured experiment (prints its figures).
 
-Pass 2 (:func:`tasks.corpus.ingest.run._second_pass`) does two things polars is built for:
+Pass 2 (:func:`tasks.sources.ingest.run._second_pass`) does two things polars is built for:
 
-* the external merge of the title-sorted pass-1 shards (:func:`~tasks.corpus.ingest.shards.merge_shards`,
+* the external merge of the title-sorted pass-1 shards (:func:`~tasks.sources.ingest.shards.merge_shards`,
   a k-way merge of Arrow blocks), against polars reading every shard and sorting by title
   (``read_parquet(...).sort``), its streaming engine (``scan_parquet(...).sort().collect(engine="streaming")``)
   and its merge of sorted frames (``merge_sorted``, folded over the shards);
 * the link join: every document's link targets -> ``doc_id`` of the kept article or of the end of
   a resolved redirect, then distinct sorted ``(src, dst)`` pairs and the link counts
-  (:func:`~tasks.corpus.ingest.run._resolve_links` through the compiled
-  :class:`~tasks.corpus.ingest.lookup.TitleIndex`, :data:`LINK_RESOLVE_DOCS` documents at a
+  (:func:`~tasks.sources.ingest.run._resolve_links` through the compiled
+  :class:`~tasks.sources.ingest.lookup.TitleIndex`, :data:`LINK_RESOLVE_DOCS` documents at a
   time), against ``explode`` + ``join`` + ``unique`` + ``sort`` in polars over all documents at once
   (its best case: one call, no memory bound).
 
@@ -60,10 +60,10 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.synth_dump import write_dump  # noqa: E402
-from tasks.corpus.ingest.config import KEPT, IngestConfig, LinkCounts  # noqa: E402
-from tasks.corpus.ingest.redirects import resolve_redirects  # noqa: E402
-from tasks.corpus.ingest.run import LINK_RESOLVE_DOCS, MERGE_BLOCK_DOCS, LinkTargets, _FirstPass, _resolve_links  # noqa: E402
-from tasks.corpus.ingest.shards import ShardWriter, merge_shards  # noqa: E402
+from tasks.sources.ingest.config import KEPT, IngestConfig, LinkCounts  # noqa: E402
+from tasks.sources.ingest.redirects import resolve_redirects  # noqa: E402
+from tasks.sources.ingest.run import LINK_RESOLVE_DOCS, MERGE_BLOCK_DOCS, LinkTargets, _FirstPass, _resolve_links  # noqa: E402
+from tasks.sources.ingest.shards import ShardWriter, merge_shards  # noqa: E402
 
 
 class _NoReport:

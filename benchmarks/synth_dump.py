@@ -89,7 +89,7 @@ _NS_NAMES = {ns: name for ns, name, _ in OTHER_NAMESPACES}
 
 def sample_words(sample: Path, max_words: int = 30_000) -> tuple[np.ndarray, np.ndarray]:
     """Words and frequencies of the cleaned article text of a real dump (the shared sample)."""
-    from tasks.corpus.ingest import clean_wikitext  # noqa: PLC0415
+    from tasks.sources.ingest import clean_wikitext  # noqa: PLC0415
 
     text = bz2.open(sample).read().decode("utf-8")
     counts: Counter[str] = Counter()

@@ -42,13 +42,13 @@ from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.gate import GateConfig, GateDecision, GateRefused, decide, question_pairs, version_figures
 from tasks.corpus.index import BM25Config
-from tasks.corpus.ingest import IngestConfig
-from tasks.corpus.ingest.changes import PageChanges
+from tasks.sources.ingest import IngestConfig
+from tasks.sources.ingest.changes import PageChanges
 from tasks.corpus.published import corpus_store
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.sharded_index import IndexLayout
+from tasks.corpus.sharded.sharded_index import IndexLayout
 from funnelrag.memory import build_collector
-from tasks.corpus.shards import run_segment_sharded, run_tokens_sharded
+from tasks.corpus.sharded.shards import run_segment_sharded, run_tokens_sharded
 from tasks.corpus.survival import id_survival
 from tasks.qa.questions import QuestionsConfig, load_questions
 
@@ -65,7 +65,7 @@ class CorpusSource(DataSource):
     days, downloaded into the home, of which the newest ``keep_dumps`` full dumps are kept. ``dump``
     is set by that flow (what tonight's input holds: base dump and applied days) and goes into the
     manifest; ``changes`` too (a Parquet file of the adds-changes revisions the ingest applies to
-    the one dump of ``paths`` as it reads it, :class:`tasks.corpus.ingest.changes.PageChanges`);
+    the one dump of ``paths`` as it reads it, :class:`tasks.sources.ingest.changes.PageChanges`);
     leave both unset.
 
     A mirror that needs a login takes it from the environment (``FUNNELRAG_MIRROR_USER``,
@@ -279,7 +279,7 @@ def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult,
                     split_dir: Path | None = None) -> StageResult:
     """Units and passages by cluster ranges on this stage's pool; same key and bytes as
     :func:`tasks.corpus.stages.run_segment`. ``split_dir``: the build's shared document split
-    (:class:`tasks.corpus.shards.DocumentSplit`), which the index stage reuses."""
+    (:class:`tasks.corpus.sharded.shards.DocumentSplit`), which the index stage reuses."""
     inputs = {"documents": ingest.files["documents.parquet"], "tokens": tokens.digest,
               "members": cluster.files["cluster_members.parquet"]}
     with stage_pool(runner, "segment") as pool:
@@ -298,7 +298,7 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
     which then joins the key). Shard token ids, statistics and indexes kept under the stage cache
     for reuse. The cache key of a one-index build is the one it always had (the cluster index's
     bytes do not depend on the shards). ``split_dir``: the build's shared document split, made by
-    the segment stage (:class:`tasks.corpus.shards.DocumentSplit`)."""
+    the segment stage (:class:`tasks.corpus.sharded.shards.DocumentSplit`)."""
     inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
               "passages": segment.files["passages.parquet"]}
     key_cfg: Any = cfg
@@ -485,7 +485,7 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     "segment_shards": {...}, "cluster_token_shards": {...}}`` of this build, plus ``passage_stats_shards`` and
     ``passage_index_shards`` with a sharded passage index (a stage-cache hit reuses all of a
     stage's shards). ``patched``: base-dump pieces with the night's adds-changes revisions applied
-    (:func:`tasks.corpus.ingest.parallel.patch_piece`), present when there were any."""
+    (:func:`tasks.sources.ingest.parallel.patch_piece`), present when there were any."""
     pieces = stages["ingest"].summary.get("pieces", {})
     patched = pieces.get("patched", 0)
     hit = stages["ingest"].cache_hit
@@ -506,7 +506,7 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
 
 def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     """Texts this build took from the per-text memos instead of computing them again
-    (:mod:`tasks.corpus.memo`, :mod:`tasks.corpus.ingest.page_memo`): ``{"ingest_cleaned_pages"
+    (:mod:`funnelrag.memo`, :mod:`tasks.sources.ingest.page_memo`): ``{"ingest_cleaned_pages"
     (only when pass 1 ran with a piece cache) | "window_token_documents" | "segment_clusters" (the sharded
     segment stage) | "segment_documents" (the members of the clusters it cut, whose windows the memo
     held or not) | "cluster_index_members" |

@@ -3,7 +3,7 @@ named in the config (``runner.kind: local`` processes on this box, or ``dask``: 
 :mod:`flows.runners`). The entrypoint of the nightly full-dump deployments in ``prefect.yaml``.
 
 With ``source.mirror`` (a Wikimedia dumps site such as https://dumps.wikimedia.org, or a local
-directory in its layout) the flow follows Wikipedia by itself (:mod:`tasks.corpus.nightly`): a new
+directory in its layout) the flow follows Wikipedia by itself (:mod:`tasks.sources.nightly`): a new
 finished full dump → a full build on it; otherwise new finished adds-changes days → an incremental
 build (the base dump with every day since it applied; unchanged shards reused); otherwise a
 completed run that says there is nothing to do. Downloads resume and are checked against the
@@ -28,8 +28,8 @@ from funnelrag.config import FlowCommand, redact_url, resolve_flow_config
 from funnelrag.inputs import check_inputs
 from funnelrag.locks import exclusive_lock
 from funnelrag.workspace import Workspace
-from tasks.corpus import nightly as N
-from tasks.corpus.dump_source import Mirror, mirror_auth, prune_downloads
+from tasks.sources import nightly as N
+from tasks.sources.dump_source import Mirror, mirror_auth, prune_downloads
 from tasks.corpus.published import corpus_store
 
 # One download / merge per home at a time: this file in the dumps directory holds the flock.
@@ -101,7 +101,7 @@ def corpus_build_nightly(config: CorpusBuildConfig | None = None, config_file: s
 
     Raises
     ------
-    tasks.corpus.dump_source.DumpSourceError
+    tasks.sources.dump_source.DumpSourceError
         No usable dump, a day or dump file missing, a checksum mismatch (``ChecksumMismatch``,
         naming the file); ``current`` is left as it is.
     """

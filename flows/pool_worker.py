@@ -14,5 +14,5 @@ import pyarrow.dataset  # noqa: F401  (pq.read_table imports it on first use)
 
 import flows.runners  # noqa: F401  (run_shard, init_worker: what the pool runs in each worker)
 import tasks.corpus.stages  # noqa: F401  (every corpus stage module a shard calls into)
-import tasks.corpus.shards  # noqa: F401
-import tasks.corpus.ingest.parallel  # noqa: F401
+import tasks.corpus.sharded.shards  # noqa: F401
+import tasks.sources.ingest.parallel  # noqa: F401

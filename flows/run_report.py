@@ -130,7 +130,7 @@ def nightly_message(action: str, reason: str, days: list[str], summary: Mapping[
 
     Parameters
     ----------
-    action : ``full`` | ``incremental`` | ``nothing`` (:class:`tasks.corpus.nightly.NightPlan`).
+    action : ``full`` | ``incremental`` | ``nothing`` (:class:`tasks.sources.nightly.NightPlan`).
     reason : the plan's reason (shown for ``nothing``).
     days : the adds-changes days applied (``incremental``).
     summary : the build's summary (None when nothing was built).

@@ -71,7 +71,7 @@ class RunnerConfig(BaseModel):
         documents by segment / cluster-token shard (a ``doc_id`` range).
     tokens_per_shard : the most tokens (``clusters.parquet`` ``n_tokens``) of a segment or
         cluster-token shard (whole clusters, content-defined cuts:
-        :func:`tasks.corpus.shards.cluster_ranges`); bounds a worker's memory (~27 bytes a token
+        :func:`tasks.corpus.sharded.shards.cluster_ranges`); bounds a worker's memory (~27 bytes a token
         for segmentation, measured at 1M pages: ~0.9 GB + ~0.3 GB of process for the default).
     """
 
@@ -320,7 +320,7 @@ class LocalShardPool:
         cancelled, the workers terminated (SIGKILL after ``grace_s`` seconds) and the forkserver
         killed (it holds nothing to flush; the next pool starts a new one), so an in-flight shard
         stops where it is and writes no cache entry (entries are renamed into place only when
-        complete: :func:`tasks.corpus.shards.put_cached`; its temp directory, named by the
+        complete: :func:`tasks.corpus.sharded.shards.put_cached`; its temp directory, named by the
         worker's pid, is swept later). Returns the pids of the workers stopped."""
         executor, self._executor = self._executor, None
         if executor is None:

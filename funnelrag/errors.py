@@ -6,4 +6,4 @@ from __future__ import annotations
 class BadInput(RuntimeError):
     """An input that fails the same way on every try (a truncated archive, malformed XML, an
     empty file). :func:`funnelrag.stages.retry_transient` never retries it; stage packages
-    subclass it for their own input errors (:class:`tasks.corpus.ingest.IngestError`)."""
+    subclass it for their own input errors (:class:`tasks.sources.ingest.IngestError`)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from funnelrag.datasets import resolve
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
-from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.sources.ingest import IngestConfig, ingest
 from tasks.corpus.segment import SegmentConfig
 
 

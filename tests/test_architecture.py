@@ -73,7 +73,7 @@ def test_layers_contract_breaks_on_an_upward_import(tmp_path):
     _copy_sources(tmp_path)
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     stages = tmp_path / "funnelrag" / "stages.py"
-    stages.write_text(stages.read_text() + "\n\ndef _upward():\n    from tasks.corpus.ingest import IngestError\n")
+    stages.write_text(stages.read_text() + "\n\ndef _upward():\n    from tasks.sources.ingest import IngestError\n")
     out = _lint_imports(tmp_path)
     assert out.returncode != 0 and "funnelrag.stages is not allowed to import tasks.corpus" in out.stdout, out.stdout
 
@@ -127,7 +127,7 @@ def test_no_module_imports_itself_back_even_through_a_deferred_import():
 def test_the_cycle_check_finds_a_deferred_cycle(tmp_path):
     """A function-level import back into a module's importer is reported as a cycle."""
     _copy_sources(tmp_path)
-    shards = tmp_path / "tasks" / "corpus" / "ingest" / "shards.py"
-    shards.write_text(shards.read_text() + "\n\ndef _back():\n    from tasks.corpus.ingest.run import ingest\n")
+    shards = tmp_path / "tasks" / "sources" / "ingest" / "shards.py"
+    shards.write_text(shards.read_text() + "\n\ndef _back():\n    from tasks.sources.ingest.run import ingest\n")
     cycles = list(nx.simple_cycles(_first_party_imports(tmp_path)))
-    assert any({"tasks.corpus.ingest.shards", "tasks.corpus.ingest.run"} <= set(c) for c in cycles), cycles
+    assert any({"tasks.sources.ingest.shards", "tasks.sources.ingest.run"} <= set(c) for c in cycles), cycles

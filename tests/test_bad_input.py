@@ -14,8 +14,8 @@ from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
 from flows.evaluate import EvaluateConfig
 from funnelrag.config import load_config
 from tasks.corpus import stages as corpus_stages
-from tasks.corpus.ingest import IngestError
-from tasks.corpus.ingest.mediawiki import MediaWikiReader
+from tasks.sources.ingest import IngestError
+from tasks.sources.ingest.mediawiki import MediaWikiReader
 from tasks.qa.questions import QuestionsConfig, load_questions, read_questions
 
 DUMP = "enwiki-sample/enwiki-20160501-pages-articles-shortened.xml.bz2"

@@ -110,7 +110,7 @@ def test_a_live_writer_s_temp_directory_survives_a_sweep_and_a_dead_one_s_is_swe
     another process keeps its directory through a sweep (cache retention's), a killed one's goes,
     and so do its temp files; names of another scheme are left alone."""
     cached = tmp_path / "segment-shards" / "k1"
-    code = ("import sys, time; from pathlib import Path; from tasks.corpus.shards import put_cached\n"
+    code = ("import sys, time; from pathlib import Path; from tasks.corpus.sharded.shards import put_cached\n"
             "def write(tmp):\n    (tmp / 'rows.arrow').write_bytes(b'x'); print(tmp.name, flush=True); time.sleep(60)\n"
             "put_cached(Path(sys.argv[1]), write)\n")
     writer = subprocess.Popen([sys.executable, "-c", code, str(cached)], cwd=ROOT, stdout=subprocess.PIPE, text=True,

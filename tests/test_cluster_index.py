@@ -12,10 +12,10 @@ from corpus_stages import enwiki_sample_stages
 from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENTS
 from tasks.corpus import stages as S
-from tasks.corpus.cluster_index import build_cluster_index, cluster_texts, merge_vocabularies
+from tasks.corpus.sharded.cluster_index import build_cluster_index, cluster_texts, merge_vocabularies
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.shards import run_here, run_segment_sharded
+from tasks.corpus.sharded.shards import run_here, run_segment_sharded
 
 CONFIGS = [BM25Config(), BM25Config(stemmer=None, stopwords=None, k1=1.2, b=0.75), BM25Config(stemmer=None)]
 

@@ -89,9 +89,9 @@ def test_a_memo_key_covers_every_field_of_its_config_section(tmp_path):
 
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.corpus.segment_memo import memo_dir  # noqa: PLC0415
-    from tasks.corpus.shards import tokens_memo_dir  # noqa: PLC0415
-    from tasks.corpus.token_memo import token_memo_dir  # noqa: PLC0415
+    from tasks.corpus.sharded.segment_memo import memo_dir  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import tokens_memo_dir  # noqa: PLC0415
+    from tasks.corpus.sharded.token_memo import token_memo_dir  # noqa: PLC0415
 
     for cfg, directory in [(BM25Config(), lambda c: token_memo_dir(tmp_path, "passages", c)),
                            (SegmentConfig(), lambda c: memo_dir(tmp_path, c)),

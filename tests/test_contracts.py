@@ -148,7 +148,7 @@ def test_a_failed_partition_write_leaves_no_temp_file(tmp_path, monkeypatch):
     import numpy as np
 
     from data_contracts.corpus import DOCUMENTS as DOCS
-    from tasks.corpus import shards
+    from tasks.corpus.sharded import shards
 
     DOCS.write(_docs(page_id=[3, 7]), tmp_path / "ingest")
     np.save(tmp_path / "shard_of_doc.npy", np.array([0, 1], np.int32))

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from benchmarks.synth_dump import SAMPLE, write_mirror
-from tasks.corpus.dump_source import MIRROR_PASSWORD_ENV, MIRROR_USER_ENV
+from tasks.sources.dump_source import MIRROR_PASSWORD_ENV, MIRROR_USER_ENV
 from tests.interrupted_run import RUNNER, WIKI, ForeignProcess, Run, interrupt, scratch_bytes
 from tests.mirror_server import serve
 from tests.test_mirror_credentials import PASSWORD, USER, _files_holding_the_password

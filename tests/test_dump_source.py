@@ -16,16 +16,16 @@ import pytest
 
 from benchmarks.synth_dump import SAMPLE, write_mirror
 from data_contracts.base import sha256_file
-from tasks.corpus import dump_source as D
-from tasks.corpus import adds_changes as A
-from tasks.corpus.adds_changes import (AddsChangesError, apply_changes, day_memo_path, merge_days, read_day,
+from tasks.sources import dump_source as D
+from tasks.sources import adds_changes as A
+from tasks.sources.adds_changes import (AddsChangesError, apply_changes, day_memo_path, merge_days, read_day,
                                         read_day_memo, read_index)
-from tasks.corpus.ingest import IngestConfig, IngestError, ingest
-from tasks.corpus.ingest.changes import PageChanges, merge_pages
-from tasks.corpus.ingest.multistream import index_path
-from tasks.corpus.ingest.parallel import piece_batches
-from tasks.corpus.ingest.records import RawPage
-from tasks.corpus.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepare_input
+from tasks.sources.ingest import IngestConfig, IngestError, ingest
+from tasks.sources.ingest.changes import PageChanges, merge_pages
+from tasks.sources.ingest.multistream import index_path
+from tasks.sources.ingest.parallel import piece_batches
+from tasks.sources.ingest.records import RawPage
+from tasks.sources.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepare_input
 from tests.mirror_server import serve
 
 WIKI, BASE = "synwiki", "20260101"
@@ -389,7 +389,7 @@ def test_retention_keeps_the_newest_dumps(tmp_path):
 
 
 def test_last_build_reads_the_state_of_an_unchanged_build(tmp_path):
-    from tasks.corpus.nightly import last_build, read_state, write_state
+    from tasks.sources.nightly import last_build, read_state, write_state
 
     manifest = {"dump": {"wiki": WIKI, "base": BASE, "days": [DAYS[0]]}}
     assert last_build(manifest, None, "v1") == manifest["dump"]

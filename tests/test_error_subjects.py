@@ -12,9 +12,9 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from tasks.corpus import segment_memo as SM
-from tasks.corpus.dump_source import DownloadFailed, Mirror, RemoteFile, fetch
-from tasks.corpus.shards import put_cached
+from tasks.corpus.sharded import segment_memo as SM
+from tasks.sources.dump_source import DownloadFailed, Mirror, RemoteFile, fetch
+from tasks.corpus.sharded.shards import put_cached
 from tests.mirror_server import serve
 
 ARROW_ENOSPC = "Error writing bytes to file. Detail: [errno 28] No space left on device"   # pyarrow's words

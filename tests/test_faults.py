@@ -124,7 +124,7 @@ def enwiki_xml(data_mirror) -> bytes:
 
 def _ingest_digests(dump: Path, out: Path, submit=None) -> dict:
     from data_contracts.base import sha256_file  # noqa: PLC0415
-    from tasks.corpus.ingest import IngestConfig, ingest  # noqa: PLC0415
+    from tasks.sources.ingest import IngestConfig, ingest  # noqa: PLC0415
 
     kw = {"submit": submit, "streams_per_piece": 3} if submit else {}
     ingest([dump], out, IngestConfig(format="mediawiki"), **kw)
@@ -133,7 +133,7 @@ def _ingest_digests(dump: Path, out: Path, submit=None) -> dict:
 
 def test_truncated_index_is_named_and_the_dump_scanned(enwiki_xml, tmp_path, caplog):
     from benchmarks.synth_dump import repack  # noqa: PLC0415
-    from tasks.corpus.ingest.multistream import index_offsets, index_path, plan_layout  # noqa: PLC0415
+    from tasks.sources.ingest.multistream import index_offsets, index_path, plan_layout  # noqa: PLC0415
 
     dump = tmp_path / "cut-multistream.xml.bz2"
     repack(enwiki_xml, dump, pages_per_stream=10)
@@ -153,7 +153,7 @@ def test_foreign_index_is_blamed_and_the_dump_scanned(enwiki_xml, tmp_path, capl
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
     from benchmarks.synth_dump import repack  # noqa: PLC0415
-    from tasks.corpus.ingest.multistream import index_path, plan_layout  # noqa: PLC0415
+    from tasks.sources.ingest.multistream import index_path, plan_layout  # noqa: PLC0415
 
     dump = tmp_path / "a" / "enwiki-multistream.xml.bz2"
     other = tmp_path / "b" / "enwiki-multistream.xml.bz2"

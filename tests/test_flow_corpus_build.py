@@ -111,7 +111,7 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
 
     from tasks.corpus.gate import version_figures  # noqa: PLC0415
     from tasks.corpus.index import BM25Index  # noqa: PLC0415
-    from tasks.corpus.sharded_index import ShardedBM25  # noqa: PLC0415
+    from tasks.corpus.sharded.sharded_index import ShardedBM25  # noqa: PLC0415
 
     ws = Workspace(workspace_home)
     one = corpus_build_flow(enwiki_sample_config(workspace=_ws(workspace_home, data_mirror)))
@@ -179,7 +179,7 @@ def test_cluster_index_is_the_one_process_index(shipped_builds, name, tmp_path):
     the bytes of one ``BM25Index.build`` over all cluster texts of the published tables."""
     from data_contracts.base import sha256_file  # noqa: PLC0415
     from tasks.corpus.index import BM25Config, BM25Index  # noqa: PLC0415
-    from tasks.corpus.shards import read_cluster_ranges  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import read_cluster_ranges  # noqa: PLC0415
 
     corpus = open_corpus(shipped_builds, name)
     members = pq.read_table(corpus.path / "cluster_members.parquet")

@@ -18,7 +18,7 @@ from flows.corpus_build import CorpusBuildConfig
 from flows.corpus_nightly import corpus_build_nightly
 from funnelrag.store import cache_entries, entry_marker
 from funnelrag.workspace import Workspace
-from tasks.corpus.dump_source import ChecksumMismatch
+from tasks.sources.dump_source import ChecksumMismatch
 from tasks.corpus.published import corpus_store
 from tests.mirror_server import serve
 

@@ -160,7 +160,7 @@ def slow_cache_entry(cache_dir: str, name: str) -> None:
     """A shard that takes 60 s to write its cache entry (it announces its start with a file)."""
     import time  # noqa: PLC0415
 
-    from tasks.corpus.shards import put_cached  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import put_cached  # noqa: PLC0415
 
     def write(tmp: Path) -> None:
         (Path(cache_dir) / f"started-{name}").touch()

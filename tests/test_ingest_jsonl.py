@@ -12,7 +12,7 @@ import pytest
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS
 from funnelrag.datasets import resolve
-from tasks.corpus.ingest import IngestConfig, IngestError, ingest
+from tasks.sources.ingest import IngestConfig, IngestError, ingest
 
 JSONL = IngestConfig(format="jsonl")
 N_ARTICLES = 80

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.corpus.ingest.lookup import TitleIndex
+from tasks.sources.ingest.lookup import TitleIndex
 
 # titles over characters of 1 to 4 UTF-8 bytes, with prefixes in common and the empty title
 _TITLES = st.text(alphabet="aAb é日\U0001f600_", max_size=6)

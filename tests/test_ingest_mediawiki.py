@@ -14,8 +14,8 @@ from lxml import etree
 from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
-from tasks.corpus.ingest import IngestConfig, IngestError, ingest
-from tasks.corpus.ingest.streams import INVALID_UTF8_MARK, Utf8Guard
+from tasks.sources.ingest import IngestConfig, IngestError, ingest
+from tasks.sources.ingest.streams import INVALID_UTF8_MARK, Utf8Guard
 
 ARTIFACTS = (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)
 MW = IngestConfig(format="mediawiki")
@@ -264,7 +264,7 @@ def _reference_fields(elem) -> tuple:
 def test_page_fields_are_the_first_child_of_each_name_and_the_last_revision(xmlns, body, expected):
     """``_page`` walks the children once; it must pick what ``findtext("{*}title")`` & co. picked:
     the first <title>/<ns>/<id>/<redirect>, the <text> of the last <revision>; comments are not tags."""
-    from tasks.corpus.ingest.mediawiki import _page  # noqa: PLC0415
+    from tasks.sources.ingest.mediawiki import _page  # noqa: PLC0415
 
     elem = etree.fromstring(f"<page {xmlns}>{body}</page>".encode())
     page = _page(elem, "dump.xml", 3)

@@ -19,10 +19,10 @@ from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
 from funnelrag.store import entry_marker
-from tasks.corpus.ingest import IngestConfig, IngestError, ingest
-from tasks.corpus.ingest import multistream, parallel
-from tasks.corpus.ingest.changes import PageChanges
-from tasks.corpus.ingest.multistream import index_offsets, plan_layout, scan_offsets
+from tasks.sources.ingest import IngestConfig, IngestError, ingest
+from tasks.sources.ingest import multistream, parallel
+from tasks.sources.ingest.changes import PageChanges
+from tasks.sources.ingest.multistream import index_offsets, plan_layout, scan_offsets
 
 NAMES = [c.name for c in (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)]
 MW = IngestConfig(format="mediawiki")

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.corpus.ingest import IngestConfig, ingest
-from tasks.corpus.ingest.config import KEPT, REDIRECT, SKIPPED, LinkCounts
-from tasks.corpus.ingest.run import DOC_GROUP_BYTES, DOC_GROUP_ROWS, LinkTargets, _resolve_links
-from tasks.corpus.ingest.shards import ShardWriter, merge_shards
+from tasks.sources.ingest import IngestConfig, ingest
+from tasks.sources.ingest.config import KEPT, REDIRECT, SKIPPED, LinkCounts
+from tasks.sources.ingest.run import DOC_GROUP_BYTES, DOC_GROUP_ROWS, LinkTargets, _resolve_links
+from tasks.sources.ingest.shards import ShardWriter, merge_shards
 
 ALPHABET = "abcAB zé日\u00e9\U0001f600"
 
@@ -198,7 +198,7 @@ def test_a_failed_merge_run_is_raised_after_the_others_finish(tmp_path):
 def test_write_behind_keeps_order_and_raises_the_first_error():
     import threading
 
-    from tasks.corpus.ingest.run import _WriteBehind
+    from tasks.sources.ingest.run import _WriteBehind
 
     seen, main = [], threading.get_ident()
 
@@ -246,8 +246,8 @@ def test_pass2_block_sizes_and_fan_in_do_not_change_the_artifacts(tmp_path, monk
     41 shards (run files in two levels): the same bytes."""
     from data_contracts.base import sha256_file
     from funnelrag.datasets import resolve
-    import tasks.corpus.ingest.run as run
-    import tasks.corpus.ingest.shards as shards
+    import tasks.sources.ingest.run as run
+    import tasks.sources.ingest.shards as shards
 
     inputs = [resolve("wikispeedia-articles", data_mirror), resolve("wikispeedia-graph", data_mirror)]
     base = ingest(inputs, tmp_path / "a", IngestConfig(format="wikispeedia"))

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from funnelrag.datasets import resolve
-from tasks.corpus.ingest import IngestConfig
-from tasks.corpus.ingest.redirects import resolve_redirects
-from tasks.corpus.ingest.titles import (DEFAULT_NAMESPACES, _PLAIN_TARGET, _classify_general, classify_link,
+from tasks.sources.ingest import IngestConfig
+from tasks.sources.ingest.redirects import resolve_redirects
+from tasks.sources.ingest.titles import (DEFAULT_NAMESPACES, _PLAIN_TARGET, _classify_general, classify_link,
                                        normalise_title)
-from tasks.corpus.ingest.wikitext import (clean_wikitext, extract_link_targets, is_disambiguation,
+from tasks.sources.ingest.wikitext import (clean_wikitext, extract_link_targets, is_disambiguation,
                                    redirect_target, strip_tables, strip_templates)
 
 

@@ -12,8 +12,8 @@ import pytest
 from data_contracts.base import sha256_file
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.datasets import resolve
-from tasks.corpus.ingest import IngestConfig, IngestError, ingest
-from tasks.corpus.ingest.wikispeedia import strip_header_footer
+from tasks.sources.ingest import IngestConfig, IngestError, ingest
+from tasks.sources.ingest.wikispeedia import strip_header_footer
 
 ARTIFACTS = (DOCUMENTS, REDIRECTS, LINKS, INGEST_REPORT)
 LINKS_TSV = "wikispeedia_paths-and-graph/links.tsv"

@@ -19,8 +19,8 @@ from lxml import etree
 
 from benchmarks.synth_dump import article_text, make_plan, page_xml, sample_words
 from funnelrag.datasets import resolve
-from tasks.corpus.ingest import wikitext
-from tasks.corpus.ingest.wikitext import clean_wikitext, strip_tables, strip_templates, tidy_whitespace
+from tasks.sources.ingest import wikitext
+from tasks.sources.ingest.wikitext import clean_wikitext, strip_tables, strip_templates, tidy_whitespace
 import wikitext_reference as reference
 
 # Pieces of wikitext syntax (and white space MediaWiki and str.split treat specially) that random

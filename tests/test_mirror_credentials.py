@@ -15,7 +15,7 @@ from benchmarks.synth_dump import SAMPLE, write_mirror
 from flows.corpus_build import CorpusBuildConfig
 from funnelrag.config import flatten_params, redact, redact_url, split_url_credentials
 from funnelrag.store import write_json
-from tasks.corpus.dump_source import (MIRROR_PASSWORD_ENV, MIRROR_USER_ENV, DownloadFailed, Mirror, mirror_auth,
+from tasks.sources.dump_source import (MIRROR_PASSWORD_ENV, MIRROR_USER_ENV, DownloadFailed, Mirror, mirror_auth,
                                       scan_days)
 from tests.mirror_server import serve
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.synth_dump import SAMPLE, write_mirror
-from tasks.corpus import dump_source as D
-from tasks.corpus.nightly import FULL, INCREMENTAL, plan_and_fetch, plan_night, prepare_input
+from tasks.sources import dump_source as D
+from tasks.sources.nightly import FULL, INCREMENTAL, plan_and_fetch, plan_night, prepare_input
 from tests.mirror_server import serve
 
 WIKI, BASE, NEWER = "synwiki", "20260101", "20260120"

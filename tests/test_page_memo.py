@@ -1,8 +1,8 @@
-"""Pass 1's page memo (tasks/corpus/ingest/page_memo.py): parts, the memo they make, lookups."""
+"""Pass 1's page memo (tasks/sources/ingest/page_memo.py): parts, the memo they make, lookups."""
 from __future__ import annotations
 
-from tasks.corpus.ingest.config import IngestConfig
-from tasks.corpus.ingest.page_memo import PageMemo, memo_dir, page_key, write_part
+from tasks.sources.ingest.config import IngestConfig
+from tasks.sources.ingest.page_memo import PageMemo, memo_dir, page_key, write_part
 
 
 def test_parts_make_a_memo_that_finds_each_page_once(tmp_path):
@@ -70,7 +70,7 @@ def test_the_memo_links_its_parts_and_outlives_them(tmp_path):
 
     import pytest
 
-    from tasks.corpus.ingest import page_memo as PM
+    from tasks.sources.ingest import page_memo as PM
 
     a, b = page_key("a wikitext"), page_key("b wikitext")
     write_part(tmp_path / "base.arrow", [(a, "old text", None, [0, 0, 0]), (b, "b text", [], [0, 0, 0])])

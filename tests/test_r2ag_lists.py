@@ -51,7 +51,7 @@ def test_rank_by_relevance_orders_by_cosine_and_carries_embeddings(hotpot_record
 @pytest.fixture(scope="module")
 def wikispeedia_passages(data_mirror) -> pa.Table:
     """Real 100-word passages of the first 150 Wikispeedia articles (corpus PASSAGES contract)."""
-    from tasks.corpus.ingest.wikispeedia import WikispeediaReader, strip_header_footer
+    from tasks.sources.ingest.wikispeedia import WikispeediaReader, strip_header_footer
     from tasks.corpus.segment import article_windows, passage_id, unit_id
 
     rows = {name: [] for name in C.PASSAGES.schema.names}

@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from data_contracts.base import parse_temp_name, temp_name
 from funnelrag.content_store import text_keys
-from tasks.corpus import segment_memo as SM
+from tasks.corpus.sharded import segment_memo as SM
 from tasks.corpus.segment import SegmentConfig, article_windows, document_key, segment_cluster, segments_to_tables
 from tasks.corpus.tokenize import WhitespaceCounter
 

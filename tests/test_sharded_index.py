@@ -18,9 +18,9 @@ from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTERS, DOCUMENTS, PASSAGES
 from funnelrag.datasets import resolve
 from tasks.corpus.index import BM25Config, BM25Index
-from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.sources.ingest import IngestConfig, ingest
 from tasks.corpus.segment import article_windows
-from tasks.corpus.sharded_index import (
+from tasks.corpus.sharded.sharded_index import (
     SHARDS_FILE,
     ShardedBM25,
     build_passage_shards,
@@ -31,7 +31,7 @@ from tasks.corpus.sharded_index import (
     save_stats,
     shard_stats,
 )
-from tasks.corpus.shards import read_cluster_ranges, run_here
+from tasks.corpus.sharded.shards import read_cluster_ranges, run_here
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatc
     """Step 1 keeps each shard's token ids, step 2 indexes them: one tokenization per shard, and
     every published shard has the bytes of :func:`build_shard` over the shard's texts with the
     corpus-wide statistics (the path that tokenizes twice)."""
-    import tasks.corpus.token_memo as TM  # noqa: PLC0415  (the module whose tokenizer calls are counted)
+    import tasks.corpus.sharded.token_memo as TM  # noqa: PLC0415  (the module whose tokenizer calls are counted)
 
     budget = _budget(segmented / "cluster")
     ranges = read_cluster_ranges(segmented / "cluster", budget)

@@ -15,13 +15,13 @@ import pytest
 
 from data_contracts.base import parse_temp_name, sha256_file
 from funnelrag.datasets import resolve
-from tasks.corpus import segment_memo as SM
+from tasks.corpus.sharded import segment_memo as SM
 from tasks.corpus import stages as S
-from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.sources.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.memo import arrow_text_keys
-from tasks.corpus.shards import (TEXT_KEYS_FILE, anchor_keys, cluster_ranges, doc_shards, partition_documents,
+from funnelrag.memo import arrow_text_keys
+from tasks.corpus.sharded.shards import (TEXT_KEYS_FILE, anchor_keys, cluster_ranges, doc_shards, partition_documents,
                                  put_cached, read_cluster_ranges, read_doc_range, read_rows_by_id, read_shard_documents,
                                  read_text_keys, run_here, run_segment_sharded, run_tokens_sharded)
 

@@ -10,7 +10,7 @@ from funnelrag.errors import BadInput
 from funnelrag.stages import DataSource, hash_path, input_digests, retry_transient, run_cached, stage, stage_of
 from funnelrag.store import StageCache
 from tasks.corpus import stages as corpus
-from tasks.corpus.ingest import IngestError
+from tasks.sources.ingest import IngestError
 from tasks.dr_rag import stages as dr_rag
 from tasks.funnel import stages as funnel
 from tasks.r2ag import stages as r2ag

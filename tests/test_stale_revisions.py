@@ -14,10 +14,10 @@ import pytest
 
 from benchmarks.synth_dump import SAMPLE, write_dump
 from data_contracts.base import sha256_file
-from tasks.corpus.adds_changes import STALE_REVISION, apply_changes, merge_days, read_index
-from tasks.corpus.ingest import IngestConfig, ingest
-from tasks.corpus.ingest.changes import PageChanges, PageRevision, is_newer, page_xml
-from tasks.corpus.ingest.multistream import index_path
+from tasks.sources.adds_changes import STALE_REVISION, apply_changes, merge_days, read_index
+from tasks.sources.ingest import IngestConfig, ingest
+from tasks.sources.ingest.changes import PageChanges, PageRevision, is_newer, page_xml
+from tasks.sources.ingest.multistream import index_path
 
 WIKI = "synwiki"
 MERGED = f"{WIKI}-20260102-pages-articles-multistream.xml.bz2"

@@ -1,4 +1,4 @@
-"""BM25 token ids from the per-document memo (tasks/corpus/token_memo.py) == tokenizing every text,
+"""BM25 token ids from the per-document memo (tasks/corpus/sharded/token_memo.py) == tokenizing every text,
 and an index stage over an edited corpus that tokenizes only the edited texts yet writes the bytes
 of a build without a memo (real enwiki sample)."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ from data_contracts.corpus import CLUSTER_MEMBERS, CLUSTERS, DOCUMENTS, PASSAGES
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import JoinedTexts
+from funnelrag.memo import JoinedTexts
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.token_memo import memo_token_ids, open_token_memo, write_token_memo
+from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, write_token_memo
 
 CONFIGS = [BM25Config(), BM25Config(stemmer=None, stopwords=None)]
 
@@ -145,7 +145,7 @@ def test_the_pieces_join_is_checked_against_the_token_pattern_in_use():
     import bm25s  # noqa: PLC0415
 
     from tasks.corpus.index import TOKEN_PATTERN  # noqa: PLC0415
-    from tasks.corpus.token_memo import PIECES_JOIN, check_pieces_join  # noqa: PLC0415
+    from tasks.corpus.sharded.token_memo import PIECES_JOIN, check_pieces_join  # noqa: PLC0415
 
     check_pieces_join()
     pieces = ["Zürich\nThe city's lake", "Lake Geneva\n(French: Lac Léman) is", "x\n\ny"]

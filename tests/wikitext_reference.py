@@ -1,4 +1,4 @@
-"""Reference for the fast wikitext cleaner: ``clean_wikitext`` of ``tasks/corpus/ingest/wikitext.py``
+"""Reference for the fast wikitext cleaner: ``clean_wikitext`` of ``tasks/sources/ingest/wikitext.py``
 as it was before its 2x speed-up, frozen. ``tests/test_ingest_wikitext_fast.py``
 checks that the pipeline's cleaner gives the same string, character for character, on real, synthetic
 and random wikitext. Not used by the pipeline.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import re
 
-from tasks.corpus.ingest.titles import INTERWIKI_PREFIXES
+from tasks.sources.ingest.titles import INTERWIKI_PREFIXES
 
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 # Extension tags whose content is not article prose.

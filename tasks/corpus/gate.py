@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts.corpus import INGEST_REPORT, PASSAGES
-from tasks.corpus.ingest.config import SKIPPED
-from tasks.corpus.sharded_index import load_passage_index
+from tasks.sources.ingest.config import SKIPPED
+from tasks.corpus.sharded.sharded_index import load_passage_index
 from tasks.qa.metrics import answer_recall
 from tasks.qa.questions import AnswerMatcher
 

@@ -27,7 +27,7 @@ TOKENIZER_FILE = "tokenizer.index.json"
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 """The token split of every BM25 index and query (bm25s's default, passed explicitly so that a
 new bm25s default cannot change our tokens). A token never spans a non-word character, which the
-token memo relies on (:data:`tasks.corpus.token_memo.PIECES_JOIN`)."""
+token memo relies on (:data:`tasks.corpus.sharded.token_memo.PIECES_JOIN`)."""
 IDS_FILE = "doc_ids.index.json"
 
 
@@ -286,7 +286,7 @@ class BM25Index:
     @classmethod
     def from_token_ids(cls, tokens: TokenIds, doc_ids: Sequence[str | int], cfg: BM25Config) -> "BM25Index":
         """:meth:`build` of texts already tokenized (``tokens``: :func:`tokenize_ids`' ids and
-        vocabulary as flat arrays, e.g. :func:`tasks.corpus.token_memo.memo_token_ids`): the same
+        vocabulary as flat arrays, e.g. :func:`tasks.corpus.sharded.token_memo.memo_token_ids`): the same
         index bytes, built by :func:`bm25_from_token_ids`.
 
         Raises

@@ -31,7 +31,7 @@ from funnelrag.store import ArtifactStore
 from funnelrag.workspace import Workspace
 from tasks.corpus.index import BM25Index
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.sharded_index import load_passage_index
+from tasks.corpus.sharded.sharded_index import load_passage_index
 
 CORPUS_STORE = "corpus"
 DEFAULT_CORPUS = "wikispeedia"
@@ -88,7 +88,7 @@ class CorpusVersion:
 
     def passage_index(self):
         """The flat passage BM25 index: a :class:`tasks.corpus.index.BM25Index`, or a
-        :class:`tasks.corpus.sharded_index.ShardedBM25` for a version built with
+        :class:`tasks.corpus.sharded.sharded_index.ShardedBM25` for a version built with
         ``index.passage_shard_tokens`` > 0 (same ``search``, ``search_rows``, ``doc_ids``, equal results)."""
         return load_passage_index(self.path / PASSAGE_INDEX)
 

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from data_contracts import corpus as C
 from funnelrag.stages import stage
-from tasks.corpus.cluster_index import build_cluster_index, cluster_texts  # noqa: F401 - cluster_texts re-exported
+from tasks.corpus.sharded.cluster_index import build_cluster_index, cluster_texts  # noqa: F401 - cluster_texts re-exported
 from tasks.corpus.clustering import (
     ClusteringConfig,
     check_clustering,
@@ -31,14 +31,14 @@ from tasks.corpus.clustering import (
 )
 from tasks.corpus.graph import graph_from_links, graph_metrics
 from tasks.corpus.index import BM25Config, BM25Index
-from tasks.corpus.ingest import IngestConfig, ingest
+from tasks.sources.ingest import IngestConfig, ingest
 from tasks.corpus.local_clustering import PreviousClusters, cluster_documents_local
-from tasks.corpus.memo import JoinedTexts
+from funnelrag.memo import JoinedTexts
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
-from tasks.corpus.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
+from tasks.corpus.sharded.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
 from funnelrag.memory import in_build_collector, release_memory
-from tasks.corpus.shards import run_here
-from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
+from tasks.corpus.sharded.shards import run_here
+from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,9 @@ PASSAGE_INDEX_DIR = "index/passages.bm25"
 def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, **parallel: Any) -> dict[str, Any]:
     """Ingest stage: raw dump files → documents, redirects, links, ingest report.
 
-    ``parallel``: ``submit``, ``streams_per_piece``, ``window`` of :func:`tasks.corpus.ingest.ingest`
+    ``parallel``: ``submit``, ``streams_per_piece``, ``window`` of :func:`tasks.sources.ingest.ingest`
     (multistream dumps parsed in pieces; same artifacts). Returns the
-    :class:`tasks.corpus.ingest.IngestSummary` as a dict (paths dropped) plus ``mb_per_s``
+    :class:`tasks.sources.ingest.IngestSummary` as a dict (paths dropped) plus ``mb_per_s``
     (uncompressed MB per wall-clock second).
 
     Raises
@@ -192,15 +192,15 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     The cluster index is one index; its texts are tokenized in ranges of whole clusters of at most
     ``tokens_per_shard`` tokens through ``submit`` (default: in this process; their documents
     partitioned first in tasks of ``docs_per_range`` documents, or taken from the build's shared
-    split ``split_dir``, :class:`tasks.corpus.shards.DocumentSplit`) and merged
-    into the one-process vocabulary and ids (:func:`tasks.corpus.cluster_index.build_cluster_index`:
+    split ``split_dir``, :class:`tasks.corpus.sharded.shards.DocumentSplit`) and merged
+    into the one-process vocabulary and ids (:func:`tasks.corpus.sharded.cluster_index.build_cluster_index`:
     same bytes as ``BM25Index.build`` over all cluster texts, without holding them all).
     ``passage_shard_tokens`` > 0: the passage index is built in shards of whole clusters of at
     most that many tokens with corpus-wide statistics
-    (:func:`tasks.corpus.sharded_index.build_passage_shards`), the per-shard steps through
+    (:func:`tasks.corpus.sharded.sharded_index.build_passage_shards`), the per-shard steps through
     ``submit``; 0: one index, as before. Shard token ids, statistics and
     indexes are kept in ``work_dir`` (default: ``out_dir/.work``, removed after), with the BM25
-    token memos of member texts and passages (:mod:`tasks.corpus.token_memo`): a text the last
+    token memos of member texts and passages (:mod:`tasks.corpus.sharded.token_memo`): a text the last
     build saw is not tokenized again, whatever shard it falls in (same bytes; the summary's
     ``cluster_members_reused`` and ``passages_reused`` count them).
     """

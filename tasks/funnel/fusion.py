@@ -179,7 +179,7 @@ class PassageBM25:
 
     Parameters
     ----------
-    index : :class:`tasks.corpus.index.BM25Index` or :class:`tasks.corpus.sharded_index.ShardedBM25`
+    index : :class:`tasks.corpus.index.BM25Index` or :class:`tasks.corpus.sharded.sharded_index.ShardedBM25`
         (each shard holds the global corpus statistics, so its scores are the corpus's).
     passage_ids : ``(n,)`` ids of the rows callers ask for (an embedding index's
         ``passage_ids``): position ``i`` of a call is the passage ``passage_ids[i]``.

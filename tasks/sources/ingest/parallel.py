@@ -1,6 +1,6 @@
 """Pass 1 of the ingest over the pieces of a multistream dump, in worker processes.
 
-Each piece (a run of whole bz2 page streams, :mod:`tasks.corpus.ingest.multistream`) is parsed
+Each piece (a run of whole bz2 page streams, :mod:`tasks.sources.ingest.multistream`) is parsed
 by :func:`parse_piece` with a fresh pass-1 state: report rows, kept pages spilled to title-sorted
 shards in a piece directory, and for every record what it would do to the global state. The
 coordinator then *replays* the pieces in dump order (:func:`replay_piece`), which is where the
@@ -37,14 +37,14 @@ import pyarrow.parquet as pq
 from data_contracts.base import link_or_copy, move_into_place, temp_name
 from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
-from tasks.corpus.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
-from tasks.corpus.ingest.changes import PageChanges, is_newer, merge_pages, page_xml
-from tasks.corpus.ingest.mediawiki import MediaWikiReader, page_from_xml
-from tasks.corpus.ingest.multistream import Layout, Piece, index_path, open_header_footer, open_piece
-from tasks.corpus.ingest.page_memo import PageMemo, memo_dir, write_part
-from tasks.corpus.ingest.page_pass import PagePass
-from tasks.corpus.ingest.records import RawPage
-from tasks.corpus.ingest.shards import ShardWriter, write_shard
+from tasks.sources.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
+from tasks.sources.ingest.changes import PageChanges, is_newer, merge_pages, page_xml
+from tasks.sources.ingest.mediawiki import MediaWikiReader, page_from_xml
+from tasks.sources.ingest.multistream import Layout, Piece, index_path, open_header_footer, open_piece
+from tasks.sources.ingest.page_memo import PageMemo, memo_dir, write_part
+from tasks.sources.ingest.page_pass import PagePass
+from tasks.sources.ingest.records import RawPage
+from tasks.sources.ingest.shards import ShardWriter, write_shard
 
 logger = logging.getLogger(__name__)
 _LINK_FIELDS = [f.name for f in fields(LinkCounts)]
@@ -65,14 +65,14 @@ class PieceResult:
     reused : taken from the piece cache (bytes unchanged since a previous build).
     patched : the base dump's kept piece with tonight's revisions applied (:func:`patch_piece`):
         nothing decompressed.
-    memo_parts : the files of the piece's page-memo rows (:func:`tasks.corpus.ingest.page_memo.write_part`):
+    memo_parts : the files of the piece's page-memo rows (:func:`tasks.sources.ingest.page_memo.write_part`):
         one for a parsed or reused piece, the base piece's and tonight's for a patched one, none
         without the memo.
     cleaned : kept wikitext pages cleaned here / taken from the page memo (a parsed piece).
     revisions : per row, the record's revision id and timestamp (``([rev_id], [timestamp])``; a parsed
         piece): kept with the piece, so that :func:`patch_piece` can tell a stale revision.
     stale : adds-changes revisions skipped as not newer than the base record's
-        (:func:`tasks.corpus.ingest.changes.is_newer`).
+        (:func:`tasks.sources.ingest.changes.is_newer`).
     """
 
     index: int
@@ -221,9 +221,9 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
     With ``cache_dir``, a piece whose key (:func:`piece_key`) is there is loaded instead of parsed,
     and a parsed piece is kept there. With ``changes`` (the adds-changes revisions whose page ids
     fall in this piece), the piece's records are those of the merged dump
-    (:func:`tasks.corpus.ingest.changes.merge_pages`), named by ``changes.source``; a piece without
+    (:func:`tasks.sources.ingest.changes.merge_pages`), named by ``changes.source``; a piece without
     revisions has the key and output of the base dump's piece, renamed. With ``memo`` (the page
-    memo's directory, :func:`tasks.corpus.ingest.page_memo.memo_dir`), a kept page whose wikitext
+    memo's directory, :func:`tasks.sources.ingest.page_memo.memo_dir`), a kept page whose wikitext
     the last build cleaned takes its cleaned text and links from it, and the piece writes its
     pages' rows for the next memo (``PieceResult.memo_parts``).
 
@@ -328,9 +328,9 @@ def patch_piece(piece: Piece, base: Path, changes: PageChanges, namespaces: froz
     it, without decompressing anything: the revisions' records go through a fresh pass-1 state
     (with the page memo when ``memo`` is given), every other record keeps the base piece's report
     row, effects and kept page (its ``source`` renamed, its position renumbered), and the records
-    are ordered by page id as :func:`tasks.corpus.ingest.changes.merge_pages` orders them. A
+    are ordered by page id as :func:`tasks.sources.ingest.changes.merge_pages` orders them. A
     revision not newer than the base record's (the revision id and timestamp the base piece kept,
-    :func:`tasks.corpus.ingest.changes.is_newer`) is skipped and counted (``PieceResult.stale``),
+    :func:`tasks.sources.ingest.changes.is_newer`) is skipped and counted (``PieceResult.stale``),
     as ``merge_pages`` skips it.
 
     A record's pass-1 decision depends on the records before it only through duplicate titles, so

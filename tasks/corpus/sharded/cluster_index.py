@@ -3,13 +3,13 @@
 The cluster index is one bm25s index over every cluster's text (its members' ``title\\ntext``
 joined in cluster order, :func:`cluster_texts`): ~all article text of the dump. Tokenizing it is
 most of its cost and holding it is most of the coordinator's memory, so it is split by ranges of
-whole clusters (the segment shards' :func:`tasks.corpus.shards.cluster_ranges`):
+whole clusters (the segment shards' :func:`tasks.corpus.sharded.shards.cluster_ranges`):
 :func:`cluster_token_shard` (a worker-process call through ``submit``) reads its clusters' member
 documents, tokenizes their texts with :func:`tasks.corpus.index.tokenize_ids` and keeps the token
 ids with the shard's own vocabulary (:class:`tasks.corpus.index.TokenIds`) in the work directory,
 keyed by the sha256 of the texts, so an unchanged shard is reused by the next build. A changed
 shard tokenizes only the members the last build did not see: each member's ``title\ntext`` takes
-its terms from the token memo (:mod:`tasks.corpus.token_memo`, rewritten after each build).
+its terms from the token memo (:mod:`tasks.corpus.sharded.token_memo`, rewritten after each build).
 
 :func:`merge_vocabularies` gives the vocabulary the one-process tokenization of all texts gives:
 :func:`tasks.corpus.index.tokenize_ids` numbers stems in sorted order (the sorted union of the
@@ -42,9 +42,9 @@ from data_contracts import corpus as C
 from funnelrag.store import mark_used
 from funnelrag.verify import verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
-from tasks.corpus.memo import JoinedTexts, keys_digest
-from tasks.corpus.token_memo import PIECES_JOIN, memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
-from tasks.corpus.shards import (DocumentSplit, ordered_results, put_cached, read_cluster_ranges, read_shard_documents,
+from funnelrag.memo import JoinedTexts, keys_digest
+from tasks.corpus.sharded.token_memo import PIECES_JOIN, memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
+from tasks.corpus.sharded.shards import (DocumentSplit, ordered_results, put_cached, read_cluster_ranges, read_shard_documents,
                                  sorted_by_id)
 
 CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its part of the token memo; 3: keyed on their text keys
@@ -52,7 +52,7 @@ CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its 
 
 def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], JoinedTexts, np.ndarray]:
     """``(cluster ids as str, pieces, group offsets)``: each member's ``title\ntext`` in cluster
-    order, as :class:`tasks.corpus.memo.JoinedTexts` over ``documents``' columns (never joined or
+    order, as :class:`funnelrag.memo.JoinedTexts` over ``documents``' columns (never joined or
     reordered as a whole: a memo lookup hashes them from the columns' buffers and only the texts
     the memo lacks become Python strings); cluster ``g``'s text is pieces
     ``offsets[g]:offsets[g + 1]`` joined by blank lines (:func:`cluster_texts`).
@@ -88,13 +88,13 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
                         memo_dir: str | None = None) -> tuple[list[str], list[str], str, bool, int]:
     """Token ids of the cluster texts of clusters ``lo <= cluster_id < hi`` (a worker-process
     call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and pieces>/``
-    (:meth:`tasks.corpus.token_memo.MemoTokens.save`).
+    (:meth:`tasks.corpus.sharded.token_memo.MemoTokens.save`).
 
     Reads only the shard's members (Parquet filters) and their documents (from ``docs_dir``, the
-    shard's partition by :func:`tasks.corpus.shards.partition_documents`, else by id from
-    ``documents.parquet``: :func:`tasks.corpus.shards.read_shard_documents`). Each member's
+    shard's partition by :func:`tasks.corpus.sharded.shards.partition_documents`, else by id from
+    ``documents.parquet``: :func:`tasks.corpus.sharded.shards.read_shard_documents`). Each member's
     ``title\ntext`` takes its terms from the token memo ``memo_dir`` when the last build saw it
-    (:func:`tasks.corpus.token_memo.memo_token_ids`); only the others are tokenized. Returns
+    (:func:`tasks.corpus.sharded.token_memo.memo_token_ids`); only the others are tokenized. Returns
     ``(cluster ids as str, the shard's vocabulary in id order, key, reused, members taken from
     the memo)``; ``reused`` when the shard's texts are unchanged since a build that kept them."""
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "position", "doc_id"],
@@ -218,12 +218,12 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
                         docs_per_range: int = 20_000, split_dir: Path | None = None) -> tuple[BM25Index, dict[str, Any]]:
     """The cluster index, byte-identical to ``BM25Index.build(*reversed(cluster_texts(documents,
     members)), cfg)``, with the tokenization in shards of whole clusters of at most
-    ``tokens_per_shard`` tokens (content-defined cuts, :func:`tasks.corpus.shards.cluster_ranges`),
+    ``tokens_per_shard`` tokens (content-defined cuts, :func:`tasks.corpus.sharded.shards.cluster_ranges`),
     run through ``submit`` (:func:`cluster_token_shard`), each reading its own documents from a
     partition made first in one parallel pass of ``docs_per_range`` documents a task
-    (:func:`tasks.corpus.shards.partition_documents`, in a scratch directory under ``work_dir``,
+    (:func:`tasks.corpus.sharded.shards.partition_documents`, in a scratch directory under ``work_dir``,
     removed after; or the build's shared split in ``split_dir``, made by the segment stage:
-    :class:`tasks.corpus.shards.DocumentSplit`).
+    :class:`tasks.corpus.sharded.shards.DocumentSplit`).
 
     The shards' token ids are kept in ``work_dir`` (shared with the workers) and reused when a
     shard's texts are unchanged. Returns the index and a summary: shard counts, reuse, seconds of

@@ -2,8 +2,8 @@
 kept under the 128-bit BLAKE2b of its wikitext and reused by the next build of the same dump
 settings, whatever piece the page falls in.
 
-Cleaning wikitext and extracting links (:func:`tasks.corpus.ingest.wikitext.clean_wikitext`,
-:meth:`tasks.corpus.ingest.page_pass.PagePass._link_targets`) are most of a piece's CPU after the
+Cleaning wikitext and extracting links (:func:`tasks.sources.ingest.wikitext.clean_wikitext`,
+:meth:`tasks.sources.ingest.page_pass.PagePass._link_targets`) are most of a piece's CPU after the
 bz2 decompression; a nightly that edited ~1% of the pages finds every other page's wikitext
 unchanged. The memo is an entry of the content store (:class:`funnelrag.content_store.ContentMemo`:
 sorted keys, field ``page`` the row of each key's page) with the rows in Arrow IPC files beside
@@ -11,7 +11,7 @@ it (``part-00000.arrow``, ...: the parts that made it, hard-linked, not copied; 
 memory-mapped and concatenated without a copy, so a lookup reads only the rows it hits), columns
 ``hi``, ``lo`` (the digest's two words), ``text`` (the cleaned text), ``targets`` (the
 normalised, deduplicated article targets, null when the cleaned text was too short to keep) and
-``delta`` (the page's increments of every :class:`tasks.corpus.ingest.config.LinkCounts` field).
+``delta`` (the page's increments of every :class:`tasks.sources.ingest.config.LinkCounts` field).
 A repeated key points at its first row (rows count through the parts in order). Each piece
 writes the rows of its pages as a part (:func:`write_part`); a piece patched from the base dump's
 kept piece contributes that piece's part as it is and a part of tonight's revisions only. After
@@ -33,7 +33,7 @@ import pyarrow.ipc as ipc
 
 from data_contracts.base import link_or_copy
 from funnelrag.content_store import ContentMemo, settings_dir, text_key
-from tasks.corpus.ingest.config import IngestConfig
+from tasks.sources.ingest.config import IngestConfig
 
 PAGE_MEMO_VERSION = "2"   # 2: a content-store entry (keys and rows as every memo's), parts beside it
 PAGE_FIELD = "page"

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from funnelrag.errors import BadInput
-from tasks.corpus.ingest.wikitext import DEFAULT_DISAMBIGUATION_TEMPLATES
+from tasks.sources.ingest.wikitext import DEFAULT_DISAMBIGUATION_TEMPLATES
 
 FORMATS = ("wikispeedia", "mediawiki", "jsonl")
 
@@ -33,7 +33,7 @@ class IngestError(BadInput):
 
 @dataclass(frozen=True)
 class IngestConfig:
-    """Configuration of :func:`tasks.corpus.ingest.ingest`.
+    """Configuration of :func:`tasks.sources.ingest.ingest`.
 
     Parameters
     ----------
@@ -118,7 +118,7 @@ class LinkCounts:
 
 @dataclass(frozen=True)
 class IngestSummary:
-    """Counts returned by :func:`tasks.corpus.ingest.ingest` (also derivable from the artifacts).
+    """Counts returned by :func:`tasks.sources.ingest.ingest` (also derivable from the artifacts).
 
     Attributes
     ----------
@@ -154,12 +154,12 @@ class IngestSummary:
         from the piece cache because the piece's bytes were unchanged); empty when serial.
     cleaned_pages : dict
         Kept wikitext pages of the parsed pieces: ``{"built": n, "reused": m}`` (reused = cleaned
-        text and links taken from the page memo, :mod:`tasks.corpus.ingest.page_memo`); empty
+        text and links taken from the page memo, :mod:`tasks.sources.ingest.page_memo`); empty
         without a piece cache.
     stale_revisions : int
         Adds-changes revisions applied while reading (``changes``) that were skipped because the
         base dump holds the same or a newer revision of their page
-        (:func:`tasks.corpus.ingest.changes.is_newer`).
+        (:func:`tasks.sources.ingest.changes.is_newer`).
     """
 
     documents: int

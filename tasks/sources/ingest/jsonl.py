@@ -13,9 +13,9 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-from tasks.corpus.ingest.config import INVALID_UTF8, MALFORMED_PAGE, OVERSIZE, IngestError
-from tasks.corpus.ingest.records import PLAIN, RawPage
-from tasks.corpus.ingest.streams import open_input
+from tasks.sources.ingest.config import INVALID_UTF8, MALFORMED_PAGE, OVERSIZE, IngestError
+from tasks.sources.ingest.records import PLAIN, RawPage
+from tasks.sources.ingest.streams import open_input
 
 
 class JsonlReader:

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import unquote
 
-from tasks.corpus.ingest.config import INVALID_UTF8, MALFORMED_LINK, MALFORMED_PAGE, OVERSIZE, IngestError
-from tasks.corpus.ingest.records import PLAIN, RawPage
-from tasks.corpus.ingest.titles import normalise_title
-from tasks.corpus.ingest.wikitext import tidy_whitespace
+from tasks.sources.ingest.config import INVALID_UTF8, MALFORMED_LINK, MALFORMED_PAGE, OVERSIZE, IngestError
+from tasks.sources.ingest.records import PLAIN, RawPage
+from tasks.sources.ingest.titles import normalise_title
+from tasks.sources.ingest.wikitext import tidy_whitespace
 
 ARTICLE_DIR = "plaintext_articles/"
 LINKS_MEMBER = "links.tsv"

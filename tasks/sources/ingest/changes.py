@@ -1,13 +1,13 @@
 """Adds-changes revisions applied to a full dump *while it is ingested*, instead of writing the
 merged dump first.
 
-The merged dump of the nightly (:func:`tasks.corpus.adds_changes.apply_changes`) is the base dump
+The merged dump of the nightly (:func:`tasks.sources.adds_changes.apply_changes`) is the base dump
 in page-id order with each changed page replaced and each new page inserted where its id falls;
 writing it decompresses and re-compresses every bz2 stream that holds a changed page, which after
 a few days of ~1% edits is nearly all of them. :func:`merge_pages` gives the ingest the records of
 that merged dump straight from the base dump's records and the revisions: a changed page's record
 is read from the ``<page>`` element the merged dump would hold (:func:`page_xml`, parsed by
-:func:`tasks.corpus.ingest.mediawiki.page_from_xml`), positions are renumbered, and every record's
+:func:`tasks.sources.ingest.mediawiki.page_from_xml`), positions are renumbered, and every record's
 ``source`` is the merged dump's file name, so the ingest artifacts are byte-identical to ingesting
 the merged dump (tested). The base dump must list its pages in increasing page id (Wikimedia's
 dumps do; :func:`merge_pages` raises otherwise). Nothing here imports Prefect.
@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_write
-from tasks.corpus.ingest.config import IngestError
-from tasks.corpus.ingest.mediawiki import page_from_xml
-from tasks.corpus.ingest.records import RawPage
+from tasks.sources.ingest.config import IngestError
+from tasks.sources.ingest.mediawiki import page_from_xml
+from tasks.sources.ingest.records import RawPage
 
 _TEXT_ENTITIES = {"\r": "&#13;"}   # a raw CR would be read back as LF
 
@@ -91,7 +91,7 @@ class PageChanges:
 
     @classmethod
     def of(cls, source: str, pages: dict[int, PageRevision] | Iterable[PageRevision]) -> "PageChanges":
-        """From ``{page_id: revision}`` (:func:`tasks.corpus.adds_changes.merge_days`) or revisions;
+        """From ``{page_id: revision}`` (:func:`tasks.sources.adds_changes.merge_days`) or revisions;
         raises ``ValueError`` when a page id repeats."""
         revs = sorted(pages.values() if isinstance(pages, dict) else pages, key=lambda r: r.page_id)
         ids = [r.page_id for r in revs]

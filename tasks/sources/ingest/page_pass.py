@@ -3,8 +3,8 @@
 :class:`PagePass` accounts for a record in the ingest report (kept, redirect or skipped with its
 reason), cleans a kept page's wikitext and spills it with its link targets to the title-sorted
 shards, and collects the titles, the redirect table and the link accounting. The serial driver
-over whole inputs (:mod:`tasks.corpus.ingest.run`) and the worker state of one multistream piece
-(:mod:`tasks.corpus.ingest.parallel`) extend it, so neither module imports the other's class.
+over whole inputs (:mod:`tasks.sources.ingest.run`) and the worker state of one multistream piece
+(:mod:`tasks.sources.ingest.parallel`) extend it, so neither module imports the other's class.
 Part of the corpus-build input of FunnelRAG (articles and their hyperlink graph, Algorithm 1).
 """
 from __future__ import annotations
@@ -15,13 +15,13 @@ from collections import Counter
 from dataclasses import fields
 
 from data_contracts.corpus import INGEST_REPORT
-from tasks.corpus.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
+from tasks.sources.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
                                         OTHER_NAMESPACE, OVERSIZE, REDIRECT, SKIPPED, IngestConfig, LinkCounts)
-from tasks.corpus.ingest.page_memo import PageMemo, page_key
-from tasks.corpus.ingest.records import WIKITEXT, RawPage
-from tasks.corpus.ingest.shards import ShardWriter
-from tasks.corpus.ingest.titles import ARTICLE, classify_link, normalise_title
-from tasks.corpus.ingest.wikitext import clean_wikitext, extract_link_targets, is_disambiguation, remove_comments
+from tasks.sources.ingest.page_memo import PageMemo, page_key
+from tasks.sources.ingest.records import WIKITEXT, RawPage
+from tasks.sources.ingest.shards import ShardWriter
+from tasks.sources.ingest.titles import ARTICLE, classify_link, normalise_title
+from tasks.sources.ingest.wikitext import clean_wikitext, extract_link_targets, is_disambiguation, remove_comments
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ _link_counts = operator.attrgetter(*_LINK_FIELDS)
 class PagePass:
     """Pass 1's decision for one record at a time: account for it in the report, clean a kept page
     into the shards, collect titles, redirects and link counts. The whole-input driver
-    (:class:`tasks.corpus.ingest.run._FirstPass`) and the one-piece worker state
-    (:class:`tasks.corpus.ingest.parallel._PiecePass`) both extend it."""
+    (:class:`tasks.sources.ingest.run._FirstPass`) and the one-piece worker state
+    (:class:`tasks.sources.ingest.parallel._PiecePass`) both extend it."""
 
     def __init__(self, cfg: IngestConfig, shards: ShardWriter, report):
         self.cfg, self.shards, self.report = cfg, shards, report

@@ -12,7 +12,7 @@ a single index over all passages would store. A query scores each shard, keeps i
 
 In the corpus build (``index.passage_shard_tokens`` > 0, :func:`build_passage_shards`) a shard is a
 range of whole clusters of ``passages.parquet`` cut by tokens with content-defined cuts
-(:func:`tasks.corpus.shards.cluster_ranges`); both steps run per shard through
+(:func:`tasks.corpus.sharded.shards.cluster_ranges`); both steps run per shard through
 ``submit(fn, *args) -> future`` (the index stage's pool) and the published
 ``index/passages.bm25/`` holds ``shards.json``, ``global_stats.json`` and ``shard-00000/``, ….
 :func:`load_passage_index` opens either layout.
@@ -39,9 +39,9 @@ from funnelrag.content_store import text_keys
 from funnelrag.store import mark_used
 from funnelrag.verify import DIGESTS_FILE, verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
-from tasks.corpus.memo import keys_digest
-from tasks.corpus.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
-from tasks.corpus.shards import ordered_results, put_cached, read_cluster_ranges
+from funnelrag.memo import keys_digest
+from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
+from tasks.corpus.sharded.shards import ordered_results, put_cached, read_cluster_ranges
 
 STATS_FILE = "global_stats.json"
 SHARDS_FILE = "shards.json"
@@ -54,7 +54,7 @@ class IndexLayout:
     passage_shard_tokens : the most tokens (``clusters.parquet`` ``n_tokens``, T5 tokens) of one
         passage BM25 shard. 0 (default): one bm25s index in ``index/passages.bm25/``, the layout
         and bytes of an unsharded build. ``> 0``: ranges of whole clusters cut by tokens with
-        content-defined cuts (:func:`tasks.corpus.shards.cluster_ranges`: ``passage_shard_tokens / 2``
+        content-defined cuts (:func:`tasks.corpus.sharded.shards.cluster_ranges`: ``passage_shard_tokens / 2``
         to ``passage_shard_tokens`` tokens a shard, so a worker's memory is bounded whatever the
         dump's size, and an edited page moves no other shard), indexed with corpus-wide statistics
         as shards of the index stage; search results equal the single index's. An explicit setting
@@ -240,9 +240,9 @@ def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
                         memo_dir: str | None = None) -> tuple[str, int, int, bool, int]:
     """Step 1 of a passage shard (a worker-process call): :func:`shard_stats` of clusters
     ``[lo, hi)``, kept in ``work_dir/passage-stats/<sha256 of the shard's ids and texts>/`` with
-    the shard's token ids (:class:`tasks.corpus.token_memo.MemoTokens`), which step 2 indexes
+    the shard's token ids (:class:`tasks.corpus.sharded.token_memo.MemoTokens`), which step 2 indexes
     without tokenizing again. A passage whose text the token memo ``memo_dir`` holds takes its
-    terms from it (:func:`tasks.corpus.token_memo.memo_token_ids`); only the others are tokenized.
+    terms from it (:func:`tasks.corpus.sharded.token_memo.memo_token_ids`); only the others are tokenized.
 
     Returns ``(key, n_docs, total_len, reused, passages taken from the memo)``; ``reused`` when
     the shard's passages are unchanged since a build that kept them."""
@@ -346,7 +346,7 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     ``global_stats.json``, ``shard-00000/``, …): :func:`passage_stats_shard` per shard through
     ``submit`` → :func:`merge_stats_files` → :func:`passage_index_shard` per shard through ``submit``.
 
-    Shards are the cluster-id ranges of :func:`tasks.corpus.shards.read_cluster_ranges` over
+    Shards are the cluster-id ranges of :func:`tasks.corpus.sharded.shards.read_cluster_ranges` over
     ``cluster_dir`` with at most ``shard_tokens`` tokens each (a cluster's passages hold its
     tokens: the correlation of passages and ``n_tokens`` per cluster is 0.9998 at 1M pages), so
     a worker's peak memory is bounded by ``shard_tokens``, not by the dump.

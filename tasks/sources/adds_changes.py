@@ -41,10 +41,10 @@ from lxml import etree
 from data_contracts.base import atomic_write, sha256_file
 from funnelrag.errors import BadInput
 from funnelrag.progress import Progress
-from tasks.corpus.ingest.changes import (PageChanges, PageRevision, is_newer,  # noqa: F401 - PageRevision re-exported
+from tasks.sources.ingest.changes import (PageChanges, PageRevision, is_newer,  # noqa: F401 - PageRevision re-exported
                                          page_xml, revisions_from_table, revisions_table)
-from tasks.corpus.ingest.mediawiki import release_element
-from tasks.corpus.ingest.multistream import index_blocks, index_path, plan_layout
+from tasks.sources.ingest.mediawiki import release_element
+from tasks.sources.ingest.multistream import index_blocks, index_path, plan_layout
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def read_day_memo(path: Path, date: str, memo_dir: Path | None) -> tuple[dict[in
 
 def merge_days(days: list[tuple[str, Path]], memo_dir: Path | None = None) -> tuple[dict[int, PageRevision], list[DayCounts]]:
     """The pages of every day, in date order: a later day's revision replaces an earlier one's when
-    it is newer (:func:`tasks.corpus.ingest.changes.is_newer`: revision id, then timestamp); one that
+    it is newer (:func:`tasks.sources.ingest.changes.is_newer`: revision id, then timestamp); one that
     is not is skipped and counted on its day (``skipped["stale_revision"]``).
 
     ``memo_dir``: each day through :func:`read_day_memo`, so a day is parsed by the first night
@@ -275,7 +275,7 @@ def index_page_ids(index: Path) -> np.ndarray:
 
 
 def plan_changes(base: Path, changes: dict[int, PageRevision], merged_name: str) -> tuple[PageChanges | None, ApplyReport]:
-    """Tonight's revisions as :class:`tasks.corpus.ingest.changes.PageChanges` for the ingest to
+    """Tonight's revisions as :class:`tasks.sources.ingest.changes.PageChanges` for the ingest to
     apply while it reads ``base`` (no merged dump written), with the counts :func:`apply_changes`
     would report (pages replaced and added; no stream copied or re-compressed; ``replaced`` counts
     the revisions of base pages before the ingest compares their revision ids, so it includes the

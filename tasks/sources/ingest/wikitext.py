@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import re
 
-from tasks.corpus.ingest.titles import INTERWIKI_PREFIXES
+from tasks.sources.ingest.titles import INTERWIKI_PREFIXES
 
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 # Extension tags whose content is not article prose.
@@ -201,7 +201,7 @@ def extract_link_targets(text: str, *, comments_removed: bool = False) -> list[s
     Comments are ignored (``comments_removed``: ``text`` is already :func:`remove_comments` of
     the page); links inside templates, tables, references and file captions count (they are
     hyperlinks of the rendered page). Targets are not normalised (see
-    :func:`tasks.corpus.ingest.titles.classify_link`).
+    :func:`tasks.sources.ingest.titles.classify_link`).
     """
     if "[[" not in text:
         return []

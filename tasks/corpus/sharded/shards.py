@@ -8,7 +8,7 @@ segmentation) is independent per document, so shards are counted in worker proce
 byte-identical to :func:`tasks.corpus.stages.run_tokens`' whatever the shard size or worker count.
 Segmentation is independent per cluster, so its shards are ranges of whole clusters cut by
 tokens (:func:`cluster_ranges`), concatenated in cluster order (:func:`run_segment_sharded`). The passage
-BM25 index in shards: :mod:`tasks.corpus.sharded_index`.
+BM25 index in shards: :mod:`tasks.corpus.sharded.sharded_index`.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from funnelrag.progress import Progress, progress
 from funnelrag.reaper import scratch_dir
 from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
-from tasks.corpus import segment_memo as SM
-from tasks.corpus.memo import Utf8Rows, arrow_text_keys, take_texts
+from tasks.corpus.sharded import segment_memo as SM
+from funnelrag.memo import Utf8Rows, arrow_text_keys, take_texts
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens
 from tasks.corpus.tokenize import load_token_counter
 
@@ -326,7 +326,7 @@ TOKENS_MEMO_VERSION = "1"
 TOKENS_MEMO_FIELD = "window_tokens"
 TEXT_KEYS_FILE = "text_keys.npy"
 """Beside ``window_tokens.parquet`` of the sharded tokens stage: ``(n_docs, 2)`` uint64, each
-document's text key (:func:`tasks.corpus.memo.arrow_text_keys`) by doc id, which the stage computes
+document's text key (:func:`funnelrag.memo.arrow_text_keys`) by doc id, which the stage computes
 for its memo anyway; the segment shards read theirs instead of hashing the texts again
 (:func:`read_text_keys`)."""
 
@@ -552,9 +552,9 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
                   memo: str | None = None) -> tuple[str, int, int, bool, int, int]:
     """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
     cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them (one path with
-    a memo or without: clusters cut by :func:`tasks.corpus.segment_memo.segment_unlabeled`, then
-    given tonight's ids by :func:`tasks.corpus.segment_memo.label`), written to
-    ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.labelled.arrow`` (:func:`tasks.corpus.segment_memo.write_rows`).
+    a memo or without: clusters cut by :func:`tasks.corpus.sharded.segment_memo.segment_unlabeled`, then
+    given tonight's ids by :func:`tasks.corpus.sharded.segment_memo.label`), written to
+    ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.labelled.arrow`` (:func:`tasks.corpus.sharded.segment_memo.write_rows`).
 
     Returns ``(that directory, articles without words, clusters taken from the memo or the entry,
     reused, documents of the clusters cut tonight, those of them whose windows the memo held)``;
@@ -565,13 +565,13 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     partition by :func:`partition_documents`, else by id from ``documents.parquet``) and their
     window token counts (:func:`read_rows_by_id`: memory bounded by a row group, not by the files).
 
-    With ``memo`` (the segmentation memo's directory, :func:`tasks.corpus.segment_memo.memo_dir`),
+    With ``memo`` (the segmentation memo's directory, :func:`tasks.corpus.sharded.segment_memo.memo_dir`),
     a cluster whose members' texts and token counts the last build segmented takes its rows from
     the memo, relabelled with tonight's cluster and document ids (same bytes); a cluster cut
     tonight takes each member's windows from the memo's document index when the last build cut
-    that text (:meth:`tasks.corpus.segment_memo.SegmentMemo.document_windows`), so only new and
+    that text (:meth:`tasks.corpus.sharded.segment_memo.SegmentMemo.document_windows`), so only new and
     edited texts are cut again; and the directory also keeps the shard's part of the next memo
-    (:func:`tasks.corpus.segment_memo.write_part`).
+    (:func:`tasks.corpus.sharded.segment_memo.write_part`).
     """
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename,
                             filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by(
@@ -655,7 +655,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     workers) a shard whose members, texts and token counts are unchanged reuses its rows; the
     summary's ``shards_reused`` / ``shards_built`` say how many; and a cluster of any other shard
     whose members' texts the last build segmented takes its rows from the segmentation memo
-    (:mod:`tasks.corpus.segment_memo`, replaced after the shards with this build's clusters;
+    (:mod:`tasks.corpus.sharded.segment_memo`, replaced after the shards with this build's clusters;
     ``clusters_reused`` of ``clusters``). Without it the shards' rows pass
     through ``out_dir/.segment-shards`` (removed after). ``split_dir``: the build's shared
     :class:`DocumentSplit` directory (the cluster index takes the same split from it). Summary:

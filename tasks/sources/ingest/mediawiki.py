@@ -1,7 +1,7 @@
 """Streaming reader of MediaWiki ``pages-articles`` XML dumps (export schema 0.x).
 
 Pages are parsed with ``lxml.etree.iterparse`` and cleared as soon as they are read, so memory
-does not grow with the dump. Decisions on bad input (documented in ``tasks/corpus/ingest/README.md``):
+does not grow with the dump. Decisions on bad input (documented in ``tasks/sources/ingest/README.md``):
 
 * a ``<page>`` without ``<title>``, ``<ns>`` or revision ``<text>``, or with a non-integer
   ``<ns>``/``<id>`` → record skipped, reason ``malformed_page``;
@@ -18,11 +18,11 @@ from typing import BinaryIO, Callable, Iterator
 
 from lxml import etree
 
-from tasks.corpus.ingest.config import INVALID_UTF8, MALFORMED_PAGE, IngestError
-from tasks.corpus.ingest.records import WIKITEXT, RawPage
-from tasks.corpus.ingest.streams import INVALID_UTF8_MARK, Utf8Guard, open_input
-from tasks.corpus.ingest.titles import DEFAULT_NAMESPACES
-from tasks.corpus.ingest.wikitext import redirect_target
+from tasks.sources.ingest.config import INVALID_UTF8, MALFORMED_PAGE, IngestError
+from tasks.sources.ingest.records import WIKITEXT, RawPage
+from tasks.sources.ingest.streams import INVALID_UTF8_MARK, Utf8Guard, open_input
+from tasks.sources.ingest.titles import DEFAULT_NAMESPACES
+from tasks.sources.ingest.wikitext import redirect_target
 
 
 class MediaWikiReader:
@@ -42,7 +42,7 @@ class MediaWikiReader:
         Decompressed bytes read so far.
     opener : callable, optional
         ``() -> binary file`` of the XML to parse instead of ``open_input(path)`` (a byte range
-        of a multistream dump, see :mod:`tasks.corpus.ingest.multistream`); ``path`` still names
+        of a multistream dump, see :mod:`tasks.sources.ingest.multistream`); ``path`` still names
         the source in records and errors.
     """
 
@@ -124,7 +124,7 @@ def page_from_xml(xml: bytes, source: str, position: int) -> RawPage:
     """The :class:`RawPage` that :meth:`MediaWikiReader.pages` yields for one ``<page>`` element
     ``xml`` (UTF-8 bytes) found at ``position`` of ``source``: the same parser options and the same
     field rules, for pages that come from elsewhere than a dump's streams (adds-changes revisions,
-    :mod:`tasks.corpus.ingest.changes`).
+    :mod:`tasks.sources.ingest.changes`).
 
     Raises ``IngestError`` when ``xml`` is not well-formed."""
     try:

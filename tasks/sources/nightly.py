@@ -1,5 +1,5 @@
 """What tonight's corpus build is, and its input file: the decision of the nightly that follows a
-Wikimedia mirror (:mod:`tasks.corpus.dump_source`), with no Prefect.
+Wikimedia mirror (:mod:`tasks.sources.dump_source`), with no Prefect.
 
 The decision (:func:`plan_night`) compares the mirror with what the corpus was last built from:
 the ``dump`` entry of the current version's manifest (``{"wiki", "base", "days"}``), or the
@@ -9,7 +9,7 @@ content (an unchanged build publishes nothing, so the manifest cannot say it):
 - a finished full dump newer than the base → ``full``: a build of that dump;
 - otherwise finished adds-changes days after the base that the last build did not hold →
   ``incremental``: a build of the base with every finished day since it applied, in date order
-  (:mod:`tasks.corpus.adds_changes`);
+  (:mod:`tasks.sources.adds_changes`);
 - otherwise ``nothing``.
 
 A full dump said done whose files are missing on the mirror or fail their checksum does not stall
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from data_contracts.base import atomic_write
-from tasks.corpus.adds_changes import STALE_REVISION, apply_changes, merge_days, plan_changes
-from tasks.corpus.dump_source import (DayScan, DumpSourceError, FullDump, Mirror, fetch, full_dump_name, index_name,
+from tasks.sources.adds_changes import STALE_REVISION, apply_changes, merge_days, plan_changes
+from tasks.sources.dump_source import (DayScan, DumpSourceError, FullDump, Mirror, fetch, full_dump_name, index_name,
                                       latest_full_dump, parse_dumpstatus, scan_days)
 
 log = logging.getLogger(__name__)
@@ -167,11 +167,11 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     ``downloads/merged/<wiki>/<wiki>-<last day>-pages-articles-multistream.xml.bz2.changes.parquet``
     (``info["changes_file"]``; the returned path is the base dump): the ingest applies them as it
     reads the base, with the artifacts of the merged dump and no dump written or re-compressed
-    (:func:`tasks.corpus.adds_changes.plan_changes`). Otherwise the merged dump
+    (:func:`tasks.sources.adds_changes.plan_changes`). Otherwise the merged dump
     ``downloads/merged/<wiki>/<wiki>-<last day>-pages-articles-multistream.xml.bz2`` is written
-    (:func:`tasks.corpus.adds_changes.apply_changes`; reused when it is already there from the
+    (:func:`tasks.sources.adds_changes.apply_changes`; reused when it is already there from the
     same base and days) and returned. Either way each day's revisions are kept beside its download
-    (:func:`tasks.corpus.adds_changes.read_day_memo`): a day is parsed by the first night that
+    (:func:`tasks.sources.adds_changes.read_day_memo`): a day is parsed by the first night that
     applies it only. ``read_cache`` False (``cache.read: false``): every day is parsed and the
     merged dump written again, neither the day memos nor an earlier merged dump read.
 
@@ -179,7 +179,7 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     ------
     ChecksumMismatch, DumpSourceError
         A file is missing, or its size or digest differs (names the file).
-    tasks.corpus.adds_changes.AddsChangesError
+    tasks.sources.adds_changes.AddsChangesError
         A day's file or the base dump cannot be read.
     """
     if plan.base is None:

@@ -30,18 +30,18 @@ import pyarrow.compute as pc
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
 from funnelrag.progress import Progress
-from tasks.corpus.ingest.changes import PageChanges, merge_pages
-from tasks.corpus.ingest.config import KEPT, IngestConfig, IngestSummary
-from tasks.corpus.ingest.jsonl import JsonlReader
-from tasks.corpus.ingest.lookup import TitleIndex
-from tasks.corpus.ingest.mediawiki import MediaWikiReader
-from tasks.corpus.ingest.multistream import plan_layout
-from tasks.corpus.ingest.page_pass import PagePass
-from tasks.corpus.ingest.parallel import run_pieces
-from tasks.corpus.ingest.redirects import resolve_redirects
-from tasks.corpus.ingest.shards import ShardWriter, merge_shards
-from tasks.corpus.ingest.titles import DEFAULT_NAMESPACES
-from tasks.corpus.ingest.wikispeedia import WikispeediaReader
+from tasks.sources.ingest.changes import PageChanges, merge_pages
+from tasks.sources.ingest.config import KEPT, IngestConfig, IngestSummary
+from tasks.sources.ingest.jsonl import JsonlReader
+from tasks.sources.ingest.lookup import TitleIndex
+from tasks.sources.ingest.mediawiki import MediaWikiReader
+from tasks.sources.ingest.multistream import plan_layout
+from tasks.sources.ingest.page_pass import PagePass
+from tasks.sources.ingest.parallel import run_pieces
+from tasks.sources.ingest.redirects import resolve_redirects
+from tasks.sources.ingest.shards import ShardWriter, merge_shards
+from tasks.sources.ingest.titles import DEFAULT_NAMESPACES
+from tasks.sources.ingest.wikispeedia import WikispeediaReader
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         runner's): multistream ``.xml.bz2`` MediaWiki inputs are then cut into pieces of
         ``streams_per_piece`` bz2 streams (offsets from the ``-index.txt.bz2`` beside the dump,
         else a scan for stream headers) parsed in parallel, at most ``window`` pieces at a time
-        (:mod:`tasks.corpus.ingest.parallel`). Other inputs, and every input without ``submit``,
+        (:mod:`tasks.sources.ingest.parallel`). Other inputs, and every input without ``submit``,
         are read serially. The artifacts are the same either way.
     piece_cache : Path, optional
         Directory (shared by the workers) where each piece's pass-1 output is kept under the
@@ -89,7 +89,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         pieces whose bytes changed (``IngestSummary.pieces`` counts built and reused ones).
     changes : PageChanges, optional
         Adds-changes revisions applied to the one MediaWiki input while it is read
-        (:mod:`tasks.corpus.ingest.changes`): the artifacts are those of ingesting the merged dump
+        (:mod:`tasks.sources.ingest.changes`): the artifacts are those of ingesting the merged dump
         named ``changes.source`` (a changed page replaced, a new one inserted by page id), without
         writing that dump. With ``submit``, the dump's multistream index places each revision in
         its piece, and a piece without revisions is the base dump's (piece cache hit).
@@ -106,7 +106,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
     ValueError
         No inputs, or two inputs with the same file name (the report keys on it); ``changes`` with
         another format than ``mediawiki`` or another number of inputs than one.
-    tasks.corpus.ingest.IngestError
+    tasks.sources.ingest.IngestError
         An input cannot be read to the end (truncated archive, malformed XML); names the file,
         the position and the last complete record. Nothing is written.
     """
@@ -338,7 +338,7 @@ class _WriteBehind:
 
 class LinkTargets:
     """Where a link target leads: a kept article (its ``doc_id``) or a resolved redirect (the
-    ``doc_id`` at the end of its chain), looked up by :class:`~tasks.corpus.ingest.lookup.TitleIndex`.
+    ``doc_id`` at the end of its chain), looked up by :class:`~tasks.sources.ingest.lookup.TitleIndex`.
 
     Parameters
     ----------
