@@ -75,7 +75,7 @@ def test_layers_contract_breaks_on_an_upward_import(tmp_path):
     stages = tmp_path / "funnelrag" / "stages.py"
     stages.write_text(stages.read_text() + "\n\ndef _upward():\n    from tasks.sources.ingest import IngestError\n")
     out = _lint_imports(tmp_path)
-    assert out.returncode != 0 and "funnelrag.stages is not allowed to import tasks.corpus" in out.stdout, out.stdout
+    assert out.returncode != 0 and "funnelrag.stages is not allowed to import tasks.sources" in out.stdout, out.stdout
 
 
 def test_layers_table_is_the_contract():
