@@ -78,6 +78,17 @@ def test_layers_contract_breaks_on_an_upward_import(tmp_path):
     assert out.returncode != 0 and "funnelrag.stages is not allowed to import tasks.sources" in out.stdout, out.stdout
 
 
+def test_paper_stages_contract_breaks_on_a_shard_import(tmp_path):
+    """The paper's corpus stages may not import the machinery that runs them in shards: a deferred
+    import of the memo planted in the segmentation stage fails the contract and is named."""
+    _copy_sources(tmp_path)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    segment = tmp_path / "tasks" / "corpus" / "segment.py"
+    segment.write_text(segment.read_text() + "\n\ndef _machinery():\n    from funnelrag.memo import text_key\n")
+    out = _lint_imports(tmp_path)
+    assert out.returncode != 0 and "tasks.corpus.segment is not allowed to import funnelrag.memo" in out.stdout, out.stdout
+
+
 def test_layers_table_is_the_contract():
     """The first column of ARCHITECTURE.md's layers table is the contract's layers, in order."""
     import tomllib
