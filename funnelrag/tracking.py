@@ -65,16 +65,40 @@ def _environment_kept(names: tuple[str, ...]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+SQLITE_CREATING = ".creating-"
+"""Infix of the temporary file a new MLflow SQLite database is built in (``<db>.creating-<pid>``)."""
+
+
 @functools.lru_cache(maxsize=None)
 def ensure_sqlite_database(uri: str) -> None:
     """Create and migrate the MLflow SQLite database of ``uri`` under an inter-process lock
     (``<db>.lock`` beside it); other processes wait, then find it ready. Once per process and URI.
+
+    A new database is built whole in ``<db>.creating-<pid>`` (MLflow creates its tables and runs
+    its migrations there), then renamed into place: a run stopped while MLflow creates its tables
+    (SIGTERM, kill -9, a full disk) leaves no database, never a half-created one, which every later
+    run would fail on (``table ... already exists``). Leftover temporary files of such a run are
+    removed by the next creator, under the same lock.
+
+    Raises
+    ------
+    sqlalchemy.exc.SQLAlchemyError
+        MLflow cannot create or read the database; a half-created temporary file is removed.
     """
     from mlflow.tracking import MlflowClient  # noqa: PLC0415  (heavy: mlflow, only when tracking)
 
     db = Path(uri[len("sqlite:///"):])
     with exclusive_lock(db.with_name(db.name + ".lock"), f"creating the MLflow database {db}", wait=True):
-        MlflowClient(uri).search_experiments(max_results=1)  # creates the tables on first use
+        if not db.exists():
+            for stale in db.parent.glob(db.name + SQLITE_CREATING + "*"):
+                stale.unlink(missing_ok=True)
+            building = db.with_name(f"{db.name}{SQLITE_CREATING}{os.getpid()}")
+            try:
+                MlflowClient(f"sqlite:///{building}").search_experiments(max_results=1)  # creates the tables
+                os.replace(building, db)
+            finally:
+                building.unlink(missing_ok=True)
+        MlflowClient(uri).search_experiments(max_results=1)
 
 
 def ensure_experiment(ws: Workspace, name: str) -> str:

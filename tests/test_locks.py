@@ -72,6 +72,42 @@ def test_mlflow_database_created_once_when_runs_race(tmp_path):
     assert len(set(results)) == 1                    # one experiment, the same id everywhere
 
 
+def test_a_run_stopped_while_mlflow_creates_its_tables_leaves_no_half_created_database(tmp_path, monkeypatch):
+    """A run stopped (SIGTERM) after MLflow created some of its tables, and the leftover of one
+    killed with -9: the next run creates the database whole and logs to it. A half-created database
+    in place would fail every later run with ``table datasets already exists``."""
+    import sqlite3
+
+    import mlflow.tracking
+    from funnelrag.tracking import SQLITE_CREATING, ensure_sqlite_database
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    real_client = mlflow.tracking.MlflowClient
+
+    def stopped_midway(tracking_uri):
+        path = tracking_uri[len("sqlite:///"):]
+        with sqlite3.connect(path) as con:          # the first of MLflow's tables, then the signal
+            con.execute("CREATE TABLE datasets (dataset_uuid VARCHAR(36))")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", stopped_midway)
+    ensure_sqlite_database.cache_clear()
+    with pytest.raises(KeyboardInterrupt):
+        ensure_sqlite_database(uri)
+    assert not db.exists()
+    assert not list(tmp_path.glob("*" + SQLITE_CREATING + "*"))
+
+    (tmp_path / f"mlflow.db{SQLITE_CREATING}999999").write_bytes(b"left by a kill -9")
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", real_client)
+    ensure_sqlite_database.cache_clear()
+    ensure_sqlite_database(uri)
+    assert db.exists() and not list(tmp_path.glob("*" + SQLITE_CREATING + "*"))
+    client = real_client(uri)
+    assert client.get_experiment(client.create_experiment("after-the-stop")).name == "after-the-stop"
+    ensure_sqlite_database.cache_clear()
+
+
 def test_second_build_of_a_corpus_in_one_home_is_refused(prefect_harness, workspace_home, data_mirror):
     """While a build holds the corpus's lock, another build of it in the same home is refused at
     once, naming the holder, before any stage or MLflow run starts."""
