@@ -33,7 +33,7 @@ of a home after night 3, each run with the other version first on ``PYTHONPATH``
 After each night the home's size on disk is recorded (``home_bytes``); ``--cache-max-age-days``
 and ``--keep-versions`` set the build's ``retention`` for every night.
 
-Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED.xml.bz2 --home DIR
+Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED --home DIR
 [--wiki synwiki] [--workers 2] [--http] [--no-gate] [--release 1 1 1] [--cache-max-age-days D]
 [--keep-versions N] [--days-between-nights 1] [--server] [--out results.json]``;
 ``python benchmarks/bench_nightly_mirror.py MIRROR --home DIR --one-more [--http] [--server] [--workers 2] [--no-gate]``.
@@ -311,7 +311,8 @@ def one_more(args: argparse.Namespace, common: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mirror", type=Path, nargs="?")
-    ap.add_argument("--merged", type=Path)
+    ap.add_argument("--merged", type=Path,
+                    help="the merged full dump (.xml.bz2), or the directory synth_dump.py --merged wrote it to")
     ap.add_argument("--home", type=Path, required=True)
     ap.add_argument("--wiki", default="synwiki")
     ap.add_argument("--workers", type=int, default=2)
@@ -333,6 +334,11 @@ def main() -> None:
     ap.add_argument("--mirror-url", help=argparse.SUPPRESS)
     ap.add_argument("--paths", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.merged is not None and args.merged.is_dir():   # synth_dump.py --merged DIR writes one dump there
+        dumps = sorted(args.merged.glob("*.xml.bz2"))
+        if len(dumps) != 1:
+            ap.error(f"--merged {args.merged}: expected one .xml.bz2 in the directory, found {len(dumps)}")
+        args.merged = dumps[0]
     if args.one_night:
         return one_night(args)
     common = ["--home", str(args.home / "nightly"), "--wiki", args.wiki, "--workers", str(args.workers)]
