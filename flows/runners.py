@@ -18,9 +18,10 @@ and no Prefect engine, API client or log queue runs in a worker:
   reschedules a lost worker's shards itself.
 
 Each shard runs as :func:`run_shard` (the call, then its freed memory given back to the OS:
-:func:`funnelrag.memory.release_memory`). A worker's log records (progress lines of a shard) go
-to its own stderr, which is the build process's (:func:`init_worker`); the stage's totals go to
-the Prefect task run's log. Shard outputs go to the stage cache under the workspace home, which
+:func:`funnelrag.memory.release_memory`). A local worker's log records below WARNING (progress lines of
+a shard) go to its own stderr, which is the build process's (:func:`init_worker`); its warnings
+come back with the shard's value and are logged by the build process
+(:func:`run_shard_in_worker`), so they reach the Prefect task run's log with the stage's totals. Shard outputs go to the stage cache under the workspace home, which
 must be on storage shared by the workers (NFS, or the same disk for a LocalCluster).
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.main_guard import check_main_guard
-from flows.shard_retry import ShardFuture
+from flows.shard_retry import ShardFuture, ShardReturn
 from funnelrag.config import RUN_LOGGERS
 from funnelrag.memory import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
 from funnelrag.reaper import ensure_reaper
@@ -106,6 +107,44 @@ def run_shard(fn: Callable[..., Any], args: list[Any]) -> Any:
         release_memory(freeze=multiprocessing.parent_process() is not None or in_build_collector())
 
 
+class _KeptRecords(logging.Handler):
+    """Keeps the records at WARNING and above, ready to pickle (message formatted, no arguments,
+    the exception as text)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg, record.args = record.getMessage(), None
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        self.records.append(record)
+
+
+def run_shard_in_worker(fn: Callable[..., Any], args: list[Any]) -> ShardReturn:
+    """:func:`run_shard` in a local pool worker: ``fn``'s value with the records at WARNING and above
+    that :data:`funnelrag.config.RUN_LOGGERS` emitted during the call, which the build process logs
+    again (:meth:`flows.shard_retry.ShardFuture.result`); the worker's stderr shows only the lines
+    below WARNING (:func:`init_worker`), so each warning appears once. Raises what ``fn`` raises (the
+    call's warnings are then lost with the worker's answer; the stage fails with the error)."""
+    kept = _KeptRecords()
+    loggers = [logging.getLogger(name) for name in RUN_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(kept)
+    try:
+        value = run_shard(fn, args)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(kept)
+    return ShardReturn(value, tuple(kept.records))
+
+
+def _below_warning(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.WARNING
+
+
 def run_log_levels() -> dict[str, int]:
     """The levels set on our loggers in this process (the CLI sets INFO), for the workers."""
     return {n: logging.getLogger(n).level for n in RUN_LOGGERS if logging.getLogger(n).level}
@@ -115,9 +154,9 @@ def init_worker(levels: dict[str, int], environ: dict[str, str] | None = None, c
     """Pool initializer of a local worker process.
 
     * ``levels``: the parent's levels of :data:`funnelrag.config.RUN_LOGGERS`; each of those loggers
-      writes to this worker's stderr (inherited from the build process, so a shard's progress lines
-      reach the terminal or the flow-run process's output) and to nothing else: no Prefect handler
-      runs in a worker.
+      writes its records below WARNING to this worker's stderr (inherited from the build process, so
+      a shard's progress lines reach the terminal or the flow-run process's output); its warnings go
+      back with the shard's value (:func:`run_shard_in_worker`); no Prefect handler runs in a worker.
     * ``environ``, ``cwd``: the parent's environment and working directory when the stage's pool
       started (the forkserver lives as long as the build process and holds those of its own start).
     * the young generation's collection threshold of :func:`funnelrag.memory.build_collector` (a
@@ -133,6 +172,7 @@ def init_worker(levels: dict[str, int], environ: dict[str, str] | None = None, c
             log.warning("pool worker %d: cannot enter the build's directory %s (%s)", os.getpid(), cwd, exc)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(WORKER_LOG_FORMAT, datefmt="%H:%M:%S"))
+    handler.addFilter(_below_warning)   # warnings go to the build process with the shard's value
     for name in RUN_LOGGERS:
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
@@ -267,7 +307,7 @@ class LocalShardPool:
                 self._executor = self._new_executor()
             executor = self._executor
         try:
-            return executor, executor.submit(run_shard, fn, list(args))
+            return executor, executor.submit(run_shard_in_worker, fn, list(args))
         except BrokenProcessPool as exc:
             failed: Future = Future()
             failed.set_exception(exc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from flows.main_guard import MainGuardMissing, guard_message, unguarded_main_script
@@ -25,6 +26,19 @@ WORKER_DEATH_RETRIES = 2
 
 class ShardWorkerDied(RuntimeError):
     """A shard's worker process died on every attempt (the message names the shard)."""
+
+
+@dataclass(frozen=True)
+class ShardReturn:
+    """What a local pool worker sends back for one shard (:func:`flows.runners.run_shard_in_worker`):
+    ``value``, what the shard call returned, and ``records``, the log records at WARNING and above
+    that our loggers emitted while it ran (message formatted, no exception object), which
+    :meth:`ShardFuture.result` hands to the same loggers in the build process: a worker's warning (a
+    cache entry discarded and rebuilt, a page skipped) reaches the run's log and the Prefect UI, not
+    only the worker's stderr."""
+
+    value: Any
+    records: tuple[logging.LogRecord, ...] = ()
 
 
 class RenewablePool(Protocol):
@@ -65,7 +79,7 @@ class ShardFuture:
     def result(self, timeout: float | None = None) -> Any:
         while True:
             try:
-                return self._future.result(timeout)
+                value = self._future.result(timeout)
             except BrokenProcessPool as exc:
                 shard = describe_shard(self._fn, self._args)
                 if (script := unguarded_main_script()) is not None:   # its workers died running it again
@@ -81,6 +95,12 @@ class ShardFuture:
                 self._pool.renew(self._executor)
                 self._attempt += 1
                 self._executor, self._future = self._pool.submit_once(self._fn, self._args)
+                continue
+            if isinstance(value, ShardReturn):
+                for record in value.records:   # the worker's warnings, in this process's log (and Prefect's)
+                    logging.getLogger(record.name).handle(record)
+                return value.value
+            return value
 
     def done(self) -> bool:
         return self._future.done()

@@ -13,3 +13,13 @@ def worker_facts(name: str) -> dict:
     loaded in it."""
     return {"pid": os.getpid(), "ppid": os.getppid(), "preloaded": "flows.pool_worker" in sys.modules,
             "env": os.environ.get(name), "young": gc.get_threshold()[0], "prefect": "prefect" in sys.modules}
+
+
+def warn_and_tell(text: str) -> int:
+    """Logs ``text`` at INFO and at WARNING on a logger of the run (``funnelrag.verify``, as a cache
+    check does in a worker); returns the worker's pid."""
+    import logging
+
+    logging.getLogger("funnelrag.verify").info("progress: %s", text)
+    logging.getLogger("funnelrag.verify").warning("discarded: %s", text)
+    return os.getpid()

@@ -156,6 +156,30 @@ def test_local_workers_fork_from_one_preloaded_forkserver_and_run_plain_python(m
     assert not {f["pid"] for f in first} & {f["pid"] for f in second}
 
 
+def test_a_workers_warning_is_logged_once_by_the_build_process(caplog, capfd):
+    """A warning a shard logs in a local worker (a cache entry discarded) reaches the build
+    process's log, where Prefect's run logger takes it, once; the worker's stderr keeps its lines
+    below WARNING (a shard's progress)."""
+    import logging  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    from tests.pool_probe import warn_and_tell  # noqa: PLC0415  (a module without Prefect: the workers import it)
+
+    logging.getLogger("funnelrag").setLevel(logging.INFO)
+    try:
+        with caplog.at_level(logging.INFO, logger="funnelrag.verify"):
+            with ShardRunner(RunnerConfig(workers=2)) as runner, runner.pool("warn") as pool:
+                pids = [f.result() for f in [pool.submit(warn_and_tell, f"entry {i}") for i in range(3)]]
+    finally:
+        logging.getLogger("funnelrag").setLevel(logging.NOTSET)
+    assert os.getpid() not in pids
+    here = [r for r in caplog.records if r.name == "funnelrag.verify"]
+    assert sorted(r.getMessage() for r in here if r.levelno == logging.WARNING) == [f"discarded: entry {i}" for i in range(3)]
+    assert not [r for r in here if r.levelno < logging.WARNING]   # progress stays in the worker
+    err = capfd.readouterr().err
+    assert "discarded: entry" not in err
+
+
 def slow_cache_entry(cache_dir: str, name: str) -> None:
     """A shard that takes 60 s to write its cache entry (it announces its start with a file)."""
     import time  # noqa: PLC0415
