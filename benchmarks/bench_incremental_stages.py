@@ -53,7 +53,7 @@ the corpus, each the way it was done before and the way it is done now (CPU seco
 three, and a check that both give the same result): a full garbage collection in a process with
 the flow's modules imported, before and after ``gc.freeze``; a ``doc_id`` range of
 ``documents.parquet`` read and sorted vs read in order; the passages' ``title\\ntext`` keys
-from a column Arrow joined vs from the two columns (:class:`funnelrag.memo.JoinedTexts`); the
+from a column Arrow joined vs from the two columns (:class:`funnelrag.content_store.JoinedTexts`); the
 same for every document in a shuffled (cluster) order, taken and joined vs hashed in place; the
 passage token memo's lookup in the callers' order vs in key order; its values gathered one by one vs copied
 by runs; a segment shard's passages written and read back as lz4 Parquet vs uncompressed Arrow
@@ -328,7 +328,7 @@ def bench_copies(home: Path) -> None:
 
     import flows.corpus_build  # noqa: F401, PLC0415 (what a shard worker process holds)
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
-    from funnelrag.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
+    from funnelrag.content_store import JoinedTexts, arrow_text_keys  # noqa: PLC0415
     from tasks.corpus.sharded.shards import read_doc_range  # noqa: PLC0415
     from tasks.corpus.sharded.token_memo import TERMS_FIELD, open_token_memo, token_memo_dir  # noqa: PLC0415
 
@@ -452,14 +452,14 @@ def bench_joined_keys(home: Path, texts: str, way: str) -> None:
     """One call, as a night makes it in a process: the token-memo keys of the newest passages'
     (``texts="passages"``) or of every document's (``"members"``, in a seeded shuffled order as
     cluster members come) ``title\\ntext``, joined by Arrow first (``way="join"``, the code before) or
-    hashed from the two columns (``"columns"``, :class:`funnelrag.memo.JoinedTexts`). Prints user
+    hashed from the two columns (``"columns"``, :class:`funnelrag.content_store.JoinedTexts`). Prints user
     and system CPU seconds and the peak RSS the call added; run it in fresh processes, alternating."""
     import numpy as np  # noqa: PLC0415
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.compute as pc  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from funnelrag.memo import JoinedTexts, arrow_text_keys  # noqa: PLC0415
+    from funnelrag.content_store import JoinedTexts, arrow_text_keys  # noqa: PLC0415
 
     stage, name = ("segment", "passages.parquet") if texts == "passages" else ("ingest", "documents.parquet")
     newest = _newest(home, stage)

@@ -506,7 +506,7 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
 
 def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     """Texts this build took from the per-text memos instead of computing them again
-    (:mod:`funnelrag.memo`, :mod:`tasks.sources.ingest.page_memo`): ``{"ingest_cleaned_pages"
+    (:mod:`funnelrag.content_store`, :mod:`tasks.sources.ingest.page_memo`): ``{"ingest_cleaned_pages"
     (only when pass 1 ran with a piece cache) | "window_token_documents" | "segment_clusters" (the sharded
     segment stage) | "segment_documents" (the members of the clusters it cut, whose windows the memo
     held or not) | "cluster_index_members" |

@@ -84,9 +84,9 @@ def test_paper_stages_contract_breaks_on_a_shard_import(tmp_path):
     _copy_sources(tmp_path)
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     segment = tmp_path / "tasks" / "corpus" / "segment.py"
-    segment.write_text(segment.read_text() + "\n\ndef _machinery():\n    from funnelrag.memo import text_key\n")
+    segment.write_text(segment.read_text() + "\n\ndef _machinery():\n    from funnelrag.content_store import text_key\n")
     out = _lint_imports(tmp_path)
-    assert out.returncode != 0 and "tasks.corpus.segment is not allowed to import funnelrag.memo" in out.stdout, out.stdout
+    assert out.returncode != 0 and "tasks.corpus.segment is not allowed to import funnelrag.content_store" in out.stdout, out.stdout
 
 
 def test_layers_table_is_the_contract():

@@ -7,8 +7,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from funnelrag.content_store import (ContentMemo, contiguous_runs, first_of_each_key, ranges_take, settings_dir,
-                                     text_keys)
+from funnelrag.content_store import (ContentMemo, contiguous_runs, distinct_keys, join_keys, key_order, ranges_take,
+                                     settings_dir, text_keys)
 
 
 def test_text_keys_are_the_blake2b_digest_in_big_endian_words():
@@ -76,10 +76,29 @@ def test_ranges_take_by_runs_and_by_gather_give_the_same_values(seed):
     assert np.array_equal(ranges_take(starts, ends, data)[1], expected_values)
 
 
-def test_first_of_each_key_keeps_the_first_row_of_a_repeated_key_in_key_order():
+def test_distinct_keys_keep_the_first_row_of_a_repeated_key_in_key_order():
     keys = np.array([[2, 1], [1, 9], [2, 1], [1, 3], [1, 9]], np.uint64)
-    assert first_of_each_key(keys).tolist() == [3, 1, 0]
-    assert first_of_each_key(np.zeros((0, 2), np.uint64)).tolist() == []
+    distinct, first, inverse = distinct_keys(keys)
+    assert first.tolist() == [3, 1, 0] and inverse.tolist() == [2, 1, 2, 0, 1]
+    np.testing.assert_array_equal(distinct[inverse], keys)
+    assert [a.shape for a in distinct_keys(np.zeros((0, 2), np.uint64))] == [(0, 2), (0,), (0,)]
+
+
+def test_distinct_keys_partition_the_rows_as_numpy_unique():
+    keys = text_keys([f"t{i % 37}" for i in range(200)] + ["", "t1"])
+    distinct, first, inverse = distinct_keys(keys)
+    plain, plain_first, plain_inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    np.testing.assert_array_equal(distinct, plain)                     # (high, low) words: the digests' order
+    np.testing.assert_array_equal(first, plain_first)
+    np.testing.assert_array_equal(inverse, plain_inverse.reshape(-1))
+
+
+def test_a_join_on_sorted_keys_finds_the_first_row_of_a_repeated_key_and_nothing_else():
+    held = np.array([[5, 1], [5, 2], [5, 2], [7, 0], [9, 9]], np.uint64)   # a repeated key, a shared high word
+    assert key_order(held[::-1]).tolist() == [4, 2, 3, 1, 0]           # stable: of equal keys, the first row first
+    asked = np.array([[5, 2], [7, 0], [5, 3], [1, 1], [9, 9], [5, 1]], np.uint64)
+    assert join_keys(held, asked).tolist() == [1, 3, -1, -1, 4, 0]
+    assert join_keys(held[:0], asked).tolist() == [-1] * 6 and join_keys(held, asked[:0]).tolist() == []
 
 
 def test_a_memo_key_covers_every_field_of_its_config_section(tmp_path):

@@ -1,4 +1,4 @@
-"""Texts as content keys (funnelrag/memo.py): keys hashed from Arrow buffers, joined texts,
+"""Texts as content keys (funnelrag/content_store.py): keys hashed from Arrow buffers, joined texts,
 rows and ranges taken from a memo."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from funnelrag.content_store import text_keys
-from funnelrag.memo import JoinedTexts, Utf8Rows, arrow_text_keys, copy_ranges, take_rows, take_texts
+from funnelrag.content_store import JoinedTexts, Utf8Rows, arrow_text_keys, copy_ranges, take_rows, take_texts
 
 
 @pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])

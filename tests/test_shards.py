@@ -20,7 +20,7 @@ from tasks.corpus import stages as S
 from tasks.sources.ingest import IngestConfig, ingest
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
-from funnelrag.memo import arrow_text_keys
+from funnelrag.content_store import arrow_text_keys
 from tasks.corpus.sharded.shards import (TEXT_KEYS_FILE, anchor_keys, cluster_ranges, doc_shards, partition_documents,
                                  put_cached, read_cluster_ranges, read_doc_range, read_rows_by_id, read_shard_documents,
                                  read_text_keys, run_here, run_segment_sharded, run_tokens_sharded)

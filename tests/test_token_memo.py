@@ -15,7 +15,7 @@ from data_contracts.corpus import CLUSTER_MEMBERS, CLUSTERS, DOCUMENTS, PASSAGES
 from tasks.corpus import stages as S
 from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
-from funnelrag.memo import JoinedTexts
+from funnelrag.content_store import JoinedTexts
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, write_token_memo
 

@@ -33,7 +33,7 @@ from tasks.corpus.graph import graph_from_links, graph_metrics
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.sources.ingest import IngestConfig, ingest
 from tasks.corpus.local_clustering import PreviousClusters, cluster_documents_local
-from funnelrag.memo import JoinedTexts
+from funnelrag.content_store import JoinedTexts
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
 from funnelrag.memory import in_build_collector, release_memory

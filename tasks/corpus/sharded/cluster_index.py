@@ -42,7 +42,7 @@ from data_contracts import corpus as C
 from funnelrag.store import mark_used
 from funnelrag.verify import verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
-from funnelrag.memo import JoinedTexts, keys_digest
+from funnelrag.content_store import JoinedTexts, keys_digest
 from tasks.corpus.sharded.token_memo import PIECES_JOIN, memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.sharded.shards import (DocumentSplit, ordered_results, put_cached, read_cluster_ranges, read_shard_documents,
                                  sorted_by_id)
@@ -52,7 +52,7 @@ CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its 
 
 def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], JoinedTexts, np.ndarray]:
     """``(cluster ids as str, pieces, group offsets)``: each member's ``title\ntext`` in cluster
-    order, as :class:`funnelrag.memo.JoinedTexts` over ``documents``' columns (never joined or
+    order, as :class:`funnelrag.content_store.JoinedTexts` over ``documents``' columns (never joined or
     reordered as a whole: a memo lookup hashes them from the columns' buffers and only the texts
     the memo lacks become Python strings); cluster ``g``'s text is pieces
     ``offsets[g]:offsets[g + 1]`` joined by blank lines (:func:`cluster_texts`).

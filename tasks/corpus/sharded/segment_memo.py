@@ -27,7 +27,7 @@ without the titles and the document part of their content ids:
   member's document id and title — the rows :func:`tasks.corpus.segment.segments_to_tables`
   makes for that cluster, byte for byte (tested).
 
-Layout: a :class:`funnelrag.memo.ContentMemo` whose fields ``units`` and ``passages`` map each
+Layout: a :class:`funnelrag.content_store.ContentMemo` whose fields ``units`` and ``passages`` map each
 key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped), and the
 document index: ``documents.keys.npy`` (sorted distinct text keys) and ``documents.rows.npy``
 (``[start, end)`` passage rows of each). Each
@@ -50,8 +50,8 @@ import pyarrow.ipc as ipc
 
 from data_contracts import corpus as C
 from data_contracts.base import names_disk_full, temp_name
-from funnelrag.content_store import ContentMemo, first_of_each_key, ranges_take, settings_dir
-from funnelrag.memo import take_rows, take_texts
+from funnelrag.content_store import ContentMemo, distinct_keys, ranges_take, settings_dir
+from funnelrag.content_store import take_rows, take_texts
 from tasks.corpus.segment import (ClusterSegments, SegmentConfig, TokenCounter, cluster_windows, document_key,
                                   windows_in_member)
 
@@ -87,7 +87,7 @@ def cluster_keys(bounds: Sequence[tuple[int, int]], rows: Sequence[int], text_ke
                  offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``(n_clusters, 2)`` uint64 keys (BLAKE2b-128 as (high, low) words) of clusters given as
     ``bounds`` ``[(start, end)]`` into ``rows`` (member ``i``'s document row), hashing each member's
-    text key ``text_keys[r]`` (``(n_docs, 2)`` uint64, :func:`funnelrag.memo.arrow_text_keys`:
+    text key ``text_keys[r]`` (``(n_docs, 2)`` uint64, :func:`funnelrag.content_store.arrow_text_keys`:
     the BLAKE2b-128 of its text, so no text is hashed twice) and its window token counts
     ``counts[offsets[r]:offsets[r + 1]]`` (int32, length-prefixed) in cluster order."""
     key_bytes = np.ascontiguousarray(np.asarray(text_keys, np.uint64).astype(">u8")).view(np.uint8).reshape(-1, 16)
@@ -258,7 +258,7 @@ class SegmentMemo:
 
     def document_windows(self, text_keys: np.ndarray, n_windows: np.ndarray) -> list[list[str] | None]:
         """Each text's windows as the last build cut them (:func:`tasks.corpus.segment.article_windows`),
-        looked up by its text key (``(m, 2)`` uint64, :func:`funnelrag.memo.arrow_text_keys`):
+        looked up by its text key (``(m, 2)`` uint64, :func:`funnelrag.content_store.arrow_text_keys`):
         the memo's passage texts of the first member with that text, or ``None`` where the memo
         holds no such text or holds another number of windows than ``n_windows`` (``(m,)``, the
         text's window token counts: a memo of other settings is never mixed in)."""
@@ -279,7 +279,7 @@ class SegmentMemo:
         return out
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Memo row of each cluster key (``-1``: not held), :meth:`funnelrag.memo.ContentMemo.lookup`."""
+        """Memo row of each cluster key (``-1``: not held), :meth:`funnelrag.content_store.ContentMemo.lookup`."""
         return self.memo.lookup(keys)
 
     def take(self, rows: np.ndarray) -> tuple[pa.Table, pa.Table, np.ndarray]:
@@ -316,7 +316,7 @@ def write_part(directory: Path, keys: np.ndarray, units: pa.Table, passages: pa.
     and id-free rows, the passages without their text (it is read back from the entry's
     labelled passages (:data:`LABELLED_PASSAGES_FILE`), whose rows are the same in the same order,
     by :func:`write_memo`), and
-    their members' text keys (``(n_members, 2)`` uint64, :func:`funnelrag.memo.arrow_text_keys`)
+    their members' text keys (``(n_members, 2)`` uint64, :func:`funnelrag.content_store.arrow_text_keys`)
     and windows (``(n_members,)``), members in cluster order, clusters in row order: a member's
     windows are the next ``member_windows[i]`` passage rows, which the memo's document index
     (:meth:`SegmentMemo.document_windows`) keeps by text.
@@ -375,7 +375,7 @@ def document_index(member_keys: Sequence[np.ndarray], member_ends: Sequence[np.n
     keys = np.concatenate(member_keys).reshape(-1, 2).astype(np.uint64) if member_keys else np.zeros((0, 2), np.uint64)
     ends = np.concatenate(member_ends).astype(np.int64) if member_ends else np.zeros(0, np.int64)
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
-    kept = first_of_each_key(keys)
+    kept = distinct_keys(keys)[1]
     return np.ascontiguousarray(keys[kept]), np.stack([starts[kept], ends[kept]], axis=1)
 
 

@@ -39,7 +39,7 @@ from funnelrag.content_store import text_keys
 from funnelrag.store import mark_used
 from funnelrag.verify import DIGESTS_FILE, verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
-from funnelrag.memo import keys_digest
+from funnelrag.content_store import keys_digest
 from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.sharded.shards import ordered_results, put_cached, read_cluster_ranges
 

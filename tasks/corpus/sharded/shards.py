@@ -36,7 +36,7 @@ from funnelrag.reaper import scratch_dir
 from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
 from tasks.corpus.sharded import segment_memo as SM
-from funnelrag.memo import Utf8Rows, arrow_text_keys, take_texts
+from funnelrag.content_store import Utf8Rows, arrow_text_keys, take_texts
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens
 from tasks.corpus.tokenize import load_token_counter
 
@@ -326,7 +326,7 @@ TOKENS_MEMO_VERSION = "1"
 TOKENS_MEMO_FIELD = "window_tokens"
 TEXT_KEYS_FILE = "text_keys.npy"
 """Beside ``window_tokens.parquet`` of the sharded tokens stage: ``(n_docs, 2)`` uint64, each
-document's text key (:func:`funnelrag.memo.arrow_text_keys`) by doc id, which the stage computes
+document's text key (:func:`funnelrag.content_store.arrow_text_keys`) by doc id, which the stage computes
 for its memo anyway; the segment shards read theirs instead of hashing the texts again
 (:func:`read_text_keys`)."""
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from funnelrag.content_store import ContentMemo, settings_dir, text_keys
 from tasks.corpus.index import TOKEN_PATTERN, BM25Config, TokenIds, _stemmer, tokenize_ids
-from funnelrag.memo import JoinedTexts, arrow_text_keys, copy_ranges, take_texts
+from funnelrag.content_store import JoinedTexts, arrow_text_keys, copy_ranges, take_texts
 
 TERMS_FIELD = "terms"
 VOCAB_FILE = "terms.parquet"
@@ -125,14 +125,14 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
     Parameters
     ----------
     pieces : ``n_pieces`` texts: a sequence of ``str``, an Arrow string array (hashed from its
-        buffer, :func:`funnelrag.memo.arrow_text_keys`), or two columns' texts joined
-        (:class:`funnelrag.memo.JoinedTexts`, hashed from both buffers); with either of the
+        buffer, :func:`funnelrag.content_store.arrow_text_keys`), or two columns' texts joined
+        (:class:`funnelrag.content_store.JoinedTexts`, hashed from both buffers); with either of the
         last two only the texts the memo lacks become Python strings.
     cfg : BM25 settings (lower-casing, stop words, stemmer).
     memo, memo_terms : :func:`open_token_memo` (``None, []``: tokenize every piece).
     group_offsets : ``(n_texts + 1,)`` int64: text ``g`` is pieces ``group_offsets[g]:group_offsets[g + 1]``
         joined by :data:`PIECES_JOIN` (default: each piece is a text).
-    keys : the pieces' :func:`funnelrag.memo.text_keys`, when the caller has them already.
+    keys : the pieces' :func:`funnelrag.content_store.text_keys`, when the caller has them already.
 
     Returns
     -------
