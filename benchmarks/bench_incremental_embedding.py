@@ -45,11 +45,11 @@ def new_texts(before: Path, after: Path) -> dict[str, int]:
     """Passages of ``after`` and the distinct texts (as embedded) it holds that ``before`` does not."""
     from data_contracts.corpus import PASSAGES
     from tasks.funnel.embeddings import passage_texts
-    from tasks.funnel.vector_store import find_keys, sort_keys, text_keys
+    from funnelrag.content_store import distinct_keys, join_keys, key_order, text_keys
 
     old, new = (text_keys(passage_texts(PASSAGES.read(v, columns=["title", "text"]))) for v in (before, after))
-    distinct = np.unique(new, axis=0)
-    found, _ = find_keys(old[sort_keys(old)], distinct)
+    distinct = distinct_keys(new)[0]
+    found = join_keys(old[key_order(old)], distinct) >= 0
     return {"passages": int(new.shape[0]), "distinct_texts": int(distinct.shape[0]), "new_texts": int((~found).sum())}
 
 
@@ -100,7 +100,8 @@ def prune_timing(ws, dim: int = 384, repeats: int = 3) -> dict:
     import shutil
 
     from tasks.funnel.embeddings import prune_vector_store, retained_text_keys
-    from tasks.funnel.vector_store import VectorStore, distinct_keys
+    from funnelrag.content_store import distinct_keys
+    from tasks.funnel.vector_store import VectorStore
 
     stores, scratch = ws.home / "stores", ws.cache_dir / "bench-prune"
     shutil.rmtree(scratch, ignore_errors=True)

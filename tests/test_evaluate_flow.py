@@ -248,18 +248,19 @@ def test_the_lazily_filled_index_reads_the_corpus_versions_kept_text_keys(evalua
 
     from flows.evaluate import embeddings_task  # noqa: PLC0415
     from models.preranker import PreRankerConfig, build_preranker  # noqa: PLC0415
-    from tasks.funnel import vector_store  # noqa: PLC0415
+    from funnelrag.content_store import text_keys  # noqa: PLC0415
+    from tasks.funnel import embeddings, lazy_embeddings  # noqa: PLC0415
     from tasks.funnel.embeddings import passage_texts  # noqa: PLC0415
     from tasks.funnel.lazy_embeddings import LazyEmbeddingIndex  # noqa: PLC0415
 
     model, tok = build_preranker(PreRankerConfig(kind="bi", max_length=128))   # another model version than minilm's 256
     hashed = []
-    plain = vector_store.text_key
-    monkeypatch.setattr(vector_store, "text_key", lambda text: hashed.append(text) or plain(text))
+    for module in (embeddings, lazy_embeddings):                          # every text hashed on the way
+        monkeypatch.setattr(module, "text_keys", lambda texts: hashed.extend(texts) or text_keys(texts))
     cfg = evaluated["cfg"].model_copy(update={"embeddings": "lazy"})
     corpus = evaluated["corpus"]
     index, info = embeddings_task.fn(cfg, Workspace(evaluated["home"]), corpus, SimpleNamespace(model=model, tokenizer=tok))
     assert isinstance(index, LazyEmbeddingIndex) and info["lazy"] and info["filled_before"] == 0
     assert hashed == []                                                   # the kept keys, not the passages again
     monkeypatch.undo()
-    np.testing.assert_array_equal(index._keys, vector_store.text_keys(passage_texts(corpus.passages)))
+    np.testing.assert_array_equal(index._keys, text_keys(passage_texts(corpus.passages)))

@@ -2,6 +2,7 @@
 and embedding only what changed (real MiniLM over real oracle passages)."""
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import numpy as np
@@ -9,8 +10,10 @@ import pyarrow as pa
 import pytest
 
 from data_contracts.base import temp_name
-from tasks.funnel import vector_store
-from tasks.funnel.vector_store import VectorStore, text_keys
+from funnelrag.content_store import text_keys
+from funnelrag.verify import record_digests
+from tasks.funnel import embeddings, lazy_embeddings, vector_store
+from tasks.funnel.vector_store import VectorStore
 
 DIM = 8
 
@@ -72,6 +75,25 @@ def test_a_segment_is_written_whole_or_not_at_all(tmp_path):
     np.save(half / "keys.npy", text_keys(["c"]))
     assert VectorStore(tmp_path / "s", DIM).segments() == [seg]
     assert not VectorStore(tmp_path / "s", DIM).lookup(text_keys(["c"])).found.any()
+
+
+def test_a_segment_keeps_each_keys_digest_bytes_so_older_stores_are_read(tmp_path):
+    """The keys file of a segment holds the BLAKE2b-128 digests, 16 bytes a row, as since the store's
+    first format: a store written before text keys became (high, low) words is read as it is."""
+    texts = ["a", "Zürich"]
+    seg = VectorStore(tmp_path / "s", DIM).add(text_keys(texts), _unit_rows(2, 0))
+    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts)
+    on_disk = np.load(seg / "keys.npy")
+    assert on_disk.dtype == np.uint8 and on_disk.shape == (2, 16) and on_disk.tobytes() == digests
+    older = tmp_path / "older" / "seg-written-before"                   # the bytes older code wrote, by hand
+    older.mkdir(parents=True)
+    np.save(older / "keys.npy", np.frombuffer(digests, np.uint8).reshape(2, 16))
+    np.save(older / "vectors.npy", _unit_rows(2, 0))
+    record_digests(older)
+    got = VectorStore(tmp_path / "older", DIM).lookup(text_keys(texts[::-1]))
+    np.testing.assert_array_equal(got.vectors, _unit_rows(2, 0)[::-1])
+    expected = hashlib.sha256(b"format=1\0model=m\0precision=fp32").hexdigest()[:32]   # the store's name as before
+    assert vector_store.vector_store_root(tmp_path, "m") == tmp_path / "embed-vectors" / expected
 
 
 def test_non_finite_vectors_and_bad_shapes_are_refused(tmp_path):
@@ -210,29 +232,17 @@ def test_an_unreadable_kept_version_prunes_nothing(tmp_path, caplog):
     assert str(version) in caplog.text and "not pruned" in caplog.text
 
 
-def test_distinct_keys_partition_the_rows_as_numpy_unique():
-    keys = text_keys([f"t{i % 37}" for i in range(200)] + ["", "t1"])
-    distinct, first, inverse = vector_store.distinct_keys(keys)
-    plain, plain_first, plain_inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    np.testing.assert_array_equal(distinct[inverse], keys)
-    np.testing.assert_array_equal(np.sort(first), np.sort(plain_first))              # each key's first row
-    np.testing.assert_array_equal(first[inverse], plain_first[plain_inverse.reshape(-1)])
-    assert distinct.shape == plain.shape == (38, 16)
-    empty = vector_store.distinct_keys(keys[:0])
-    assert [a.shape for a in empty] == [(0, 16), (0,), (0,)]
-
-
 @pytest.fixture
 def hashed(monkeypatch):
-    """Counts the texts hashed into text keys (every key goes through ``vector_store.text_key``)."""
+    """Counts the texts hashed into text keys by the embedding steps (each calls ``text_keys``)."""
     count = [0]
-    plain = vector_store.text_key
 
-    def counting(text: str) -> bytes:
-        count[0] += 1
-        return plain(text)
+    def counting(texts):
+        count[0] += len(texts)
+        return text_keys(texts)
 
-    monkeypatch.setattr(vector_store, "text_key", counting)
+    for module in (embeddings, lazy_embeddings):
+        monkeypatch.setattr(module, "text_keys", counting)
     return count
 
 
@@ -252,7 +262,7 @@ def test_each_kept_version_is_hashed_once_and_later_prunes_decide_the_same(tmp_p
     hashed[0] = 0
     assert not prune_vector_store(store, stores, cache, 0.0).dead       # both versions kept: nothing dead
     assert hashed[0] == 40                                              # both kept versions, each hashed once
-    assert len(list((cache / vector_store.CORPUS_KEYS).iterdir())) == 2
+    assert len(list((cache / embeddings.CORPUS_KEYS).iterdir())) == 2
     hashed[0] = 0
     warm = retained_text_keys(stores, cache)
     assert hashed[0] == 0                                               # a later night hashes no kept passage again
@@ -267,7 +277,29 @@ def test_each_kept_version_is_hashed_once_and_later_prunes_decide_the_same(tmp_p
     assert done.rewritten and (done.rows, done.dead, done.kept) == (35, 10, 25)
     got = VectorStore(tmp_path / "s", DIM).lookup(text_keys(every))
     assert got.found.tolist() == [t not in texts[0][:10] for t in every]
-    assert len(list((cache / vector_store.CORPUS_KEYS).iterdir())) == 2     # the retired version's entry removed
+    assert len(list((cache / embeddings.CORPUS_KEYS).iterdir())) == 2     # the retired version's entry removed
+
+
+def test_a_keys_entry_of_the_older_layout_is_never_read_and_is_removed(tmp_path, hashed):
+    """Kept text keys were digest bytes (version 1); they are (high, low) words now, under new
+    entry names: an entry of the older layout is not read (its version's passages are hashed
+    again) and the next pruning removes it with the retired versions' entries."""
+    from funnelrag.store import ArtifactStore  # noqa: PLC0415
+    from tasks.funnel.embeddings import passage_texts, retained_text_keys  # noqa: PLC0415
+
+    stores, cache = tmp_path / "stores", tmp_path / "cache"
+    table = _passages([f"text {i}" for i in range(20)])
+    _publish(ArtifactStore(stores / "corpus" / "mini"), "v0", table)
+    old = cache / embeddings.CORPUS_KEYS / ("0" * 32)                       # a version-1 entry: digest bytes
+    old.mkdir(parents=True)
+    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in passage_texts(table))
+    np.save(old / "keys.npy", np.frombuffer(digests, np.uint8).reshape(20, 16))
+    record_digests(old)
+    hashed[0] = 0
+    np.testing.assert_array_equal(retained_text_keys(stores, cache), text_keys(passage_texts(table)))
+    assert hashed[0] == 20 and not old.exists()
+    [entry] = (cache / embeddings.CORPUS_KEYS).iterdir()                    # the new entry, of words
+    assert np.load(entry / "keys.npy").dtype == np.uint64
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
@@ -282,7 +314,7 @@ def test_a_damaged_keys_entry_is_hashed_again_and_named(tmp_path, caplog, hashed
     for i, table in enumerate(tables):
         _publish(corpus, f"v{i}", table)
     clean = retained_text_keys(stores, cache)
-    entries = sorted((cache / vector_store.CORPUS_KEYS).iterdir())
+    entries = sorted((cache / embeddings.CORPUS_KEYS).iterdir())
     victim = entries[0]
     _damage(victim / part, damage)
     hashed[0] = 0

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from funnelrag import launch as L
+from funnelrag.content_store import distinct_keys, text_keys
 
 MODULE = "flows.launched.embed"
 TEXTS_FILE = "texts.arrow"
@@ -59,7 +60,7 @@ def embed_with_workers(texts: Sequence[str], model, tokenizer, store, cfg, work_
     """Flow side: embed the passages ``store`` (:class:`tasks.funnel.vector_store.VectorStore`)
     lacks on the ranks of one ``accelerate launch`` (the pre-ranker saved and only the missing
     texts written under ``work_dir`` first, so a night's ranks read and hash its new texts, not
-    the corpus), then re-read the store. ``keys``: uint8 ``(len(texts), 16)``, the texts' keys
+    the corpus), then re-read the store. ``keys``: ``(len(texts), 2)`` uint64, the texts' keys
     when the caller holds them (:func:`tasks.funnel.embeddings.corpus_text_keys`); hashed here
     otherwise. Returns the main rank's figures plus ``embedded_total`` (distinct texts the
     workers embedded together). The caller then builds the index from the store (the join).
@@ -71,9 +72,7 @@ def embed_with_workers(texts: Sequence[str], model, tokenizer, store, cfg, work_
     """
     from models.preranker import save_preranker  # noqa: PLC0415  (heavy: torch, only when a launch is prepared)
 
-    from tasks.funnel.vector_store import distinct_keys, text_keys  # noqa: PLC0415  (heavy: numpy store, only when a launch is prepared)
-
-    keys = text_keys(texts) if keys is None else keys                              # (n, 16)
+    keys = text_keys(texts) if keys is None else keys                              # (n, 2)
     ukeys, first, _ = distinct_keys(keys)
     todo = np.sort(first[~store.lookup(ukeys).found])                              # corpus order of first use
     missing = int(todo.size)

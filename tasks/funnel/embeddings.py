@@ -44,29 +44,24 @@ import torch
 from data_contracts.base import sha256_file, temp_name
 from data_contracts.corpus import PASSAGES
 from data_contracts.embeddings import PASSAGE_EMBEDDINGS
+from funnelrag.content_store import distinct_keys, text_keys
 from funnelrag.progress import Progress
 from funnelrag.stages import stage
-from funnelrag.store import ArtifactStore
+from funnelrag.store import ArtifactStore, StageCache
+from funnelrag.verify import discard_entry
 from models.encoders import BATCH_TOKENS, encode_texts
 from models.preranker import require_finite
 from tasks.corpus.published import CORPUS_STORE
-from tasks.funnel.vector_store import (
-    CORPUS_KEYS,
-    KEY_BYTES,
-    MAX_DEAD_SHARE,
-    Compaction,
-    VectorStore,
-    corpus_keys_entry,
-    distinct_keys,
-    kept_text_keys,
-    text_keys,
-    vector_store_root,
-)
+from tasks.funnel.vector_store import MAX_DEAD_SHARE, Compaction, VectorStore, vector_store_root
 
 log = logging.getLogger(__name__)
 
 TEXT_FORMAT = "{title}. {text}"
 MANIFEST_KEYS = ("corpus_digest", "model_version")
+CORPUS_KEYS, CORPUS_KEYS_VERSION, KEYS_FILE = "corpus-text-keys", "2", "keys.npy"
+"""The stage-cache entry of a corpus version's text keys (:func:`corpus_text_keys`), its version
+(``(n, 2)`` uint64 words since 2; version 1 kept ``(n, 16)`` digest bytes under other names: never
+read, removed with the retired versions' entries by :func:`retained_text_keys`) and its file."""
 
 
 class EmbeddingIndexMismatch(ValueError):
@@ -186,8 +181,8 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
         ``rank`` of ``world`` embeds the ``rank``-th of ``world`` contiguous parts of the missing
         texts into ``store`` and returns ``None`` vectors when ``world > 1``; the index step then
         joins the workers' segments by calling this again with ``world = 1``).
-    keys : uint8 ``(len(texts), 16)``, optional
-        The texts' keys (:func:`tasks.funnel.vector_store.text_keys`) when the caller holds them
+    keys : ``(len(texts), 2)`` uint64, optional
+        The texts' keys (:func:`funnelrag.content_store.text_keys`) when the caller holds them
         already (:func:`corpus_text_keys`, which the pruning after publishing reads too); hashed
         here otherwise.
 
@@ -202,13 +197,13 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
     ------
     ValueError
         ``world > 1`` without a store, ``rank`` outside ``[0, world)``, or ``keys`` not
-        ``(len(texts), 16)``.
+        ``(len(texts), 2)``.
     """
     if world > 1 and store is None or not 0 <= rank < world:
         raise ValueError(f"embed_passages: rank {rank} of {world} workers (a store is needed for world > 1)")
     dim = model.encoder.backbone.config.hidden_size
-    keys = text_keys(texts) if keys is None else keys                             # (n, 16)
-    if keys.shape != (len(texts), KEY_BYTES):
+    keys = text_keys(texts) if keys is None else keys                             # (n, 2)
+    if keys.shape != (len(texts), 2):
         raise ValueError(f"embed_passages: keys {keys.shape} for {len(texts)} texts")
     ukeys, first, inverse = distinct_keys(keys)
     if store is None:
@@ -380,12 +375,43 @@ def passage_vector_store(cache_dir: Path, model) -> VectorStore:
     return VectorStore(vector_store_root(cache_dir, model_version(model)), model.encoder.backbone.config.hidden_size)
 
 
+def corpus_keys_entry(cache_dir: Path, corpus_digest: str) -> Path:
+    """``<cache>/corpus-text-keys/<key>``: the stage-cache entry (:class:`funnelrag.store.StageCache`)
+    of the text keys of one corpus version's passages, keyed by :data:`CORPUS_KEYS_VERSION`, the
+    text format (:data:`TEXT_FORMAT`) and the version's content digest."""
+    key = StageCache.key(CORPUS_KEYS, CORPUS_KEYS_VERSION, {"text": TEXT_FORMAT}, {"corpus": corpus_digest})
+    return Path(cache_dir) / CORPUS_KEYS / key
+
+
+def _kept_text_keys(entry: Path, rows: int | None, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """The keys the stage-cache entry ``entry`` (:func:`corpus_keys_entry`) holds, else
+    ``compute()`` (``(n, 2)`` uint64, passage order) written as that entry. Verified on every read
+    (:meth:`funnelrag.store.StageCache.run`: other bytes, a truncation or a missing file discard
+    it, its path logged at WARNING, and it is computed again); an entry of other than ``rows``
+    keys (None: not checked) is discarded the same way.
+
+    Raises ``ValueError`` when ``compute`` gives other than ``(rows, 2)`` keys."""
+    def build(tmp: Path) -> dict:
+        keys = np.ascontiguousarray(compute(), np.uint64)
+        if keys.ndim != 2 or keys.shape[1] != 2 or (rows is not None and keys.shape[0] != rows):
+            raise ValueError(f"text keys of {entry}: computed {keys.shape}, expected ({rows}, 2)")
+        np.save(tmp / KEYS_FILE, keys)
+        return {"rows": int(keys.shape[0])}
+
+    cache = StageCache(entry.parent.parent)
+    keys = np.load(cache.run(CORPUS_KEYS, entry.name, build).path / KEYS_FILE)
+    if rows is not None and keys.shape[0] != rows:
+        discard_entry(entry, f"{keys.shape[0]} keys, not one per passage ({rows})")
+        keys = np.load(cache.run(CORPUS_KEYS, entry.name, build).path / KEYS_FILE)
+    return keys
+
+
 def corpus_text_keys(cache_dir: Path, corpus_digest: str, passages: pa.Table) -> np.ndarray:
-    """The text keys (:func:`tasks.funnel.vector_store.text_keys` of :func:`passage_texts`) of a
+    """The text keys (:func:`funnelrag.content_store.text_keys` of :func:`passage_texts`) of a
     published corpus version's passages, in table order: hashed once per version and kept in the
-    cache under its content digest (:func:`tasks.funnel.vector_store.kept_text_keys`, verified on
-    every read), so ``embed-corpus``, its pruning on every later night and the evaluation's lazily
-    filled index read them instead of hashing every passage again.
+    cache under its content digest (:func:`corpus_keys_entry`, verified on every read), so
+    ``embed-corpus``, its pruning on every later night and the evaluation's lazily filled index
+    read them instead of hashing every passage again.
 
     Parameters
     ----------
@@ -397,14 +423,14 @@ def corpus_text_keys(cache_dir: Path, corpus_digest: str, passages: pa.Table) ->
     Returns
     -------
     numpy.ndarray
-        uint8 ``(passages.num_rows, 16)``.
+        ``(passages.num_rows, 2)`` uint64.
     """
-    return kept_text_keys(corpus_keys_entry(cache_dir, corpus_digest, TEXT_FORMAT), passages.num_rows,
-                          lambda: text_keys(passage_texts(passages)))
+    return _kept_text_keys(corpus_keys_entry(cache_dir, corpus_digest), passages.num_rows,
+                           lambda: text_keys(passage_texts(passages)))
 
 
 def retained_text_keys(stores_dir: Path, cache_dir: Path) -> np.ndarray | None:
-    """The text keys (:func:`tasks.funnel.vector_store.text_keys` of :func:`passage_texts`) of
+    """The text keys (:func:`funnelrag.content_store.text_keys` of :func:`passage_texts`) of
     every passage of every corpus version the home keeps: each version under
     ``<stores>/corpus/<name>/versions/`` of every corpus, i.e. what the corpus build's retention
     (``retention.keep_versions``, :meth:`funnelrag.store.ArtifactStore.prune`) left. Every
@@ -419,7 +445,7 @@ def retained_text_keys(stores_dir: Path, cache_dir: Path) -> np.ndarray | None:
     Returns
     -------
     numpy.ndarray or None
-        uint8 ``(n, 16)``, one key per kept passage, version after version (a text several
+        ``(n, 2)`` uint64, one key per kept passage, version after version (a text several
         versions or passages share is repeated: the compaction's join on sorted keys takes them
         as they are, and ``np.unique(axis=0)`` over them cost more than reading them); None when
         the home keeps no corpus version at all (then nothing tells what is live).
@@ -448,9 +474,9 @@ def retained_text_keys(stores_dir: Path, cache_dir: Path) -> np.ndarray | None:
                                      f"the vector store is not pruned") from exc
                 return text_keys(passage_texts(passages))
 
-            entry = corpus_keys_entry(cache_dir, digest, TEXT_FORMAT)
+            entry = corpus_keys_entry(cache_dir, digest)
             kept.add(entry.name)
-            parts.append(kept_text_keys(entry, rows, read_and_hash))
+            parts.append(_kept_text_keys(entry, rows, read_and_hash))
     if not parts:
         return None
     keys_root = Path(cache_dir) / CORPUS_KEYS
@@ -466,7 +492,7 @@ def prune_vector_store(store: VectorStore, stores_dir: Path, cache_dir: Path, ma
                        in_use: np.ndarray | None = None) -> Compaction:
     """Compact ``store`` (:meth:`tasks.funnel.vector_store.VectorStore.compact`), its live keys
     those of the corpus versions the home keeps (:func:`retained_text_keys`, kept per version under
-    ``cache_dir``) and ``in_use`` (uint8 ``(m, 16)``: the keys of the passages just embedded, live
+    ``cache_dir``) and ``in_use`` (``(m, 2)`` uint64: the keys of the passages just embedded, live
     whatever the home keeps): once more than ``max_dead_share`` of its rows are dead, the vectors
     of texts no kept version holds are dropped. A home that keeps no corpus version, or a kept
     version that cannot be read (logged at WARNING), leaves every vector in place; duplicates and
@@ -601,7 +627,7 @@ def ensure_embedding_index(stores_dir: Path, cache_dir: Path, corpus: str, corpu
         if not build:
             raise
     store = passage_vector_store(cache_dir, model)
-    keys = corpus_text_keys(cache_dir, corpus_digest, passages)                   # (n, 16), hashed once a version
+    keys = corpus_text_keys(cache_dir, corpus_digest, passages)                   # (n, 2), hashed once a version
     workers = None if embed_missing is None else embed_missing(passage_texts(passages), keys, store)
     index, info = build_embedding_index(passages, model, tokenizer, corpus_digest, cfg, store, progress, keys)
     if workers is not None:

@@ -22,9 +22,10 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from funnelrag.content_store import distinct_keys, text_keys
 from funnelrag.progress import Progress
 from tasks.funnel.embeddings import TEXT_FORMAT, EmbeddingIndex, embed_texts, passage_text
-from tasks.funnel.vector_store import KEY_BYTES, VectorStore, distinct_keys, text_keys, vector_store_root
+from tasks.funnel.vector_store import VectorStore, vector_store_root
 
 
 def lazy_root(cache_dir: Path, version: str) -> Path:
@@ -54,7 +55,7 @@ class LazyEmbeddingIndex(EmbeddingIndex):
         passages : the corpus ``passages`` table.
         corpus_digest, version : the corpus content digest and model version (index meta).
         dim, max_length : the encoder's width and input length.
-        keys : uint8 ``(passages.num_rows, 16)``, optional
+        keys : ``(passages.num_rows, 2)`` uint64, optional
             The passages' text keys in table order when the caller holds them
             (:func:`tasks.funnel.embeddings.corpus_text_keys`: kept per corpus version, so a
             version is hashed once whatever opens it); hashed here otherwise.
@@ -72,9 +73,9 @@ class LazyEmbeddingIndex(EmbeddingIndex):
         index._titles, index._texts = passages["title"], passages["text"]
         if keys is None:
             keys = text_keys([passage_text(t, x) for t, x in zip(index._titles.to_pylist(), index._texts.to_pylist())])
-        if keys.shape != (passages.num_rows, KEY_BYTES):
+        if keys.shape != (passages.num_rows, 2):
             raise ValueError(f"lazy embedding index: keys {keys.shape} for {passages.num_rows} passages")
-        index._keys = keys                                                        # (n, 16)
+        index._keys = keys                                                        # (n, 2)
         got = index.store.lookup(index._keys)
         index.vectors[got.found] = got.vectors[got.found]
         index.filled = got.found

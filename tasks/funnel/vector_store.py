@@ -2,13 +2,16 @@
 the text it encoded, so that any later corpus version reuses it whatever the passage's id.
 
 Key of a store: the encoder's model version (:func:`tasks.funnel.embeddings.model_version`:
-document-tower weights, ``max_length``, ``normalize``) and the encoder settings that change its
-output (``precision``). Key of a row: BLAKE2b-128 of the UTF-8 bytes of the text the encoder
-saw (``"{title}. {text}"``, before tokenisation). A passage whose text is unchanged from any
-earlier version, or shared with another passage, is embedded once.
+document-tower weights, ``max_length``, ``normalize``; a reduced-precision copy has weights, so a
+version, of its own). Key of a row: the content store's text key
+(:func:`funnelrag.content_store.text_keys`: BLAKE2b-128 of the UTF-8 bytes of the text the encoder
+saw, ``"{title}. {text}"`` before tokenisation, as ``(n, 2)`` uint64 words), sorted and joined
+as the memos' keys are (:func:`funnelrag.content_store.join_keys`). A passage whose text is
+unchanged from any earlier version, or shared with another passage, is embedded once.
 
 Layout (``home/cache/embed-vectors/<store key[:32]>/``): one *segment* per batch of vectors
-written, a directory ``seg-<uuid>-<pid>/`` holding ``keys.npy`` (uint8 ``(n, 16)``),
+written, a directory ``seg-<uuid>-<pid>/`` holding ``keys.npy`` (uint8 ``(n, 16)``: each key's
+digest bytes, the big-endian bytes of its two words),
 ``vectors.npy`` (float32 ``(n, dim)``, L2-normalised rows) and the digest manifest of every
 cache entry (:func:`funnelrag.verify.record_digests`), built under a temp name
 (:func:`data_contracts.base.temp_name`) and renamed into place whole
@@ -26,10 +29,6 @@ any more, and duplicates, are dropped by rewriting the store's segments as new o
 written atomically) before the old ones are removed, so an interrupted compaction leaves every
 live vector in place (at worst twice, until the next compaction).
 
-The text keys of a published corpus version's passages are themselves kept, once per version
-(:func:`kept_text_keys`, ``home/cache/corpus-text-keys/<key[:32]>/keys.npy``, keyed by the
-version's content digest and the text format, verified on every read like a segment): pruning
-needs the keys of every retained version each night, and a kept version's passages never change.
 """
 from __future__ import annotations
 
@@ -41,18 +40,20 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from data_contracts.base import atomic_directory, temp_name
+from funnelrag.content_store import join_keys, key_order
 from funnelrag.locks import LockHeld, exclusive_lock
 from funnelrag.reaper import sweep_stale_temp_dirs
 from funnelrag.verify import discard_entry, record_digests, verified_entry
 
 log = logging.getLogger(__name__)
 
-KEY_BYTES = 16
+DIGEST_BYTES = 16
+"""A key's bytes in a segment's ``keys.npy``."""
 MAX_SEGMENTS = 64
 MAX_DEAD_SHARE = 0.2
 """Compact when more than this share of the stored rows is dead (duplicate, or a text no retained
@@ -62,85 +63,25 @@ SEGMENT_ROWS = 1 << 18
 STORE_FORMAT = "1"
 KEYS_FILE, VECTORS_FILE = "keys.npy", "vectors.npy"
 COMPACT_LOCK = ".compact.lock"
-CORPUS_KEYS = "corpus-text-keys"
-"""The cache directory of the corpus versions' text keys (:func:`kept_text_keys`)."""
 
 
-def text_key(text: str) -> bytes:
-    """BLAKE2b-128 of ``text``'s UTF-8 bytes: a row's key (16 bytes)."""
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=KEY_BYTES).digest()
+def vector_store_root(cache_dir: Path, model_version: str) -> Path:
+    """``<cache>/embed-vectors/<key[:32]>``, key = sha256 of (store format, model version): the
+    directory of one encoder's vectors (``precision=fp32`` in the hashed text is the name it has
+    had since the first format; a reduced-precision copy has a model version of its own,
+    :func:`tasks.funnel.embeddings.with_precision`)."""
+    key = hashlib.sha256(f"format={STORE_FORMAT}\0model={model_version}\0precision=fp32".encode()).hexdigest()
+    return Path(cache_dir) / "embed-vectors" / key[:32]
 
 
-def text_keys(texts: Sequence[str]) -> np.ndarray:
-    """:func:`text_key` of every text as uint8 ``(len(texts), 16)``."""
-    raw = b"".join(text_key(t) for t in texts)
-    return np.frombuffer(raw, np.uint8).reshape(len(texts), KEY_BYTES).copy()
+def _digest_bytes(keys: np.ndarray) -> np.ndarray:
+    """uint8 ``(n, 16)``: the digest bytes of text keys (``(n, 2)`` uint64 words), as a segment keeps them."""
+    return np.ascontiguousarray(keys, ">u8").view(np.uint8).reshape(-1, DIGEST_BYTES)
 
 
-def store_key(model_version: str, precision: str = "fp32") -> str:
-    """sha256 of (store format, model version, precision): the directory of one encoder's vectors."""
-    return hashlib.sha256(f"format={STORE_FORMAT}\0model={model_version}\0precision={precision}".encode()).hexdigest()
-
-
-def vector_store_root(cache_dir: Path, model_version: str, precision: str = "fp32") -> Path:
-    """``<cache>/embed-vectors/<store key[:32]>``."""
-    return Path(cache_dir) / "embed-vectors" / store_key(model_version, precision)[:32]
-
-
-def corpus_keys_entry(cache_dir: Path, corpus_digest: str, text_format: str) -> Path:
-    """``<cache>/corpus-text-keys/<key[:32]>``: the cache entry of the text keys of one corpus
-    version's passages; key = sha256 of (store format, the text format the passages are keyed
-    as, e.g. ``"{title}. {text}"``, the version's content digest)."""
-    key = hashlib.sha256(f"format={STORE_FORMAT}\0text={text_format}\0corpus={corpus_digest}".encode()).hexdigest()
-    return Path(cache_dir) / CORPUS_KEYS / key[:32]
-
-
-def kept_text_keys(entry: Path, rows: int | None, compute: Callable[[], np.ndarray]) -> np.ndarray:
-    """The text keys of one corpus version's passages, read from the cache entry ``entry``
-    (:func:`corpus_keys_entry`) when it verifies, else ``compute()`` and written as that entry.
-
-    The entry (``keys.npy`` + the digest manifest, :func:`funnelrag.verify.record_digests`) is a
-    directory renamed into place whole; every read checks it
-    (:func:`funnelrag.verify.verified_entry`): other bytes, a truncation, a missing file, or keys
-    that are not ``(rows, 16)`` discard it (path logged at WARNING) and it is computed again.
-
-    Parameters
-    ----------
-    entry : the version's entry directory.
-    rows : the version's passage count when known (an entry of another length is not used); None:
-        not checked.
-    compute : ``compute() -> uint8 (n, 16)``, the keys in passage order (:func:`text_keys`).
-
-    Returns
-    -------
-    numpy.ndarray
-        uint8 ``(n, 16)``, one key per passage, passage order.
-
-    Raises
-    ------
-    ValueError
-        ``compute`` gave an array that is not ``(rows, 16)`` uint8-compatible.
-    """
-    entry = Path(entry)
-    if verified_entry(entry):
-        try:
-            keys = np.load(entry / KEYS_FILE)
-        except FileNotFoundError:                             # removed meanwhile: computed below
-            keys = None
-        except (OSError, ValueError) as exc:                  # recorded so, but not an array: a writer's bug
-            discard_entry(entry, f"unreadable keys ({exc!r})")
-            keys = None
-        if keys is not None:
-            if keys.ndim == 2 and keys.shape[1] == KEY_BYTES and (rows is None or keys.shape[0] == rows):
-                return keys.astype(np.uint8, copy=False)
-            discard_entry(entry, f"keys {keys.shape}, not ({rows if rows is not None else 'n'}, {KEY_BYTES})")
-    keys = np.ascontiguousarray(compute(), dtype=np.uint8)
-    if keys.ndim != 2 or keys.shape[1] != KEY_BYTES or (rows is not None and keys.shape[0] != rows):
-        raise ValueError(f"text keys of {entry}: computed {keys.shape}, expected ({rows}, {KEY_BYTES})")
-    with atomic_directory(entry) as tmp:
-        np.save(tmp / KEYS_FILE, keys)
-        record_digests(tmp)
-    return keys
+def _key_words(digests: np.ndarray) -> np.ndarray:
+    """``(n, 2)`` uint64 text keys from a segment's digest bytes (uint8 ``(n, 16)``)."""
+    return np.ascontiguousarray(digests, np.uint8).view(">u8").astype(np.uint64).reshape(-1, 2)
 
 
 @dataclass
@@ -182,57 +123,6 @@ class Compaction:
         return {k: v for k, v in self.__dict__.items() if k != "removed"}
 
 
-def _hi(keys: np.ndarray) -> np.ndarray:
-    """The first 8 bytes of each ``(n, 16)`` key as uint64 ``(n,)`` (the sort key of the join)."""
-    return np.ascontiguousarray(keys[:, :8]).view("<u8").reshape(-1)
-
-
-def sort_keys(keys: np.ndarray) -> np.ndarray:
-    """``keys`` (uint8 ``(n, 16)``) ordered for :func:`find_keys`: the row order, int64 ``(n,)``."""
-    return np.argsort(_hi(keys), kind="stable")
-
-
-def distinct_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The distinct rows of ``keys`` (uint8 ``(n, 16)``), what ``np.unique(keys, axis=0,
-    return_index=True, return_inverse=True)`` gives but in another order of the distinct keys (by
-    their two 8-byte halves as integers): a stable sort of two uint64 columns instead of numpy's
-    row-wise sort of 16-byte records, 5-60 times faster (~1 s instead of tens of seconds for 2M keys).
-
-    Returns
-    -------
-    (distinct, first, inverse)
-        uint8 ``(m, 16)``; int64 ``(m,)``, the row of ``keys`` where each first occurs; int64
-        ``(n,)``, the index in ``distinct`` of each row (``distinct[inverse] == keys``).
-    """
-    halves = np.ascontiguousarray(keys, dtype=np.uint8).view("<u8")               # (n, 2)
-    order = np.lexsort((halves[:, 1], halves[:, 0]))                               # stable: first occurrence first
-    ordered = halves[order]
-    new = np.ones(order.size, bool)
-    new[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
-    inverse = np.empty(order.size, np.int64)
-    inverse[order] = np.cumsum(new) - 1
-    first = order[new].astype(np.int64, copy=False)
-    return keys[first], first, inverse
-
-
-def find_keys(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A join on sorted keys: for each of ``keys`` (uint8 ``(n, 16)``) whether ``sorted_keys``
-    (uint8 ``(m, 16)``, ordered by :func:`sort_keys`) holds it, and at which row.
-
-    Returns
-    -------
-    (found, at)
-        bool ``(n,)`` and int64 ``(n,)`` (meaningful where found). All 16 bytes are compared: two
-        keys sharing their first 8 bytes (a 64-bit clash, ~n²/2⁶⁵) make the later one a miss.
-    """
-    n = keys.shape[0]
-    if not n or not sorted_keys.shape[0]:
-        return np.zeros(n, bool), np.zeros(n, np.int64)
-    have = _hi(sorted_keys)
-    at = np.minimum(np.searchsorted(have, _hi(keys)), have.size - 1)
-    return np.all(sorted_keys[at] == keys, axis=1), at
-
-
 def _is_legacy_file(path: Path) -> bool:
     """A file of the flat segment layout of older code (``<segment>.json``, ``.keys.npy``,
     ``.vectors.npy`` at the store's root): never read, removed by a compaction."""
@@ -251,7 +141,7 @@ class VectorStore:
     def __init__(self, root: Path, dim: int):
         self.root, self.dim = Path(root), int(dim)
         self.discarded: list[str] = []
-        self._keys = np.zeros((0, KEY_BYTES), np.uint8)
+        self._keys = np.zeros((0, 2), np.uint64)
         self._vectors = np.zeros((0, self.dim), np.float32)
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._seen: set[str] = set()
@@ -279,16 +169,16 @@ class VectorStore:
             except (OSError, ValueError) as exc:              # recorded so, but not arrays: a writer's bug
                 discard_entry(segment, f"unreadable arrays ({exc!r})")
             else:
-                if keys.ndim == 2 and keys.shape[1] == KEY_BYTES and vectors.shape == (keys.shape[0], self.dim):
-                    return keys.astype(np.uint8, copy=False), vectors.astype(np.float32, copy=False)
+                if keys.ndim == 2 and keys.shape[1] == DIGEST_BYTES and vectors.shape == (keys.shape[0], self.dim):
+                    return _key_words(keys), vectors.astype(np.float32, copy=False)
                 discard_entry(segment, f"keys {keys.shape} and vectors {vectors.shape}, "
-                                       f"not (n, {KEY_BYTES}) and (n, {self.dim})")
+                                       f"not (n, {DIGEST_BYTES}) and (n, {self.dim})")
         self.discarded.append(str(segment))
         return None
 
     def load(self) -> None:
         """Read and verify every segment (again: segments written since are seen)."""
-        self._keys = np.zeros((0, KEY_BYTES), np.uint8)
+        self._keys = np.zeros((0, 2), np.uint64)
         self._vectors = np.zeros((0, self.dim), np.float32)
         self._pending, self._seen = [], set()
         self._loaded = True
@@ -312,7 +202,7 @@ class VectorStore:
         self._keys = np.concatenate([self._keys, *(k for k, _ in self._pending)])
         self._vectors = np.concatenate([self._vectors, *(v for _, v in self._pending)])
         self._pending = []
-        order = sort_keys(self._keys)
+        order = key_order(self._keys)
         self._keys, self._vectors = self._keys[order], self._vectors[order]
 
     def __len__(self) -> int:
@@ -322,12 +212,14 @@ class VectorStore:
         return int(self._keys.shape[0])
 
     def lookup(self, keys: np.ndarray) -> Lookup:
-        """The stored vectors of ``keys`` (uint8 ``(n, 16)``): a join on the sorted keys."""
+        """The stored vectors of ``keys`` (``(n, 2)`` uint64, :func:`funnelrag.content_store.text_keys`):
+        a join on the sorted keys."""
         if not self._loaded:
             self.load()
         self.refresh()
-        found, at = find_keys(self._keys, keys)
-        vectors = np.zeros((keys.shape[0], self.dim), np.float32)
+        at = join_keys(self._keys, keys)
+        found = at >= 0
+        vectors = np.zeros((found.size, self.dim), np.float32)
         vectors[found] = self._vectors[at[found]]
         return Lookup(found, vectors)
 
@@ -342,16 +234,16 @@ class VectorStore:
             Shapes disagree, or a vector is not finite.
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if keys.shape != (vectors.shape[0], KEY_BYTES) or vectors.shape[1:] != (self.dim,):
+        if keys.shape != (vectors.shape[0], 2) or vectors.shape[1:] != (self.dim,):
             raise ValueError(f"vector store: keys {keys.shape} and vectors {vectors.shape} (dim {self.dim})")
         if not np.isfinite(vectors).all():
             raise ValueError("vector store: refusing non-finite vectors")
         if not keys.shape[0]:
             return None
-        keys = np.ascontiguousarray(keys, dtype=np.uint8)
+        keys = np.asarray(keys, np.uint64)
         segment = self.root / f"seg-{uuid.uuid4().hex}-{os.getpid()}"
         with atomic_directory(segment) as tmp:
-            np.save(tmp / KEYS_FILE, keys)
+            np.save(tmp / KEYS_FILE, _digest_bytes(keys))
             np.save(tmp / VECTORS_FILE, vectors)
             record_digests(tmp)
         if self._loaded:                                      # joined at the next lookup
@@ -376,8 +268,8 @@ class VectorStore:
 
         Parameters
         ----------
-        live : uint8 ``(m, 16)``, optional
-            The text keys still in use (:func:`text_keys` of every passage of every retained
+        live : ``(m, 2)`` uint64, optional
+            The text keys still in use (:func:`funnelrag.content_store.text_keys` of every passage of every retained
             corpus version); None: only duplicates are dead.
         max_segments, max_dead_share, segment_rows : the rewrite rule and the new segments' size.
 
@@ -410,8 +302,8 @@ class VectorStore:
         keep = np.ones(keys.shape[0], bool)
         keep[1:] = np.any(keys[1:] != keys[:-1], axis=1)      # sorted: the first of equal keys (duplicates hold equal vectors)
         if live is not None:
-            live = np.ascontiguousarray(live, dtype=np.uint8)
-            keep &= find_keys(live[sort_keys(live)], keys)[0]
+            live = np.asarray(live, np.uint64).reshape(-1, 2)
+            keep &= join_keys(live[key_order(live)], keys) >= 0
         report.rows, report.kept = int(keys.shape[0]), int(keep.sum())
         report.dead, report.segments_before, report.legacy_files = report.rows - report.kept, len(old), len(legacy)
         report.segments_after = len(old)
