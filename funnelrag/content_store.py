@@ -82,8 +82,19 @@ def text_key(text: str) -> tuple[int, int]:
 def text_keys(texts: Sequence[str]) -> np.ndarray:
     """``(n, 2)`` uint64: the BLAKE2b-128 digest of each text's UTF-8 bytes as (high, low) words
     (big-endian, so the lexicographic order of the pairs is that of the digests)."""
-    raw = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts)
-    return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
+    return digest_words(b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts))
+
+
+def digest_words(digests: bytes | np.ndarray) -> np.ndarray:
+    """``(n, 2)`` uint64 text keys from ``n`` BLAKE2b-128 digests, 16 bytes each one after the
+    other (``bytes``, or uint8 ``(n, 16)``): each digest as its two big-endian 64-bit words."""
+    raw = np.ascontiguousarray(digests, np.uint8) if isinstance(digests, np.ndarray) else digests
+    return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(-1, 2)
+
+
+def key_digests(keys: np.ndarray) -> np.ndarray:
+    """uint8 ``(n, 16)``: the digest bytes of text keys (``(n, 2)`` uint64), :func:`digest_words` undone."""
+    return np.ascontiguousarray(keys, ">u8").view(np.uint8).reshape(-1, 16)
 
 
 class Utf8Rows:
@@ -171,8 +182,7 @@ def arrow_text_keys(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
     Returns ``(len(texts), 2)`` uint64. Raises ``TypeError`` for a non-string array."""
     blake = hashlib.blake2b
-    raw = b"".join(blake(value, digest_size=16).digest() for value in Utf8Rows(texts))
-    return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(texts), 2)
+    return digest_words(b"".join(blake(value, digest_size=16).digest() for value in Utf8Rows(texts)))
 
 
 class JoinedTexts:
@@ -223,7 +233,7 @@ class JoinedTexts:
             h.update(sep)
             h.update(b)
             add(h.digest())
-        return np.frombuffer(b"".join(out), dtype=">u8").astype(np.uint64).reshape(len(out), 2)
+        return digest_words(b"".join(out))
 
     def take(self, rows: np.ndarray) -> list[str]:
         """The joined texts of positions ``rows`` (``(m,)`` int, any order) as Python strings."""

@@ -7,8 +7,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from funnelrag.content_store import (ContentMemo, contiguous_runs, distinct_keys, join_keys, key_order, ranges_take,
-                                     settings_dir, text_keys)
+from funnelrag.content_store import (ContentMemo, contiguous_runs, digest_words, distinct_keys, join_keys, key_digests,
+                                     key_order, ranges_take, settings_dir, text_keys)
 
 
 def test_text_keys_are_the_blake2b_digest_in_big_endian_words():
@@ -17,6 +17,7 @@ def test_text_keys_are_the_blake2b_digest_in_big_endian_words():
     assert keys.shape == (2, 2) and keys.dtype == np.uint64
     assert int(keys[0, 0]) == int.from_bytes(digest[:8], "big") and int(keys[0, 1]) == int.from_bytes(digest[8:], "big")
     assert not np.array_equal(keys[0], keys[1])
+    assert key_digests(keys)[0].tobytes() == digest and np.array_equal(digest_words(key_digests(keys)), keys)
 
 
 def test_a_memo_finds_what_it_was_given_and_nothing_else(tmp_path):

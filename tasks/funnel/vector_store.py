@@ -11,7 +11,7 @@ unchanged from any earlier version, or shared with another passage, is embedded 
 
 Layout (``home/cache/embed-vectors/<store key[:32]>/``): one *segment* per batch of vectors
 written, a directory ``seg-<uuid>-<pid>/`` holding ``keys.npy`` (uint8 ``(n, 16)``: each key's
-digest bytes, the big-endian bytes of its two words),
+digest bytes, :func:`funnelrag.content_store.key_digests`),
 ``vectors.npy`` (float32 ``(n, dim)``, L2-normalised rows) and the digest manifest of every
 cache entry (:func:`funnelrag.verify.record_digests`), built under a temp name
 (:func:`data_contracts.base.temp_name`) and renamed into place whole
@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from data_contracts.base import atomic_directory, temp_name
-from funnelrag.content_store import join_keys, key_order
+from funnelrag.content_store import digest_words, join_keys, key_digests, key_order
 from funnelrag.locks import LockHeld, exclusive_lock
 from funnelrag.reaper import sweep_stale_temp_dirs
 from funnelrag.verify import discard_entry, record_digests, verified_entry
@@ -72,16 +72,6 @@ def vector_store_root(cache_dir: Path, model_version: str) -> Path:
     :func:`tasks.funnel.embeddings.with_precision`)."""
     key = hashlib.sha256(f"format={STORE_FORMAT}\0model={model_version}\0precision=fp32".encode()).hexdigest()
     return Path(cache_dir) / "embed-vectors" / key[:32]
-
-
-def _digest_bytes(keys: np.ndarray) -> np.ndarray:
-    """uint8 ``(n, 16)``: the digest bytes of text keys (``(n, 2)`` uint64 words), as a segment keeps them."""
-    return np.ascontiguousarray(keys, ">u8").view(np.uint8).reshape(-1, DIGEST_BYTES)
-
-
-def _key_words(digests: np.ndarray) -> np.ndarray:
-    """``(n, 2)`` uint64 text keys from a segment's digest bytes (uint8 ``(n, 16)``)."""
-    return np.ascontiguousarray(digests, np.uint8).view(">u8").astype(np.uint64).reshape(-1, 2)
 
 
 @dataclass
@@ -170,7 +160,7 @@ class VectorStore:
                 discard_entry(segment, f"unreadable arrays ({exc!r})")
             else:
                 if keys.ndim == 2 and keys.shape[1] == DIGEST_BYTES and vectors.shape == (keys.shape[0], self.dim):
-                    return _key_words(keys), vectors.astype(np.float32, copy=False)
+                    return digest_words(keys), vectors.astype(np.float32, copy=False)
                 discard_entry(segment, f"keys {keys.shape} and vectors {vectors.shape}, "
                                        f"not (n, {DIGEST_BYTES}) and (n, {self.dim})")
         self.discarded.append(str(segment))
@@ -243,7 +233,7 @@ class VectorStore:
         keys = np.asarray(keys, np.uint64)
         segment = self.root / f"seg-{uuid.uuid4().hex}-{os.getpid()}"
         with atomic_directory(segment) as tmp:
-            np.save(tmp / KEYS_FILE, _digest_bytes(keys))
+            np.save(tmp / KEYS_FILE, key_digests(keys))
             np.save(tmp / VECTORS_FILE, vectors)
             record_digests(tmp)
         if self._loaded:                                      # joined at the next lookup
