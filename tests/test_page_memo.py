@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from tasks.sources.ingest.config import IngestConfig
-from tasks.sources.ingest.page_memo import PageMemo, memo_dir, page_key, write_part
+from funnelrag.content_store import text_key
+from tasks.sources.ingest.page_memo import PageMemo, memo_dir, write_part
 
 
 def test_parts_make_a_memo_that_finds_each_page_once(tmp_path):
-    a, b, c = page_key("'''Alpha''' is [[Beta]]."), page_key("Beta text"), page_key("short")
+    a, b, c = text_key("'''Alpha''' is [[Beta]]."), text_key("Beta text"), text_key("short")
     write_part(tmp_path / "p1.arrow", [(a, "Alpha is Beta.", ["Beta"], [1, 0, 0]), (c, "short", None, [0, 0, 0])])
     write_part(tmp_path / "p2.arrow", [(b, "Beta text", [], [0, 0, 0]), (a, "Alpha is Beta.", ["Beta"], [1, 0, 0])])
     write_part(tmp_path / "empty.arrow", [])
@@ -15,7 +16,7 @@ def test_parts_make_a_memo_that_finds_each_page_once(tmp_path):
     memo = PageMemo.open(tmp_path / "memo")
     assert memo.get(a) == ("Alpha is Beta.", ["Beta"], [1, 0, 0])
     assert memo.get(c) == ("short", None, [0, 0, 0]) and memo.get(b)[1] == []
-    assert memo.get(page_key("never seen")) is None
+    assert memo.get(text_key("never seen")) is None
     assert memo.get((a[0], a[1] ^ 1)) is None   # same high word, another low word
     assert PageMemo.open(tmp_path / "absent") is None and PageMemo.open(None) is None
     # the rows stay in part order (the texts are not sorted); the keys are sorted, each key once
@@ -40,18 +41,18 @@ def test_a_memo_of_the_earlier_layout_is_never_read_and_retention_sweeps_it(tmp_
     pieces = tmp_path / "ingest-pieces"                                       # the piece cache, as in a home
     old = settings_dir(pieces, "page-memo", "1", cfg, sorted(namespaces))    # the layout before the content store
     old.mkdir(parents=True)
-    write_part(old / "pages.arrow", [(page_key("x"), "text", None, [0, 0, 0])])
-    np.save(old / "keys.npy", np.array([[*page_key("x"), 0]], np.uint64))
+    write_part(old / "pages.arrow", [(text_key("x"), "text", None, [0, 0, 0])])
+    np.save(old / "keys.npy", np.array([[*text_key("x"), 0]], np.uint64))
     record_digests(old)
     new = memo_dir(pieces, cfg, namespaces)
     assert new != old and PageMemo.open(new) is None and PageMemo.open(old) is None
-    write_part(tmp_path / "p.arrow", [(page_key("x"), "text", None, [0, 0, 0])])
+    write_part(tmp_path / "p.arrow", [(text_key("x"), "text", None, [0, 0, 0])])
     PageMemo.write(new, [tmp_path / "p.arrow"])
     week_ago = time.time() - 7 * 86400
     os.utime(entry_marker(old), (week_ago, week_ago))   # no build used it since the upgrade
     assert set(cache_entries(tmp_path)) == {old, new}
     assert prune_cache(tmp_path, 3 * 86400).removed == [old.relative_to(tmp_path).as_posix()]
-    assert not old.exists() and PageMemo.open(new).get(page_key("x"))[0] == "text"
+    assert not old.exists() and PageMemo.open(new).get(text_key("x"))[0] == "text"
 
 
 def test_the_memo_directory_depends_on_settings_and_namespaces(tmp_path):
@@ -72,9 +73,9 @@ def test_the_memo_links_its_parts_and_outlives_them(tmp_path):
 
     from tasks.sources.ingest import page_memo as PM
 
-    a, b = page_key("a wikitext"), page_key("b wikitext")
+    a, b = text_key("a wikitext"), text_key("b wikitext")
     write_part(tmp_path / "base.arrow", [(a, "old text", None, [0, 0, 0]), (b, "b text", [], [0, 0, 0])])
-    edited = page_key("a wikitext, edited")
+    edited = text_key("a wikitext, edited")
     write_part(tmp_path / "tonight.arrow", [(edited, "new text", ["B"], [1, 0, 0])])
     assert PageMemo.write(tmp_path / "memo", [tmp_path / "base.arrow", tmp_path / "tonight.arrow"]) == 3
     parts = sorted((tmp_path / "memo").glob(PM.PART_GLOB))

@@ -1,6 +1,6 @@
 """Pass 1's per-page memo: a kept wikitext page's cleaned text, link targets and link accounting,
-kept under the 128-bit BLAKE2b of its wikitext and reused by the next build of the same dump
-settings, whatever piece the page falls in.
+kept under the 128-bit BLAKE2b of its wikitext (:func:`funnelrag.content_store.text_key`) and
+reused by the next build of the same dump settings, whatever piece the page falls in.
 
 Cleaning wikitext and extracting links (:func:`tasks.sources.ingest.wikitext.clean_wikitext`,
 :meth:`tasks.sources.ingest.page_pass.PagePass._link_targets`) are most of a piece's CPU after the
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from data_contracts.base import link_or_copy
-from funnelrag.content_store import ContentMemo, settings_dir, text_key
+from funnelrag.content_store import ContentMemo, settings_dir
 from tasks.sources.ingest.config import IngestConfig
 
 PAGE_MEMO_VERSION = "2"   # 2: a content-store entry (keys and rows as every memo's), parts beside it
@@ -46,10 +46,6 @@ _SCHEMA = pa.schema([pa.field("hi", pa.uint64(), nullable=False), pa.field("lo",
 def memo_dir(root: Path, cfg: IngestConfig, namespaces: frozenset[str]) -> Path:
     """The page memo under ``root`` (the piece cache) for ``cfg`` and the dump's ``namespaces``."""
     return settings_dir(root, "page-memo", PAGE_MEMO_VERSION, cfg, sorted(namespaces))
-
-
-page_key = text_key
-"""The key of a page's wikitext (:func:`funnelrag.content_store.text_key`)."""
 
 
 class PageMemo:

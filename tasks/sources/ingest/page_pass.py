@@ -15,9 +15,10 @@ from collections import Counter
 from dataclasses import fields
 
 from data_contracts.corpus import INGEST_REPORT
+from funnelrag.content_store import text_key
 from tasks.sources.ingest.config import (DISAMBIGUATION, DUPLICATE_TITLE, EMPTY_TEXT, KEPT, MALFORMED_PAGE,
                                         OTHER_NAMESPACE, OVERSIZE, REDIRECT, SKIPPED, IngestConfig, LinkCounts)
-from tasks.sources.ingest.page_memo import PageMemo, page_key
+from tasks.sources.ingest.page_memo import PageMemo
 from tasks.sources.ingest.records import WIKITEXT, RawPage
 from tasks.sources.ingest.shards import ShardWriter
 from tasks.sources.ingest.titles import ARTICLE, classify_link, normalise_title
@@ -93,7 +94,7 @@ class PagePass:
         """A kept wikitext page's cleaned text and link targets (None: too short to keep), from the
         page memo when it holds the page's wikitext, else computed; the link accounting is
         incremented either way, and the page's row goes to :attr:`memo_rows` for the next memo."""
-        key = page_key(page.text)
+        key = text_key(page.text)
         hit = self.page_memo.get(key) if self.page_memo is not None else None
         if hit is not None:
             text, targets, delta = hit
