@@ -150,7 +150,7 @@ def run_log_levels() -> dict[str, int]:
     return {n: logging.getLogger(n).level for n in RUN_LOGGERS if logging.getLogger(n).level}
 
 
-def init_worker(levels: dict[str, int], environ: dict[str, str] | None = None, cwd: str | None = None) -> None:
+def init_worker(levels: dict[str, int], environ: dict[str, str], cwd: str) -> None:
     """Pool initializer of a local worker process.
 
     * ``levels``: the parent's levels of :data:`funnelrag.config.RUN_LOGGERS`; each of those loggers
@@ -162,14 +162,12 @@ def init_worker(levels: dict[str, int], environ: dict[str, str] | None = None, c
     * the young generation's collection threshold of :func:`funnelrag.memory.build_collector` (a
       worker freezes its survivors after each shard: :func:`run_shard`).
     """
-    if environ is not None:
-        os.environ.clear()
-        os.environ.update(environ)
-    if cwd is not None:
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            log.warning("pool worker %d: cannot enter the build's directory %s (%s)", os.getpid(), cwd, exc)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        log.warning("pool worker %d: cannot enter the build's directory %s (%s)", os.getpid(), cwd, exc)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(WORKER_LOG_FORMAT, datefmt="%H:%M:%S"))
     handler.addFilter(_below_warning)   # warnings go to the build process with the shard's value

@@ -50,7 +50,8 @@ class RenewablePool(Protocol):
 
 
 def describe_shard(fn: Callable[..., Any], args: tuple[Any, ...], width: int = 120) -> str:
-    """``fn_name(arg, ...) of module``, each argument's repr cut to ``width`` characters."""
+    """``fn_name(arg, ...) of module``, each argument's repr cut to ``width`` characters (a
+    ``Path`` shown as its string)."""
     shown = []
     for a in args:
         r = repr(str(a)) if type(a).__name__.endswith("Path") else repr(a)
@@ -67,43 +68,35 @@ class ShardFuture:
         The pool broke under a main script without a ``__main__`` guard (never retried: it would
         fail the same way).
     ShardWorkerDied
-        The shard's worker died on each of ``retries + 1`` attempts, each on a fresh pool.
+        The shard's worker died on each of ``WORKER_DEATH_RETRIES + 1`` attempts, each on a fresh pool.
     """
 
-    def __init__(self, pool: RenewablePool, fn: Callable[..., Any], args: tuple[Any, ...],
-                 retries: int = WORKER_DEATH_RETRIES):
-        self._pool, self._fn, self._args, self._retries = pool, fn, args, retries
+    def __init__(self, pool: RenewablePool, fn: Callable[..., Any], args: tuple[Any, ...]):
+        self._pool, self._fn, self._args = pool, fn, args
         self._attempt = 1
         self._executor, self._future = pool.submit_once(fn, args)
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self) -> Any:
+        """The shard call's value, once its worker's warnings are logged here (:class:`ShardReturn`)."""
         while True:
             try:
-                value = self._future.result(timeout)
+                returned: ShardReturn = self._future.result()
             except BrokenProcessPool as exc:
                 shard = describe_shard(self._fn, self._args)
                 if (script := unguarded_main_script()) is not None:   # its workers died running it again
                     raise MainGuardMissing(f"shard {shard}: its worker process died; {guard_message(script)}") from exc
-                if self._attempt > self._retries:
+                if self._attempt > WORKER_DEATH_RETRIES:
                     raise ShardWorkerDied(
                         f"shard {shard}: a worker process of its pool died on each of {self._attempt} attempts, "
                         "each on a fresh pool (killed by the OOM killer or a signal? lower runner.workers or the "
                         "shard size)") from exc
                 log.warning("shard %s: a worker process of its pool died (this shard's or one beside it: %s); "
                             "retrying it on a fresh process pool (retry %d of %d)", shard, exc, self._attempt,
-                            self._retries)
+                            WORKER_DEATH_RETRIES)
                 self._pool.renew(self._executor)
                 self._attempt += 1
                 self._executor, self._future = self._pool.submit_once(self._fn, self._args)
                 continue
-            if isinstance(value, ShardReturn):
-                for record in value.records:   # the worker's warnings, in this process's log (and Prefect's)
-                    logging.getLogger(record.name).handle(record)
-                return value.value
-            return value
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def cancel(self) -> bool:
-        return self._future.cancel()
+            for record in returned.records:   # the worker's warnings, in this process's log (and Prefect's)
+                logging.getLogger(record.name).handle(record)
+            return returned.value
