@@ -73,7 +73,8 @@ def tokenize_ids(texts: Sequence[str], cfg: BM25Config, stem=None):
     ``findall`` numbers its tokens through a ``defaultdict`` whose missing keys take the next id
     (stop words preset to -1), all in C, into one flat int32 array; stop words are dropped and
     stems mapped with numpy. Same tokens and ids as :func:`tokenize_ids_bm25s` (the plain path,
-    compared in ``tests/test_bm25_tokenize.py``), ~5x fewer CPU seconds.
+    compared in ``tests/test_bm25_tokenize.py``), about a third fewer CPU seconds (the regex split,
+    in C either way, is most of what is left; ``benchmarks/bench_demo_parts.py``).
 
     Parameters
     ----------
