@@ -266,8 +266,8 @@ def progressive_task(questions, cluster_index, members_of, seg_cfg, counter, set
 
 
 @task(name="evaluate-generate", cache_policy=NO_CACHE)
-def generate_task(generator, results, question_text: dict[str, str]):
-    return generate_answers(generator, results, question_text)
+def generate_task(generator, settings, question_text: dict[str, str]):
+    return generate_answers(generator, settings, question_text)
 
 
 # ---------------------------------------------------------------------------- publishing
@@ -504,8 +504,8 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
         bar.close()
         runs = [(specs[n], by_setting[n]) for n in specs]
         rows: tuple[list, list, list] = ([], [], [])
-        for spec, results in runs:
-            generated = generate_task(gen, results, qtext) if gen is not None else None
+        generated_all = generate_task(gen, [results for _, results in runs], qtext) if gen is not None else [None] * len(runs)
+        for (spec, results), generated in zip(runs, generated_all):
             for acc, part in zip(rows, summarize(spec, results, in_corpus, answers, generated)):
                 acc.extend(part)
         info["machine"]["load_avg_1m_end"] = machine_info()["load_avg_1m"]

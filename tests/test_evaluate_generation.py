@@ -54,3 +54,22 @@ def test_causal_lm_hook_fails_clearly_without_weights(tmp_path):
 def test_fid_generator_without_passages_answers_empty():
     gen = FiDGenerator("fid", model=None, tokenizer=None)
     assert gen("q", []) == ""
+
+
+def test_fid_answers_in_batches_equal_answers_one_by_one(data_mirror):
+    """Batched greedy FiD answers (padding to the batch's longest input, mixed passage counts,
+    batches smaller than the questions) are each question's answer alone."""
+    from models.fid import FiDConfig, FiDReader  # noqa: PLC0415
+
+    model, tok = FiDReader.from_config(FiDConfig(tokenizer=str(data_mirror / "t5-tokenizer"), d_model=32, n_layers=2,
+                                                 n_heads=2, d_ff=64, seed=3))
+    model.eval()
+    gen = FiDGenerator("fid", model, tok, GenerationConfig(n_passages=2, max_passage_tokens=48, max_answer_tokens=6,
+                                                           batch_size=3))
+    questions = [f"question {i}: who wrote {'the book ' * i}on species" for i in range(7)]
+    passages = [PASSAGES, PASSAGES[:1], [], PASSAGES[::-1], [("Short", "x")], PASSAGES * 2, [("Long", "word " * 90)]]
+    alone = [gen(q, ps) for q, ps in zip(questions, passages)]
+    assert gen.answers(questions, passages) == alone and alone[2] == ""
+    assert any(alone) and all(isinstance(a, str) for a in alone)
+    with pytest.raises(ValueError, match="passage lists"):
+        gen.answers(questions, passages[:2])

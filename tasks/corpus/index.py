@@ -9,8 +9,12 @@ index queried without the stemmer silently returns garbage).
 """
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import threading
+from array import array
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from collections import abc
@@ -61,10 +65,16 @@ def tokenize_ids(texts: Sequence[str], cfg: BM25Config, stem=None):
 
     ``bm25s.tokenize(..., stemmer=...)`` numbers stems by iterating a ``set``, so the ids, and with
     them the saved ``vocab``/``data``/``indices`` arrays, change with ``PYTHONHASHSEED`` from one
-    run to the next. Here bm25s splits and numbers the raw tokens (first-occurrence order, which is
-    deterministic), the unique tokens are stemmed once, and stems are numbered in sorted order.
-    Same work as bm25s's own stemming pass: one stemmer call over the vocabulary, one id remap
-    per token.
+    run to the next. Here the raw tokens are split and numbered as bm25s numbers them (its regex
+    on the lower-cased text, stop words dropped, first-occurrence order, which is deterministic),
+    the unique tokens are stemmed once, and stems are numbered in sorted order.
+
+    The split and numbering are bm25s's own steps without its per-token Python loop: each text's
+    ``findall`` numbers its tokens through a ``defaultdict`` whose missing keys take the next id
+    (stop words preset to -1), all in C, into one flat int32 array; stop words are dropped and
+    stems mapped with numpy. Same tokens and ids as :func:`tokenize_ids_bm25s` (the plain path,
+    compared in ``tests/test_bm25_tokenize.py``), about a third fewer CPU seconds (the regex split,
+    in C either way, is most of what is left; ``benchmarks/bench_demo_parts.py``).
 
     Parameters
     ----------
@@ -75,9 +85,43 @@ def tokenize_ids(texts: Sequence[str], cfg: BM25Config, stem=None):
     Returns
     -------
     bm25s.tokenization.Tokenized
-        ``ids``: ``n`` lists of token ids; ``vocab``: token (stem) → id, ids ``0..V-1`` in sorted
-        token order when stemming, first-occurrence order otherwise.
+        ``ids``: ``n`` sequences of token ids (a list-like view of flat arrays, each text's ids a
+        list when read; :meth:`TokenIds.from_tokenized` takes the arrays as they are);
+        ``vocab``: token (stem) → id, ids ``0..V-1`` in sorted token order when stemming,
+        first-occurrence order otherwise.
     """
+    from bm25s.tokenization import Tokenized, _infer_stopwords  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
+
+    split = re.compile(TOKEN_PATTERN).findall
+    raw: defaultdict[str, int] = defaultdict(itertools.count().__next__)   # token -> raw id, the next id when missing
+    for word in _infer_stopwords(cfg.stopwords):
+        dict.__setitem__(raw, word, -1)
+    numbered = raw.__getitem__
+    flat = array("i")
+    counts = array("q")
+    for text in texts:
+        tokens = split(text.lower() if cfg.lower else text)
+        counts.append(len(tokens))
+        flat.extend(map(numbered, tokens))
+    raw_ids = np.frombuffer(flat, dtype=np.int32) if flat else np.zeros(0, np.int32)
+    kept = raw_ids >= 0                                        # stop words are -1
+    ends = np.cumsum(np.frombuffer(counts, dtype=np.int64)) if counts else np.zeros(0, np.int64)
+    kept_before = np.concatenate([[0], np.cumsum(kept, dtype=np.int64)])
+    offsets = np.concatenate([[0], kept_before[ends]]).astype(np.int64)
+    ids = raw_ids[kept]
+    unique = [t for t, i in raw.items() if i >= 0]             # raw id order 0..U-1 (insertion order)
+    if stem is None:
+        return Tokenized(ids=_IdLists(ids, offsets), vocab={t: i for i, t in enumerate(unique)})
+    stems = stem(unique)
+    vocab = {t: i for i, t in enumerate(sorted(set(stems)))}
+    lookup = np.fromiter((vocab[t] for t in stems), dtype=np.int32, count=len(stems))   # raw id -> stem id
+    return Tokenized(ids=_IdLists(lookup[ids] if ids.size else ids, offsets), vocab=vocab)
+
+
+def tokenize_ids_bm25s(texts: Sequence[str], cfg: BM25Config, stem=None):
+    """:func:`tokenize_ids` by ``bm25s.tokenize`` itself (its per-token loop), stems numbered in
+    sorted order: the plain path the fast one is tested against. Same parameters and result
+    (``ids`` as lists)."""
     import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
     from bm25s.tokenization import Tokenized  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
@@ -112,7 +156,9 @@ class TokenIds:
 
     @classmethod
     def from_tokenized(cls, tokens) -> "TokenIds":
-        """From a bm25s ``Tokenized`` (:func:`tokenize_ids`)."""
+        """From a bm25s ``Tokenized`` (:func:`tokenize_ids`: its flat arrays taken as they are)."""
+        if isinstance(tokens.ids, _IdLists):
+            return cls(tokens.ids.ids, tokens.ids.offsets, sorted(tokens.vocab, key=tokens.vocab.__getitem__))
         lengths = np.fromiter((len(d) for d in tokens.ids), dtype=np.int64, count=len(tokens.ids))
         offsets = np.zeros(lengths.size + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])

@@ -65,11 +65,38 @@ def bm25_retriever(index) -> Callable[[str, int], list[str]]:
     return retrieve
 
 
-def generate_answers(generator, results: Sequence[QueryResult], questions: dict[str, str]) -> Generated:
-    """Run ``generator(question, [(title, text)])`` on each result's final passages, timed."""
-    answers, seconds = {}, {}
-    for r in progress(results, f"reader answers ({generator.label})", unit="questions"):
+def generate_answers(generator, settings: Sequence[Sequence[QueryResult]], questions: dict[str, str]) -> list[Generated]:
+    """Answers of ``generator`` to each setting's questions from their final passages, timed.
+
+    Each distinct input (question text, final ``(title, text)`` passages) is generated once,
+    whichever settings share it (settings' final passages often agree), the inputs of all
+    settings in batches of the generator's ``cfg.batch_size``
+    (:meth:`tasks.qa.generation.FiDGenerator.answers`; one at a time for a generator without one).
+
+    Parameters
+    ----------
+    generator : a :class:`tasks.qa.generation.Generator`.
+    settings : each setting's results.
+    questions : question id → question text.
+
+    Returns
+    -------
+    list[Generated]
+        Per setting, answer and seconds per question id; an input's seconds are its batch's
+        seconds over the batch's inputs.
+    """
+    inputs = [{r.question_id: (questions[r.question_id], tuple((t, x) for _, t, x in r.passages)) for r in results}
+              for results in settings]
+    todo = list(dict.fromkeys(key for per_setting in inputs for key in per_setting.values()))
+    size = max(1, getattr(getattr(generator, "cfg", None), "batch_size", 1))
+    done: dict[tuple, tuple[str, float]] = {}
+    batches = [todo[a:a + size] for a in range(0, len(todo), size)]
+    n_asked = sum(map(len, inputs))
+    for batch in progress(batches, f"reader answers ({generator.label}: {len(todo)} distinct of {n_asked} inputs)",
+                          unit="batches"):
         t0 = time.perf_counter()
-        answers[r.question_id] = generator(questions[r.question_id], [(t, x) for _, t, x in r.passages])
-        seconds[r.question_id] = time.perf_counter() - t0
-    return Generated(generator.label, answers, seconds)
+        got = generator.answers([q for q, _ in batch], [list(ps) for _, ps in batch])
+        each = (time.perf_counter() - t0) / len(batch)
+        done.update({key: (answer, each) for key, answer in zip(batch, got)})
+    return [Generated(generator.label, {q: done[key][0] for q, key in per_setting.items()},
+                      {q: done[key][1] for q, key in per_setting.items()}) for per_setting in inputs]

@@ -189,7 +189,7 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path, device: str = "cpu")
     """Dev exact match of a saved FiD reader (FunnelRAG Table 3's EM, SQuAD normalisation).
 
     Each question of ``candidates_dir`` gets a greedy answer from its first ``n_passages``
-    candidate passages in pre-ranker order (``n_passages``, ``max_passage_tokens`` and
+    candidate passages in pre-ranker order (questions batched, :meth:`tasks.qa.generation.FiDGenerator.answers`) (``n_passages``, ``max_passage_tokens`` and
     ``max_answer_tokens`` from the reader's own training config), as at training time.
 
     Parameters
@@ -224,10 +224,13 @@ def evaluate_reader(candidates_dir: Path, reader_dir: Path, device: str = "cpu")
         n_passages=cfg.n_passages, max_passage_tokens=cfg.max_passage_tokens, max_answer_tokens=cfg.max_answer_tokens))
     t0 = time.perf_counter()
     rows = []
-    for qid, ex in progress(list(zip(qids, examples)), "reader exact match", unit="questions"):   # both sorted by id
-        passages = [(title, text) for _, title, text in ex.passages[: cfg.n_passages]]
-        pred = generate(ex.question, passages)
-        rows.append((qid, pred, exact_match(pred, ex.answers), len(passages)))
+    size = generate.cfg.batch_size
+    for a in progress(range(0, len(examples), size), "reader exact match", unit="batches"):   # both sorted by id
+        batch = examples[a:a + size]
+        passages = [[(title, text) for _, title, text in ex.passages[: cfg.n_passages]] for ex in batch]
+        preds = generate.answers([ex.question for ex in batch], passages)
+        rows += [(qid, pred, exact_match(pred, ex.answers), len(ps))
+                 for qid, ex, pred, ps in zip(qids[a:a + size], batch, preds, passages)]
     seconds = time.perf_counter() - t0
     table = pa.table({"question_id": [r[0] for r in rows], "prediction": [r[1] for r in rows],
                       "exact_match": [r[2] for r in rows], "n_passages": [r[3] for r in rows]})

@@ -1,6 +1,7 @@
 """Answer generation on retrieved passages for EM (FunnelRAG Table 3's shape).
 
-Two generators behind one call ``generator(question, passages) -> answer``:
+Two generators behind one call ``generator(question, passages) -> answer``, and its batched form
+``generator.answers(questions, passages_per_question) -> answers`` (FiD: one ``generate`` a batch):
 
 * :class:`FiDGenerator` — the FiD reader (:class:`models.fid.FiDReader`), greedy decoding over
   the fused passages, as in FunnelRAG's FiD rows.
@@ -30,6 +31,8 @@ class Generator(Protocol):
 
     def __call__(self, question: str, passages: Sequence[Passage]) -> str: ...
 
+    def answers(self, questions: Sequence[str], passages: Sequence[Sequence[Passage]]) -> list[str]: ...
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -39,12 +42,14 @@ class GenerationConfig:
     max_passage_tokens : FiD tokens per ``question: q title: t context: p`` input.
     max_answer_tokens : new tokens generated.
     max_prompt_tokens : causal-LM prompt length limit (tokens, truncated from the left).
+    batch_size : questions per FiD ``generate`` call (:meth:`FiDGenerator.answers`).
     """
 
     n_passages: int = 4
     max_passage_tokens: int = 200
     max_answer_tokens: int = 20
     max_prompt_tokens: int = 1024
+    batch_size: int = 16
 
 
 class FiDGenerator:
@@ -53,17 +58,53 @@ class FiDGenerator:
     def __init__(self, label: str, model, tokenizer, cfg: GenerationConfig = GenerationConfig()):
         self.label, self.model, self.tokenizer, self.cfg = label, model, tokenizer, cfg
 
-    @torch.no_grad()
     def __call__(self, question: str, passages: Sequence[Passage]) -> str:
         """The decoded answer (special tokens skipped); ``""`` when there is no passage."""
-        passages = list(passages)[: self.cfg.n_passages]
-        if not passages:
-            return ""
-        enc = encode_fid_inputs(self.tokenizer, [question], [passages], self.cfg.max_passage_tokens)
-        device = next(self.model.parameters()).device
-        ids = self.model.generate(enc.input_ids.to(device), enc.attention_mask.to(device),
-                                  max_answer_tokens=self.cfg.max_answer_tokens)   # (1, <= max_answer_tokens + 1)
-        return self.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
+        return self.answers([question], [passages])[0]
+
+    @torch.no_grad()
+    def answers(self, questions: Sequence[str], passages: Sequence[Sequence[Passage]]) -> list[str]:
+        """Greedy answers of many questions, ``cfg.batch_size`` questions a ``generate`` call.
+
+        Questions are batched with others that have as many passages (at most ``n_passages``
+        each), so no passage is padding; inside a batch the shorter encoder inputs are padded
+        and masked, and a finished answer is padded by ``generate``, so each answer is the one
+        the question gets alone (up to float rounding; ``tests/test_evaluate_generation.py``).
+
+        Parameters
+        ----------
+        questions : ``n`` questions.
+        passages : per question, its ``(title, text)`` passages, best first.
+
+        Returns
+        -------
+        list[str]
+            ``n`` decoded answers (special tokens skipped); ``""`` for a question without passages.
+
+        Raises
+        ------
+        ValueError
+            ``questions`` and ``passages`` differ in length.
+        """
+        if len(questions) != len(passages):
+            raise ValueError(f"{len(questions)} questions but {len(passages)} passage lists")
+        kept = [list(p)[: self.cfg.n_passages] for p in passages]
+        out = [""] * len(questions)
+        by_count: dict[int, list[int]] = {}
+        for i, ps in enumerate(kept):
+            if ps:
+                by_count.setdefault(len(ps), []).append(i)
+        device = next(self.model.parameters()).device if by_count else None
+        for rows in by_count.values():
+            for a in range(0, len(rows), self.cfg.batch_size):
+                part = rows[a:a + self.cfg.batch_size]
+                enc = encode_fid_inputs(self.tokenizer, [questions[i] for i in part], [kept[i] for i in part],
+                                        self.cfg.max_passage_tokens)            # (batch, n_passages, seq_len)
+                ids = self.model.generate(enc.input_ids.to(device), enc.attention_mask.to(device),
+                                          max_answer_tokens=self.cfg.max_answer_tokens)   # (batch, <= max_answer_tokens + 1)
+                for i, text in zip(part, self.tokenizer.batch_decode(ids, skip_special_tokens=True)):
+                    out[i] = text.strip()
+        return out
 
 
 def build_prompt(question: str, passages: Sequence[Passage]) -> str:
@@ -100,3 +141,9 @@ class CausalLMGenerator:
                                   num_beams=1, pad_token_id=pad)             # (1, prompt_len + new)
         text = self.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return text.strip().split("\n")[0].strip()
+
+    def answers(self, questions: Sequence[str], passages: Sequence[Sequence[Passage]]) -> list[str]:
+        """:meth:`__call__` of each question in turn (one prompt a call)."""
+        if len(questions) != len(passages):
+            raise ValueError(f"{len(questions)} questions but {len(passages)} passage lists")
+        return [self(q, ps) for q, ps in zip(questions, passages)]
