@@ -190,7 +190,7 @@ def test_built_passage_shards_equal_one_index_and_are_reused(segmented, question
 def test_passages_outside_every_cluster_range_are_an_error(segmented, tmp_path):
     """A ``clusters.parquet`` that lacks a cluster of ``passages.parquet`` would drop its passages
     from the index: the build names both files instead."""
-    table = CLUSTERS.read(segmented / "cluster").sort_by("cluster_id")
+    table = CLUSTERS.read(segmented / "cluster")   # Algorithm 1's order: the last cluster is dropped
     CLUSTERS.write(table.slice(0, table.num_rows - 1), tmp_path / "cluster")
     with pytest.raises(ValueError, match="passages.parquet: .* passages, but the cluster ranges of .* hold"):
         build_passage_shards(segmented / "segment", tmp_path / "cluster", tmp_path / "out", BM25Config(),

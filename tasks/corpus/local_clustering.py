@@ -95,18 +95,23 @@ class PreviousClusters:
         """
         manifest_path = Path(version_dir) / "manifest.json"
         section = C.BUILD_CONFIG.section(json.loads(manifest_path.read_text()), "clustering", manifest_path)
-        docs = C.DOCUMENTS.read(version_dir, columns=["doc_id", "title"]).sort_by("doc_id")
+        docs = C.DOCUMENTS.read(version_dir, columns=["doc_id", "title"])   # title order: the rows Algorithm 1 ran on
         n = docs.num_rows
-        metrics = C.GRAPH_METRICS.read(version_dir, columns=["doc_id", "n_tokens"]).sort_by("doc_id")
-        members = C.CLUSTER_MEMBERS.read(version_dir).sort_by([("cluster_id", "ascending"), ("position", "ascending")])
+        doc_ids = docs["doc_id"].to_numpy()
+        metrics = C.GRAPH_METRICS.read(version_dir, columns=["doc_id", "n_tokens"])
+        members = C.CLUSTER_MEMBERS.read(version_dir)
+        members = members.take(C.member_order(members["cluster_id"].to_numpy(), members["position"].to_numpy()))
         if metrics.num_rows != n or members.num_rows != n:
             raise ValueError(f"{version_dir}: {n} documents but {metrics.num_rows} graph_metrics rows and "
                              f"{members.num_rows} cluster_members rows")
         cids = members["cluster_id"].to_numpy()
         starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if n else np.zeros(0, np.int64)
-        return cls(titles=docs["title"].combine_chunks(), n_tokens=metrics["n_tokens"].to_numpy().astype(np.int64),
-                   graph=graph_from_links(C.LINKS.read(version_dir), n),
-                   indptr=np.r_[starts, n].astype(np.int64), members=members["doc_id"].to_numpy().astype(np.int32),
+        n_tokens = np.zeros(n, np.int64)
+        n_tokens[C.rows_of(doc_ids, metrics["doc_id"].to_numpy(), f"{version_dir}: graph_metrics")] = metrics["n_tokens"].to_numpy()
+        return cls(titles=docs["title"].combine_chunks(), n_tokens=n_tokens,
+                   graph=graph_from_links(C.LINKS.read(version_dir), n, doc_ids),
+                   indptr=np.r_[starts, n].astype(np.int64),
+                   members=C.rows_of(doc_ids, members["doc_id"].to_numpy(), f"{version_dir}: cluster_members").astype(np.int32),
                    max_tokens=int(section["max_tokens"]), tokenizer=str(section["tokenizer"]))
 
 
