@@ -5,7 +5,7 @@ Not in FunnelRAG: an option of the nightly build, which otherwise regroups most 
 algorithm stays the default and is what a build without a current version runs.
 
 Where the graph changed. Documents are matched between the previous version and this build by
-title (``doc_id`` is the rank of the title, so it shifts). Algorithm 1 reads nothing but the
+title (Algorithm 1 runs on the rows in title order, which shift). Algorithm 1 reads nothing but the
 undirected edge set and each document's length ``n_tokens``. A document of this build is
 *touched* when
 
@@ -18,7 +18,7 @@ undirected edge set and each document's length ``n_tokens``. A document of this 
 A previous cluster is *freed* when one of its members is touched or was removed, or when an edge
 between two of its members was removed (it may no longer be connected). Every other previous
 cluster is *kept*: same members in the same order (so its units and passages keep their content
-ids; its dense ``cluster_id`` follows the processing rank as in a full build). A kept cluster is
+ids, and its ``cluster_id``, its first member's ``doc_id``). A kept cluster is
 still one Algorithm 1 could make: connected by its old edges, its size unchanged and ≤ S. An edge
 removed between two different clusters frees neither (it only takes away a merge), nor does an
 edge added inside one cluster.

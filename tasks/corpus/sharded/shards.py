@@ -115,16 +115,6 @@ def put_cached(cached: Path, write: Callable[[Path], None], record: bool = True)
 
 
 # ---------------------------------------------------------------------------------- tokens
-def sorted_by_id(table: pa.Table, key: str) -> pa.Table:
-    """``table.sort_by(key)`` for an integer column ``key``, without the copy of every column when
-    the rows are in ascending ``key`` order already (``documents.parquet`` is in ``doc_id``
-    order: sorting a range of it read back copied all its text for nothing)."""
-    ids = table.column(key).to_numpy()
-    if ids.size < 2 or bool(np.all(ids[1:] >= ids[:-1])):
-        return table
-    return table.sort_by(key)
-
-
 def doc_shards(n_docs: int, docs_per_shard: int) -> list[tuple[int, int]]:
     """``[(lo, hi)]`` covering ``0..n_docs`` in ranges of ``docs_per_shard`` documents."""
     return [(lo, min(lo + docs_per_shard, n_docs)) for lo in range(0, n_docs, docs_per_shard)]
