@@ -203,23 +203,28 @@ def clustered(ingested, data_mirror, tmp_path_factory):
 def test_partition_gives_each_shard_exactly_its_documents(ingested, clustered, tmp_path):
     """One pass over documents.parquet (doc ranges of 9, through a process pool) puts every member
     document in its shard's directory, with the rows a by-id read of documents.parquet gives."""
+    from data_contracts.corpus import rows_of
+    from tasks.corpus.sharded.shards import DOC_COLUMNS, ROW, member_cluster_ranks
+
     cluster_dir = clustered / "cluster"
     members = pq.read_table(cluster_dir / "cluster_members.parquet")
-    cids, dids = members.column("cluster_id").to_numpy(), members.column("doc_id").to_numpy()
-    ranges = read_cluster_ranges(cluster_dir, 60_000, cids)
+    ranks, dids = member_cluster_ranks(members.column("cluster_id").to_numpy()), members.column("doc_id").to_numpy()
+    ids = pq.read_table(ingested / "documents.parquet", columns=["doc_id"]).column("doc_id").to_numpy()
+    rows = rows_of(ids, dids, "documents")   # the members' rows of documents.parquet
+    ranges = read_cluster_ranges(cluster_dir, 60_000, members.column("cluster_id").to_numpy())
     with ProcessPoolExecutor(2) as pool:
-        dirs = partition_documents(ingested, ranges, cids, dids, tmp_path / "parts", pool.submit, 9, window=3)
+        dirs = partition_documents(ingested, ranges, ranks, rows, tmp_path / "parts", pool.submit, 9, window=3)
     assert len(dirs) == len(ranges) > 3
     seen = []
     for (lo, hi), d in zip(ranges, dirs):
-        wanted = sorted(dids[(cids >= lo) & (cids < hi)].tolist())
-        mine = read_shard_documents(str(ingested), str(d), wanted)
-        assert mine.column("doc_id").to_pylist() == wanted
-        assert mine.equals(read_shard_documents(str(ingested), None, wanted))
-        seen += wanted
+        mask = (ranks >= lo) & (ranks < hi)
+        mine = read_shard_documents(str(ingested), str(d), dids[mask])
+        assert mine.column(ROW).to_pylist() == sorted(rows[mask].tolist())   # in the file's row order
+        assert mine.select(DOC_COLUMNS).equals(read_shard_documents(str(ingested), None, dids[mask]))
+        seen += mine.column("doc_id").to_pylist()
     assert sorted(seen) == sorted(dids.tolist())
     with pytest.raises(ValueError, match="outside the shards' cluster ranges"):
-        partition_documents(ingested, ranges[1:], cids, dids, tmp_path / "bad", run_here, 9)
+        partition_documents(ingested, ranges[1:], ranks, rows, tmp_path / "bad", run_here, 9)
 
 
 @pytest.mark.slow  # enwiki-sample T5 tokens + clustering (module fixture)
