@@ -45,7 +45,8 @@ def positional_ids(version_dir: Path) -> tuple[list[str], list[str]]:
     the unit at position ``k`` of its cluster, ``.p{j:03d}`` for its ``j``-th passage (row order of
     ``passages.parquet``: cluster, unit, passage)."""
     units = C.DOCUMENT_UNITS.read(version_dir, columns=["unit_id", "cluster_id", "position"]).to_pydict()
-    old_unit = {u: f"c{c:07d}.u{k:03d}" for u, c, k in zip(units["unit_id"], units["cluster_id"], units["position"])}
+    rank = {c: r for r, c in enumerate(C.CLUSTERS.read(version_dir, columns=["cluster_id"])["cluster_id"].to_pylist())}
+    old_unit = {u: f"c{rank[c]:07d}.u{k:03d}" for u, c, k in zip(units["unit_id"], units["cluster_id"], units["position"])}
     passages = C.PASSAGES.read(version_dir, columns=["unit_id"]).column("unit_id").to_pylist()
     pids, j, last = [], 0, None
     for u in passages:
@@ -73,10 +74,20 @@ def text_figures(before: Path, after: Path) -> dict[str, float | int]:
     }
 
 
+def positional_titles(version_dir: Path) -> tuple[set, set]:
+    """``{(rank, title)}`` of the documents (rank in sorted titles: the positional ``doc_id``) and
+    of the clusters (rank in Algorithm 1's output, first member title: the positional ``cluster_id``)."""
+    return tuple(set(enumerate(contract.read(version_dir, columns=["title"])["title"].to_pylist()))
+                 for contract in (C.DOCUMENTS, C.CLUSTERS))
+
+
 def positional_survival(before: Path, after: Path) -> dict[str, float]:
-    """``passages_kept_ids`` and ``units_kept_ids`` under the positional ids."""
+    """``documents_kept_ids``, ``clusters_kept_ids``, ``passages_kept_ids`` and ``units_kept_ids``
+    under the positional ids."""
     (pa_, ua), (pb, ub) = positional_ids(before), positional_ids(after)
-    return {"passages_kept_ids": len(set(pa_) & set(pb)) / len(pa_), "units_kept_ids": len(set(ua) & set(ub)) / len(ua)}
+    (da, ca), (db, cb) = positional_titles(before), positional_titles(after)
+    return {"documents_kept_ids": len(da & db) / len(da), "clusters_kept_ids": len(ca & cb) / len(ca),
+            "passages_kept_ids": len(set(pa_) & set(pb)) / len(pa_), "units_kept_ids": len(set(ua) & set(ub)) / len(ua)}
 
 
 def mirror_nights(out_dir: Path, pages: int, seed: int = 0, workers: int = 2, edit_share: float = 0.01,

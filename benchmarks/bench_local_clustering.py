@@ -53,7 +53,7 @@ def pick(titles: list[str], seed: int, salt: str) -> list[float]:
 
 
 def night(pages: dict[str, str], links: list[tuple[str, str]], tokens: dict[str, int], cfg: ClusteringConfig):
-    """``(titles, graph, lengths, full clustering)`` of one version (doc_id = rank of the title)."""
+    """``(titles, graph, lengths, full clustering)`` of one version (graph nodes: ranks of the titles)."""
     titles = sorted(pages)
     rank = {t: i for i, t in enumerate(titles)}
     src = np.array([rank[a] for a, b in links if a in rank and b in rank], dtype=np.int64)
@@ -109,13 +109,16 @@ def main() -> None:
     cfg = ClusteringConfig(**{k: v for k, v in section("clustering").items() if k in ("max_tokens", "tokenizer")})
     seg = SegmentConfig(**section("segment"))
     bm25 = BM25Config(**section("bm25"))
-    docs = C.DOCUMENTS.read(args.version_dir, columns=["doc_id", "title", "text"]).sort_by("doc_id")
+    docs = C.DOCUMENTS.read(args.version_dir, columns=["doc_id", "title", "text"])   # title order
     titles = docs["title"].to_pylist()
     texts = dict(zip(titles, docs["text"].to_pylist()))
-    lengths = C.GRAPH_METRICS.read(args.version_dir, columns=["doc_id", "n_tokens"]).sort_by("doc_id")["n_tokens"].to_pylist()
-    tokens = dict(zip(titles, lengths))
+    ids = docs["doc_id"].to_numpy()
+    metrics = C.GRAPH_METRICS.read(args.version_dir, columns=["doc_id", "n_tokens"])
+    tokens = dict(zip((titles[r] for r in C.rows_of(ids, metrics["doc_id"].to_numpy(), "documents")),
+                      metrics["n_tokens"].to_pylist()))
     ln = C.LINKS.read(args.version_dir)
-    links = [(titles[a], titles[b]) for a, b in zip(ln["src_doc_id"].to_pylist(), ln["dst_doc_id"].to_pylist())]
+    links = [(titles[a], titles[b]) for a, b in zip(C.rows_of(ids, ln["src_doc_id"].to_numpy(), "documents"),
+                                                    C.rows_of(ids, ln["dst_doc_id"].to_numpy(), "documents"))]
 
     # the simulated day: new pages, and edited texts and links (disjoint sets, by hash)
     u = pick(titles, args.seed, "page")

@@ -71,9 +71,8 @@ def shard_ranges(stages: Path, max_tokens: int) -> tuple[list[tuple[int, int]], 
     from tasks.corpus.sharded.shards import read_cluster_ranges  # noqa: PLC0415
 
     ranges = read_cluster_ranges(stages / "cluster", max_tokens)
-    table = pq.read_table(stages / "cluster" / "clusters.parquet", columns=["cluster_id", "n_tokens"])
-    ids, tokens = table.column("cluster_id").to_numpy(), table.column("n_tokens").to_numpy().astype(np.int64)
-    return ranges, [int(tokens[(ids >= lo) & (ids < hi)].sum()) for lo, hi in ranges]
+    tokens = pq.read_table(stages / "cluster" / "clusters.parquet", columns=["n_tokens"]).column("n_tokens").to_numpy()
+    return ranges, [int(tokens[lo:hi].astype(np.int64).sum()) for lo, hi in ranges]   # ranges of cluster ranks
 
 
 def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
@@ -88,24 +87,24 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
 
     _warm()
     seg, cfg, mirror = SegmentConfig(), BM25Config(), str(default_mirror())
-    cids = np.sort(pq.read_table(stages / "cluster" / "cluster_members.parquet", columns=["cluster_id"])
-                   .column("cluster_id").to_numpy())
+    n_members = pq.read_table(stages / "cluster" / "clusters.parquet", columns=["n_members"]).column("n_members").to_numpy()
+    first = np.r_[0, np.cumsum(n_members, dtype=np.int64)]   # member rows of each cluster rank
     units: dict = {"kind": kind, "size": size}
     if kind == "tokens":
-        lo, hi = SH.doc_shards(int(cids.size), size)[0]
+        lo, hi = SH.doc_shards(int(first[-1]), size)[0]
         units["docs"] = hi - lo
         call = (SH.count_shard, str(stages / "ingest"), lo, hi, seg, mirror, None)
     elif kind in ("segment", "cluster_tokens", "passage_stats", "passage_index"):
         ranges, tokens = shard_ranges(stages, size)
         lo, hi = ranges[int(np.argmax(tokens))]
-        units.update(tokens=max(tokens), shards=len(ranges), docs=int(((cids >= lo) & (cids < hi)).sum()),
-                     passages=pq.read_table(stages / "segment" / "passages.parquet", columns=["cluster_id"],
-                                            filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).num_rows)
+        rows = SH.passage_row_ranges(stages / "segment", stages / "cluster", size)[int(np.argmax(tokens))]
+        units.update(tokens=max(tokens), shards=len(ranges), docs=int(first[hi] - first[lo]), passages=rows[1] - rows[0])
         call = ((SH.segment_shard, str(stages / "ingest"), str(stages / "tokens"), str(stages / "cluster"), lo, hi,
                  seg, mirror, str(tmp)) if kind == "segment" else
                 (CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp))
-                if kind == "cluster_tokens" else (SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp)))
+                if kind == "cluster_tokens" else (SI.passage_stats_shard, str(stages / "segment"), *rows, cfg, str(tmp)))
         if kind == "passage_index":
+            lo, hi = rows   # the passage steps read rows of passages.parquet
             key, n_docs, total, *_ = SI.passage_stats_shard(str(stages / "segment"), lo, hi, cfg, str(tmp))
             global_df, global_key = SI.merge_stats_files(tmp, [key], n_docs, total)
             call = (SI.passage_index_shard, str(stages / "segment"), lo, hi, cfg, str(tmp), key, str(global_df),

@@ -655,13 +655,32 @@ def _strictly_increasing(col: pa.ChunkedArray) -> bool:
     return bool(pc.all(pc.greater(col.slice(1), col.slice(0, n - 1))).as_py())
 
 
+def _int_pair(table: pa.Table, keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The two int64 columns of a pair of integer key columns wider than 32 bits (``links``'
+    ``doc_id`` pairs), else ``None``."""
+    types = [table.schema.field(k).type for k in keys]
+    if len(keys) != 2 or not all(pa.types.is_integer(t) for t in types):
+        return None
+    a, b = (table.column(k).to_numpy().astype(np.int64) for k in keys)
+    return a, b
+
+
 def _check_unique(name: str, table: pa.Table, keys: tuple[str, ...]) -> None:
     key = _int_key(table, keys)
-    if key is not None:   # integer ids, as in the corpus tables: sorted in the common case, O(n)
-        if key.size < 2 or bool(np.all(key[1:] > key[:-1])):
-            return
-        order = np.argsort(key, kind="stable")
-        repeat = np.flatnonzero(key[order][1:] == key[order][:-1])
+    pair = _int_pair(table, keys) if key is None else None
+    if key is not None or pair is not None:   # integer ids, as in the corpus tables: sorted in the common case, O(n)
+        if key is not None:
+            if key.size < 2 or bool(np.all(key[1:] > key[:-1])):
+                return
+            order = np.argsort(key, kind="stable")
+            repeat = np.flatnonzero(key[order][1:] == key[order][:-1])
+        else:
+            a, b = pair
+            if a.size < 2 or bool(np.all((a[1:] > a[:-1]) | ((a[1:] == a[:-1]) & (b[1:] > b[:-1])))):
+                return
+            order = np.lexsort((b, a))
+            sa, sb = a[order], b[order]
+            repeat = np.flatnonzero((sa[1:] == sa[:-1]) & (sb[1:] == sb[:-1]))
         if repeat.size:
             rows = np.unique(order[np.concatenate([repeat, repeat + 1])])[:_MAX_ROWS_IN_ERROR].tolist()
             first = {k: table.column(k)[int(order[repeat[0]])].as_py() for k in keys}

@@ -4,7 +4,7 @@ Ids, and what each is stable across:
 
 - ``passage_id`` (string, ``{key}.p{w:03d}``) names window ``w`` of the article whose title has the
   document key ``key`` (16 hex digits of BLAKE2b-64 of the UTF-8 title,
-  :func:`tasks.corpus.segment.document_key`). **Stable across builds and nights** for as long as the
+  :func:`document_key`). **Stable across builds and nights** for as long as the
   article keeps its title and is cut with the same ``segment`` settings (``passage_words``): it does
   not depend on the cluster, the unit, the document's rank or any other article. An edited article
   keeps the ids of its windows (their texts may change: reuse keyed on a passage must also check
@@ -12,11 +12,25 @@ Ids, and what each is stable across:
 - ``unit_id`` (string, ``{key}.u{w:03d}``) names a unit by its first passage's article and window:
   stable while Algorithm 1 and the packing start a unit at that window (a unit keeps its id when
   its cluster's members before it are unchanged).
-- ``doc_id`` (int32) is the rank of the article in sorted titles (0..n-1): the same for the same
-  input, **not** stable across inputs (an added title shifts every later one). Join across
-  versions on ``title`` or on the passage and unit ids, never on ``doc_id``.
-- ``cluster_id`` (int32) is the cluster's rank in Algorithm 1's output: the same for the same
-  input and config, not stable across inputs.
+- ``doc_id`` (int64) names the article from its page: the dump's ``page_id`` for MediaWiki
+  sources (``ingest.format: mediawiki``), :func:`title_doc_id` (BLAKE2b-64 of the normalised
+  title, masked to 63 bits) for sources without page ids (``wikispeedia``, ``jsonl``). **Stable
+  across builds and nights** for as long as the page exists (MediaWiki: a renamed page keeps its
+  id) or keeps its title (the other sources); an added or removed article changes no other
+  article's id. Distinct within a version (ingest fails naming the two titles otherwise).
+  ``links.parquet``, ``cluster_members``, ``graph_metrics``, ``passages`` and
+  ``window_tokens`` carry the same ids.
+- ``cluster_id`` (int64) is the ``doc_id`` of the cluster's first member (its anchor, Algorithm
+  1's seed; :func:`_cluster_id_is_anchor`), unique since every article is in one cluster. Stable
+  for as long as the anchor's ``doc_id`` is and Algorithm 1 seeds a cluster at it: a cluster
+  Algorithm 1 regroups may change its id or its members under the same id (compare members, as
+  :func:`tasks.corpus.survival.id_survival` does, before reusing anything keyed on a cluster).
+
+Dense row numbers are private to a build: the rows of ``documents.parquet`` (sorted titles) are the
+nodes of the hyperlink graph and the order Algorithm 1 breaks ties by; ``clusters.parquet`` and
+``cluster_members.parquet`` are in Algorithm 1's order (clusters in the order they were formed,
+members by ``position``); ``graph_metrics`` and ``window_tokens`` are in the documents' row order.
+Readers map ids to rows with :func:`rows_of`, never use an id as an index.
 
 The passages cut at query time ("later chunking") carry the same ids as the passage table built
 offline. Ids do not sort in file order: ``passages.parquet`` and ``document_units.parquet`` are in
@@ -25,6 +39,7 @@ offline. Ids do not sort in file order: ``passages.parquet`` and ``document_unit
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -39,7 +54,7 @@ DOCUMENTS = Contract(
     name="documents",
     filename="documents.parquet",
     schema=pa.schema([
-        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("doc_id", pa.int64(), nullable=False),
         pa.field("title", pa.string(), nullable=False),      # normalised Wikipedia title
         pa.field("text", pa.string(), nullable=False),       # plain text, UTF-8
         pa.field("page_id", pa.int64(), nullable=True),      # dump page id; null for formats without one
@@ -68,8 +83,8 @@ LINKS = Contract(
     name="links",
     filename="links.parquet",
     schema=pa.schema([
-        pa.field("src_doc_id", pa.int32(), nullable=False),
-        pa.field("dst_doc_id", pa.int32(), nullable=False),
+        pa.field("src_doc_id", pa.int64(), nullable=False),
+        pa.field("dst_doc_id", pa.int64(), nullable=False),
     ]),
     unique=("src_doc_id", "dst_doc_id"),
 )
@@ -113,6 +128,76 @@ def _positions_dense_per_cluster(table: pa.Table):
     return ("position", order[bad[:5]].tolist(), "positions of a cluster are not 0..n_members-1") if bad.size else None
 
 
+def document_key(title: str) -> str:
+    """The document part of unit and passage ids: 16 hex digits of BLAKE2b-64 of the UTF-8 title.
+
+    The same on every machine and Python (no ``PYTHONHASHSEED``), and stable across builds for as
+    long as the article keeps its title. Two titles with the same key would give two passages one
+    id, which the ``passages`` contract rejects (unique ``passage_id``): at 6M titles the chance is ~1e-6.
+    """
+    return hashlib.blake2b(title.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def title_doc_id(title: str) -> int:
+    """The ``doc_id`` of an article from a source without page ids: :func:`document_key` of its
+    normalised title read as an integer and masked to 63 bits (a non-negative int64)."""
+    return int(document_key(title), 16) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def rows_of(ids: np.ndarray, wanted: np.ndarray, what: str) -> np.ndarray:
+    """The row of each of ``wanted`` in ``ids``: ids → the dense row order private to a build.
+
+    Parameters
+    ----------
+    ids : ``(n,)`` int
+        Distinct ids in table order (``documents.doc_id`` in title order, ``clusters.cluster_id``
+        in Algorithm 1's order).
+    wanted : ``(m,)`` int
+        Ids to look up, any order, repeats allowed.
+    what : str
+        Names the table in errors (``"documents"``).
+
+    Returns
+    -------
+    ``(m,)`` int64 rows into ``ids``.
+
+    Raises
+    ------
+    ValueError
+        An id of ``wanted`` is not in ``ids`` (the message names the first such id).
+    """
+    ids = np.asarray(ids, np.int64)
+    wanted = np.asarray(wanted, np.int64)
+    ascending = ids.size < 2 or bool(np.all(ids[1:] > ids[:-1]))
+    order = None if ascending else np.argsort(ids, kind="stable")
+    ordered = ids if order is None else ids[order]
+    pos = np.searchsorted(ordered, wanted)
+    found = pos < ordered.size
+    found[found] = ordered[pos[found]] == wanted[found]
+    if not found.all():
+        raise ValueError(f"{what}: id {int(wanted[np.flatnonzero(~found)[0]])} is not in the table")
+    return pos if order is None else order[pos]
+
+
+def member_order(cluster_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Row order of ``cluster_members`` rows grouped by cluster, clusters in the order they first
+    appear (the file's order: Algorithm 1's), members by ``position``: ``(n,)`` int64 indices."""
+    cids = np.asarray(cluster_ids, np.int64)
+    if not cids.size:
+        return np.zeros(0, np.int64)
+    _, first, inverse = np.unique(cids, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return np.lexsort((np.asarray(positions), rank[inverse.ravel()]))
+
+
+def _cluster_id_is_anchor(table: pa.Table):
+    """cluster_members: a cluster's id is the ``doc_id`` of its first member (position 0, its anchor)."""
+    first = pc.equal(table.column("position"), 0)
+    bad = pc.indices_nonzero(pc.and_(first, pc.not_equal(table.column("cluster_id"), table.column("doc_id")))).to_pylist()
+    return ("cluster_id", bad[:5], "cluster_id is not the doc_id of the cluster's first member") if bad else None
+
+
 PASSAGE_ID_PATTERN = r"^[0-9a-f]{16}\.p[0-9]{3,}$"
 UNIT_ID_PATTERN = r"^[0-9a-f]{16}\.u[0-9]{3,}$"
 """Content ids (:func:`tasks.corpus.segment.passage_id`, :func:`tasks.corpus.segment.unit_id`): the
@@ -141,7 +226,7 @@ GRAPH_METRICS = Contract(
     name="graph_metrics",
     filename="graph_metrics.parquet",
     schema=pa.schema([
-        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("doc_id", pa.int64(), nullable=False),
         pa.field("degree", pa.int32(), nullable=False),              # undirected degree
         pa.field("triangles", pa.int64(), nullable=False),
         pa.field("clustering_coefficient", pa.float64(), nullable=False),  # local, undirected (= networkx.clustering)
@@ -156,7 +241,7 @@ CLUSTERS = Contract(
     name="clusters",
     filename="clusters.parquet",
     schema=pa.schema([
-        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("cluster_id", pa.int64(), nullable=False),
         pa.field("n_members", pa.int32(), nullable=False),
         pa.field("n_tokens", pa.int32(), nullable=False),
         pa.field("title", pa.string(), nullable=False),              # title of the first member
@@ -168,12 +253,12 @@ CLUSTER_MEMBERS = Contract(
     name="cluster_members",
     filename="cluster_members.parquet",
     schema=pa.schema([
-        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("cluster_id", pa.int64(), nullable=False),
         pa.field("position", pa.int32(), nullable=False),            # order of the member inside the cluster text
-        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("doc_id", pa.int64(), nullable=False),
     ]),
     unique=("doc_id",),
-    checks=(_positions_dense_per_cluster,),
+    checks=(_positions_dense_per_cluster, _cluster_id_is_anchor),
 )
 
 DOCUMENT_UNITS = Contract(
@@ -181,7 +266,7 @@ DOCUMENT_UNITS = Contract(
     filename="document_units.parquet",
     schema=pa.schema([
         pa.field("unit_id", pa.string(), nullable=False),
-        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("cluster_id", pa.int64(), nullable=False),
         pa.field("position", pa.int32(), nullable=False),
         pa.field("n_tokens", pa.int32(), nullable=False),
         pa.field("n_passages", pa.int32(), nullable=False),
@@ -197,8 +282,8 @@ PASSAGES = Contract(
     schema=pa.schema([
         pa.field("passage_id", pa.string(), nullable=False),
         pa.field("unit_id", pa.string(), nullable=False),
-        pa.field("cluster_id", pa.int32(), nullable=False),
-        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("cluster_id", pa.int64(), nullable=False),
+        pa.field("doc_id", pa.int64(), nullable=False),
         pa.field("title", pa.string(), nullable=False),
         pa.field("text", pa.string(), nullable=False),
         pa.field("n_words", pa.int32(), nullable=False),
@@ -218,7 +303,7 @@ WINDOW_TOKENS = Contract(
     name="window_tokens",
     filename="window_tokens.parquet",
     schema=pa.schema([
-        pa.field("doc_id", pa.int32(), nullable=False),
+        pa.field("doc_id", pa.int64(), nullable=False),
         pa.field("n_tokens", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
         pa.field("tokenizer", pa.string(), nullable=False),
     ]),

@@ -37,7 +37,7 @@ PASSAGE_EMBEDDINGS = Contract(
     schema=pa.schema([
         pa.field("passage_id", pa.string(), nullable=False),
         pa.field("unit_id", pa.string(), nullable=False),
-        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("cluster_id", pa.int64(), nullable=False),
         pa.field("embedding", pa.list_(pa.field("item", pa.float32(), nullable=False)), nullable=False),
     ]),
     unique=("passage_id",),

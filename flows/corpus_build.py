@@ -569,6 +569,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     if "survival" in summary:
         sv = summary["survival"]
         lines += ["", "| of the previous version | kept |", "|---|---:|",
+                  f"| doc ids ({sv['documents_before']:,}) | {sv['documents_kept_ids']:.2%} |",
+                  f"| cluster ids ({sv['clusters_before']:,}) | {sv['clusters_kept_ids']:.2%} |",
                   f"| passage ids ({sv['passages_before']:,}) | {sv['passages_kept_ids']:.2%} |",
                   f"| unit ids ({sv['units_before']:,}) | {sv['units_kept_ids']:.2%} |",
                   f"| units unchanged (id, passages, tokens) | {sv['units_unchanged']:.2%} |",
@@ -731,8 +733,12 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCac
             summary["clustering"]["base"] = base.name if base is not None else None
             log_metrics({k: v for k, v in summary["clustering"].items() if k != "base"})
         if previous is not None and not unchanged:   # what of the current version survives into this one
-            summary["survival"] = id_survival(corpus_store(ws, config.name).versions_dir / previous, version_dir)
-            log_metrics({k: v for k, v in summary["survival"].items() if not k.endswith("_before")})
+            try:
+                summary["survival"] = id_survival(corpus_store(ws, config.name).versions_dir / previous, version_dir)
+            except ValueError as exc:   # a version of an earlier layout (positional cluster ids): nothing to compare
+                logger.warning("no id survival against version %s: %s", previous, exc)
+            else:
+                log_metrics({k: v for k, v in summary["survival"].items() if not k.endswith("_before")})
         if decision is not None:
             summary["gate"] = decision.as_dict()
             log_metrics({"gate_answer_recall": decision.candidate.answer_recall,

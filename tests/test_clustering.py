@@ -147,16 +147,20 @@ def test_contract_tables_round_trip(tmp_path):
     graph, res = run(edges, 7, tokens, 250)
     metrics = graph_metrics(graph)
     titles = [f"Article {i}" for i in range(7)]
-    gm = graph_metrics_table(metrics, tokens, res)
-    cl = clusters_table(res, titles)
-    cm = cluster_members_table(res)
+    ids = np.array([7_000_000_000 - 13 * i for i in range(7)], np.int64)   # published ids: neither rows nor sorted
+    gm = graph_metrics_table(metrics, tokens, res, ids)
+    cl = clusters_table(res, titles, ids)
+    cm = cluster_members_table(res, ids)
+    assert gm.column("doc_id").to_pylist() == ids.tolist()   # rows in the documents' order
+    assert cl.column("cluster_id").to_pylist() == [int(ids[res.members_of(c)[0]]) for c in range(res.n_clusters)]
     assert gm.column("order").to_pylist() == res.rank.tolist()
     assert gm.column("clustering_coefficient").to_pylist()[:4] == [1.0, 1.0, 1 / 3, 0.0]
     assert cl.column("n_members").to_pylist() == res.n_members().tolist()
     assert cl.column("title").to_pylist() == [titles[res.members_of(c)[0]] for c in range(res.n_clusters)]
     assert cm.num_rows == 7
     rows = list(zip(*(cm.column(k).to_pylist() for k in ("cluster_id", "position", "doc_id"))))
-    assert rows == [(c, p, d) for c in range(res.n_clusters) for p, d in enumerate(res.members_of(c).tolist())]
+    assert rows == [(int(ids[res.members_of(c)[0]]), p, int(ids[d])) for c in range(res.n_clusters)
+                    for p, d in enumerate(res.members_of(c).tolist())]   # a cluster's id: its anchor's doc_id
     for contract, table in ((GRAPH_METRICS, gm), (CLUSTERS, cl), (CLUSTER_MEMBERS, cm)):
         contract.write(table, tmp_path)
         assert contract.read(tmp_path).equals(table)

@@ -20,7 +20,7 @@ def test_valid_table_round_trips(tmp_path):
     assert path.name == "documents.parquet"
     back = DOCUMENTS.read(tmp_path)
     assert back.column("title").to_pylist() == ["A", "B"]
-    assert back.schema.field("doc_id").type == pa.int32()
+    assert back.schema.field("doc_id").type == pa.int64()
 
 
 def test_null_in_non_nullable_field_names_column_and_row():
@@ -232,10 +232,13 @@ def test_free_text_must_name_a_column_outside_the_key():
 
 # ------------------------------------------------------------------ keys and checks without a Python object a row
 def test_integer_keys_unsorted_or_paired_are_checked_exactly():
-    assert CLUSTER_MEMBERS.validate(pa.table({"cluster_id": [1, 0, 2], "position": [0, 0, 0], "doc_id": [9, 3, 4]}))
+    assert CLUSTER_MEMBERS.validate(pa.table({"cluster_id": [9, 3, 3], "position": [0, 0, 1], "doc_id": [9, 3, 4]}))
     with pytest.raises(ContractViolation, match="2 duplicate key") as err:
-        CLUSTER_MEMBERS.validate(pa.table({"cluster_id": [0, 1, 2], "position": [0, 0, 0], "doc_id": [7, 7, 7]}))
+        CLUSTER_MEMBERS.validate(pa.table({"cluster_id": [7, 7, 7], "position": [0, 1, 2], "doc_id": [7, 7, 7]}))
     assert err.value.rows == [0, 1, 2]
+    with pytest.raises(ContractViolation, match="cluster_id is not the doc_id of the cluster's first member") as err:
+        CLUSTER_MEMBERS.validate(pa.table({"cluster_id": [0, 1], "position": [0, 0], "doc_id": [3, 1]}))
+    assert err.value.rows == [0]
     assert LINKS.validate(pa.table({"src_doc_id": [1, 0, 0], "dst_doc_id": [0, 1, -1]}))
     with pytest.raises(ContractViolation, match="1 duplicate key") as err:
         LINKS.validate(pa.table({"src_doc_id": [3, 0, 3], "dst_doc_id": [1, 2, 1]}))

@@ -141,10 +141,10 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
 FIGURES = {
     "wikispeedia": {"config": "corpus_wikispeedia.yaml", "docs_per_shard": 1_000, "tokens_per_shard": 2_000_000, "documents": 4_598, "links": 119_879, "clusters": 1_573,
                     "document_units": 23_397, "passages": 146_402, "max_cluster_tokens": 25_793,
-                    "content_digest": "d8d840eec150731c9e0ee07e25ecbcfb42bce208ad16c5804a0fbcb2a647d446"},
+                    "content_digest": "7e2efd3b4f2b4107186cecf47d0ec05f468c19be3e0d54f4a24a2e083615b638"},
     "enwiki-sample": {"config": "corpus_enwiki_sample.yaml", "docs_per_shard": 25, "tokens_per_shard": 100_000, "documents": 98, "links": 93, "clusters": 98,
                       "document_units": 757, "passages": 4_568, "max_cluster_tokens": 21_999,
-                      "content_digest": "86e9a83f448ea3a84271b7febc6f7f756eab270f583be3626cc248821c97093c"},
+                      "content_digest": "56f60bb2fff39994b1a32392906e8c4bd5fc42beb3a25941cfecf738b23ce57a"},
 }
 
 

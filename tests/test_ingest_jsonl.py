@@ -129,3 +129,37 @@ def test_unknown_format_and_missing_input_are_rejected(tmp_path):
         IngestConfig(format="csv")
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         ingest([tmp_path / "nope.jsonl"], tmp_path / "out", JSONL)
+
+
+def test_an_article_added_before_the_others_changes_no_other_doc_id_or_untouched_cluster_id(real, tmp_path):
+    """Build ids from content: an article whose title sorts before every other (it shifts every
+    title rank and every row) leaves each other article's ``doc_id`` and every cluster it does not
+    join with the same ``cluster_id`` and members; Algorithm 1 still runs on the rows in title
+    order (same clusters, in the same order, as without the new article)."""
+    from data_contracts.corpus import CLUSTER_MEMBERS, CLUSTERS, title_doc_id
+    from tasks.corpus import stages as S
+    from tasks.corpus.clustering import ClusteringConfig
+    from tasks.corpus.segment import SegmentConfig
+
+    records, _ = real
+    first = {"title": "!! " + records[0]["title"], "text": "an article added tonight that links nowhere", "links": []}
+    built = {}
+    for name, recs in (("night1", records), ("night2", [first, *records])):
+        out = tmp_path / name
+        S.run_ingest([_write(tmp_path / f"{name}.jsonl", [_dump(r) for r in recs])], out / "ingest", JSONL)
+        S.run_tokens(out / "ingest", out / "tokens", SegmentConfig(tokenizer="whitespace"), None)
+        S.run_cluster(out / "ingest", out / "tokens", out / "cluster", ClusteringConfig(max_tokens=2_000, tokenizer="whitespace"))
+        docs = DOCUMENTS.read(out / "ingest")
+        members = CLUSTER_MEMBERS.read(out / "cluster")
+        clusters: dict[int, list[int]] = {}
+        for cid, did in zip(members["cluster_id"].to_pylist(), members["doc_id"].to_pylist()):
+            clusters.setdefault(cid, []).append(did)
+        built[name] = (dict(zip(docs["title"].to_pylist(), docs["doc_id"].to_pylist())), clusters,
+                       CLUSTERS.read(out / "cluster")["cluster_id"].to_pylist())
+    (ids1, clusters1, order1), (ids2, clusters2, order2) = built["night1"], built["night2"]
+    assert list(ids2)[0] == first["title"] and ids2.pop(first["title"]) == title_doc_id(first["title"])
+    assert ids2 == ids1                                     # every other article keeps its doc_id
+    new = title_doc_id(first["title"])
+    assert clusters2.pop(new) == [new]                      # the new article is a cluster of its own, named by it
+    assert clusters2 == clusters1 and len(clusters1) > 10   # every other cluster: same id, same members
+    assert [c for c in order2 if c != new] == order1        # and Algorithm 1's order is unchanged

@@ -67,11 +67,11 @@ def test_every_page_of_the_sample_is_accounted_for(sample):
     assert summary.uncompressed_bytes == 6_089_746
 
 
-def test_documents_are_dense_sorted_and_clean(sample):
+def test_documents_are_sorted_by_title_with_page_ids_as_doc_ids_and_clean(sample):
     summary, out = sample
     docs = DOCUMENTS.read(out)
     titles = docs["title"].to_pylist()
-    assert docs["doc_id"].to_pylist() == list(range(docs.num_rows)) == list(range(summary.documents))
+    assert docs["doc_id"].to_pylist() == docs["page_id"].to_pylist() and docs.num_rows == summary.documents
     assert titles == sorted(titles)
     kept = INGEST_REPORT.read(out).filter(pc.equal(pc.field("status"), "kept"))
     assert sorted(kept["title"].to_pylist()) == titles
@@ -96,9 +96,9 @@ def test_redirects_and_links_are_consistent(sample):
     assert any(r["status"] == "resolved" for r in redirects) and any(r["status"] == "dangling" for r in redirects)
     links = LINKS.read(out)
     assert links.num_rows == summary.links > 0
-    pairs = list(zip(links["src_doc_id"].to_pylist(), links["dst_doc_id"].to_pylist()))
+    row = {d: i for i, d in enumerate(docs["doc_id"].to_pylist())}   # links in the documents' row order
+    pairs = [(row[a], row[b]) for a, b in zip(links["src_doc_id"].to_pylist(), links["dst_doc_id"].to_pylist())]
     assert pairs == sorted(set(pairs))
-    assert all(0 <= a < docs.num_rows and 0 <= b < docs.num_rows for a, b in pairs)
     counts = summary.link_counts
     assert counts.accounted() == counts.seen
     assert counts.unresolved > counts.kept          # the sample's link graph is very sparse

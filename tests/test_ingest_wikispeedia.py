@@ -10,7 +10,7 @@ from urllib.parse import unquote
 import pytest
 
 from data_contracts.base import sha256_file
-from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
+from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS, title_doc_id
 from funnelrag.datasets import resolve
 from tasks.sources.ingest import IngestConfig, IngestError, ingest
 from tasks.sources.ingest.wikispeedia import strip_header_footer
@@ -52,13 +52,14 @@ def test_full_wikispeedia_has_every_article_and_link(full, graph_tsv):
     docs = DOCUMENTS.read(out)
     titles = docs["title"].to_pylist()
     assert summary.documents == docs.num_rows == 4_598
-    assert sorted(_title(r[0]) for r in graph_tsv["articles"]) == titles       # same titles, id = sorted rank
-    assert docs["doc_id"].to_pylist() == list(range(4_598))
-    ids = {t: i for i, t in enumerate(titles)}
-    expected = sorted({(ids[_title(a)], ids[_title(b)]) for a, b in graph_tsv["links"]})
+    assert sorted(_title(r[0]) for r in graph_tsv["articles"]) == titles       # same titles, in title order
+    assert docs["doc_id"].to_pylist() == [title_doc_id(t) for t in titles]       # no page ids: the title's hash
+    rank = {t: i for i, t in enumerate(titles)}
+    expected = sorted({(rank[_title(a)], rank[_title(b)]) for a, b in graph_tsv["links"]})
     links = LINKS.read(out)
     assert summary.links == links.num_rows == len(graph_tsv["links"]) == 119_879
-    assert list(zip(links["src_doc_id"].to_pylist(), links["dst_doc_id"].to_pylist())) == expected
+    ids = docs["doc_id"].to_pylist()   # links in the documents' row order, with their ids
+    assert list(zip(links["src_doc_id"].to_pylist(), links["dst_doc_id"].to_pylist())) == [(ids[a], ids[b]) for a, b in expected]
     c = summary.link_counts
     assert c.seen == c.kept == 119_879 and c.accounted() == c.seen
     assert c.self_kept == sum(a == b for a, b in graph_tsv["links"]) > 0

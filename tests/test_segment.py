@@ -107,11 +107,14 @@ def test_segment_cluster_rejects_wrong_tokenizer_and_counts():
         SegmentConfig(passage_words=0)
 
 
+ROW_ORDER = (3, 1, 0, 2, 4)   # the documents table's rows: ids that do not follow the rows, on purpose
+
+
 def _tiny_corpus():
     texts = [words(230, "a"), "", words(40, "c"), words(150, "d"), words(5, "e")]
-    documents = pa.table({"doc_id": pa.array([3, 1, 0, 2, 4], pa.int32()),  # unsorted on purpose
-                          "title": [f"T{i}" for i in (3, 1, 0, 2, 4)],
-                          "text": [texts[i] for i in (3, 1, 0, 2, 4)]})
+    documents = pa.table({"doc_id": pa.array(ROW_ORDER, pa.int64()),
+                          "title": [f"T{i}" for i in ROW_ORDER],
+                          "text": [texts[i] for i in ROW_ORDER]})
     members = pa.table({"cluster_id": pa.array([1, 0, 0, 1, 2], pa.int32()),
                         "position": pa.array([1, 0, 1, 0, 0], pa.int32()),
                         "doc_id": pa.array([4, 2, 0, 3, 1], pa.int32())})
@@ -124,10 +127,11 @@ def test_segment_corpus_tables_and_precomputed_counts(tmp_path):
     wt = count_window_tokens(texts, cfg, WS, batch_windows=2)
     assert wt.article_tokens().tolist() == [230, 0, 40, 150, 5]
     assert wt.n_windows().tolist() == [3, 0, 1, 2, 1]
-    from_table = count_window_tokens(documents, cfg, WS)  # unsorted table -> by doc id
-    assert np.array_equal(from_table.n_tokens, wt.n_tokens) and np.array_equal(from_table.indptr, wt.indptr)
+    from_table = count_window_tokens(documents, cfg, WS)  # in the table's row order, whatever its ids
+    by_row = count_window_tokens([texts[i] for i in ROW_ORDER], cfg, WS)
+    assert np.array_equal(from_table.n_tokens, by_row.n_tokens) and np.array_equal(from_table.indptr, by_row.indptr)
     out = segment_corpus(documents, members, cfg, WS)
-    again = segment_corpus(documents, members, cfg, WS, window_tokens=wt)
+    again = segment_corpus(documents, members, cfg, WS, window_tokens=from_table)
     assert out.units.equals(again.units) and out.passages.equals(again.passages)
     assert out.n_articles_without_passages == 1
     # cluster 0 = [doc 2 (40 words), doc 0 (230)]: windows 40 | 100 100 30; limit 120:
@@ -160,8 +164,8 @@ def test_segment_corpus_rejects_inconsistent_inputs():
     dup = pa.concat_tables([members, members.slice(0, 1)])
     with pytest.raises(ValueError, match="document 4 is in 2 clusters"):
         segment_corpus(documents, dup, cfg, WS)
-    with pytest.raises(ValueError, match="not dense"):
-        segment_corpus(documents.slice(1), members, cfg, WS)
+    with pytest.raises(ValueError, match="a member is not a document .documents: id 3 is not in the table"):
+        segment_corpus(documents.slice(1), members, cfg, WS)   # row 0 holds doc_id 3
     bad = count_window_tokens(texts[:4], cfg, WS)
     with pytest.raises(ValueError, match="over 4 documents"):
         segment_corpus(documents, members, cfg, WS, window_tokens=bad)

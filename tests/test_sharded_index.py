@@ -31,7 +31,7 @@ from tasks.corpus.sharded.sharded_index import (
     save_stats,
     shard_stats,
 )
-from tasks.corpus.sharded.shards import read_cluster_ranges, run_here
+from tasks.corpus.sharded.shards import passage_row_ranges, read_cluster_ranges, run_here
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,8 @@ def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatc
                                    tmp_path / "work")
     assert len(calls) == summary["passage_shards"] == len(ranges) > 2 and sum(calls) == summary["passage_index_docs"]
     monkeypatch.setattr(TM, "tokenize_ids", real)
-    parts = [read_passage_range(segmented / "segment", lo, hi) for lo, hi in ranges]
+    rows = passage_row_ranges(segmented / "segment", segmented / "cluster", budget)   # the ranges' passage rows
+    parts = [read_passage_range(segmented / "segment", lo, hi) for lo, hi in rows]
     stats = merge_stats([shard_stats(texts, cfg) for texts, _ in parts])
     for k, (texts, ids) in enumerate(parts):
         twice = build_shard(texts, ids, cfg, stats).save(tmp_path / f"twice-{k}")
@@ -190,7 +191,7 @@ def test_built_passage_shards_equal_one_index_and_are_reused(segmented, question
 def test_passages_outside_every_cluster_range_are_an_error(segmented, tmp_path):
     """A ``clusters.parquet`` that lacks a cluster of ``passages.parquet`` would drop its passages
     from the index: the build names both files instead."""
-    table = CLUSTERS.read(segmented / "cluster").sort_by("cluster_id")
+    table = CLUSTERS.read(segmented / "cluster")   # Algorithm 1's order: the last cluster is dropped
     CLUSTERS.write(table.slice(0, table.num_rows - 1), tmp_path / "cluster")
     with pytest.raises(ValueError, match="passages.parquet: .* passages, but the cluster ranges of .* hold"):
         build_passage_shards(segmented / "segment", tmp_path / "cluster", tmp_path / "out", BM25Config(),

@@ -59,7 +59,7 @@ def test_sharded_tokens_are_byte_identical(ingested, data_mirror, tmp_path, docs
     assert many["shards"] == -(-one["documents"] // docs_per_shard)
     assert (many["documents"], many["windows"], many["tokens"]) == (one["documents"], one["windows"], one["tokens"])
     assert sha256_file(tmp_path / "one" / "window_tokens.parquet") == sha256_file(tmp_path / "many" / "window_tokens.parquet")
-    texts = pq.read_table(ingested / "documents.parquet", columns=["doc_id", "text"]).sort_by("doc_id").column("text")
+    texts = pq.read_table(ingested / "documents.parquet", columns=["text"]).column("text")   # keys by row
     assert np.array_equal(read_text_keys(tmp_path / "many", np.arange(len(texts))), arrow_text_keys(texts))
     assert np.array_equal(read_text_keys(tmp_path / "many", np.array([5, 0])), arrow_text_keys(texts.take([5, 0])))
     assert read_text_keys(tmp_path / "one", np.array([0])) is None   # the one-process stage keeps none
@@ -86,11 +86,11 @@ def test_token_shards_with_unchanged_texts_are_reused(ingested, data_mirror, tmp
 
 
 def _edited(ingested, out, edits):
-    """A copy of ``ingested``'s documents with the texts of ``edits`` (doc id -> text) replaced."""
+    """A copy of ``ingested``'s documents with the texts of ``edits`` (row -> text) replaced."""
     docs = pq.read_table(ingested / "documents.parquet")
     texts = docs.column("text").to_pylist()
-    for doc_id, text in edits.items():
-        texts[doc_id] = text
+    for row, text in edits.items():
+        texts[row] = text
     out.mkdir(parents=True)
     pq.write_table(docs.set_column(docs.schema.get_field_index("text"), "text", pa.array(texts, pa.string())),
                    out / "documents.parquet", row_group_size=16)
@@ -203,23 +203,28 @@ def clustered(ingested, data_mirror, tmp_path_factory):
 def test_partition_gives_each_shard_exactly_its_documents(ingested, clustered, tmp_path):
     """One pass over documents.parquet (doc ranges of 9, through a process pool) puts every member
     document in its shard's directory, with the rows a by-id read of documents.parquet gives."""
+    from data_contracts.corpus import rows_of
+    from tasks.corpus.sharded.shards import DOC_COLUMNS, ROW, member_cluster_ranks
+
     cluster_dir = clustered / "cluster"
     members = pq.read_table(cluster_dir / "cluster_members.parquet")
-    cids, dids = members.column("cluster_id").to_numpy(), members.column("doc_id").to_numpy()
-    ranges = read_cluster_ranges(cluster_dir, 60_000, cids)
+    ranks, dids = member_cluster_ranks(members.column("cluster_id").to_numpy()), members.column("doc_id").to_numpy()
+    ids = pq.read_table(ingested / "documents.parquet", columns=["doc_id"]).column("doc_id").to_numpy()
+    rows = rows_of(ids, dids, "documents")   # the members' rows of documents.parquet
+    ranges = read_cluster_ranges(cluster_dir, 60_000, members.column("cluster_id").to_numpy())
     with ProcessPoolExecutor(2) as pool:
-        dirs = partition_documents(ingested, ranges, cids, dids, tmp_path / "parts", pool.submit, 9, window=3)
+        dirs = partition_documents(ingested, ranges, ranks, rows, tmp_path / "parts", pool.submit, 9, window=3)
     assert len(dirs) == len(ranges) > 3
     seen = []
     for (lo, hi), d in zip(ranges, dirs):
-        wanted = sorted(dids[(cids >= lo) & (cids < hi)].tolist())
-        mine = read_shard_documents(str(ingested), str(d), wanted)
-        assert mine.column("doc_id").to_pylist() == wanted
-        assert mine.equals(read_shard_documents(str(ingested), None, wanted))
-        seen += wanted
+        mask = (ranks >= lo) & (ranks < hi)
+        mine = read_shard_documents(str(ingested), str(d), dids[mask])
+        assert mine.column(ROW).to_pylist() == sorted(rows[mask].tolist())   # in the file's row order
+        assert mine.select(DOC_COLUMNS).equals(read_shard_documents(str(ingested), None, dids[mask]))
+        seen += mine.column("doc_id").to_pylist()
     assert sorted(seen) == sorted(dids.tolist())
     with pytest.raises(ValueError, match="outside the shards' cluster ranges"):
-        partition_documents(ingested, ranges[1:], cids, dids, tmp_path / "bad", run_here, 9)
+        partition_documents(ingested, ranges[1:], ranks, rows, tmp_path / "bad", run_here, 9)
 
 
 @pytest.mark.slow  # enwiki-sample T5 tokens + clustering (module fixture)
@@ -262,7 +267,7 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
     for name, src in (("base", ingested), ("edited", edited)):
         S.run_tokens(src, tmp_path / name / "tokens", cfg, data_mirror)
         if kept_keys:   # as run_tokens_sharded keeps them
-            texts = pq.read_table(src / "documents.parquet", columns=["doc_id", "text"]).sort_by("doc_id").column("text")
+            texts = pq.read_table(src / "documents.parquet", columns=["text"]).column("text")   # by row
             np.save(tmp_path / name / "tokens" / TEXT_KEYS_FILE, arrow_text_keys(texts))
         S.run_cluster(src, tmp_path / name / "tokens", tmp_path / name / "cluster", ClusteringConfig(max_tokens=8192, tokenizer="whitespace"))
         built[name] = (src, tmp_path / name / "tokens", tmp_path / name / "cluster")
@@ -275,7 +280,8 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
     S.run_segment(*built["edited"], tmp_path / "s-one", cfg, data_mirror)
     assert base["clusters_reused"] == 0 and fresh["clusters_reused"] == 0
     members = pq.read_table(tmp_path / "edited" / "cluster" / "cluster_members.parquet")
-    touched = len(set(members.filter(pc.is_in(members.column("doc_id"), pa.array(sorted(edits)))).column("cluster_id")
+    edited_ids = pq.read_table(ingested / "documents.parquet", columns=["doc_id"]).column("doc_id").take(sorted(edits))
+    touched = len(set(members.filter(pc.is_in(members.column("doc_id"), edited_ids.combine_chunks())).column("cluster_id")
                       .to_pylist()))
     assert tonight["shards_built"] == tonight["shards"] > 1
     assert tonight["clusters"] / 2 < tonight["clusters_reused"] <= tonight["clusters"] - touched
@@ -285,6 +291,31 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
     for name in ("document_units.parquet", "passages.parquet"):
         digest = sha256_file(tmp_path / "s-one" / name)
         assert sha256_file(tmp_path / "s-tonight" / name) == sha256_file(tmp_path / "s-fresh" / name) == digest
+
+
+def test_a_segmentation_memo_of_the_positional_id_layout_is_never_read_and_retention_sweeps_it(ingested, data_mirror,
+                                                                                              tmp_path):
+    """The first build after doc and cluster ids came from the pages cuts every cluster (a memo
+    written before, under the earlier version, sits under another name); unused, retention removes it."""
+    import time
+
+    from funnelrag.content_store import settings_dir
+    from funnelrag.store import entry_marker, prune_cache
+
+    cfg = SegmentConfig(tokenizer="whitespace")
+    S.run_tokens(ingested, tmp_path / "tokens", cfg, data_mirror)
+    S.run_cluster(ingested, tmp_path / "tokens", tmp_path / "cluster", ClusteringConfig(max_tokens=8192, tokenizer="whitespace"))
+    built = (ingested, tmp_path / "tokens", tmp_path / "cluster")
+    run_segment_sharded(*built, tmp_path / "s1", cfg, data_mirror, run_here, 40_000, cache_dir=tmp_path / "cache")
+    home = tmp_path / "home"
+    old = settings_dir(home, "segment-memo", str(int(SM.SEGMENT_MEMO_VERSION) - 1), cfg)
+    shutil.copytree(SM.memo_dir(tmp_path / "cache", cfg), old)   # the same clusters, under the earlier version
+    again = run_segment_sharded(*built, tmp_path / "s2", cfg, data_mirror, run_here, 40_000, cache_dir=home)
+    assert again["clusters"] > 10 and again["clusters_reused"] == 0 and SM.memo_dir(home, cfg).is_dir()
+    week_ago = time.time() - 7 * 86400
+    os.utime(entry_marker(old), (week_ago, week_ago))   # no build used it since the upgrade
+    assert old.relative_to(home).as_posix() in prune_cache(home, 3 * 86400).removed
+    assert not old.exists() and SM.memo_dir(home, cfg).is_dir()
 
 
 @pytest.mark.parametrize("statistics", [True, False])

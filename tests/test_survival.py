@@ -1,6 +1,7 @@
 """What of one corpus version survives into the next (tasks.corpus.survival): two versions cut by
 the real segmentation from hand-made documents and clusters; an article added before the others
-shifts every doc_id and Algorithm 1's cluster ids, but not the passage ids of unchanged articles."""
+shifts every title rank and Algorithm 1's cluster order, but no doc_id, cluster_id of an unchanged
+anchor, or passage id of an unchanged article."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -15,19 +16,23 @@ CFG = SegmentConfig(passage_words=5, unit_max_tokens=12, tokenizer="whitespace")
 
 
 def _version(root, name: str, articles: dict[str, str], clusters: list[list[str]]):
-    """A version directory with documents (doc_id = rank of the title), cluster_members, units, passages."""
+    """A version directory with documents (title order, doc_id from the title as for a source without
+    page ids), clusters and cluster_members (cluster_id = the first member's doc_id), units, passages."""
     titles = sorted(articles)
-    docs = pa.table({"doc_id": pa.array(range(len(titles)), pa.int32()), "title": titles,
+    doc_id = {t: C.title_doc_id(t) for t in titles}
+    docs = pa.table({"doc_id": pa.array([doc_id[t] for t in titles], pa.int64()), "title": titles,
                      "text": [articles[t] for t in titles], "page_id": pa.array([None] * len(titles), pa.int64()),
                      "source": ["x"] * len(titles)})
-    rank = {t: i for i, t in enumerate(titles)}
-    members = pa.table({"cluster_id": pa.array([c for c, ts in enumerate(clusters) for _ in ts], pa.int32()),
+    members = pa.table({"cluster_id": pa.array([doc_id[ts[0]] for ts in clusters for _ in ts], pa.int64()),
                         "position": pa.array([p for ts in clusters for p in range(len(ts))], pa.int32()),
-                        "doc_id": pa.array([rank[t] for ts in clusters for t in ts], pa.int32())})
+                        "doc_id": pa.array([doc_id[t] for ts in clusters for t in ts], pa.int64())})
+    table = pa.table({"cluster_id": pa.array([doc_id[ts[0]] for ts in clusters], pa.int64()),
+                      "n_members": pa.array([len(ts) for ts in clusters], pa.int32()),
+                      "n_tokens": pa.array([1] * len(clusters), pa.int32()), "title": [ts[0] for ts in clusters]})
     seg = segment_corpus(docs, members, CFG, WhitespaceCounter())
     out = root / name
-    for contract, table in ((C.DOCUMENTS, docs), (C.CLUSTER_MEMBERS, members), (C.DOCUMENT_UNITS, seg.units),
-                            (C.PASSAGES, seg.passages)):
+    for contract, table in ((C.DOCUMENTS, docs), (C.CLUSTERS, table), (C.CLUSTER_MEMBERS, members),
+                            (C.DOCUMENT_UNITS, seg.units), (C.PASSAGES, seg.passages)):
         contract.write(table, out)
     return out, seg
 
@@ -44,8 +49,12 @@ def test_unchanged_articles_keep_their_ids_when_everything_positional_shifts(tmp
     rows = lambda seg: {(p["passage_id"], p["title"], p["text"]) for p in seg.passages.to_pylist()}  # noqa: E731
     unchanged = {r for r in rows(seg1) if r[1] in ("Beta", "Delta")}
     assert unchanged <= rows(seg2)   # other cluster, other position, other doc_id: same ids
-    assert {p["doc_id"] for p in seg2.passages.to_pylist() if p["title"] == "Beta"} == {1}   # was 0
+    beta = C.title_doc_id("Beta")
+    assert {p["doc_id"] for p in seg2.passages.to_pylist() if p["title"] == "Beta"} == {beta}   # rank 0, then 1: same id
     got = id_survival(before, after)
+    assert got["documents_before"] == 3 and got["documents_kept_ids"] == 1.0   # Alpha, ranked first, shifts no id
+    # [Beta, Delta] -> [Beta] keeps its anchor's id (other members); [Gamma] keeps its id
+    assert got["clusters_kept_ids"] == 1.0
     # 3 + 2 + 2 passages before; Gamma's 2 windows keep their ids (edited text, same windows)
     assert got["passages_before"] == 7 and got["passages_kept_ids"] == 1.0
     assert got["clusters_before"] == 2 and got["clusters_unchanged"] == pytest.approx(0.5)   # [Gamma] again
@@ -54,4 +63,5 @@ def test_unchanged_articles_keep_their_ids_when_everything_positional_shifts(tmp
     assert got["units_kept_ids"] == pytest.approx(sum(u["unit_id"] in kept_units for u in units1) / len(units1))
     assert got["units_unchanged"] <= got["units_kept_ids"]
     assert id_survival(after, after) == {**id_survival(after, after), "passages_kept_ids": 1.0, "units_kept_ids": 1.0,
-                                         "units_unchanged": 1.0, "clusters_unchanged": 1.0}
+                                         "units_unchanged": 1.0, "clusters_unchanged": 1.0, "documents_kept_ids": 1.0,
+                                         "clusters_kept_ids": 1.0}

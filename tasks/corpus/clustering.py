@@ -471,12 +471,24 @@ def check_clustering(graph: CSRGraph, clustering: Clustering, n_tokens: np.ndarr
 
 
 # ---------------------------------------------------------------------- contract tables
-def graph_metrics_table(metrics: GraphMetrics, n_tokens: np.ndarray, clustering: Clustering) -> pa.Table:
+def _published_ids(doc_ids: np.ndarray | None, n: int) -> np.ndarray:
+    """The published ``doc_id`` of each of the ``n`` document rows (``doc_ids``; ``None``: the rows)."""
+    if doc_ids is None:
+        return np.arange(n, dtype=np.int64)
+    doc_ids = np.asarray(doc_ids)
+    if doc_ids.shape != (n,):
+        raise ValueError(f"{doc_ids.shape[0]} doc ids for {n} documents")
+    return doc_ids
+
+
+def graph_metrics_table(metrics: GraphMetrics, n_tokens: np.ndarray, clustering: Clustering,
+                        doc_ids: np.ndarray | None = None) -> pa.Table:
     """The ``graph_metrics.parquet`` table (:data:`data_contracts.corpus.GRAPH_METRICS`), one row
-    per doc id ascending, with the Algorithm 1 processing rank in ``order``."""
+    per document in row order (``documents.parquet``'s), with the Algorithm 1 processing rank in
+    ``order``; ``doc_ids`` ``(n,)``: the documents' published ids (default: the rows)."""
     n = metrics.degree.size
     table = pa.table({
-        "doc_id": pa.array(np.arange(n, dtype=np.int32)),
+        "doc_id": pa.array(_published_ids(doc_ids, n)),
         "degree": pa.array(metrics.degree.astype(np.int32)),
         "triangles": pa.array(metrics.triangles.astype(np.int64)),
         "clustering_coefficient": pa.array(metrics.clustering.astype(np.float64)),
@@ -486,19 +498,23 @@ def graph_metrics_table(metrics: GraphMetrics, n_tokens: np.ndarray, clustering:
     return GRAPH_METRICS.validate(table)
 
 
-def clusters_table(clustering: Clustering, titles: Sequence[str] | pa.Array | pa.ChunkedArray) -> pa.Table:
+def clusters_table(clustering: Clustering, titles: Sequence[str] | pa.Array | pa.ChunkedArray,
+                   doc_ids: np.ndarray | None = None) -> pa.Table:
     """The ``clusters.parquet`` table (:data:`data_contracts.corpus.CLUSTERS`): one row per
-    cluster id ascending; ``title`` is the title of the cluster's first member.
+    cluster in Algorithm 1's order; ``cluster_id`` is the ``doc_id`` of the cluster's first member
+    (its anchor: Algorithm 1's seed), ``title`` that member's title.
 
     Parameters
     ----------
     titles : sequence of str
-        ``(n,)`` document titles indexed by doc id.
+        ``(n,)`` document titles by document row.
+    doc_ids : ``(n,)`` int, optional
+        The documents' published ids by row (default: the rows).
     """
     titles = titles if isinstance(titles, (pa.Array, pa.ChunkedArray)) else pa.array(list(titles), pa.string())
     first = clustering.members[clustering.indptr[:-1]]  # (n_clusters,) first member of each cluster
     table = pa.table({
-        "cluster_id": pa.array(np.arange(clustering.n_clusters, dtype=np.int32)),
+        "cluster_id": pa.array(_published_ids(doc_ids, len(titles))[first]),
         "n_members": pa.array(clustering.n_members()),
         "n_tokens": pa.array(clustering.n_tokens.astype(np.int32)),
         "title": titles.take(pa.array(first)),
@@ -506,15 +522,18 @@ def clusters_table(clustering: Clustering, titles: Sequence[str] | pa.Array | pa
     return CLUSTERS.validate(table)
 
 
-def cluster_members_table(clustering: Clustering) -> pa.Table:
+def cluster_members_table(clustering: Clustering, doc_ids: np.ndarray | None = None) -> pa.Table:
     """The ``cluster_members.parquet`` table (:data:`data_contracts.corpus.CLUSTER_MEMBERS`):
-    rows ordered by (cluster_id, position), ``position`` = index inside the cluster."""
+    rows in (cluster in Algorithm 1's order, position) order, ``position`` = index inside the
+    cluster, ``cluster_id`` its first member's ``doc_id``; ``doc_ids`` ``(n,)``: the documents'
+    published ids by row (default: the rows)."""
     counts = np.diff(clustering.indptr)
-    cluster_id = np.repeat(np.arange(clustering.n_clusters, dtype=np.int32), counts)
+    ids = _published_ids(doc_ids, clustering.members.size)
+    cluster_id = np.repeat(ids[clustering.members[clustering.indptr[:-1]]], counts)
     position = np.arange(clustering.members.size, dtype=np.int64) - np.repeat(clustering.indptr[:-1], counts)
     table = pa.table({
         "cluster_id": pa.array(cluster_id),
         "position": pa.array(position.astype(np.int32)),
-        "doc_id": pa.array(clustering.members.astype(np.int32)),
+        "doc_id": pa.array(ids[clustering.members]),
     })
     return CLUSTER_MEMBERS.validate(table)

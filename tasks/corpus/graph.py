@@ -26,6 +26,8 @@ import numba
 import numpy as np
 import pyarrow as pa
 
+from data_contracts.corpus import rows_of
+
 log = logging.getLogger(__name__)
 
 
@@ -145,18 +147,24 @@ def build_graph(src: np.ndarray, dst: np.ndarray, n_nodes: int) -> CSRGraph:
     return CSRGraph(indptr=indptr, indices=indices)
 
 
-def graph_from_links(links: pa.Table, n_docs: int) -> CSRGraph:
+def graph_from_links(links: pa.Table, n_docs: int, doc_ids: np.ndarray | None = None) -> CSRGraph:
     """:func:`build_graph` from a ``links.parquet`` table (columns ``src_doc_id``, ``dst_doc_id``).
+
+    ``doc_ids`` ``(n_docs,)``: the documents' ids in row order (``documents.parquet``'s title
+    order); the graph's nodes are the rows (the private dense order Algorithm 1 runs on). ``None``:
+    the links' ids are the rows already.
 
     Raises
     ------
     KeyError
         A column is missing.
     ValueError
-        As :func:`build_graph`.
+        As :func:`build_graph`; a link names a document that is not in ``doc_ids``.
     """
     src = links.column("src_doc_id").to_numpy()
     dst = links.column("dst_doc_id").to_numpy()
+    if doc_ids is not None:
+        src, dst = rows_of(doc_ids, src, "links.src_doc_id"), rows_of(doc_ids, dst, "links.dst_doc_id")
     return build_graph(src, dst, n_docs)
 
 

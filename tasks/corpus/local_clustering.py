@@ -5,7 +5,7 @@ Not in FunnelRAG: an option of the nightly build, which otherwise regroups most 
 algorithm stays the default and is what a build without a current version runs.
 
 Where the graph changed. Documents are matched between the previous version and this build by
-title (``doc_id`` is the rank of the title, so it shifts). Algorithm 1 reads nothing but the
+title (Algorithm 1 runs on the rows in title order, which shift). Algorithm 1 reads nothing but the
 undirected edge set and each document's length ``n_tokens``. A document of this build is
 *touched* when
 
@@ -18,7 +18,7 @@ undirected edge set and each document's length ``n_tokens``. A document of this 
 A previous cluster is *freed* when one of its members is touched or was removed, or when an edge
 between two of its members was removed (it may no longer be connected). Every other previous
 cluster is *kept*: same members in the same order (so its units and passages keep their content
-ids; its dense ``cluster_id`` follows the processing rank as in a full build). A kept cluster is
+ids, and its ``cluster_id``, its first member's ``doc_id``). A kept cluster is
 still one Algorithm 1 could make: connected by its old edges, its size unchanged and ≤ S. An edge
 removed between two different clusters frees neither (it only takes away a merge), nor does an
 edge added inside one cluster.
@@ -95,18 +95,23 @@ class PreviousClusters:
         """
         manifest_path = Path(version_dir) / "manifest.json"
         section = C.BUILD_CONFIG.section(json.loads(manifest_path.read_text()), "clustering", manifest_path)
-        docs = C.DOCUMENTS.read(version_dir, columns=["doc_id", "title"]).sort_by("doc_id")
+        docs = C.DOCUMENTS.read(version_dir, columns=["doc_id", "title"])   # title order: the rows Algorithm 1 ran on
         n = docs.num_rows
-        metrics = C.GRAPH_METRICS.read(version_dir, columns=["doc_id", "n_tokens"]).sort_by("doc_id")
-        members = C.CLUSTER_MEMBERS.read(version_dir).sort_by([("cluster_id", "ascending"), ("position", "ascending")])
+        doc_ids = docs["doc_id"].to_numpy()
+        metrics = C.GRAPH_METRICS.read(version_dir, columns=["doc_id", "n_tokens"])
+        members = C.CLUSTER_MEMBERS.read(version_dir)
+        members = members.take(C.member_order(members["cluster_id"].to_numpy(), members["position"].to_numpy()))
         if metrics.num_rows != n or members.num_rows != n:
             raise ValueError(f"{version_dir}: {n} documents but {metrics.num_rows} graph_metrics rows and "
                              f"{members.num_rows} cluster_members rows")
         cids = members["cluster_id"].to_numpy()
         starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if n else np.zeros(0, np.int64)
-        return cls(titles=docs["title"].combine_chunks(), n_tokens=metrics["n_tokens"].to_numpy().astype(np.int64),
-                   graph=graph_from_links(C.LINKS.read(version_dir), n),
-                   indptr=np.r_[starts, n].astype(np.int64), members=members["doc_id"].to_numpy().astype(np.int32),
+        n_tokens = np.zeros(n, np.int64)
+        n_tokens[C.rows_of(doc_ids, metrics["doc_id"].to_numpy(), f"{version_dir}: graph_metrics")] = metrics["n_tokens"].to_numpy()
+        return cls(titles=docs["title"].combine_chunks(), n_tokens=n_tokens,
+                   graph=graph_from_links(C.LINKS.read(version_dir), n, doc_ids),
+                   indptr=np.r_[starts, n].astype(np.int64),
+                   members=C.rows_of(doc_ids, members["doc_id"].to_numpy(), f"{version_dir}: cluster_members").astype(np.int32),
                    max_tokens=int(section["max_tokens"]), tokenizer=str(section["tokenizer"]))
 
 

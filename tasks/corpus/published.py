@@ -94,12 +94,14 @@ class CorpusVersion:
 
     def members_of(self, cluster_ids: list[int]) -> dict[int, list[tuple[int, str, str]]]:
         """``{cluster_id: [(doc_id, title, text), ...]}`` in cluster order, for later chunking."""
-        members = self.cluster_members.filter(pc.is_in(self.cluster_members["cluster_id"], pa.array(cluster_ids, pa.int32())))
-        members = members.sort_by([("cluster_id", "ascending"), ("position", "ascending")])
+        id_type = C.CLUSTER_MEMBERS.schema.field("cluster_id").type
+        members = self.cluster_members.filter(pc.is_in(self.cluster_members["cluster_id"], pa.array(cluster_ids, id_type)))
+        members = members.take(C.member_order(members["cluster_id"].to_numpy(), members["position"].to_numpy()))
         docs = self.documents
         doc_ids = members["doc_id"].to_numpy()
-        titles = docs["title"].take(pa.array(doc_ids)).to_pylist()  # doc_id is the dense row index
-        texts = docs["text"].take(pa.array(doc_ids)).to_pylist()
+        rows = pa.array(C.rows_of(docs["doc_id"].to_numpy(), doc_ids, f"{self.path}: documents"))
+        titles = docs["title"].take(rows).to_pylist()
+        texts = docs["text"].take(rows).to_pylist()
         out: dict[int, list[tuple[int, str, str]]] = {int(c): [] for c in cluster_ids}
         for cid, did, title, text in zip(members["cluster_id"].to_pylist(), doc_ids.tolist(), titles, texts):
             out[cid].append((did, title, text))

@@ -24,7 +24,6 @@ the DPR-style ~100-word windows of each article.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -32,7 +31,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES
+from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES, document_key, member_order, rows_of
 from tasks.corpus.tokenize import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -109,17 +108,6 @@ class ClusterSegments:
     @property
     def passages(self) -> list[Passage]:
         return [p for u in self.units for p in u.passages]
-
-
-def document_key(title: str) -> str:
-    """The document part of unit and passage ids: 16 hex digits of BLAKE2b-64 of the UTF-8 title.
-
-    The same on every machine and Python (no ``PYTHONHASHSEED``), and stable across builds for as
-    long as the article keeps its title (the dense ``doc_id`` is not: it is the rank in sorted
-    titles). Two titles with the same key would give two passages one id, which the ``passages``
-    contract rejects (unique ``passage_id``): at 6M titles the chance is ~1e-6.
-    """
-    return hashlib.blake2b(title.encode("utf-8"), digest_size=8).hexdigest()
 
 
 def unit_id(title: str, window: int) -> str:
@@ -201,7 +189,7 @@ def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str
     texts : the members' texts in cluster order; a member given as a list is its windows already
         cut (``article_windows`` of its text, e.g. kept by the segmentation memo).
     cfg, tokenizer : settings and the counter named ``cfg.tokenizer``.
-    window_tokens : each member's precomputed window token counts (``WindowTokens.of(doc_id)``);
+    window_tokens : each member's precomputed window token counts (``WindowTokens.of(row)``, the document's row);
         ``None``: counted here with ``tokenizer``.
 
     Returns
@@ -251,7 +239,7 @@ def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConf
     tokenizer : TokenCounter
         Counter named ``cfg.tokenizer``.
     window_tokens : sequence of np.ndarray, optional
-        Precomputed token counts of each member's windows (``WindowTokens.of(doc_id)``), to
+        Precomputed token counts of each member's windows (``WindowTokens.of(row)``, the document's row), to
         skip re-tokenizing offline; must equal what ``tokenizer`` counts.
 
     Returns
@@ -309,7 +297,8 @@ class WindowTokens:
     Attributes
     ----------
     indptr : np.ndarray
-        ``(n_docs + 1,)`` int64; windows of doc ``d`` are ``n_tokens[indptr[d]:indptr[d + 1]]``.
+        ``(n_docs + 1,)`` int64; windows of the document in row ``d`` (``documents.parquet``'s row
+        order, not its ``doc_id``) are ``n_tokens[indptr[d]:indptr[d + 1]]``.
     n_tokens : np.ndarray
         ``(n_windows,)`` int32 tokens per window.
     tokenizer : str
@@ -320,9 +309,9 @@ class WindowTokens:
     n_tokens: np.ndarray
     tokenizer: str
 
-    def of(self, doc_id: int) -> np.ndarray:
-        """``(n_windows_of_doc,)`` int32 token counts of one article's windows."""
-        return self.n_tokens[self.indptr[doc_id]:self.indptr[doc_id + 1]]
+    def of(self, row: int) -> np.ndarray:
+        """``(n_windows_of_doc,)`` int32 token counts of the windows of the article in row ``row``."""
+        return self.n_tokens[self.indptr[row]:self.indptr[row + 1]]
 
     def article_tokens(self) -> np.ndarray:
         """``(n_docs,)`` int64 article lengths in tokens (sum over windows; 0 without words)."""
@@ -334,18 +323,6 @@ class WindowTokens:
         return np.diff(self.indptr)
 
 
-def _by_doc_id(documents: pa.Table) -> pa.Table:
-    """``documents`` sorted by doc id, checked dense ``0..n-1`` (row index = doc id)."""
-    documents = documents.sort_by("doc_id")
-    doc_ids = documents.column("doc_id").to_numpy()
-    dense = np.arange(doc_ids.size, dtype=doc_ids.dtype)
-    if not np.array_equal(doc_ids, dense):
-        bad = int(np.flatnonzero(doc_ids != dense)[0])
-        raise ValueError(f"documents: doc ids are not dense 0..{doc_ids.size - 1} "
-                         f"(row {bad} after sorting has doc_id {int(doc_ids[bad])})")
-    return documents
-
-
 def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tokenizer: TokenCounter,
                         batch_windows: int = 16384, bar=None) -> WindowTokens:
     """Count the tokens of every window of every article, in large tokenizer batches.
@@ -355,8 +332,8 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
     Parameters
     ----------
     texts : sequence of str, or pa.Table
-        ``(n_docs,)`` article texts indexed by doc id, or a ``documents`` table (``doc_id``
-        dense, ``text``).
+        ``(n_docs,)`` article texts, or a ``documents`` table (``text``), in the table's row order
+        (the build's private document order: ``documents.parquet`` is in title order).
     cfg : SegmentConfig
     tokenizer : TokenCounter
         Counter named ``cfg.tokenizer``.
@@ -372,11 +349,11 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
     Raises
     ------
     ValueError
-        The tokenizer is not the configured one, or the table's doc ids are not dense.
+        The tokenizer is not the configured one.
     """
     check_tokenizer(cfg, tokenizer)
     if isinstance(texts, pa.Table):
-        texts = _by_doc_id(texts).column("text").to_pylist()
+        texts = texts.column("text").to_pylist()
     n_docs = len(texts)
     indptr = np.zeros(n_docs + 1, dtype=np.int64)
     chunks: list[np.ndarray] = []
@@ -398,16 +375,25 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
     return WindowTokens(indptr=indptr, n_tokens=n_tokens.astype(np.int32), tokenizer=tokenizer.name)
 
 
-def check_members(cids: np.ndarray, dids: np.ndarray, n_docs: int) -> None:
-    """Raise ``ValueError`` unless every member ``dids[i]`` (of cluster ``cids[i]``) is a document
-    ``0..n_docs-1`` and every document is in exactly one cluster."""
-    out_of_range = np.flatnonzero((dids < 0) | (dids >= n_docs))
-    if out_of_range.size:
-        raise ValueError(f"cluster_members: doc_id {int(dids[out_of_range[0]])} (cluster {int(cids[out_of_range[0]])}) is not a document")
-    times = np.bincount(dids, minlength=n_docs)
+def check_members(doc_ids: np.ndarray, member_doc_ids: np.ndarray) -> np.ndarray:
+    """The document row of every cluster member: ``(n_members,)`` int64 rows into ``doc_ids``
+    (the documents' ids in table order) of ``member_doc_ids`` (``cluster_members.doc_id``).
+
+    Raises
+    ------
+    ValueError
+        A member is not a document, or a document is in no cluster or in several (names its id).
+    """
+    try:
+        rows = rows_of(doc_ids, member_doc_ids, "documents")
+    except ValueError as exc:
+        raise ValueError(f"cluster_members: a member is not a document ({exc})") from None
+    times = np.bincount(rows, minlength=len(doc_ids))
     if (times != 1).any():
         bad = int(np.flatnonzero(times != 1)[0])
-        raise ValueError(f"cluster_members: document {bad} is in {int(times[bad])} clusters; every document must be in exactly one")
+        raise ValueError(f"cluster_members: document {int(doc_ids[bad])} is in {int(times[bad])} clusters; "
+                         "every document must be in exactly one")
+    return rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -431,10 +417,11 @@ def segment_corpus(documents: pa.Table, cluster_members: pa.Table, cfg: SegmentC
     Parameters
     ----------
     documents : pa.Table
-        ``documents.parquet`` (at least ``doc_id``, ``title``, ``text``); doc ids dense
-        ``0..n_docs-1``.
+        ``documents.parquet`` (at least ``doc_id``, ``title``, ``text``), in its row order (the
+        order of ``window_tokens``).
     cluster_members : pa.Table
-        ``cluster_members.parquet`` (``cluster_id``, ``position``, ``doc_id``).
+        ``cluster_members.parquet`` (``cluster_id``, ``position``, ``doc_id``); clusters are cut in
+        the order they first appear (the file's: Algorithm 1's).
     cfg : SegmentConfig
     tokenizer : TokenCounter
         Counter named ``cfg.tokenizer``.
@@ -447,24 +434,24 @@ def segment_corpus(documents: pa.Table, cluster_members: pa.Table, cfg: SegmentC
     Returns
     -------
     CorpusSegments
-        Rows in (cluster_id, unit position, passage position) order.
+        Rows in (cluster order, unit position, passage position) order.
 
     Raises
     ------
     ValueError
-        Doc ids not dense, a cluster member that is not a document, a document in no cluster
+        A cluster member that is not a document, a document in no cluster
         or in several, or ``window_tokens`` from another tokenizer or corpus.
     """
     check_tokenizer(cfg, tokenizer)
-    documents = _by_doc_id(documents)
     n_docs = documents.num_rows
     if window_tokens is not None and (window_tokens.tokenizer != cfg.tokenizer or window_tokens.indptr.size != n_docs + 1):
         raise ValueError(f"window_tokens were counted with {window_tokens.tokenizer!r} over "
                          f"{window_tokens.indptr.size - 1} documents; expected {cfg.tokenizer!r} over {n_docs}")
-    members = cluster_members.sort_by([("cluster_id", "ascending"), ("position", "ascending")])
+    members = cluster_members.take(member_order(cluster_members.column("cluster_id").to_numpy(),
+                                                cluster_members.column("position").to_numpy()))
     cids = members.column("cluster_id").to_numpy()
-    dids = members.column("doc_id").to_numpy()
-    check_members(cids, dids, n_docs)
+    doc_ids = documents.column("doc_id").to_numpy()
+    rows = check_members(doc_ids, members.column("doc_id").to_numpy())
     titles = documents.column("title").to_pylist()
     texts = documents.column("text").to_pylist()
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
@@ -473,9 +460,10 @@ def segment_corpus(documents: pa.Table, cluster_members: pa.Table, cfg: SegmentC
     for b in range(0, starts.size, clusters_per_batch):
         segs = []
         for s, e in zip(starts[b:b + clusters_per_batch].tolist(), ends[b:b + clusters_per_batch].tolist()):
-            docs = dids[s:e].tolist()
+            docs = rows[s:e].tolist()
             wt = [window_tokens.of(d) for d in docs] if window_tokens is not None else None
-            segs.append(segment_cluster(int(cids[s]), [(d, titles[d], texts[d]) for d in docs], cfg, tokenizer, wt))
+            segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[d]), titles[d], texts[d]) for d in docs], cfg,
+                                        tokenizer, wt))
         units, passages = segments_to_tables(segs)
         unit_tables.append(units)
         passage_tables.append(passages)

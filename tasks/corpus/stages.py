@@ -47,7 +47,7 @@ CLUSTER_INDEX_DIR = "index/clusters.bm25"
 PASSAGE_INDEX_DIR = "index/passages.bm25"
 
 
-@stage("ingest", version="1")
+@stage("ingest", version="2")  # 2: doc_id from the page (page id or title hash), int64
 def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, **parallel: Any) -> dict[str, Any]:
     """Ingest stage: raw dump files → documents, redirects, links, ingest report.
 
@@ -73,14 +73,15 @@ def run_ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, **paral
     return summary
 
 
-@stage("tokens", version="1")
+@stage("tokens", version="2")  # 2: rows in the documents' order, their page-derived doc ids
 def run_tokens(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirror: Path | None) -> dict[str, Any]:
     """Count tokens of every ~100-word window of every article with ``cfg.tokenizer``.
 
-    Writes ``window_tokens.parquet``: one row per doc id with its windows' token counts.
+    Writes ``window_tokens.parquet``: one row per document, in ``documents.parquet``'s row order,
+    with its windows' token counts.
     """
     t0 = time.perf_counter()
-    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "text"]).sort_by("doc_id")
+    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "text"])
     counter = load_token_counter(cfg.tokenizer, mirror)
     wt = count_window_tokens(docs.column("text").to_pylist(), cfg, counter)
     offsets = pa.array(wt.indptr.astype(np.int32))
@@ -96,8 +97,9 @@ def run_tokens(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirror: Path
 
 
 def read_window_tokens(tokens_dir: Path) -> WindowTokens:
-    """Load ``window_tokens.parquet`` back into :class:`tasks.corpus.segment.WindowTokens`."""
-    table = C.WINDOW_TOKENS.read(tokens_dir).sort_by("doc_id")
+    """Load ``window_tokens.parquet`` back into :class:`tasks.corpus.segment.WindowTokens` (rows in
+    the file's order: ``documents.parquet``'s)."""
+    table = C.WINDOW_TOKENS.read(tokens_dir)
     col = table.column("n_tokens").combine_chunks()
     names = set(table.column("tokenizer").unique().to_pylist())
     if len(names) > 1:
@@ -107,7 +109,7 @@ def read_window_tokens(tokens_dir: Path) -> WindowTokens:
                         tokenizer=names.pop() if names else "none")
 
 
-@stage("cluster", version="1")
+@stage("cluster", version="2")  # 2: published doc ids; cluster_id = its anchor's doc_id
 def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: ClusteringConfig,
                 previous_dir: Path | None = None) -> dict[str, Any]:
     """Graph + local clustering coefficients + Algorithm 1 → graph_metrics, clusters, cluster_members.
@@ -121,18 +123,25 @@ def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: Clusteri
     (``clustering_local`` = 0, logged). ``mode: full`` ignores ``previous_dir``.
     """
     t0 = time.perf_counter()
-    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "title"]).sort_by("doc_id")
+    docs = C.DOCUMENTS.read(ingest_dir, columns=["doc_id", "title"])   # title order: the graph's rows
+    doc_ids = docs.column("doc_id").to_numpy()
     links = C.LINKS.read(ingest_dir)
     wt = read_window_tokens(tokens_dir)
     if wt.tokenizer != cfg.tokenizer:
         raise ValueError(f"window tokens were counted with {wt.tokenizer!r} but clustering.tokenizer is {cfg.tokenizer!r}")
     n_tokens = wt.article_tokens()
-    graph = graph_from_links(links, docs.num_rows)
+    graph = graph_from_links(links, docs.num_rows, doc_ids)
     t1 = time.perf_counter()
     metrics = graph_metrics(graph)
     t2 = time.perf_counter()
     local: dict[str, int] = {}
-    previous = PreviousClusters.read(previous_dir) if cfg.mode == "local" and previous_dir is not None else None
+    previous = None
+    if cfg.mode == "local" and previous_dir is not None:
+        try:
+            previous = PreviousClusters.read(previous_dir)
+        except ValueError as exc:   # e.g. a version published before cluster ids were their anchors' doc ids
+            log.warning("clustering.mode local: %s cannot be read as a previous clustering (%s); running the full "
+                        "algorithm", previous_dir, exc)
     if previous is not None and (previous.max_tokens, previous.tokenizer) != (cfg.max_tokens, cfg.tokenizer):
         log.warning("clustering.mode local: %s was clustered with S = %d (%s), this build S = %d (%s); running the full "
                     "algorithm", previous_dir, previous.max_tokens, previous.tokenizer, cfg.max_tokens, cfg.tokenizer)
@@ -148,9 +157,9 @@ def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: Clusteri
             local = {"clustering_local": 0}
     t3 = time.perf_counter()
     check_clustering(graph, clustering, n_tokens, cfg)  # Algorithm 1 post-conditions, O(n + m)
-    C.GRAPH_METRICS.write(graph_metrics_table(metrics, n_tokens, clustering), out_dir)
-    C.CLUSTERS.write(clusters_table(clustering, docs.column("title").combine_chunks()), out_dir)
-    C.CLUSTER_MEMBERS.write(cluster_members_table(clustering), out_dir)
+    C.GRAPH_METRICS.write(graph_metrics_table(metrics, n_tokens, clustering, doc_ids), out_dir)
+    C.CLUSTERS.write(clusters_table(clustering, docs.column("title").combine_chunks(), doc_ids), out_dir)
+    C.CLUSTER_MEMBERS.write(cluster_members_table(clustering, doc_ids), out_dir)
     sizes = clustering.n_tokens
     members = np.diff(clustering.indptr)
     return {
@@ -165,7 +174,7 @@ def run_cluster(ingest_dir: Path, tokens_dir: Path, out_dir: Path, cfg: Clusteri
     }
 
 
-@stage("segment", version="2")  # 2: unit and passage ids from the article and window (content ids)
+@stage("segment", version="3")  # 2: unit and passage ids from the article and window (content ids); 3: doc/cluster ids from the page
 def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
                 mirror: Path | None) -> dict[str, Any]:
     """Clusters → ~1K-token document units → ~100-word passages (offline "later chunking")."""
@@ -182,7 +191,7 @@ def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: 
             "articles_without_passages": seg.n_articles_without_passages, "seconds": time.perf_counter() - t0}
 
 
-@stage("index", version="2")  # 2: stems numbered in sorted order (bytes independent of PYTHONHASHSEED)
+@stage("index", version="3")  # 2: stems numbered in sorted order (bytes independent of PYTHONHASHSEED); 3: cluster ids from anchors
 def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config,
               passage_shard_tokens: int = 0, submit: Callable[..., Any] | None = None, window: int = 8,
               work_dir: Path | None = None, tokens_per_shard: int = 32_000_000,
@@ -269,7 +278,8 @@ def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int
     members = tables["cluster_members"]
     if members.num_rows != n_docs:
         raise ValueError(f"cluster_members: {members.num_rows} rows for {n_docs} documents (each document must be in exactly one cluster)")
-    missing = np.setdiff1d(np.arange(n_docs), members.column("doc_id").to_numpy())
+    doc_ids = tables["documents"].column("doc_id").to_numpy()
+    missing = np.setdiff1d(doc_ids, members.column("doc_id").to_numpy())
     if missing.size:
         raise ValueError(f"cluster_members: documents {missing[:5].tolist()} are in no cluster")
     clusters = tables["clusters"]
@@ -285,6 +295,6 @@ def validate_corpus(version_dir: Path, max_cluster_tokens: int) -> dict[str, int
     if stats_file.exists() and json.loads(stats_file.read_text())["n_docs"] != tables["passages"].num_rows:
         raise ValueError(f"{stats_file}: N differs from the {tables['passages'].num_rows} passages (shards built with other statistics)")
     pdocs = tables["passages"].column("doc_id").to_numpy()
-    if pdocs.size and (pdocs.min() < 0 or pdocs.max() >= n_docs):
+    if np.setdiff1d(pdocs, doc_ids).size:
         raise ValueError("passages: a passage refers to a document that does not exist")
     return {name: t.num_rows for name, t in tables.items()}

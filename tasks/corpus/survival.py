@@ -30,11 +30,18 @@ def _unit_rows(version_dir: Path) -> pa.ChunkedArray:
                                        units["n_tokens"].cast(pa.string()), "|")
 
 
+def _id_rows(version_dir: Path, contract, column: str) -> pa.ChunkedArray:
+    """One string a row of ``contract``'s table: ``{column}|title`` (an id and the title it names)."""
+    table = contract.read(version_dir, columns=[column, "title"])
+    return pc.binary_join_element_wise(table[column].cast(pa.string()), table["title"], "|")
+
+
 def _cluster_rows(version_dir: Path) -> list[str]:
     """One string a cluster: its member titles in cluster order, joined by a newline (a title holds none)."""
-    members = C.CLUSTER_MEMBERS.read(version_dir).sort_by([("cluster_id", "ascending"), ("position", "ascending")])
-    docs = C.DOCUMENTS.read(version_dir, columns=["doc_id", "title"]).sort_by("doc_id")
-    rows = np.searchsorted(docs["doc_id"].to_numpy(), members["doc_id"].to_numpy())
+    members = C.CLUSTER_MEMBERS.read(version_dir)
+    members = members.take(C.member_order(members["cluster_id"].to_numpy(), members["position"].to_numpy()))
+    docs = C.DOCUMENTS.read(version_dir, columns=["doc_id", "title"])
+    rows = C.rows_of(docs["doc_id"].to_numpy(), members["doc_id"].to_numpy(), f"{version_dir}: documents")
     titles = docs["title"].take(pa.array(rows)).to_pylist()
     cids = members["cluster_id"].to_numpy()
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
@@ -48,7 +55,10 @@ def id_survival(before: Path, after: Path) -> dict[str, float | int]:
     Returns
     -------
     dict
-        ``passages_before``, ``units_before``, ``clusters_before`` (counts of ``before``);
+        ``documents_before``, ``passages_before``, ``units_before``, ``clusters_before`` (counts of
+        ``before``); ``documents_kept_ids``: share of ``before``'s articles (``doc_id`` and title)
+        with the same ``doc_id`` in ``after``; ``clusters_kept_ids``: share of ``before``'s clusters
+        whose ``cluster_id`` names a cluster of the same anchor (first member title) in ``after``;
         ``passages_kept_ids``, ``units_kept_ids``: shares (0..1) of ``before``'s passage and unit
         ids present in ``after``; ``units_unchanged``: share of ``before``'s units with a unit in
         ``after`` of the same id, passage count and token count; ``clusters_unchanged``: share of
@@ -70,8 +80,13 @@ def id_survival(before: Path, after: Path) -> dict[str, float | int]:
         C.DOCUMENT_UNITS.read(after, columns=["unit_id"])["unit_id"]
     rows_before, rows_after = _unit_rows(before), _unit_rows(after)
     c_before, c_after = _cluster_rows(before), set(_cluster_rows(after))
+    d_before, d_after = (_id_rows(v, C.DOCUMENTS, "doc_id") for v in (before, after))
+    k_before, k_after = (_id_rows(v, C.CLUSTERS, "cluster_id") for v in (before, after))
     return {
-        "passages_before": len(p_before), "units_before": len(u_before), "clusters_before": len(c_before),
+        "documents_before": len(d_before), "passages_before": len(p_before), "units_before": len(u_before),
+        "clusters_before": len(c_before),
+        "documents_kept_ids": share(_kept(d_before, d_after), len(d_before)),
+        "clusters_kept_ids": share(_kept(k_before, k_after), len(k_before)),
         "passages_kept_ids": share(_kept(p_before, p_after), len(p_before)),
         "units_kept_ids": share(_kept(u_before, u_after), len(u_before)),
         "units_unchanged": share(_kept(rows_before, rows_after), len(rows_before)),

@@ -106,7 +106,7 @@ def published_segments(passages: pa.Table, cluster_ids: Sequence[int]) -> dict[i
         A cluster id has no passage in ``passages`` (not a cluster of this corpus version).
     """
     unique = sorted({int(c) for c in cluster_ids})
-    sub = passages.filter(pc.is_in(passages["cluster_id"], pa.array(unique, pa.int32())))
+    sub = passages.filter(pc.is_in(passages["cluster_id"], pa.array(unique, pa.int64())))
     by_unit: dict[str, list[Passage]] = {}
     cols = [sub[n].to_pylist() for n in ("passage_id", "unit_id", "cluster_id", "doc_id", "title", "text",
                                           "n_words", "n_tokens")]

@@ -237,7 +237,7 @@ class EmbeddingIndex:
     """Passage vectors with their ids and the (corpus, model) they were built from.
 
     passage_ids, unit_ids : ``(n,)`` corpus ids of each row.
-    cluster_ids : int32 ``(n,)``.
+    cluster_ids : int64 ``(n,)``.
     vectors : float32 ``(n, dim)``, rows L2-normalised.
     meta : ``corpus_digest``, ``model_version``, ``dim``, ``max_length``, ``text``.
     """
@@ -253,7 +253,7 @@ class EmbeddingIndex:
         if self.vectors.ndim != 2 or self.vectors.shape[0] != n or len(self.unit_ids) != n or len(self.cluster_ids) != n:
             raise ValueError(f"embedding index: {n} passage ids, {len(self.unit_ids)} unit ids, "
                              f"{len(self.cluster_ids)} cluster ids, vectors {self.vectors.shape}")
-        self.cluster_ids = np.asarray(self.cluster_ids, dtype=np.int32)
+        self.cluster_ids = np.asarray(self.cluster_ids, dtype=np.int64)
         self._order = np.argsort(self.cluster_ids, kind="stable")                # rows grouped by cluster
         self._sorted = self.cluster_ids[self._order]
         # unit code of each row: the rank of its unit id among the sorted unit ids, so that codes
@@ -317,7 +317,7 @@ class EmbeddingIndex:
         offsets = pa.array(np.arange(0, (len(self) + 1) * self.dim, self.dim, dtype=np.int32))
         return PASSAGE_EMBEDDINGS.validate(pa.table({
             "passage_id": pa.array(self.passage_ids, pa.string()), "unit_id": pa.array(self.unit_ids, pa.string()),
-            "cluster_id": pa.array(self.cluster_ids, pa.int32()),
+            "cluster_id": pa.array(self.cluster_ids, pa.int64()),
             "embedding": pa.ListArray.from_arrays(offsets, flat)}, schema=PASSAGE_EMBEDDINGS.schema))
 
     @classmethod
@@ -674,7 +674,7 @@ class MappedEmbeddingIndex:
     Layout of a version directory (``layout: mapped`` in the manifest, written by
     :func:`publish_mapped_embedding_index`): ``passage_vectors.npy`` (``(n, dim)`` float32 or
     float16, L2-normalised rows) and ``passage_ids.arrow`` (an uncompressed Arrow IPC file:
-    ``passage_id``, ``unit_id``, ``cluster_id`` int32, ``unit_code`` int32 = the rank of the unit
+    ``passage_id``, ``unit_id``, ``cluster_id`` int64, ``unit_code`` int32 = the rank of the unit
     id among the sorted unit ids). Rows are grouped by cluster (ascending cluster id, corpus order
     inside a cluster), so the passages of a cluster are one contiguous block of the vector file.
     Same interface as :class:`EmbeddingIndex` for :mod:`tasks.funnel.stored` and the evaluation.
@@ -689,7 +689,7 @@ class MappedEmbeddingIndex:
             raise ValueError(f"{directory}: {table.num_rows} id rows but vectors {self.vectors.shape}")
         self.passage_ids = _ArrowStrings(table["passage_id"].combine_chunks())
         self.unit_ids = _ArrowStrings(table["unit_id"].combine_chunks())
-        self.cluster_ids = table["cluster_id"].combine_chunks().to_numpy()              # (n,) int32, mapped
+        self.cluster_ids = table["cluster_id"].combine_chunks().to_numpy()              # (n,) int64, mapped
         self.unit_codes = table["unit_code"].combine_chunks().to_numpy()                # (n,) int32, mapped
         self.meta = dict(meta)
 
@@ -768,7 +768,7 @@ def publish_mapped_embedding_index(root: Path, passage_ids: Sequence[str], unit_
     if dtype not in VECTOR_DTYPES:
         raise ValueError(f"mapped embedding index dtype must be one of {VECTOR_DTYPES}, got {dtype!r}")
     n, dim = len(passage_ids), int(meta["dim"])
-    cluster_ids = np.asarray(cluster_ids, dtype=np.int32)
+    cluster_ids = np.asarray(cluster_ids, dtype=np.int64)
     if len(unit_ids) != n or cluster_ids.shape != (n,):
         raise ValueError(f"mapped embedding index: {n} passage ids, {len(unit_ids)} unit ids, "
                          f"{cluster_ids.shape[0]} cluster ids")
@@ -776,7 +776,7 @@ def publish_mapped_embedding_index(root: Path, passage_ids: Sequence[str], unit_
     names, codes = np.unique(np.asarray(unit_ids, dtype=object).astype(str), return_inverse=True)
     pids = pa.array(passage_ids, pa.string()).take(pa.array(order))
     table = pa.table({"passage_id": pids, "unit_id": pa.array(unit_ids, pa.string()).take(pa.array(order)),
-                      "cluster_id": pa.array(cluster_ids[order], pa.int32()),
+                      "cluster_id": pa.array(cluster_ids[order], pa.int64()),
                       "unit_code": pa.array(codes.reshape(-1)[order].astype(np.int32), pa.int32())})
     store = ArtifactStore(root)
     staging = Path(root) / f".build-{os.getpid()}"

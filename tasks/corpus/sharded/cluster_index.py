@@ -44,8 +44,9 @@ from funnelrag.verify import verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
 from funnelrag.content_store import JoinedTexts, keys_digest
 from tasks.corpus.sharded.token_memo import PIECES_JOIN, memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
-from tasks.corpus.sharded.shards import (DocumentSplit, ordered_results, put_cached, read_cluster_ranges, read_shard_documents,
-                                 sorted_by_id)
+from tasks.corpus.segment import check_members
+from tasks.corpus.sharded.shards import (DocumentSplit, member_cluster_ranks, ordered_results, put_cached, read_cluster_members,
+                                 read_cluster_ranges, read_shard_documents)
 
 CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its part of the token memo; 3: keyed on their text keys
 
@@ -59,13 +60,13 @@ def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list
 
     ``documents`` holds at least the members' documents (``doc_id``, ``title``, ``text``; all of
     them or a subset); raises ``ValueError`` if a member's document is missing."""
-    members = cluster_members.sort_by([("cluster_id", "ascending"), ("position", "ascending")])
-    docs = sorted_by_id(documents, "doc_id")
-    have, want = docs.column("doc_id").to_numpy(), members.column("doc_id").to_numpy()
-    rows = np.searchsorted(have, want)
-    if want.size and (rows.max() >= have.size or not np.array_equal(have[rows], want)):
-        raise ValueError("cluster texts: cluster members refer to documents that are not in the documents table")
-    pieces = JoinedTexts(docs.column("title"), docs.column("text"), "\n", rows)
+    members = cluster_members.take(C.member_order(cluster_members.column("cluster_id").to_numpy(),
+                                                  cluster_members.column("position").to_numpy()))
+    try:
+        rows = C.rows_of(documents.column("doc_id").to_numpy(), members.column("doc_id").to_numpy(), "documents")
+    except ValueError:
+        raise ValueError("cluster texts: cluster members refer to documents that are not in the documents table") from None
+    pieces = JoinedTexts(documents.column("title"), documents.column("text"), "\n", rows)
     cids = members.column("cluster_id").to_numpy()
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     offsets = np.append(starts, cids.size).astype(np.int64)
@@ -86,7 +87,7 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
 def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg: BM25Config,
                         work_dir: str, docs_dir: str | None = None,
                         memo_dir: str | None = None) -> tuple[list[str], list[str], str, bool, int]:
-    """Token ids of the cluster texts of clusters ``lo <= cluster_id < hi`` (a worker-process
+    """Token ids of the cluster texts of the clusters of ranks ``lo <= rank < hi`` (a worker-process
     call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and pieces>/``
     (:meth:`tasks.corpus.sharded.token_memo.MemoTokens.save`).
 
@@ -97,9 +98,8 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     (:func:`tasks.corpus.sharded.token_memo.memo_token_ids`); only the others are tokenized. Returns
     ``(cluster ids as str, the shard's vocabulary in id order, key, reused, members taken from
     the memo)``; ``reused`` when the shard's texts are unchanged since a build that kept them."""
-    members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "position", "doc_id"],
-                            filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
-    wanted = sorted(set(members.column("doc_id").to_pylist()))
+    members = read_cluster_members(Path(cluster_dir), lo, hi)
+    wanted = np.unique(members.column("doc_id").to_numpy())
     docs = read_shard_documents(ingest_dir, docs_dir, wanted)
     ids, pieces, offsets = cluster_pieces(docs, members)
     del docs
@@ -232,25 +232,27 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     t0 = time.perf_counter()
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "doc_id"])
     cids = members.column("cluster_id").to_numpy()
+    doc_ids = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id"]).column("doc_id").to_numpy()
+    doc_rows = check_members(doc_ids, members.column("doc_id").to_numpy())
     n_members = int(cids.size)
     ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
-    doc_ids: list[str] = []
+    index_ids: list[str] = []
     keys: list[str] = []
     merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
     reused = members_reused = 0
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     split = DocumentSplit(split_dir, work_dir)
     try:
-        docs_dirs = split.partition(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), submit,
+        docs_dirs = split.partition(ingest_dir, ranges, member_cluster_ranks(cids), doc_rows, submit,
                                     docs_per_range, window)
-        del members, cids
+        del members, cids, doc_rows
         t_partition = time.perf_counter() - t0
         memo_dir = token_memo_dir(work_dir, "clusters", cfg)
         verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
         calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d),
                   str(memo_dir)) for (lo, hi), d in zip(ranges, docs_dirs)]
         for ids, terms, key, hit, from_memo in ordered_results(submit, calls, window, "cluster index token shards"):
-            doc_ids.extend(ids)
+            index_ids.extend(ids)
             keys.append(key)
             merge.add(terms)
             reused += hit
@@ -261,7 +263,7 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     shard_dirs = [Path(work_dir) / "cluster-tokens" / key for key in keys]
     n_tokens = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in shard_dirs)
     n_terms = len(merge.finish())
-    index = index_from_token_shards(shard_dirs, doc_ids, merge, cfg)
+    index = index_from_token_shards(shard_dirs, index_ids, merge, cfg)
     t2 = time.perf_counter()
     write_token_memo(memo_dir, shard_dirs)
     return index, {"cluster_members": n_members, "cluster_members_reused": members_reused,

@@ -55,7 +55,7 @@ from funnelrag.content_store import take_rows, take_texts
 from tasks.corpus.segment import (ClusterSegments, SegmentConfig, TokenCounter, cluster_windows, document_key,
                                   windows_in_member)
 
-SEGMENT_MEMO_VERSION = "3"   # 3: id suffixes from the window in the article (content ids)
+SEGMENT_MEMO_VERSION = "4"   # 3: id suffixes from the window in the article (content ids); 4: doc and cluster ids from the page
 UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
 KEYS_FILE, COUNTS_FILE = "keys.npy", "counts.npy"
 MEMBER_KEYS_FILE, MEMBER_WINDOWS_FILE = "member_keys.npy", "member_windows.npy"
@@ -142,7 +142,7 @@ def segment_unlabeled(clusters: Iterable[tuple[int, Sequence[int], Sequence[str]
     ----------
     clusters : per cluster (any iterable) ``(cluster_id, doc_ids, texts, window_tokens)``: its id and
         its members' document ids and texts in cluster order (the ids name a cluster in errors only),
-        and each member's window token counts (``WindowTokens.of(doc_id)``, int32, one per window of
+        and each member's window token counts (``WindowTokens.of(row)``, int32, one per window of
         :func:`tasks.corpus.segment.article_windows`).
     cfg : the segmentation settings (``passage_words``, ``unit_max_tokens``, ``tokenizer``).
     tokenizer : the counter named ``cfg.tokenizer`` (checked only: the counts are given).
@@ -212,21 +212,22 @@ def label(units: pa.Table, passages: pa.Table, counts: np.ndarray, cluster_ids: 
     u_of = np.repeat(np.arange(n), counts[:, 0]) if n else np.zeros(0, np.int64)
     p_of = np.repeat(np.arange(n), counts[:, 1]) if n else np.zeros(0, np.int64)
     starts = np.asarray(member_starts, np.int64)
-    cids = np.asarray(cluster_ids, np.int32)
+    id_type = C.PASSAGES.schema.field("cluster_id").type
+    cids = np.asarray(cluster_ids, id_type.to_pandas_dtype())
     u_member = starts[u_of] + units.column("member").to_numpy()
     p_member = starts[p_of] + passages.column("member").to_numpy()
     keys = pa.array([document_key(t) for t in titles.to_pylist()], pa.string())   # (n_members,) one hash a document
     u_prefix, p_prefix = keys.take(pa.array(u_member)), keys.take(pa.array(p_member))
     unit_ids = pc.binary_join_element_wise(u_prefix, units.column("suffix"), "")
     unit_of = np.repeat(np.arange(units.num_rows), units.column("n_passages").to_numpy())   # (n_passages,) each one's unit
-    out_units = pa.table({"unit_id": unit_ids, "cluster_id": pa.array(cids[u_of], pa.int32()),
+    out_units = pa.table({"unit_id": unit_ids, "cluster_id": pa.array(cids[u_of], id_type),
                           "position": units.column("position"), "n_tokens": units.column("n_tokens"),
                           "n_passages": units.column("n_passages"), "title": titles.take(pa.array(u_member))},
                          schema=C.DOCUMENT_UNITS.schema)
     out_passages = pa.table({"passage_id": pc.binary_join_element_wise(p_prefix, passages.column("suffix"), ""),
                              "unit_id": unit_ids.take(pa.array(unit_of)),
-                             "cluster_id": pa.array(cids[p_of], pa.int32()),
-                             "doc_id": pa.array(np.asarray(doc_ids)[p_member].astype(np.int32), pa.int32()),
+                             "cluster_id": pa.array(cids[p_of], id_type),
+                             "doc_id": pa.array(np.asarray(doc_ids)[p_member].astype(id_type.to_pandas_dtype()), id_type),
                              "title": titles.take(pa.array(p_member)), "text": passages.column("text").cast(pa.string()),
                              "n_words": passages.column("n_words"), "n_tokens": passages.column("n_tokens")},
                             schema=C.PASSAGES.schema)

@@ -41,7 +41,7 @@ from funnelrag.verify import DIGESTS_FILE, verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
 from funnelrag.content_store import keys_digest
 from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
-from tasks.corpus.sharded.shards import ordered_results, put_cached, read_cluster_ranges
+from tasks.corpus.sharded.shards import ordered_results, passage_row_ranges, put_cached, read_rows
 
 STATS_FILE = "global_stats.json"
 SHARDS_FILE = "shards.json"
@@ -228,10 +228,10 @@ DF_FILE = "df.parquet"
 
 
 def read_passage_range(segment_dir: Path, lo: int, hi: int) -> tuple[list[str], list[str]]:
-    """``(texts, passage ids)`` of clusters ``lo <= cluster_id < hi`` in ``passages.parquet`` order;
-    a text is ``title\\ntext``, as the single index indexes it."""
-    table = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id", "title", "text"], memory_map=True,
-                          filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
+    """``(texts, passage ids)`` of rows ``lo <= row < hi`` of ``passages.parquet`` (a range of whole
+    clusters, :func:`tasks.corpus.sharded.shards.passage_row_ranges`); a text is ``title\\ntext``,
+    as the single index indexes it."""
+    table = read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["passage_id", "title", "text"])
     texts = [f"{t}\n{x}" for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
     return texts, table.column("passage_id").to_pylist()
 
@@ -309,8 +309,7 @@ def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     if verified_entry(cached):
         mark_used(cached)
         return str(cached), True
-    ids = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["passage_id"],
-                        filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)])
+    ids = read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["passage_id"])
     kept = Path(work_dir) / "passage-stats" / stats_key
     tokens = TokenIds.load(kept)
     if len(tokens) != ids.num_rows:
@@ -346,7 +345,7 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     ``global_stats.json``, ``shard-00000/``, …): :func:`passage_stats_shard` per shard through
     ``submit`` → :func:`merge_stats_files` → :func:`passage_index_shard` per shard through ``submit``.
 
-    Shards are the cluster-id ranges of :func:`tasks.corpus.sharded.shards.read_cluster_ranges` over
+    Shards are the passages of the cluster ranges of :func:`tasks.corpus.sharded.shards.read_cluster_ranges` over
     ``cluster_dir`` with at most ``shard_tokens`` tokens each (a cluster's passages hold its
     tokens: the correlation of passages and ``n_tokens`` per cluster is 0.9998 at 1M pages), so
     a worker's peak memory is bounded by ``shard_tokens``, not by the dump.
@@ -360,7 +359,7 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     seconds.
     """
     t0 = time.perf_counter()
-    ranges = read_cluster_ranges(cluster_dir, shard_tokens)
+    ranges = passage_row_ranges(segment_dir, cluster_dir, shard_tokens)
     memo_dir = token_memo_dir(work_dir, "passages", cfg)
     verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
     calls = [(passage_stats_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir)) for lo, hi in ranges]

@@ -1,10 +1,11 @@
 """Per-shard execution of the corpus build's document-parallel stages (tokens, segment).
 
-A *shard* is a contiguous ``doc_id`` range ``[lo, hi)`` of ``documents.parquet`` (sorted by
-``doc_id``, so a range is read through the row-group statistics without the rest of the file).
+A *shard* is a contiguous row range ``[lo, hi)`` of ``documents.parquet`` (in title order: the
+build's private document order; a range is read through the row groups' row counts without the
+rest of the file).
 Token counting of the ~100-word windows (the article lengths of Algorithm 1, and the windows of
 segmentation) is independent per document, so shards are counted in worker processes through
-``submit(fn, *args) -> future`` and concatenated in ``doc_id`` order: ``window_tokens.parquet`` is
+``submit(fn, *args) -> future`` and concatenated in row order: ``window_tokens.parquet`` is
 byte-identical to :func:`tasks.corpus.stages.run_tokens`' whatever the shard size or worker count.
 Segmentation is independent per cluster, so its shards are ranges of whole clusters cut by
 tokens (:func:`cluster_ranges`), concatenated in cluster order (:func:`run_segment_sharded`). The passage
@@ -114,30 +115,50 @@ def put_cached(cached: Path, write: Callable[[Path], None], record: bool = True)
 
 
 # ---------------------------------------------------------------------------------- tokens
-def sorted_by_id(table: pa.Table, key: str) -> pa.Table:
-    """``table.sort_by(key)`` for an integer column ``key``, without the copy of every column when
-    the rows are in ascending ``key`` order already (``documents.parquet`` is in ``doc_id``
-    order: sorting a range of it read back copied all its text for nothing)."""
-    ids = table.column(key).to_numpy()
-    if ids.size < 2 or bool(np.all(ids[1:] >= ids[:-1])):
-        return table
-    return table.sort_by(key)
-
-
 def doc_shards(n_docs: int, docs_per_shard: int) -> list[tuple[int, int]]:
     """``[(lo, hi)]`` covering ``0..n_docs`` in ranges of ``docs_per_shard`` documents."""
     return [(lo, min(lo + docs_per_shard, n_docs)) for lo in range(0, n_docs, docs_per_shard)]
 
 
-def read_doc_range(ingest_dir: Path, lo: int, hi: int, columns: list[str]) -> pa.Table:
-    """Documents ``lo <= doc_id < hi`` sorted by ``doc_id``; raises ``ValueError`` if ids are missing."""
-    table = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=columns, memory_map=True,
-                          filters=[("doc_id", ">=", lo), ("doc_id", "<", hi)])
-    table = sorted_by_id(table, "doc_id")
-    ids = table.column("doc_id").to_numpy()
-    if ids.size != hi - lo or (ids.size and (ids[0] != lo or ids[-1] != hi - 1)):
-        raise ValueError(f"{ingest_dir}: documents {lo}..{hi - 1} are not all present (got {ids.size})")
+def read_rows(path: Path, lo: int, hi: int, columns: list[str]) -> pa.Table:
+    """Rows ``lo <= row < hi`` of the Parquet file ``path`` (only the row groups that hold them
+    are decoded); raises ``ValueError`` naming the file when it has fewer rows."""
+    parquet = pq.ParquetFile(path, memory_map=True)
+    parts, start = [parquet.schema_arrow.empty_table().select(columns)], 0
+    for rg in range(parquet.num_row_groups):
+        n = parquet.metadata.row_group(rg).num_rows
+        if start < hi and start + n > lo:
+            a, b = max(lo, start), min(hi, start + n)
+            parts.append(parquet.read_row_group(rg, columns=columns).select(columns).slice(a - start, b - a))
+        start += n
+    table = pa.concat_tables(parts)
+    if table.num_rows != hi - lo:
+        raise ValueError(f"{path}: rows {lo}..{hi - 1} are not all present ({start} rows)")
     return table
+
+
+def read_rows_at(path: Path, rows: np.ndarray, columns: list[str]) -> pa.Table:
+    """Rows ``rows`` (ascending, distinct) of the Parquet file ``path``, one row group at a time:
+    memory is one row group plus the rows taken."""
+    rows = np.asarray(rows, np.int64)
+    parquet = pq.ParquetFile(path, memory_map=True)
+    parts, start = [parquet.schema_arrow.empty_table().select(columns)], 0
+    for rg in range(parquet.num_row_groups):
+        n = parquet.metadata.row_group(rg).num_rows
+        a, b = np.searchsorted(rows, [start, start + n])
+        if b > a:
+            parts.append(parquet.read_row_group(rg, columns=columns).select(columns).take(pa.array(rows[a:b] - start)))
+        start += n
+    table = pa.concat_tables(parts)
+    if table.num_rows != rows.size:
+        raise ValueError(f"{path}: {rows.size} rows wanted, {table.num_rows} present ({start} rows)")
+    return table
+
+
+def read_doc_range(ingest_dir: Path, lo: int, hi: int, columns: list[str]) -> pa.Table:
+    """Documents in rows ``lo <= row < hi`` of ``documents.parquet`` (title order); raises
+    ``ValueError`` if rows are missing."""
+    return read_rows(Path(ingest_dir) / C.DOCUMENTS.filename, lo, hi, columns)
 
 
 def read_rows_by_id(path: Path, key: str, ids: Sequence[int], columns: list[str]) -> pa.Table:
@@ -184,23 +205,27 @@ def read_rows_by_id(path: Path, key: str, ids: Sequence[int], columns: list[str]
 
 # ------------------------------------------------------------------ documents by cluster shard
 DOC_COLUMNS = ["doc_id", "title", "text"]
+ROW = "row"
+"""Column a shard's documents carry beside :data:`DOC_COLUMNS` when they come from a partition:
+each document's row in ``documents.parquet`` (the index of :data:`TEXT_KEYS_FILE` and of
+``window_tokens.parquet``)."""
 
 
 def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_dir: str) -> int:
-    """Documents ``lo <= doc_id < hi`` split by the cluster shard of each (a worker-process call):
-    ``out_dir/<shard:06d>/<lo:010d>.parquet`` (``doc_id``, ``title``, ``text``; doc-id order;
+    """Documents in rows ``lo <= row < hi`` split by the cluster shard of each (a worker-process call):
+    ``out_dir/<shard:06d>/<lo:010d>.parquet`` (``doc_id``, ``title``, ``text``, ``row``; row order;
     uncompressed: a scratch file read once) for every shard with a member in the range.
 
-    ``shard_of_doc`` is an ``.npy`` int32 array ``(n_docs,)``: the shard index of each document,
-    -1 for none. Reads one contiguous ``doc_id`` range (:func:`read_doc_range`: row groups by their
-    statistics); memory: that range's text. Writes are atomic (a retried task rewrites the same
-    bytes). Returns the rows written."""
+    ``shard_of_doc`` is an ``.npy`` int32 array ``(n_docs,)``: the shard index of each document
+    row, -1 for none. Reads one contiguous row range (:func:`read_doc_range`); memory: that
+    range's text. Writes are atomic (a retried task rewrites the same bytes). Returns the rows written."""
     table = read_doc_range(Path(ingest_dir), lo, hi, DOC_COLUMNS).combine_chunks()
+    table = table.append_column(ROW, pa.array(np.arange(lo, hi, dtype=np.int64)))
     shard = np.load(shard_of_doc, mmap_mode="r")[lo:hi].astype(np.int64)
     order = np.argsort(shard, kind="stable")
     grouped = shard[order]
     bounds = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if shard.size else np.zeros(0, np.int64)
-    # A take a shard from the range's one chunk (the stable sort keeps doc-id order within a
+    # A take a shard from the range's one chunk (the stable sort keeps row order within a
     # shard; a take from many chunks would join them first, for every shard): each copy is freed
     # once written, where one take of the whole range in shard order held a second copy of all its
     # text at once. Same CPU warm (benchmarks/bench_incremental_stages.py copies).
@@ -217,23 +242,24 @@ def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_di
 
 
 def partition_documents(ingest_dir: Path, ranges: list[tuple[int, int]], cluster_ids: np.ndarray,
-                        doc_ids: np.ndarray, out_dir: Path, submit: Callable[..., Any], docs_per_range: int,
+                        doc_rows: np.ndarray, out_dir: Path, submit: Callable[..., Any], docs_per_range: int,
                         window: int = 8) -> list[Path]:
     """Each cluster shard's member documents in a directory of its own, in one pass over
     ``documents.parquet`` (a shuffle by cluster range), before the segment or cluster-token shards.
 
     Why: a shard's members are spread over every row group of ``documents.parquet`` (clusters
-    follow the link graph, ``doc_id`` follows titles), so a shard that reads its members from it
+    follow the link graph, the file follows titles), so a shard that reads its members from it
     decodes ~all the article text; at 1M pages that was 3.0–3.8 CPU s a shard, and at full scale
-    (~227 shards × 20 GB of text) ~70% of the segment and cluster-index CPU. Here ``doc_id``
+    (~227 shards × 20 GB of text) ~70% of the segment and cluster-index CPU. Here row
     ranges of ``docs_per_range`` documents are read once each, in parallel through ``submit``
     (:func:`partition_range`), and every shard then reads only its own rows
     (:func:`read_shard_documents`).
 
     Parameters
     ----------
-    ranges : ``[(lo, hi)]`` cluster-id ranges of the shards (:func:`read_cluster_ranges`).
-    cluster_ids, doc_ids : ``(n_members,)`` the members' clusters and documents.
+    ranges : ``[(lo, hi)]`` cluster ranges of the shards (ranks in ``clusters.parquet``, :func:`read_cluster_ranges`).
+    cluster_ids, doc_rows : ``(n_members,)`` the members' clusters (ranks) and documents (rows
+        of ``documents.parquet``).
     out_dir : a scratch directory (on storage the workers share); the caller removes it.
 
     Returns ``[out_dir/<shard:06d>]``, one a range (a shard without documents: a missing directory).
@@ -249,7 +275,7 @@ def partition_documents(ingest_dir: Path, ranges: list[tuple[int, int]], cluster
     if cluster_ids.size and (shard.min() < 0 or np.any(np.asarray(cluster_ids) >= np.array([hi for _, hi in ranges])[shard])):
         raise ValueError(f"{ingest_dir}: cluster members fall outside the shards' cluster ranges")
     shard_of_doc = np.full(n_docs, -1, np.int32)
-    shard_of_doc[np.asarray(doc_ids, np.int64)] = shard
+    shard_of_doc[np.asarray(doc_rows, np.int64)] = shard
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     np.save(out_dir / "shard_of_doc.npy", shard_of_doc)
@@ -284,55 +310,56 @@ class DocumentSplit:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 
-    def partition(self, ingest_dir: Path, ranges: list[tuple[int, int]], cluster_ids: np.ndarray, doc_ids: np.ndarray,
+    def partition(self, ingest_dir: Path, ranges: list[tuple[int, int]], cluster_ids: np.ndarray, doc_rows: np.ndarray,
                   submit: Callable[..., Any], docs_per_range: int, window: int = 8) -> list[Path]:
         """:func:`partition_documents` into this split's directory, or the shared split of the same
         inputs when a stage of this build made it. Returns one directory a range."""
         if self.shared is None:
             self.scratch = scratch_dir(self.scratch_parent, "documents-by-shard")
-            return partition_documents(ingest_dir, ranges, cluster_ids, doc_ids, self.scratch, submit, docs_per_range,
+            return partition_documents(ingest_dir, ranges, cluster_ids, doc_rows, self.scratch, submit, docs_per_range,
                                        window)
         documents = Path(ingest_dir) / C.DOCUMENTS.filename
         st = documents.stat()
         h = hashlib.sha256(json.dumps([str(documents.resolve()), st.st_size, st.st_mtime_ns, docs_per_range,
                                        [list(r) for r in ranges]]).encode())
         h.update(np.asarray(cluster_ids, np.int64).tobytes())
-        h.update(np.asarray(doc_ids, np.int64).tobytes())
+        h.update(np.asarray(doc_rows, np.int64).tobytes())
         done = self.shared / h.hexdigest()
         if (done / "COMPLETE").exists():   # this build's scratch (removed when it ends): no digests
             self.reused = True
             return [done / f"{k:06d}" for k in range(len(ranges))]
 
         def write(tmp: Path) -> None:
-            partition_documents(ingest_dir, ranges, cluster_ids, doc_ids, tmp, submit, docs_per_range, window)
+            partition_documents(ingest_dir, ranges, cluster_ids, doc_rows, tmp, submit, docs_per_range, window)
             (tmp / "COMPLETE").write_text("\n")
         put_cached(done, write, record=False)
         return [done / f"{k:06d}" for k in range(len(ranges))]
 
 
 def read_shard_documents(ingest_dir: str, docs_dir: str | None, wanted: Sequence[int]) -> pa.Table:
-    """The documents ``wanted`` (sorted ids) of one shard, sorted by ``doc_id``: from the shard's
-    partition ``docs_dir`` (:func:`partition_documents`) when given, else from
-    ``documents.parquet`` (:func:`read_rows_by_id`: every row group with a wanted id is decoded)."""
+    """The documents ``wanted`` (ids) of one shard, in ``documents.parquet``'s row order: from the
+    shard's partition ``docs_dir`` (:func:`partition_documents`; with each one's :data:`ROW`) when
+    given, else from ``documents.parquet`` (:func:`read_rows_by_id`: every row group with a wanted
+    id is decoded; no :data:`ROW`)."""
     if docs_dir is None:
-        return read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted, DOC_COLUMNS).sort_by("doc_id")
+        return read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted, DOC_COLUMNS)
     files = sorted(Path(docs_dir).glob("*.parquet")) if Path(docs_dir).is_dir() else []
     parts = [pq.read_table(f, memory_map=True) for f in files]
-    table = pa.concat_tables(parts) if parts else C.DOCUMENTS.schema.empty_table().select(DOC_COLUMNS)
-    return sorted_by_id(table, "doc_id")
+    empty = C.DOCUMENTS.schema.empty_table().select(DOC_COLUMNS).append_column(ROW, pa.array([], pa.int64()))
+    return pa.concat_tables(parts) if parts else empty
 
 
 TOKENS_MEMO_VERSION = "1"
 TOKENS_MEMO_FIELD = "window_tokens"
 TEXT_KEYS_FILE = "text_keys.npy"
 """Beside ``window_tokens.parquet`` of the sharded tokens stage: ``(n_docs, 2)`` uint64, each
-document's text key (:func:`funnelrag.content_store.arrow_text_keys`) by doc id, which the stage computes
+document's text key (:func:`funnelrag.content_store.arrow_text_keys`) by document row, which the stage computes
 for its memo anyway; the segment shards read theirs instead of hashing the texts again
 (:func:`read_text_keys`)."""
 
 
-def read_text_keys(tokens_dir: Path, doc_ids: np.ndarray) -> np.ndarray | None:
-    """The text keys of documents ``doc_ids`` (``(m,)`` int) the tokens stage kept
+def read_text_keys(tokens_dir: Path, doc_rows: np.ndarray) -> np.ndarray | None:
+    """The text keys of the documents in rows ``doc_rows`` (``(m,)`` int) the tokens stage kept
     (:data:`TEXT_KEYS_FILE`, memory-mapped), ``(m, 2)`` uint64; ``None`` when the stage kept none
     (the one-process stage, or an entry cached before they were kept). Raises ``ValueError`` when
     the file does not hold one key per document of ``window_tokens.parquet``."""
@@ -343,7 +370,7 @@ def read_text_keys(tokens_dir: Path, doc_ids: np.ndarray) -> np.ndarray | None:
     n_docs = pq.read_metadata(Path(tokens_dir) / C.WINDOW_TOKENS.filename).num_rows
     if keys.ndim != 2 or keys.shape != (n_docs, 2) or keys.dtype != np.uint64:
         raise ValueError(f"{path}: {keys.shape} {keys.dtype} text keys for {n_docs} documents")
-    return np.asarray(keys[np.asarray(doc_ids, np.int64)])
+    return np.asarray(keys[np.asarray(doc_rows, np.int64)])
 
 
 def tokens_memo_dir(root: Path, cfg: SegmentConfig) -> Path:
@@ -354,7 +381,7 @@ def tokens_memo_dir(root: Path, cfg: SegmentConfig) -> Path:
 
 def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: str | None,
                 memo_dir: str | None = None) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
-    """Window token counts of documents ``[lo, hi)`` (a worker-process call).
+    """Window token counts of the documents in rows ``[lo, hi)`` (a worker-process call).
 
     With ``memo_dir`` (:func:`tokens_memo_dir`, written by the previous build), a document whose
     text the memo holds takes its counts from it (:class:`funnelrag.content_store.ContentMemo`, keyed
@@ -362,7 +389,7 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
 
     Returns ``(windows per doc (hi-lo,) int32, tokens per window int32, documents taken from the
     memo, text keys (hi-lo, 2) uint64)``."""
-    texts = read_doc_range(Path(ingest_dir), lo, hi, ["doc_id", "text"]).column("text")
+    texts = read_doc_range(Path(ingest_dir), lo, hi, ["text"]).column("text")
     keys = arrow_text_keys(texts)   # from the Arrow buffer: only the texts the memo lacks become str
     memo = ContentMemo.open(memo_dir, [TOKENS_MEMO_FIELD])
     rows = memo.lookup(keys) if memo is not None else np.full(len(texts), -1, np.int64)
@@ -401,7 +428,8 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     (:data:`TEXT_KEYS_FILE`) for the segment shards.
     """
     t0 = time.perf_counter()
-    n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
+    doc_ids = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id"]).column("doc_id")
+    n_docs = len(doc_ids)
     shards = doc_shards(n_docs, docs_per_shard)
     per_doc: list[np.ndarray] = []
     tokens: list[np.ndarray] = []
@@ -424,7 +452,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
     offsets = np.zeros(n_docs + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
     table = pa.table({
-        "doc_id": pa.array(np.arange(n_docs, dtype=np.int32)),
+        "doc_id": doc_ids,
         "n_tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(n_tokens.astype(np.int32), pa.int32())),
         "tokenizer": pa.array([cfg.tokenizer] * n_docs, pa.string()),
     })
@@ -441,7 +469,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
 
 
 # ---------------------------------------------------------------------------------- segment
-SEGMENT_SHARD_VERSION = "5"   # 5: content ids (document key and window)
+SEGMENT_SHARD_VERSION = "6"   # 5: content ids (document key and window); 6: doc and cluster ids from the page
 
 
 
@@ -455,7 +483,7 @@ def anchor_keys(names: Sequence[str]) -> np.ndarray:
 
 def cluster_ranges(cluster_ids: np.ndarray, n_tokens: np.ndarray, keys: np.ndarray,
                    max_tokens: int) -> list[tuple[int, int]]:
-    """``[(lo, hi)]`` cluster-id ranges of whole clusters, each holding at most ``max_tokens``
+    """``[(lo, hi)]`` ranges of whole clusters (of ``cluster_ids``), each holding at most ``max_tokens``
     tokens (a cluster larger than that alone), with content-defined cuts.
 
     Shards of the segment, cluster-token and passage stages are ranges of whole clusters; a
@@ -465,7 +493,7 @@ def cluster_ranges(cluster_ids: np.ndarray, n_tokens: np.ndarray, keys: np.ndarr
     held 7x more text in the last shard). A cut must also stay put when a page elsewhere is edited,
     or the next nightly build rebuilds shards whose content did not change; cuts at running-sum
     multiples of a budget would all move with one edited page. So the cuts are content-defined
-    (as in deduplicating backup chunkers): walking the clusters in id order with ``acc`` tokens
+    (as in deduplicating backup chunkers): walking the clusters in order with ``acc`` tokens
     since the last cut,
 
     1. cut before cluster ``i`` if ``acc > 0`` and ``acc + n_tokens[i] > max_tokens`` (the bound);
@@ -479,7 +507,8 @@ def cluster_ranges(cluster_ids: np.ndarray, n_tokens: np.ndarray, keys: np.ndarr
 
     Parameters
     ----------
-    cluster_ids : ``(n_clusters,)`` distinct cluster ids, ascending.
+    cluster_ids : ``(n_clusters,)`` distinct ascending numbers of the clusters (their ranks in
+        ``clusters.parquet``, Algorithm 1's order, for the build's shards).
     n_tokens : ``(n_clusters,)`` tokens of each cluster (``clusters.parquet`` ``n_tokens``).
     keys : ``(n_clusters,)`` uint64 stable identities (:func:`anchor_keys` of first-member titles).
     max_tokens : the most tokens of a shard (>= 1).
@@ -516,22 +545,58 @@ def cluster_ranges(cluster_ids: np.ndarray, n_tokens: np.ndarray, keys: np.ndarr
 
 def read_cluster_ranges(cluster_dir: Path, max_tokens: int,
                         member_cluster_ids: np.ndarray | None = None) -> list[tuple[int, int]]:
-    """:func:`cluster_ranges` of a cluster stage's ``clusters.parquet`` (ids, ``n_tokens``, first
-    member titles as anchor keys): a few columns of one row per cluster, not the texts.
+    """:func:`cluster_ranges` of a cluster stage's ``clusters.parquet`` (``n_tokens``, first
+    member titles as anchor keys): a few columns of one row per cluster, not the texts. A range
+    is of cluster ranks, rows of ``clusters.parquet`` (Algorithm 1's order; the members of ranks
+    ``[lo, hi)``: :func:`read_cluster_members`).
 
     ``member_cluster_ids`` (``cluster_members.parquet``'s column, any order): raises
     ``ValueError`` naming the files unless its distinct ids are exactly the clusters' ids, so that
     no member falls outside every range."""
-    table = C.CLUSTERS.read(cluster_dir, columns=["cluster_id", "n_tokens", "title"]).sort_by("cluster_id")
+    table = C.CLUSTERS.read(cluster_dir, columns=["cluster_id", "n_tokens", "title"])
     ids = table.column("cluster_id").to_numpy()
     if member_cluster_ids is not None:
-        used = np.unique(np.asarray(member_cluster_ids))
-        if not np.array_equal(used, ids):
-            extra, empty = np.setdiff1d(used, ids)[:5].tolist(), np.setdiff1d(ids, used)[:5].tolist()
+        used, have = np.unique(np.asarray(member_cluster_ids)), np.unique(ids)
+        if not np.array_equal(used, have):
+            extra, empty = np.setdiff1d(used, have)[:5].tolist(), np.setdiff1d(have, used)[:5].tolist()
             raise ValueError(f"{cluster_dir}: {C.CLUSTER_MEMBERS.filename} and {C.CLUSTERS.filename} disagree "
                              f"(member cluster ids not in clusters: {extra}; clusters without members: {empty})")
-    return cluster_ranges(ids, table.column("n_tokens").to_numpy(),
+    return cluster_ranges(np.arange(ids.size), table.column("n_tokens").to_numpy(),
                           anchor_keys(table.column("title").to_pylist()), max_tokens)
+
+
+def read_cluster_members(cluster_dir: Path, lo: int, hi: int) -> pa.Table:
+    """The members of the clusters of ranks ``[lo, hi)`` (rows of ``clusters.parquet``), in file
+    order (cluster, then position): ``cluster_members.parquet`` holds them in that order, so they
+    are the rows between the clusters' running member counts."""
+    counts = pq.read_table(Path(cluster_dir) / C.CLUSTERS.filename, columns=["n_members"]).column("n_members")
+    first = np.r_[0, np.cumsum(counts.to_numpy(), dtype=np.int64)]
+    return read_rows(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, int(first[lo]), int(first[hi]),
+                     ["cluster_id", "position", "doc_id"])
+
+
+def member_cluster_ranks(cluster_ids: np.ndarray) -> np.ndarray:
+    """``(n_members,)`` int64: each member's cluster rank, from ``cluster_members.cluster_id`` in
+    file order (clusters consecutive, in ``clusters.parquet``'s order)."""
+    cids = np.asarray(cluster_ids)
+    return np.cumsum(np.r_[False, cids[1:] != cids[:-1]], dtype=np.int64) if cids.size else np.zeros(0, np.int64)
+
+
+def passage_row_ranges(segment_dir: Path, cluster_dir: Path, max_tokens: int) -> list[tuple[int, int]]:
+    """The rows of ``passages.parquet`` that hold the passages of each range of
+    :func:`read_cluster_ranges` (passages are in cluster order; a cluster whose articles have no
+    words has none)."""
+    ranges = read_cluster_ranges(cluster_dir, max_tokens)
+    ids = C.CLUSTERS.read(cluster_dir, columns=["cluster_id"]).column("cluster_id").to_numpy()
+    path = Path(segment_dir) / C.PASSAGES.filename
+    pcids = pq.read_table(path, columns=["cluster_id"]).column("cluster_id").to_numpy()
+    known = np.isin(pcids, ids)
+    if not known.all():
+        raise ValueError(f"{path}: {pcids.size} passages, but the cluster ranges of {cluster_dir} hold "
+                         f"{int(known.sum())} (passages of clusters missing from {C.CLUSTERS.filename})")
+    rank = C.rows_of(ids, pcids, str(Path(cluster_dir) / C.CLUSTERS.filename))
+    first = np.searchsorted(rank, np.arange(ids.size + 1), side="left")
+    return [(int(first[lo]), int(first[hi])) for lo, hi in ranges]
 
 
 def _segment_key(members: pa.Table, docs: pa.Table, text_keys: np.ndarray, tokens: pa.Table, cfg: SegmentConfig) -> str:
@@ -550,7 +615,7 @@ def _segment_key(members: pa.Table, docs: pa.Table, text_keys: np.ndarray, token
 def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
                   mirror: str | None, cache_dir: str, docs_dir: str | None = None,
                   memo: str | None = None) -> tuple[str, int, int, bool, int, int]:
-    """Units and passages of clusters ``lo <= cluster_id < hi`` (a worker-process call), rows in
+    """Units and passages of the clusters of ranks ``lo <= rank < hi`` (a worker-process call), rows in
     cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them (one path with
     a memo or without: clusters cut by :func:`tasks.corpus.sharded.segment_memo.segment_unlabeled`, then
     given tonight's ids by :func:`tasks.corpus.sharded.segment_memo.label`), written to
@@ -573,17 +638,18 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     edited texts are cut again; and the directory also keeps the shard's part of the next memo
     (:func:`tasks.corpus.sharded.segment_memo.write_part`).
     """
-    members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename,
-                            filters=[("cluster_id", ">=", lo), ("cluster_id", "<", hi)]).sort_by(
-                                [("cluster_id", "ascending"), ("position", "ascending")])
-    wanted = sorted(set(members.column("doc_id").to_pylist()))
+    members = read_cluster_members(Path(cluster_dir), lo, hi)
+    wanted = np.unique(members.column("doc_id").to_numpy())
     docs = read_shard_documents(ingest_dir, docs_dir, wanted)
-    tokens = read_rows_by_id(Path(tokens_dir) / C.WINDOW_TOKENS.filename, "doc_id", wanted,
-                             C.WINDOW_TOKENS.schema.names).sort_by("doc_id")
     doc_ids = docs.column("doc_id").to_numpy()
-    if doc_ids.tolist() != wanted or tokens.column("doc_id").to_pylist() != wanted:
+    doc_rows = docs.column(ROW).to_numpy() if ROW in docs.column_names else None
+    tokens = (read_rows_at(Path(tokens_dir) / C.WINDOW_TOKENS.filename, doc_rows, C.WINDOW_TOKENS.schema.names)
+              if doc_rows is not None else
+              read_rows_by_id(Path(tokens_dir) / C.WINDOW_TOKENS.filename, "doc_id", wanted, C.WINDOW_TOKENS.schema.names))
+    if doc_ids.size != wanted.size or not np.array_equal(tokens.column("doc_id").to_numpy(), doc_ids):
         raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
-    text_keys = read_text_keys(tokens_dir, doc_ids)   # (n_docs, 2): the shard's key, the clusters' keys
+    docs = docs.select(DOC_COLUMNS)
+    text_keys = read_text_keys(tokens_dir, doc_rows) if doc_rows is not None else None   # the shard's key, the clusters' keys
     if text_keys is None:
         text_keys = arrow_text_keys(docs.column("text"))
     cached = Path(cache_dir) / _segment_key(members, docs, text_keys, tokens, cfg)
@@ -599,7 +665,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     if names and names != {counter.name}:
         raise ValueError(f"window tokens were counted with {sorted(names)}, segment.tokenizer is {counter.name!r}")
     cids, dids = members.column("cluster_id").to_numpy(), members.column("doc_id").to_numpy()
-    rows = np.searchsorted(doc_ids, dids)
+    rows = C.rows_of(doc_ids, dids, f"documents of clusters {lo}..{hi - 1}")
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], cids.size]
     bounds = list(zip(starts.tolist(), ends.tolist()))
@@ -642,7 +708,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
                         mirror: Path | None, submit: Callable[..., Any], tokens_per_shard: int, window: int = 8,
                         cache_dir: Path | None = None, docs_per_range: int = 20_000,
                         split_dir: Path | None = None) -> dict[str, Any]:
-    """:func:`tasks.corpus.stages.run_segment` over cluster-id ranges segmented through ``submit``.
+    """:func:`tasks.corpus.stages.run_segment` over cluster ranges segmented through ``submit``.
 
     Shards are ranges of whole clusters of at most ``tokens_per_shard`` tokens (content-defined
     cuts, :func:`cluster_ranges`); their rows are written in cluster order, so ``document_units.parquet``
@@ -662,20 +728,19 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     counts, shards, the partition's and the whole stage's seconds.
     """
     t0 = time.perf_counter()
-    n_docs = pq.read_metadata(Path(ingest_dir) / C.DOCUMENTS.filename).num_rows
-    members = C.CLUSTER_MEMBERS.read(cluster_dir, columns=["cluster_id", "position", "doc_id"]).sort_by(
-        [("cluster_id", "ascending"), ("position", "ascending")])
+    doc_ids = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id"]).column("doc_id").to_numpy()
+    members = C.CLUSTER_MEMBERS.read(cluster_dir, columns=["cluster_id", "position", "doc_id"])
     cids = members.column("cluster_id").to_numpy()
-    check_members(cids, members.column("doc_id").to_numpy(), n_docs)
-    n_clusters = int(np.count_nonzero(np.r_[True, cids[1:] != cids[:-1]])) if cids.size else 0
+    doc_rows = check_members(doc_ids, members.column("doc_id").to_numpy())
+    ranks = member_cluster_ranks(cids)
+    n_clusters = int(ranks[-1]) + 1 if cids.size else 0
     ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
     rows_dir = Path(out_dir) / ".segment-shards" if cache_dir is None else Path(cache_dir)
     rows_dir.mkdir(parents=True, exist_ok=True)
     split = DocumentSplit(split_dir, rows_dir)
     n_units = n_passages = unit_tokens = n_empty = reused = clusters_reused = docs_cut = docs_reused = 0
     try:
-        docs_dirs = split.partition(ingest_dir, ranges, cids, members.column("doc_id").to_numpy(), submit,
-                                    docs_per_range, window)
+        docs_dirs = split.partition(ingest_dir, ranges, ranks, doc_rows, submit, docs_per_range, window)
         del members
         t_partition = time.perf_counter() - t0
         memo = SM.memo_dir(rows_dir, cfg) if cache_dir is not None else None

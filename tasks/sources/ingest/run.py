@@ -5,8 +5,9 @@ Two passes, memory bounded by ``IngestConfig.shard_size`` (plus the title → id
 1. stream every input record, account for it in the ingest report, clean kept pages and
    extract their links, spill them to title-sorted temporary shards; collect titles and the
    redirect table;
-2. assign ``doc_id`` in sorted title order, resolve redirects, merge the shards in title order
-   and write ``documents`` and ``links`` (link targets resolved through redirects).
+2. sort the kept titles (the documents' row order), resolve redirects, merge the shards in title
+   order and write ``documents`` (``doc_id`` from the page: :func:`document_ids`) and ``links``
+   (link targets resolved through redirects).
 
 This is the corpus-build input of FunnelRAG (Wikipedia articles and their hyperlink graph,
 from which clusters are built, Algorithm 1).
@@ -28,10 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS
+from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS, title_doc_id
 from funnelrag.progress import Progress
 from tasks.sources.ingest.changes import PageChanges, merge_pages
-from tasks.sources.ingest.config import KEPT, IngestConfig, IngestSummary
+from tasks.sources.ingest.config import KEPT, IngestConfig, IngestError, IngestSummary
 from tasks.sources.ingest.jsonl import JsonlReader
 from tasks.sources.ingest.lookup import TitleIndex
 from tasks.sources.ingest.mediawiki import MediaWikiReader
@@ -58,10 +59,10 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
     """Ingest raw article dumps into the corpus tables.
 
     Writes, atomically and validated against their contracts, into ``out_dir``:
-    ``documents.parquet`` (one row per kept main-namespace article, ``doc_id`` dense int32
-    0..n-1 in sorted title order, sorted by ``doc_id``), ``redirects.parquet`` (sorted by
-    source title), ``links.parquet`` (distinct ``(src_doc_id, dst_doc_id)`` pairs, sorted;
-    self links kept unless ``cfg.drop_self_links``) and ``ingest_report.parquet`` (every input
+    ``documents.parquet`` (one row per kept main-namespace article, in sorted title order;
+    ``doc_id`` from the page, :func:`document_ids`), ``redirects.parquet`` (sorted by
+    source title), ``links.parquet`` (distinct ``(src_doc_id, dst_doc_id)`` pairs in the
+    documents' row order, source then target; self links kept unless ``cfg.drop_self_links``) and ``ingest_report.parquet`` (every input
     record, in input order). The same inputs (same order) and config give byte-identical
     files, whatever ``shard_size``.
 
@@ -108,7 +109,8 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         another format than ``mediawiki`` or another number of inputs than one.
     tasks.sources.ingest.IngestError
         An input cannot be read to the end (truncated archive, malformed XML); names the file,
-        the position and the last complete record. Nothing is written.
+        the position and the last complete record; or two kept articles have the same ``doc_id``
+        (names both titles). Nothing is written.
     """
     wall0, cpu0 = time.perf_counter(), time.process_time()
     inputs = [Path(p) for p in inputs]
@@ -141,9 +143,9 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         for start in range(0, len(rows), _LINK_BATCH):
             redirects.write(dict(zip(("source_title", "target_title", "status", "hops"),
                                      map(list, zip(*rows[start:start + _LINK_BATCH])))))
-        docs = stack.enter_context(DOCUMENTS.open_writer(out_dir, sorted_keys=True, row_group_size=None))
-        links = stack.enter_context(LINKS.open_writer(out_dir, sorted_keys=True))
-        _second_pass(state, kept, LinkTargets(kept, resolved), docs, links)
+        docs = stack.enter_context(DOCUMENTS.open_writer(out_dir, row_group_size=None))
+        links = stack.enter_context(LINKS.open_writer(out_dir))
+        _second_pass(state, kept, LinkTargets(kept, resolved), docs, links, Path(tmp))
         counts = state.links
         if counts.accounted() != counts.seen:
             raise AssertionError(f"link accounting broken: {counts}")
@@ -215,8 +217,63 @@ class _FirstPass(PagePass):
         return total
 
 
-def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", docs, links) -> None:
+def document_ids(fmt: str, titles: Sequence[str], page_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The ``doc_id`` of each kept article (``(n,)`` int64): its dump page id for MediaWiki dumps
+    (stable for as long as the page exists, whatever its title), the 63-bit title hash
+    :func:`data_contracts.corpus.title_doc_id` for sources without page ids (``wikispeedia``,
+    ``jsonl``: stable for as long as the title is).
+
+    Raises
+    ------
+    IngestError
+        A MediaWiki page without a page id (names its title).
+    """
+    if fmt != "mediawiki":
+        return np.fromiter((title_doc_id(t) for t in titles), np.int64, count=len(titles))
+    if page_ids.null_count:
+        missing = pc.indices_nonzero(pc.is_null(page_ids)).to_pylist()[0]
+        raise IngestError(f"ingest: page {titles[missing]!r} has no page id, which a MediaWiki document's doc_id is")
+    return page_ids.to_numpy().astype(np.int64)
+
+
+def check_distinct_ids(ids: np.ndarray, kept: list[str]) -> None:
+    """Raise :class:`IngestError` naming two titles when ``ids`` (one a kept title, title order) repeat."""
+    order = np.argsort(ids, kind="stable")
+    same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if same.size:
+        a, b = int(order[same[0]]), int(order[same[0] + 1])
+        raise IngestError(f"ingest: articles {kept[a]!r} and {kept[b]!r} have the same doc_id {int(ids[a])}")
+
+
+class _DenseLinks:
+    """Links resolved in pass 2 as document rows (int32 pairs), spilled to ``path`` until every
+    document's ``doc_id`` is known; then written with those ids (:meth:`write_ids`)."""
+
+    def __init__(self, path: Path):
+        self.path, self.n = path, 0
+        self.file = open(path, "wb")
+
+    def write(self, src: np.ndarray, dst: np.ndarray) -> None:
+        np.stack([src.astype(np.int32), dst.astype(np.int32)], axis=1).tofile(self.file)
+        self.n += len(src)
+
+    def write_ids(self, ids: np.ndarray, links) -> None:
+        """Write every spilled pair to ``links`` as ``(ids[src], ids[dst])``, in order."""
+        self.file.close()
+        pairs = np.memmap(self.path, np.int32, "r", shape=(self.n, 2)) if self.n else np.zeros((0, 2), np.int32)
+        for start in range(0, self.n, _LINK_BATCH):
+            chunk = np.asarray(pairs[start:start + _LINK_BATCH])
+            links.write({"src_doc_id": ids[chunk[:, 0]], "dst_doc_id": ids[chunk[:, 1]]})
+        del pairs
+        self.path.unlink()
+
+
+def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", docs, links, scratch: Path) -> None:
     """Pass 2: merge shards in title order, write documents and resolved, deduplicated links.
+
+    Each document's ``doc_id`` comes from its page (:func:`document_ids`; distinct, checked
+    with :func:`check_distinct_ids`); links are resolved to document rows (title order) and
+    spilled (:class:`_DenseLinks`) until every id is known, then written with the ids.
 
     The shards are merged in blocks of :data:`MERGE_BLOCK_DOCS` kept titles (merge bounds taken
     from ``kept``; with more than ``FAN_IN`` shards the runs are merged first, in the workers
@@ -231,7 +288,9 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
     resolves the next block and joins each row group's chunks (so the documents writer, which
     bounds pass 2's wall time, only encodes and compresses).
     """
-    doc_id = 0
+    doc_id = 0   # the row (rank in sorted titles) of the next document
+    ids = np.zeros(len(kept), np.int64)
+    dense = _DenseLinks(scratch / "links.dense")
     group: list[pa.Table] = []   # documents of the row group being filled
     group_rows = group_chars = 0
     src_parts: list[np.ndarray] = []
@@ -250,7 +309,8 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
             if titles != kept[doc_id:doc_id + n]:
                 bad = next(i for i, t in enumerate(titles) if doc_id + i >= len(kept) or kept[doc_id + i] != t)
                 raise AssertionError(f"shard merge out of order at {titles[bad]!r}")
-            table = pa.table({"doc_id": pa.array(np.arange(doc_id, doc_id + n, dtype=np.int32)),
+            ids[doc_id:doc_id + n] = document_ids(state.cfg.format, titles, block.column("page_id"))
+            table = pa.table({"doc_id": pa.array(ids[doc_id:doc_id + n]),
                               **{name: block.column(name) for name in ("title", "text", "page_id", "source")}})
             pending_links.append(block.column("links"))
             n_pending += n
@@ -263,8 +323,7 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
                 dst_parts.append(dst)
                 n_links += len(src)
                 if n_links >= _LINK_BATCH:
-                    link_writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts),
-                                                     "dst_doc_id": np.concatenate(dst_parts)})
+                    link_writes.submit(dense.write, np.concatenate(src_parts), np.concatenate(dst_parts))
                     src_parts, dst_parts, n_links = [], [], 0
             chars = pc.utf8_length(block.column("text")).to_numpy()
             start = 0
@@ -287,9 +346,11 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
         if group:
             writes.submit(docs.write, pa.concat_tables(group).combine_chunks())
         if n_links:
-            link_writes.submit(links.write, {"src_doc_id": np.concatenate(src_parts), "dst_doc_id": np.concatenate(dst_parts)})
+            link_writes.submit(dense.write, np.concatenate(src_parts), np.concatenate(dst_parts))
     if len(kept) != docs.rows_written:
         raise AssertionError(f"{len(kept)} kept titles but {docs.rows_written} documents merged")
+    check_distinct_ids(ids, kept)
+    dense.write_ids(ids, links)
 
 
 class _WriteBehind:
