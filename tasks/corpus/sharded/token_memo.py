@@ -15,7 +15,6 @@ lines, so its memo is per member, and an edited member costs one member's tokeni
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -118,41 +117,6 @@ IDS_CHUNK = 1 << 24
 """Ids renumbered per step (:func:`memo_token_ids`): a 64 MiB temporary, whatever the texts' total."""
 
 
-def _sorted_vocabulary(memo_terms: Sequence[str], new_terms: Sequence[str],
-                       used: np.ndarray) -> tuple[list[str], np.ndarray]:
-    """The sorted vocabulary of the terms ``used`` and each one's rank in it.
-
-    ``used``: ascending int ids into ``memo_terms + new_terms`` (the memo's vocabulary, sorted as
-    :func:`write_token_memo` writes it, then the terms no memo holds). The memo's used terms are
-    already in order; only the new ones (a night's few) are sorted and placed among them by
-    bisection, so the corpus's vocabulary is neither sorted again nor put in a dict.
-
-    Returns ``(vocab, local)``: ``vocab`` the used terms in sorted order, ``local`` int64
-    ``(used.size,)`` the rank of ``used[i]``'s term.
-
-    Raises ``ValueError`` when the memo's used terms are not strictly ascending (a memo not
-    written by :func:`write_token_memo`)."""
-    n_memo = len(memo_terms)
-    n_kept = int(np.searchsorted(used, n_memo))
-    kept = [memo_terms[c] for c in used[:n_kept].tolist()]
-    if not all(map(str.__lt__, kept, kept[1:])):
-        raise ValueError("BM25 token memo: its vocabulary is not in sorted order (not written by write_token_memo)")
-    fresh = [new_terms[c - n_memo] for c in used[n_kept:].tolist()]
-    order = sorted(range(len(fresh)), key=fresh.__getitem__)
-    at = [bisect.bisect_left(kept, fresh[j]) for j in order]   # where each new term goes, in sorted order
-    local = np.empty(used.size, np.int64)
-    local[:n_kept] = np.arange(n_kept) + np.searchsorted(np.asarray(at, np.int64), np.arange(n_kept), side="right")
-    local[n_kept + np.asarray(order, np.int64)] = np.asarray(at, np.int64) + np.arange(len(order))
-    vocab: list[str] = []
-    start = 0
-    for a, j in zip(at, order):
-        vocab += kept[start:a]
-        vocab.append(fresh[j])
-        start = a
-    vocab += kept[start:]
-    return vocab, local
-
-
 def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTexts, cfg: BM25Config, memo: ContentMemo | None, memo_terms: Sequence[str],
                    group_offsets: np.ndarray | None = None, keys: np.ndarray | None = None) -> MemoTokens:
     """Token ids of texts made of ``pieces``, taking each piece's terms from ``memo`` when it
@@ -233,10 +197,12 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
     present = np.zeros(n_combined, bool)
     present[ids] = True    # raises IndexError for an id outside the vocabulary
     used = np.flatnonzero(present)   # the ids the texts use, ascending (a counting pass, no sort)
+    term_of = lambda c: memo_terms[c] if c < n_memo else new_terms[c - n_memo]   # noqa: E731
     if cfg.stemmer is not None:   # tokenize_ids numbers stems in sorted order
-        vocab, local = _sorted_vocabulary(memo_terms, new_terms, used)
+        vocab = sorted(term_of(int(c)) for c in used)
+        rank = {t: i for i, t in enumerate(vocab)}
+        local = np.array([rank[term_of(int(c))] for c in used], np.int64)
     else:                         # ... and raw tokens in first-occurrence order
-        term_of = lambda c: memo_terms[c] if c < n_memo else new_terms[c - n_memo]   # noqa: E731
         _, first = np.unique(ids, return_index=True)
         order = np.argsort(first, kind="stable")
         local = np.empty(used.size, np.int64)
