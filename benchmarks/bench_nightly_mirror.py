@@ -297,7 +297,8 @@ def _run_child(argv: list[str], server: _PrefectServer | None = None) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     server_before = server.cpu_s() if server else None
     t0 = time.perf_counter()
-    env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}   # a loaded box starts it slowly
+    env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",   # a loaded box starts it slowly
+           "PREFECT_LOGGING_LEVEL": "INFO"}   # Prefect's default: the stages' end lines give workers_cpu_by_stage
     if server:
         env["PREFECT_API_URL"] = server.url
     proc = subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -138,6 +138,9 @@ def test_one_more_night_on_a_home_as_it_is(tmp_path, data_mirror):
     for night in nights[:2]:
         roles = night["cpu_by_role"]
         assert night["cpu_s"] > 0 and roles["coordinator"]["user_s"] > 0 and roles["pool_workers"]["user_s"] > 0
+        by_stage = night["workers_cpu_by_stage"]   # each worker counted with a stage whose end the night's log gave
+        assert by_stage and set(by_stage) <= {"ingest", "tokens", "segment", "index"}
+        assert set(night["stage_wall_s"]) >= {"ingest", "tokens", "cluster", "segment", "index", "publish"}
 
 
 @pytest.mark.slow  # starts a Prefect server (~20 s) and runs two small flows
