@@ -16,7 +16,11 @@ dump, night 2 applies one day of ~1% edits and new pages, both with ``corpus-bui
 
 ``--count-only`` skips the embedding: it counts the distinct passage texts of night 2 that night 1
 did not hold (what step 2 would embed, since the store then holds exactly night 1's texts), so the
-share is measured at sizes whose full embedding does not fit the box.
+share is measured at sizes whose full embedding does not fit the box. ``--versions BEFORE AFTER``
+gives the same count for two published version directories built elsewhere (e.g. two nights of
+``benchmarks/bench_nightly_mirror.py``'s home, ``<home>/nightly/stores/corpus/synwiki/versions/<id>``),
+building nothing (``OUT_DIR`` is not written); with ``--rate`` (passages per second of a full
+embedding measured elsewhere) it adds the night's and the full embedding's projected seconds.
 
 ``--prune-only`` skips the embedding too and times ``embed-corpus``'s pruning step
 (:func:`tasks.funnel.embeddings.prune_vector_store`) over the home's two kept versions, with a
@@ -25,7 +29,8 @@ keys kept yet (every kept version's passages read and hashed, as every night did
 were kept), then ``later`` (what each later night costs: the kept keys read and verified).
 
 Run: ``python benchmarks/bench_incremental_embedding.py OUT_DIR [--pages 3000] [--seed 0]
-[--workers 2] [--threads 1] [--count-only | --prune-only] [--check-rows N] [--out results.json]``.
+[--workers 2] [--threads 1] [--count-only | --prune-only] [--check-rows N] [--out results.json]``;
+``python benchmarks/bench_incremental_embedding.py OUT_DIR --versions BEFORE AFTER [--rate 6.8]``.
 """
 from __future__ import annotations
 
@@ -124,7 +129,19 @@ def main() -> None:
                     "embed nothing")
     ap.add_argument("--check-rows", type=int, help="compare this many random rows with a from-scratch embedding "
                     "(default: every row)")
+    ap.add_argument("--versions", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                    help="count the texts to embed of two published version directories; build and embed nothing")
+    ap.add_argument("--rate", type=float, help="with --versions: passages per second of a full embedding, "
+                    "measured elsewhere, for the projected seconds")
     args = ap.parse_args()
+    if args.versions:
+        counts = new_texts(*args.versions)
+        out = {**counts, "share": counts["new_texts"] / counts["passages"]}
+        if args.rate:
+            out.update(rate=args.rate, projected_night_seconds=counts["new_texts"] / args.rate,
+                       projected_full_seconds=counts["passages"] / args.rate)
+        print(json.dumps({"count": out}), flush=True)
+        return
     from tasks.corpus.published import corpus_store
 
     result: dict = {"pages": args.pages, "edit_share": args.edit_share, "seed": args.seed, "threads": args.threads}

@@ -15,7 +15,10 @@ The days' ``status.txt`` are restored at the end.
 Each night's CPU seconds are also split into user and system time, and by role
 (``cpu_by_role``: the coordinator, the pool workers, the Prefect API server), read from
 ``/proc/<pid>/stat`` of the night's process tree every 0.25 s (Linux; a process's last 0.25 s
-before it exits is missed, so the roles add up to slightly less than ``cpu_s``).
+before it exits is missed, so the roles add up to slightly less than ``cpu_s``), and the pool
+workers' CPU by stage (``workers_cpu_by_stage``: each stage opens a pool of its own; a worker is
+counted with the stage whose end, read from the night's log, first follows it), beside each
+stage's wall seconds (``stage_wall_s``).
 
 ``--server``: the nights run against one Prefect server started for the whole bench
 (``infra/server/prefect-server.sh`` on 127.0.0.1, SQLite under ``HOME/prefect-server``), as the nightly deployments run
@@ -29,14 +32,18 @@ background services' idle loops during the night count too); ``cpu_with_server_s
 ``status.txt`` says done; no day held back, no cache aged), measured as the nights above and printed
 as one line: for comparing two versions of the code on copies of one home (e.g. a hard-linked copy
 of a home after night 3, each run with the other version first on ``PYTHONPATH``).
+``--copy-before NIGHT DIR`` makes such a copy before night ``NIGHT``; ``--profile FILE`` runs the
+``--one-more`` night's build process under ``cProfile`` (its statistics in ``FILE``, for ``pstats``;
+the profiler slows that process, so its CPU seconds are not a night's).
 
 After each night the home's size on disk is recorded (``home_bytes``); ``--cache-max-age-days``
 and ``--keep-versions`` set the build's ``retention`` for every night.
 
 Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED --home DIR
 [--wiki synwiki] [--workers 2] [--http] [--no-gate] [--release 1 1 1] [--cache-max-age-days D]
-[--keep-versions N] [--days-between-nights 1] [--server] [--out results.json]``;
-``python benchmarks/bench_nightly_mirror.py MIRROR --home DIR --one-more [--http] [--server] [--workers 2] [--no-gate]``.
+[--keep-versions N] [--days-between-nights 1] [--server] [--copy-before 4 COPY] [--out results.json]``;
+``python benchmarks/bench_nightly_mirror.py MIRROR --home DIR --one-more [--http] [--server] [--workers 2] [--no-gate]
+[--profile FILE]``.
 """
 from __future__ import annotations
 
@@ -46,6 +53,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -89,15 +97,40 @@ def _home_bytes(home: Path) -> int:
     return total
 
 
+def _copy_home(home: Path, dest: Path) -> None:
+    """``home`` copied to ``dest`` as hard links (every cache entry and version is written to a new
+    name and renamed, never changed in place), but SQLite databases and their journals (MLflow's),
+    which are written in place, copied; the bench's Prefect server is left out (``--one-more
+    --server`` starts one of its own). Raises ``FileExistsError`` if ``dest`` exists."""
+    import shutil
+
+    def link_or_copy_db(src: str, dst: str) -> None:
+        if ".db" in Path(src).name or Path(src).suffix in {".sqlite", ".sqlite3"}:
+            shutil.copy2(src, dst)
+        else:
+            os.link(src, dst)
+
+    shutil.copytree(home, dest, copy_function=link_or_copy_db, symlinks=True,
+                    ignore=lambda d, _: ["prefect-server"] if Path(d) == Path(home) else [])
+
+
 def one_night(args: argparse.Namespace) -> None:
-    """In a child process: one nightly run; its summary as JSON on the last line of stdout."""
+    """In a child process: one nightly run; its summary as JSON on the last line of stdout. With
+    ``args.profile``: the run under ``cProfile``, its statistics written there (``pstats``)."""
     from flows.corpus_nightly import corpus_build_nightly
 
     retention = {k: v for k, v in (("cache_max_age_days", args.cache_max_age_days),
                                    ("keep_versions", args.keep_versions)) if v is not None}
     cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths, gate=not args.no_gate,
                   retention=retention)
-    summary = corpus_build_nightly(cfg)
+    if args.profile:
+        import cProfile
+
+        with cProfile.Profile() as profile:
+            summary = corpus_build_nightly(cfg)
+        profile.dump_stats(args.profile)
+    else:
+        summary = corpus_build_nightly(cfg)
     if summary.get("version"):   # read now: retention may remove this version on a later night
         from funnelrag.workspace import Workspace
         from tasks.corpus.published import corpus_store
@@ -129,6 +162,7 @@ class _TreeCPU:
 
     def __init__(self, root: int, every: float = 0.25):
         self.root, self.every, self.seen = root, every, {}
+        self.first_seen: dict[int, float] = {}   # pid -> wall clock (time.time()) of its first sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -164,6 +198,7 @@ class _TreeCPU:
                 except OSError:
                     continue
                 role = _role(cmd) if cmd.strip() else self.seen.get(pid, ("other",))[0]   # an exiting process has none
+                self.first_seen.setdefault(pid, time.time())
                 self.seen[pid] = (role, int(fields[11]) / tick, int(fields[12]) / tick)
             self._stop.wait(self.every)
 
@@ -177,6 +212,35 @@ class _TreeCPU:
             r["user_s"] = round(r["user_s"] + user, 2)
             r["sys_s"] = round(r["sys_s"] + system, 2)
         return roles
+
+    def workers_by_stage(self, stage_ends: list[tuple[str, float]]) -> dict[str, float]:
+        """CPU seconds (user + system) of the pool workers by stage: each stage opens a pool of its
+        own, so a worker belongs to the first stage that ended after it was first seen
+        (``stage_ends``: ``(stage, wall clock)`` in order, from :func:`_stage_ends`); the forkserver,
+        started with the first pool, counts with that stage."""
+        out: dict[str, float] = {}
+        for pid, (role, user, system) in self.seen.items():
+            if role != "pool_workers":
+                continue
+            seen = self.first_seen.get(pid, 0.0)
+            stage = next((name for name, end in stage_ends if seen <= end), "after the stages")
+            out[stage] = round(out.get(stage, 0.0) + user + system, 2)
+        return out
+
+
+STAGE_END = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d{3}) \|.*\bstage (\w+)\s+(?:built|cache hit) in ")
+
+
+def _stage_ends(log: str, day_start: float) -> list[tuple[str, float]]:
+    """``(stage, wall clock)`` of each ``stage <name> built|cache hit in`` line of a night's Prefect
+    log (``HH:MM:SS.mmm`` local time; ``day_start``: the wall clock of that day's midnight)."""
+    ends = []
+    for line in log.splitlines():
+        m = STAGE_END.match(line)
+        if m:
+            h, mi, sec, ms = (int(g) for g in m.groups()[:4])
+            ends.append((m.group(5), day_start + h * 3600 + mi * 60 + sec + ms / 1000))
+    return ends
 
 
 def _tree_cpu_s(root: int) -> float:
@@ -233,7 +297,8 @@ def _run_child(argv: list[str], server: _PrefectServer | None = None) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     server_before = server.cpu_s() if server else None
     t0 = time.perf_counter()
-    env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}   # a loaded box starts it slowly
+    env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",   # a loaded box starts it slowly
+           "PREFECT_LOGGING_LEVEL": "INFO"}   # Prefect's default: the stages' end lines give workers_cpu_by_stage
     if server:
         env["PREFECT_API_URL"] = server.url
     proc = subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -241,6 +306,8 @@ def _run_child(argv: list[str], server: _PrefectServer | None = None) -> dict:
     sampler = _TreeCPU(proc.pid) if Path("/proc/self/stat").exists() else None
     stdout, stderr = proc.communicate()
     by_role = sampler.stop() if sampler is not None else None
+    midnight = time.mktime(time.localtime()[:3] + (0, 0, 0, 0, 0, -1))
+    by_stage = sampler.workers_by_stage(_stage_ends(stdout + "\n" + stderr, midnight)) if sampler is not None else None
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
@@ -255,7 +322,7 @@ def _run_child(argv: list[str], server: _PrefectServer | None = None) -> dict:
         served["cpu_with_server_s"] = round(cpu + served["server_cpu_s"], 2)
     return {"wall_s": wall, "cpu_s": cpu, **served, "cpu_user_s": after.ru_utime - before.ru_utime,
             "cpu_sys_s": after.ru_stime - before.ru_stime, "cpu_by_role": by_role,
-            "load": Path("/proc/loadavg").read_text().split()[:3],
+            "workers_cpu_by_stage": by_stage, "load": Path("/proc/loadavg").read_text().split()[:3],
             "home_bytes": _home_bytes(home), **json.loads(line[len("SUMMARY "):])}
 
 
@@ -274,8 +341,9 @@ def _serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
 def _night_line(r: dict) -> str:
     """One night's result as the JSON line the bench prints."""
     return json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "server_cpu_s", "cpu_user_s", "cpu_sys_s",
-                                             "cpu_by_role", "load", "version", "shards", "home_bytes", "retention")}
-                      | {"action": r["nightly"]["action"], "days": r["nightly"]["days"],
+                                             "cpu_by_role", "workers_cpu_by_stage", "load", "version", "shards", "home_bytes", "retention")}
+                      | {"stage_wall_s": {k: round(v["wall_seconds"], 2) for k, v in (r.get("stages") or {}).items()},
+                         "action": r["nightly"]["action"], "days": r["nightly"]["days"],
                          "apply": (r["nightly"].get("fetch") or {}).get("apply")})
 
 
@@ -300,8 +368,9 @@ def one_more(args: argparse.Namespace, common: list[str]) -> None:
     """``--one-more``: one night on ``args.home`` with the mirror as it is, measured by :func:`_run_child`."""
     if args.mirror is None:
         raise SystemExit("--one-more needs the MIRROR directory")
+    profile = ["--profile", str(args.profile)] if args.profile else []
     with _servers(args) as (url, prefect_server):
-        r = _run_child(["--one-night", "--mirror-url", url, *common], prefect_server)
+        r = _run_child(["--one-night", "--mirror-url", url, *common, *profile], prefect_server)
     r["night"] = "one more"
     print(_night_line(r), flush=True)
     if args.out:
@@ -329,6 +398,10 @@ def main() -> None:
                     "each night is reported as server_cpu_s")
     ap.add_argument("--one-more", action="store_true", help="one night on HOME as it is, the mirror as it is "
                     "(every done day): for comparing code versions on copies of one home")
+    ap.add_argument("--profile", type=Path, help="with --one-more: cProfile the night's build process, its "
+                    "statistics written to this file (pstats)")
+    ap.add_argument("--copy-before", nargs=2, metavar=("NIGHT", "DIR"), help="before night NIGHT (1 = the full "
+                    "build), copy the home to DIR (hard links; databases copied): a home for --one-more comparisons")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--one-night", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mirror-url", help=argparse.SUPPRESS)
@@ -364,6 +437,8 @@ def main() -> None:
                     done += release[night - 1]
                 if night and args.days_between_nights:
                     _shift_cache_clock(args.home / "nightly", args.days_between_nights)
+                if args.copy_before and int(args.copy_before[0]) == night + 1:
+                    _copy_home(args.home, Path(args.copy_before[1]))
                 r = _run_child(["--one-night", "--mirror-url", url, *common], prefect_server)
                 r["night"] = night + 1
                 results.append(r)

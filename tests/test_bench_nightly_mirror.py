@@ -34,6 +34,41 @@ def test_tree_cpu_counts_a_processs_children_live_and_exited():
     assert _tree_cpu_s(proc.pid) == 0.0
 
 
+def test_stage_ends_and_workers_by_stage_from_a_nights_log():
+    """The stages' end times come from the night's log lines; a pool worker counts with the first
+    stage that ended after it was first seen, the coordinator with none."""
+    from benchmarks.bench_nightly_mirror import _stage_ends, _TreeCPU
+
+    log = ("10:00:05.000 | INFO    | Flow run 'x' - stage ingest   built in 5.00 s\n"
+           "10:00:06.500 | INFO    | Task run 'tokens' - stage tokens: 3 shard(s) on 2 local worker process(es)\n"
+           "10:00:07.250 | INFO    | Flow run 'x' - stage tokens   cache hit in 0.10 s\n"
+           "10:00:09.000 | INFO    | Flow run 'x' - stage index    built in 1.75 s\n")
+    ends = _stage_ends(log, 1000.0)
+    assert ends == [("ingest", 1000.0 + 36005.0), ("tokens", 1000.0 + 36007.25), ("index", 1000.0 + 36009.0)]
+    sampler = _TreeCPU.__new__(_TreeCPU)
+    sampler.seen = {1: ("coordinator", 9.0, 1.0), 2: ("pool_workers", 2.0, 0.5), 3: ("pool_workers", 1.0, 0.0),
+                    4: ("pool_workers", 0.25, 0.0), 5: ("pool_workers", 0.5, 0.0)}
+    sampler.first_seen = {1: 0.0, 2: 37001.0, 3: 37007.0, 4: 37008.0, 5: 37010.0}
+    assert sampler.workers_by_stage(ends) == {"ingest": 2.5, "tokens": 1.0, "index": 0.25, "after the stages": 0.5}
+
+
+def test_copy_home_links_files_and_copies_databases(tmp_path):
+    """--copy-before's copy: files hard-linked, SQLite databases copied, the bench's Prefect server left out."""
+    from benchmarks.bench_nightly_mirror import _copy_home
+
+    home = tmp_path / "home"
+    (home / "nightly" / "cache").mkdir(parents=True)
+    (home / "prefect-server").mkdir()
+    (home / "nightly" / "cache" / "a.npy").write_bytes(b"a")
+    (home / "nightly" / "mlflow.db").write_bytes(b"db")
+    _copy_home(home, tmp_path / "copy")
+    copy = tmp_path / "copy" / "nightly"
+    assert (copy / "cache" / "a.npy").stat().st_ino == (home / "nightly" / "cache" / "a.npy").stat().st_ino
+    assert (copy / "mlflow.db").read_bytes() == b"db"
+    assert (copy / "mlflow.db").stat().st_ino != (home / "nightly" / "mlflow.db").stat().st_ino
+    assert not (tmp_path / "copy" / "prefect-server").exists()
+
+
 def test_gc_time_site_writes_each_processs_collections(tmp_path):
     """benchmarks/gc_time: a process started with it and FUNNELRAG_GC_TIME_DIR writes its full
     collections and their CPU time; without the variable it writes nothing."""
@@ -103,6 +138,9 @@ def test_one_more_night_on_a_home_as_it_is(tmp_path, data_mirror):
     for night in nights[:2]:
         roles = night["cpu_by_role"]
         assert night["cpu_s"] > 0 and roles["coordinator"]["user_s"] > 0 and roles["pool_workers"]["user_s"] > 0
+        by_stage = night["workers_cpu_by_stage"]   # each worker counted with a stage whose end the night's log gave
+        assert by_stage and set(by_stage) <= {"ingest", "tokens", "segment", "index"}
+        assert set(night["stage_wall_s"]) >= {"ingest", "tokens", "cluster", "segment", "index", "publish"}
 
 
 @pytest.mark.slow  # starts a Prefect server (~20 s) and runs two small flows
