@@ -195,7 +195,8 @@ def _cluster_id_is_anchor(table: pa.Table):
     """cluster_members: a cluster's id is the ``doc_id`` of its first member (position 0, its anchor)."""
     first = pc.equal(table.column("position"), 0)
     bad = pc.indices_nonzero(pc.and_(first, pc.not_equal(table.column("cluster_id"), table.column("doc_id")))).to_pylist()
-    return ("cluster_id", bad[:5], "cluster_id is not the doc_id of the cluster's first member") if bad else None
+    return ("cluster_id", bad[:5], ("cluster_id is not the doc_id of the cluster's first member (a version published before content-derived "
+                                      "ids: build the corpus again, e.g. the next nightly)")) if bad else None
 
 
 PASSAGE_ID_PATTERN = r"^[0-9a-f]{16}\.p[0-9]{3,}$"
