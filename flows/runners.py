@@ -69,7 +69,7 @@ class RunnerConfig(BaseModel):
     address : Dask scheduler address (``tcp://host:8786``); None = start a LocalCluster.
     streams_per_piece : bz2 streams (100 pages each) per ingest piece of a multistream dump.
     docs_per_shard : documents per token-counting shard, and per task of the pass that splits the
-        documents by segment / cluster-token shard (a ``doc_id`` range).
+        documents by segment / cluster-token shard (a range of ``documents.parquet`` rows).
     tokens_per_shard : the most tokens (``clusters.parquet`` ``n_tokens``) of a segment or
         cluster-token shard (whole clusters, content-defined cuts:
         :func:`tasks.corpus.sharded.shards.cluster_ranges`); bounds a worker's memory (~27 bytes a token
