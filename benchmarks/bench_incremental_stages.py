@@ -169,7 +169,7 @@ def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = N
             finally:
                 profile.disable()
     summary, figures = _measure(step)
-    print(json.dumps({**figures, **{k: summary[k] for k in ("clusters", "clusters_reused", "passages", "partition_seconds", "segmented_documents", "segmented_documents_reused") if k in summary}}))
+    print(json.dumps({**figures, **{k: summary[k] for k in ("clusters", "clusters_reused", "passages", "partition_seconds") if k in summary}}))
     pstats.Stats(profile).sort_stats("cumtime").print_stats(14)
 
 
@@ -418,7 +418,7 @@ def bench_copies(home: Path) -> None:
 
     from tasks.corpus.sharded import segment_memo as SM  # noqa: PLC0415
 
-    shard = max((root / "segment-shards").glob(f"*/{SM.LABELLED_PASSAGES_FILE}"), key=lambda f: f.stat().st_size,
+    shard = max((root / "segment-shards").glob(f"*/{SM.PASSAGES_FILE}"), key=lambda f: f.stat().st_size,
                 default=None)
     if shard is not None:   # a segment shard's rows: written by a worker, read back by the coordinator
         import tempfile  # noqa: PLC0415

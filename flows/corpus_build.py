@@ -508,8 +508,7 @@ def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     """Texts this build took from the per-text memos instead of computing them again
     (:mod:`funnelrag.content_store`, :mod:`tasks.sources.ingest.page_memo`): ``{"ingest_cleaned_pages"
     (only when pass 1 ran with a piece cache) | "window_token_documents" | "segment_clusters" (the sharded
-    segment stage) | "segment_documents" (the members of the clusters it cut, whose windows the memo
-    held or not) | "cluster_index_members" |
+    segment stage) | "cluster_index_members" |
     "passage_index_passages": {"built", "reused"}}`` (a stage-cache hit reuses every text; a stage
     summary from before the memos counts every text as built)."""
     found = {}
@@ -518,8 +517,6 @@ def memo_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
         found["ingest_cleaned_pages"] = {"built": int(cleaned.get("built", 0)), "reused": int(cleaned.get("reused", 0))}
     for name, stage, total, reused in (("window_token_documents", "tokens", "documents", "documents_reused"),
                                        ("segment_clusters", "segment", "clusters", "clusters_reused"),
-                                       ("segment_documents", "segment", "segmented_documents",
-                                        "segmented_documents_reused"),
                                        ("cluster_index_members", "index", "cluster_members", "cluster_members_reused"),
                                        ("passage_index_passages", "index", "passage_index_docs", "passages_reused")):
         summary = stages[stage].summary

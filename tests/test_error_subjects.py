@@ -38,9 +38,9 @@ def _rows(n_bytes: int) -> pa.Table:
 def test_a_full_disk_during_a_segment_shard_write_names_the_file(tiny_tmpfs):
     entry = tiny_tmpfs / "segment-shard-entry"
     with pytest.raises(OSError) as info:
-        put_cached(entry, lambda tmp: SM.write_rows(tmp / SM.LABELLED_UNITS_FILE, _rows(256 << 10)))
+        put_cached(entry, lambda tmp: SM.write_rows(tmp / SM.UNITS_FILE, _rows(256 << 10)))
     assert info.value.errno == errno.ENOSPC
-    assert SM.LABELLED_UNITS_FILE in str(info.value) and "disk" in str(info.value).lower()
+    assert SM.UNITS_FILE in str(info.value) and "disk" in str(info.value).lower()
     assert list(tiny_tmpfs.iterdir()) == []   # no entry, no temporary directory
 
 
@@ -51,8 +51,8 @@ def test_a_disk_full_error_naming_no_file_is_given_one(tmp_path, monkeypatch):
     monkeypatch.setattr(SM.ipc, "new_file", full)
     entry = tmp_path / "cache" / "segment-shard-entry"
     with pytest.raises(OSError) as info:   # the file being written, not only the cache entry
-        put_cached(entry, lambda tmp: SM.write_rows(tmp / SM.LABELLED_PASSAGES_FILE, _rows(4096)))
-    assert info.value.errno == errno.ENOSPC and SM.LABELLED_PASSAGES_FILE in str(info.value)
+        put_cached(entry, lambda tmp: SM.write_rows(tmp / SM.PASSAGES_FILE, _rows(4096)))
+    assert info.value.errno == errno.ENOSPC and SM.PASSAGES_FILE in str(info.value)
     assert str(info.value).count("while writing") == 1
 
     def numpy_full(tmp):

@@ -253,9 +253,10 @@ def test_sharded_segment_is_byte_identical(ingested, clustered, data_mirror, tmp
 @pytest.mark.parametrize("kept_keys", [False, True])
 def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, tmp_path, kept_keys):
     """Edits spread over every shard, clusters recomputed by Algorithm 1 on the edited corpus: only
-    clusters with an edited member are segmented again, the others come from the memo under
-    tonight's ids, and the bytes are those of a build without a memo and of the one-process stage;
-    the same whether the shards hash the texts or take the keys the tokens stage kept."""
+    clusters with an edited member are segmented again, the others come from the memo as they are
+    (ids are content ids), and the bytes are those of a build without a memo and of the
+    one-process stage; the same whether the shards hash the texts or take the keys the tokens
+    stage kept."""
     cfg, cache = SegmentConfig(tokenizer="whitespace"), tmp_path / "cache"
     n_docs = pq.read_metadata(ingested / "documents.parquet").num_rows
     edits = {d: f"edited article {d} " + "word " * (37 * d % 250) for d in range(3, n_docs, 20)}
@@ -285,9 +286,6 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
                       .to_pylist()))
     assert tonight["shards_built"] == tonight["shards"] > 1
     assert tonight["clusters"] / 2 < tonight["clusters_reused"] <= tonight["clusters"] - touched
-    # the clusters cut again: only the edited texts are cut, their other members' windows come from the memo
-    assert tonight["segmented_documents"] - tonight["segmented_documents_reused"] == len(edits)
-    assert tonight["segmented_documents_reused"] > 0 and base["segmented_documents_reused"] == 0
     for name in ("document_units.parquet", "passages.parquet"):
         digest = sha256_file(tmp_path / "s-one" / name)
         assert sha256_file(tmp_path / "s-tonight" / name) == sha256_file(tmp_path / "s-fresh" / name) == digest

@@ -18,9 +18,10 @@ the DPR-style ~100-word windows of each article.
   ``{key}.u{w:03d}``. An unchanged article keeps its passage ids from one build to the next,
   whatever cluster and unit Algorithm 1 puts it in; ids do not sort in file order.
 
-:func:`segment_cluster` is the one function used offline (whole corpus → the
-``document_units`` and ``passages`` tables, :func:`segment_corpus`) and at query time
-("later chunking" of retrieved clusters), so both give the same passages with the same ids.
+:func:`segment_clusters` is the one segmentation: offline (whole corpus → the
+``document_units`` and ``passages`` tables, :func:`segment_corpus`; a shard of clusters, and the
+clusters a nightly build cuts again) and at query time ("later chunking" of retrieved clusters,
+:func:`segment_cluster`, its rows as objects), so every path gives the same passages with the same ids.
 """
 from __future__ import annotations
 
@@ -176,18 +177,16 @@ def check_tokenizer(cfg: SegmentConfig, tokenizer: TokenCounter) -> None:
         raise ValueError(f"SegmentConfig.tokenizer is {cfg.tokenizer!r} but the token counter is {tokenizer.name!r}")
 
 
-def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str | list[str]], cfg: SegmentConfig,
+def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str], cfg: SegmentConfig,
                     tokenizer: TokenCounter, window_tokens: Sequence[np.ndarray] | None = None
                     ) -> tuple[list[str], list[int], np.ndarray, list[int]]:
     """One cluster's windows and units, before any id: the members' ``article_windows`` in cluster
-    order and their greedy packing into units (:func:`pack_units`); shared by
-    :func:`segment_cluster` and the segmentation memo's ``segment_unlabeled``.
+    order and their greedy packing into units (:func:`pack_units`).
 
     Parameters
     ----------
     cluster_id, doc_ids : name the cluster and its members in errors only.
-    texts : the members' texts in cluster order; a member given as a list is its windows already
-        cut (``article_windows`` of its text, e.g. kept by the segmentation memo).
+    texts : the members' texts in cluster order.
     cfg, tokenizer : settings and the counter named ``cfg.tokenizer``.
     window_tokens : each member's precomputed window token counts (``WindowTokens.of(row)``, the document's row);
         ``None``: counted here with ``tokenizer``.
@@ -208,7 +207,7 @@ def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str
     member_of: list[int] = []
     per_member: list[int] = []
     for m, text in enumerate(texts):
-        ws = text if isinstance(text, list) else article_windows(text, cfg.passage_words)
+        ws = article_windows(text, cfg.passage_words)
         per_member.append(len(ws))
         windows.extend(ws)
         member_of.extend([m] * len(ws))
@@ -225,9 +224,81 @@ def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str
     return windows, member_of, counts, pack_units(counts, cfg.unit_max_tokens)
 
 
+ClusterInput = tuple[int, Sequence[int], Sequence[str], Sequence[str], "Sequence[np.ndarray] | None"]
+"""One cluster to segment: ``(cluster_id, doc_ids, titles, texts, window_tokens)``, its members in
+cluster order (``window_tokens``: each member's window token counts, or ``None`` to count them)."""
+
+
+def _segment_columns(clusters: Iterable[ClusterInput], cfg: SegmentConfig, tokenizer: TokenCounter
+                     ) -> tuple[dict[str, list], dict[str, list], list[tuple[int, int]]]:
+    """The columns of the ``document_units`` and ``passages`` rows of ``clusters``, one cluster
+    after the other, and each cluster's ``(units, passages)``: the one segmentation behind
+    :func:`segment_clusters` and :func:`segment_cluster`."""
+    units: dict[str, list] = {name: [] for name in DOCUMENT_UNITS.schema.names}
+    passages: dict[str, list] = {name: [] for name in PASSAGES.schema.names}
+    counts: list[tuple[int, int]] = []
+    for cluster_id, doc_ids, titles, texts, window_tokens in clusters:
+        windows, members, tokens, bounds = cluster_windows(cluster_id, doc_ids, texts, cfg, tokenizer, window_tokens)
+        keys = [document_key(t) for t in titles]   # one hash a member
+        in_doc = windows_in_member(members).tolist()
+        cid = int(cluster_id)
+        for k in range(len(bounds) - 1):
+            a, b = bounds[k], bounds[k + 1]
+            uid = f"{keys[members[a]]}.u{in_doc[a]:03d}"
+            for name, value in (("unit_id", uid), ("cluster_id", cid), ("position", k),
+                                ("n_tokens", int(tokens[a:b].sum())), ("n_passages", b - a),
+                                ("title", titles[members[a]])):
+                units[name].append(value)
+            passages["unit_id"].extend([uid] * (b - a))
+        passages["passage_id"].extend(f"{keys[m]}.p{w:03d}" for m, w in zip(members, in_doc))
+        passages["cluster_id"].extend([cid] * len(windows))
+        passages["doc_id"].extend(int(doc_ids[m]) for m in members)
+        passages["title"].extend(titles[m] for m in members)
+        passages["text"].extend(windows)
+        passages["n_words"].extend(w.count(" ") + 1 for w in windows)   # words joined by single spaces
+        passages["n_tokens"].extend(tokens.tolist())
+        counts.append((len(bounds) - 1, len(windows)))
+    return units, passages, counts
+
+
+def segment_clusters(clusters: Iterable[ClusterInput], cfg: SegmentConfig, tokenizer: TokenCounter
+                     ) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """Cut clusters into the rows of the ``document_units`` and ``passages`` tables (later
+    chunking; the offline build, whole corpus or a shard of it, :func:`segment_corpus`).
+
+    Parameters
+    ----------
+    clusters : per cluster (any iterable) ``(cluster_id, doc_ids, titles, texts, window_tokens)``:
+        its id and its members' document ids, titles and texts in cluster order
+        (``cluster_members.position``), and each member's window token counts
+        (``WindowTokens.of(row)``, int32, one per window of :func:`article_windows`) or ``None``
+        to count them with ``tokenizer``.
+    cfg : the segmentation settings.
+    tokenizer : the counter named ``cfg.tokenizer``.
+
+    Returns
+    -------
+    (units, passages, counts)
+        The contract-validated ``document_units`` and ``passages`` rows, clusters in input order
+        (unit position, passage position within each), and ``(n_clusters, 2)`` int64: each
+        cluster's units and passages. Members without words contribute no passage.
+
+    Raises
+    ------
+    ValueError
+        The tokenizer is not the configured one, or a member's token counts do not match its
+        windows (names the cluster and the document).
+    """
+    units, passages, counts = _segment_columns(clusters, cfg, tokenizer)
+    return (DOCUMENT_UNITS.validate(pa.table(units, schema=DOCUMENT_UNITS.schema)),
+            PASSAGES.validate(pa.table(passages, schema=PASSAGES.schema)),
+            np.array(counts, np.int64).reshape(-1, 2))
+
+
 def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConfig, tokenizer: TokenCounter,
                     window_tokens: Sequence[np.ndarray] | None = None) -> ClusterSegments:
-    """Cut one cluster into document units of passages (offline and at query time).
+    """Cut one cluster into document units of passages (at query time: the rows
+    :func:`segment_clusters` makes, as objects).
 
     Parameters
     ----------
@@ -253,23 +324,14 @@ def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConf
         The tokenizer is not the configured one, or ``window_tokens`` does not match the
         members' windows (names the doc id).
     """
-    doc_ids = [m[0] for m in members]
-    texts, member_of, counts, bounds = cluster_windows(cluster_id, doc_ids, [m[2] for m in members], cfg, tokenizer,
-                                                       window_tokens)
-    windows = [(doc_ids[m], members[m][1], w) for m, w in zip(member_of, texts)]   # (doc_id, title, text)
-    in_doc = windows_in_member(member_of).tolist()
-    units = []
-    for k in range(len(bounds) - 1):
-        first = bounds[k]
-        uid = unit_id(windows[first][1], in_doc[first])
-        passages = tuple(
-            Passage(passage_id=passage_id(windows[i][1], in_doc[i]), unit_id=uid, cluster_id=int(cluster_id),
-                    doc_id=int(windows[i][0]), title=windows[i][1], text=windows[i][2],
-                    n_words=windows[i][2].count(" ") + 1,  # words joined by single spaces
-                    n_tokens=int(counts[i]))
-            for i in range(bounds[k], bounds[k + 1]))
-        units.append(DocumentUnit(unit_id=uid, cluster_id=int(cluster_id), position=k, passages=passages))
-    return ClusterSegments(cluster_id=int(cluster_id), units=tuple(units))
+    cluster = (cluster_id, [m[0] for m in members], [m[1] for m in members], [m[2] for m in members], window_tokens)
+    units, rows, _ = _segment_columns([cluster], cfg, tokenizer)
+    passages = [Passage(*values) for values in zip(*(rows[name] for name in PASSAGES.schema.names))]
+    out, at = [], 0
+    for uid, cid, position, n in zip(units["unit_id"], units["cluster_id"], units["position"], units["n_passages"]):
+        out.append(DocumentUnit(unit_id=uid, cluster_id=cid, position=position, passages=tuple(passages[at:at + n])))
+        at += n
+    return ClusterSegments(cluster_id=int(cluster_id), units=tuple(out))
 
 
 def segments_to_tables(segments: Iterable[ClusterSegments]) -> tuple[pa.Table, pa.Table]:
@@ -412,7 +474,7 @@ class CorpusSegments:
 
 def segment_corpus(documents: pa.Table, cluster_members: pa.Table, cfg: SegmentConfig, tokenizer: TokenCounter,
                    window_tokens: WindowTokens | None = None, clusters_per_batch: int = 8192) -> CorpusSegments:
-    """Segment every cluster of the corpus with :func:`segment_cluster` (offline path).
+    """Segment every cluster of the corpus with :func:`segment_clusters` (offline path).
 
     Parameters
     ----------
@@ -458,17 +520,16 @@ def segment_corpus(documents: pa.Table, cluster_members: pa.Table, cfg: SegmentC
     ends = np.r_[starts[1:], cids.size]
     unit_tables, passage_tables = [], []
     for b in range(0, starts.size, clusters_per_batch):
-        segs = []
+        batch = []
         for s, e in zip(starts[b:b + clusters_per_batch].tolist(), ends[b:b + clusters_per_batch].tolist()):
             docs = rows[s:e].tolist()
-            wt = [window_tokens.of(d) for d in docs] if window_tokens is not None else None
-            segs.append(segment_cluster(int(cids[s]), [(int(doc_ids[d]), titles[d], texts[d]) for d in docs], cfg,
-                                        tokenizer, wt))
-        units, passages = segments_to_tables(segs)
+            batch.append((int(cids[s]), doc_ids[docs], [titles[d] for d in docs], [texts[d] for d in docs],
+                          [window_tokens.of(d) for d in docs] if window_tokens is not None else None))
+        units, passages, _ = segment_clusters(batch, cfg, tokenizer)
         unit_tables.append(units)
         passage_tables.append(passages)
     if not unit_tables:
-        units, passages = segments_to_tables([])
+        units, passages, _ = segment_clusters([], cfg, tokenizer)
         unit_tables, passage_tables = [units], [passages]
     n_empty = sum(1 for t in texts if not t.strip())  # strip() and split() share Unicode whitespace
     if n_empty:

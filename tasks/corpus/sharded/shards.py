@@ -38,7 +38,7 @@ from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
 from tasks.corpus.sharded import segment_memo as SM
 from funnelrag.content_store import Utf8Rows, arrow_text_keys, take_texts
-from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens
+from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_clusters
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -469,7 +469,7 @@ def run_tokens_sharded(ingest_dir: Path, out_dir: Path, cfg: SegmentConfig, mirr
 
 
 # ---------------------------------------------------------------------------------- segment
-SEGMENT_SHARD_VERSION = "6"   # 5: content ids (document key and window); 6: doc and cluster ids from the page
+SEGMENT_SHARD_VERSION = "7"   # 6: doc and cluster ids from the page; 7: rows as the memo keeps them, no relabelling
 
 
 
@@ -614,28 +614,24 @@ def _segment_key(members: pa.Table, docs: pa.Table, text_keys: np.ndarray, token
 
 def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
                   mirror: str | None, cache_dir: str, docs_dir: str | None = None,
-                  memo: str | None = None) -> tuple[str, int, int, bool, int, int]:
+                  memo: str | None = None) -> tuple[str, int, int, bool]:
     """Units and passages of the clusters of ranks ``lo <= rank < hi`` (a worker-process call), rows in
-    cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them (one path with
-    a memo or without: clusters cut by :func:`tasks.corpus.sharded.segment_memo.segment_unlabeled`, then
-    given tonight's ids by :func:`tasks.corpus.sharded.segment_memo.label`), written to
-    ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.labelled.arrow`` (:func:`tasks.corpus.sharded.segment_memo.write_rows`).
+    cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them (the same
+    :func:`tasks.corpus.segment.segment_clusters`, on the clusters the memo lacks), written to
+    ``cache_dir/<sha256 of the shard's inputs>/{units,passages}.arrow`` (:func:`tasks.corpus.sharded.segment_memo.write_rows`).
 
     Returns ``(that directory, articles without words, clusters taken from the memo or the entry,
-    reused, documents of the clusters cut tonight, those of them whose windows the memo held)``;
-    ``reused`` when the directory was already complete (the shard's members, texts and token
-    counts are unchanged; no document counted). The rows go back through the files rather than through ``submit``, so
+    reused)``; ``reused`` when the directory was already complete (the shard's members, texts and
+    token counts are unchanged). The rows go back through the files rather than through ``submit``, so
     the coordinator reads one shard's rows at a time however many shards are in flight. Reads only
     the shard's members (Parquet filters), their documents (from ``docs_dir``, the shard's
     partition by :func:`partition_documents`, else by id from ``documents.parquet``) and their
     window token counts (:func:`read_rows_by_id`: memory bounded by a row group, not by the files).
 
     With ``memo`` (the segmentation memo's directory, :func:`tasks.corpus.sharded.segment_memo.memo_dir`),
-    a cluster whose members' texts and token counts the last build segmented takes its rows from
-    the memo, relabelled with tonight's cluster and document ids (same bytes); a cluster cut
-    tonight takes each member's windows from the memo's document index when the last build cut
-    that text (:meth:`tasks.corpus.sharded.segment_memo.SegmentMemo.document_windows`), so only new and
-    edited texts are cut again; and the directory also keeps the shard's part of the next memo
+    a cluster whose id, members' ids, titles, texts and token counts the last build segmented takes
+    its rows from the memo as they are (:func:`tasks.corpus.sharded.segment_memo.cluster_keys`), and
+    the directory also keeps the shard's part of the next memo
     (:func:`tasks.corpus.sharded.segment_memo.write_part`).
     """
     members = read_cluster_members(Path(cluster_dir), lo, hi)
@@ -656,7 +652,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     if verified_entry(cached):
         mark_used(cached)
         n_clusters = len(set(members.column("cluster_id").to_pylist()))
-        return str(cached), int((cached / "COMPLETE").read_text()), n_clusters, True, 0, 0
+        return str(cached), int((cached / "COMPLETE").read_text()), n_clusters, True
     text_bytes = Utf8Rows(docs.column("text"))
     col = tokens.column("n_tokens").combine_chunks()
     offsets, values = col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(np.int32)
@@ -669,39 +665,39 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     starts = np.flatnonzero(np.r_[True, cids[1:] != cids[:-1]]) if cids.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], cids.size]
     bounds = list(zip(starts.tolist(), ends.tolist()))
-    keys = SM.cluster_keys(bounds, rows.tolist(), text_keys, offsets, values) if memo is not None else None
+    titles = docs.column("title")
+    keys = (SM.cluster_keys(bounds, rows.tolist(), cids[starts], doc_ids, titles, text_keys, offsets, values)
+            if memo is not None else None)
     kept = SM.SegmentMemo.open(memo) if memo is not None else None
     found = kept.lookup(keys) if kept is not None else np.full(len(bounds), -1, np.int64)
     todo = [b for b, f in zip(bounds, found.tolist()) if f < 0]
-    # Python strings only of the documents of the clusters segmented tonight, not of the memo's;
-    # a text the memo holds (in another cluster) comes as its windows, cut already
+    # Python strings only of the documents of the clusters segmented tonight, not of the memo's
     needed = np.unique(np.concatenate([rows[s:e] for s, e in todo])) if todo else np.zeros(0, np.int64)
-    cut = kept.document_windows(text_keys[needed], offsets[needed + 1] - offsets[needed]) if kept is not None \
-        else [None] * needed.size
-    uncut = np.array([r for r, w in zip(needed.tolist(), cut) if w is None], np.int64)
-    texts = dict(zip(needed.tolist(), cut))
-    texts.update(zip(uncut.tolist(), take_texts(docs.column("text"), uncut)))
+    texts = dict(zip(needed.tolist(), take_texts(docs.column("text"), needed)))
+    names_of = dict(zip(needed.tolist(), take_texts(titles, needed)))
     what = f"segment clusters {lo:,}-{hi - 1:,}"
 
-    def clusters():   # the clusters cut tonight go straight to id-free rows, as the memo's are
+    def clusters():
         for s, e in progress(todo, what, unit="clusters"):
             rs = rows[s:e].tolist()
-            yield int(cids[s]), dids[s:e], [texts[r] for r in rs], [values[offsets[r]:offsets[r + 1]] for r in rs]
+            yield (int(cids[s]), dids[s:e], [names_of[r] for r in rs], [texts[r] for r in rs],
+                   [values[offsets[r]:offsets[r + 1]] for r in rs])
 
-    computed = SM.segment_unlabeled(clusters(), cfg, counter)
-    taken = kept.take(found[found >= 0]) if kept is not None else SM.unlabel([], [])
-    part = SM.interleave(computed, taken, found >= 0)
-    units, passages = SM.label(*part, cids[starts], starts, dids, docs.column("title").take(pa.array(rows)))
+    computed = segment_clusters(clusters(), cfg, counter)
+    if kept is not None:
+        units, passages, counts = SM.interleave(computed, kept.take(found[found >= 0]), found >= 0)
+    else:
+        units, passages, counts = computed
     n_empty = text_bytes.count_blank()
 
     def write(tmp: Path) -> None:
-        SM.write_rows(tmp / SM.LABELLED_UNITS_FILE, units)
-        SM.write_rows(tmp / SM.LABELLED_PASSAGES_FILE, passages)
+        SM.write_rows(tmp / SM.UNITS_FILE, units)
+        SM.write_rows(tmp / SM.PASSAGES_FILE, passages)
         if memo is not None:
-            SM.write_part(tmp, keys, *part, text_keys[rows], offsets[rows + 1] - offsets[rows])
+            SM.write_part(tmp, keys, counts)
         (tmp / "COMPLETE").write_text(f"{n_empty}\n")
     put_cached(cached, write)
-    return str(cached), n_empty, len(bounds) - len(todo), False, int(needed.size), int(needed.size - uncut.size)
+    return str(cached), n_empty, len(bounds) - len(todo), False
 
 
 def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: Path, cfg: SegmentConfig,
@@ -720,7 +716,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     shard reads its own documents only, not every row group. With ``cache_dir`` (shared by the
     workers) a shard whose members, texts and token counts are unchanged reuses its rows; the
     summary's ``shards_reused`` / ``shards_built`` say how many; and a cluster of any other shard
-    whose members' texts the last build segmented takes its rows from the segmentation memo
+    that the last build segmented (same id, members, titles, texts) takes its rows from the segmentation memo
     (:mod:`tasks.corpus.sharded.segment_memo`, replaced after the shards with this build's clusters;
     ``clusters_reused`` of ``clusters``). Without it the shards' rows pass
     through ``out_dir/.segment-shards`` (removed after). ``split_dir``: the build's shared
@@ -738,7 +734,7 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     rows_dir = Path(out_dir) / ".segment-shards" if cache_dir is None else Path(cache_dir)
     rows_dir.mkdir(parents=True, exist_ok=True)
     split = DocumentSplit(split_dir, rows_dir)
-    n_units = n_passages = unit_tokens = n_empty = reused = clusters_reused = docs_cut = docs_reused = 0
+    n_units = n_passages = unit_tokens = n_empty = reused = clusters_reused = 0
     try:
         docs_dirs = split.partition(ingest_dir, ranges, ranks, doc_rows, submit, docs_per_range, window)
         del members
@@ -753,21 +749,18 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         next_memo = SM.MemoWriter(memo) if memo is not None else None
         try:
             with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-                for kept, empty, from_memo, hit, docs, docs_from_memo in ordered_results(submit, calls, window,
-                                                                                         "segment shards"):
+                for kept, empty, from_memo, hit in ordered_results(submit, calls, window, "segment shards"):
                     clusters_reused += from_memo
-                    docs_cut, docs_reused = docs_cut + docs, docs_reused + docs_from_memo
-                    units = SM.read_rows(Path(kept) / SM.LABELLED_UNITS_FILE)
+                    units = SM.read_rows(Path(kept) / SM.UNITS_FILE)
                     units_out.write(units)
                     n_units += units.num_rows
                     unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
-                    del units
-                    passages = SM.read_rows(Path(kept) / SM.LABELLED_PASSAGES_FILE)
+                    passages = SM.read_rows(Path(kept) / SM.PASSAGES_FILE)
                     passages_out.write(passages)
                     n_passages += passages.num_rows
                     if next_memo is not None and SM.has_part(Path(kept)):
-                        next_memo.add(Path(kept), passages.column("text"))
-                    del passages
+                        next_memo.add(Path(kept), units, passages)
+                    del units, passages
                     n_empty, reused = n_empty + empty, reused + hit
         except BaseException:
             if next_memo is not None:
@@ -785,5 +778,4 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
             "mean_unit_tokens": unit_tokens / n_units if n_units else 0.0,
             "articles_without_passages": n_empty, "shards": len(ranges), "shards_reused": reused,
             "shards_built": len(ranges) - reused, "clusters": n_clusters, "clusters_reused": clusters_reused,
-            "segmented_documents": docs_cut, "segmented_documents_reused": docs_reused,
             "partition_seconds": t_partition, "split_reused": split.reused, "seconds": time.perf_counter() - t0}
