@@ -2,7 +2,8 @@
 
 :class:`PagePass` accounts for a record in the ingest report (kept, redirect or skipped with its
 reason), cleans a kept page's wikitext and spills it with its link targets to the title-sorted
-shards, and collects the titles, the redirect table and the link accounting. The serial driver
+shards, and collects the titles (a kept one's page id beside it), the redirect table and the link
+accounting. The serial driver
 over whole inputs (:mod:`tasks.sources.ingest.run`) and the worker state of one multistream piece
 (:mod:`tasks.sources.ingest.parallel`) extend it, so neither module imports the other's class.
 Part of the corpus-build input of FunnelRAG (articles and their hyperlink graph, Algorithm 1).
@@ -44,6 +45,7 @@ class PagePass:
         self.cfg, self.shards, self.report = cfg, shards, report
         self.templates = cfg.template_set()
         self.titles: dict[str, str] = {}             # normalised title -> kept | redirect | skipped
+        self.page_ids: dict[str, int | None] = {}    # kept title -> its page id (a doc_id before pass 2)
         self.redirects: dict[str, str | None] = {}   # redirect title -> normalised target
         self.links = LinkCounts()
         self.by_status: Counter[str] = Counter()
@@ -88,6 +90,7 @@ class PagePass:
             return self._skip(page, title, EMPTY_TEXT, f"{len(text)} characters after cleaning")
         self.shards.add(title, text, page.page_id, page.source, targets)
         self.titles[title] = KEPT
+        self.page_ids[title] = page.page_id
         self._row(page, title, KEPT, None, None)
 
     def _cleaned(self, page: RawPage, namespaces: frozenset[str]) -> tuple[str, list[str] | None]:

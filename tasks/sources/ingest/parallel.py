@@ -7,7 +7,7 @@ coordinator then *replays* the pieces in dump order (:func:`replay_piece`), whic
 decisions that need the whole dump so far are taken: a title already seen in an earlier piece
 makes the record a ``duplicate_title`` (its kept page is removed from the piece's shards, its
 links are not counted). Positions are renumbered from the piece's first page. The result — the
-report, the titles and redirect tables, the link accounting and the set of kept pages — is the
+report, the titles (with each kept one's page id) and redirect tables, the link accounting and the set of kept pages — is the
 one the serial pass builds, so the artifacts are byte-identical to the serial path's.
 
 Workers are submitted through any executor with ``submit(fn, *args) -> future`` (a
@@ -423,6 +423,8 @@ def replay_piece(state, result: PieceResult, first_position: int) -> None:
         _take_shards(state, result, _replay_rows(state, result, first_position))
         return
     state.titles.update([(t, e[1]) for t, e in zip(titles, effects) if e[1] is not None])
+    state.page_ids.update([(t, pid) for t, e, pid in zip(titles, effects, report.column("page_id").to_pylist())
+                           if e[1] == KEPT])
     state.redirects.update([(t, e[2]) for t, e in zip(titles, effects) if e[1] == REDIRECT])
     deltas = [e[3] for e in effects if e[3] is not None]
     links = state.links
@@ -463,6 +465,8 @@ def _replay_rows(state, result: PieceResult, first_position: int) -> set[str]:
         else:
             if mark is not None:
                 state.titles[title] = mark
+            if mark == KEPT:
+                state.page_ids[title] = page_id
             if mark == REDIRECT:
                 state.redirects[title] = redirect
             if delta is not None:

@@ -3,11 +3,11 @@
 Two passes, memory bounded by ``IngestConfig.shard_size`` (plus the title → id map):
 
 1. stream every input record, account for it in the ingest report, clean kept pages and
-   extract their links, spill them to title-sorted temporary shards; collect titles and the
-   redirect table;
-2. sort the kept titles (the documents' row order), resolve redirects, merge the shards in title
-   order and write ``documents`` (``doc_id`` from the page: :func:`document_ids`) and ``links``
-   (link targets resolved through redirects).
+   extract their links, spill them to title-sorted temporary shards; collect titles, each kept
+   title's page id and the redirect table;
+2. sort the kept titles (the documents' row order) and give each its ``doc_id`` (from the page:
+   :func:`document_ids`), resolve redirects, merge the shards in title order and write
+   ``documents`` and ``links`` (link targets resolved through redirects, written with the ids).
 
 This is the corpus-build input of FunnelRAG (Wikipedia articles and their hyperlink graph,
 from which clusters are built, Algorithm 1).
@@ -137,6 +137,8 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         uncompressed = state.run(inputs)
         pass2_start = time.perf_counter()
         kept = sorted(t for t, s in state.titles.items() if s == KEPT)
+        ids = document_ids(cfg.format, kept, pa.array([state.page_ids[t] for t in kept], pa.int64()))
+        check_distinct_ids(ids, kept)
         title_to_id = dict(zip(kept, range(len(kept))))
         rows, resolved = resolve_redirects(state.redirects, title_to_id, state.titles)
         redirects = stack.enter_context(REDIRECTS.open_writer(out_dir, sorted_keys=True))
@@ -145,7 +147,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
                                      map(list, zip(*rows[start:start + _LINK_BATCH])))))
         docs = stack.enter_context(DOCUMENTS.open_writer(out_dir, row_group_size=None))
         links = stack.enter_context(LINKS.open_writer(out_dir))
-        _second_pass(state, kept, LinkTargets(kept, resolved), docs, links, Path(tmp))
+        _second_pass(state, kept, ids, LinkTargets(kept, resolved), docs, links)
         counts = state.links
         if counts.accounted() != counts.seen:
             raise AssertionError(f"link accounting broken: {counts}")
@@ -245,35 +247,12 @@ def check_distinct_ids(ids: np.ndarray, kept: list[str]) -> None:
         raise IngestError(f"ingest: articles {kept[a]!r} and {kept[b]!r} have the same doc_id {int(ids[a])}")
 
 
-class _DenseLinks:
-    """Links resolved in pass 2 as document rows (int32 pairs), spilled to ``path`` until every
-    document's ``doc_id`` is known; then written with those ids (:meth:`write_ids`)."""
-
-    def __init__(self, path: Path):
-        self.path, self.n = path, 0
-        self.file = open(path, "wb")
-
-    def write(self, src: np.ndarray, dst: np.ndarray) -> None:
-        np.stack([src.astype(np.int32), dst.astype(np.int32)], axis=1).tofile(self.file)
-        self.n += len(src)
-
-    def write_ids(self, ids: np.ndarray, links) -> None:
-        """Write every spilled pair to ``links`` as ``(ids[src], ids[dst])``, in order."""
-        self.file.close()
-        pairs = np.memmap(self.path, np.int32, "r", shape=(self.n, 2)) if self.n else np.zeros((0, 2), np.int32)
-        for start in range(0, self.n, _LINK_BATCH):
-            chunk = np.asarray(pairs[start:start + _LINK_BATCH])
-            links.write({"src_doc_id": ids[chunk[:, 0]], "dst_doc_id": ids[chunk[:, 1]]})
-        del pairs
-        self.path.unlink()
-
-
-def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", docs, links, scratch: Path) -> None:
+def _second_pass(state: _FirstPass, kept: list[str], ids: np.ndarray, targets: "LinkTargets", docs, links) -> None:
     """Pass 2: merge shards in title order, write documents and resolved, deduplicated links.
 
-    Each document's ``doc_id`` comes from its page (:func:`document_ids`; distinct, checked
-    with :func:`check_distinct_ids`); links are resolved to document rows (title order) and
-    spilled (:class:`_DenseLinks`) until every id is known, then written with the ids.
+    ``ids`` (``(len(kept),)`` int64) is each kept title's ``doc_id`` (:func:`document_ids` of the
+    page ids pass 1 collected beside the titles); links are resolved to document rows (title
+    order) and written with those ids.
 
     The shards are merged in blocks of :data:`MERGE_BLOCK_DOCS` kept titles (merge bounds taken
     from ``kept``; with more than ``FAN_IN`` shards the runs are merged first, in the workers
@@ -289,8 +268,6 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
     bounds pass 2's wall time, only encodes and compresses).
     """
     doc_id = 0   # the row (rank in sorted titles) of the next document
-    ids = np.zeros(len(kept), np.int64)
-    dense = _DenseLinks(scratch / "links.dense")
     group: list[pa.Table] = []   # documents of the row group being filled
     group_rows = group_chars = 0
     src_parts: list[np.ndarray] = []
@@ -309,7 +286,6 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
             if titles != kept[doc_id:doc_id + n]:
                 bad = next(i for i, t in enumerate(titles) if doc_id + i >= len(kept) or kept[doc_id + i] != t)
                 raise AssertionError(f"shard merge out of order at {titles[bad]!r}")
-            ids[doc_id:doc_id + n] = document_ids(state.cfg.format, titles, block.column("page_id"))
             table = pa.table({"doc_id": pa.array(ids[doc_id:doc_id + n]),
                               **{name: block.column(name) for name in ("title", "text", "page_id", "source")}})
             pending_links.append(block.column("links"))
@@ -323,7 +299,7 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
                 dst_parts.append(dst)
                 n_links += len(src)
                 if n_links >= _LINK_BATCH:
-                    link_writes.submit(dense.write, np.concatenate(src_parts), np.concatenate(dst_parts))
+                    link_writes.submit(_write_links, links, ids, np.concatenate(src_parts), np.concatenate(dst_parts))
                     src_parts, dst_parts, n_links = [], [], 0
             chars = pc.utf8_length(block.column("text")).to_numpy()
             start = 0
@@ -346,11 +322,14 @@ def _second_pass(state: _FirstPass, kept: list[str], targets: "LinkTargets", doc
         if group:
             writes.submit(docs.write, pa.concat_tables(group).combine_chunks())
         if n_links:
-            link_writes.submit(dense.write, np.concatenate(src_parts), np.concatenate(dst_parts))
+            link_writes.submit(_write_links, links, ids, np.concatenate(src_parts), np.concatenate(dst_parts))
     if len(kept) != docs.rows_written:
         raise AssertionError(f"{len(kept)} kept titles but {docs.rows_written} documents merged")
-    check_distinct_ids(ids, kept)
-    dense.write_ids(ids, links)
+
+
+def _write_links(links, ids: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+    """Write links given as document rows (``src``, ``dst``) with the documents' ids ``ids``."""
+    links.write({"src_doc_id": ids[src], "dst_doc_id": ids[dst]})
 
 
 class _WriteBehind:
