@@ -31,13 +31,13 @@ import pyarrow.parquet as pq
 
 from data_contracts import corpus as C
 from data_contracts.base import atomic_write, move_into_place, names_disk_full, temp_name
-from funnelrag.content_store import ContentMemo, settings_dir
+from funnelrag.config import config_hash
+from funnelrag.content_store import ContentMemo, Utf8Rows, arrow_text_keys, settings_dir, take_texts
 from funnelrag.progress import Progress, progress
 from funnelrag.reaper import scratch_dir
 from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
 from tasks.corpus.sharded import segment_memo as SM
-from funnelrag.content_store import Utf8Rows, arrow_text_keys, take_texts
 from tasks.corpus.segment import SegmentConfig, check_members, count_window_tokens, segment_clusters
 from tasks.corpus.tokenize import load_token_counter
 
@@ -600,8 +600,7 @@ def passage_row_ranges(segment_dir: Path, cluster_dir: Path, max_tokens: int) ->
 
 
 def _segment_key(members: pa.Table, docs: pa.Table, text_keys: np.ndarray, tokens: pa.Table, cfg: SegmentConfig) -> str:
-    h = hashlib.sha256(json.dumps([SEGMENT_SHARD_VERSION, cfg.passage_words, cfg.unit_max_tokens, cfg.tokenizer,
-                                   members.num_rows]).encode())
+    h = hashlib.sha256(json.dumps([SEGMENT_SHARD_VERSION, config_hash(cfg), members.num_rows]).encode())   # the whole section
     for name in ("cluster_id", "position", "doc_id"):
         h.update(members.column(name).to_numpy().astype(np.int64).tobytes())
     Utf8Rows(docs.column("title")).hash_into(h)
