@@ -291,10 +291,10 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
         assert sha256_file(tmp_path / "s-tonight" / name) == sha256_file(tmp_path / "s-fresh" / name) == digest
 
 
-def test_a_segmentation_memo_of_the_positional_id_layout_is_never_read_and_retention_sweeps_it(ingested, data_mirror,
-                                                                                              tmp_path):
-    """The first build after doc and cluster ids came from the pages cuts every cluster (a memo
-    written before, under the earlier version, sits under another name); unused, retention removes it."""
+def test_a_segmentation_memo_of_the_earlier_layout_is_never_read_and_retention_sweeps_it(ingested, data_mirror, tmp_path):
+    """The first build after the memo's layout changed (rows kept with their ids, no relabelling)
+    cuts every cluster: a memo written before, under the earlier version, sits under another
+    name; unused, retention removes it."""
     import time
 
     from funnelrag.content_store import settings_dir

@@ -47,7 +47,6 @@ FULL_JOBS = ("articlesmultistreamdumprecombine", "articlesmultistreamdump")
 recombine job on wikis whose dump is written in parts, the plain job elsewhere)."""
 DONE = "done"
 CHUNK = 1 << 20
-_DATE = re.compile(r"(?<![0-9])(\d{8})/?(?![0-9])")
 
 
 class DumpSourceError(BadInput):
