@@ -138,6 +138,7 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         pass2_start = time.perf_counter()
         kept = sorted(t for t, s in state.titles.items() if s == KEPT)
         ids = document_ids(cfg.format, kept, pa.array([state.page_ids[t] for t in kept], pa.int64()))
+        state.page_ids = {}   # pass 2 needs only the ids
         check_distinct_ids(ids, kept)
         title_to_id = dict(zip(kept, range(len(kept))))
         rows, resolved = resolve_redirects(state.redirects, title_to_id, state.titles)
