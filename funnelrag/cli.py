@@ -41,6 +41,8 @@ from funnelrag.reaper import ensure_reaper
 from funnelrag.store import write_json
 from funnelrag.workspace import Workspace
 
+log = logging.getLogger(__name__)
+
 # Flow modules that export ``COMMANDS: list[FlowCommand]``; imported only when needed.
 FLOW_MODULES = (
     "flows.corpus_build",
@@ -151,6 +153,8 @@ def while_api_starts(cfg: Any, warm_numba: bool) -> Iterator[None]:
     """
     workspace = getattr(cfg, "workspace", None)
     store: list[BaseException] = []
+    seconds: dict[str, float] = {}     # what was done beside the API: its wall seconds
+    start = time.monotonic()
     thread = None
     if workspace is not None and workspace.tracking_uri is None:
         from funnelrag.tracking import ensure_sqlite_database  # noqa: PLC0415  (heavy: mlflow, only for a flow command)
@@ -161,6 +165,7 @@ def while_api_starts(cfg: Any, warm_numba: bool) -> Iterator[None]:
             try:
                 ws.home.mkdir(parents=True, exist_ok=True)
                 ensure_sqlite_database(ws.tracking_uri())
+                seconds["MLflow store"] = time.monotonic() - start
             except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread below)
                 store.append(exc)
 
@@ -180,18 +185,23 @@ def while_api_starts(cfg: Any, warm_numba: bool) -> Iterator[None]:
             warm.terminate()
         raise
     finally:
+        api_up = time.monotonic()
         if warm is not None:
             if warm.wait() != 0:
                 log_file.seek(0)
                 tail = log_file.read().decode("utf-8", "replace").strip().splitlines()[-5:]
-                logging.getLogger(__name__).warning(
-                    "compiling the numba kernels ahead of the run failed (exit %s); they compile where the run "
-                    "calls them: %s", warm.returncode, " | ".join(tail))
+                log.warning("compiling the numba kernels ahead of the run failed (exit %s); they compile where the "
+                            "run calls them: %s", warm.returncode, " | ".join(tail))
+            else:
+                seconds["numba kernels"] = time.monotonic() - start
             log_file.close()
         if thread is not None:
             thread.join()
     if store:
         raise store[0]
+    if seconds:
+        log.info("beside the API's start: %s; waited %.0f s for them after the API was up",
+                 ", ".join(f"{what} {s:.0f} s" for what, s in seconds.items()), time.monotonic() - api_up)
 
 
 HOME_HELP = "funnelrag home: sets workspace.home (default: $FUNNELRAG_HOME, else ./funnelrag-home)"
