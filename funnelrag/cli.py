@@ -14,15 +14,19 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
 import os
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +40,8 @@ from funnelrag.progress import heartbeat
 from funnelrag.reaper import ensure_reaper
 from funnelrag.store import write_json
 from funnelrag.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 # Flow modules that export ``COMMANDS: list[FlowCommand]``; imported only when needed.
 FLOW_MODULES = (
@@ -105,11 +111,14 @@ def prefect_process_defaults() -> None:
         prefect.context.refresh_global_settings_context()
 
 
-def start_ephemeral_api() -> None:
+def start_ephemeral_api(cfg: Any = None, warm_numba: bool = False) -> None:
     """Start the ephemeral Prefect API now, with a line every 30 s while it starts (a fresh
     PREFECT_HOME creates and migrates its database: minutes on a busy box), instead of silently
     inside the first flow call. The flows then find it running (Prefect keeps one per process).
-    Nothing happens when an API URL is configured or ephemeral mode is off."""
+    Nothing happens when an API URL is configured or ephemeral mode is off.
+
+    The API's start keeps one core busy (its subprocess migrates the database); meanwhile
+    :func:`while_api_starts` does first-run work of ``cfg``'s run on the other one."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415  (heavy: prefect, only for a flow command)
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
@@ -118,8 +127,81 @@ def start_ephemeral_api() -> None:
 
     server = SubprocessASGIServer()
     if not server.running:
-        with heartbeat("starting the ephemeral Prefect API (a new PREFECT_HOME creates its database first)"):
+        with heartbeat("starting the ephemeral Prefect API (a new PREFECT_HOME creates its database first)"), \
+                while_api_starts(cfg, warm_numba):
             server.start()
+
+
+# Commands whose runs build a corpus, and so call every numba kernel of flows/numba_warmup.py.
+NUMBA_WARMUP_COMMANDS = frozenset({"demo", "build-corpus", "nightly"})
+NUMBA_WARMUP = ("-m", "flows.numba_warmup")   # the child's arguments after the interpreter
+
+
+@contextlib.contextmanager
+def while_api_starts(cfg: Any, warm_numba: bool) -> Iterator[None]:
+    """First-run work done beside the ephemeral API's start, waited for at the end of the block.
+
+    * The home's MLflow SQLite store is created and migrated in a thread
+      (:func:`funnelrag.tracking.ensure_sqlite_database`, once per process and URI: the flow's own
+      call then finds it ready; ~12 s on a fresh home) when ``cfg.workspace`` uses the home's store.
+    * With ``warm_numba``, a child process compiles the corpus build's numba kernels into their
+      on-disk cache (``python -m flows.numba_warmup``; ~14 CPU s on a fresh checkout, a cache load
+      after). Its failure is logged at WARNING and costs nothing else: a kernel not compiled
+      compiles where the build calls it.
+
+    An error of the MLflow store is raised here, as the flow would have raised it.
+    """
+    workspace = getattr(cfg, "workspace", None)
+    store: list[BaseException] = []
+    seconds: dict[str, float] = {}     # what was done beside the API: its wall seconds
+    start = time.monotonic()
+    thread = None
+    if workspace is not None and workspace.tracking_uri is None:
+        from funnelrag.tracking import ensure_sqlite_database  # noqa: PLC0415  (heavy: mlflow, only for a flow command)
+
+        ws = Workspace(workspace.home)
+
+        def create_store() -> None:
+            try:
+                ws.home.mkdir(parents=True, exist_ok=True)
+                ensure_sqlite_database(ws.tracking_uri())
+                seconds["MLflow store"] = time.monotonic() - start
+            except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread below)
+                store.append(exc)
+
+        thread = threading.Thread(target=create_store, name="funnelrag-mlflow-store", daemon=True)
+        thread.start()
+    warm = None
+    if warm_numba:
+        log_file = tempfile.TemporaryFile()
+        root = str(Path(__file__).resolve().parents[1])   # the checkout this process runs: the child imports it too
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        warm = subprocess.Popen([sys.executable, *NUMBA_WARMUP], stdin=subprocess.DEVNULL,
+                                stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield
+    except BaseException:
+        if warm is not None:   # interrupted (Ctrl-C, SIGTERM): the run stops, so does its warm-up
+            warm.terminate()
+        raise
+    finally:
+        api_up = time.monotonic()
+        if warm is not None:
+            if warm.wait() != 0:
+                log_file.seek(0)
+                tail = log_file.read().decode("utf-8", "replace").strip().splitlines()[-5:]
+                log.warning("compiling the numba kernels ahead of the run failed (exit %s); they compile where the "
+                            "run calls them: %s", warm.returncode, " | ".join(tail))
+            else:
+                seconds["numba kernels"] = time.monotonic() - start
+            log_file.close()
+        if thread is not None:
+            thread.join()
+    if store:
+        raise store[0]
+    if seconds:
+        log.info("beside the API's start: %s; waited %.0f s for them after the API was up",
+                 ", ".join(f"{what} {s:.0f} s" for what, s in seconds.items()), time.monotonic() - api_up)
 
 
 HOME_HELP = "funnelrag home: sets workspace.home (default: $FUNNELRAG_HOME, else ./funnelrag-home)"
@@ -289,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         return user_error(args.command, exc, args.verbose)
     if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
         ensure_reaper()
-        start_ephemeral_api()
+        start_ephemeral_api(cfg, warm_numba=args.command in NUMBA_WARMUP_COMMANDS)
     summary = cmd.run(cfg)
     print()
     if cmd.screen is not None and not args.verbose:

@@ -16,11 +16,24 @@ STRIPPED = ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "PREFECT_API_URL
             "PREFECT_LOGGING_EXTRA_LOGGERS", "PREFECT_PROFILE")
 
 
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.slow
 def test_build_corpus_on_a_fresh_prefect_home_starts_one_server(tmp_path, data_mirror):
     env = {k: v for k, v in os.environ.items() if k not in STRIPPED}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONPATH=str(ROOT))
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONPATH=str(ROOT),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
     home = tmp_path / "home"
+    # The start-up's numba warm-up (flows/numba_warmup.py), alone on an empty cache: the build
+    # after it compiles nothing more (a new signature would rewrite its kernel's cache index).
+    warm = subprocess.run([sys.executable, "-m", "flows.numba_warmup"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert warm.returncode == 0, warm.stderr[-4000:]
+    compiled = _files(tmp_path / "numba-cache")
+    kernel_files = {Path(name).name.split(".")[0] for name in compiled if name.endswith(".nbi")}
+    assert {"lookup", "graph", "clustering", "bm25_csc", "bm25_query"} <= kernel_files, sorted(compiled)
     proc = subprocess.run(
         [sys.executable, "-m", "funnelrag.cli", "build-corpus", "--config", "configs/corpus_enwiki_sample.yaml",
          "--set", f"workspace.home={home}", "--set", f"workspace.data_mirror={data_mirror}",
@@ -33,6 +46,9 @@ def test_build_corpus_on_a_fresh_prefect_home_starts_one_server(tmp_path, data_m
     assert "funnelrag.store - published" in log                                 # module loggers reach the terminal
     assert "token counts of documents 0-97: 98/98 documents" in log             # and those of a pool worker
     assert (home / "stores" / "corpus" / "enwiki-sample").is_dir()
+    assert _files(tmp_path / "numba-cache") == compiled            # every kernel the build called was warm
+    assert "MLflow: creating the tracking store" not in log          # made while the API started
+    assert (home / "mlflow.db").is_file()
 
 
 PROBE = ("from funnelrag.cli import prefect_process_defaults; prefect_process_defaults(); "

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import yaml
 
 import funnelrag.cli as cli
 from funnelrag.cli import main
+from funnelrag.config import WorkspaceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,3 +169,26 @@ def test_nightly_command_follows_a_mirror(prefect_harness, tmp_path, data_mirror
     idle = json.loads((tmp_path / "idle.json").read_text())
     assert idle["nightly"]["action"] == "nothing" and idle["version"] == full["version"]
     assert idle["nightly"]["waiting_days"] == ["20260102"]   # the day not done yet: nothing to build
+
+
+def test_a_failed_numba_warm_up_is_a_warning(monkeypatch, caplog):
+    """The start-up's numba warm-up is first-run work only: its failure is logged with its last
+    lines and the run goes on (its kernels compile where they are called)."""
+    monkeypatch.setattr(cli, "NUMBA_WARMUP", ("-c", "import sys; print('no kernels here'); sys.exit(3)"))
+    with caplog.at_level("WARNING", logger="funnelrag.cli"), cli.while_api_starts(None, warm_numba=True):
+        pass
+    assert "exit 3" in caplog.text and "no kernels here" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_mlflow_store_is_made_while_the_api_starts(tmp_path):
+    """MLflow creates and migrates a new store (~12 s): beside the API's start, in a thread."""
+    home = tmp_path / "home"
+    cfg = types.SimpleNamespace(workspace=WorkspaceConfig(home=home, tracking_uri=None))
+    with cli.while_api_starts(cfg, warm_numba=False):
+        pass
+    assert (home / "mlflow.db").is_file()
+    cfg = types.SimpleNamespace(workspace=WorkspaceConfig(home=tmp_path / "other", tracking_uri="http://mlflow.invalid"))
+    with cli.while_api_starts(cfg, warm_numba=False):   # a configured server: nothing made here
+        pass
+    assert not (tmp_path / "other").exists()

@@ -39,11 +39,11 @@ def test_every_step_names_a_shipped_config():
 
 def test_demo_sizes_sit_between_the_shipped_config_and_the_users_overrides(workspace_home):
     sizes = demo_sizes()
-    assert set(sizes) <= set(STEPS) and sizes["distillation"]["n_train"] == 24
+    assert set(sizes) <= set(STEPS) and sizes["distillation"]["n_train"] == 16
     cfg = DemoConfig(workspace={"home": workspace_home}, overrides={"distillation": {"n_eval": 7}})
     dist = step_command(cfg, "distillation")[1]
     # the demo's sizes over configs/distillation_wikispeedia_cpu.yaml (40 / 30, 3 clusters), the user's over both
-    assert (dist.n_train, dist.n_eval, dist.candidates.n_clusters, dist.distill.towers) == (24, 7, 1, "query")
+    assert (dist.n_train, dist.n_eval, dist.candidates.n_clusters, dist.distill.towers) == (16, 7, 1, "query")
     corpus = step_command(cfg, "corpus-wikispeedia")[1]
     assert (corpus.gate.limit, corpus.runner.docs_per_shard) == (50, 2300)     # 4,598 articles: two T5-count shards
     assert step_command(cfg, "evaluate")[1].generator.settings.max_answer_tokens == 10
