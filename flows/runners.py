@@ -273,6 +273,7 @@ class LocalShardPool:
         self.stage, self.workers = stage, workers
         self.shards = self.renewed = 0
         self.seconds = 0.0
+        self.interrupted = False   # set by the signal handler: a broken pool is then not renewed
         self._executor: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self._chained: dict[int, tuple[Any, Callable[..., Any]]] = {}
@@ -344,7 +345,8 @@ class LocalShardPool:
 
     def _signal_workers(self) -> None:
         """SIGTERM to each pool worker; only signals and the process table (no lock a signal
-        handler could deadlock on)."""
+        handler could deadlock on); from then on the pool's broken futures are not retried."""
+        self.interrupted = True
         if self._executor is None:
             return
         for p in pool_processes()[1]:
@@ -360,6 +362,7 @@ class LocalShardPool:
         stops where it is and writes no cache entry (entries are renamed into place only when
         complete: :func:`tasks.corpus.sharded.shards.put_cached`; its temp directory, named by the
         worker's pid, is swept later). Returns the pids of the workers stopped."""
+        self.interrupted = True
         executor, self._executor = self._executor, None
         if executor is None:
             return []

@@ -8,6 +8,11 @@ every future of it raises ``BrokenProcessPool`` and later submissions fail too.
 :data:`WORKER_DEATH_RETRIES` times, each logged; then :class:`ShardWorkerDied` names the shard
 (its stage function and arguments: input file, piece or range). Dask reschedules a lost
 worker's shards itself.
+
+A pool broken because the run was interrupted (SIGTERM, Ctrl-C: the pool's signal handler stops
+its workers first) is not renewed: its shards raise at once, so a caller that waits for its
+in-flight shards before re-raising the interrupt (ingest's pass 1) ends within seconds instead of
+parsing them again on a fresh pool.
 """
 from __future__ import annotations
 
@@ -42,7 +47,10 @@ class ShardReturn:
 
 
 class RenewablePool(Protocol):
-    """What :class:`ShardFuture` needs of a pool: one attempt, and a fresh executor for a broken one."""
+    """What :class:`ShardFuture` needs of a pool: one attempt, a fresh executor for a broken one,
+    and whether the run was interrupted (then a broken pool stays broken)."""
+
+    interrupted: bool
 
     def submit_once(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, Future]: ...
 
@@ -64,6 +72,8 @@ class ShardFuture:
 
     Raises (from ``result``)
     ------------------------
+    concurrent.futures.process.BrokenProcessPool
+        The pool broke after the run was interrupted (``pool.interrupted``): never retried.
     flows.main_guard.MainGuardMissing
         The pool broke under a main script without a ``__main__`` guard (never retried: it would
         fail the same way).
@@ -76,12 +86,18 @@ class ShardFuture:
         self._attempt = 1
         self._executor, self._future = pool.submit_once(fn, args)
 
+    def cancel(self) -> bool:
+        """Cancel the shard if it has not started (``Future.cancel``); True if it was cancelled."""
+        return self._future.cancel()
+
     def result(self) -> Any:
         """The shard call's value, once its worker's warnings are logged here (:class:`ShardReturn`)."""
         while True:
             try:
                 returned: ShardReturn = self._future.result()
             except BrokenProcessPool as exc:
+                if self._pool.interrupted:   # its workers were stopped on purpose: the run is ending
+                    raise
                 shard = describe_shard(self._fn, self._args)
                 if (script := unguarded_main_script()) is not None:   # its workers died running it again
                     raise MainGuardMissing(f"shard {shard}: its worker process died; {guard_message(script)}") from exc

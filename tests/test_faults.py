@@ -3,6 +3,7 @@ half-written output or stale state behind."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import signal
@@ -356,3 +357,74 @@ def test_a_shard_whose_worker_died_is_retried_on_a_fresh_pool(prefect_harness, t
         squares(4, "always")
 
 
+
+
+def sleep_in_shard(marker: str, seconds: float) -> None:
+    """A shard that announces its start with a file, then sleeps ``seconds``."""
+    import time  # noqa: PLC0415
+
+    Path(marker).touch()
+    time.sleep(seconds)
+
+
+class Interrupted(BaseException):
+    """What a flow engine's SIGTERM handler raises (Prefect's ``TerminationSignal``)."""
+
+
+@pytest.mark.slow
+def test_an_interrupted_stage_does_not_run_its_in_flight_shards_again(tmp_path):
+    """SIGTERM while two shards run and two wait, under a caller that waits for its shards before
+    re-raising (as ingest's pass 1 does, so no worker still writes into its scratch directory):
+    the pool's handler stops the workers, their broken futures raise at once and are not run again
+    on a fresh pool, so the wait ends in seconds, not after the shards' 60 s."""
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from flows.runners import RunnerConfig, ShardRunner  # noqa: PLC0415
+
+    def raise_interrupted(signum, frame):
+        raise Interrupted(signum)
+
+    def interrupt_when_both_run() -> None:
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    warnings: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+
+    handler = Lines(logging.WARNING)
+    logging.getLogger("flows.shard_retry").addHandler(handler)
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    waited: list[float] = []
+    try:
+        with pytest.raises(Interrupted):
+            with ShardRunner(RunnerConfig(workers=2)) as runner, runner.pool("sleepy") as pool:
+                futures = [pool.submit(sleep_in_shard, str(tmp_path / f"started-{i}"), 60.0) for i in range(4)]
+                threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+                try:
+                    for f in futures:
+                        f.result()
+                except BaseException:
+                    t0 = time.monotonic()
+                    for f in futures:
+                        f.cancel()
+                    for f in futures:
+                        try:
+                            f.result()
+                        except BaseException:  # noqa: BLE001 - the interrupt is the one re-raised
+                            pass
+                    waited.append(time.monotonic() - t0)
+                    raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        logging.getLogger("flows.shard_retry").removeHandler(handler)
+    print(f"\nSIGTERM → in-flight shards given up in {waited[0]:.2f} s; {pool.renewed} pools renewed")
+    assert pool.interrupted and pool.renewed == 0, warnings
+    assert not [m for m in warnings if "retrying" in m], warnings
+    assert waited[0] < 30.0
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-0", "started-1"]   # queued ones never ran

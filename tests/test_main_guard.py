@@ -67,9 +67,10 @@ def test_no_script_no_guard_needed(monkeypatch, tmp_path):
 class BrokenEveryTime:
     """A pool whose every attempt finds its worker dead (what a real pool of a dying script gives)."""
 
-    def __init__(self):
+    def __init__(self, interrupted: bool = False):
         self.calls: list[tuple] = []
         self.renewed = 0
+        self.interrupted = interrupted
 
     def submit_once(self, fn, args):
         self.calls.append(args)
@@ -119,3 +120,12 @@ def test_a_real_script_without_a_guard_is_told_the_fix(prefect_harness, tmp_path
     proc = _run(script, PREFECT_API_URL.value())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "result 3" in proc.stdout
+
+
+def test_a_pool_broken_by_an_interrupt_is_not_renewed():
+    """After the run's SIGTERM / Ctrl-C handler stopped the pool's workers (``interrupted``), a
+    broken shard raises at once: no fresh pool, no second attempt."""
+    pool = BrokenEveryTime(interrupted=True)
+    with pytest.raises(BrokenProcessPool):
+        ShardFuture(pool, abs, (-3,)).result()
+    assert pool.calls == [(-3,)] and pool.renewed == 0
