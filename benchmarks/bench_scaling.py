@@ -111,10 +111,12 @@ def _unit_block(rows: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True) -> dict:
-    """Publish the float32 and float16 embedding indexes, write the text store and build the
-    IVF-PQ index of one corpus (``before``: also the float32 vectors in the Parquet layout, for
-    ``prog-before``); returns the one-time figures (seconds, bytes, peak RSS)."""
+def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True,
+            dtypes: tuple[str, ...] = ("float32", "float16")) -> dict:
+    """Publish the embedding indexes of ``dtypes`` (float32 and float16 by default: the ``-f32``
+    and ``-f16`` settings), write the text store and build the IVF-PQ index of one corpus
+    (``before``: also the float32 vectors in the Parquet layout, for ``prog-before``; IVF-PQ and
+    ``before`` need float32); returns the one-time figures (seconds, bytes, peak RSS)."""
     from data_contracts import corpus as C  # noqa: PLC0415
     from tasks.funnel.embeddings import open_embedding_index, publish_mapped_embedding_index  # noqa: PLC0415
 
@@ -128,7 +130,10 @@ def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True) -> d
                          "text store and the mapped embedding index would differ")
     info["passages"] = ids.num_rows
     meta = {"corpus_digest": c.manifest["content_digest"], "dim": DIM, "max_length": 0, "text": "synthetic"}
-    for dtype in DTYPES.values():
+    if (ivf or before) and "float32" not in dtypes:
+        raise SystemExit("prepare: IVF-PQ and the Parquet copy are built from the float32 vectors: "
+                         "add float32 to --dtypes, or pass --no-ivf --no-before")
+    for dtype in dtypes:
         root = _store(home, corpus, dtype)
         try:
             open_embedding_index(root, meta["corpus_digest"], _version(dtype))
@@ -509,6 +514,8 @@ def main() -> None:
     p.add_argument("--corpus", required=True)
     p.add_argument("--no-ivf", action="store_true")
     p.add_argument("--no-before", action="store_true", help="no Parquet-layout copy (no prog-before setting)")
+    p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES.values()), default=list(DTYPES.values()),
+                   help="vector precisions to publish (float16 alone: the -f16 settings only)")
     p = sub.add_parser("build-ivfpq")
     p.add_argument("--home", type=Path, required=True)
     p.add_argument("--corpus", required=True)
@@ -532,7 +539,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("bench_scaling.prof"))
     a = ap.parse_args()
     if a.cmd == "prepare":
-        print(json.dumps(prepare(a.home, a.corpus, not a.no_ivf, not a.no_before)))
+        print(json.dumps(prepare(a.home, a.corpus, not a.no_ivf, not a.no_before, tuple(a.dtypes))))
     elif a.cmd == "build-ivfpq":
         print(json.dumps(build_ivfpq(a.home, a.corpus)))
     elif a.cmd == "worker":
