@@ -92,6 +92,21 @@ def _per_query(fn, queries: list[str], batched: bool, repeat: int = 3) -> float:
     return best / len(queries)
 
 
+def _interleaved(contenders: dict, queries: list[str], repeat: int) -> dict[tuple[str, str], float]:
+    """Seconds a query of each of ``contenders`` (name → ``fn(batch)``), batched (one call) and one
+    at a time (one call a query): ``repeat`` passes, each pass running every contender in turn, the
+    best pass of each kept. Interleaved, so that a change of load beside the benchmark (other jobs
+    on a shared box) reaches every contender alike instead of whichever ran during it."""
+    out = {}
+    for mode, batched in (("batched", True), ("one at a time", False)):
+        best = dict.fromkeys(contenders, float("inf"))
+        for _ in range(repeat):
+            for who, fn in contenders.items():
+                best[who] = min(best[who], _per_query(fn, queries, batched, repeat=1))
+        out.update({(who, mode): sec for who, sec in best.items()})
+    return out
+
+
 def merge_shard_matrices(shards: list, out_dir: Path) -> Path:
     """One bm25s index over every passage of a sharded passage index: the shards' score
     matrices stacked row-wise (shard order, then row within the shard), their vocabularies joined.
@@ -214,7 +229,8 @@ def bench_bm25(home: Path, corpus: str, n_questions: int, backends: tuple[str, .
     bm25s searches one index over all the passages, the shards' matrices stacked
     (:func:`merge_shard_matrices`, the same scores; kept under ``<home>/cache/bench-retrieval/``),
     which our compiled top-k also searches ("ours, one matrix"). Every question's top-``k`` scores
-    of ours and of bm25s's first backend are compared (equal within 1e-6 relative, or the run stops)."""
+    of ours and of each bm25s backend are compared (equal within 1e-6 relative, or the run stops).
+    The contenders run in turn in every pass (:func:`_interleaved`), best pass kept."""
     import bm25s  # noqa: PLC0415
     import numba  # noqa: PLC0415
 
@@ -246,29 +262,27 @@ def bench_bm25(home: Path, corpus: str, n_questions: int, backends: tuple[str, .
         t0 = time.perf_counter()
         index.search_rows(qs[:1], k)
         first = time.perf_counter() - t0
-        lines = {}
-        for mode, batched in (("batched", True), ("one at a time", False)):
-            for who, ix in ours.items():
-                lines[(who, mode)] = _per_query(lambda b, ix=ix: ix.search_rows(b, k), qs, batched, repeat)
-            lines[("ours + ids", mode)] = _per_query(lambda b: index.search(b, k), qs, batched, repeat)
+        contenders = {who: (lambda b, ix=ix: ix.search_rows(b, k)) for who, ix in ours.items()}
+        contenders["ours + ids"] = lambda b: index.search(b, k)
         tokenizer = shards[0] if shards is not None else index
-        checked = None
+        firsts = {}
         for backend in backends:
             ref = bm25s.BM25.load(str(where), mmap=True, show_progress=False)
             ref.backend = backend
             retrieve = _bm25s_retrieve(ref, tokenizer, k)
             t0 = time.perf_counter()
             retrieve(qs[:1])
-            lines[(f"bm25s {backend}", "first query")] = time.perf_counter() - t0
-            for mode, batched in (("batched", True), ("one at a time", False)):
-                lines[(f"bm25s {backend}", mode)] = _per_query(retrieve, qs, batched, repeat)
-            if checked is None:
-                _, ref_scores = retrieve(qs)
-                _, our_scores = index.search_rows(qs, k)
-                if not np.allclose(np.asarray(ref_scores, dtype=np.float32), our_scores, rtol=1e-6, atol=0):
-                    raise SystemExit(f"BM25 {name}: ours and bm25s {backend} disagree on the top-{k} scores")
-                checked = backend
-            print(f"BM25 {name} after bm25s {backend}: {_rss()}", flush=True)
+            firsts[backend] = time.perf_counter() - t0
+            _, ref_scores = retrieve(qs)
+            _, our_scores = index.search_rows(qs, k)
+            if not np.allclose(np.asarray(ref_scores, dtype=np.float32), our_scores, rtol=1e-6, atol=0):
+                raise SystemExit(f"BM25 {name}: ours and bm25s {backend} disagree on the top-{k} scores")
+            contenders[f"bm25s {backend}"] = retrieve
+            print(f"BM25 {name} after loading bm25s {backend}: {_rss()}", flush=True)
+        lines = _interleaved(contenders, qs, repeat)
+        print(f"BM25 {name} after the runs: {_rss()}", flush=True)
+        checked = ", ".join(backends)
+        lines.update({(f"bm25s {b}", "first query"): sec for b, sec in firsts.items()})
         base = {m: lines[(f"bm25s {backends[0]}", m)] for m in ("batched", "one at a time")}
         print(f"BM25 {name:<9} n={len(index):>9,} top-{k:<3} ours first query in this process {first * 1e3:7.1f} ms "
               f"(kernels from numba's cache), bm25s {backends[0]} "
