@@ -111,10 +111,24 @@ def _unit_block(rows: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True) -> dict:
-    """Publish the float32 and float16 embedding indexes, write the text store and build the
-    IVF-PQ index of one corpus (``before``: also the float32 vectors in the Parquet layout, for
-    ``prog-before``); returns the one-time figures (seconds, bytes, peak RSS)."""
+def index_order(cluster_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row maps between the corpus (``passages.parquet``, the BM25 index and the text store) and
+    the mapped embedding index, whose rows are grouped by ascending cluster id
+    (``publish_mapped_embedding_index``: a stable argsort of the cluster ids; cluster ids are
+    content ids, so the corpus's clusters are contiguous but not ascending). Returns
+    ``to_corpus`` (index row → corpus row) and ``to_index`` (corpus row → index row), int64 ``(n,)``."""
+    to_corpus = np.argsort(np.asarray(cluster_ids, dtype=np.int64), kind="stable")
+    to_index = np.empty_like(to_corpus)
+    to_index[to_corpus] = np.arange(to_corpus.size)
+    return to_corpus, to_index
+
+
+def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True,
+            dtypes: tuple[str, ...] = ("float32", "float16")) -> dict:
+    """Publish the embedding indexes of ``dtypes`` (float32 and float16 by default: the ``-f32``
+    and ``-f16`` settings), write the text store and build the IVF-PQ index of one corpus
+    (``before``: also the float32 vectors in the Parquet layout, for ``prog-before``; IVF-PQ and
+    ``before`` need float32); returns the one-time figures (seconds, bytes, peak RSS)."""
     from data_contracts import corpus as C  # noqa: PLC0415
     from tasks.funnel.embeddings import open_embedding_index, publish_mapped_embedding_index  # noqa: PLC0415
 
@@ -123,12 +137,12 @@ def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True) -> d
     info: dict = {"corpus": corpus}
     ids = C.PASSAGES.read(c.path, columns=["passage_id", "unit_id", "cluster_id"])
     cids = ids["cluster_id"].to_numpy()
-    if (np.diff(cids) < 0).any():
-        raise SystemExit(f"{corpus}: passages are not in cluster order; the row numbers of the BM25 index, the "
-                         "text store and the mapped embedding index would differ")
     info["passages"] = ids.num_rows
     meta = {"corpus_digest": c.manifest["content_digest"], "dim": DIM, "max_length": 0, "text": "synthetic"}
-    for dtype in DTYPES.values():
+    if (ivf or before) and "float32" not in dtypes:
+        raise SystemExit("prepare: IVF-PQ and the Parquet copy are built from the float32 vectors: "
+                         "add float32 to --dtypes, or pass --no-ivf --no-before")
+    for dtype in dtypes:
         root = _store(home, corpus, dtype)
         try:
             open_embedding_index(root, meta["corpus_digest"], _version(dtype))
@@ -145,8 +159,10 @@ def prepare(home: Path, corpus: str, ivf: bool = True, before: bool = True) -> d
 
         t0 = time.perf_counter()
         mapped = open_embedding_index(_store(home, corpus, "float32"), meta["corpus_digest"], _version("float32"))
+        _, to_index = index_order(cids)
         full = EmbeddingIndex(ids["passage_id"].to_pylist(), ids["unit_id"].to_pylist(), cids,
-                              np.asarray(mapped.vectors, dtype=np.float32), {**meta, "model_version": _version("parquet")})
+                              np.asarray(mapped.vectors, dtype=np.float32)[to_index],
+                              {**meta, "model_version": _version("parquet")})
         publish_embedding_index(root, full)
         info["publish_parquet_s"] = time.perf_counter() - t0
         del full, mapped
@@ -205,10 +221,21 @@ class Worker:
         info = {}
         if s == "bm25" or s.startswith(("rerank", "prog-sl")):
             self.bm25 = c.passage_index()
+        if s.startswith(("rerank", "prog", "dense")):
+            from data_contracts import corpus as C  # noqa: PLC0415
+
+            cids = C.PASSAGES.read(c.path, columns=["cluster_id"])["cluster_id"].to_numpy()
+            self.to_corpus, self.to_index = index_order(cids)
+            if s == "prog-before":                      # the Parquet copy is in corpus order
+                self.to_corpus = self.to_index = np.arange(cids.size)
         if s.startswith(("rerank", "prog")) or s == "dense-exact":
             dtype = "parquet" if s == "prog-before" else DTYPES.get(s.rsplit("-", 1)[-1], "float32")
             self.index = open_embedding_index(_store(self.home, self.corpus, dtype), c.manifest["content_digest"],
                                               _version(dtype))
+            probe = np.linspace(0, len(self.index) - 1, 16).astype(np.int64)
+            corpus_ids = C.PASSAGES.read(c.path, columns=["passage_id"])["passage_id"].take(self.to_corpus[probe])
+            if list(self.index.passage_ids_at(probe)) != corpus_ids.to_pylist():
+                raise SystemExit(f"{self.corpus}: the embedding index's rows are not the corpus rows in cluster order")
         if s == "dense-exact":
             import faiss  # noqa: PLC0415
 
@@ -247,12 +274,12 @@ class Worker:
             if s == "bm25":
                 final = rows[:N_FINAL]
             else:
-                scores = self.index.gather(rows) @ vec                      # (50,)
+                scores = self.index.gather(self.to_index[rows]) @ vec        # (50,)
                 final = rows[np.lexsort((np.arange(len(rows)), -scores))[:N_FINAL]]
                 t["rerank"] = time.perf_counter() - t1
         elif s.startswith("dense"):
             _, rows = self.faiss.search(vec.reshape(1, -1), N_RETRIEVE)
-            final = rows[0][rows[0] >= 0][:N_FINAL]
+            final = self.to_corpus[rows[0][rows[0] >= 0][:N_FINAL]]
             t["search"] = time.perf_counter() - t0
         elif s == "prog-before":
             vocab = self.clusters.retriever.vocab_dict
@@ -281,7 +308,7 @@ class Worker:
                 ranking = rank_units_stored(vec, self.index, cids, bm25_of, shortlist=SHORTLIST)
             else:
                 ranking = rank_units_stored(vec, self.index, cids)
-            final = [r for r, _ in ranking.top_passages(self.index, N_UNITS, N_FINAL)]
+            final = self.to_corpus[[r for r, _ in ranking.top_passages(self.index, N_UNITS, N_FINAL)]]
             t["prerank"] = time.perf_counter() - t1 - sum(spent)
             if spent:
                 t["bm25_passages"] = sum(spent)
@@ -509,6 +536,8 @@ def main() -> None:
     p.add_argument("--corpus", required=True)
     p.add_argument("--no-ivf", action="store_true")
     p.add_argument("--no-before", action="store_true", help="no Parquet-layout copy (no prog-before setting)")
+    p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES.values()), default=list(DTYPES.values()),
+                   help="vector precisions to publish (float16 alone: the -f16 settings only)")
     p = sub.add_parser("build-ivfpq")
     p.add_argument("--home", type=Path, required=True)
     p.add_argument("--corpus", required=True)
@@ -532,7 +561,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("bench_scaling.prof"))
     a = ap.parse_args()
     if a.cmd == "prepare":
-        print(json.dumps(prepare(a.home, a.corpus, not a.no_ivf, not a.no_before)))
+        print(json.dumps(prepare(a.home, a.corpus, not a.no_ivf, not a.no_before, tuple(a.dtypes))))
     elif a.cmd == "build-ivfpq":
         print(json.dumps(build_ivfpq(a.home, a.corpus)))
     elif a.cmd == "worker":

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from funnelrag.datasets import resolve
-from tasks.corpus.bm25_query import top_k_rows
+from tasks.corpus.bm25_query import SELECT_POSTINGS, top_k_rows
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.qa.questions import QuestionsConfig, load_questions
 
@@ -125,7 +125,11 @@ def test_sparse_and_dense_queries_equal_a_full_sort():
     indices = np.concatenate(cols).astype(np.int32)
     data = (rng.integers(0, 4, size=indices.size) / 4).astype(np.float32)   # zeros included
     queries = [[0], [1, 2, 1], [150, 151], [3, 160, 170, 180], []]          # sparse, sparse, dense, dense, empty
-    for k in (1, 7, 50, n_docs):
+    postings = [int(sum(df[t] for t in q)) for q in queries]
+    ways = set()
+    for k in (1, 7, 50, 100, 200, n_docs):
+        # a query scanning every row with k to SELECT_POSTINGS * k postings selects the entry score first
+        ways |= {("sparse", False) if 16 * n < n_docs else ("dense", k < n <= SELECT_POSTINGS * k) for n in postings}
         rows, scores = top_k_rows(queries, data, indices, indptr, n_docs, k)
         for i, q in enumerate(queries):
             dense = np.zeros(n_docs, np.float32)
@@ -134,6 +138,7 @@ def test_sparse_and_dense_queries_equal_a_full_sort():
             order = np.lexsort((np.arange(n_docs), -dense))[:k]
             np.testing.assert_array_equal(rows[i], order)
             np.testing.assert_allclose(scores[i], dense[order], rtol=1e-6)
+    assert ways == {("sparse", False), ("dense", False), ("dense", True)}
 
 
 def test_scratch_is_reused_per_thread(real_index, questions):
