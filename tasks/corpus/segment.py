@@ -111,16 +111,22 @@ class ClusterSegments:
         return [p for u in self.units for p in u.passages]
 
 
+def window_id(key: str, kind: str, window: int) -> str:
+    """``{key}.{kind}{window:03d}``: the one spelling of unit (``kind`` ``"u"``) and passage
+    (``"p"``) ids, ``key`` being the article's :func:`data_contracts.corpus.document_key`."""
+    return f"{key}.{kind}{window:03d}"
+
+
 def unit_id(title: str, window: int) -> str:
     """``{document_key(title)}.u{window:03d}``: a unit named by its first passage's article and
     window (a window starts at most one unit, so the id is unique)."""
-    return f"{document_key(title)}.u{window:03d}"
+    return window_id(document_key(title), "u", window)
 
 
 def passage_id(title: str, window: int) -> str:
     """``{document_key(title)}.p{window:03d}``: window ``window`` (0-based, :func:`article_windows`)
     of the article titled ``title``."""
-    return f"{document_key(title)}.p{window:03d}"
+    return window_id(document_key(title), "p", window)
 
 
 def windows_in_member(member_of: Sequence[int]) -> np.ndarray:
@@ -244,13 +250,13 @@ def _segment_columns(clusters: Iterable[ClusterInput], cfg: SegmentConfig, token
         cid = int(cluster_id)
         for k in range(len(bounds) - 1):
             a, b = bounds[k], bounds[k + 1]
-            uid = f"{keys[members[a]]}.u{in_doc[a]:03d}"
+            uid = window_id(keys[members[a]], "u", in_doc[a])
             for name, value in (("unit_id", uid), ("cluster_id", cid), ("position", k),
                                 ("n_tokens", int(tokens[a:b].sum())), ("n_passages", b - a),
                                 ("title", titles[members[a]])):
                 units[name].append(value)
             passages["unit_id"].extend([uid] * (b - a))
-        passages["passage_id"].extend(f"{keys[m]}.p{w:03d}" for m, w in zip(members, in_doc))
+        passages["passage_id"].extend(window_id(keys[m], "p", w) for m, w in zip(members, in_doc))
         passages["cluster_id"].extend([cid] * len(windows))
         passages["doc_id"].extend(int(doc_ids[m]) for m in members)
         passages["title"].extend(titles[m] for m in members)
