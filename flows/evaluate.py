@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.utilities.annotations import quote
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.embed import corpus_digest
@@ -383,7 +384,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                   tags={"corpus": config.corpus, "corpus_version": corpus.version}) as run:
         run_dir = ws.run_dir("evaluate", run.info.run_id)
         passages = corpus.passages
-        qtable, in_corpus, qinfo = questions_task(config, ws, passages)
+        qtable, in_corpus, qinfo = questions_task(config, ws, quote(passages))
         logger.info("%d questions, %d with an answer in the corpus (%.1f s)", qtable.num_rows,
                     sum(in_corpus.values()), qinfo["answerability_seconds"])
         prerankers, reader, provenance, skipped = models_task(config, run_dir / "models")
@@ -407,7 +408,7 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
         def stored_vectors(pr) -> Any:
             """The embedding index of a bi-encoder pre-ranker (built or loaded once per run)."""
             if pr.label not in vectors:
-                vectors[pr.label], info["embeddings"][pr.label] = embeddings_task(config, ws, corpus, pr)
+                vectors[pr.label], info["embeddings"][pr.label] = embeddings_task(config, ws, quote(corpus), quote(pr))
             return vectors[pr.label]
 
         retrievers, bm25_passages = {}, None
@@ -469,13 +470,16 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
 
         # Settings are interleaved block by block, so a change of machine load during the run
         # affects every setting alike instead of biasing the one that happened to run then.
+        # Indexes, lookups, models, token caches and results go to the tasks quoted: Prefect walks every
+        # element of a task's arguments for futures, twice a call (an index's 146K passage ids, a
+        # lookup's rows), which was a third of the evaluation's time; none of them holds a future.
         bar = Progress("evaluate", total=len(questions), unit="questions")
         for start in range(0, len(questions), config.block_questions):
             block, block_table = questions[start:start + config.block_questions], qtable.slice(start, config.block_questions)
             fill_stored_vectors(block)
             for name, retrieve in retrievers.items():
-                out = flat_task(block, retrieve, lookup, FlatSetting(name, flat.n_retrieve, flat.n_final),
-                                rerankers if config.flat.rerank else [], tokens)
+                out = flat_task(block, quote(retrieve), quote(lookup), FlatSetting(name, flat.n_retrieve, flat.n_final),
+                                quote(rerankers if config.flat.rerank else []), quote(tokens))
                 for label, results in out.items():
                     add(SettingSpec(_slug(f"flat-{name}-{flat.n_retrieve}p-{label + '-' if label else ''}{flat.n_final}p"),
                                     "flat", name, label, "", flat.n_final), results)
@@ -487,11 +491,12 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
                         skipped[f"stored vectors {pr.label}"] = "a cross-encoder has no passage vectors"
                         continue
                     if setting.vectors == "stored":
-                        out = progressive_stored_task(block, cluster_index, stored_vectors(pr), lookup, setting, pr,
-                                                      tokens, post_reader, config, passage_bm25(pr))
+                        out = progressive_stored_task(block, quote(cluster_index), quote(stored_vectors(pr)), quote(lookup),
+                                                      setting, quote(pr), quote(tokens), quote(post_reader), config,
+                                                      quote(passage_bm25(pr)))
                     else:
-                        out = progressive_task(block_table, cluster_index, corpus.members_of, seg_cfg, counter, setting,
-                                               pr, post_reader, config)
+                        out = progressive_task(block_table, quote(cluster_index), quote(corpus.members_of), seg_cfg,
+                                               quote(counter), setting, quote(pr), quote(post_reader), config)
                     for post, results in sorted(out.items()):
                         base = (f"prog-{setting.n_clusters}c-{setting.n_units}d-{pr.label}"
                                 f"{'-first' if setting.unit_scoring == 'first' else ''}"
@@ -504,7 +509,8 @@ def _evaluate(config: EvaluateConfig) -> dict[str, Any]:
         bar.close()
         runs = [(specs[n], by_setting[n]) for n in specs]
         rows: tuple[list, list, list] = ([], [], [])
-        generated_all = generate_task(gen, [results for _, results in runs], qtext) if gen is not None else [None] * len(runs)
+        generated_all = (generate_task(quote(gen), quote([results for _, results in runs]), qtext) if gen is not None
+                         else [None] * len(runs))
         for (spec, results), generated in zip(runs, generated_all):
             for acc, part in zip(rows, summarize(spec, results, in_corpus, answers, generated)):
                 acc.extend(part)

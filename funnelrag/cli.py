@@ -14,6 +14,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import json
@@ -111,7 +112,7 @@ def prefect_process_defaults() -> None:
         prefect.context.refresh_global_settings_context()
 
 
-def start_ephemeral_api(cfg: Any = None, warm_numba: bool = False) -> None:
+def start_ephemeral_api(cfg: Any = None) -> None:
     """Start the ephemeral Prefect API now, with a line every 30 s while it starts (a fresh
     PREFECT_HOME creates and migrates its database: minutes on a busy box), instead of silently
     inside the first flow call. The flows then find it running (Prefect keeps one per process).
@@ -128,7 +129,7 @@ def start_ephemeral_api(cfg: Any = None, warm_numba: bool = False) -> None:
     server = SubprocessASGIServer()
     if not server.running:
         with heartbeat("starting the ephemeral Prefect API (a new PREFECT_HOME creates its database first)"), \
-                while_api_starts(cfg, warm_numba):
+                while_api_starts(cfg):
             server.start()
 
 
@@ -138,70 +139,91 @@ NUMBA_WARMUP = ("-m", "flows.numba_warmup")   # the child's arguments after the 
 
 
 @contextlib.contextmanager
-def while_api_starts(cfg: Any, warm_numba: bool) -> Iterator[None]:
-    """First-run work done beside the ephemeral API's start, waited for at the end of the block.
-
-    * The home's MLflow SQLite store is created and migrated in a thread
-      (:func:`funnelrag.tracking.ensure_sqlite_database`, once per process and URI: the flow's own
-      call then finds it ready; ~12 s on a fresh home) when ``cfg.workspace`` uses the home's store.
-    * With ``warm_numba``, a child process compiles the corpus build's numba kernels into their
-      on-disk cache (``python -m flows.numba_warmup``; ~14 CPU s on a fresh checkout, a cache load
-      after). Its failure is logged at WARNING and costs nothing else: a kernel not compiled
-      compiles where the build calls it.
+def while_api_starts(cfg: Any) -> Iterator[None]:
+    """First-run work done beside the ephemeral API's start, waited for at the end of the block:
+    the home's MLflow SQLite store is created and migrated in a thread
+    (:func:`funnelrag.tracking.ensure_sqlite_database`, once per process and URI: the flow's own
+    call then finds it ready; ~12 s on a fresh home) when ``cfg.workspace`` uses the home's store.
 
     An error of the MLflow store is raised here, as the flow would have raised it.
     """
     workspace = getattr(cfg, "workspace", None)
+    if workspace is None or workspace.tracking_uri is not None:
+        yield
+        return
+    from funnelrag.tracking import ensure_sqlite_database  # noqa: PLC0415  (heavy: mlflow, only for a flow command)
+
+    ws = Workspace(workspace.home)
     store: list[BaseException] = []
-    seconds: dict[str, float] = {}     # what was done beside the API: its wall seconds
     start = time.monotonic()
-    thread = None
-    if workspace is not None and workspace.tracking_uri is None:
-        from funnelrag.tracking import ensure_sqlite_database  # noqa: PLC0415  (heavy: mlflow, only for a flow command)
+    seconds: list[float] = []
 
-        ws = Workspace(workspace.home)
+    def create_store() -> None:
+        try:
+            ws.home.mkdir(parents=True, exist_ok=True)
+            ensure_sqlite_database(ws.tracking_uri())
+            seconds.append(time.monotonic() - start)
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread below)
+            store.append(exc)
 
-        def create_store() -> None:
-            try:
-                ws.home.mkdir(parents=True, exist_ok=True)
-                ensure_sqlite_database(ws.tracking_uri())
-                seconds["MLflow store"] = time.monotonic() - start
-            except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread below)
-                store.append(exc)
-
-        thread = threading.Thread(target=create_store, name="funnelrag-mlflow-store", daemon=True)
-        thread.start()
-    warm = None
-    if warm_numba:
-        log_file = tempfile.TemporaryFile()
-        root = str(Path(__file__).resolve().parents[1])   # the checkout this process runs: the child imports it too
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        warm = subprocess.Popen([sys.executable, *NUMBA_WARMUP], stdin=subprocess.DEVNULL,
-                                stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    thread = threading.Thread(target=create_store, name="funnelrag-mlflow-store", daemon=True)
+    thread.start()
     try:
         yield
-    except BaseException:
-        if warm is not None:   # interrupted (Ctrl-C, SIGTERM): the run stops, so does its warm-up
-            warm.terminate()
-        raise
     finally:
         api_up = time.monotonic()
-        if warm is not None:
-            if warm.wait() != 0:
-                log_file.seek(0)
-                tail = log_file.read().decode("utf-8", "replace").strip().splitlines()[-5:]
-                log.warning("compiling the numba kernels ahead of the run failed (exit %s); they compile where the "
-                            "run calls them: %s", warm.returncode, " | ".join(tail))
-            else:
-                seconds["numba kernels"] = time.monotonic() - start
-            log_file.close()
-        if thread is not None:
-            thread.join()
+        thread.join()
     if store:
         raise store[0]
-    if seconds:
-        log.info("beside the API's start: %s; waited %.0f s for them after the API was up",
-                 ", ".join(f"{what} {s:.0f} s" for what, s in seconds.items()), time.monotonic() - api_up)
+    log.info("beside the API's start: MLflow store %.0f s; waited %.0f s for it after the API was up",
+             seconds[0], time.monotonic() - api_up)
+
+
+class NumbaWarmup:
+    """The corpus build's numba kernels compiled into their on-disk cache by a child process
+    (``python -m flows.numba_warmup``; ~14 CPU s on a fresh checkout, a cache load after), started
+    once the ephemeral API is up, so it does not compete with the API's database migration, and
+    never waited for: it runs beside the build's first stage (the ingest, one core busy), which
+    calls no kernel the warm-up compiles last. A kernel the build reaches first compiles there,
+    as without the warm-up (numba writes each cache entry whole, so either copy is complete).
+
+    Its failure is logged at WARNING with its last lines and costs nothing else. The child is
+    stopped when this process exits or :meth:`stop` is called.
+    """
+
+    def __init__(self) -> None:
+        self._log = tempfile.TemporaryFile()
+        root = str(Path(__file__).resolve().parents[1])   # the checkout this process runs: the child imports it too
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        self.start = time.monotonic()
+        self.process = subprocess.Popen([sys.executable, *NUMBA_WARMUP], stdin=subprocess.DEVNULL,
+                                        stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._watcher = threading.Thread(target=self._watch, name="funnelrag-numba-warmup", daemon=True)
+        self._watcher.start()
+        atexit.register(self.stop)
+
+    def _watch(self) -> None:
+        """Wait for the child; log its outcome (its last 5 lines on failure)."""
+        if self.process.wait() != 0:
+            self._log.seek(0)
+            tail = self._log.read().decode("utf-8", "replace").strip().splitlines()[-5:]
+            log.warning("compiling the numba kernels ahead of the run failed (exit %s); they compile where the "
+                        "run calls them: %s", self.process.returncode, " | ".join(tail))
+        else:
+            log.debug("numba kernels compiled ahead of the run in %.0f s", time.monotonic() - self.start)
+        self._log.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the child has ended and its outcome is logged."""
+        self._watcher.join(timeout)
+
+    def stop(self) -> None:
+        """Stop the child if it still runs (the run ended or was interrupted first)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
+        atexit.unregister(self.stop)
 
 
 HOME_HELP = "funnelrag home: sets workspace.home (default: $FUNNELRAG_HOME, else ./funnelrag-home)"
@@ -371,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         return user_error(args.command, exc, args.verbose)
     if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
         ensure_reaper()
-        start_ephemeral_api(cfg, warm_numba=args.command in NUMBA_WARMUP_COMMANDS)
+        start_ephemeral_api(cfg)
+    if args.command in NUMBA_WARMUP_COMMANDS:
+        NumbaWarmup()
     summary = cmd.run(cfg)
     print()
     if cmd.screen is not None and not args.verbose:

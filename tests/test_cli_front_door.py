@@ -175,9 +175,19 @@ def test_a_failed_numba_warm_up_is_a_warning(monkeypatch, caplog):
     """The start-up's numba warm-up is first-run work only: its failure is logged with its last
     lines and the run goes on (its kernels compile where they are called)."""
     monkeypatch.setattr(cli, "NUMBA_WARMUP", ("-c", "import sys; print('no kernels here'); sys.exit(3)"))
-    with caplog.at_level("WARNING", logger="funnelrag.cli"), cli.while_api_starts(None, warm_numba=True):
-        pass
+    with caplog.at_level("WARNING", logger="funnelrag.cli"):
+        cli.NumbaWarmup().join(timeout=60)
     assert "exit 3" in caplog.text and "no kernels here" in caplog.text
+
+
+def test_the_numba_warm_up_is_stopped_with_the_run(monkeypatch):
+    """The warm-up is never waited for: a run that ends first stops it (at exit, or by ``stop``)."""
+    monkeypatch.setattr(cli, "NUMBA_WARMUP", ("-c", "import time; time.sleep(60)"))
+    warm = cli.NumbaWarmup()
+    assert warm.process.poll() is None
+    warm.stop()
+    warm.join(timeout=10)
+    assert warm.process.returncode is not None and warm.process.returncode != 0
 
 
 @pytest.mark.slow
@@ -185,10 +195,10 @@ def test_the_mlflow_store_is_made_while_the_api_starts(tmp_path):
     """MLflow creates and migrates a new store (~12 s): beside the API's start, in a thread."""
     home = tmp_path / "home"
     cfg = types.SimpleNamespace(workspace=WorkspaceConfig(home=home, tracking_uri=None))
-    with cli.while_api_starts(cfg, warm_numba=False):
+    with cli.while_api_starts(cfg):
         pass
     assert (home / "mlflow.db").is_file()
     cfg = types.SimpleNamespace(workspace=WorkspaceConfig(home=tmp_path / "other", tracking_uri="http://mlflow.invalid"))
-    with cli.while_api_starts(cfg, warm_numba=False):   # a configured server: nothing made here
+    with cli.while_api_starts(cfg):   # a configured server: nothing made here
         pass
     assert not (tmp_path / "other").exists()
