@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import gc
 import importlib
 import json
 import logging
@@ -320,6 +321,7 @@ def _print_passages(corpus, question: str, n: int, width: int = 300) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``funnelrag`` console script."""
+    own_command_line = argv is None   # the console script: this process ends when main returns
     argv = list(sys.argv[1:] if argv is None else argv)
     # Process-level defaults belong at the entry point: no telemetry from the ephemeral
     # Prefect server (this machine has no internet), no tokenizer fork warnings.
@@ -397,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in NUMBA_WARMUP_COMMANDS:
         NumbaWarmup()
     summary = cmd.run(cfg)
+    if own_command_line:
+        # The process ends after this run: what the run left on the heap (tables, indexes, models:
+        # millions of objects after a demo) is not walked again by the collections of the
+        # interpreter's exit (seconds of one core): moved out of the collector's generations, its
+        # memory goes back with the process. (Not when called from Python: the caller lives on.)
+        gc.freeze()
     print()
     if cmd.screen is not None and not args.verbose:
         print(cmd.screen(cfg, summary))
