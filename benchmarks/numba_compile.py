@@ -8,8 +8,8 @@ its numba cache holds, then compiles each of them again in a child process with 
 cache (``NUMBA_CACHE_DIR`` set to a new temporary directory) and reports the wall and CPU
 seconds of each compilation (a kernel's inlined or called kernels compile with their first
 caller and count there), plus the numba import and LLVM start-up that any first compilation
-of a process pays. (The CLI compiles the corpus build's kernels beside the ephemeral API's
-start, ``flows/numba_warmup.py``; this script measures what that child does.)
+of a process pays. (The CLI compiles the corpus build's kernels beside the build's first
+stage, ``flows/numba_warmup.py``; this script measures what that child does.)
 
 Run: ``python benchmarks/numba_compile.py [--checkout DIR] [--json FILE]`` (``DIR``: the
 checkout whose numba cache to read, default this one; run it from that checkout, or with

@@ -6,8 +6,8 @@ on a fresh checkout). A corpus build compiles them inside its stages while the o
 2-core box waits. :func:`warm_kernels` runs the public functions that call them (the title lookup,
 the hyperlink graph's triangle pass, Algorithm 1, the BM25 score matrix and its top-k search
 over a saved, memory-mapped index, as the gate and every later step search) on a few tiny inputs, so their compiled code is on disk when the
-build reaches them; the CLI runs it in a child process while the ephemeral Prefect API starts
-(:func:`funnelrag.cli.start_ephemeral_api`). It writes nothing but numba's cache (the index it
+build reaches them; the CLI runs it in a child process once the ephemeral Prefect API is up, beside
+the build's first stage (:class:`funnelrag.cli.NumbaWarmup`). It writes nothing but numba's cache (the index it
 saves goes to a temporary directory) and no output of any run depends on it: a kernel it did not
 compile, or compiled with other argument types, compiles where the build calls it, as before.
 
