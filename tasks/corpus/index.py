@@ -416,13 +416,36 @@ class BM25Index:
         k = min(k, len(self.doc_ids))
         if not tokens or k == 0:
             return np.zeros((len(tokens), 0), dtype=np.int64), np.zeros((len(tokens), 0), dtype=np.float32)
-        scores = self.retriever.scores
-        if self.retriever.method not in ("lucene", "robertson", "atire") or \
-                getattr(self.retriever, "nonoccurrence_array", None) is not None or \
-                (scores["data"].dtype, scores["indices"].dtype) != (np.float32, np.int32):
+        if not self.compiled_search:
             return self.search_token_rows_bm25s(tokens, k)
-        from tasks.corpus.bm25_query import Scratch, top_k_rows  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
+        from tasks.corpus.bm25_query import RunningTopK  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
 
+        return self.rank_into(RunningTopK(len(tokens), k), tokens).result()
+
+    @property
+    def compiled_search(self) -> bool:
+        """Whether :meth:`rank_into` can search this index: a method whose scores are never
+        negative (``lucene``, ``robertson``, ``atire``: not ``bm25l``/``bm25+``, which add
+        non-occurrence scores) over float32 scores and int32 rows."""
+        scores = self.retriever.scores
+        return self.retriever.method in ("lucene", "robertson", "atire") and \
+            getattr(self.retriever, "nonoccurrence_array", None) is None and \
+            (scores["data"].dtype, scores["indices"].dtype) == (np.float32, np.int32)
+
+    def rank_into(self, top, tokens: Sequence[Sequence[str]]):
+        """Offer this index's rows, numbered on from ``top.n_rows``, to the running top-k ``top``
+        (:class:`tasks.corpus.bm25_query.RunningTopK`: one index, or each shard of a sharded one
+        in turn) for queries already tokenized by :meth:`tokenize`; returns ``top``.
+
+        Raises
+        ------
+        ValueError
+            The index's vocabulary holds a token id outside its score matrix (a corrupt index), or
+            the index has no compiled search (:attr:`compiled_search`).
+        """
+        if not self.compiled_search:
+            raise ValueError(f"BM25 search: method {self.retriever.method!r} has no compiled top-k")
+        scores = self.retriever.scores
         vocab = self.retriever.vocab_dict
         # Out-of-vocabulary tokens cannot match; a query left with no token scores every
         # document 0 and returns the first k rows (deterministic).
@@ -430,9 +453,11 @@ class BM25Index:
         n_docs = int(scores["num_docs"])
         scratch = getattr(self._scratch, "value", None)          # one per thread: searches may run in threads
         if scratch is None:
+            from tasks.corpus.bm25_query import Scratch  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
+
             scratch = self._scratch.value = Scratch(n_docs)
-        return top_k_rows(ids, np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"]),
-                          n_docs, k, scratch)
+        return top.add(ids, np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"]),
+                       n_docs, scratch)
 
     def search_token_rows_bm25s(self, tokens: Sequence[Sequence[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search_token_rows` by bm25s's ``retrieve`` (its numpy backend: dense scores, then
