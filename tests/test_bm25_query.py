@@ -155,3 +155,17 @@ def test_scratch_is_reused_per_thread(real_index, questions):
         got = list(pool.map(lambda q: real_index.search_rows([q], 20), questions[:30]))
     np.testing.assert_array_equal(np.concatenate([r for r, _ in got]), want[0])
     assert not real_index._scratch.value.acc.any()                 # left zero between calls
+
+
+@pytest.mark.parametrize("cfg", [BM25Config(), BM25Config(stemmer=None), BM25Config(stopwords=None, lower=False)],
+                         ids=["stemmed", "unstemmed", "cased-no-stop-words"])
+def test_query_tokens_equal_bm25s_tokenize(questions, cfg):
+    """The query tokenizer is bm25s's ``tokenize`` (stop words, lower-casing, stems) on real
+    questions, one at a time and batched, and on odd strings."""
+    index = BM25Index.build(["Paris is the capital of France", "The Running of the Bulls"], ["a", "b"], cfg)
+    odd = ["", "  ", "The THE the", "naïve café façade, Zürich's 1st 2nd", "a b c x1 __init__ don't", "running runs ran"]
+    texts = questions + odd
+    assert index.tokenize(texts) == index.tokenize_bm25s(texts)
+    assert [index.tokenize([t])[0] for t in texts[:50]] == index.tokenize_bm25s(texts[:50])
+    assert index.tokenize([]) == []
+    assert any(t != u for t, u in zip(index.tokenize(texts), (x.split() for x in texts)))      # not a plain split

@@ -117,9 +117,9 @@ def _top_k_batch(q_ids, q_offsets, data, indices, indptr, n_docs, base, k, heap_
     ``k`` (see :class:`RunningTopK`). Scores must be >= 0 (bm25s's lucene, robertson and atire
     scores are). ``heap_scores`` float32 / ``heap_rows`` int64 ``(n_queries, k)`` and ``sizes``
     int64 ``(n_queries,)``: each query's heap (worst at the root), carried from matrix to matrix.
-    ``acc`` float32 ``(n_docs,)`` zeros, ``touched`` int64 ``(n_docs + 1,)`` (one spare slot:
-    written before the count says so) and ``values`` float32 ``(n_docs,)`` scratch; ``acc`` is
-    left zero.
+    ``acc`` float32 zeros, ``touched`` int64 (one spare slot: written before the count says so)
+    and ``values`` float32 scratch, each of ``n_docs`` rows or more (``n_docs + 1`` for
+    ``touched``); ``acc`` is left zero.
 
     A full heap's worst score is the bar: a row scoring below it cannot enter, nor one scoring
     equal to it (its row is higher than every row already in the heap: rows of a later matrix).
@@ -178,7 +178,7 @@ def _top_k_batch(q_ids, q_offsets, data, indices, indptr, n_docs, base, k, heap_
                     m += 1
                     if m == cap:
                         m, bar = _compact(values, touched, m, k)
-            acc[:] = zero
+            acc[:n_docs] = zero
             if m > k:
                 m, bar = _compact(values, touched, m, k)
             for i in range(m):
@@ -269,20 +269,21 @@ class RunningTopK:
         ----------
         query_ids : ``n_queries`` sequences of this matrix's columns (see :func:`top_k_rows`).
         data, indices, indptr, n_docs : the matrix (see :func:`top_k_rows`).
-        scratch : a :class:`Scratch` of ``n_docs`` rows used by no other thread meanwhile, or None.
+        scratch : a :class:`Scratch` of ``n_docs`` rows or more used by no other thread meanwhile
+            (one for all the shards of an index: the same memory, warm in the cache), or None.
 
         Raises
         ------
         ValueError
             Not ``n_queries`` queries, a token id outside the matrix's columns, or a scratch of
-            another size.
+            fewer rows.
         """
         if len(query_ids) != self.sizes.size:
             raise ValueError(f"BM25 top-k: {len(query_ids)} queries for a batch of {self.sizes.size}")
         flat, offsets = query_id_arrays(query_ids, indptr.size - 1)
         if scratch is None:
             scratch = Scratch(n_docs)
-        elif scratch.acc.size != n_docs:
+        elif scratch.acc.size < n_docs:
             raise ValueError(f"BM25 top-k: scratch of {scratch.acc.size} rows for an index of {n_docs}")
         _top_k_batch(flat, offsets, data, indices, indptr, int(n_docs), int(self.n_rows), self.k, self.heap_scores,
                      self.heap_rows, self.sizes, scratch.acc, scratch.touched, scratch.values)
@@ -319,7 +320,7 @@ def top_k_rows(query_ids: list[np.ndarray] | list[list[int]], data: np.ndarray, 
         ``(n_vocab + 1,)``: bm25s's ``scores`` dict (``retriever.scores``), memory-mapped or not.
     n_docs : rows of the matrix.
     k : results a query, ``1 <= k <= n_docs``.
-    scratch : a :class:`Scratch` of ``n_docs`` rows used by no other thread meanwhile, or None (made for the call).
+    scratch : a :class:`Scratch` of ``n_docs`` rows or more used by no other thread meanwhile, or None (made for the call).
 
     Returns
     -------
