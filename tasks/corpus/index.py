@@ -457,10 +457,19 @@ class BM25Index:
         """Whether :meth:`rank_into` can search this index: a method whose scores are never
         negative (``lucene``, ``robertson``, ``atire``: not ``bm25l``/``bm25+``, which add
         non-occurrence scores) over float32 scores and int32 rows."""
+        return self._csc is not None
+
+    @cached_property
+    def _csc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+        """``(data, indices, indptr, n_docs)`` of the score matrix for the compiled top-k, or None
+        (:attr:`compiled_search`); looked up once, not at every query of every shard."""
         scores = self.retriever.scores
-        return self.retriever.method in ("lucene", "robertson", "atire") and \
-            getattr(self.retriever, "nonoccurrence_array", None) is None and \
-            (scores["data"].dtype, scores["indices"].dtype) == (np.float32, np.int32)
+        if self.retriever.method not in ("lucene", "robertson", "atire") or \
+                getattr(self.retriever, "nonoccurrence_array", None) is not None or \
+                (scores["data"].dtype, scores["indices"].dtype) != (np.float32, np.int32):
+            return None
+        return (np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"]),
+                int(scores["num_docs"]))
 
     def rank_into(self, top, tokens: Sequence[Sequence[str]], scratch=None):
         """Offer this index's rows, numbered on from ``top.n_rows``, to the running top-k ``top``
@@ -476,22 +485,20 @@ class BM25Index:
             The index's vocabulary holds a token id outside its score matrix (a corrupt index), or
             the index has no compiled search (:attr:`compiled_search`).
         """
-        if not self.compiled_search:
+        csc = self._csc
+        if csc is None:
             raise ValueError(f"BM25 search: method {self.retriever.method!r} has no compiled top-k")
-        scores = self.retriever.scores
         vocab = self.retriever.vocab_dict
         # Out-of-vocabulary tokens cannot match; a query left with no token scores every
         # document 0 and returns the first k rows (deterministic).
         ids = [[vocab[t] for t in toks if t in vocab] for toks in tokens]
-        n_docs = int(scores["num_docs"])
         if scratch is None:
             scratch = getattr(self._scratch, "value", None)      # one per thread: searches may run in threads
         if scratch is None:
             from tasks.corpus.bm25_query import Scratch  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
 
-            scratch = self._scratch.value = Scratch(n_docs)
-        return top.add(ids, np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"]),
-                       n_docs, scratch)
+            scratch = self._scratch.value = Scratch(csc[3])
+        return top.add(ids, *csc, scratch)
 
     def search_token_rows_bm25s(self, tokens: Sequence[Sequence[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search_token_rows` by bm25s's ``retrieve`` (its numpy backend: dense scores, then
