@@ -327,7 +327,7 @@ def bench_copies(home: Path) -> None:
     import flows.corpus_build  # noqa: F401, PLC0415 (what a shard worker process holds)
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from funnelrag.content_store import JoinedTexts, arrow_text_keys  # noqa: PLC0415
-    from tasks.corpus.sharded.shards import read_doc_range  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import read_rows  # noqa: PLC0415
     from tasks.corpus.sharded.token_memo import TERMS_FIELD, open_token_memo, token_memo_dir  # noqa: PLC0415
 
     root = home / "cache" / "corpus"
@@ -349,7 +349,7 @@ def bench_copies(home: Path) -> None:
     n = min(20_000, pq.read_metadata(ingest / "documents.parquet").num_rows)
     cols = ["doc_id", "title", "text"]
     before, old = _best(lambda: pq.read_table(ingest / "documents.parquet", columns=cols).slice(0, n))
-    now, new = _best(lambda: read_doc_range(ingest, 0, n, cols))
+    now, new = _best(lambda: read_rows(ingest / "documents.parquet", 0, n, cols))
     row(f"documents in rows 0..{n - 1:,} read (the whole file sliced before)", before, now, old.equals(new))
 
     # partition_range: a range's documents split into 6 shards (rows dealt out by a seeded draw)
