@@ -229,11 +229,10 @@ def merge_days(days: list[tuple[str, Path]], memo_dir: Path | None = None) -> tu
 @dataclass
 class ApplyReport:
     """What :func:`plan_changes` found: base pages a day replaces (counted before the ingest compares
-    revision ids: the stale ones it then skips are among them), page ids not in the base dump, and
-    the revisions skipped before the ingest as not newer (none here: the ingest counts them)."""
+    revision ids: the stale ones it then skips and counts are among them) and page ids not in the
+    base dump."""
 
     replaced: int = 0
-    stale_revisions: int = 0
     added: int = 0
     seconds: float = 0.0
 

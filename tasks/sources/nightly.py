@@ -200,14 +200,10 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path,
         if old.name != changes_file.name:
             old.unlink(missing_ok=True)
     info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict(),
-                 "changes_file": str(changes_file), "stale_revisions": _stale(counts, report)})
+                 "changes_file": str(changes_file),
+                 # skipped before the ingest as not newer than an earlier day's; the ingest counts the base's
+                 "stale_revisions": sum(c.skipped.get(STALE_REVISION, 0) for c in counts)})
     return dump, info
-
-
-def _stale(counts: list, report) -> int:
-    """Revisions skipped before the ingest as not newer than an earlier day's (:func:`merge_days`); the
-    ingest counts those not newer than the base page's."""
-    return sum(c.skipped.get(STALE_REVISION, 0) for c in counts) + report.stale_revisions
 
 
 def read_state(store_root: Path) -> dict[str, Any] | None:
