@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -45,19 +46,11 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------- helpers
-class Done:
-    """The future of a call already run (:func:`run_here`)."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def result(self) -> Any:
-        return self.value
-
-
-def run_here(fn: Callable[..., Any], *args: Any) -> Done:
-    """``submit(fn, *args)`` that runs the call in this process (no runner)."""
-    return Done(fn(*args))
+def run_here(fn: Callable[..., Any], *args: Any) -> Future:
+    """``submit(fn, *args)`` that runs the call in this process (no runner): a finished future."""
+    done: Future = Future()
+    done.set_result(fn(*args))
+    return done
 
 
 def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
