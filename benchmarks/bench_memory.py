@@ -75,6 +75,20 @@ def shard_ranges(stages: Path, max_tokens: int) -> tuple[list[tuple[int, int]], 
     return ranges, [int(tokens[lo:hi].astype(np.int64).sum()) for lo, hi in ranges]   # ranges of cluster ranks
 
 
+def shard_documents(stages: Path, ranges: list[tuple[int, int]], work: Path) -> list[str]:
+    """Each shard's documents split out in this process, as the build splits them before its shards
+    (:func:`tasks.corpus.sharded.shards.partition_documents`): one directory a range."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    from tasks.corpus.segment import check_members  # noqa: PLC0415
+    from tasks.corpus.sharded import shards as SH  # noqa: PLC0415
+
+    ids = pq.read_table(stages / "ingest" / "documents.parquet", columns=["doc_id"]).column("doc_id").to_numpy()
+    members = pq.read_table(stages / "cluster" / "cluster_members.parquet", columns=["cluster_id", "doc_id"])
+    rows = check_members(ids, members.column("doc_id").to_numpy())
+    ranks = SH.member_cluster_ranks(members.column("cluster_id").to_numpy())
+    return [str(d) for d in SH.partition_documents(stages / "ingest", ranges, ranks, rows, work, SH.run_here, 20_000)]
+
+
 def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
@@ -97,11 +111,12 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
     elif kind in ("segment", "cluster_tokens", "passage_stats", "passage_index"):
         ranges, tokens = shard_ranges(stages, size)
         lo, hi = ranges[int(np.argmax(tokens))]
+        docs = shard_documents(stages, ranges, tmp / "split")[int(np.argmax(tokens))] if kind != "passage_stats" else ""
         rows = SH.passage_row_ranges(stages / "segment", stages / "cluster", size)[int(np.argmax(tokens))]
         units.update(tokens=max(tokens), shards=len(ranges), docs=int(first[hi] - first[lo]), passages=rows[1] - rows[0])
         call = ((SH.segment_shard, str(stages / "ingest"), str(stages / "tokens"), str(stages / "cluster"), lo, hi,
-                 seg, mirror, str(tmp)) if kind == "segment" else
-                (CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp))
+                 seg, mirror, str(tmp), docs) if kind == "segment" else
+                (CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp), docs)
                 if kind == "cluster_tokens" else (SI.passage_stats_shard, str(stages / "segment"), *rows, cfg, str(tmp)))
         if kind == "passage_index":
             lo, hi = rows   # the passage steps read rows of passages.parquet
@@ -153,12 +168,13 @@ def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, t
 
     seg, cfg, mirror = SegmentConfig(), BM25Config(), str(default_mirror())
     ranges, tokens = shard_ranges(stages, size)
+    docs = shard_documents(stages, ranges, tmp / "split") if kind in ("segment", "cluster_tokens") else []
     if kind == "segment":
         calls = [(SH.segment_shard, str(stages / "ingest"), str(stages / "tokens"), str(stages / "cluster"), lo, hi,
-                  seg, mirror, str(tmp)) for lo, hi in ranges]
+                  seg, mirror, str(tmp), d) for (lo, hi), d in zip(ranges, docs)]
     elif kind == "cluster_tokens":
-        calls = [(CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp))
-                 for lo, hi in ranges]
+        calls = [(CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp), d)
+                 for (lo, hi), d in zip(ranges, docs)]
     elif kind == "passage_stats":
         calls = [(SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp)) for lo, hi in ranges]
     else:
@@ -175,8 +191,9 @@ def shard_order(stages: Path, tokens_per_shard: int, work: Path) -> list[str]:
     from tasks.corpus.sharded.cluster_index import cluster_token_shard  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
 
-    return [cluster_token_shard(str(stages / "ingest"), str(stages / "cluster"), lo, hi, BM25Config(), str(work))[2]
-            for lo, hi in shard_ranges(stages, tokens_per_shard)[0]]
+    ranges = shard_ranges(stages, tokens_per_shard)[0]
+    return [cluster_token_shard(str(stages / "ingest"), str(stages / "cluster"), lo, hi, BM25Config(), str(work), d)[2]
+            for (lo, hi), d in zip(ranges, shard_documents(stages, ranges, work / "split"))]
 
 
 def one_tiled_index(work: Path, keys: list[str], tile: int) -> dict:

@@ -225,7 +225,8 @@ def bench_bm25(home: Path, corpus: str, n_questions: int, backends: tuple[str, .
     (tokenizing included in every line); then where our time goes.
 
     A sharded passage index (``index.passage_shard_tokens`` > 0) is searched as the corpus
-    searches it (every shard, top-k merged: :class:`tasks.corpus.sharded.sharded_index.ShardedBM25`);
+    searches it (every shard in turn into one running top-k:
+    :class:`tasks.corpus.sharded.sharded_index.ShardedBM25`);
     bm25s searches one index over all the passages, the shards' matrices stacked
     (:func:`merge_shard_matrices`, the same scores; kept under ``<home>/cache/bench-retrieval/``),
     which our compiled top-k also searches ("ours, one matrix"). Every question's top-``k`` scores

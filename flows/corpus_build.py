@@ -25,8 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 from data_contracts.base import sha256_file
 from data_contracts.corpus import CLUSTERS
 from flows.run_report import build_message, completed, name_run, run_name
-from flows.runners import RunnerConfig, ShardRunner
-from flows.shard_retry import ShardWorkerDied
+from flows.runners import RunnerConfig, ShardRunner, ShardWorkerDied
 from funnelrag import datasets
 from funnelrag.config import ConfigError, FlowCommand, FlowConfig, redact_url, resolve_flow_config, to_jsonable
 from funnelrag.inputs import check_inputs
@@ -176,7 +175,7 @@ def resolve_inputs(cfg: CorpusBuildConfig, ws: Workspace) -> list[tuple[Path, st
 def retry_shard_stage(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect ``retry_condition_fn`` of a stage whose shards run on the build's runner: as
     :func:`funnelrag.stages.retry_transient`, and never after a shard's worker died on each of its
-    attempts (:class:`flows.shard_retry.ShardWorkerDied`: each was on a fresh pool already)."""
+    attempts (:class:`flows.runners.ShardWorkerDied`: each was on a fresh pool already)."""
     try:
         state.result()
     except ShardWorkerDied:

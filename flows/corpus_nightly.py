@@ -56,11 +56,10 @@ def plan_task(config: CorpusBuildConfig, ws: Workspace, unusable: dict[str, str]
 @task(name="nightly-fetch", cache_policy=NO_CACHE)
 def fetch_task(config: CorpusBuildConfig, ws: Workspace, plan: N.NightPlan) -> tuple[Path, dict[str, Any]]:
     """Download and verify tonight's files; for an incremental night, the days' revisions the ingest
-    applies to the base dump (or the merged dump, for a base not in page id order)."""
+    applies to the base dump."""
     with exclusive_lock(dumps_dir(ws) / FETCH_LOCK, f"dump download into {dumps_dir(ws)}"), \
             Mirror(config.source.mirror, auth=mirror_auth(os.environ)) as mirror:
-        return N.prepare_input(mirror, plan, dumps_dir(ws), workers=config.runner.n_workers(),
-                               read_cache=config.cache.read and not config.cache.verify)
+        return N.prepare_input(mirror, plan, dumps_dir(ws), read_cache=config.cache.read and not config.cache.verify)
 
 
 def nightly_markdown(name: str, plan: N.NightPlan, summary: dict[str, Any] | None) -> str:

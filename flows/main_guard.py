@@ -9,7 +9,7 @@ the worker is still bootstrapping (``RuntimeError: An attempt has been made to s
 process before the current process has finished its bootstrapping phase``): the worker dies and
 the parent sees only a broken pool, which read like a worker killed by the OOM killer. Such a
 script fails on every try, so :func:`check_main_guard` refuses it before any worker starts, and
-:mod:`flows.shard_retry` names it instead of retrying when a pool broke anyway.
+:class:`flows.runners.ShardFuture` names it instead of retrying when a pool broke anyway.
 """
 from __future__ import annotations
 

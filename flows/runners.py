@@ -9,9 +9,11 @@ and no Prefect engine, API client or log queue runs in a worker:
 * ``runner.kind: local`` (default): a ``concurrent.futures.ProcessPoolExecutor`` of
   ``runner.workers`` processes forked from a ``forkserver`` that imported the stages once
   (:func:`worker_context`, :mod:`flows.pool_worker`); a shard whose worker died (the OOM killer,
-  ``kill -9``) runs again on a fresh pool, at most :data:`flows.shard_retry.WORKER_DEATH_RETRIES`
-  times (:class:`flows.shard_retry.ShardFuture`); SIGTERM or Ctrl-C stops the workers at once
-  (:meth:`LocalShardPool.stop_workers`).
+  ``kill -9``) runs again on a fresh pool, at most :data:`WORKER_DEATH_RETRIES` times
+  (:class:`ShardFuture`; each retry logged, then :class:`ShardWorkerDied` names the shard); SIGTERM
+  or Ctrl-C stops the workers at once (:meth:`LocalShardPool.stop_workers`), and a pool broken by
+  that interrupt is not renewed: its shards raise at once, so a caller that waits for its
+  in-flight shards before re-raising (ingest's pass 1) ends within seconds.
 * ``runner.kind: dask``: a ``distributed.Client`` per stage, on the scheduler at
   ``runner.address`` (e.g. ``tcp://scheduler:8786``) or on a ``LocalCluster`` of ``runner.workers``
   single-threaded worker processes started once for the build when no address is given. Dask
@@ -37,13 +39,13 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.main_guard import check_main_guard
-from flows.shard_retry import ShardFuture, ShardReturn
+from flows.main_guard import MainGuardMissing, check_main_guard, guard_message, unguarded_main_script
 from funnelrag.config import RUN_LOGGERS
 from funnelrag.memory import YOUNG_COLLECTION_OBJECTS, in_build_collector, release_memory
 from funnelrag.reaper import ensure_reaper
@@ -57,6 +59,8 @@ WORKER_STOP_GRACE_S = 3.0
 (:meth:`LocalShardPool.stop_workers`)."""
 WORKER_LOG_FORMAT = "%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s"
 """The lines a pool worker writes to its stderr (the layout of Prefect's console lines)."""
+WORKER_DEATH_RETRIES = 2
+"""Fresh pools a shard whose worker died is run on again (:class:`ShardFuture`)."""
 
 
 class RunnerConfig(BaseModel):
@@ -123,10 +127,22 @@ class _KeptRecords(logging.Handler):
         self.records.append(record)
 
 
+@dataclass(frozen=True)
+class ShardReturn:
+    """What a local pool worker sends back for one shard (:func:`run_shard_in_worker`): ``value``,
+    what the shard call returned, and ``records``, the log records at WARNING and above that our
+    loggers emitted while it ran (message formatted, no exception object), which
+    :meth:`ShardFuture.result` hands to the same loggers in the build process: a worker's warning (a
+    cache entry discarded and rebuilt, a page skipped) reaches the run's log and the Prefect UI."""
+
+    value: Any
+    records: tuple[logging.LogRecord, ...] = ()
+
+
 def run_shard_in_worker(fn: Callable[..., Any], args: list[Any]) -> ShardReturn:
     """:func:`run_shard` in a local pool worker: ``fn``'s value with the records at WARNING and above
     that :data:`funnelrag.config.RUN_LOGGERS` emitted during the call, which the build process logs
-    again (:meth:`flows.shard_retry.ShardFuture.result`); the worker's stderr shows only the lines
+    again (:meth:`ShardFuture.result`); the worker's stderr shows only the lines
     below WARNING (:func:`init_worker`), so each warning appears once. Raises what ``fn`` raises (the
     call's warnings are then lost with the worker's answer; the stage fails with the error)."""
     kept = _KeptRecords()
@@ -249,12 +265,78 @@ def _stop_forkserver_at_exit() -> None:
         pass
 
 
+class ShardWorkerDied(RuntimeError):
+    """A shard's worker process died on every attempt (the message names the shard)."""
+
+
+def describe_shard(fn: Callable[..., Any], args: tuple[Any, ...], width: int = 120) -> str:
+    """``fn_name(arg, ...) of module``, each argument's repr cut to ``width`` characters (a
+    ``Path`` shown as its string)."""
+    shown = []
+    for a in args:
+        r = repr(str(a)) if type(a).__name__.endswith("Path") else repr(a)
+        shown.append(r if len(r) <= width else f"{r[:width]}…")
+    return f"{getattr(fn, '__name__', fn)}({', '.join(shown)}) of {getattr(fn, '__module__', '?')}"
+
+
+class ShardFuture:
+    """The future of one shard call of a :class:`LocalShardPool`; ``result()`` resubmits it when its
+    worker process died (the pool's executor broke: every future of it raises ``BrokenProcessPool``).
+
+    Raises (from ``result``)
+    ------------------------
+    concurrent.futures.process.BrokenProcessPool
+        The pool broke after the run was interrupted (``pool.interrupted``): never retried.
+    flows.main_guard.MainGuardMissing
+        The pool broke under a main script without a ``__main__`` guard (never retried: it would
+        fail the same way).
+    ShardWorkerDied
+        The shard's worker died on each of ``WORKER_DEATH_RETRIES + 1`` attempts, each on a fresh pool.
+    """
+
+    def __init__(self, pool: "LocalShardPool", fn: Callable[..., Any], args: tuple[Any, ...]):
+        self._pool, self._fn, self._args = pool, fn, args
+        self._attempt = 1
+        self._executor, self._future = pool.submit_once(fn, args)
+
+    def cancel(self) -> bool:
+        """Cancel the shard if it has not started (``Future.cancel``); True if it was cancelled."""
+        return self._future.cancel()
+
+    def result(self) -> Any:
+        """The shard call's value, once its worker's warnings are logged here (:class:`ShardReturn`)."""
+        while True:
+            try:
+                returned: ShardReturn = self._future.result()
+            except BrokenProcessPool as exc:
+                if self._pool.interrupted:   # its workers were stopped on purpose: the run is ending
+                    raise
+                shard = describe_shard(self._fn, self._args)
+                if (script := unguarded_main_script()) is not None:   # its workers died running it again
+                    raise MainGuardMissing(f"shard {shard}: its worker process died; {guard_message(script)}") from exc
+                if self._attempt > WORKER_DEATH_RETRIES:
+                    raise ShardWorkerDied(
+                        f"shard {shard}: a worker process of its pool died on each of {self._attempt} attempts, "
+                        "each on a fresh pool (killed by the OOM killer or a signal? lower runner.workers or the "
+                        "shard size)") from exc
+                log.warning("shard %s: a worker process of its pool died (this shard's or one beside it: %s); "
+                            "retrying it on a fresh process pool (retry %d of %d)", shard, exc, self._attempt,
+                            WORKER_DEATH_RETRIES)
+                self._pool.renew(self._executor)
+                self._attempt += 1
+                self._executor, self._future = self._pool.submit_once(self._fn, self._args)
+                continue
+            for record in returned.records:   # the worker's warnings, in this process's log (and Prefect's)
+                logging.getLogger(record.name).handle(record)
+            return returned.value
+
+
 _EXIT_HOOK: list[int] = []   # the pid whose atexit hook is registered (a forked child has another)
 
 
 class LocalShardPool:
     """One stage's ``ProcessPoolExecutor`` on this box; a context manager whose :meth:`submit`
-    returns a :class:`flows.shard_retry.ShardFuture`.
+    returns a :class:`ShardFuture`.
 
     On entry: the main script's ``__main__`` guard is checked (:func:`flows.main_guard.check_main_guard`),
     this process's reaper is started (:func:`funnelrag.reaper.ensure_reaper`: a ``kill -9`` of a

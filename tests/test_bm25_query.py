@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from funnelrag.datasets import resolve
-from tasks.corpus.bm25_query import SELECT_POSTINGS, top_k_rows
+from tasks.corpus.bm25_query import BUFFER_K, RunningTopK, top_k_rows
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.qa.questions import QuestionsConfig, load_questions
 
@@ -110,6 +110,12 @@ def test_bad_input_is_refused():
         top_k_rows([[0]], data, indices, indptr, 2, 3)
     with pytest.raises(ValueError, match="outside the index"):
         top_k_rows([[2]], data, indices, indptr, 2, 1)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        RunningTopK(1, 0)
+    with pytest.raises(ValueError, match="2 queries for a batch of 1"):
+        RunningTopK(1, 1).add([[0], [1]], data, indices, indptr, 2)
+    with pytest.raises(ValueError, match=r"k must lie in \[1, 2\]"):
+        RunningTopK(1, 3).add([[0]], data, indices, indptr, 2).result()     # matrices of fewer rows than k
     rows, scores = top_k_rows([[1, 1], [0]], data, indices, indptr, 2, 2)
     assert rows.tolist() == [[1, 0], [0, 1]] and scores.tolist() == [[2.0, 0.0], [1.0, 0.0]]
 
@@ -128,8 +134,8 @@ def test_sparse_and_dense_queries_equal_a_full_sort():
     postings = [int(sum(df[t] for t in q)) for q in queries]
     ways = set()
     for k in (1, 7, 50, 100, 200, n_docs):
-        # a query scanning every row with k to SELECT_POSTINGS * k postings selects the entry score first
-        ways |= {("sparse", False) if 16 * n < n_docs else ("dense", k < n <= SELECT_POSTINGS * k) for n in postings}
+        # a query scanning every row compacts its buffer of candidates while it scans when the rows outnumber it
+        ways |= {("sparse", False) if 16 * n < n_docs else ("dense", BUFFER_K * k < n_docs) for n in postings}
         rows, scores = top_k_rows(queries, data, indices, indptr, n_docs, k)
         for i, q in enumerate(queries):
             dense = np.zeros(n_docs, np.float32)
@@ -149,3 +155,17 @@ def test_scratch_is_reused_per_thread(real_index, questions):
         got = list(pool.map(lambda q: real_index.search_rows([q], 20), questions[:30]))
     np.testing.assert_array_equal(np.concatenate([r for r, _ in got]), want[0])
     assert not real_index._scratch.value.acc.any()                 # left zero between calls
+
+
+@pytest.mark.parametrize("cfg", [BM25Config(), BM25Config(stemmer=None), BM25Config(stopwords=None, lower=False)],
+                         ids=["stemmed", "unstemmed", "cased-no-stop-words"])
+def test_query_tokens_equal_bm25s_tokenize(questions, cfg):
+    """The query tokenizer is bm25s's ``tokenize`` (stop words, lower-casing, stems) on real
+    questions, one at a time and batched, and on odd strings."""
+    index = BM25Index.build(["Paris is the capital of France", "The Running of the Bulls"], ["a", "b"], cfg)
+    odd = ["", "  ", "The THE the", "naïve café façade, Zürich's 1st 2nd", "a b c x1 __init__ don't", "running runs ran"]
+    texts = questions + odd
+    assert index.tokenize(texts) == index.tokenize_bm25s(texts)
+    assert [index.tokenize([t])[0] for t in texts[:50]] == index.tokenize_bm25s(texts[:50])
+    assert index.tokenize([]) == []
+    assert any(t != u for t, u in zip(index.tokenize(texts), (x.split() for x in texts)))      # not a plain split

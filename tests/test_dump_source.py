@@ -18,14 +18,14 @@ from benchmarks.synth_dump import SAMPLE, write_mirror
 from data_contracts.base import sha256_file
 from tasks.sources import dump_source as D
 from tasks.sources import adds_changes as A
-from tasks.sources.adds_changes import (AddsChangesError, apply_changes, day_memo_path, merge_days, read_day,
-                                        read_day_memo, read_index)
+from tasks.sources.adds_changes import AddsChangesError, day_memo_path, merge_days, read_day, read_day_memo
 from tasks.sources.ingest import IngestConfig, IngestError, ingest
 from tasks.sources.ingest.changes import PageChanges, merge_pages
 from tasks.sources.ingest.multistream import index_path
 from tasks.sources.ingest.parallel import piece_batches
 from tasks.sources.ingest.records import RawPage
 from tasks.sources.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepare_input
+from tests.merged_dump import apply_changes, read_index
 from tests.mirror_server import serve
 
 WIKI, BASE = "synwiki", "20260101"
@@ -148,7 +148,7 @@ def test_applied_days_ingest_like_the_full_dump_of_the_same_texts(synth, tmp_pat
     assert [c.date for c in counts] == DAYS
     assert all(c.revisions > c.pages > c.kept > 0 and c.skipped["other_namespace"] > 0 for c in counts)
     out = tmp_path / synth["merged"].name
-    report = apply_changes(base, changes, out, workers=2)
+    report = apply_changes(base, changes, out)
     assert report.added == 3   # one new article a day
     assert report.replaced > 0 and report.streams_copied + report.streams_rewritten == 10
     assert report.streams_new >= 1                 # new page ids past the base's last one
@@ -157,7 +157,7 @@ def test_applied_days_ingest_like_the_full_dump_of_the_same_texts(synth, tmp_pat
     assert _ingest(out, tmp_path / "inc") == _ingest(synth["merged"], tmp_path / "full")
     again = tmp_path / "again" / out.name
     apply_changes(base, changes, again)
-    assert again.read_bytes() == out.read_bytes()   # same inputs, same bytes (any thread count)
+    assert again.read_bytes() == out.read_bytes()   # same inputs, same bytes
 
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["serial", "pieces"])
@@ -355,19 +355,14 @@ def test_the_nightly_decides_by_itself(source, tmp_path):
     assert newer.action == FULL and newer.base.date == "20260120"
 
 
-def test_prepare_input_writes_and_reuses_the_merged_dump(source, synth, tmp_path):
+def test_prepare_input_hands_the_days_to_the_ingest(source, synth, tmp_path):
     m, mirror, server = source
     plan = plan_night(m, WIKI, {"wiki": WIKI, "base": BASE, "days": []})
     folded, info = prepare_input(m, plan, tmp_path / "dl")   # the days go to the ingest: no dump written
-    assert folded.name == f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2" and info["apply"]["while_ingesting"]
+    assert folded.name == f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
     changes = PageChanges.load(Path(info["changes_file"]))
     assert changes.source == synth["merged"].name and [d["date"] for d in info["days"]] == DAYS
     assert info["apply"]["replaced"] + info["apply"]["added"] == len(changes.pages) and info["apply"]["added"] == 3
-    path, info = prepare_input(m, plan, tmp_path / "dl", while_ingesting=False)
-    assert path.name == synth["merged"].name and [d["date"] for d in info["days"]] == DAYS
-    assert (path.parent / path.name.replace(".xml.bz2", "-index.txt.bz2")).is_file()
-    again, info2 = prepare_input(m, plan, tmp_path / "dl", while_ingesting=False)
-    assert again == path and info2["reused_merged_dump"]
     if server is not None:   # downloaded into the home: dump, index and each day
         assert (tmp_path / "dl" / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2").is_file()
         assert len(list((tmp_path / "dl" / "other" / "incr" / WIKI).glob("*/*.xml.bz2"))) == 3
@@ -376,6 +371,17 @@ def test_prepare_input_writes_and_reuses_the_merged_dump(source, synth, tmp_path
     plan = plan_night(m, WIKI, {"wiki": WIKI, "base": BASE, "days": []})
     with pytest.raises(D.ChecksumMismatch, match=f"{WIKI}-{DAYS[2]}-pages-meta-hist-incr.xml.bz2"):
         prepare_input(m, plan, tmp_path / "dl2")
+
+
+def test_a_base_not_in_page_id_order_is_refused(synth, tmp_path):
+    """plan_changes names the index of a base whose pages are not in increasing page id order."""
+    base = tmp_path / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
+    src = synth["root"] / WIKI / BASE / base.name
+    shutil.copyfile(src, base)
+    lines = bz2.decompress(index_path(src).read_bytes()).decode().splitlines(keepends=True)
+    index_path(base).write_bytes(bz2.compress("".join([lines[1], lines[0], *lines[2:]]).encode()))
+    with pytest.raises(AddsChangesError, match="not listed in increasing page id order"):
+        A.plan_changes(base, {}, "merged.xml.bz2")
 
 
 def test_retention_keeps_the_newest_dumps(tmp_path):

@@ -346,11 +346,11 @@ def test_a_shard_whose_worker_died_is_retried_on_a_fresh_pool(prefect_harness, t
             self.lines.append(record.getMessage())
 
     handler = Lines()
-    logging.getLogger("flows.shard_retry").addHandler(handler)
+    logging.getLogger("flows.runners").addHandler(handler)
     try:
         assert squares(3, "once") == [i * i for i in range(6)]
     finally:
-        logging.getLogger("flows.shard_retry").removeHandler(handler)
+        logging.getLogger("flows.runners").removeHandler(handler)
     assert any("square_or_die" in m and "died-3', 3, 'once')" in m and "retrying it on a fresh process pool" in m
                for m in handler.lines), handler.lines
     with pytest.raises(RuntimeError, match=r"(?s)shard square_or_die\(.*died-4', 4, 'always'\).*3 attempts"):
@@ -398,7 +398,7 @@ def test_an_interrupted_stage_does_not_run_its_in_flight_shards_again(tmp_path):
             warnings.append(record.getMessage())
 
     handler = Lines(logging.WARNING)
-    logging.getLogger("flows.shard_retry").addHandler(handler)
+    logging.getLogger("flows.runners").addHandler(handler)
     previous = signal.signal(signal.SIGTERM, raise_interrupted)
     waited: list[float] = []
     try:
@@ -422,7 +422,7 @@ def test_an_interrupted_stage_does_not_run_its_in_flight_shards_again(tmp_path):
                     raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        logging.getLogger("flows.shard_retry").removeHandler(handler)
+        logging.getLogger("flows.runners").removeHandler(handler)
     print(f"\nSIGTERM → in-flight shards given up in {waited[0]:.2f} s; {pool.renewed} pools renewed")
     assert pool.interrupted and pool.renewed == 0, warnings
     assert not [m for m in warnings if "retrying" in m], warnings

@@ -84,28 +84,17 @@ def test_duplicates_across_pieces_and_untitled_page(enwiki_xml, tmp_path, pool):
 
 
 @pytest.mark.slow  # parses in a pool of worker processes (module fixture)
-def test_pieces_without_duplicates_are_taken_in_bulk(enwiki_xml, tmp_path, pool, monkeypatch):
-    """A piece none of whose titles was seen before is replayed in bulk (an untitled page in it
-    too): the same artifacts as the serial pass, and as replaying every record one by one."""
+def test_an_untitled_page_is_named_by_its_dump_position(enwiki_xml, tmp_path, pool):
+    """A piece without duplicate titles and with an untitled page: the same artifacts as the serial
+    pass, the page's record named by its position in the dump, not in its piece."""
     start, end = enwiki_xml.index(b"  <page>"), enwiki_xml.rindex(b"</mediawiki>")
     pages = [b"  <page>" + p for p in enwiki_xml[start:end].split(b"  <page>")[1:]]
     pages[40] = re.sub(rb"<title>.*?</title>", b"", pages[40], count=1)
     dump = tmp_path / "bulk-multistream.xml.bz2"
     repack(enwiki_xml[:start] + b"".join(pages) + enwiki_xml[end:], dump, pages_per_stream=5)
-    calls = []
-    monkeypatch.setattr(parallel, "_replay_rows", lambda *a: calls.append(1) or set())
     _same_as_serial(dump, tmp_path / "bulk", pool, streams_per_piece=3)
-    assert not calls
     report = INGEST_REPORT.read(tmp_path / "bulk" / "parallel")
     assert report["record"][40].as_py() == "page #40"
-    monkeypatch.undo()
-
-    def one_by_one(state, result, first_position):
-        parallel._take_shards(state, result, parallel._replay_rows(state, result, first_position))
-
-    monkeypatch.setattr(parallel, "replay_piece", one_by_one)
-    ingest([dump], tmp_path / "rows", MW, submit=pool.submit, streams_per_piece=3)
-    assert _digests(tmp_path / "rows") == _digests(tmp_path / "bulk" / "parallel")
 
 
 @pytest.mark.slow  # parses in a pool of worker processes (module fixture)

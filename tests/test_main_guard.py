@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flows.main_guard import MainGuardMissing, unguarded_main_script
-from flows.shard_retry import ShardFuture, ShardWorkerDied
+from flows.runners import ShardFuture, ShardWorkerDied
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOW = '''from prefect import flow

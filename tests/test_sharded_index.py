@@ -83,6 +83,40 @@ def test_sharded_search_equals_single_index(passages, questions, cfg, tmp_path):
     assert [[sharded.doc_ids[r] for r in row] for row in rows] == ids and np.array_equal(scores, same)
 
 
+def test_ties_across_shards_rank_as_one_index_by_row():
+    """Each text repeated ~15 times over shards of 7 to 330 rows (several smaller than k): scores tie
+    at every place, across shards. The running top-k over the shards gives exactly the rows and
+    scores of one index, and of a full sort of the dense scores by (score desc, row asc); queries
+    scanning every row, queries touching two rows, a query with no known token."""
+    rng = np.random.default_rng(3)
+    words = ["apple", "pie", "river", "stone", "cloud", "green", "music", "table"]
+    base = [" ".join(rng.choice(words, size=int(rng.integers(1, 6)))) for _ in range(40)]
+    texts = [base[i] for i in rng.integers(0, 40, size=600)]
+    texts[3] += " zebra"
+    texts[400] += " zebra"
+    ids = [f"p{i}" for i in range(600)]
+    cfg = BM25Config(stemmer=None, stopwords=None)
+    single = BM25Index.build(texts, ids, cfg)
+    sharded = _sharded(texts, ids, [7, 250, 260, 590], cfg)
+    assert [len(s) for s in sharded.shards] == [7, 243, 10, 330, 10]
+    queries = ["apple", "apple pie", "river stone cloud green", "zebra", "zebra music", "nothing", "music music table"]
+    vocab = single.retriever.vocab_dict
+    tokens = single.tokenize(queries)
+    dense = [single.retriever.get_scores_from_ids([vocab[t] for t in toks if t in vocab]) if any(t in vocab for t in toks)
+             else np.zeros(len(texts), np.float32) for toks in tokens]
+    for k in (1, 5, 8, 20, 100, 600):
+        rows, scores = sharded.search_rows(queries, k)
+        one_rows, one_scores = single.search_rows(queries, k)
+        np.testing.assert_array_equal(rows, one_rows)
+        np.testing.assert_array_equal(scores, one_scores)
+        for i, full in enumerate(dense):
+            order = np.lexsort((np.arange(len(texts)), -full))[:k]
+            np.testing.assert_array_equal(rows[i], order)
+            np.testing.assert_allclose(scores[i], full[order], rtol=1e-6)
+            assert k < 20 or (scores[i, 1:] == scores[i, :-1]).any()      # ties inside the top k
+    assert sharded.search_rows([], 5)[0].shape == (0, 0)
+
+
 def test_shard_scores_are_not_local_scores(passages, questions):
     """Without global statistics shard scores differ (the test above is not vacuous)."""
     texts, ids = passages

@@ -22,7 +22,7 @@ from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.segment import SegmentConfig
 from funnelrag.content_store import arrow_text_keys
 from tasks.corpus.sharded.shards import (TEXT_KEYS_FILE, anchor_keys, cluster_ranges, doc_shards, partition_documents,
-                                 put_cached, read_cluster_ranges, read_doc_range, read_rows_by_id, read_shard_documents,
+                                 put_cached, read_cluster_ranges, read_rows, read_rows_at, read_shard_documents,
                                  read_text_keys, run_here, run_segment_sharded, run_tokens_sharded)
 
 
@@ -70,7 +70,7 @@ def test_sharded_tokens_are_byte_identical(ingested, data_mirror, tmp_path, docs
 
 def test_missing_documents_in_a_range_are_an_error(ingested):
     with pytest.raises(ValueError, match="are not all present"):
-        read_doc_range(ingested, 100, 200, ["doc_id"])
+        read_rows(ingested / "documents.parquet", 100, 200, ["doc_id"])
 
 
 def test_token_shards_with_unchanged_texts_are_reused(ingested, data_mirror, tmp_path):
@@ -218,9 +218,10 @@ def test_partition_gives_each_shard_exactly_its_documents(ingested, clustered, t
     seen = []
     for (lo, hi), d in zip(ranges, dirs):
         mask = (ranks >= lo) & (ranks < hi)
-        mine = read_shard_documents(str(ingested), str(d), dids[mask])
+        mine = read_shard_documents(str(d))
         assert mine.column(ROW).to_pylist() == sorted(rows[mask].tolist())   # in the file's row order
-        assert mine.select(DOC_COLUMNS).equals(read_shard_documents(str(ingested), None, dids[mask]))
+        want = pq.read_table(ingested / "documents.parquet", columns=DOC_COLUMNS).take(sorted(rows[mask].tolist()))
+        assert mine.select(DOC_COLUMNS).equals(want)
         seen += mine.column("doc_id").to_pylist()
     assert sorted(seen) == sorted(dids.tolist())
     with pytest.raises(ValueError, match="outside the shards' cluster ranges"):
@@ -316,22 +317,22 @@ def test_a_segmentation_memo_of_the_earlier_layout_is_never_read_and_retention_s
     assert not old.exists() and SM.memo_dir(home, cfg).is_dir()
 
 
-@pytest.mark.parametrize("statistics", [True, False])
-def test_rows_by_id_are_the_filtered_read(tmp_path, statistics):
-    """Row group by row group (7 rows each, with and without min/max statistics): the rows and
-    order of ``pq.read_table(filters=[(key, "in", ids)])``, for spread, repeated and absent ids."""
+def test_rows_at_are_the_taken_rows(tmp_path):
+    """Row group by row group (7 rows each): the rows of ``table.take(rows)`` for spread rows, runs
+    of consecutive rows (sliced) across row-group bounds, one row, all rows and none; a row past
+    the end is an error naming the file."""
     n = 100
     table = pa.table({"doc_id": pa.array(np.arange(n, dtype=np.int32)), "text": [f"t{i}" * (i % 5) for i in range(n)],
                       "n": pa.array(np.arange(n, dtype=np.int64) * 3)})
     path = tmp_path / "docs.parquet"
-    pq.write_table(table, path, row_group_size=7, write_statistics=statistics)
-    for ids in ([3, 99, 50, 3, 0, 51, 52, 200, -1], list(range(0, n, 13)), [7], list(range(n)), []):
-        got = read_rows_by_id(path, "doc_id", ids, ["text", "doc_id"])
-        want = pq.read_table(path, columns=["text", "doc_id"], filters=[("doc_id", "in", ids)]) if ids else table.slice(0, 0)
+    pq.write_table(table, path, row_group_size=7)
+    for rows in ([0, 3, 50, 51, 52, 99], list(range(0, n, 13)), [7], list(range(n)), list(range(5, 30)), []):
+        got = read_rows_at(path, np.array(rows, np.int64), ["text", "doc_id"])
         assert got.column_names == ["text", "doc_id"]
-        assert got.to_pydict() == want.select(["text", "doc_id"]).to_pydict()
-    with pytest.raises(ValueError, match="key column"):
-        read_rows_by_id(path, "doc_id", [1], ["text"])
+        assert got.to_pydict() == table.select(["text", "doc_id"]).take(pa.array(rows, pa.int64())).to_pydict()
+    assert read_rows(path, 5, 30, ["n"]).equals(table.select(["n"]).slice(5, 25))
+    with pytest.raises(ValueError, match="docs.parquet: the rows wanted are not all present"):
+        read_rows_at(path, np.array([98, 99, 100]), ["text"])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status is Linux's")

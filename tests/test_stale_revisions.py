@@ -1,7 +1,7 @@
 """An adds-changes revision applies only when it is newer than what the base dump (or an earlier
 day) holds for its page: revision id, then timestamp. An older one (page id 10 at revision 5,
 2019, over the base's revision 1,000,000 of 2026) is skipped and counted, on every merge path:
-the merged dump written by ``apply_changes``, the serial ingest's ``merge_pages``, the parallel
+the merged dump written out (``tests/merged_dump.py``, the reference), the serial ingest's ``merge_pages``, the parallel
 ingest's pieces parsed with their revisions and the pieces patched from the base build's kept
 pieces, and the merge of several days."""
 from __future__ import annotations
@@ -14,10 +14,11 @@ import pytest
 
 from benchmarks.synth_dump import SAMPLE, write_dump
 from data_contracts.base import sha256_file
-from tasks.sources.adds_changes import STALE_REVISION, apply_changes, merge_days, read_index
+from tasks.sources.adds_changes import STALE_REVISION, merge_days
 from tasks.sources.ingest import IngestConfig, ingest
 from tasks.sources.ingest.changes import PageChanges, PageRevision, is_newer, page_xml
 from tasks.sources.ingest.multistream import index_path
+from tests.merged_dump import apply_changes, read_index
 
 WIKI = "synwiki"
 MERGED = f"{WIKI}-20260102-pages-articles-multistream.xml.bz2"

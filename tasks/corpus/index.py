@@ -16,6 +16,7 @@ import threading
 from array import array
 from collections import defaultdict
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from collections import abc
 from typing import Iterable, Iterator, Sequence
@@ -33,6 +34,7 @@ TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 new bm25s default cannot change our tokens). A token never spans a non-word character, which the
 token memo relies on (:data:`tasks.corpus.sharded.token_memo.PIECES_JOIN`)."""
 IDS_FILE = "doc_ids.index.json"
+_SPLIT = re.compile(TOKEN_PATTERN).findall
 
 
 @dataclass(frozen=True)
@@ -297,11 +299,33 @@ class BM25Index:
 
     # ------------------------------------------------------------------ build / save / load
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
-        """Tokens (strings) of ``texts`` with this index's lower-casing, stop words and stemmer."""
+        """Tokens (strings) of ``texts`` with this index's lower-casing, stop words and stemmer.
+
+        ``bm25s.tokenize(texts, ..., return_ids=False)``'s tokens (:meth:`tokenize_bm25s`, compared
+        in ``tests/test_bm25_query.py``) without its per-call costs: three progress bars and a
+        stop-word set built again for every text (~0.1 ms of a query searched alone). Each text
+        split by :data:`TOKEN_PATTERN`, stop words dropped, the distinct tokens stemmed once.
+        """
+        lower, stop = self.cfg.lower, self._stopwords
+        tokens = [[t for t in _SPLIT(x.lower() if lower else x) if t not in stop] for x in texts]
+        if self._stem is None:
+            return tokens
+        distinct = list(dict.fromkeys(t for toks in tokens for t in toks))
+        stems = dict(zip(distinct, self._stem(distinct)))
+        return [[stems[t] for t in toks] for toks in tokens]
+
+    def tokenize_bm25s(self, texts: Sequence[str]) -> list[list[str]]:
+        """:meth:`tokenize` by ``bm25s.tokenize`` itself: the reference it is tested against."""
         import bm25s  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
 
         return bm25s.tokenize(list(texts), lower=self.cfg.lower, token_pattern=TOKEN_PATTERN, stopwords=self.cfg.stopwords,
                               stemmer=self._stem, return_ids=False, show_progress=False)
+
+    @cached_property
+    def _stopwords(self) -> frozenset[str]:
+        from bm25s.tokenization import _infer_stopwords  # noqa: PLC0415  (heavy: bm25s, only when an index is built or searched)
+
+        return frozenset(_infer_stopwords(self.cfg.stopwords))
 
     @classmethod
     def build(cls, texts: Iterable[str], doc_ids: Sequence[str | int], cfg: BM25Config = BM25Config()) -> "BM25Index":
@@ -387,7 +411,13 @@ class BM25Index:
         scores : float32 array ``(n_queries, k')``, descending per row; ties broken by row id.
         """
         rows, scores = self.search_rows(queries, k)
-        return [[self.doc_ids[r] for r in row] for row in rows], scores
+        return self._id_array[rows].tolist(), scores
+
+    @cached_property
+    def _id_array(self) -> np.ndarray:
+        """``doc_ids`` as an object array (8 bytes a row): rows become ids in one indexing, not a
+        Python lookup each."""
+        return np.array(self.doc_ids, dtype=object)
 
     def search_rows(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Like :meth:`search` but with row numbers: int ``(n_queries, k')`` and float32 scores."""
@@ -416,23 +446,59 @@ class BM25Index:
         k = min(k, len(self.doc_ids))
         if not tokens or k == 0:
             return np.zeros((len(tokens), 0), dtype=np.int64), np.zeros((len(tokens), 0), dtype=np.float32)
+        if not self.compiled_search:
+            return self.search_token_rows_bm25s(tokens, k)
+        from tasks.corpus.bm25_query import RunningTopK  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
+
+        return self.rank_into(RunningTopK(len(tokens), k), tokens).result()
+
+    @property
+    def compiled_search(self) -> bool:
+        """Whether :meth:`rank_into` can search this index: a method whose scores are never
+        negative (``lucene``, ``robertson``, ``atire``: not ``bm25l``/``bm25+``, which add
+        non-occurrence scores) over float32 scores and int32 rows."""
+        return self._csc is not None
+
+    @cached_property
+    def _csc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+        """``(data, indices, indptr, n_docs)`` of the score matrix for the compiled top-k, or None
+        (:attr:`compiled_search`); looked up once, not at every query of every shard."""
         scores = self.retriever.scores
         if self.retriever.method not in ("lucene", "robertson", "atire") or \
                 getattr(self.retriever, "nonoccurrence_array", None) is not None or \
                 (scores["data"].dtype, scores["indices"].dtype) != (np.float32, np.int32):
-            return self.search_token_rows_bm25s(tokens, k)
-        from tasks.corpus.bm25_query import Scratch, top_k_rows  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
+            return None
+        return (np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"]),
+                int(scores["num_docs"]))
 
+    def rank_into(self, top, tokens: Sequence[Sequence[str]], scratch=None):
+        """Offer this index's rows, numbered on from ``top.n_rows``, to the running top-k ``top``
+        (:class:`tasks.corpus.bm25_query.RunningTopK`: one index, or each shard of a sharded one
+        in turn) for queries already tokenized by :meth:`tokenize`; returns ``top``. ``scratch``:
+        a :class:`tasks.corpus.bm25_query.Scratch` of this index's rows or more that no other
+        thread uses meanwhile (a sharded index passes one for all its shards), or None: this
+        index's own, one per thread.
+
+        Raises
+        ------
+        ValueError
+            The index's vocabulary holds a token id outside its score matrix (a corrupt index), or
+            the index has no compiled search (:attr:`compiled_search`).
+        """
+        csc = self._csc
+        if csc is None:
+            raise ValueError(f"BM25 search: method {self.retriever.method!r} has no compiled top-k")
         vocab = self.retriever.vocab_dict
         # Out-of-vocabulary tokens cannot match; a query left with no token scores every
         # document 0 and returns the first k rows (deterministic).
         ids = [[vocab[t] for t in toks if t in vocab] for toks in tokens]
-        n_docs = int(scores["num_docs"])
-        scratch = getattr(self._scratch, "value", None)          # one per thread: searches may run in threads
         if scratch is None:
-            scratch = self._scratch.value = Scratch(n_docs)
-        return top_k_rows(ids, np.asarray(scores["data"]), np.asarray(scores["indices"]), np.asarray(scores["indptr"]),
-                          n_docs, k, scratch)
+            scratch = getattr(self._scratch, "value", None)      # one per thread: searches may run in threads
+        if scratch is None:
+            from tasks.corpus.bm25_query import Scratch  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
+
+            scratch = self._scratch.value = Scratch(csc[3])
+        return top.add(ids, *csc, scratch)
 
     def search_token_rows_bm25s(self, tokens: Sequence[Sequence[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search_token_rows` by bm25s's ``retrieve`` (its numpy backend: dense scores, then

@@ -10,28 +10,22 @@ counted skip (``other_namespace``), as is a page without id, title, namespace or
 (``malformed``). Page moves out of namespace 0 and deletions are not in adds-changes dumps: they
 take effect when the next full dump becomes the base.
 
-:func:`apply_changes` writes the merged dump in page id order (the order of a full dump): the base
-dump's bz2 streams holding no changed page are copied byte for byte (so the ingest's piece cache
-and the shard caches behind it see unchanged bytes), the streams with a changed page are
-decompressed, the changed ``<page>`` elements replaced, and compressed again; new page ids go into
-the stream where their id falls, ids past the base's last one into new streams of
-:data:`PAGES_PER_STREAM` pages at the end. A ``-index.txt.bz2`` is written beside it. Nothing here
-imports Prefect.
+The nightly applies them while it ingests the base dump (:func:`plan_changes`, then
+:func:`tasks.sources.ingest.changes.merge_pages`): no merged dump is written, and the artifacts are
+those of the dump a full run would have written (tested against one written out,
+``tests/merged_dump.py``). The base dump must list its pages in increasing page id order, as
+Wikimedia's do. Nothing here imports Prefect.
 """
 from __future__ import annotations
 
-import bisect
 import bz2
 import json
 import logging
-import os
 import re
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -40,20 +34,14 @@ from lxml import etree
 
 from data_contracts.base import atomic_write, sha256_file
 from funnelrag.errors import BadInput
-from funnelrag.progress import Progress
 from tasks.sources.ingest.changes import (PageChanges, PageRevision, is_newer,  # noqa: F401 - PageRevision re-exported
-                                         page_xml, revisions_from_table, revisions_table)
+                                         revisions_from_table, revisions_table)
 from tasks.sources.ingest.mediawiki import release_element
-from tasks.sources.ingest.multistream import index_blocks, index_path, plan_layout
+from tasks.sources.ingest.multistream import index_blocks, index_path
 
 log = logging.getLogger(__name__)
 
-PAGES_PER_STREAM = 100
 OTHER_NAMESPACE, MALFORMED, STALE_REVISION = "other_namespace", "malformed", "stale_revision"
-_PAGE = re.compile(rb"[ \t]*<page>.*?</page>[ \t]*\n?", re.S)
-_PAGE_ID = re.compile(rb"<id>(\d+)</id>")
-_REVISION_ID = re.compile(rb"<revision>\s*<id>(\d+)</id>")
-_TIMESTAMP = re.compile(rb"<timestamp>([^<]*)</timestamp>")
 
 
 class AddsChangesError(BadInput):
@@ -240,16 +228,13 @@ def merge_days(days: list[tuple[str, Path]], memo_dir: Path | None = None) -> tu
 
 @dataclass
 class ApplyReport:
-    """What :func:`apply_changes` did."""
+    """What :func:`plan_changes` found: base pages a day replaces (counted before the ingest compares
+    revision ids: the stale ones it then skips and counts are among them) and page ids not in the
+    base dump."""
 
-    replaced: int = 0            # base pages whose text/title/redirect came from a day
-    stale_revisions: int = 0     # revisions not newer than the base page's (is_newer): the base page kept
-    added: int = 0               # page ids not in the base dump
-    streams_copied: int = 0      # base streams copied byte for byte
-    streams_rewritten: int = 0   # base streams re-compressed with changed or inserted pages
-    streams_new: int = 0         # streams of pages past the base's last page id
+    replaced: int = 0
+    added: int = 0
     seconds: float = 0.0
-    while_ingesting: bool = False   # applied by the ingest as it reads the base (plan_changes): no dump written
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -274,191 +259,25 @@ def index_page_ids(index: Path) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def plan_changes(base: Path, changes: dict[int, PageRevision], merged_name: str) -> tuple[PageChanges | None, ApplyReport]:
-    """Tonight's revisions as :class:`tasks.sources.ingest.changes.PageChanges` for the ingest to
-    apply while it reads ``base`` (no merged dump written), with the counts :func:`apply_changes`
-    would report (pages replaced and added; no stream copied or re-compressed; ``replaced`` counts
-    the revisions of base pages before the ingest compares their revision ids, so it includes the
-    stale ones the ingest then skips and counts as ``stale_revisions``). ``(None, report)``
-    when ``base``'s index does not list its pages in increasing page id order: then only
-    :func:`apply_changes` can merge them.
+def plan_changes(base: Path, changes: dict[int, PageRevision], merged_name: str) -> tuple[PageChanges, ApplyReport]:
+    """Tonight's revisions as :class:`tasks.sources.ingest.changes.PageChanges` named ``merged_name``,
+    for the ingest to apply while it reads ``base``, with the pages they replace and add.
 
     Raises
     ------
     AddsChangesError
-        ``base`` has no multistream index beside it, or the index is unreadable.
+        ``base`` has no multistream index beside it, the index is unreadable, or it does not list
+        the pages in increasing page id order (a Wikimedia dump does; the days cannot be merged in).
     """
     t0 = time.perf_counter()
     ix = index_path(Path(base))
     if not ix.is_file():
         raise AddsChangesError(f"{base}: its multistream index {ix.name} is missing (needed to apply adds-changes)")
     ids = index_page_ids(ix)
+    if not (ids.size and bool(np.all(np.diff(ids) > 0))):
+        raise AddsChangesError(f"{ix}: the pages are not listed in increasing page id order; adds-changes can only "
+                               "be applied to a dump in page id order (Wikimedia's are)")
     changed = np.fromiter(changes.keys(), np.int64, count=len(changes))
     replaced = int(np.isin(changed, ids).sum())
-    report = ApplyReport(replaced=replaced, added=len(changes) - replaced)
-    ordered = bool(ids.size) and bool(np.all(np.diff(ids) > 0))
-    report.while_ingesting = ordered
-    report.seconds = time.perf_counter() - t0
-    return (PageChanges.of(merged_name, changes) if ordered else None), report
-
-
-def read_index(index: Path) -> dict[int, list[tuple[int, str]]]:
-    """``{stream offset: [(page_id, title), …]}`` of a multistream index (``offset:id:title`` lines)."""
-    streams: dict[int, list[tuple[int, str]]] = {}
-    try:
-        with bz2.open(index, "rt", encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                off, pid, title = line.rstrip("\n").split(":", 2)
-                streams.setdefault(int(off), []).append((int(pid), title))
-    except (ValueError, EOFError, OSError) as exc:
-        raise AddsChangesError(f"{index}: unreadable multistream index ({exc})") from exc
-    return streams
-
-
-def apply_changes(base: Path, changes: dict[int, PageRevision], out: Path, workers: int = 1) -> ApplyReport:
-    """Write ``out`` (+ its ``-index.txt.bz2``): the multistream dump ``base`` with ``changes``
-    applied (module docstring). The same inputs give the same bytes; both files appear atomically.
-
-    Parameters
-    ----------
-    base : a multistream ``.xml.bz2`` with its ``-index.txt.bz2`` beside it.
-    changes : ``{page_id: PageRevision}`` (:func:`merge_days`).
-    out : the merged dump's path (its name becomes the ``source`` of every ingested record).
-    workers : threads re-compressing changed streams (bz2 releases the GIL).
-
-    Raises
-    ------
-    AddsChangesError
-        ``base`` is not a multistream dump with an index, or a stream of it is corrupt.
-    """
-    t0 = time.perf_counter()
-    base, out = Path(base), Path(out)
-    ix = index_path(base)
-    if not ix.is_file():
-        raise AddsChangesError(f"{base}: its multistream index {ix.name} is missing (needed to apply adds-changes)")
-    layout = plan_layout(base, 1)
-    if layout is None:
-        raise AddsChangesError(f"{base}: not a multistream dump (header, page streams, footer)")
-    by_offset = read_index(ix)
-    streams = [(p.start, p.end) for p in layout.pieces]
-    ids = [[pid for pid, _ in by_offset.get(start, [])] for start, _ in streams]
-    if any(not s for s in ids):
-        bad = next(start for (start, _), s in zip(streams, ids) if not s)
-        raise AddsChangesError(f"{ix}: no pages listed for the stream at byte {bad} of {base.name}")
-    base_ids = {pid for s in ids for pid in s}
-    max_id = max(base_ids)
-    firsts = [s[0] for s in ids]
-    inserts: dict[int, list[int]] = {}
-    tail = []
-    for pid in sorted(set(changes) - base_ids):
-        if pid > max_id:
-            tail.append(pid)
-        else:
-            inserts.setdefault(max(bisect.bisect_right(firsts, pid) - 1, 0), []).append(pid)
-    report = ApplyReport(added=len(tail) + sum(map(len, inserts.values())))
-    tmp_dump = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp_ix = out.with_name(f".{index_path(out).name}.tmp-{os.getpid()}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    def newer(pid: int, body: bytes) -> bool:
-        rev_ids, stamps = _REVISION_ID.findall(body), _TIMESTAMP.findall(body)   # the page's last revision
-        return is_newer(changes[pid], int(rev_ids[-1]) if rev_ids else None,
-                        stamps[-1].decode("utf-8").strip() or None if stamps else None)
-
-    def rewrite(k: int) -> tuple[bytes | None, list[tuple[int, str]] | None, int, int]:
-        """The stream re-compressed with its changes (``None``: every change stale, the stream is
-        copied), its index lines, the pages replaced and the stale revisions skipped."""
-        start, end = streams[k]
-        xml = _read_stream(base, start, end)
-        pages = []
-        pos = 0
-        for m in _PAGE.finditer(xml):
-            if xml[pos:m.start()].strip():
-                raise AddsChangesError(f"{base}: stream at byte {start} holds text outside <page> elements")
-            pid_m = _PAGE_ID.search(m.group())
-            if pid_m is None:
-                raise AddsChangesError(f"{base}: a page without <id> in the stream at byte {start}")
-            pages.append((int(pid_m.group(1)), m.group()))
-            pos = m.end()
-        if xml[pos:].strip():
-            raise AddsChangesError(f"{base}: stream at byte {start} holds text outside <page> elements")
-        titles = dict(by_offset[start])
-        applied = {pid for pid, body in pages if pid in changes and newer(pid, body)}
-        stale = sum(pid in changes for pid, _ in pages) - len(applied)
-        if not applied and k not in inserts:
-            return None, None, 0, stale
-        merged = [(pid, page_xml(changes[pid]) if pid in applied else body,
-                   changes[pid].title if pid in applied else titles.get(pid, "")) for pid, body in pages]
-        extra = [(pid, page_xml(changes[pid]), changes[pid].title) for pid in inserts.get(k, [])]
-        merged = sorted(merged + extra, key=lambda t: t[0]) if extra else merged
-        return (bz2.compress(b"".join(body for _, body, _ in merged), 9), [(pid, t) for pid, _, t in merged],
-                len(applied), stale)
-
-    def blocks() -> Iterator[tuple[bytes | None, int, int, list[tuple[int, str]] | None]]:
-        with ThreadPoolExecutor(max(1, workers)) as pool:
-            pending = []
-            for k, (start, end) in enumerate(streams):
-                touched = k in inserts or any(pid in changes for pid in ids[k])
-                pending.append((k, pool.submit(rewrite, k) if touched else None))
-                if len(pending) > 4 * max(1, workers):
-                    yield _done(pending.pop(0))
-            while pending:
-                yield _done(pending.pop(0))
-
-    def _done(item):
-        k, fut = item
-        start, end = streams[k]
-        if fut is None:
-            return None, start, end, None
-        data, listed, replaced, stale = fut.result()
-        report.replaced += replaced
-        report.stale_revisions += stale
-        return data, start, end, listed
-
-    try:
-        with open(base, "rb") as src, open(tmp_dump, "wb") as dst, bz2.open(tmp_ix, "wt", encoding="utf-8") as ixw, \
-                Progress(f"apply adds-changes to {base.name}", total=len(streams), unit="streams") as bar:
-            dst.write(_read_raw(src, *layout.header))
-            for data, start, end, listed in blocks():
-                offset = dst.tell()
-                if data is None:
-                    dst.write(_read_raw(src, start, end))
-                    listed = by_offset[start]
-                    report.streams_copied += 1
-                else:
-                    dst.write(data)
-                    report.streams_rewritten += 1
-                ixw.writelines(f"{offset}:{pid}:{title}\n" for pid, title in listed)
-                bar.update()
-            for i in range(0, len(tail), PAGES_PER_STREAM):
-                chunk = tail[i:i + PAGES_PER_STREAM]
-                offset = dst.tell()
-                dst.write(bz2.compress(b"".join(page_xml(changes[p]) for p in chunk), 9))
-                ixw.writelines(f"{offset}:{p}:{changes[p].title}\n" for p in chunk)
-                report.streams_new += 1
-            dst.write(_read_raw(src, *layout.footer))
-        os.replace(tmp_ix, index_path(out))
-        os.replace(tmp_dump, out)
-    finally:
-        tmp_dump.unlink(missing_ok=True)
-        tmp_ix.unlink(missing_ok=True)
-    report.seconds = time.perf_counter() - t0
-    log.info("adds-changes applied to %s -> %s: %s", base.name, out.name, report.as_dict())
-    return report
-
-
-def _read_raw(fh, start: int, end: int) -> bytes:
-    fh.seek(start)
-    data = fh.read(end - start)
-    if len(data) != end - start:
-        raise AddsChangesError(f"{fh.name}: ends before byte {end}")
-    return data
-
-
-def _read_stream(path: Path, start: int, end: int) -> bytes:
-    with open(path, "rb") as fh:
-        raw = _read_raw(fh, start, end)
-    try:
-        return bz2.decompress(raw)
-    except (OSError, ValueError, EOFError) as exc:
-        raise AddsChangesError(f"{path}: the bz2 stream at byte {start} is corrupt ({exc})") from exc
+    report = ApplyReport(replaced=replaced, added=len(changes) - replaced, seconds=time.perf_counter() - t0)
+    return PageChanges.of(merged_name, changes), report

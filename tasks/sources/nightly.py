@@ -19,7 +19,7 @@ dump were not there; a later night tries it again (the mirror may have been repa
 
 :func:`prepare_input` downloads and verifies the files (resumed, checksummed) and, for an
 incremental night, hands the days' revisions to the ingest, which applies them as it reads the
-base dump (or, for a base not in page id order, writes the merged dump). Every failure raises before a build starts, so a
+base dump. Every failure raises before a build starts, so a
 failed download or check never moves ``current``.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from data_contracts.base import atomic_write
-from tasks.sources.adds_changes import STALE_REVISION, apply_changes, merge_days, plan_changes
+from tasks.sources.adds_changes import STALE_REVISION, merge_days, plan_changes
 from tasks.sources.dump_source import (DayScan, DumpSourceError, FullDump, Mirror, fetch, full_dump_name, index_name,
                                       latest_full_dump, parse_dumpstatus, scan_days)
 
@@ -157,30 +157,26 @@ def _base_dump(mirror: Mirror, wiki: str, date: str) -> tuple[FullDump, None]:
     return parse_dumpstatus(text, wiki, date, where), None
 
 
-def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int = 1,
-                  while_ingesting: bool = True, read_cache: bool = True) -> tuple[Path, dict[str, Any]]:
-    """The dump file to build tonight, downloaded and verified, and what was done to get it.
+def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path,
+                  read_cache: bool = True) -> tuple[Path, dict[str, Any]]:
+    """The dump file to build tonight (downloaded and verified) and what was done to get it.
 
     ``full``: the dump and its index (``downloads/<wiki>/<date>/``). ``incremental``: the base as
-    well and each day's file (``downloads/other/incr/<wiki>/<date>/``); then, with
-    ``while_ingesting`` and a base in page id order (Wikimedia's are), the days' revisions in
+    well and each day's file (``downloads/other/incr/<wiki>/<date>/``), and the days' revisions in
     ``downloads/merged/<wiki>/<wiki>-<last day>-pages-articles-multistream.xml.bz2.changes.parquet``
-    (``info["changes_file"]``; the returned path is the base dump): the ingest applies them as it
-    reads the base, with the artifacts of the merged dump and no dump written or re-compressed
-    (:func:`tasks.sources.adds_changes.plan_changes`). Otherwise the merged dump
-    ``downloads/merged/<wiki>/<wiki>-<last day>-pages-articles-multistream.xml.bz2`` is written
-    (:func:`tasks.sources.adds_changes.apply_changes`; reused when it is already there from the
-    same base and days) and returned. Either way each day's revisions are kept beside its download
-    (:func:`tasks.sources.adds_changes.read_day_memo`): a day is parsed by the first night that
-    applies it only. ``read_cache`` False (``cache.read: false``): every day is parsed and the
-    merged dump written again, neither the day memos nor an earlier merged dump read.
+    (``info["changes_file"]``); the returned path is the base dump: the ingest applies the
+    revisions as it reads it, with the artifacts of the merged dump and no dump written
+    (:func:`tasks.sources.adds_changes.plan_changes`). Each day's revisions are kept beside its
+    download (:func:`tasks.sources.adds_changes.read_day_memo`): a day is parsed by the first
+    night that applies it only. ``read_cache`` False (``cache.read: false``): every day is parsed
+    again, no day memo read.
 
     Raises
     ------
     ChecksumMismatch, DumpSourceError
         A file is missing, or its size or digest differs (names the file).
     tasks.sources.adds_changes.AddsChangesError
-        A day's file or the base dump cannot be read.
+        A day's file or the base dump cannot be read, or the base is not in page id order.
     """
     if plan.base is None:
         raise ValueError("prepare_input: the plan has no dump (action nothing)")
@@ -194,42 +190,20 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, workers: int
     if plan.action == FULL:
         return dump, info
     day_files = [(d.date, fetch(mirror, d.file, downloads)) for d in plan.scan.days]
-    out = downloads / "merged" / plan.wiki / full_dump_name(plan.wiki, plan.scan.days[-1].date)
-    stamp = out.with_name(out.name + ".applied.json")
-    want = {"base": plan.base.date, "base_digest": plan.base.dump.digest,
-            "days": [[d.date, d.file.digest] for d in plan.scan.days]}
-    if read_cache and out.is_file() and stamp.is_file() and json.loads(stamp.read_text()).get("inputs") == want:
-        info.update(json.loads(stamp.read_text()).get("report", {}), reused_merged_dump=True)
-        return out, info
+    merged_name = full_dump_name(plan.wiki, plan.scan.days[-1].date)
     # each day parsed once per base: later nights read its revisions from the memo beside the download
     changes, counts = merge_days(day_files, memo_dir=downloads / "other" / "incr" / plan.wiki if read_cache else None)
-    if while_ingesting:
-        folded, report = plan_changes(dump, changes, out.name)
-        if folded is not None:
-            changes_file = out.with_name(out.name + ".changes.parquet")
-            folded.save(changes_file)
-            for old in out.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # tonight's file only
-                if old.name != changes_file.name:
-                    old.unlink(missing_ok=True)
-            info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict(),
-                         "changes_file": str(changes_file), "stale_revisions": _stale(counts, report)})
-            return dump, info
-        log.warning("%s does not list its pages in increasing page id order: writing the merged dump instead of "
-                    "applying the days while ingesting", dump.name)
-    report = apply_changes(dump, changes, out, workers=workers)
-    for old in out.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # only tonight's merged dump is kept
-        if old.name not in (out.name, index_name(out.name), stamp.name):
+    folded, report = plan_changes(dump, changes, merged_name)
+    changes_file = downloads / "merged" / plan.wiki / f"{merged_name}.changes.parquet"
+    folded.save(changes_file)
+    for old in changes_file.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # tonight's file only
+        if old.name != changes_file.name:
             old.unlink(missing_ok=True)
     info.update({"days": [c.as_dict() for c in counts], "apply": report.as_dict(),
-                 "stale_revisions": _stale(counts, report)})
-    atomic_write(stamp, lambda p: p.write_text(json.dumps({"inputs": want, "report": info}, indent=1, sort_keys=True)))
-    return out, info
-
-
-def _stale(counts: list, report) -> int:
-    """Revisions skipped before the ingest as not newer than an earlier day's (:func:`merge_days`) or
-    the base page's (:func:`apply_changes`; applied while ingesting, the ingest counts them)."""
-    return sum(c.skipped.get(STALE_REVISION, 0) for c in counts) + report.stale_revisions
+                 "changes_file": str(changes_file),
+                 # skipped before the ingest as not newer than an earlier day's; the ingest counts the base's
+                 "stale_revisions": sum(c.skipped.get(STALE_REVISION, 0) for c in counts)})
+    return dump, info
 
 
 def read_state(store_root: Path) -> dict[str, Any] | None:

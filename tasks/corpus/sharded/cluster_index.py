@@ -85,22 +85,20 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
 
 
 def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg: BM25Config,
-                        work_dir: str, docs_dir: str | None = None,
+                        work_dir: str, docs_dir: str,
                         memo_dir: str | None = None) -> tuple[list[str], list[str], str, bool, int]:
     """Token ids of the cluster texts of the clusters of ranks ``lo <= rank < hi`` (a worker-process
     call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and pieces>/``
     (:meth:`tasks.corpus.sharded.token_memo.MemoTokens.save`).
 
-    Reads only the shard's members (Parquet filters) and their documents (from ``docs_dir``, the
-    shard's partition by :func:`tasks.corpus.sharded.shards.partition_documents`, else by id from
-    ``documents.parquet``: :func:`tasks.corpus.sharded.shards.read_shard_documents`). Each member's
+    Reads only the shard's members and their documents (``docs_dir``, the shard's partition by
+    :func:`tasks.corpus.sharded.shards.partition_documents`). Each member's
     ``title\ntext`` takes its terms from the token memo ``memo_dir`` when the last build saw it
     (:func:`tasks.corpus.sharded.token_memo.memo_token_ids`); only the others are tokenized. Returns
     ``(cluster ids as str, the shard's vocabulary in id order, key, reused, members taken from
     the memo)``; ``reused`` when the shard's texts are unchanged since a build that kept them."""
     members = read_cluster_members(Path(cluster_dir), lo, hi)
-    wanted = np.unique(members.column("doc_id").to_numpy())
-    docs = read_shard_documents(ingest_dir, docs_dir, wanted)
+    docs = read_shard_documents(docs_dir)
     ids, pieces, offsets = cluster_pieces(docs, members)
     del docs
     piece_keys = pieces.keys()   # hashed once: the shard's cache key and the memo lookup

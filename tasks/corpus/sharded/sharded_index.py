@@ -7,8 +7,8 @@ its scores would not be comparable with another shard's. Here every shard is bui
 steps: :func:`shard_stats` counts a shard's ``df``, lengths and documents; the coordinator sums
 them (:func:`merge_stats`); :func:`build_shard` then indexes the shard's passages with the
 *global* ``N``, ``df`` and ``avgdl``, so each stored score ``idf(t) * tfc(t, d)`` is exactly the one
-a single index over all passages would store. A query scores each shard, keeps its top ``k``, and
-:class:`ShardedBM25` merges them by (score desc, global row asc) — the single index's order.
+a single index over all passages would store. :class:`ShardedBM25` scores the shards in turn into
+one running top ``k`` a query, ranked by (score desc, global row asc) — the single index's order.
 
 In the corpus build (``index.passage_shard_tokens`` > 0, :func:`build_passage_shards`) a shard is a
 range of whole clusters of ``passages.parquet`` cut by tokens with content-defined cuts
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -179,6 +180,7 @@ class ShardedBM25:
     def __init__(self, shards: list[BM25Index]):
         self.shards = shards
         self.offsets = np.cumsum([0] + [len(s) for s in shards])
+        self._scratch = threading.local()     # one scratch of the largest shard's rows for all shards, per thread
 
     @classmethod
     def load(cls, directory: Path, mmap: bool = True) -> "ShardedBM25":
@@ -198,20 +200,43 @@ class ShardedBM25:
         """Top-``k`` ids and scores per query over all shards: ``(n_queries, min(k, N))``,
         ordered by score descending then global row (shard order, row within shard)."""
         rows, scores = self.search_rows(queries, k)
-        ids = self.doc_ids
-        return [[ids[r] for r in row] for row in rows], scores
+        return self._id_array[rows].tolist(), scores
+
+    @cached_property
+    def _id_array(self) -> np.ndarray:
+        """:attr:`doc_ids` as an object array: rows become ids in one indexing."""
+        return np.array(self.doc_ids, dtype=object)
 
     def search_rows(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Like :meth:`search` with global row numbers: int ``(n_queries, k')`` and float32 scores."""
+        """Like :meth:`search` with global row numbers: int ``(n_queries, k')`` and float32 scores.
+
+        The queries are tokenized once (every shard has the corpus's tokenizer); each shard in
+        turn offers its rows to one running top-``k`` a query
+        (:class:`tasks.corpus.bm25_query.RunningTopK`), whose worst score so far is the bar the
+        next shard's rows must beat: no per-shard top-``k`` and no merge sort. Every shard scores
+        into the same scratch arrays (the largest shard's rows, one set per thread), so a query
+        searched alone finds them in the cache from one shard to the next. The same rows and
+        scores as one index over all passages, ties included (``tests/test_sharded_index.py``).
+
+        Raises
+        ------
+        ValueError
+            A shard without the compiled search (a method adding non-occurrence scores, which
+            :func:`build_shard` refuses).
+        """
+        from tasks.corpus.bm25_query import RunningTopK, Scratch  # noqa: PLC0415  (heavy: numba kernels, only when an index is searched)
+
         k = min(k, len(self))
         if not queries or k == 0:
             return np.zeros((len(queries), 0), dtype=np.int64), np.zeros((len(queries), 0), dtype=np.float32)
-        tokens = self.shards[0].tokenize(queries)   # every shard has the corpus's tokenizer
-        parts = [s.search_token_rows(tokens, k) for s in self.shards]
-        rows = np.concatenate([r + base for (r, _), base in zip(parts, self.offsets)], axis=1)
-        scores = np.concatenate([sc for _, sc in parts], axis=1)
-        order = np.lexsort((rows, -scores), axis=-1)[:, :k]
-        return np.take_along_axis(rows, order, -1), np.take_along_axis(scores, order, -1)
+        tokens = self.shards[0].tokenize(queries)
+        scratch = getattr(self._scratch, "value", None)
+        if scratch is None:
+            scratch = self._scratch.value = Scratch(max(len(s) for s in self.shards))
+        top = RunningTopK(len(queries), k)
+        for shard in self.shards:
+            shard.rank_into(top, tokens, scratch)
+        return top.result()
 
 
 def load_passage_index(directory: Path, mmap: bool = True) -> "BM25Index | ShardedBM25":

@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -45,19 +46,11 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------- helpers
-class Done:
-    """The future of a call already run (:func:`run_here`)."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def result(self) -> Any:
-        return self.value
-
-
-def run_here(fn: Callable[..., Any], *args: Any) -> Done:
-    """``submit(fn, *args)`` that runs the call in this process (no runner)."""
-    return Done(fn(*args))
+def run_here(fn: Callable[..., Any], *args: Any) -> Future:
+    """``submit(fn, *args)`` that runs the call in this process (no runner): a finished future."""
+    done: Future = Future()
+    done.set_result(fn(*args))
+    return done
 
 
 def ordered_results(submit: Callable[..., Any], calls: list[tuple], window: int,
@@ -121,25 +114,16 @@ def doc_shards(n_docs: int, docs_per_shard: int) -> list[tuple[int, int]]:
 
 
 def read_rows(path: Path, lo: int, hi: int, columns: list[str]) -> pa.Table:
-    """Rows ``lo <= row < hi`` of the Parquet file ``path`` (only the row groups that hold them
-    are decoded); raises ``ValueError`` naming the file when it has fewer rows."""
-    parquet = pq.ParquetFile(path, memory_map=True)
-    parts, start = [parquet.schema_arrow.empty_table().select(columns)], 0
-    for rg in range(parquet.num_row_groups):
-        n = parquet.metadata.row_group(rg).num_rows
-        if start < hi and start + n > lo:
-            a, b = max(lo, start), min(hi, start + n)
-            parts.append(parquet.read_row_group(rg, columns=columns).select(columns).slice(a - start, b - a))
-        start += n
-    table = pa.concat_tables(parts)
-    if table.num_rows != hi - lo:
-        raise ValueError(f"{path}: rows {lo}..{hi - 1} are not all present ({start} rows)")
-    return table
+    """Rows ``lo <= row < hi`` of the Parquet file ``path`` (:func:`read_rows_at`)."""
+    return read_rows_at(path, np.arange(lo, hi, dtype=np.int64), columns)
 
 
 def read_rows_at(path: Path, rows: np.ndarray, columns: list[str]) -> pa.Table:
-    """Rows ``rows`` (ascending, distinct) of the Parquet file ``path``, one row group at a time:
-    memory is one row group plus the rows taken."""
+    """Rows ``rows`` (ascending, distinct) of the Parquet file ``path``, one row group at a time
+    (only the row groups that hold them are decoded; a run of consecutive rows is a slice of its row
+    group): memory is one row group plus the rows taken.
+
+    Raises ``ValueError`` naming the file when some of the rows are not in it."""
     rows = np.asarray(rows, np.int64)
     parquet = pq.ParquetFile(path, memory_map=True)
     parts, start = [parquet.schema_arrow.empty_table().select(columns)], 0
@@ -147,60 +131,15 @@ def read_rows_at(path: Path, rows: np.ndarray, columns: list[str]) -> pa.Table:
         n = parquet.metadata.row_group(rg).num_rows
         a, b = np.searchsorted(rows, [start, start + n])
         if b > a:
-            parts.append(parquet.read_row_group(rg, columns=columns).select(columns).take(pa.array(rows[a:b] - start)))
+            group, first = parquet.read_row_group(rg, columns=columns).select(columns), int(rows[a]) - start
+            consecutive = int(rows[b - 1]) - int(rows[a]) == b - a - 1
+            parts.append(group.slice(first, b - a) if consecutive else group.take(pa.array(rows[a:b] - start)))
         start += n
     table = pa.concat_tables(parts)
     if table.num_rows != rows.size:
-        raise ValueError(f"{path}: {rows.size} rows wanted, {table.num_rows} present ({start} rows)")
+        raise ValueError(f"{path}: the rows wanted are not all present ({table.num_rows} of {rows.size}; "
+                         f"the file has {start} rows)")
     return table
-
-
-def read_doc_range(ingest_dir: Path, lo: int, hi: int, columns: list[str]) -> pa.Table:
-    """Documents in rows ``lo <= row < hi`` of ``documents.parquet`` (title order); raises
-    ``ValueError`` if rows are missing."""
-    return read_rows(Path(ingest_dir) / C.DOCUMENTS.filename, lo, hi, columns)
-
-
-def read_rows_by_id(path: Path, key: str, ids: Sequence[int], columns: list[str]) -> pa.Table:
-    """The rows of the Parquet file ``path`` whose integer column ``key`` is in ``ids``, in file
-    order, read one row group at a time.
-
-    ``pq.read_table(path, filters=[(key, "in", ids)])`` cannot skip row groups when the ids are
-    spread over the file (a shard's cluster members over ``documents.parquet``) and its peak
-    memory grows with the whole file (measured: ~1.5 bytes of Arrow memory per byte of document
-    text in the file, i.e. per worker ~1.5x all article text at full scale). Here a row group is
-    read only if its ``key`` statistics range holds a wanted id, and filtered before the next
-    one: memory is one row group plus the matching rows, whatever the file size.
-
-    Parameters
-    ----------
-    path : a Parquet file with an integer column ``key`` (min/max statistics are used when present).
-    key : the id column; it must be among ``columns``.
-    ids : the wanted ids (any order, repeats allowed).
-    columns : the columns to return.
-
-    Raises
-    ------
-    ValueError
-        ``key`` is not among ``columns``.
-    """
-    if key not in columns:
-        raise ValueError(f"read_rows_by_id: the key column {key!r} must be among the columns {columns}")
-    wanted = np.unique(np.asarray(ids, dtype=np.int64))
-    parquet = pq.ParquetFile(path, memory_map=True)
-    leaf = next(i for i in range(parquet.metadata.num_columns) if parquet.metadata.schema.column(i).path == key)
-    parts = [parquet.schema_arrow.empty_table().select(columns)]
-    for rg in range(parquet.num_row_groups):
-        stats = parquet.metadata.row_group(rg).column(leaf).statistics
-        a, b = 0, wanted.size
-        if stats is not None and stats.has_min_max:
-            a = int(np.searchsorted(wanted, stats.min, side="left"))
-            b = int(np.searchsorted(wanted, stats.max, side="right"))
-        if a >= b:
-            continue
-        table = parquet.read_row_group(rg, columns=columns).select(columns)
-        parts.append(table.filter(pc.is_in(table.column(key), value_set=pa.array(wanted[a:b]))))
-    return pa.concat_tables(parts)
 
 
 # ------------------------------------------------------------------ documents by cluster shard
@@ -217,9 +156,9 @@ def partition_range(ingest_dir: str, lo: int, hi: int, shard_of_doc: str, out_di
     uncompressed: a scratch file read once) for every shard with a member in the range.
 
     ``shard_of_doc`` is an ``.npy`` int32 array ``(n_docs,)``: the shard index of each document
-    row, -1 for none. Reads one contiguous row range (:func:`read_doc_range`); memory: that
+    row, -1 for none. Reads one contiguous row range (:func:`read_rows`); memory: that
     range's text. Writes are atomic (a retried task rewrites the same bytes). Returns the rows written."""
-    table = read_doc_range(Path(ingest_dir), lo, hi, DOC_COLUMNS).combine_chunks()
+    table = read_rows(Path(ingest_dir) / C.DOCUMENTS.filename, lo, hi, DOC_COLUMNS).combine_chunks()
     table = table.append_column(ROW, pa.array(np.arange(lo, hi, dtype=np.int64)))
     shard = np.load(shard_of_doc, mmap_mode="r")[lo:hi].astype(np.int64)
     order = np.argsort(shard, kind="stable")
@@ -336,13 +275,9 @@ class DocumentSplit:
         return [done / f"{k:06d}" for k in range(len(ranges))]
 
 
-def read_shard_documents(ingest_dir: str, docs_dir: str | None, wanted: Sequence[int]) -> pa.Table:
-    """The documents ``wanted`` (ids) of one shard, in ``documents.parquet``'s row order: from the
-    shard's partition ``docs_dir`` (:func:`partition_documents`; with each one's :data:`ROW`) when
-    given, else from ``documents.parquet`` (:func:`read_rows_by_id`: every row group with a wanted
-    id is decoded; no :data:`ROW`)."""
-    if docs_dir is None:
-        return read_rows_by_id(Path(ingest_dir) / C.DOCUMENTS.filename, "doc_id", wanted, DOC_COLUMNS)
+def read_shard_documents(docs_dir: str) -> pa.Table:
+    """One shard's documents, in ``documents.parquet``'s row order, with each one's :data:`ROW`: its
+    partition ``docs_dir`` (:func:`partition_documents`; a shard without documents has none)."""
     files = sorted(Path(docs_dir).glob("*.parquet")) if Path(docs_dir).is_dir() else []
     parts = [pq.read_table(f, memory_map=True) for f in files]
     empty = C.DOCUMENTS.schema.empty_table().select(DOC_COLUMNS).append_column(ROW, pa.array([], pa.int64()))
@@ -389,7 +324,7 @@ def count_shard(ingest_dir: str, lo: int, hi: int, cfg: SegmentConfig, mirror: s
 
     Returns ``(windows per doc (hi-lo,) int32, tokens per window int32, documents taken from the
     memo, text keys (hi-lo, 2) uint64)``."""
-    texts = read_doc_range(Path(ingest_dir), lo, hi, ["text"]).column("text")
+    texts = read_rows(Path(ingest_dir) / C.DOCUMENTS.filename, lo, hi, ["text"]).column("text")
     keys = arrow_text_keys(texts)   # from the Arrow buffer: only the texts the memo lacks become str
     memo = ContentMemo.open(memo_dir, [TOKENS_MEMO_FIELD])
     rows = memo.lookup(keys) if memo is not None else np.full(len(texts), -1, np.int64)
@@ -612,7 +547,7 @@ def _segment_key(members: pa.Table, docs: pa.Table, text_keys: np.ndarray, token
 
 
 def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, hi: int, cfg: SegmentConfig,
-                  mirror: str | None, cache_dir: str, docs_dir: str | None = None,
+                  mirror: str | None, cache_dir: str, docs_dir: str,
                   memo: str | None = None) -> tuple[str, int, int, bool]:
     """Units and passages of the clusters of ranks ``lo <= rank < hi`` (a worker-process call), rows in
     cluster order exactly as :func:`tasks.corpus.segment.segment_corpus` makes them (the same
@@ -623,9 +558,9 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     reused)``; ``reused`` when the directory was already complete (the shard's members, texts and
     token counts are unchanged). The rows go back through the files rather than through ``submit``, so
     the coordinator reads one shard's rows at a time however many shards are in flight. Reads only
-    the shard's members (Parquet filters), their documents (from ``docs_dir``, the shard's
-    partition by :func:`partition_documents`, else by id from ``documents.parquet``) and their
-    window token counts (:func:`read_rows_by_id`: memory bounded by a row group, not by the files).
+    the shard's members, their documents (``docs_dir``, the shard's partition by
+    :func:`partition_documents`) and their window token counts (:func:`read_rows_at`: memory
+    bounded by a row group, not by the files).
 
     With ``memo`` (the segmentation memo's directory, :func:`tasks.corpus.sharded.segment_memo.memo_dir`),
     a cluster whose id, members' ids, titles, texts and token counts the last build segmented takes
@@ -635,16 +570,13 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     """
     members = read_cluster_members(Path(cluster_dir), lo, hi)
     wanted = np.unique(members.column("doc_id").to_numpy())
-    docs = read_shard_documents(ingest_dir, docs_dir, wanted)
-    doc_ids = docs.column("doc_id").to_numpy()
-    doc_rows = docs.column(ROW).to_numpy() if ROW in docs.column_names else None
-    tokens = (read_rows_at(Path(tokens_dir) / C.WINDOW_TOKENS.filename, doc_rows, C.WINDOW_TOKENS.schema.names)
-              if doc_rows is not None else
-              read_rows_by_id(Path(tokens_dir) / C.WINDOW_TOKENS.filename, "doc_id", wanted, C.WINDOW_TOKENS.schema.names))
+    docs = read_shard_documents(docs_dir)
+    doc_ids, doc_rows = docs.column("doc_id").to_numpy(), docs.column(ROW).to_numpy()
+    tokens = read_rows_at(Path(tokens_dir) / C.WINDOW_TOKENS.filename, doc_rows, C.WINDOW_TOKENS.schema.names)
     if doc_ids.size != wanted.size or not np.array_equal(tokens.column("doc_id").to_numpy(), doc_ids):
         raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
     docs = docs.select(DOC_COLUMNS)
-    text_keys = read_text_keys(tokens_dir, doc_rows) if doc_rows is not None else None   # the shard's key, the clusters' keys
+    text_keys = read_text_keys(tokens_dir, doc_rows)   # the shard's key, the clusters' keys
     if text_keys is None:
         text_keys = arrow_text_keys(docs.column("text"))
     cached = Path(cache_dir) / _segment_key(members, docs, text_keys, tokens, cfg)

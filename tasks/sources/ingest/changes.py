@@ -1,7 +1,7 @@
 """Adds-changes revisions applied to a full dump *while it is ingested*, instead of writing the
 merged dump first.
 
-The merged dump of the nightly (:func:`tasks.sources.adds_changes.apply_changes`) is the base dump
+The merged dump of the nightly (the dump a full run would have written) is the base dump
 in page-id order with each changed page replaced and each new page inserted where its id falls;
 writing it decompresses and re-compresses every bz2 stream that holds a changed page, which after
 a few days of ~1% edits is nearly all of them. :func:`merge_pages` gives the ingest the records of

@@ -412,16 +412,23 @@ def read_siteinfo(layout: Layout) -> tuple[frozenset[str], int]:
 def replay_piece(state, result: PieceResult, first_position: int) -> None:
     """Apply one piece's records to the coordinator's pass-1 ``state``, in dump order.
 
-    When no title the piece checks was seen in an earlier piece (the rule in a real dump), the
-    piece's own decisions stand: its titles, redirects, link counts and report rows are taken
-    in bulk. Otherwise the records are replayed one by one, duplicates decided against the
-    titles seen so far.
+    The piece's own decisions stand, taken in bulk (titles, redirects, link counts, report rows),
+    except for a record whose title an earlier piece already holds: it becomes a
+    ``duplicate_title`` (as the serial pass decides it), with no effect on the state, and its kept
+    page leaves the piece's shards. A repeat within the piece the piece decided itself.
     """
-    report, effects = result.report, result.effects
+    report, effects = result.report, list(result.effects)
     titles = report.column("title").to_pylist()
-    if not state.titles.keys().isdisjoint([t for t, e in zip(titles, effects) if e[0]]):
-        _take_shards(state, result, _replay_rows(state, result, first_position))
-        return
+    seen = [i for i, (t, e) in enumerate(zip(titles, effects)) if e[0] and t in state.titles]
+    dropped = {titles[i] for i in seen if effects[i][1] == KEPT}
+    if seen:
+        statuses, reasons, details = (report.column(n).to_pylist() for n in ("status", "reason", "detail"))
+        for i in seen:
+            statuses[i], reasons[i] = SKIPPED, DUPLICATE_TITLE
+            details[i] = f"title already seen ({state.titles[titles[i]]})"
+            effects[i] = (True, None, None, None, effects[i][4])
+        for at, name, values in ((5, "status", statuses), (6, "reason", reasons), (8, "detail", details)):
+            report = report.set_column(at, name, pa.array(values, pa.string()))
     state.titles.update([(t, e[1]) for t, e in zip(titles, effects) if e[1] is not None])
     state.page_ids.update([(t, pid) for t, e, pid in zip(titles, effects, report.column("page_id").to_pylist())
                            if e[1] == KEPT])
@@ -445,42 +452,7 @@ def replay_piece(state, result: PieceResult, first_position: int) -> None:
         report = report.set_column(2, "record", pa.array(records, pa.string()))
     state._flush_report()
     state.report.write(report)
-    _take_shards(state, result, set())
-
-
-def _replay_rows(state, result: PieceResult, first_position: int) -> set[str]:
-    """The records one by one; returns the titles of kept pages that turned out duplicates."""
-    dropped: set[str] = set()
-    links = state.links
-    rows = zip(*(result.report.column(n).to_pylist() for n in _ROW_NAMES))
-    for row, (checked, mark, redirect, delta, untitled) in zip(rows, result.effects):
-        source, pos, record, page_id, title, status, reason, n_bytes, detail = row
-        pos += first_position
-        if untitled:
-            record = f"page #{pos}"
-        if checked and title in state.titles:
-            if mark == KEPT:
-                dropped.add(title)
-            status, reason, detail = SKIPPED, DUPLICATE_TITLE, f"title already seen ({state.titles[title]})"
-        else:
-            if mark is not None:
-                state.titles[title] = mark
-            if mark == KEPT:
-                state.page_ids[title] = page_id
-            if mark == REDIRECT:
-                state.redirects[title] = redirect
-            if delta is not None:
-                for name, d in zip(_LINK_FIELDS, delta):
-                    if d:
-                        setattr(links, name, getattr(links, name) + d)
-        state.by_status[status] += 1
-        if status == SKIPPED:
-            state.skipped[reason] += 1
-        state.records += 1
-        state._rows.append((source, pos, record, page_id, title, status, reason, n_bytes, detail))
-        if len(state._rows) >= 20_000:
-            state._flush_report()
-    return dropped
+    _take_shards(state, result, dropped)
 
 
 def _take_shards(state, result: PieceResult, dropped: set[str]) -> None:
