@@ -19,8 +19,9 @@ Units then rank by ``(s desc, unit_id asc)``. The weight ``w`` and ``k`` are cho
 validation part of the NQ-open train split (``docs/results/funnel.md``), never on test questions.
 
 Passage BM25 scores are read for the candidate rows only (:class:`PassageBM25`): per query
-token, a binary search of the rows in the token's posting list of the bm25s index, so the cost
-grows with the candidates and the query tokens' posting lists' log length, not with the corpus.
+token, the sorted rows merged against the token's posting list of the bm25s index by galloping, in
+one compiled call a shard (:mod:`tasks.funnel.bm25_rows`), so the cost grows with the candidates
+and the query tokens' posting lists' log length, not with the corpus.
 """
 from __future__ import annotations
 
@@ -173,9 +174,11 @@ class PassageBM25:
 
     Equal to the scores the flat index gives those passages over the whole corpus (bm25s
     ``get_scores``: the sum, over the query's token ids in the vocabulary, repeats included, of
-    the token's precomputed BM25 term score in the passage, in float32), read from each query
-    token's posting list by binary search (bm25s's CSC postings hold ascending rows; checked
-    once per token).
+    the token's precomputed BM25 term score in the passage, in float32; plus, for ``bm25l`` and
+    ``bm25+``, the query tokens' non-occurrence scores), read by one compiled call a shard
+    (:func:`tasks.funnel.bm25_rows.score_rows`): the wanted rows, sorted once, merged against
+    each query token's posting list by galloping. bm25s's CSC postings hold ascending rows; each
+    posting list is checked once, at its first use.
 
     Parameters
     ----------
@@ -193,59 +196,58 @@ class PassageBM25:
     def __init__(self, index, passage_ids: Sequence[str]):
         shards = list(getattr(index, "shards", [index]))
         self._tokenizer = shards[0]
-        self._shards = [(s.retriever.scores["data"], s.retriever.scores["indices"], s.retriever.scores["indptr"],
-                         s.retriever.vocab_dict, getattr(s.retriever, "nonoccurrence_array", None)) for s in shards]
-        offsets = np.cumsum([0] + [len(s) for s in shards])
+        self._shards = []
+        for s in shards:
+            m = s.retriever.scores
+            nonocc = getattr(s.retriever, "nonoccurrence_array", None)
+            self._shards.append((np.asarray(m["data"]), np.asarray(m["indices"]), np.asarray(m["indptr"]),
+                                 s.retriever.vocab_dict, None if nonocc is None else np.asarray(nonocc),
+                                 np.zeros(len(m["indptr"]) - 1, dtype=np.bool_)))    # posting lists checked
+        self._offsets = np.cumsum([0] + [len(s) for s in shards]).astype(np.int64)  # (n_shards + 1,)
         doc_ids = index.doc_ids
         if _same_ids(doc_ids, passage_ids):
-            to_bm25 = np.arange(len(doc_ids), dtype=np.int64)
+            self._bm25_row = np.arange(len(doc_ids), dtype=np.int64)
         else:
             row = {p: i for i, p in enumerate(doc_ids)}
             try:
-                to_bm25 = np.fromiter((row[p] for p in passage_ids), np.int64, count=len(passage_ids))
+                self._bm25_row = np.fromiter((row[p] for p in passage_ids), np.int64, count=len(passage_ids))
             except KeyError as exc:
                 raise KeyError(f"passage {exc.args[0]!r} is not in the BM25 passage index") from exc
-        shard_of = np.searchsorted(offsets, to_bm25, side="right") - 1
-        self._shard_of = shard_of.astype(np.int32)                                   # (n,)
-        self._local = (to_bm25 - offsets[shard_of]).astype(np.int32)                 # (n,) row in its shard
-        del to_bm25, shard_of
-        self._checked: set[tuple[int, int]] = set()
+        # (n,) the BM25 index's global row of each position: shard order, then row in its shard
 
     def scores(self, question: str, rows: np.ndarray) -> np.ndarray:
-        """BM25 score of each of ``rows`` (positions in ``passage_ids``) for ``question``,
-        float32 ``(len(rows),)``; 0 for a passage sharing no query token.
+        """BM25 score of each of ``rows`` (positions in ``passage_ids``, any order, repeats
+        allowed) for ``question``, float32 ``(len(rows),)``; 0 for a passage sharing no query
+        token (the non-occurrence scores for ``bm25l``/``bm25+``).
 
         Raises
         ------
         ValueError
             A posting list is not in ascending row order (an index this code cannot read).
         """
+        from tasks.funnel.bm25_rows import score_rows  # noqa: PLC0415  (heavy: numba kernels, only when scores are read)
+
         rows = np.asarray(rows, dtype=np.int64)
-        out = np.zeros(rows.size, np.float32)
         if rows.size == 0:
-            return out
-        shard_of, local = self._shard_of[rows], self._local[rows]
+            return np.zeros(0, np.float32)
+        global_rows = self._bm25_row[rows]
+        order = np.argsort(global_rows, kind="stable")
+        want = global_rows[order]                                        # (n,) ascending
+        bounds = np.searchsorted(want, self._offsets).tolist()          # shard si: want[bounds[si]:bounds[si + 1]]
+        acc = np.zeros(rows.size, np.float32)                            # (n,) in the order of want
         tokens = self._tokenizer.tokenize([question])[0]
-        for si, (data, indices, indptr, vocab, nonocc) in enumerate(self._shards):
-            mine = np.flatnonzero(shard_of == si)
-            if mine.size == 0:
+        for si, (data, indices, indptr, vocab, nonocc, checked) in enumerate(self._shards):
+            a, b = bounds[si], bounds[si + 1]
+            if a == b:
                 continue
-            ids = [vocab[t] for t in tokens if t in vocab]
-            want = local[mine]
-            acc = np.zeros(mine.size, np.float32)
-            for t in ids:
-                lo, hi = int(indptr[t]), int(indptr[t + 1])
-                if hi == lo:
-                    continue
-                post = np.asarray(indices[lo:hi])
-                if (si, t) not in self._checked:
-                    if not bool(np.all(post[1:] > post[:-1])):
-                        raise ValueError(f"BM25 posting list of token {t} (shard {si}) is not in ascending row order")
-                    self._checked.add((si, t))
-                pos = np.minimum(np.searchsorted(post, want), post.size - 1)
-                found = post[pos] == want
-                acc[found] += np.asarray(data[lo:hi], np.float32)[pos[found]]
-            if nonocc is not None and ids:
-                acc += np.float32(np.asarray(nonocc)[ids].sum())
-            out[mine] = acc
+            ids = np.array([vocab[t] for t in tokens if t in vocab], dtype=np.int64)
+            if ids.size == 0:
+                continue
+            bad = score_rows(ids, data, indices, indptr, want[a:b], int(self._offsets[si]), acc[a:b], checked)
+            if bad >= 0:
+                raise ValueError(f"BM25 posting list of token {bad} (shard {si}) is not in ascending row order")
+            if nonocc is not None:
+                acc[a:b] += np.float32(nonocc[ids].sum())
+        out = np.empty(rows.size, np.float32)
+        out[order] = acc
         return out
