@@ -120,11 +120,12 @@ def test_the_kernel_by_hand_and_a_posting_list_out_of_order():
     np.testing.assert_array_equal(acc, [6.5, 4.5, 0.5, 4.5, 0])      # token 0 counted twice
     assert checked.tolist() == [True, True, False]                  # an empty posting list: nothing to check
     assert not slot.any()
-    bad = indices.copy()
-    bad[3:5] = [1, 0]
-    for token_ids in ([1], [0, 1]):
+    searched, walked = indices.copy(), indices.copy()
+    searched[3:5] = [1, 0]                                          # token 1's list, checked before the search
+    walked[0:2] = [4, 1]                                            # token 0's list, checked as it is walked
+    for bad, token_ids, token in ((searched, [1], 1), (searched, [0, 1], 1), (walked, [2, 0, 1], 0)):
         assert score_rows(np.asarray(token_ids, np.int64), data, bad, indptr, rows, np.zeros(5, np.float32),
-                          np.zeros(3, np.bool_), slot) == 1
+                          np.zeros(3, np.bool_), slot) == token
         assert not slot.any()                                       # the scratch is left zero even then
 
 

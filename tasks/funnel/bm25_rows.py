@@ -64,6 +64,19 @@ def _bits(n):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _walk_checked(indices, data, lo, hi, slot, acc):  # pragma: no cover - compiled
+    """The walk of :func:`score_rows` over ``[lo, hi)`` that also checks the rows ascend: -1, or
+    the position where they do not (entries before it added)."""
+    for k in range(lo, hi):
+        if k > lo and indices[k] <= indices[k - 1]:
+            return k
+        s = slot[indices[k]]
+        if s > 0:
+            acc[s - 1] += np.float32(data[k])
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
 def score_rows(q_ids, data, indices, indptr, rows, acc, checked, slot):  # pragma: no cover - compiled
     """Add the query's BM25 term scores of the wanted rows into ``acc``.
 
@@ -82,7 +95,8 @@ def score_rows(q_ids, data, indices, indptr, rows, acc, checked, slot):  # pragm
     rows : int64 ``(m,)`` wanted rows of this matrix, any order, repeats allowed.
     acc : float32 ``(m,)``, added into.
     checked : bool ``(n_vocab,)``: posting lists already found ascending; a token not yet
-        checked has its whole posting list checked once, then is marked.
+        checked has its whole posting list checked once (as it is walked, or before its rows
+        are searched), then is marked.
     slot : int32 zeros, ``(n_docs,)`` or more: scratch, left zero.
 
     Returns
@@ -108,16 +122,23 @@ def score_rows(q_ids, data, indices, indptr, rows, acc, checked, slot):  # pragm
         lo, hi = indptr[t], indptr[t + 1]
         if hi == lo or m == 0:
             continue
+        length = hi - lo
+        walk = length <= n_first * _bits(length)
         if not checked[t]:
-            for k in range(lo + 1, hi):
-                if indices[k] <= indices[k - 1]:
-                    bad = t
-                    break
+            if walk:                         # checked as it is walked
+                bad = _walk_checked(indices, data, lo, hi, slot, acc)
+            else:
+                for k in range(lo + 1, hi):
+                    if indices[k] <= indices[k - 1]:
+                        bad = t
+                        break
             if bad >= 0:
+                bad = t
                 break
             checked[t] = True
-        length = hi - lo
-        if length <= n_first * _bits(length):
+            if walk:
+                continue
+        if walk:
             for k in range(lo, hi):          # walk the posting list
                 s = slot[indices[k]]
                 if s > 0:
