@@ -9,11 +9,11 @@ import pytest
 
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.sharded.sharded_index import ShardedBM25, build_shard, merge_stats, shard_stats
-from tasks.funnel.bm25_rows import group_by_shard, score_rows
+from tasks.funnel.bm25_rows import score_rows
 from tasks.funnel.fusion import PassageBM25
 
-# A Zipf-like vocabulary: a few words in most passages (long posting lists, the binary
-# search's case), many in a handful (short ones, walked); "zz*" words only in the
+# A Zipf-like vocabulary: a few words in most passages (long posting lists, the galloping
+# search's case), many in a handful (short ones, merged); "zz*" words only in the
 # last 40 passages (the last shard below), "qq*" words in no passage.
 WORDS = [f"w{i:03d}x" for i in range(300)]
 N_PASSAGES = 640
@@ -107,34 +107,35 @@ def _sharded_reference(sharded: ShardedBM25, question: str) -> np.ndarray:
 
 
 def test_the_kernel_by_hand_and_a_posting_list_out_of_order():
-    # token 0: rows 1, 4, 9 (scores 1, 2, 3: walked, 3 <= 4 rows x 2 bits); token 1: rows 0..99
-    # (0.5 each: binary-searched, 100 > 4 rows x 7 bits); token 2: none
+    # token 0: rows 1, 4, 9 (scores 1, 2, 3); token 1: rows 0..99 (0.5 each, galloped over);
+    # token 2: none
     data = np.asarray([1, 2, 3] + [0.5] * 100, np.float32)
     indices = np.asarray([1, 4, 9] + list(range(100)), np.int32)
     indptr = np.asarray([0, 3, 103, 103], np.int64)
-    rows = np.asarray([9, 4, 0, 4, 150], np.int64)                  # any order, a repeat, a row in no list
-    acc = np.zeros(5, np.float32)
+    want = np.asarray([0, 4, 4, 9, 57, 150], np.int64) + 1000       # base 1000, a repeat, a row in no list
+    acc = np.zeros(6, np.float32)
     checked = np.zeros(3, np.bool_)
-    slot = np.zeros(200, np.int32)
-    assert score_rows(np.asarray([0, 2, 1, 0], np.int64), data, indices, indptr, rows, acc, checked, slot) == -1
-    np.testing.assert_array_equal(acc, [6.5, 4.5, 0.5, 4.5, 0])      # token 0 counted twice
+    assert score_rows(np.asarray([0, 2, 1, 0], np.int64), data, indices, indptr, want, 1000, acc, checked) == -1
+    np.testing.assert_array_equal(acc, [0.5, 4.5, 4.5, 6.5, 0.5, 0])   # token 0 counted twice
     assert checked.tolist() == [True, True, False]                  # an empty posting list: nothing to check
-    assert not slot.any()
-    searched, walked = indices.copy(), indices.copy()
-    searched[3:5] = [1, 0]                                          # token 1's list, checked before the search
-    walked[0:2] = [4, 1]                                            # token 0's list, checked as it is walked
-    for bad, token_ids, token in ((searched, [1], 1), (searched, [0, 1], 1), (walked, [2, 0, 1], 0)):
-        assert score_rows(np.asarray(token_ids, np.int64), data, bad, indptr, rows, np.zeros(5, np.float32),
-                          np.zeros(3, np.bool_), slot) == token
-        assert not slot.any()                                       # the scratch is left zero even then
+    bad = indices.copy()
+    bad[3:5] = [1, 0]
+    for token_ids in ([1], [0, 1]):
+        assert score_rows(np.asarray(token_ids, np.int64), data, bad, indptr, want, 1000, np.zeros(6, np.float32),
+                          np.zeros(3, np.bool_)) == 1
 
 
-def test_rows_grouped_by_shard_keep_their_order():
-    shard_of = np.asarray([0, 0, 1, 1, 1, 3], np.int32)
-    local = np.asarray([0, 1, 0, 1, 2, 0], np.int32)
-    order, rows, bounds = group_by_shard(np.asarray([4, 0, 5, 2, 4, 1], np.int64), shard_of, local, 4)
-    assert order.tolist() == [1, 5, 0, 3, 4, 2] and rows.tolist() == [0, 1, 2, 0, 2, 0]
-    assert bounds.tolist() == [0, 2, 5, 5, 6]
+def test_the_galloping_search_finds_every_row_of_a_long_posting_list():
+    rng = np.random.default_rng(2)
+    post = np.sort(rng.choice(100_000, 20_000, replace=False)).astype(np.int32)
+    data = rng.random(post.size, dtype=np.float32)
+    indptr = np.asarray([0, post.size], np.int64)
+    for m in (1, 7, 300, 20_000, 60_000):                            # few rows to more rows than the list
+        want = np.sort(rng.integers(0, 100_001, m))
+        acc = np.zeros(m, np.float32)
+        assert score_rows(np.zeros(1, np.int64), data, post, indptr, want, 0, acc, np.zeros(1, np.bool_)) == -1
+        pos = np.minimum(np.searchsorted(post, want), post.size - 1)
+        np.testing.assert_array_equal(acc, np.where(post[pos] == want, data[pos], 0))
 
 
 def test_a_posting_list_out_of_order_is_refused():

@@ -19,13 +19,12 @@ Units then rank by ``(s desc, unit_id asc)``. The weight ``w`` and ``k`` are cho
 validation part of the NQ-open train split (``docs/results/funnel.md``), never on test questions.
 
 Passage BM25 scores are read for the candidate rows only (:class:`PassageBM25`): per query
-token, its posting list of the bm25s index walked once (or each row binary-searched in it, when the
-list is much longer than the rows), in one compiled call a shard (:mod:`tasks.funnel.bm25_rows`),
-so the cost grows with the candidates and the query tokens' posting lists, not with the corpus.
+token, the sorted rows merged against the token's posting list of the bm25s index by galloping, in
+one compiled call a shard (:mod:`tasks.funnel.bm25_rows`), so the cost grows with the candidates
+and the query tokens' posting lists' log length, not with the corpus.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -177,10 +176,9 @@ class PassageBM25:
     ``get_scores``: the sum, over the query's token ids in the vocabulary, repeats included, of
     the token's precomputed BM25 term score in the passage, in float32; plus, for ``bm25l`` and
     ``bm25+``, the query tokens' non-occurrence scores), read by one compiled call a shard
-    (:func:`tasks.funnel.bm25_rows.score_rows`: each query token's posting list walked once, or
-    each wanted row binary-searched in it when the list is much longer), the question tokenized
-    once. bm25s's CSC postings hold ascending rows; each posting list is checked once, at its
-    first use.
+    (:func:`tasks.funnel.bm25_rows.score_rows`): the wanted rows, sorted once, merged against
+    each query token's posting list by galloping. bm25s's CSC postings hold ascending rows; each
+    posting list is checked once, at its first use.
 
     Parameters
     ----------
@@ -205,23 +203,17 @@ class PassageBM25:
             self._shards.append((np.asarray(m["data"]), np.asarray(m["indices"]), np.asarray(m["indptr"]),
                                  s.retriever.vocab_dict, None if nonocc is None else np.asarray(nonocc),
                                  np.zeros(len(m["indptr"]) - 1, dtype=np.bool_)))    # posting lists checked
-        sizes = [len(s) for s in shards]
-        self._max_rows = max(sizes)
-        offsets = np.cumsum([0] + sizes)
+        self._offsets = np.cumsum([0] + [len(s) for s in shards]).astype(np.int64)  # (n_shards + 1,)
         doc_ids = index.doc_ids
         if _same_ids(doc_ids, passage_ids):
-            to_bm25 = np.arange(len(doc_ids), dtype=np.int64)
+            self._bm25_row = np.arange(len(doc_ids), dtype=np.int64)
         else:
             row = {p: i for i, p in enumerate(doc_ids)}
             try:
-                to_bm25 = np.fromiter((row[p] for p in passage_ids), np.int64, count=len(passage_ids))
+                self._bm25_row = np.fromiter((row[p] for p in passage_ids), np.int64, count=len(passage_ids))
             except KeyError as exc:
                 raise KeyError(f"passage {exc.args[0]!r} is not in the BM25 passage index") from exc
-        shard_of = np.searchsorted(offsets, to_bm25, side="right") - 1
-        self._shard_of = shard_of.astype(np.int32)                                   # (n,)
-        self._local = (to_bm25 - offsets[shard_of]).astype(np.int32)                 # (n,) row in its shard
-        del to_bm25, shard_of
-        self._scratch = threading.local()        # the kernel's int32 slot per row of the largest shard, per thread
+        # (n,) the BM25 index's global row of each position: shard order, then row in its shard
 
     def scores(self, question: str, rows: np.ndarray) -> np.ndarray:
         """BM25 score of each of ``rows`` (positions in ``passage_ids``, any order, repeats
@@ -233,20 +225,16 @@ class PassageBM25:
         ValueError
             A posting list is not in ascending row order (an index this code cannot read).
         """
-        from tasks.funnel.bm25_rows import group_by_shard, score_rows  # noqa: PLC0415  (heavy: numba kernels, only when scores are read)
+        from tasks.funnel.bm25_rows import score_rows  # noqa: PLC0415  (heavy: numba kernels, only when scores are read)
 
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             return np.zeros(0, np.float32)
-        slot = getattr(self._scratch, "slot", None)
-        if slot is None:
-            slot = self._scratch.slot = np.zeros(self._max_rows, np.int32)
-        if len(self._shards) == 1:
-            order, local, bounds = None, self._local[rows].astype(np.int64), [0, rows.size]
-        else:
-            order, local, bounds = group_by_shard(rows, self._shard_of, self._local, len(self._shards))
-            bounds = bounds.tolist()
-        acc = np.zeros(rows.size, np.float32)                      # (n,) in the order of local
+        global_rows = self._bm25_row[rows]
+        order = np.argsort(global_rows, kind="stable")
+        want = global_rows[order]                                        # (n,) ascending
+        bounds = np.searchsorted(want, self._offsets).tolist()          # shard si: want[bounds[si]:bounds[si + 1]]
+        acc = np.zeros(rows.size, np.float32)                            # (n,) in the order of want
         tokens = self._tokenizer.tokenize([question])[0]
         for si, (data, indices, indptr, vocab, nonocc, checked) in enumerate(self._shards):
             a, b = bounds[si], bounds[si + 1]
@@ -255,13 +243,11 @@ class PassageBM25:
             ids = np.array([vocab[t] for t in tokens if t in vocab], dtype=np.int64)
             if ids.size == 0:
                 continue
-            bad = score_rows(ids, data, indices, indptr, local[a:b], acc[a:b], checked, slot)
+            bad = score_rows(ids, data, indices, indptr, want[a:b], int(self._offsets[si]), acc[a:b], checked)
             if bad >= 0:
                 raise ValueError(f"BM25 posting list of token {bad} (shard {si}) is not in ascending row order")
             if nonocc is not None:
                 acc[a:b] += np.float32(nonocc[ids].sum())
-        if order is None:
-            return acc
         out = np.empty(rows.size, np.float32)
         out[order] = acc
         return out
