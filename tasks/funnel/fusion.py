@@ -205,6 +205,7 @@ class PassageBM25:
                                  np.zeros(len(m["indptr"]) - 1, dtype=np.bool_)))    # posting lists checked
         self._offsets = np.cumsum([0] + [len(s) for s in shards]).astype(np.int64)  # (n_shards + 1,)
         doc_ids = index.doc_ids
+        # self._bm25_row (n,): the BM25 index's global row of each position (shard order, then row in its shard)
         if _same_ids(doc_ids, passage_ids):
             self._bm25_row = np.arange(len(doc_ids), dtype=np.int64)
         else:
@@ -213,7 +214,6 @@ class PassageBM25:
                 self._bm25_row = np.fromiter((row[p] for p in passage_ids), np.int64, count=len(passage_ids))
             except KeyError as exc:
                 raise KeyError(f"passage {exc.args[0]!r} is not in the BM25 passage index") from exc
-        # (n,) the BM25 index's global row of each position: shard order, then row in its shard
 
     def scores(self, question: str, rows: np.ndarray) -> np.ndarray:
         """BM25 score of each of ``rows`` (positions in ``passage_ids``, any order, repeats
