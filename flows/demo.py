@@ -39,10 +39,12 @@ STEPS: dict[str, tuple[str, str, str]] = {
 }
 # Heavy modules a step's code imports at its first use (function-level imports: the model code is
 # optional for the other commands), imported with the steps' flow modules while the ephemeral API
-# starts (:func:`step_modules`): the pre-ranker's BERT and the reader's T5 through transformers'
-# Auto classes, and deepspeed, which accelerate imports at the first model it unwraps when it is
-# installed. ~6 CPU s on a fresh process, besides the flow modules' ~5 (torch).
+# starts (:func:`step_modules`): matplotlib's pyplot (the corpus build's histogram), the
+# pre-ranker's BERT and the reader's T5 through transformers' Auto classes, and deepspeed, which
+# accelerate imports at the first model it unwraps when it is installed. ~7 CPU s on a fresh
+# process, besides the flow modules' ~5 (torch).
 LAZY_IMPORTS: dict[str, tuple[str, ...]] = {
+    "corpus-wikispeedia": ("matplotlib.pyplot",),     # the build's cluster-size histogram
     "distillation": ("transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
                      "transformers.models.bert.modeling_bert", "transformers.models.t5.modeling_t5", "deepspeed"),
     "evaluate": ("transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",

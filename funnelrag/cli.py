@@ -146,8 +146,10 @@ def while_api_starts(cfg: Any, imports: Sequence[str] = ()) -> Iterator[None]:
     of the block: the home's MLflow SQLite store is created and migrated
     (:func:`funnelrag.tracking.ensure_sqlite_database`, once per process and URI: the flow's own
     call then finds it ready; ~8 s on a fresh home) when ``cfg.workspace`` uses the home's store;
-    then the modules ``imports`` are imported (:attr:`funnelrag.config.FlowCommand.imports`: the
-    demo's later steps' flow modules, with torch and transformers, ~5 CPU s that a step would
+    MLflow's run-context tags are resolved once (:func:`funnelrag.tracking.resolve_run_context`:
+    the imports of the first ``start_run``) when ``cfg`` has a workspace; then the modules
+    ``imports`` are imported (:attr:`funnelrag.config.FlowCommand.imports`: the demo's steps' flow
+    modules and model code, torch and transformers among them, ~13 CPU s that the steps would
     otherwise spend with the other core idle).
 
     An error of the MLflow store is raised here, as the flow would have raised it; a module that
@@ -155,7 +157,7 @@ def while_api_starts(cfg: Any, imports: Sequence[str] = ()) -> Iterator[None]:
     """
     workspace = getattr(cfg, "workspace", None)
     make_store = workspace is not None and workspace.tracking_uri is None
-    if not make_store and not imports:
+    if workspace is None and not imports:
         yield
         return
     errors: list[BaseException] = []
@@ -175,13 +177,20 @@ def while_api_starts(cfg: Any, imports: Sequence[str] = ()) -> Iterator[None]:
             errors.append(exc)
             return
         t0 = time.monotonic()
+        if workspace is not None:
+            try:
+                from funnelrag.tracking import resolve_run_context  # noqa: PLC0415  (heavy: mlflow, only for a flow command)
+
+                resolve_run_context()
+            except Exception as exc:  # noqa: BLE001  (the flow's first run resolves them again and raises)
+                log.debug("resolving MLflow's run context beside the API's start failed: %s", exc)
         for module in imports:
             try:
                 importlib.import_module(module)
             except Exception as exc:  # noqa: BLE001  (the run's own import raises it, naming its step)
                 log.debug("importing %s beside the API's start failed: %s", module, exc)
-        if imports:
-            seconds["imports"] = time.monotonic() - t0
+        if workspace is not None or imports:
+            seconds["run context and imports"] = time.monotonic() - t0
 
     thread = threading.Thread(target=first_run_work, name="funnelrag-first-run", daemon=True)
     thread.start()

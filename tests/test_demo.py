@@ -53,7 +53,7 @@ def test_the_steps_modules_are_imported_while_the_api_starts():
     """The CLI imports each step's flow module and its heavy first-use imports beside the API's start."""
     assert COMMANDS[0].imports is step_modules
     modules = step_modules(DemoConfig())
-    assert modules[:2] == ["flows.corpus_build", "flows.funnel"] and modules[-1] == "flows.evaluate"
+    assert modules[0] == "flows.corpus_build" and "flows.funnel" in modules and modules[-1] == "flows.evaluate"
     assert len(modules) == len(set(modules)) and set(LAZY_IMPORTS["evaluate"]) <= set(modules)
     assert step_modules(DemoConfig(steps=["dr-rag"])) == ["flows.dr_rag"]
 
