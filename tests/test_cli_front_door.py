@@ -18,6 +18,7 @@ import yaml
 import funnelrag.cli as cli
 from funnelrag.cli import main
 from funnelrag.config import WorkspaceConfig
+from funnelrag.tracking import resolve_run_context
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -199,6 +200,7 @@ def test_a_runs_later_imports_are_done_while_the_api_starts(tmp_path, monkeypatc
         pass
     assert "xml.dom.minidom" in sys.modules and "no_such_module_here" not in sys.modules
     assert not (tmp_path / "h").exists()
+    assert {"mlflow.user", "mlflow.source.name", "mlflow.source.type"} <= set(resolve_run_context())
 
 
 @pytest.mark.slow
