@@ -37,6 +37,19 @@ STEPS: dict[str, tuple[str, str, str]] = {
     "dr-rag": ("flows.dr_rag", "dr-rag", "dr_rag_demo.yaml"),
     "r2ag": ("flows.r2ag", "train-r2former", "r2ag_demo.yaml"),
 }
+# Heavy modules a step's code imports at its first use (function-level imports: the model code is
+# optional for the other commands), imported with the steps' flow modules while the ephemeral API
+# starts (:func:`step_modules`): matplotlib's pyplot (the corpus build's histogram), the
+# pre-ranker's BERT and the reader's T5 through transformers' Auto classes, and deepspeed, which
+# accelerate imports at the first model it unwraps when it is installed. ~7 CPU s on a fresh
+# process, besides the flow modules' ~5 (torch).
+LAZY_IMPORTS: dict[str, tuple[str, ...]] = {
+    "corpus-wikispeedia": ("matplotlib.pyplot",),     # the build's cluster-size histogram
+    "distillation": ("transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+                     "transformers.models.bert.modeling_bert", "transformers.models.t5.modeling_t5", "deepspeed"),
+    "evaluate": ("transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+                 "transformers.models.bert.modeling_bert", "transformers.models.t5.modeling_t5"),
+}
 # The main job: the FunnelRAG pipeline. DR-RAG and R²AG run with --set 'steps=[dr-rag, r2ag]'.
 DEFAULT_STEPS = ["corpus-wikispeedia", "corpus-enwiki-sample", "distillation", "evaluate"]
 
@@ -105,10 +118,19 @@ def demo_sizes(path: Path | None = None) -> dict[str, dict[str, Any]]:
     return data
 
 
+def step_modules(cfg: DemoConfig) -> list[str]:
+    """The flow modules of ``cfg``'s steps and the heavy modules they import at first use
+    (:data:`LAZY_IMPORTS`), in step order without repeats: the CLI imports them while the
+    ephemeral API starts (:attr:`funnelrag.config.FlowCommand.imports`), so a later step does not
+    import torch and transformers on one core while the other waits."""
+    return list(dict.fromkeys(m for s in cfg.steps if s in STEPS for m in (STEPS[s][0], *LAZY_IMPORTS.get(s, ()))))
+
+
 def summary_path(cfg: DemoConfig) -> Path:
     """Where the demo writes its full summary (every step's): ``<home>/demo-summary.json``."""
     return Path(cfg.workspace.home) / SUMMARY_FILE
 
 
 COMMANDS = [FlowCommand("demo", "run the main job on the embedded defaults and the real sample data", DemoConfig, run_demo,
-                        screen=lambda cfg, out: demo_screen(out, cfg, step_command, summary_path(cfg)))]
+                        screen=lambda cfg, out: demo_screen(out, cfg, step_command, summary_path(cfg)),
+                        imports=step_modules)]

@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -113,14 +113,15 @@ def prefect_process_defaults() -> None:
         prefect.context.refresh_global_settings_context()
 
 
-def start_ephemeral_api(cfg: Any = None) -> None:
+def start_ephemeral_api(cfg: Any = None, imports: Sequence[str] = ()) -> None:
     """Start the ephemeral Prefect API now, with a line every 30 s while it starts (a fresh
     PREFECT_HOME creates and migrates its database: minutes on a busy box), instead of silently
     inside the first flow call. The flows then find it running (Prefect keeps one per process).
     Nothing happens when an API URL is configured or ephemeral mode is off.
 
     The API's start keeps one core busy (its subprocess migrates the database); meanwhile
-    :func:`while_api_starts` does first-run work of ``cfg``'s run on the other one."""
+    :func:`while_api_starts` does first-run work of ``cfg``'s run (and imports ``imports``) on
+    the other one."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415  (heavy: prefect, only for a flow command)
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
@@ -130,7 +131,7 @@ def start_ephemeral_api(cfg: Any = None) -> None:
     server = SubprocessASGIServer()
     if not server.running:
         with heartbeat("starting the ephemeral Prefect API (a new PREFECT_HOME creates its database first)"), \
-                while_api_starts(cfg):
+                while_api_starts(cfg, imports):
             server.start()
 
 
@@ -140,44 +141,68 @@ NUMBA_WARMUP = ("-m", "flows.numba_warmup")   # the child's arguments after the 
 
 
 @contextlib.contextmanager
-def while_api_starts(cfg: Any) -> Iterator[None]:
-    """First-run work done beside the ephemeral API's start, waited for at the end of the block:
-    the home's MLflow SQLite store is created and migrated in a thread
+def while_api_starts(cfg: Any, imports: Sequence[str] = ()) -> Iterator[None]:
+    """First-run work done beside the ephemeral API's start, in a thread, waited for at the end
+    of the block: the home's MLflow SQLite store is created and migrated
     (:func:`funnelrag.tracking.ensure_sqlite_database`, once per process and URI: the flow's own
-    call then finds it ready; ~12 s on a fresh home) when ``cfg.workspace`` uses the home's store.
+    call then finds it ready; ~8 s on a fresh home) when ``cfg.workspace`` uses the home's store;
+    MLflow's run-context tags are resolved once (:func:`funnelrag.tracking.resolve_run_context`:
+    the imports of the first ``start_run``) when ``cfg`` has a workspace; then the modules
+    ``imports`` are imported (:attr:`funnelrag.config.FlowCommand.imports`: the demo's steps' flow
+    modules and model code, torch and transformers among them, ~13 CPU s that the steps would
+    otherwise spend with the other core idle).
 
-    An error of the MLflow store is raised here, as the flow would have raised it.
+    An error of the MLflow store is raised here, as the flow would have raised it; a module that
+    fails to import is left for the run's own import to raise, where it names its step.
     """
     workspace = getattr(cfg, "workspace", None)
-    if workspace is None or workspace.tracking_uri is not None:
+    make_store = workspace is not None and workspace.tracking_uri is None
+    if workspace is None and not imports:
         yield
         return
-    from funnelrag.tracking import ensure_sqlite_database  # noqa: PLC0415  (heavy: mlflow, only for a flow command)
-
-    ws = Workspace(workspace.home)
-    store: list[BaseException] = []
+    errors: list[BaseException] = []
     start = time.monotonic()
-    seconds: list[float] = []
+    seconds: dict[str, float] = {}
 
-    def create_store() -> None:
+    def first_run_work() -> None:
         try:
-            ws.home.mkdir(parents=True, exist_ok=True)
-            ensure_sqlite_database(ws.tracking_uri())
-            seconds.append(time.monotonic() - start)
-        except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread below)
-            store.append(exc)
+            if make_store:
+                from funnelrag.tracking import ensure_sqlite_database  # noqa: PLC0415  (heavy: mlflow, only for a flow command)
 
-    thread = threading.Thread(target=create_store, name="funnelrag-mlflow-store", daemon=True)
+                ws = Workspace(workspace.home)
+                ws.home.mkdir(parents=True, exist_ok=True)
+                ensure_sqlite_database(ws.tracking_uri())
+                seconds["MLflow store"] = time.monotonic() - start
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread below)
+            errors.append(exc)
+            return
+        t0 = time.monotonic()
+        if workspace is not None:
+            try:
+                from funnelrag.tracking import resolve_run_context  # noqa: PLC0415  (heavy: mlflow, only for a flow command)
+
+                resolve_run_context()
+            except Exception as exc:  # noqa: BLE001  (the flow's first run resolves them again and raises)
+                log.debug("resolving MLflow's run context beside the API's start failed: %s", exc)
+        for module in imports:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001  (the run's own import raises it, naming its step)
+                log.debug("importing %s beside the API's start failed: %s", module, exc)
+        if workspace is not None or imports:
+            seconds["run context and imports"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=first_run_work, name="funnelrag-first-run", daemon=True)
     thread.start()
     try:
         yield
     finally:
         api_up = time.monotonic()
         thread.join()
-    if store:
-        raise store[0]
-    log.info("beside the API's start: MLflow store %.0f s; waited %.0f s for it after the API was up",
-             seconds[0], time.monotonic() - api_up)
+    if errors:
+        raise errors[0]
+    log.info("beside the API's start: %s; waited %.0f s for them after the API was up",
+             ", ".join(f"{what} {s:.0f} s" for what, s in seconds.items()), time.monotonic() - api_up)
 
 
 class NumbaWarmup:
@@ -395,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         return user_error(args.command, exc, args.verbose)
     if not os.environ.get("PREFECT_API_URL"):  # the flow starts an ephemeral API: stop it if we are killed
         ensure_reaper()
-        start_ephemeral_api(cfg)
+        start_ephemeral_api(cfg, cmd.imports(cfg) if cmd.imports is not None else ())
     if args.command in NUMBA_WARMUP_COMMANDS:
         NumbaWarmup()
     summary = cmd.run(cfg)

@@ -398,7 +398,9 @@ class FlowCommand:
     which ``nightly`` follows).
     ``flags``: ``(flag, override, help)`` each, a switch that stands for ``--set override``
     (e.g. ``("--no-cache", "cache.read=false", ...)``). ``exit_status(summary) -> int``: the
-    command's exit status after a run (0 when not given).
+    command's exit status after a run (0 when not given). ``imports(cfg) -> [module, ...]``: the
+    modules a run of ``cfg`` imports later than its start (e.g. the demo's later steps' flow
+    modules, with torch), imported while the ephemeral API starts (``funnelrag/cli.py:while_api_starts``).
     """
 
     name: str
@@ -409,3 +411,4 @@ class FlowCommand:
     check: Callable[[Any], None] | None = None
     flags: tuple[tuple[str, str, str], ...] = ()
     exit_status: Callable[[dict], int] | None = None
+    imports: Callable[[Any], Sequence[str]] | None = None

@@ -69,6 +69,24 @@ SQLITE_CREATING = ".creating-"
 """Infix of the temporary file a new MLflow SQLite database is built in (``<db>.creating-<pid>``)."""
 
 
+def resolve_run_context() -> dict[str, str]:
+    """The tags MLflow's run-context providers give every run it starts (the user, the source and
+    its git commit, whether this is a Databricks notebook or job, ...), resolved now and recorded
+    nowhere. Resolving them the first time imports what the providers need (GitPython; IPython,
+    where it is installed, to look for a notebook: 0.5-0.9 CPU s, beside other jobs), so a caller
+    that resolves them ahead (:func:`funnelrag.cli.while_api_starts`) spares the first
+    ``start_run`` that work.
+
+    Returns
+    -------
+    dict
+        ``{tag: value}``, e.g. ``mlflow.user``, ``mlflow.source.name``, ``mlflow.source.type``.
+    """
+    from mlflow.tracking.context.registry import resolve_tags  # noqa: PLC0415  (heavy: mlflow, only when tracking)
+
+    return resolve_tags()
+
+
 @functools.lru_cache(maxsize=None)
 def ensure_sqlite_database(uri: str) -> None:
     """Create and migrate the MLflow SQLite database of ``uri`` under an inter-process lock

@@ -18,6 +18,7 @@ import yaml
 import funnelrag.cli as cli
 from funnelrag.cli import main
 from funnelrag.config import WorkspaceConfig
+from funnelrag.tracking import resolve_run_context
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,6 +189,18 @@ def test_the_numba_warm_up_is_stopped_with_the_run(monkeypatch):
     warm.stop()
     warm.join(timeout=10)
     assert warm.process.returncode is not None and warm.process.returncode != 0
+
+
+def test_a_runs_later_imports_are_done_while_the_api_starts(tmp_path, monkeypatch):
+    """A command's ``imports`` are imported in the block's thread; a module that fails is left to
+    the run's own import (no error here), and nothing else is made."""
+    monkeypatch.delitem(sys.modules, "xml.dom.minidom", raising=False)
+    cfg = types.SimpleNamespace(workspace=WorkspaceConfig(home=tmp_path / "h", tracking_uri="http://mlflow.invalid"))
+    with cli.while_api_starts(cfg, ["xml.dom.minidom", "no_such_module_here"]):
+        pass
+    assert "xml.dom.minidom" in sys.modules and "no_such_module_here" not in sys.modules
+    assert not (tmp_path / "h").exists()
+    assert {"mlflow.user", "mlflow.source.name", "mlflow.source.type"} <= set(resolve_run_context())
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flows.demo import CONFIG_DIR, STEPS, DemoConfig, demo_sizes, run_demo, step_command
+from flows.demo import CONFIG_DIR, COMMANDS, LAZY_IMPORTS, STEPS, DemoConfig, demo_sizes, run_demo, step_command, step_modules
 from funnelrag.cli import main
 
 TINY = {
@@ -47,6 +47,15 @@ def test_demo_sizes_sit_between_the_shipped_config_and_the_users_overrides(works
     corpus = step_command(cfg, "corpus-wikispeedia")[1]
     assert (corpus.gate.limit, corpus.runner.docs_per_shard) == (50, 2300)     # 4,598 articles: two T5-count shards
     assert step_command(cfg, "evaluate")[1].generator.settings.max_answer_tokens == 10
+
+
+def test_the_steps_modules_are_imported_while_the_api_starts():
+    """The CLI imports each step's flow module and its heavy first-use imports beside the API's start."""
+    assert COMMANDS[0].imports is step_modules
+    modules = step_modules(DemoConfig())
+    assert modules[0] == "flows.corpus_build" and "flows.funnel" in modules and modules[-1] == "flows.evaluate"
+    assert len(modules) == len(set(modules)) and set(LAZY_IMPORTS["evaluate"]) <= set(modules)
+    assert step_modules(DemoConfig(steps=["dr-rag"])) == ["flows.dr_rag"]
 
 
 def test_demo_sizes_name_known_steps(tmp_path):
