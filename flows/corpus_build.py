@@ -292,7 +292,8 @@ def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult,
 def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
                   cfg: BM25Config, layout: IndexLayout, runner: ShardRunner, split_dir: Path | None = None) -> StageResult:
     """The index stage with its per-shard steps on this stage's pool: the cluster index's
-    tokenization by cluster ranges of at most ``runner.tokens_per_shard`` tokens, and with
+    tokenization by cluster ranges of at most ``runner.tokens_per_shard`` tokens, then the one
+    passage index's by the same ranges (queued behind them), or with
     ``layout.passage_shard_tokens`` > 0 the passage shards (cut from ``clusters.parquet``,
     which then joins the key). Shard token ids, statistics and indexes kept under the stage cache
     for reuse. The cache key of a one-index build is the one it always had (the cluster index's
@@ -481,8 +482,9 @@ def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int, over: 
 
 def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     """Per-shard stages: ``{"ingest_pieces": {"built", "reused"[, "patched"]}, "token_shards": {...},
-    "segment_shards": {...}, "cluster_token_shards": {...}}`` of this build, plus ``passage_stats_shards`` and
-    ``passage_index_shards`` with a sharded passage index (a stage-cache hit reuses all of a
+    "segment_shards": {...}, "cluster_token_shards": {...}}`` of this build, plus ``passage_token_shards``
+    with one passage index (:mod:`tasks.corpus.sharded.passage_tokens`), ``passage_stats_shards`` and
+    ``passage_index_shards`` with a sharded one (a stage-cache hit reuses all of a
     stage's shards). ``patched``: base-dump pieces with the night's adds-changes revisions applied
     (:func:`tasks.sources.ingest.parallel.patch_piece`), present when there were any."""
     pieces = stages["ingest"].summary.get("pieces", {})
@@ -491,6 +493,7 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     found = {"ingest_pieces": (stages["ingest"], pieces.get("built", 0), pieces.get("reused", 0) + (patched if hit else 0))}
     for name, stage, prefix in (("token_shards", "tokens", "shards"), ("segment_shards", "segment", "shards"),
                                 ("cluster_token_shards", "index", "cluster_token_shards"),
+                                ("passage_token_shards", "index", "passage_token_shards"),
                                 ("passage_stats_shards", "index", "passage_stats_shards"),
                                 ("passage_index_shards", "index", "passage_index_shards")):
         summary = stages[stage].summary

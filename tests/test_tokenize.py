@@ -52,3 +52,32 @@ def test_only_word_local_tokenizers_count_by_word(data_mirror):
     first = {"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"}, {"type": "Metaspace", "prepend_scheme": "first"}]}
     assert not counts_words_alone({**t5, "pre_tokenizer": first})
     assert not counts_words_alone({**t5, "pre_tokenizer": {"type": "ByteLevel"}})
+
+
+def test_words_tokenized_by_the_model_alone_count_as_the_pipeline(data_mirror):
+    """T5's words without special characters go through its Unigram model alone; the others (the
+    Metaspace replacement, an added token's ``<``) through the whole pipeline: same counts."""
+    path = data_mirror / "t5-tokenizer" / "tokenizer.json"
+    assert T.model_word_prefix(json.loads(path.read_text(encoding="utf-8"))) == ("\u2581", "\u2581<")
+    words = [w for t in [*TRICKY, *real_windows(data_mirror, 40)] for w in t.split()]
+    model = HFTokenizerCounter("t5", path)
+    pipeline = HFTokenizerCounter("t5", path)
+    pipeline._model_words = None
+    counts = model.count_words(words)
+    assert np.array_equal(counts, pipeline.count_words(words)) and counts.sum() > 20_000
+    assert np.array_equal(counts, model.count_whole(words))
+    assert model.count_words([]).shape == (0,)
+
+
+def test_window_counts_from_word_counts_equal_each_window_counted_whole(data_mirror):
+    """The corpus build's window counts (:func:`tasks.corpus.segment.count_window_tokens`, summed
+    from each document's word counts) equal each window's text encoded whole, across batches."""
+    from tasks.corpus.segment import SegmentConfig, count_window_tokens
+
+    texts = ["", *TRICKY, *real_windows(data_mirror, 30), "  "]
+    cfg = SegmentConfig(passage_words=7, tokenizer="t5")
+    counter = load_token_counter("t5", data_mirror)
+    got = count_window_tokens(texts, cfg, counter, batch_windows=50)
+    windows = [article_windows(t, 7) for t in texts]
+    assert got.n_windows().tolist() == [len(w) for w in windows]
+    assert got.n_tokens.tolist() == counter.count_whole([w for ws in windows for w in ws]).tolist()

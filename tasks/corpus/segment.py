@@ -422,6 +422,8 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
     check_tokenizer(cfg, tokenizer)
     if isinstance(texts, pa.Table):
         texts = texts.column("text").to_pylist()
+    if getattr(tokenizer, "by_word", False):
+        return _count_window_words(texts, cfg.passage_words, tokenizer, batch_windows, bar)
     n_docs = len(texts)
     indptr = np.zeros(n_docs + 1, dtype=np.int64)
     chunks: list[np.ndarray] = []
@@ -441,6 +443,68 @@ def count_window_tokens(texts: Sequence[str] | pa.Table, cfg: SegmentConfig, tok
         bar.update(n_docs - bar.n)
     n_tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
     return WindowTokens(indptr=indptr, n_tokens=n_tokens.astype(np.int32), tokenizer=tokenizer.name)
+
+
+def window_sums(word_counts: np.ndarray, doc_words: np.ndarray, passage_words: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-window sums of per-word counts: the windows of :func:`article_windows` without their texts.
+
+    Parameters
+    ----------
+    word_counts : ``(n_words,)`` tokens of each word, the documents' words one after the other.
+    doc_words : ``(n_docs,)`` int64 words of each document (summing to ``n_words``).
+    passage_words : words a window.
+
+    Returns
+    -------
+    windows : ``(n_docs,)`` int64 windows of each document, ``ceil(doc_words / passage_words)``.
+    n_tokens : ``(n_windows,)`` int64 tokens of each window, documents in order.
+    """
+    windows = -(-doc_words // passage_words)
+    first = np.zeros(doc_words.size, np.int64)                 # each document's first word
+    np.cumsum(doc_words[:-1], out=first[1:])
+    doc_of = np.repeat(np.arange(doc_words.size), windows)     # (n_windows,)
+    k = np.arange(doc_of.size) - np.repeat(np.cumsum(windows) - windows, windows)   # window number within its document
+    begin = first[doc_of] + k * passage_words
+    end = first[doc_of] + np.minimum((k + 1) * passage_words, doc_words[doc_of])
+    summed = np.zeros(word_counts.size + 1, np.int64)
+    np.cumsum(word_counts, out=summed[1:])
+    return windows, summed[end] - summed[begin]
+
+
+def _count_window_words(texts: Sequence[str], passage_words: int, tokenizer: TokenCounter, batch_windows: int,
+                        bar) -> WindowTokens:
+    """:func:`count_window_tokens` by a counter whose text counts are sums of their words' counts
+    (``tokenizer.by_word``): each document split into words once, its windows' counts summed from
+    its words' counts (:func:`window_sums`) instead of joining each window's words into a text and
+    splitting it again; same counts (a window's words are exactly its text's ``split()``)."""
+    n_docs = len(texts)
+    indptr = np.zeros(n_docs + 1, dtype=np.int64)
+    chunks: list[np.ndarray] = []
+    pending: list[str] = []
+    sizes: list[int] = []
+    first = 0
+
+    def flush(upto: int) -> None:
+        windows, n_tokens = window_sums(tokenizer.count_words(pending), np.array(sizes, np.int64), passage_words)
+        np.cumsum(windows, out=indptr[first + 1:upto + 1])
+        indptr[first + 1:upto + 1] += indptr[first]
+        chunks.append(n_tokens.astype(np.int32))
+        if bar is not None:
+            bar.update(upto - bar.n)
+    budget = batch_windows * passage_words
+    for d, text in enumerate(texts):
+        words = text.split()
+        pending.extend(words)
+        sizes.append(len(words))
+        if len(pending) >= budget:
+            flush(d + 1)
+            pending, sizes, first = [], [], d + 1
+    if sizes:
+        flush(n_docs)
+    if bar is not None:
+        bar.update(n_docs - bar.n)
+    n_tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
+    return WindowTokens(indptr=indptr, n_tokens=n_tokens, tokenizer=tokenizer.name)
 
 
 def check_members(doc_ids: np.ndarray, member_doc_ids: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ seconds). :mod:`flows.corpus_build` wraps each in a Prefect task and a content-k
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import shutil
@@ -20,7 +21,8 @@ import pyarrow.compute as pc
 
 from data_contracts import corpus as C
 from funnelrag.stages import stage
-from tasks.corpus.sharded.cluster_index import build_cluster_index, cluster_texts  # noqa: F401 - cluster_texts re-exported
+from tasks.corpus.sharded.cluster_index import (build_cluster_index, cluster_index_from_results,  # noqa: F401 - cluster_texts re-exported
+                                                cluster_texts, plan_cluster_tokens)
 from tasks.corpus.clustering import (
     ClusteringConfig,
     check_clustering,
@@ -33,12 +35,11 @@ from tasks.corpus.graph import graph_from_links, graph_metrics
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.sources.ingest import IngestConfig, ingest
 from tasks.corpus.local_clustering import PreviousClusters, cluster_documents_local
-from funnelrag.content_store import JoinedTexts
 from tasks.corpus.segment import SegmentConfig, WindowTokens, count_window_tokens, segment_corpus
 from tasks.corpus.sharded.sharded_index import STATS_FILE, build_passage_shards, load_passage_index
 from funnelrag.memory import in_build_collector, release_memory
-from tasks.corpus.sharded.shards import run_here
-from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
+from tasks.corpus.sharded.passage_tokens import PassageTokenShards
+from tasks.corpus.sharded.shards import ordered_results, run_here
 from tasks.corpus.tokenize import load_token_counter
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,10 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     ``passage_shard_tokens`` > 0: the passage index is built in shards of whole clusters of at
     most that many tokens with corpus-wide statistics
     (:func:`tasks.corpus.sharded.sharded_index.build_passage_shards`), the per-shard steps through
-    ``submit``; 0: one index, as before. Shard token ids, statistics and
+    ``submit``; 0: one index, its passages tokenized in the cluster index's ranges through ``submit``
+    too, queued behind the cluster shards so that the pool tokenizes them while this process
+    merges the cluster index (:class:`tasks.corpus.sharded.passage_tokens.PassageTokenShards`: same
+    bytes as ``BM25Index.build`` over all passages). Shard token ids, statistics and
     indexes are kept in ``work_dir`` (default: ``out_dir/.work``, removed after), with the BM25
     token memos of member texts and passages (:mod:`tasks.corpus.sharded.token_memo`): a text the last
     build saw is not tokenized again, whatever shard it falls in (same bytes; the summary's
@@ -217,28 +221,29 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     submit = submit or run_here
     scratch = work_dir is None
     work = Path(out_dir) / ".work" if scratch else Path(work_dir)
-    cluster_index, clusters = build_cluster_index(ingest_dir, cluster_dir, cfg, submit, tokens_per_shard, work,
-                                                  window=window, docs_per_range=docs_per_range, split_dir=split_dir)
+    plan = plan_cluster_tokens(ingest_dir, cluster_dir, cfg, submit, tokens_per_shard, work, window=window,
+                               docs_per_range=docs_per_range, split_dir=split_dir)
+    passages = None if passage_shard_tokens > 0 else PassageTokenShards.plan(segment_dir, cluster_dir, cfg, work,
+                                                                             tokens_per_shard)
+    # the passages' token shards queued behind the clusters': the pool tokenizes passages while
+    # this process merges and saves the cluster index
+    results = ordered_results(submit, [*plan.calls, *(passages.calls if passages else [])], window, "index token shards")
+    cluster_index, clusters = cluster_index_from_results(plan, itertools.islice(results, len(plan.calls)), cfg)
     cluster_index.save(out_dir / CLUSTER_INDEX_DIR)
     n_clusters = len(cluster_index)
     del cluster_index
     release_memory(freeze=in_build_collector())   # the index and its merge buffers (GBs at full scale) go back before the passage shards run
     t1 = time.perf_counter()
-    sharded: dict[str, Any] = {}
-    if passage_shard_tokens > 0:
+    if passages is None:
+        results.close()
         sharded = build_passage_shards(segment_dir, cluster_dir, out_dir / PASSAGE_INDEX_DIR, cfg,
                                        passage_shard_tokens, submit, work, window=window)
         n_passages = sharded["passage_index_docs"]
     else:
-        passages = C.PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
-        ptexts = JoinedTexts(passages.column("title"), passages.column("text"), "\n")   # title\ntext, hashed unjoined
-        memo_dir = token_memo_dir(work, "passages", cfg)
-        found = memo_token_ids(ptexts, cfg, *open_token_memo(memo_dir))
-        n_passages = len(ptexts)
-        del ptexts
-        BM25Index.from_token_ids(found.tokens, passages.column("passage_id").to_pylist(), cfg).save(out_dir / PASSAGE_INDEX_DIR)
-        write_token_memo(memo_dir, [found])
-        sharded = {"passages_reused": found.reused}
+        passage_index, sharded = passages.index(results, cfg)
+        n_passages = len(passage_index)
+        passage_index.save(out_dir / PASSAGE_INDEX_DIR)
+        del passage_index
     if scratch:
         shutil.rmtree(work, ignore_errors=True)
     t2 = time.perf_counter()

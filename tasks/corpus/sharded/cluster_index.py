@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from dataclasses import asdict
-from typing import Any, Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -103,20 +103,32 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     del docs
     piece_keys = pieces.keys()   # hashed once: the shard's cache key and the memo lookup
     key = keys_digest(CLUSTER_TOKENS_VERSION, asdict(cfg), [*ids, *map(str, offsets.tolist())], piece_keys)
-    cached = Path(work_dir) / "cluster-tokens" / key
+    terms, reused, from_memo = kept_token_ids(Path(work_dir) / "cluster-tokens" / key, pieces, piece_keys, cfg,
+                                              memo_dir, offsets)
+    return ids, terms, key, reused, from_memo
+
+
+def kept_token_ids(cached: Path, pieces: JoinedTexts, keys: np.ndarray, cfg: BM25Config, memo_dir: str | None,
+                   group_offsets: np.ndarray | None = None) -> tuple[list[str], bool, int]:
+    """A token shard's ids kept in the cache entry ``cached`` (a worker-process step): the entry
+    when it is there and verified, else the texts made of ``pieces`` (``group_offsets``: as
+    :func:`tasks.corpus.sharded.token_memo.memo_token_ids`) tokenized, each piece the token memo
+    ``memo_dir`` holds taken from it, and saved there
+    (:meth:`tasks.corpus.sharded.token_memo.MemoTokens.save`, its part of the next memo beside).
+
+    Returns ``(the shard's vocabulary in id order, reused, pieces taken from the memo)``."""
     if verified_entry(cached):
         mark_used(cached)
-        return ids, pq.read_table(cached / TokenIds.TERMS_FILE).column("term").to_pylist(), key, True, len(pieces)
+        return pq.read_table(cached / TokenIds.TERMS_FILE).column("term").to_pylist(), True, len(pieces)
     memo, memo_terms = open_token_memo(memo_dir)
-    found = memo_token_ids(pieces, cfg, memo, memo_terms, offsets, piece_keys)
-    del pieces
+    found = memo_token_ids(pieces, cfg, memo, memo_terms, group_offsets, keys)
 
     def write(tmp: Path) -> None:
         found.save(tmp)
         (tmp / "COMPLETE").write_text(f"{len(found.tokens)}\n")
     cached.parent.mkdir(parents=True, exist_ok=True)
     put_cached(cached, write)
-    return ids, found.tokens.terms, key, False, found.reused
+    return found.tokens.terms, False, found.reused
 
 
 class VocabularyMerge:
@@ -178,26 +190,28 @@ def merge_vocabularies(parts: Sequence[list[str]], sorted_terms: bool) -> tuple[
 
 
 def index_from_token_shards(shard_dirs: Sequence[Path], doc_ids: list[str], merge: VocabularyMerge,
-                            cfg: BM25Config) -> BM25Index:
-    """The cluster index from the shards' kept token ids (:meth:`tasks.corpus.index.TokenIds.save`,
-    shards in cluster order) and their merged vocabularies, reading one shard's ids at a time.
+                            cfg: BM25Config, name: str = "cluster index") -> BM25Index:
+    """The index (clusters, or passages: :mod:`tasks.corpus.sharded.passage_tokens`) from the
+    shards' kept token ids (:meth:`tasks.corpus.index.TokenIds.save`, shards in row order) and
+    their merged vocabularies, reading one shard's ids at a time.
 
     Parameters
     ----------
-    shard_dirs : the shards' directories, in cluster order.
-    doc_ids : ``n_clusters`` cluster ids (as str), the index rows in order.
+    shard_dirs : the shards' directories, in row order.
+    doc_ids : the index rows' ids (as str), in order.
     merge : every shard's vocabulary added, in shard order.
     cfg : BM25 settings.
+    name : what the errors call the index.
 
     Raises
     ------
     ValueError
-        The shards hold another number of texts than ``doc_ids``, or cluster ids repeat.
+        The shards hold another number of texts than ``doc_ids``, or ids repeat.
     KeyError
         A shard's vocabulary was not added to ``merge``.
     """
     if len(set(doc_ids)) != len(doc_ids):
-        raise ValueError("cluster index: cluster ids are not unique")
+        raise ValueError(f"{name}: ids are not unique")
     vocab = merge.finish()
     lookups = [merge.lookup(pq.read_table(Path(d) / TokenIds.TERMS_FILE).column("term").to_pylist()) for d in shard_dirs]
 
@@ -207,8 +221,89 @@ def index_from_token_shards(shard_dirs: Sequence[Path], doc_ids: list[str], merg
     try:
         retriever = bm25_from_token_chunks(chunks, len(doc_ids), vocab, cfg)
     except ValueError as err:
-        raise ValueError(f"cluster index: {err}") from err
+        raise ValueError(f"{name}: {err}") from err
     return BM25Index(retriever, doc_ids, cfg)
+
+
+@dataclass
+class ClusterTokenShards:
+    """The cluster index's token shards planned (:func:`plan_cluster_tokens`): the shard calls to
+    run through the stage's ``submit`` and what :func:`cluster_index_from_results` needs after."""
+
+    calls: list[tuple]
+    split: DocumentSplit
+    memo_dir: Path
+    work_dir: Path
+    n_members: int
+    t0: float
+    partition_seconds: float
+
+
+def plan_cluster_tokens(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, submit: Callable[..., Any],
+                        tokens_per_shard: int, work_dir: Path, window: int = 8, docs_per_range: int = 20_000,
+                        split_dir: Path | None = None) -> ClusterTokenShards:
+    """The first half of :func:`build_cluster_index`: the cluster ranges, the documents split by
+    range (through ``submit``, or the build's shared split in ``split_dir``), and one
+    :func:`cluster_token_shard` call a range. The split stays open until
+    :func:`cluster_index_from_results` has the shards' results (closed here if planning fails)."""
+    t0 = time.perf_counter()
+    members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "doc_id"])
+    cids = members.column("cluster_id").to_numpy()
+    doc_ids = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id"]).column("doc_id").to_numpy()
+    doc_rows = check_members(doc_ids, members.column("doc_id").to_numpy())
+    n_members = int(cids.size)
+    ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    split = DocumentSplit(split_dir, work_dir)
+    try:
+        docs_dirs = split.partition(ingest_dir, ranges, member_cluster_ranks(cids), doc_rows, submit,
+                                    docs_per_range, window)
+        memo_dir = token_memo_dir(work_dir, "clusters", cfg)
+        verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
+    except BaseException:
+        split.close()
+        raise
+    calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d),
+              str(memo_dir)) for (lo, hi), d in zip(ranges, docs_dirs)]
+    return ClusterTokenShards(calls, split, memo_dir, Path(work_dir), n_members, t0, time.perf_counter() - t0)
+
+
+def cluster_index_from_results(plan: ClusterTokenShards, results: Iterable[Any],
+                               cfg: BM25Config) -> tuple[BM25Index, dict[str, Any]]:
+    """The second half of :func:`build_cluster_index`: the shards' results (of ``plan.calls``, in
+    order) merged into the one vocabulary, the index built from the kept token ids, the token memo
+    rewritten; the split closed. Returns the index and the summary."""
+    index_ids: list[str] = []
+    keys: list[str] = []
+    merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
+    reused = members_reused = 0
+    try:
+        for ids, terms, key, hit, from_memo in results:
+            index_ids.extend(ids)
+            keys.append(key)
+            merge.add(terms)
+            reused += hit
+            members_reused += from_memo
+    finally:
+        plan.split.close()
+    if len(keys) != len(plan.calls):
+        raise ValueError(f"cluster index: {len(keys)} token shard results for {len(plan.calls)} shards")
+    t1 = time.perf_counter()
+    shard_dirs = [plan.work_dir / "cluster-tokens" / key for key in keys]
+    n_tokens = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in shard_dirs)
+    n_terms = len(merge.finish())
+    index = index_from_token_shards(shard_dirs, index_ids, merge, cfg)
+    t2 = time.perf_counter()
+    write_token_memo(plan.memo_dir, shard_dirs)
+    n_shards = len(plan.calls)
+    return index, {"cluster_members": plan.n_members, "cluster_members_reused": members_reused,
+                   "cluster_token_memo_seconds": time.perf_counter() - t2, "cluster_token_shards": n_shards,
+                   "cluster_token_shards_built": n_shards - reused,
+                   "cluster_token_shards_reused": reused, "cluster_tokens": n_tokens,
+                   "cluster_vocabulary": n_terms, "cluster_partition_seconds": plan.partition_seconds,
+                   "cluster_split_reused": plan.split.reused,
+                   "cluster_tokenize_seconds": t1 - plan.t0,
+                   "cluster_merge_index_seconds": t2 - t1}
 
 
 def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, submit: Callable[..., Any],
@@ -225,49 +320,11 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
 
     The shards' token ids are kept in ``work_dir`` (shared with the workers) and reused when a
     shard's texts are unchanged. Returns the index and a summary: shard counts, reuse, seconds of
-    the tokenization shards and of the coordinator's merge + bm25s index.
+    the tokenization shards and of the coordinator's merge + bm25s index. In two halves
+    (:func:`plan_cluster_tokens`, :func:`cluster_index_from_results`) for a caller that queues more
+    shards behind these (the index stage: the passages' token shards, which the pool tokenizes
+    while this process merges the cluster index).
     """
-    t0 = time.perf_counter()
-    members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "doc_id"])
-    cids = members.column("cluster_id").to_numpy()
-    doc_ids = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id"]).column("doc_id").to_numpy()
-    doc_rows = check_members(doc_ids, members.column("doc_id").to_numpy())
-    n_members = int(cids.size)
-    ranges = read_cluster_ranges(cluster_dir, tokens_per_shard, cids)
-    index_ids: list[str] = []
-    keys: list[str] = []
-    merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
-    reused = members_reused = 0
-    Path(work_dir).mkdir(parents=True, exist_ok=True)
-    split = DocumentSplit(split_dir, work_dir)
-    try:
-        docs_dirs = split.partition(ingest_dir, ranges, member_cluster_ranks(cids), doc_rows, submit,
-                                    docs_per_range, window)
-        del members, cids, doc_rows
-        t_partition = time.perf_counter() - t0
-        memo_dir = token_memo_dir(work_dir, "clusters", cfg)
-        verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
-        calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d),
-                  str(memo_dir)) for (lo, hi), d in zip(ranges, docs_dirs)]
-        for ids, terms, key, hit, from_memo in ordered_results(submit, calls, window, "cluster index token shards"):
-            index_ids.extend(ids)
-            keys.append(key)
-            merge.add(terms)
-            reused += hit
-            members_reused += from_memo
-    finally:
-        split.close()
-    t1 = time.perf_counter()
-    shard_dirs = [Path(work_dir) / "cluster-tokens" / key for key in keys]
-    n_tokens = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in shard_dirs)
-    n_terms = len(merge.finish())
-    index = index_from_token_shards(shard_dirs, index_ids, merge, cfg)
-    t2 = time.perf_counter()
-    write_token_memo(memo_dir, shard_dirs)
-    return index, {"cluster_members": n_members, "cluster_members_reused": members_reused,
-                   "cluster_token_memo_seconds": time.perf_counter() - t2, "cluster_token_shards": len(ranges), "cluster_token_shards_built": len(ranges) - reused,
-                   "cluster_token_shards_reused": reused, "cluster_tokens": n_tokens,
-                   "cluster_vocabulary": n_terms, "cluster_partition_seconds": t_partition,
-                   "cluster_split_reused": split.reused,
-                   "cluster_tokenize_seconds": t1 - t0,
-                   "cluster_merge_index_seconds": t2 - t1}
+    plan = plan_cluster_tokens(ingest_dir, cluster_dir, cfg, submit, tokens_per_shard, work_dir, window,
+                               docs_per_range, split_dir)
+    return cluster_index_from_results(plan, ordered_results(submit, plan.calls, window, "cluster index token shards"), cfg)

@@ -520,7 +520,8 @@ def member_cluster_ranks(cluster_ids: np.ndarray) -> np.ndarray:
 def passage_row_ranges(segment_dir: Path, cluster_dir: Path, max_tokens: int) -> list[tuple[int, int]]:
     """The rows of ``passages.parquet`` that hold the passages of each range of
     :func:`read_cluster_ranges` (passages are in cluster order; a cluster whose articles have no
-    words has none)."""
+    words has none). Raises ``ValueError`` naming the file when a passage's cluster is not in
+    ``clusters.parquet`` or the passages are not in cluster order."""
     ranges = read_cluster_ranges(cluster_dir, max_tokens)
     ids = C.CLUSTERS.read(cluster_dir, columns=["cluster_id"]).column("cluster_id").to_numpy()
     path = Path(segment_dir) / C.PASSAGES.filename
@@ -530,6 +531,9 @@ def passage_row_ranges(segment_dir: Path, cluster_dir: Path, max_tokens: int) ->
         raise ValueError(f"{path}: {pcids.size} passages, but the cluster ranges of {cluster_dir} hold "
                          f"{int(known.sum())} (passages of clusters missing from {C.CLUSTERS.filename})")
     rank = C.rows_of(ids, pcids, str(Path(cluster_dir) / C.CLUSTERS.filename))
+    if np.any(rank[1:] < rank[:-1]):
+        raise ValueError(f"{path}: the passages are not in the cluster order of {Path(cluster_dir) / C.CLUSTERS.filename} "
+                         f"(row {int(np.argmax(rank[1:] < rank[:-1])) + 1} is of an earlier cluster than the row before)")
     first = np.searchsorted(rank, np.arange(ids.size + 1), side="left")
     return [(int(first[lo]), int(first[hi])) for lo, hi in ranges]
 

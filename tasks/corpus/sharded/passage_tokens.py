@@ -1,0 +1,106 @@
+"""The one passage index's BM25 tokenization in token shards on the stage's workers.
+
+The passage index (``index.passage_shard_tokens: 0``, one bm25s index over every passage's
+``title\\ntext``) tokenizes about as much text as the cluster index: in the build process alone it
+kept one core busy while the other waited (~18 CPU s of the Wikispeedia demo's ~39 s index stage).
+Here its passages are cut into the cluster index's ranges of whole clusters
+(:func:`tasks.corpus.sharded.shards.passage_row_ranges`, ``runner.tokens_per_shard``); each range
+is a :func:`passage_token_shard` call on a worker, which keeps the range's token ids and
+vocabulary in the stage cache (reused while its passages are unchanged) and takes each passage the
+token memo holds from it. The coordinator merges the vocabularies and builds the index from the
+kept ids one shard at a time (:func:`tasks.corpus.sharded.cluster_index.index_from_token_shards`,
+as for the clusters): the same ids and vocabulary as tokenizing all passages in one call, so the
+same index bytes (``tests/test_passage_tokens.py``; the corpus build's pinned digests).
+
+The index stage queues these shards behind the cluster index's (:func:`tasks.corpus.stages.run_index`),
+so the workers tokenize passages while the coordinator merges and saves the cluster index.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from data_contracts.corpus import PASSAGES
+from funnelrag.content_store import JoinedTexts, keys_digest
+from funnelrag.verify import verified_entry
+from tasks.corpus.index import BM25Config, BM25Index
+from tasks.corpus.sharded.cluster_index import VocabularyMerge, index_from_token_shards, kept_token_ids
+from tasks.corpus.sharded.shards import passage_row_ranges, read_rows
+from tasks.corpus.sharded.token_memo import token_memo_dir, write_token_memo
+
+PASSAGE_TOKENS_VERSION = "1"
+TOKENS_DIR = "passage-tokens"
+
+
+def passage_token_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str,
+                        memo_dir: str | None = None) -> tuple[list[str], str, bool, int]:
+    """Token ids of the passages in rows ``lo <= row < hi`` of ``passages.parquet`` (a
+    worker-process call), each ``title\\ntext`` as the one passage index indexes it, kept in
+    ``work_dir/passage-tokens/<sha256 of the texts' keys>/``
+    (:func:`tasks.corpus.sharded.cluster_index.kept_token_ids`; a passage the token memo
+    ``memo_dir`` holds is not tokenized again).
+
+    Returns ``(the shard's vocabulary in id order, key, reused, passages taken from the memo)``."""
+    table = read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["title", "text"])
+    texts = JoinedTexts(table.column("title"), table.column("text"), "\n")   # hashed unjoined
+    keys = texts.keys()
+    key = keys_digest(PASSAGE_TOKENS_VERSION, asdict(cfg), [], keys)
+    terms, reused, from_memo = kept_token_ids(Path(work_dir) / TOKENS_DIR / key, texts, keys, cfg, memo_dir)
+    return terms, key, reused, from_memo
+
+
+@dataclass
+class PassageTokenShards:
+    """The passage index's token shards: :meth:`plan` them, run :attr:`calls` through the stage's
+    ``submit``, then :meth:`index` their results."""
+
+    segment_dir: Path
+    work_dir: Path
+    memo_dir: Path
+    calls: list[tuple]
+
+    @classmethod
+    def plan(cls, segment_dir: Path, cluster_dir: Path, cfg: BM25Config, work_dir: Path,
+             tokens_per_shard: int) -> "PassageTokenShards":
+        """One :func:`passage_token_shard` call per range of whole clusters of at most
+        ``tokens_per_shard`` tokens (:func:`tasks.corpus.sharded.shards.passage_row_ranges`).
+
+        Raises
+        ------
+        ValueError
+            ``passages.parquet`` holds passages of clusters that ``clusters.parquet`` lacks, or
+            is not in cluster order (:func:`tasks.corpus.sharded.shards.passage_row_ranges`).
+        """
+        ranges = passage_row_ranges(segment_dir, cluster_dir, tokens_per_shard)
+        memo_dir = token_memo_dir(work_dir, "passages", cfg)
+        verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
+        calls = [(passage_token_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir)) for lo, hi in ranges]
+        return cls(Path(segment_dir), Path(work_dir), memo_dir, calls)
+
+    def index(self, results: Iterable[Any], cfg: BM25Config) -> tuple[BM25Index, dict[str, Any]]:
+        """The passage index from the shards' ``results`` (of :attr:`calls`, in order), the token
+        memo rewritten with this build's passages. Returns the index and a summary
+        (``passages_reused``: passages taken from the memo; shard counts).
+
+        Raises
+        ------
+        ValueError
+            Fewer results than shards, or the shards' texts are not one a passage.
+        """
+        merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
+        keys: list[str] = []
+        reused = from_memo = 0
+        for terms, key, hit, n_memo in results:
+            merge.add(terms)
+            keys.append(key)
+            reused += hit
+            from_memo += n_memo
+        if len(keys) != len(self.calls):
+            raise ValueError(f"passage index: {len(keys)} token shard results for {len(self.calls)} shards")
+        ids = PASSAGES.read(self.segment_dir, columns=["passage_id"]).column("passage_id").to_pylist()
+        shard_dirs = [self.work_dir / TOKENS_DIR / key for key in keys]
+        index = index_from_token_shards(shard_dirs, ids, merge, cfg, name="passage index")
+        write_token_memo(self.memo_dir, shard_dirs)
+        return index, {"passages_reused": from_memo, "passage_token_shards": len(keys),
+                       "passage_token_shards_built": len(keys) - reused, "passage_token_shards_reused": reused}
