@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from data_contracts import corpus as C
 from data_contracts.base import sha256_file
+from funnelrag.content_store import take_texts
 from funnelrag.store import ArtifactStore
 from funnelrag.workspace import Workspace
 from tasks.corpus.index import BM25Index
@@ -93,15 +94,18 @@ class CorpusVersion:
         return load_passage_index(self.path / PASSAGE_INDEX)
 
     def members_of(self, cluster_ids: list[int]) -> dict[int, list[tuple[int, str, str]]]:
-        """``{cluster_id: [(doc_id, title, text), ...]}`` in cluster order, for later chunking."""
+        """``{cluster_id: [(doc_id, title, text), ...]}`` in cluster order, for later chunking.
+
+        Titles and texts are gathered chunk by chunk (:func:`funnelrag.content_store.take_texts`):
+        ``ChunkedArray.take`` concatenates the column first, which fails with an offset overflow
+        once a corpus's texts pass 2 GiB (1M pages) and copies every text to pick a few."""
         id_type = C.CLUSTER_MEMBERS.schema.field("cluster_id").type
         members = self.cluster_members.filter(pc.is_in(self.cluster_members["cluster_id"], pa.array(cluster_ids, id_type)))
         members = members.take(C.member_order(members["cluster_id"].to_numpy(), members["position"].to_numpy()))
         docs = self.documents
         doc_ids = members["doc_id"].to_numpy()
-        rows = pa.array(C.rows_of(docs["doc_id"].to_numpy(), doc_ids, f"{self.path}: documents"))
-        titles = docs["title"].take(rows).to_pylist()
-        texts = docs["text"].take(rows).to_pylist()
+        rows = C.rows_of(docs["doc_id"].to_numpy(), doc_ids, f"{self.path}: documents")
+        titles, texts = take_texts(docs["title"], rows), take_texts(docs["text"], rows)
         out: dict[int, list[tuple[int, str, str]]] = {int(c): [] for c in cluster_ids}
         for cid, did, title, text in zip(members["cluster_id"].to_pylist(), doc_ids.tolist(), titles, texts):
             out[cid].append((did, title, text))
