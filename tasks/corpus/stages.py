@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from data_contracts import corpus as C
 from funnelrag.stages import stage
-from tasks.corpus.sharded.cluster_index import (build_cluster_index, cluster_index_from_results,  # noqa: F401 - cluster_texts re-exported
+from tasks.corpus.sharded.cluster_index import (cluster_index_from_results,  # noqa: F401 - cluster_texts re-exported
                                                 cluster_texts, plan_cluster_tokens)
 from tasks.corpus.clustering import (
     ClusteringConfig,
