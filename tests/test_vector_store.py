@@ -523,6 +523,23 @@ def test_the_lazy_index_reuses_vectors_of_an_earlier_corpus_version(tmp_path, or
     assert float(np.abs(lazy2.vectors[:30] - full.vectors[:30]).max()) <= 1e-6
 
 
+def test_a_rank_that_starts_after_another_finished_still_embeds_its_whole_share(tmp_path, oracle_passages, minilm,
+                                                                                 one_torch_thread):
+    """Ranks look the store up at different times: the second must not re-cut the missing texts
+    around what the first already wrote (that left a quarter of them unembedded)."""
+    from tasks.funnel.embeddings import EmbeddingConfig, embed_passages, passage_texts  # noqa: PLC0415
+
+    model, tok = minilm
+    cfg = EmbeddingConfig(batch_size=16, shard_rows=20)
+    texts = passage_texts(oracle_passages.slice(0, 20))
+    store = VectorStore(tmp_path / "store", 384)
+    _, first = embed_passages(texts, model, tok, cfg, store, rank=0, world=2)   # done before rank 1 starts
+    _, second = embed_passages(texts, model, tok, cfg, store, rank=1, world=2)
+    assert (first["embedded"], second["embedded"]) == (10, 10)
+    _, joined = embed_passages(texts, model, tok, cfg, store)
+    assert (joined["embedded"], joined["reused"]) == (0, 20)
+
+
 @pytest.mark.slow  # two ranks under accelerate launch, each loading MiniLM (~1 min beside other jobs)
 def test_two_worker_processes_embed_shards_that_join_to_the_single_process_index(tmp_path, oracle_passages, minilm,
                                                                                   one_torch_thread):

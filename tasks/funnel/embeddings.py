@@ -178,8 +178,8 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
         (:class:`tasks.funnel.vector_store.VectorStore`); None: embed everything, keep nothing.
     progress : ``progress(done, total)`` after each chunk (texts to embed).
     rank, world : this worker's share of the texts to embed (data-parallel embedding: worker
-        ``rank`` of ``world`` embeds the ``rank``-th of ``world`` contiguous parts of the missing
-        texts into ``store`` and returns ``None`` vectors when ``world > 1``; the index step then
+        ``rank`` of ``world`` embeds, of the ``rank``-th of ``world`` contiguous parts of the
+        distinct texts, those ``store`` lacks, and returns ``None`` vectors when ``world > 1``; the index step then
         joins the workers' segments by calling this again with ``world = 1``).
     keys : ``(len(texts), 2)`` uint64, optional
         The texts' keys (:func:`funnelrag.content_store.text_keys`) when the caller holds them
@@ -211,9 +211,12 @@ def embed_passages(texts: Sequence[str], model, tokenizer, cfg: EmbeddingConfig 
     else:
         got = store.lookup(ukeys)
         found, uvec = got.found, got.vectors
-    todo = np.flatnonzero(~found)
-    todo = todo[np.argsort(first[todo], kind="stable")]                            # corpus order of first use
-    mine = np.array_split(todo, world)[rank]
+    order = np.argsort(first, kind="stable")                                       # corpus order of first use
+    # The share is cut from every distinct text, not from the missing ones: ranks look the store
+    # up at different times (one may see what another already wrote), so cutting what each finds
+    # missing would leave texts that no rank embeds.
+    mine = np.array_split(order, world)[rank]
+    mine = mine[~found[mine]]
     with Progress("embed passages", total=len(mine), unit="passages") as bar:
         bar.update(0, reused=int(found[inverse].sum()))
         for start in range(0, len(mine), cfg.shard_rows):
