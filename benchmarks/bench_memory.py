@@ -8,8 +8,8 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
 
 * ``tasks STAGES --kind K --sizes A B``: one worker task: for ``tokens`` (T5 window counts) the first
   shard of ``docs_per_shard`` = A, then B documents; for the cluster-range kinds — ``segment``,
-  ``cluster_tokens`` (the cluster index's tokenization), ``passage_stats``, ``passage_index`` (after
-  its statistics step, in the same process) — the shard with the most tokens when shards hold at
+  ``cluster_tokens`` (the cluster index's tokenization), ``passage_tokens`` (the passage index's),
+  ``passage_index`` (after its token shard and statistics, in the same process) — the shard with the most tokens when shards hold at
   most A, then B tokens (:func:`tasks.corpus.sharded.shards.read_cluster_ranges`); the slope is per token.
 * ``cluster-index STAGES --tokens-per-shard N --tile 1 4 16``: the coordinator's cluster index
   (:func:`tasks.corpus.sharded.cluster_index.index_from_token_shards`) over the kept token ids of the shards,
@@ -94,6 +94,7 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
 
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
     from tasks.corpus.sharded import cluster_index as CI  # noqa: PLC0415
+    from tasks.corpus.sharded import passage_tokens as PT  # noqa: PLC0415
     from tasks.corpus.sharded import sharded_index as SI  # noqa: PLC0415
     from tasks.corpus.sharded import shards as SH  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
@@ -108,21 +109,21 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
         lo, hi = SH.doc_shards(int(first[-1]), size)[0]
         units["docs"] = hi - lo
         call = (SH.count_shard, str(stages / "ingest"), lo, hi, seg, mirror, None)
-    elif kind in ("segment", "cluster_tokens", "passage_stats", "passage_index"):
+    elif kind in ("segment", "cluster_tokens", "passage_tokens", "passage_index"):
         ranges, tokens = shard_ranges(stages, size)
         lo, hi = ranges[int(np.argmax(tokens))]
-        docs = shard_documents(stages, ranges, tmp / "split")[int(np.argmax(tokens))] if kind != "passage_stats" else ""
+        docs = shard_documents(stages, ranges, tmp / "split")[int(np.argmax(tokens))] if kind != "passage_tokens" else ""
         rows = SH.passage_row_ranges(stages / "segment", stages / "cluster", size)[int(np.argmax(tokens))]
         units.update(tokens=max(tokens), shards=len(ranges), docs=int(first[hi] - first[lo]), passages=rows[1] - rows[0])
         call = ((SH.segment_shard, str(stages / "ingest"), str(stages / "tokens"), str(stages / "cluster"), lo, hi,
                  seg, mirror, str(tmp), docs) if kind == "segment" else
                 (CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp), docs)
-                if kind == "cluster_tokens" else (SI.passage_stats_shard, str(stages / "segment"), *rows, cfg, str(tmp)))
+                if kind == "cluster_tokens" else (PT.passage_token_shard, str(stages / "segment"), *rows, cfg, str(tmp)))
         if kind == "passage_index":
             lo, hi = rows   # the passage steps read rows of passages.parquet
-            key, n_docs, total, *_ = SI.passage_stats_shard(str(stages / "segment"), lo, hi, cfg, str(tmp))
-            global_df, global_key = SI.merge_stats_files(tmp, [key], n_docs, total)
-            call = (SI.passage_index_shard, str(stages / "segment"), lo, hi, cfg, str(tmp), key, str(global_df),
+            kept = tmp / PT.TOKENS_DIR / PT.passage_token_shard(str(stages / "segment"), lo, hi, cfg, str(tmp))[1]
+            (n_docs,), total, global_df, global_key = SI.merge_token_shard_stats([kept], tmp)
+            call = (SI.passage_index_shard, str(stages / "segment"), lo, hi, cfg, str(tmp), str(kept), str(global_df),
                     n_docs, total, global_key)
     else:
         raise ValueError(f"unknown task kind {kind!r}")
@@ -133,7 +134,7 @@ _REUSED = {   # whether a shard call's result says it reused a kept shard
     "tokens": lambda r: bool(r[0].size) and r[2] == r[0].size,   # every document's counts from the memo
     "segment": lambda r: bool(r[-1]),
     "cluster_tokens": lambda r: bool(r[3]),
-    "passage_stats": lambda r: bool(r[3]),
+    "passage_tokens": lambda r: bool(r[2]),
     "passage_index": lambda r: bool(r[-1]),
 }
 
@@ -154,14 +155,14 @@ def _reuse_task(call: tuple, release: bool) -> dict:
 
 def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, tmp: Path) -> dict:
     """The first ``n_tasks`` shard tasks of ``kind`` (``segment``, ``cluster_tokens``,
-    ``passage_stats``; shards of at most ``size`` tokens) one after another in ONE worker process,
+    ``passage_tokens``; shards of at most ``size`` tokens) one after another in ONE worker process,
     as a nightly build's worker runs them."""
     import multiprocessing  # noqa: PLC0415
     from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
 
     from funnelrag.datasets import default_mirror  # noqa: PLC0415
     from tasks.corpus.sharded import cluster_index as CI  # noqa: PLC0415
-    from tasks.corpus.sharded import sharded_index as SI  # noqa: PLC0415
+    from tasks.corpus.sharded import passage_tokens as PT  # noqa: PLC0415
     from tasks.corpus.sharded import shards as SH  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
@@ -175,8 +176,9 @@ def reuse_run(stages: Path, kind: str, size: int, n_tasks: int, release: bool, t
     elif kind == "cluster_tokens":
         calls = [(CI.cluster_token_shard, str(stages / "ingest"), str(stages / "cluster"), lo, hi, cfg, str(tmp), d)
                  for (lo, hi), d in zip(ranges, docs)]
-    elif kind == "passage_stats":
-        calls = [(SI.passage_stats_shard, str(stages / "segment"), lo, hi, cfg, str(tmp)) for lo, hi in ranges]
+    elif kind == "passage_tokens":   # the passage steps read rows of passages.parquet
+        calls = [(PT.passage_token_shard, str(stages / "segment"), lo, hi, cfg, str(tmp))
+                 for lo, hi in SH.passage_row_ranges(stages / "segment", stages / "cluster", size)]
     else:
         raise ValueError(f"unknown task kind {kind!r}")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_warm) as pool:
@@ -261,7 +263,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="what", required=True)
     t = sub.add_parser("tasks")
     t.add_argument("stages", type=Path)
-    t.add_argument("--kind", required=True, choices=["tokens", "segment", "cluster_tokens", "passage_stats", "passage_index"])
+    t.add_argument("--kind", required=True, choices=["tokens", "segment", "cluster_tokens", "passage_tokens", "passage_index"])
     t.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000])
     c = sub.add_parser("cluster-index")
     c.add_argument("stages", type=Path)
@@ -269,7 +271,7 @@ def main() -> None:
     c.add_argument("--tile", type=int, nargs="+", default=[1, 4, 16])
     r = sub.add_parser("reuse")
     r.add_argument("stages", type=Path)
-    r.add_argument("--kind", required=True, choices=["segment", "cluster_tokens", "passage_stats"])
+    r.add_argument("--kind", required=True, choices=["segment", "cluster_tokens", "passage_tokens"])
     r.add_argument("--size", type=int, default=32_000_000, help="the most tokens of a shard")
     r.add_argument("--tasks", type=int, default=6)
     r.add_argument("--release", choices=["no", "yes", "both"], default="both")

@@ -482,9 +482,9 @@ def _cluster_histogram(version_dir: Path, out_png: Path, max_tokens: int, over: 
 
 def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     """Per-shard stages: ``{"ingest_pieces": {"built", "reused"[, "patched"]}, "token_shards": {...},
-    "segment_shards": {...}, "cluster_token_shards": {...}}`` of this build, plus ``passage_token_shards``
-    with one passage index (:mod:`tasks.corpus.sharded.passage_tokens`), ``passage_stats_shards`` and
-    ``passage_index_shards`` with a sharded one (a stage-cache hit reuses all of a
+    "segment_shards": {...}, "cluster_token_shards": {...}, "passage_token_shards": {...}}`` of this
+    build (:mod:`tasks.corpus.sharded.passage_tokens`), plus ``passage_index_shards`` with a
+    sharded passage index (a stage-cache hit reuses all of a
     stage's shards). ``patched``: base-dump pieces with the night's adds-changes revisions applied
     (:func:`tasks.sources.ingest.parallel.patch_piece`), present when there were any."""
     pieces = stages["ingest"].summary.get("pieces", {})
@@ -494,7 +494,6 @@ def shard_report(stages: dict[str, StageResult]) -> dict[str, dict[str, int]]:
     for name, stage, prefix in (("token_shards", "tokens", "shards"), ("segment_shards", "segment", "shards"),
                                 ("cluster_token_shards", "index", "cluster_token_shards"),
                                 ("passage_token_shards", "index", "passage_token_shards"),
-                                ("passage_stats_shards", "index", "passage_stats_shards"),
                                 ("passage_index_shards", "index", "passage_index_shards")):
         summary = stages[stage].summary
         if f"{prefix}_built" in summary or name in ("token_shards", "segment_shards"):

@@ -46,7 +46,7 @@ READ = {
 NOT_READ = {
     "segment shard": "segment-shards/[0-9a-f]*",
     "cluster token shard": "cluster-tokens/*",
-    "passage token shard": "passage-stats/*",
+    "passage token shard": "passage-tokens/*",
     "passage index shard": "passage-shards/*",
 }
 

@@ -118,8 +118,8 @@ def test_sharded_passage_index_searches_like_one_index(prefect_harness, workspac
     three = corpus_build_flow(enwiki_sample_config(workspace=_ws(workspace_home, data_mirror),
                                                    index={"passage_shard_tokens": 250_000}))
     assert not three["stages"]["index"]["cache_hit"] and three["stages"]["segment"]["cache_hit"]
-    n = three["shards"]["passage_stats_shards"]["built"]
-    assert n > 2 and three["shards"]["passage_stats_shards"] == three["shards"]["passage_index_shards"] == {"built": n, "reused": 0}
+    n = three["shards"]["passage_token_shards"]["built"]
+    assert n > 2 and three["shards"]["passage_token_shards"] == three["shards"]["passage_index_shards"] == {"built": n, "reused": 0}
     single, sharded = (open_corpus(ws, "enwiki-sample", s["version"]) for s in (one, three))
     assert (sharded.path / "index/passages.bm25/shards.json").exists()
     assert sorted(p.name for p in (sharded.path / "index/passages.bm25").iterdir()) == [

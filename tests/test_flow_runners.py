@@ -109,15 +109,15 @@ def test_nightly_rebuild_reuses_unchanged_shards(prefect_harness, tmp_path, data
     again = build(tmp_path / "home", night1)
     assert again["shards"]["ingest_pieces"] == {"built": 0, "reused": 7}
     assert again["shards"]["token_shards"] == {"built": 0, "reused": first["shards"]["token_shards"]["built"]}
-    p = first["shards"]["passage_stats_shards"]["built"]
-    assert p > 2 and again["shards"]["passage_stats_shards"] == again["shards"]["passage_index_shards"] == {"built": 0, "reused": p}
+    p = first["shards"]["passage_token_shards"]["built"]
+    assert p > 2 and again["shards"]["passage_token_shards"] == again["shards"]["passage_index_shards"] == {"built": 0, "reused": p}
     tonight = build(tmp_path / "home", night2)
     assert tonight["shards"]["ingest_pieces"] == {"built": 1, "reused": 6}
     assert tonight["shards"]["token_shards"]["built"] == 1
     assert tonight["shards"]["segment_shards"]["built"] == 1
     n = first["shards"]["cluster_token_shards"]["built"]
     assert n > 1 and tonight["shards"]["cluster_token_shards"] == {"built": 1, "reused": n - 1}
-    assert tonight["shards"]["passage_stats_shards"] == {"built": 1, "reused": p - 1}   # the shard of Alabama's cluster
+    assert tonight["shards"]["passage_token_shards"] == {"built": 1, "reused": p - 1}   # the shard of Alabama's cluster
     assert tonight["shards"]["passage_index_shards"] == {"built": p, "reused": 0}       # global df/N/avgdl changed
     scratch = build(tmp_path / "scratch", night2)
     assert _manifest(tonight)["content_digest"] == _manifest(scratch)["content_digest"] != _manifest(first)["content_digest"]

@@ -27,11 +27,10 @@ from tasks.corpus.sharded.sharded_index import (
     build_shard,
     load_passage_index,
     merge_stats,
-    read_passage_range,
     save_stats,
     shard_stats,
 )
-from tasks.corpus.sharded.shards import passage_row_ranges, read_cluster_ranges, run_here
+from tasks.corpus.sharded.shards import passage_row_ranges, read_cluster_ranges, read_rows, run_here
 
 
 @pytest.fixture(scope="module")
@@ -143,10 +142,13 @@ def segmented(data_mirror, tmp_path_factory):
     return enwiki_sample_stages(tmp_path_factory.mktemp("segmented"), data_mirror, segment=True)
 
 
+def _texts(p) -> tuple[list[str], list[str]]:
+    """``(texts, passage ids)`` of passages rows: a text is ``title\\ntext``, as the index indexes it."""
+    return [f"{t}\n{x}" for t, x in zip(p["title"].to_pylist(), p["text"].to_pylist())], p["passage_id"].to_pylist()
+
+
 def _single(segment_dir, cfg) -> BM25Index:
-    p = PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])
-    return BM25Index.build([f"{t}\n{x}" for t, x in zip(p["title"].to_pylist(), p["text"].to_pylist())],
-                           p["passage_id"].to_pylist(), cfg)
+    return BM25Index.build(*_texts(PASSAGES.read(segment_dir, columns=["passage_id", "title", "text"])), cfg)
 
 
 def _files(directory):
@@ -166,7 +168,7 @@ def _budget(cluster_dir, n=3) -> int:
 @pytest.mark.parametrize("name,cfg", [("default", BM25Config()),
                                       ("unstemmed", BM25Config(stemmer=None, stopwords=None, k1=1.2, b=0.75))])
 def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatch, name, cfg):
-    """Step 1 keeps each shard's token ids, step 2 indexes them: one tokenization per shard, and
+    """The passage token shards keep each shard's token ids, step 2 indexes them: one tokenization per shard, and
     every published shard has the bytes of :func:`build_shard` over the shard's texts with the
     corpus-wide statistics (the path that tokenizes twice)."""
     import tasks.corpus.sharded.token_memo as TM  # noqa: PLC0415  (the module whose tokenizer calls are counted)
@@ -181,7 +183,8 @@ def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatc
     assert len(calls) == summary["passage_shards"] == len(ranges) > 2 and sum(calls) == summary["passage_index_docs"]
     monkeypatch.setattr(TM, "tokenize_ids", real)
     rows = passage_row_ranges(segmented / "segment", segmented / "cluster", budget)   # the ranges' passage rows
-    parts = [read_passage_range(segmented / "segment", lo, hi) for lo, hi in rows]
+    parts = [_texts(read_rows(segmented / "segment" / PASSAGES.filename, lo, hi, ["passage_id", "title", "text"]))
+             for lo, hi in rows]
     stats = merge_stats([shard_stats(texts, cfg) for texts, _ in parts])
     for k, (texts, ids) in enumerate(parts):
         twice = build_shard(texts, ids, cfg, stats).save(tmp_path / f"twice-{k}")
@@ -191,9 +194,10 @@ def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatc
 
 @pytest.mark.slow  # enwiki-sample ingest + tokens + cluster + segment (module fixture)
 def test_built_passage_shards_equal_one_index_and_are_reused(segmented, questions, tmp_path):
-    """The corpus build's shards (cluster ranges, stats then index per shard through ``submit``)
-    search like one index; a rebuild reuses stats and indexes; a changed passage re-counts the
-    stats of its shard only and re-indexes every shard (the global statistics changed)."""
+    """The corpus build's shards (cluster ranges, token ids then index per shard through ``submit``)
+    search like one index; a rebuild reuses token shards and indexes; a changed passage re-tokenizes
+    in its shard only, that passage alone (the others from the token memo), and re-indexes every
+    shard (the global statistics changed)."""
     cfg, seg, work, clusters = BM25Config(), segmented / "segment", tmp_path / "work", segmented / "cluster"
     budget = _budget(clusters)
     with ProcessPoolExecutor(2) as pool:
@@ -205,8 +209,8 @@ def test_built_passage_shards_equal_one_index_and_are_reused(segmented, question
     assert isinstance(sharded, ShardedBM25) and len(sharded.shards) == n > 2
     assert sharded.doc_ids == single.doc_ids
     assert_same_search(single, sharded, questions[:20], ks=(10, 100))
-    assert (first["passage_stats_shards_built"], first["passage_index_shards_built"]) == (n, n)
-    assert (again["passage_stats_shards_reused"], again["passage_index_shards_reused"]) == (n, n)
+    assert (first["passage_token_shards_built"], first["passage_index_shards_built"]) == (n, n)
+    assert (again["passage_token_shards_reused"], again["passage_index_shards_reused"]) == (n, n)
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
 
     passages = PASSAGES.read(seg)
@@ -216,7 +220,8 @@ def test_built_passage_shards_equal_one_index_and_are_reused(segmented, question
     changed = tmp_path / "changed"
     PASSAGES.write(passages.set_column(passages.schema.get_field_index("text"), "text", pa.array(text)), changed)
     tonight = build_passage_shards(changed, clusters, tmp_path / "c", cfg, budget, run_here, work)
-    assert (tonight["passage_stats_shards_built"], tonight["passage_stats_shards_reused"]) == (1, n - 1)
+    assert (tonight["passage_token_shards_built"], tonight["passage_token_shards_reused"]) == (1, n - 1)
+    assert tonight["passages_reused"] == passages.num_rows - 1   # only the changed passage tokenized
     assert (tonight["passage_index_shards_built"], tonight["passage_index_shards_reused"]) == (n, 0)
     assert_same_search(_single(changed, cfg), load_passage_index(tmp_path / "c"), questions[:20], ks=(10,))
 

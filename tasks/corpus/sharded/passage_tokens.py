@@ -1,25 +1,25 @@
-"""The one passage index's BM25 tokenization in token shards on the stage's workers.
+"""The passage index's BM25 tokenization in token shards on the stage's workers.
 
-The passage index (``index.passage_shard_tokens: 0``, one bm25s index over every passage's
-``title\\ntext``) tokenizes about as much text as the cluster index: in the build process alone it
+The passage index tokenizes about as much text as the cluster index: in the build process alone it
 kept one core busy while the other waited (~18 CPU s of the Wikispeedia demo's ~39 s index stage).
-Here its passages are cut into the cluster index's ranges of whole clusters
-(:func:`tasks.corpus.sharded.shards.passage_row_ranges`, ``runner.tokens_per_shard``); each range
-is a :func:`passage_token_shard` call on a worker, which keeps the range's token ids and
-vocabulary in the stage cache (reused while its passages are unchanged) and takes each passage the
-token memo holds from it. The coordinator merges the vocabularies and builds the index from the
-kept ids one shard at a time (:func:`tasks.corpus.sharded.cluster_index.index_from_token_shards`,
-as for the clusters): the same ids and vocabulary as tokenizing all passages in one call, so the
-same index bytes (``tests/test_passage_tokens.py``; the corpus build's pinned digests).
-
-The index stage queues these shards behind the cluster index's (:func:`tasks.corpus.stages.run_index`),
-so the workers tokenize passages while the coordinator merges and saves the cluster index.
+Here its passages are cut into ranges of whole clusters
+(:func:`tasks.corpus.sharded.shards.passage_row_ranges`); each range is a
+:func:`passage_token_shard` call on a worker, which keeps the range's token ids and vocabulary in
+the stage cache (reused while its passages are unchanged) and takes each passage the token memo
+holds from it. One index (``index.passage_shard_tokens: 0``, ranges of ``runner.tokens_per_shard``):
+the coordinator merges the vocabularies and builds the index from the kept ids one shard at a time
+(:func:`tasks.corpus.sharded.cluster_index.index_from_token_shards`, as for the clusters): the same
+ids and vocabulary as tokenizing all passages in one call, so the same index bytes
+(``tests/test_passage_tokens.py``; the corpus build's pinned digests); the index stage queues these
+shards behind the cluster index's (:func:`tasks.corpus.stages.run_index`), so the workers tokenize
+passages while the coordinator merges and saves the cluster index. Sharded (``> 0``): each range's
+kept ids are one BM25 shard's (:func:`tasks.corpus.sharded.sharded_index.build_passage_shards`).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from data_contracts.corpus import PASSAGES
 from funnelrag.content_store import JoinedTexts, keys_digest
@@ -58,6 +58,7 @@ class PassageTokenShards:
     segment_dir: Path
     work_dir: Path
     memo_dir: Path
+    ranges: list[tuple[int, int]]
     calls: list[tuple]
 
     @classmethod
@@ -76,12 +77,36 @@ class PassageTokenShards:
         memo_dir = token_memo_dir(work_dir, "passages", cfg)
         verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
         calls = [(passage_token_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir)) for lo, hi in ranges]
-        return cls(Path(segment_dir), Path(work_dir), memo_dir, calls)
+        return cls(Path(segment_dir), Path(work_dir), memo_dir, ranges, calls)
+
+    def collect(self, results: Iterable[Any],
+                add_terms: Callable[[list[str]], Any] = lambda terms: None) -> tuple[list[Path], dict[str, int]]:
+        """The shards' kept directories (in shard order) from their ``results`` (of :attr:`calls`,
+        in order), each shard's vocabulary passed to ``add_terms`` as it comes, and a summary
+        (``passages_reused``: passages taken from the memo; shard counts).
+
+        Raises
+        ------
+        ValueError
+            Fewer results than shards.
+        """
+        keys: list[str] = []
+        reused = from_memo = 0
+        for terms, key, hit, n_memo in results:
+            add_terms(terms)
+            keys.append(key)
+            reused += hit
+            from_memo += n_memo
+        if len(keys) != len(self.calls):
+            raise ValueError(f"passage index: {len(keys)} token shard results for {len(self.calls)} shards")
+        return [self.work_dir / TOKENS_DIR / key for key in keys], {
+            "passages_reused": from_memo, "passage_token_shards": len(keys),
+            "passage_token_shards_built": len(keys) - reused, "passage_token_shards_reused": reused}
 
     def index(self, results: Iterable[Any], cfg: BM25Config) -> tuple[BM25Index, dict[str, Any]]:
-        """The passage index from the shards' ``results`` (of :attr:`calls`, in order), the token
-        memo rewritten with this build's passages. Returns the index and a summary
-        (``passages_reused``: passages taken from the memo; shard counts).
+        """The one passage index from the shards' ``results`` (of :attr:`calls`, in order), the
+        token memo rewritten with this build's passages. Returns the index and the summary of
+        :meth:`collect`.
 
         Raises
         ------
@@ -89,18 +114,8 @@ class PassageTokenShards:
             Fewer results than shards, or the shards' texts are not one a passage.
         """
         merge = VocabularyMerge(sorted_terms=cfg.stemmer is not None)
-        keys: list[str] = []
-        reused = from_memo = 0
-        for terms, key, hit, n_memo in results:
-            merge.add(terms)
-            keys.append(key)
-            reused += hit
-            from_memo += n_memo
-        if len(keys) != len(self.calls):
-            raise ValueError(f"passage index: {len(keys)} token shard results for {len(self.calls)} shards")
+        shard_dirs, summary = self.collect(results, merge.add)
         ids = PASSAGES.read(self.segment_dir, columns=["passage_id"]).column("passage_id").to_pylist()
-        shard_dirs = [self.work_dir / TOKENS_DIR / key for key in keys]
         index = index_from_token_shards(shard_dirs, ids, merge, cfg, name="passage index")
         write_token_memo(self.memo_dir, shard_dirs)
-        return index, {"passages_reused": from_memo, "passage_token_shards": len(keys),
-                       "passage_token_shards_built": len(keys) - reused, "passage_token_shards_reused": reused}
+        return index, summary

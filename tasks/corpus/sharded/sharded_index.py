@@ -12,7 +12,11 @@ one running top ``k`` a query, ranked by (score desc, global row asc) — the si
 
 In the corpus build (``index.passage_shard_tokens`` > 0, :func:`build_passage_shards`) a shard is a
 range of whole clusters of ``passages.parquet`` cut by tokens with content-defined cuts
-(:func:`tasks.corpus.sharded.shards.cluster_ranges`); both steps run per shard through
+(:func:`tasks.corpus.sharded.shards.cluster_ranges`). Its passages are tokenized by the passage
+token shards the one index uses too (:mod:`tasks.corpus.sharded.passage_tokens`: the ids kept in
+the stage cache, each passage the token memo holds taken from it); the coordinator counts the
+shards' statistics from the kept ids and sums them (:func:`merge_token_shard_stats`); each shard
+is then indexed from its kept ids (:func:`passage_index_shard`). Both per-shard steps run through
 ``submit(fn, *args) -> future`` (the index stage's pool) and the published
 ``index/passages.bm25/`` holds ``shards.json``, ``global_stats.json`` and ``shard-00000/``, ….
 :func:`load_passage_index` opens either layout.
@@ -24,7 +28,7 @@ import json
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -35,14 +39,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts.base import atomic_write_bytes, link_or_copy, replace_file, sha256_file, temp_file_beside
-from data_contracts.corpus import CLUSTERS, PASSAGES
-from funnelrag.content_store import text_keys
+from data_contracts.corpus import PASSAGES
+from funnelrag.content_store import keys_digest
 from funnelrag.store import mark_used
 from funnelrag.verify import DIGESTS_FILE, verified_entry
+from tasks.corpus.bm25_csc import doc_freqs
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
-from funnelrag.content_store import keys_digest
-from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
-from tasks.corpus.sharded.shards import ordered_results, passage_row_ranges, put_cached, read_rows
+from tasks.corpus.sharded.passage_tokens import PassageTokenShards
+from tasks.corpus.sharded.shards import ordered_results, put_cached, read_rows
+from tasks.corpus.sharded.token_memo import write_token_memo
 
 STATS_FILE = "global_stats.json"
 SHARDS_FILE = "shards.json"
@@ -92,11 +97,7 @@ class CorpusStats:
 
 def shard_stats(texts: Sequence[str], cfg: BM25Config) -> CorpusStats:
     """``N``, total length and ``df`` of one shard's passages (tokenized as the index will be)."""
-    return tokens_stats(tokenize_ids(texts, cfg, _stemmer(cfg.stemmer)))
-
-
-def tokens_stats(tokens) -> CorpusStats:
-    """:func:`shard_stats` of already tokenized passages (a bm25s ``Tokenized``)."""
+    tokens = tokenize_ids(texts, cfg, _stemmer(cfg.stemmer))
     inverse = sorted(tokens.vocab, key=tokens.vocab.__getitem__)
     df: Counter[int] = Counter()
     total = 0
@@ -248,105 +249,79 @@ def load_passage_index(directory: Path, mmap: bool = True) -> "BM25Index | Shard
 
 
 # --------------------------------------------------------------------- the corpus build's shards
-PASSAGE_SHARD_VERSION = "4"   # 2: the stats step keeps the token ids for the index step; 3: and its part of the token memo; 4: keyed on text keys
-DF_FILE = "df.parquet"
+PASSAGE_SHARD_VERSION = "5"   # 5: indexes the ids kept by the passage token shards (keyed on their key and the passage ids)
+SHARDS_DIR = "passage-shards"
 
 
-def read_passage_range(segment_dir: Path, lo: int, hi: int) -> tuple[list[str], list[str]]:
-    """``(texts, passage ids)`` of rows ``lo <= row < hi`` of ``passages.parquet`` (a range of whole
-    clusters, :func:`tasks.corpus.sharded.shards.passage_row_ranges`); a text is ``title\\ntext``,
-    as the single index indexes it."""
-    table = read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["passage_id", "title", "text"])
-    texts = [f"{t}\n{x}" for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
-    return texts, table.column("passage_id").to_pylist()
+def merge_token_shard_stats(shard_dirs: Sequence[Path], work_dir: Path) -> tuple[list[int], int, Path, str]:
+    """Corpus-wide statistics of the passage token shards (coordinator): each shard's ``df``
+    counted from its kept ids (:func:`tasks.corpus.bm25_csc.doc_freqs`, the pass the one index
+    makes), summed by term into ``work_dir/passage-shards/global-<sha256>.parquet`` (``term``,
+    ``df``; term-sorted, so equal statistics give equal bytes).
 
-
-def passage_stats_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str,
-                        memo_dir: str | None = None) -> tuple[str, int, int, bool, int]:
-    """Step 1 of a passage shard (a worker-process call): :func:`shard_stats` of clusters
-    ``[lo, hi)``, kept in ``work_dir/passage-stats/<sha256 of the shard's ids and texts>/`` with
-    the shard's token ids (:class:`tasks.corpus.sharded.token_memo.MemoTokens`), which step 2 indexes
-    without tokenizing again. A passage whose text the token memo ``memo_dir`` holds takes its
-    terms from it (:func:`tasks.corpus.sharded.token_memo.memo_token_ids`); only the others are tokenized.
-
-    Returns ``(key, n_docs, total_len, reused, passages taken from the memo)``; ``reused`` when
-    the shard's passages are unchanged since a build that kept them."""
-    texts, ids = read_passage_range(Path(segment_dir), lo, hi)
-    text_keys_ = text_keys(texts)   # hashed once: the shard's cache key and the memo lookup
-    key = keys_digest(PASSAGE_SHARD_VERSION, asdict(cfg), ids, text_keys_)
-    cached = Path(work_dir) / "passage-stats" / key
-    if verified_entry(cached):
-        mark_used(cached)
-        meta = json.loads((cached / "COMPLETE").read_text())
-        return key, meta["n_docs"], meta["total_len"], True, len(texts)
-    memo, memo_terms = open_token_memo(memo_dir)
-    found = memo_token_ids(texts, cfg, memo, memo_terms, keys=text_keys_)
-    del texts
-    token_ids = found.tokens
-    stats = tokens_stats(token_ids.tokenized()) if len(token_ids) else CorpusStats(0, 0, {})
-    terms = sorted(stats.df)
-
-    def write(tmp: Path) -> None:
-        pq.write_table(pa.table({"term": pa.array(terms, pa.string()),
-                                 "df": pa.array([stats.df[t] for t in terms], pa.int64())}), tmp / DF_FILE)
-        found.save(tmp)
-        (tmp / "COMPLETE").write_text(json.dumps({"n_docs": stats.n_docs, "total_len": stats.total_len}) + "\n")
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    put_cached(cached, write)
-    return key, stats.n_docs, stats.total_len, False, found.reused
-
-
-def merge_stats_files(work_dir: Path, keys: Sequence[str], n_docs: int, total_len: int) -> tuple[Path, str]:
-    """:func:`merge_stats` of the shards' kept statistics (coordinator): the corpus-wide ``df``
-    table written to ``work_dir/passage-stats/global-<sha256>.parquet`` (term-sorted, so equal
-    statistics give equal bytes). Returns its path and the key of the global statistics
+    Returns ``(passages per shard, total tokens, the df file, the key of the global statistics)``
     (sha256 over the file, ``N`` and the total length). Memory: the global vocabulary plus one
-    shard's."""
+    shard's token ids."""
     merged: pa.Table | None = None
-    for key in keys:
-        part = pq.read_table(Path(work_dir) / "passage-stats" / key / DF_FILE)
+    n_docs: list[int] = []
+    total_len = 0
+    for d in shard_dirs:
+        ids, offsets = np.load(Path(d) / TokenIds.IDS_FILE), np.load(Path(d) / TokenIds.OFFSETS_FILE)
+        terms = pq.read_table(Path(d) / TokenIds.TERMS_FILE).column("term")
+        df, _ = doc_freqs(lambda: [(ids, offsets)], len(terms))
+        n_docs.append(offsets.size - 1)
+        total_len += int(offsets[-1])
+        part = pa.table({"term": terms, "df": pa.array(df, pa.int64())})
         if merged is not None:
             summed = pa.concat_tables([merged, part]).group_by("term").aggregate([("df", "sum")])
             part = pa.table({"term": summed.column("term"), "df": summed.column("df_sum")})
         merged = part
     merged = (merged if merged is not None else pa.table({"term": pa.array([], pa.string()),
                                                           "df": pa.array([], pa.int64())})).sort_by("term")
-    with temp_file_beside(Path(work_dir) / "passage-stats" / "global.parquet") as tmp:   # named by its digest
+    (Path(work_dir) / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+    with temp_file_beside(Path(work_dir) / SHARDS_DIR / "global.parquet") as tmp:   # named by its digest
         pq.write_table(merged.select(["term", "df"]), tmp)
         digest = sha256_file(tmp)
         final = tmp.with_name(f"global-{digest}.parquet")
         replace_file(tmp, final)
-    global_key = hashlib.sha256(json.dumps([digest, n_docs, total_len]).encode()).hexdigest()
-    return final, global_key
+    global_key = hashlib.sha256(json.dumps([digest, sum(n_docs), total_len]).encode()).hexdigest()
+    return n_docs, total_len, final, global_key
 
 
-def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str, stats_key: str,
+def passage_index_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str, tokens_dir: str,
                         global_df: str, n_docs: int, total_len: int, global_key: str) -> tuple[str, bool]:
-    """Step 2 of a passage shard (a worker-process call): :func:`build_shard_from_ids` of clusters
-    ``[lo, hi)`` (the token ids step 1 kept under ``stats_key``) with the corpus-wide statistics, saved in
-    ``work_dir/passage-shards/<sha256 of (shard passages, global statistics)>/``.
+    """One passage shard's index (a worker-process call): :func:`build_shard_from_ids` of the
+    passages in rows ``[lo, hi)`` of ``passages.parquet`` (the token ids their passage token shard
+    kept in ``tokens_dir``, :func:`tasks.corpus.sharded.passage_tokens.passage_token_shard`) with
+    the corpus-wide statistics, saved in ``work_dir/passage-shards/<sha256 of (token shard, passage
+    ids, global statistics)>/``.
 
     Returns ``(index directory, reused)``. A shard index is reused only when its passages *and*
     the global ``N``, ``df`` and ``avgdl`` are unchanged: any changed page changes the global
-    statistics, so then every shard is re-indexed (only the statistics of unchanged shards,
-    :func:`passage_stats_shard`, are reused)."""
-    cached = Path(work_dir) / "passage-shards" / hashlib.sha256(f"{stats_key}:{global_key}".encode()).hexdigest()
+    statistics, so then every shard is re-indexed (only the token shards of unchanged passages
+    are reused).
+
+    Raises
+    ------
+    ValueError
+        The kept ids are not one list a passage, or a shard term is missing from ``global_df``.
+    """
+    ids = [str(i) for i in read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["passage_id"])
+           .column("passage_id").to_pylist()]
+    key = keys_digest(PASSAGE_SHARD_VERSION, [Path(tokens_dir).name, global_key], ids, np.zeros((0, 2), np.uint64))
+    cached = Path(work_dir) / SHARDS_DIR / key
     if verified_entry(cached):
         mark_used(cached)
         return str(cached), True
-    ids = read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["passage_id"])
-    kept = Path(work_dir) / "passage-stats" / stats_key
-    tokens = TokenIds.load(kept)
-    if len(tokens) != ids.num_rows:
-        raise ValueError(f"BM25 shard {lo}..{hi - 1}: {ids.num_rows} passages but {len(tokens)} kept token id lists in {kept}")
-    terms = pq.read_table(kept / DF_FILE, columns=["term"]).column("term")
+    tokens = TokenIds.load(Path(tokens_dir))
+    if len(tokens) != len(ids):
+        raise ValueError(f"BM25 shard {lo}..{hi - 1}: {len(ids)} passages but {len(tokens)} kept token id lists in {tokens_dir}")
     table = pq.read_table(global_df)
-    at = pc.index_in(terms, value_set=table.column("term"))
+    at = pc.index_in(pa.array(tokens.terms, pa.string()), value_set=table.column("term"))
     if at.null_count:
         raise ValueError(f"BM25 shard {lo}..{hi - 1}: terms missing from the global statistics {global_df}")
-    df = dict(zip(terms.to_pylist(), table.column("df").take(at).to_pylist()))
-    shard = build_shard_from_ids(tokens.tokenized(), ids.column("passage_id").to_pylist(), cfg,
-                                 CorpusStats(n_docs, total_len, df))
+    df = dict(zip(tokens.terms, table.column("df").take(at).to_pylist()))
+    shard = build_shard_from_ids(tokens.tokenized(), ids, cfg, CorpusStats(n_docs, total_len, df))
     put_cached(cached, shard.save)
     return str(cached), False
 
@@ -367,38 +342,32 @@ def _link_tree(src: Path, dst: Path) -> None:
 def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cfg: BM25Config, shard_tokens: int,
                          submit: Callable[..., Any], work_dir: Path, window: int = 8) -> dict[str, Any]:
     """The sharded passage index of a corpus build in ``out_dir`` (``shards.json``,
-    ``global_stats.json``, ``shard-00000/``, …): :func:`passage_stats_shard` per shard through
-    ``submit`` → :func:`merge_stats_files` → :func:`passage_index_shard` per shard through ``submit``.
+    ``global_stats.json``, ``shard-00000/``, …): the passage token shards through ``submit``
+    (:class:`tasks.corpus.sharded.passage_tokens.PassageTokenShards`, as for the one index) →
+    :func:`merge_token_shard_stats` → :func:`passage_index_shard` per shard through ``submit``.
 
     Shards are the passages of the cluster ranges of :func:`tasks.corpus.sharded.shards.read_cluster_ranges` over
     ``cluster_dir`` with at most ``shard_tokens`` tokens each (a cluster's passages hold its
     tokens: the correlation of passages and ``n_tokens`` per cluster is 0.9998 at 1M pages), so
     a worker's peak memory is bounded by ``shard_tokens``, not by the dump.
 
-    ``work_dir`` (shared by the workers: the stage cache) keeps shard statistics and shard indexes
-    keyed by content. What a rebuild reuses: the statistics of every shard whose passages are
-    unchanged; shard indexes only when the global statistics are equal too (a changed page
-    changes ``df``/``N``/``avgdl`` and with them every stored score). Shards without passages
-    (clusters whose articles have no words) are left out. Each shard's passages are read and
-    tokenized once (step 1 keeps the token ids, step 2 reads them). Summary: shard counts, reuse,
-    seconds.
+    ``work_dir`` (shared by the workers: the stage cache) keeps the shards' token ids and shard
+    indexes keyed by content. What a rebuild reuses: the token ids of every shard whose passages
+    are unchanged (in a changed shard, of each passage the token memo holds); shard indexes only
+    when the global statistics are equal too (a changed page changes ``df``/``N``/``avgdl`` and
+    with them every stored score). Shards without passages (clusters whose articles have no words)
+    are left out. Each shard's passages are read and tokenized once. Summary: shard counts, reuse,
+    seconds. Raises ``ValueError`` as :func:`tasks.corpus.sharded.shards.passage_row_ranges` does.
     """
     t0 = time.perf_counter()
-    ranges = passage_row_ranges(segment_dir, cluster_dir, shard_tokens)
-    memo_dir = token_memo_dir(work_dir, "passages", cfg)
-    verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
-    calls = [(passage_stats_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir)) for lo, hi in ranges]
-    stats = list(ordered_results(submit, calls, window, "passage index statistics shards"))
-    kept = [(r, s) for r, s in zip(ranges, stats) if s[1] > 0]
-    n_docs, total_len = sum(s[1] for _, s in kept), sum(s[2] for _, s in kept)
-    n_rows = pq.read_metadata(Path(segment_dir) / PASSAGES.filename).num_rows
-    if n_docs != n_rows:
-        raise ValueError(f"{Path(segment_dir) / PASSAGES.filename}: {n_rows} passages, but the cluster ranges of "
-                         f"{cluster_dir} hold {n_docs} (passages of clusters missing from {CLUSTERS.filename})")
-    global_df, global_key = merge_stats_files(work_dir, [s[0] for _, s in kept], n_docs, total_len)
+    tokens = PassageTokenShards.plan(segment_dir, cluster_dir, cfg, work_dir, shard_tokens)
+    shard_dirs, summary = tokens.collect(ordered_results(submit, tokens.calls, window, "passage token shards"))
+    counts, total_len, global_df, global_key = merge_token_shard_stats(shard_dirs, work_dir)
+    kept = [(r, d) for r, d, n in zip(tokens.ranges, shard_dirs, counts) if n > 0]
+    n_docs = sum(counts)
     t1 = time.perf_counter()
-    calls = [(passage_index_shard, str(segment_dir), lo, hi, cfg, str(work_dir), s[0], str(global_df), n_docs,
-              total_len, global_key) for (lo, hi), s in kept]
+    calls = [(passage_index_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(d), str(global_df), n_docs,
+              total_len, global_key) for (lo, hi), d in kept]
     names = [f"shard-{k:05d}" for k in range(len(kept))]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -408,11 +377,9 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
         reused += hit
     (out_dir / SHARDS_FILE).write_text(json.dumps(names) + "\n")
     save_stats(CorpusStats(n_docs, total_len, {}), out_dir)
-    stats_reused = sum(s[3] for s in stats)
     t2 = time.perf_counter()
-    write_token_memo(memo_dir, [Path(work_dir) / "passage-stats" / s[0] for s in stats])
-    return {"passages_reused": sum(s[4] for s in stats), "passage_token_memo_seconds": time.perf_counter() - t2,
+    write_token_memo(tokens.memo_dir, shard_dirs)
+    return {**summary, "passage_token_memo_seconds": time.perf_counter() - t2,
             "passage_shards": len(kept), "passage_index_docs": n_docs,
-            "passage_stats_shards_built": len(stats) - stats_reused, "passage_stats_shards_reused": stats_reused,
             "passage_index_shards_built": len(kept) - reused, "passage_index_shards_reused": reused,
-            "passage_stats_seconds": t1 - t0, "passage_shard_index_seconds": time.perf_counter() - t1}
+            "passage_stats_seconds": t1 - t0, "passage_shard_index_seconds": t2 - t1}
