@@ -4,16 +4,22 @@ Real data: the enwiki sample ingested, clustered and segmented (whitespace token
 """
 from __future__ import annotations
 
+import json
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 import pytest
 
 from corpus_stages import enwiki_sample_stages
 from data_contracts.base import sha256_file
 from data_contracts.corpus import PASSAGES
 from tasks.corpus import stages as S
-from tasks.corpus.index import BM25Config, BM25Index
+from funnelrag.verify import DIGESTS_FILE
+from tasks.corpus.bm25_csc import doc_freqs
+from tasks.corpus.index import BM25Config, BM25Index, TokenIds
 from tasks.corpus.segment import SegmentConfig
+from tasks.corpus.sharded.cluster_index import DF_FILE
 from tasks.corpus.sharded.passage_tokens import PassageTokenShards
 
 
@@ -69,3 +75,19 @@ def test_passages_out_of_cluster_order_are_refused(segmented, tmp_path):
     pq.write_table(table.take(list(range(table.num_rows))[::-1]), tmp_path / "segment" / PASSAGES.filename)
     with pytest.raises(ValueError, match="passages.parquet"):
         PassageTokenShards.plan(tmp_path / "segment", root / "cluster", BM25Config(), tmp_path / "work", 30_000)
+
+
+def test_the_worker_keeps_each_shards_document_frequencies_in_its_entry(segmented, tmp_path):
+    """Each passage token shard's entry holds its ``df`` (int64, one a term in the shard's id
+    order): :func:`tasks.corpus.bm25_csc.doc_freqs` over the kept ids, and a plain count of the
+    documents holding each term; recorded in the entry's digests, so it is verified when read."""
+    shards = PassageTokenShards.plan(segmented / "segment", segmented / "cluster", BM25Config(), tmp_path / "work", 30_000)
+    dirs, _ = shards.collect(fn(*args) for fn, *args in shards.calls)
+    assert len(dirs) > 3
+    for d in dirs:
+        tokens, df = TokenIds.load(d), np.load(d / DF_FILE)
+        assert df.dtype == np.int64 and df.shape == (len(tokens.terms),)
+        assert np.array_equal(df, doc_freqs(lambda: [(tokens.ids, tokens.offsets)], len(tokens.terms))[0])
+        counted = Counter(t for a, b in zip(tokens.offsets[:-1], tokens.offsets[1:]) for t in set(tokens.ids[a:b].tolist()))
+        assert df.tolist() == [counted[t] for t in range(len(tokens.terms))]
+        assert DF_FILE in json.loads((d / DIGESTS_FILE).read_text())["files"]

@@ -20,6 +20,8 @@ from funnelrag.datasets import resolve
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.sources.ingest import IngestConfig, ingest
 from tasks.corpus.segment import article_windows
+from tasks.corpus.sharded.cluster_index import DF_FILE
+from tasks.corpus.sharded.passage_tokens import TOKENS_DIR
 from tasks.corpus.sharded.sharded_index import (
     SHARDS_FILE,
     ShardedBM25,
@@ -235,3 +237,27 @@ def test_passages_outside_every_cluster_range_are_an_error(segmented, tmp_path):
     with pytest.raises(ValueError, match="passages.parquet: .* passages, but the cluster ranges of .* hold"):
         build_passage_shards(segmented / "segment", tmp_path / "cluster", tmp_path / "out", BM25Config(),
                              _budget(segmented / "cluster"), run_here, tmp_path / "work")
+
+
+@pytest.mark.slow  # enwiki-sample ingest + tokens + cluster + segment (module fixture)
+def test_a_flipped_kept_df_is_caught_and_its_token_shard_rebuilt(segmented, tmp_path, caplog):
+    """The corpus-wide statistics are summed from the ``df`` each token shard's entry keeps: a
+    same-size change of one count in one entry's ``df`` file is caught by the entry's digests on
+    the next build, the entry discarded and built again, and the index is a clean build's."""
+    cfg, seg, clusters = BM25Config(), segmented / "segment", segmented / "cluster"
+    budget, work = _budget(clusters), tmp_path / "work"
+    first = build_passage_shards(seg, clusters, tmp_path / "a", cfg, budget, run_here, work)
+    n = first["passage_token_shards"]
+    entry = sorted(d for d in (work / TOKENS_DIR).iterdir() if (d / DF_FILE).is_file())[0]
+    kept = (entry / DF_FILE).read_bytes()
+    flipped = bytearray(kept)
+    flipped[-8] ^= 1   # the low byte of the last term's count (little-endian int64): one document more or less
+    (entry / DF_FILE).write_bytes(bytes(flipped))
+    with caplog.at_level("WARNING", logger="funnelrag.verify"):
+        again = build_passage_shards(seg, clusters, tmp_path / "b", cfg, budget, run_here, work)
+    assert any(str(entry) in r.getMessage() and DF_FILE in r.getMessage() for r in caplog.records)
+    assert (again["passage_token_shards_built"], again["passage_token_shards_reused"]) == (1, n - 1)
+    assert (entry / DF_FILE).read_bytes() == kept
+    clean = build_passage_shards(seg, clusters, tmp_path / "clean", cfg, budget, run_here, tmp_path / "clean-work")
+    assert clean["passage_token_shards_built"] == n
+    assert _files(tmp_path / "b") == _files(tmp_path / "clean") == _files(tmp_path / "a")

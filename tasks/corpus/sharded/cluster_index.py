@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 from data_contracts import corpus as C
 from funnelrag.store import mark_used
 from funnelrag.verify import verified_entry
+from tasks.corpus.bm25_csc import doc_freqs
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
 from funnelrag.content_store import JoinedTexts, keys_digest
 from tasks.corpus.sharded.token_memo import PIECES_JOIN, memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
@@ -48,6 +49,8 @@ from tasks.corpus.segment import check_members
 from tasks.corpus.sharded.shards import (DocumentSplit, member_cluster_ranks, ordered_results, put_cached, read_cluster_members,
                                  read_cluster_ranges, read_shard_documents)
 
+DF_FILE = "doc_freqs.npy"
+"""A token shard's document frequencies (:func:`kept_token_ids` with ``keep_df``): int64, one a vocabulary term."""
 CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its part of the token memo; 3: keyed on their text keys
 
 
@@ -109,12 +112,15 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
 
 
 def kept_token_ids(cached: Path, pieces: JoinedTexts, keys: np.ndarray, cfg: BM25Config, memo_dir: str | None,
-                   group_offsets: np.ndarray | None = None) -> tuple[list[str], bool, int]:
+                   group_offsets: np.ndarray | None = None, keep_df: bool = False) -> tuple[list[str], bool, int]:
     """A token shard's ids kept in the cache entry ``cached`` (a worker-process step): the entry
     when it is there and verified, else the texts made of ``pieces`` (``group_offsets``: as
     :func:`tasks.corpus.sharded.token_memo.memo_token_ids`) tokenized, each piece the token memo
     ``memo_dir`` holds taken from it, and saved there
     (:meth:`tasks.corpus.sharded.token_memo.MemoTokens.save`, its part of the next memo beside).
+    ``keep_df``: the entry also holds :data:`DF_FILE`, int64 ``(V,)`` documents holding each term
+    of the shard's vocabulary in its id order (:func:`tasks.corpus.bm25_csc.doc_freqs` over the kept
+    ids), covered by the entry's digests like its other files (the caller's key must say so).
 
     Returns ``(the shard's vocabulary in id order, reused, pieces taken from the memo)``."""
     if verified_entry(cached):
@@ -125,6 +131,9 @@ def kept_token_ids(cached: Path, pieces: JoinedTexts, keys: np.ndarray, cfg: BM2
 
     def write(tmp: Path) -> None:
         found.save(tmp)
+        if keep_df:
+            tokens = found.tokens
+            np.save(tmp / DF_FILE, doc_freqs(lambda: [(tokens.ids, tokens.offsets)], len(tokens.terms))[0])
         (tmp / "COMPLETE").write_text(f"{len(found.tokens)}\n")
     cached.parent.mkdir(parents=True, exist_ok=True)
     put_cached(cached, write)

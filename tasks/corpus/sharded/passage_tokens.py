@@ -13,7 +13,10 @@ ids and vocabulary as tokenizing all passages in one call, so the same index byt
 (``tests/test_passage_tokens.py``; the corpus build's pinned digests); the index stage queues these
 shards behind the cluster index's (:func:`tasks.corpus.stages.run_index`), so the workers tokenize
 passages while the coordinator merges and saves the cluster index. Sharded (``> 0``): each range's
-kept ids are one BM25 shard's (:func:`tasks.corpus.sharded.sharded_index.build_passage_shards`).
+kept ids are one BM25 shard's (:func:`tasks.corpus.sharded.sharded_index.build_passage_shards`), and
+the shard's document frequencies, counted by the worker that keeps its ids and kept in the same
+entry, are what the coordinator sums into the corpus-wide statistics (the one index leaves them
+unread: its build counts them in its own first pass).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from tasks.corpus.sharded.cluster_index import VocabularyMerge, index_from_token
 from tasks.corpus.sharded.shards import passage_row_ranges, read_rows
 from tasks.corpus.sharded.token_memo import token_memo_dir, write_token_memo
 
-PASSAGE_TOKENS_VERSION = "1"
+PASSAGE_TOKENS_VERSION = "2"   # 2: the entry keeps the shard's document frequencies
 TOKENS_DIR = "passage-tokens"
 
 
@@ -39,14 +42,17 @@ def passage_token_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     worker-process call), each ``title\\ntext`` as the one passage index indexes it, kept in
     ``work_dir/passage-tokens/<sha256 of the texts' keys>/``
     (:func:`tasks.corpus.sharded.cluster_index.kept_token_ids`; a passage the token memo
-    ``memo_dir`` holds is not tokenized again).
+    ``memo_dir`` holds is not tokenized again) with the shard's document frequencies
+    (:data:`tasks.corpus.sharded.cluster_index.DF_FILE`, counted here, on the worker, in the same
+    entry: the sharded index's corpus-wide statistics sum them).
 
     Returns ``(the shard's vocabulary in id order, key, reused, passages taken from the memo)``."""
     table = read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["title", "text"])
     texts = JoinedTexts(table.column("title"), table.column("text"), "\n")   # hashed unjoined
     keys = texts.keys()
     key = keys_digest(PASSAGE_TOKENS_VERSION, asdict(cfg), [], keys)
-    terms, reused, from_memo = kept_token_ids(Path(work_dir) / TOKENS_DIR / key, texts, keys, cfg, memo_dir)
+    terms, reused, from_memo = kept_token_ids(Path(work_dir) / TOKENS_DIR / key, texts, keys, cfg, memo_dir,
+                                              keep_df=True)
     return terms, key, reused, from_memo
 
 

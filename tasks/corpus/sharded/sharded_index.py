@@ -14,8 +14,9 @@ In the corpus build (``index.passage_shard_tokens`` > 0, :func:`build_passage_sh
 range of whole clusters of ``passages.parquet`` cut by tokens with content-defined cuts
 (:func:`tasks.corpus.sharded.shards.cluster_ranges`). Its passages are tokenized by the passage
 token shards the one index uses too (:mod:`tasks.corpus.sharded.passage_tokens`: the ids kept in
-the stage cache, each passage the token memo holds taken from it); the coordinator counts the
-shards' statistics from the kept ids and sums them (:func:`merge_token_shard_stats`); each shard
+the stage cache, each passage the token memo holds taken from it; the worker that keeps a shard's
+ids counts its ``df`` too and keeps it in the same entry); the coordinator sums the shards' small
+``df`` files and their ``N`` and lengths (:func:`merge_token_shard_stats`), reading no token id; each shard
 is then indexed from its kept ids (:func:`passage_index_shard`). Both per-shard steps run through
 ``submit(fn, *args) -> future`` (the index stage's pool) and the published
 ``index/passages.bm25/`` holds ``shards.json``, ``global_stats.json`` and ``shard-00000/``, ….
@@ -43,8 +44,8 @@ from data_contracts.corpus import PASSAGES
 from funnelrag.content_store import keys_digest
 from funnelrag.store import mark_used
 from funnelrag.verify import DIGESTS_FILE, verified_entry
-from tasks.corpus.bm25_csc import doc_freqs
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.sharded.cluster_index import DF_FILE
 from tasks.corpus.sharded.passage_tokens import PassageTokenShards
 from tasks.corpus.sharded.shards import ordered_results, put_cached, read_rows
 from tasks.corpus.sharded.token_memo import write_token_memo
@@ -254,21 +255,29 @@ SHARDS_DIR = "passage-shards"
 
 
 def merge_token_shard_stats(shard_dirs: Sequence[Path], work_dir: Path) -> tuple[list[int], int, Path, str]:
-    """Corpus-wide statistics of the passage token shards (coordinator): each shard's ``df``
-    counted from its kept ids (:func:`tasks.corpus.bm25_csc.doc_freqs`, the pass the one index
-    makes), summed by term into ``work_dir/passage-shards/global-<sha256>.parquet`` (``term``,
-    ``df``; term-sorted, so equal statistics give equal bytes).
+    """Corpus-wide statistics of the passage token shards (coordinator): each shard's ``df``, which
+    the worker that kept its ids counted (:data:`tasks.corpus.sharded.cluster_index.DF_FILE`, int64
+    per term of the shard's vocabulary), summed by term into
+    ``work_dir/passage-shards/global-<sha256>.parquet`` (``term``, ``df``; term-sorted, so equal
+    statistics give equal bytes); ``N`` and the total length from the shards' offsets.
 
     Returns ``(passages per shard, total tokens, the df file, the key of the global statistics)``
     (sha256 over the file, ``N`` and the total length). Memory: the global vocabulary plus one
-    shard's token ids."""
+    shard's vocabulary and offsets; no token id is read.
+
+    Raises
+    ------
+    ValueError
+        A shard's ``df`` file does not hold one count a term of its vocabulary.
+    """
     merged: pa.Table | None = None
     n_docs: list[int] = []
     total_len = 0
     for d in shard_dirs:
-        ids, offsets = np.load(Path(d) / TokenIds.IDS_FILE), np.load(Path(d) / TokenIds.OFFSETS_FILE)
+        offsets, df = np.load(Path(d) / TokenIds.OFFSETS_FILE, mmap_mode="r"), np.load(Path(d) / DF_FILE)
         terms = pq.read_table(Path(d) / TokenIds.TERMS_FILE).column("term")
-        df, _ = doc_freqs(lambda: [(ids, offsets)], len(terms))
+        if df.shape != (len(terms),):
+            raise ValueError(f"passage token shard {d}: {DF_FILE} holds {df.shape} counts for {len(terms)} terms")
         n_docs.append(offsets.size - 1)
         total_len += int(offsets[-1])
         part = pa.table({"term": terms, "df": pa.array(df, pa.int64())})
