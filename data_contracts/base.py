@@ -635,15 +635,22 @@ def _first_bad_cast(table: pa.Table, schema: pa.Schema) -> str | None:
 
 
 def _int_key(table: pa.Table, keys: tuple[str, ...]) -> np.ndarray | None:
-    """``(n,)`` int64 composite of one or two integer key columns of at most 32 bits (the
-    second in the low 32 bits, so the composite orders as the pair does), else ``None``."""
+    """``(n,)`` integer composite of one integer key column of at most 32 bits, or of two integer
+    key columns whose values each span less than ``2**32`` (``links``' page ids): the second column's
+    offset from its minimum in the low 32 bits, the first's above, so the composite orders as the
+    pair does. ``None`` for other keys."""
     types = [table.schema.field(k).type for k in keys]
-    if len(keys) > 2 or not all(pa.types.is_integer(t) and t.bit_width <= 32 for t in types):
+    if len(keys) > 2 or not all(pa.types.is_integer(t) for t in types):
         return None
-    cols = [table.column(k).to_numpy().astype(np.int64) for k in keys]
-    if len(cols) == 1:
-        return cols[0]
-    return (cols[0] << 32) | (cols[1] & 0xFFFFFFFF)
+    if len(keys) == 1:
+        return table.column(keys[0]).to_numpy().astype(np.int64) if types[0].bit_width <= 32 else None
+    a, b = (table.column(k).to_numpy().astype(np.int64) for k in keys)
+    if a.size == 0:
+        return a
+    lows = (int(a.min()), int(b.min()))
+    if max(int(a.max()) - lows[0], int(b.max()) - lows[1]) >= 1 << 32:
+        return None
+    return ((a - lows[0]).astype(np.uint64) << np.uint64(32)) | (b - lows[1]).astype(np.uint64)
 
 
 def _strictly_increasing(col: pa.ChunkedArray) -> bool:
@@ -656,8 +663,8 @@ def _strictly_increasing(col: pa.ChunkedArray) -> bool:
 
 
 def _int_pair(table: pa.Table, keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
-    """The two int64 columns of a pair of integer key columns wider than 32 bits (``links``'
-    ``doc_id`` pairs), else ``None``."""
+    """The two int64 columns of a pair of integer key columns whose values span ``2**32`` or
+    more (``doc_id`` pairs of title-derived ids), else ``None``."""
     types = [table.schema.field(k).type for k in keys]
     if len(keys) != 2 or not all(pa.types.is_integer(t) for t in types):
         return None
@@ -671,6 +678,9 @@ def _check_unique(name: str, table: pa.Table, keys: tuple[str, ...]) -> None:
     if key is not None or pair is not None:   # integer ids, as in the corpus tables: sorted in the common case, O(n)
         if key is not None:
             if key.size < 2 or bool(np.all(key[1:] > key[:-1])):
+                return
+            ordered = np.sort(key)   # values only: the rows are found below, on a failure
+            if not bool(np.any(ordered[1:] == ordered[:-1])):
                 return
             order = np.argsort(key, kind="stable")
             repeat = np.flatnonzero(key[order][1:] == key[order][:-1])

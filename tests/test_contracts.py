@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_contracts import ContractViolation
-from data_contracts.base import Contract
+from data_contracts.base import Contract, _int_key
 from data_contracts.corpus import CLUSTER_MEMBERS, DOCUMENT_UNITS, DOCUMENTS, LINKS, PASSAGES
 
 
@@ -245,6 +245,14 @@ def test_integer_keys_unsorted_or_paired_are_checked_exactly():
     assert err.value.column == "src_doc_id,dst_doc_id" and err.value.rows == [0, 2]
     with pytest.raises(ContractViolation, match="1 duplicate key"):   # a negative id is a value like another
         LINKS.validate(pa.table({"src_doc_id": [-1, -1], "dst_doc_id": [-2, -2]}))
+    # ids spanning less than 2**32 a column are checked as one packed value, wider ones pair by pair: one answer
+    for span in (2**32 - 1, 2**32, 2**62):
+        src, dst = [span, 0, span, 0, 0], [7, span, 7, 0, 0]
+        assert (_int_key(pa.table({"a": src, "b": dst}), ("a", "b")) is None) == (span >= 2**32)
+        assert LINKS.validate(pa.table({"src_doc_id": src[:2] + [span], "dst_doc_id": dst[:2] + [0]}))
+        with pytest.raises(ContractViolation, match=r"2 duplicate key value\(s\), e.g. {'src_doc_id': 0, 'dst_doc_id': 0}") as err:
+            LINKS.validate(pa.table({"src_doc_id": src, "dst_doc_id": dst}))
+        assert err.value.rows == [0, 2, 3, 4]
 
 
 def test_string_keys_in_order_unordered_or_repeated_are_checked_exactly():
