@@ -1,4 +1,7 @@
 """Artifact contracts: every violation names the artifact, the column and the rows."""
+import collections
+
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -253,6 +256,19 @@ def test_integer_keys_unsorted_or_paired_are_checked_exactly():
         with pytest.raises(ContractViolation, match=r"2 duplicate key value\(s\), e.g. {'src_doc_id': 0, 'dst_doc_id': 0}") as err:
             LINKS.validate(pa.table({"src_doc_id": src, "dst_doc_id": dst}))
         assert err.value.rows == [0, 2, 3, 4]
+
+
+@pytest.mark.parametrize("scale", [1, 2**40])   # page ids (one packed value a pair), title-derived ids (pair by pair)
+def test_integer_pair_duplicates_match_a_plain_count(scale):
+    rng = np.random.default_rng(scale % 97)
+    src, dst = (rng.integers(0, 60, 400) * scale for _ in range(2))
+    pairs = list(zip(src.tolist(), dst.tolist()))
+    seen = collections.Counter(pairs)
+    with pytest.raises(ContractViolation) as err:
+        LINKS.validate(pa.table({"src_doc_id": src, "dst_doc_id": dst}))
+    first = dict(zip(("src_doc_id", "dst_doc_id"), min(p for p, c in seen.items() if c > 1)))
+    assert err.value.reason == f"{len(pairs) - len(seen)} duplicate key value(s), e.g. {first!r}"
+    assert err.value.rows == [i for i, p in enumerate(pairs) if seen[p] > 1][:5]
 
 
 def test_string_keys_in_order_unordered_or_repeated_are_checked_exactly():
