@@ -41,7 +41,8 @@ and ``--keep-versions`` set the build's ``retention`` for every night.
 
 Run: ``python benchmarks/bench_nightly_mirror.py MIRROR --merged MERGED --home DIR
 [--wiki synwiki] [--workers 2] [--http] [--no-gate] [--release 1 1 1] [--cache-max-age-days D]
-[--keep-versions N] [--days-between-nights 1] [--server] [--copy-before 4 COPY] [--out results.json]``;
+[--keep-versions N] [--days-between-nights 1] [--server] [--copy-before 4 COPY] [--clustering-mode full|local]
+[--out results.json]``;
 ``python benchmarks/bench_nightly_mirror.py MIRROR --home DIR --one-more [--http] [--server] [--workers 2] [--no-gate]
 [--profile FILE]``.
 """
@@ -65,12 +66,15 @@ from typing import Iterator
 
 
 def _config(home: Path, workers: int, mirror: str | None, wiki: str, paths: list[str] | None, gate: bool = True,
-            retention: dict | None = None):
+            retention: dict | None = None, clustering_mode: str = "full"):
+    """The nightly's config: S = 4,096 (the shipped enwiki config's), ``clustering_mode`` ``full`` (the
+    paper's Algorithm 1 every night, so the last night equals a full build of the merged dump) or
+    ``local`` (what ``configs/corpus_full_enwiki.yaml`` runs: Algorithm 1 only where the graph changed)."""
     from flows.corpus_build import CorpusBuildConfig
 
     source = {"datasets": [], "mirror": mirror, "wiki": wiki} if mirror else {"datasets": [], "paths": paths}
     return CorpusBuildConfig.model_validate({
-        "name": wiki, "source": source, "ingest": {"format": "mediawiki"}, "clustering": {"max_tokens": 4096},
+        "name": wiki, "source": source, "ingest": {"format": "mediawiki"}, "clustering": {"max_tokens": 4096, "mode": clustering_mode},
         "workspace": {"home": str(home)}, "runner": {"kind": "local", "workers": workers},
         "gate": {"enabled": gate}, "retention": retention or {}})
 
@@ -122,7 +126,7 @@ def one_night(args: argparse.Namespace) -> None:
     retention = {k: v for k, v in (("cache_max_age_days", args.cache_max_age_days),
                                    ("keep_versions", args.keep_versions)) if v is not None}
     cfg = _config(Path(args.home), args.workers, args.mirror_url, args.wiki, args.paths, gate=not args.no_gate,
-                  retention=retention)
+                  retention=retention, clustering_mode=args.clustering_mode)
     if args.profile:
         import cProfile
 
@@ -138,7 +142,7 @@ def one_night(args: argparse.Namespace) -> None:
         manifest = corpus_store(Workspace(cfg.workspace.home), args.wiki).read_manifest(summary["version"])
         summary["content_digest"] = manifest["content_digest"]
     keep = ("version", "unchanged", "shards", "reused_texts", "ingest", "nightly", "counts", "stages", "total_seconds",
-            "retention", "content_digest")
+            "retention", "content_digest", "clustering")
     print("SUMMARY " + json.dumps({k: summary.get(k) for k in keep}, default=str))
 
 
@@ -341,7 +345,8 @@ def _serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
 def _night_line(r: dict) -> str:
     """One night's result as the JSON line the bench prints."""
     return json.dumps({k: r.get(k) for k in ("night", "wall_s", "cpu_s", "server_cpu_s", "cpu_user_s", "cpu_sys_s",
-                                             "cpu_by_role", "workers_cpu_by_stage", "load", "version", "shards", "home_bytes", "retention")}
+                                             "cpu_by_role", "workers_cpu_by_stage", "load", "version", "shards", "home_bytes", "retention",
+                                             "clustering")}
                       | {"stage_wall_s": {k: round(v["wall_seconds"], 2) for k, v in (r.get("stages") or {}).items()},
                          "action": r["nightly"]["action"], "days": r["nightly"]["days"],
                          "apply": (r["nightly"].get("fetch") or {}).get("apply")})
@@ -403,6 +408,9 @@ def main() -> None:
     ap.add_argument("--copy-before", nargs=2, metavar=("NIGHT", "DIR"), help="before night NIGHT (1 = the full "
                     "build), copy the home to DIR (hard links; databases copied): a home for --one-more comparisons")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--clustering-mode", choices=["full", "local"], default="full",
+                    help="clustering.mode of every night: full (the paper's Algorithm 1; the last night then equals a full build "
+                    "of the merged dump) or local (the shipped enwiki nightly config's: Algorithm 1 only where the graph changed)")
     ap.add_argument("--one-night", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mirror-url", help=argparse.SUPPRESS)
     ap.add_argument("--paths", nargs="*", help=argparse.SUPPRESS)
@@ -418,6 +426,7 @@ def main() -> None:
     common += ["--no-gate"] if args.no_gate else []
     common += ["--cache-max-age-days", str(args.cache_max_age_days)] if args.cache_max_age_days else []
     common += ["--keep-versions", str(args.keep_versions)] if args.keep_versions else []
+    common += ["--clustering-mode", args.clustering_mode]
     if args.one_more:
         return one_more(args, common)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a kill still restores the days' status.txt

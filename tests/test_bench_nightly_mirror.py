@@ -115,7 +115,9 @@ def test_bench_server_is_the_deploying_script_and_stops(tmp_path):
 def test_one_more_night_on_a_home_as_it_is(tmp_path, data_mirror):
     """--one-more runs one night on the home with the mirror as it is and prints it measured like
     the bench's nights: a full build on an empty home, then the done days, then nothing new; the
-    pool workers (forked by the forkserver) count in the night's CPU by role."""
+    pool workers (forked by the forkserver) count in the night's CPU by role. With
+    ``--clustering-mode local`` (the shipped enwiki nightly's), the adds-changes night re-runs
+    Algorithm 1 from the current version and its line says what it kept."""
     import json
     import os
     from pathlib import Path
@@ -129,12 +131,14 @@ def test_one_more_night_on_a_home_as_it_is(tmp_path, data_mirror):
     nights = []
     for _ in range(3):
         out = subprocess.run([sys.executable, str(bench), str(tmp_path / "mirror"), "--http", "--home",
-                              str(tmp_path / "home"), "--workers", "2", "--no-gate", "--one-more"],
+                              str(tmp_path / "home"), "--workers", "2", "--no-gate", "--one-more", "--clustering-mode", "local"],
                              env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         nights.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert [n["action"] for n in nights] == ["full", "incremental", "nothing"]
     assert nights[1]["days"] == ["20260102"]
+    assert nights[0]["clustering"]["base"] is None   # a full dump: the paper's Algorithm 1 over everything
+    assert nights[1]["clustering"]["base"] == nights[0]["version"]   # re-clustered where the graph changed
     for night in nights[:2]:
         roles = night["cpu_by_role"]
         assert night["cpu_s"] > 0 and roles["coordinator"]["user_s"] > 0 and roles["pool_workers"]["user_s"] > 0
