@@ -121,7 +121,7 @@ def one_task(stages: Path, kind: str, size: int, tmp: Path) -> dict:
                 if kind == "cluster_tokens" else (PT.passage_token_shard, str(stages / "segment"), *rows, cfg, str(tmp)))
         if kind == "passage_index":
             lo, hi = rows   # the passage steps read rows of passages.parquet
-            kept = tmp / PT.TOKENS_DIR / PT.passage_token_shard(str(stages / "segment"), lo, hi, cfg, str(tmp))[1]
+            kept = tmp / PT.TOKENS_DIR / PT.passage_token_shard(str(stages / "segment"), lo, hi, cfg, str(tmp), keep_df=True)[1]
             (n_docs,), total, global_df, global_key = SI.merge_token_shard_stats([kept], tmp)
             call = (SI.passage_index_shard, str(stages / "segment"), lo, hi, cfg, str(tmp), str(kept), str(global_df),
                     n_docs, total, global_key)

@@ -15,8 +15,8 @@ shards behind the cluster index's (:func:`tasks.corpus.stages.run_index`), so th
 passages while the coordinator merges and saves the cluster index. Sharded (``> 0``): each range's
 kept ids are one BM25 shard's (:func:`tasks.corpus.sharded.sharded_index.build_passage_shards`), and
 the shard's document frequencies, counted by the worker that keeps its ids and kept in the same
-entry, are what the coordinator sums into the corpus-wide statistics (the one index leaves them
-unread: its build counts them in its own first pass).
+entry, are what the coordinator sums into the corpus-wide statistics (``keep_df``; the one index
+does not keep them: its build counts them in its own first pass).
 """
 from __future__ import annotations
 
@@ -37,22 +37,23 @@ TOKENS_DIR = "passage-tokens"
 
 
 def passage_token_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str,
-                        memo_dir: str | None = None) -> tuple[list[str], str, bool, int]:
+                        memo_dir: str | None = None, keep_df: bool = False) -> tuple[list[str], str, bool, int]:
     """Token ids of the passages in rows ``lo <= row < hi`` of ``passages.parquet`` (a
     worker-process call), each ``title\\ntext`` as the one passage index indexes it, kept in
     ``work_dir/passage-tokens/<sha256 of the texts' keys>/``
     (:func:`tasks.corpus.sharded.cluster_index.kept_token_ids`; a passage the token memo
-    ``memo_dir`` holds is not tokenized again) with the shard's document frequencies
+    ``memo_dir`` holds is not tokenized again); with ``keep_df`` (the sharded index, whose
+    corpus-wide statistics sum them) also the shard's document frequencies
     (:data:`tasks.corpus.sharded.cluster_index.DF_FILE`, counted here, on the worker, in the same
-    entry: the sharded index's corpus-wide statistics sum them).
+    entry; ``keep_df`` is part of the entry's key).
 
     Returns ``(the shard's vocabulary in id order, key, reused, passages taken from the memo)``."""
     table = read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["title", "text"])
     texts = JoinedTexts(table.column("title"), table.column("text"), "\n")   # hashed unjoined
     keys = texts.keys()
-    key = keys_digest(PASSAGE_TOKENS_VERSION, asdict(cfg), [], keys)
+    key = keys_digest(PASSAGE_TOKENS_VERSION, {**asdict(cfg), "keep_df": keep_df}, [], keys)
     terms, reused, from_memo = kept_token_ids(Path(work_dir) / TOKENS_DIR / key, texts, keys, cfg, memo_dir,
-                                              keep_df=True)
+                                              keep_df=keep_df)
     return terms, key, reused, from_memo
 
 
@@ -69,9 +70,10 @@ class PassageTokenShards:
 
     @classmethod
     def plan(cls, segment_dir: Path, cluster_dir: Path, cfg: BM25Config, work_dir: Path,
-             tokens_per_shard: int) -> "PassageTokenShards":
+             tokens_per_shard: int, keep_df: bool = False) -> "PassageTokenShards":
         """One :func:`passage_token_shard` call per range of whole clusters of at most
-        ``tokens_per_shard`` tokens (:func:`tasks.corpus.sharded.shards.passage_row_ranges`).
+        ``tokens_per_shard`` tokens (:func:`tasks.corpus.sharded.shards.passage_row_ranges`); ``keep_df``:
+        each shard also keeps its document frequencies (:func:`passage_token_shard`).
 
         Raises
         ------
@@ -82,7 +84,8 @@ class PassageTokenShards:
         ranges = passage_row_ranges(segment_dir, cluster_dir, tokens_per_shard)
         memo_dir = token_memo_dir(work_dir, "passages", cfg)
         verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
-        calls = [(passage_token_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir)) for lo, hi in ranges]
+        calls = [(passage_token_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir), keep_df)
+                 for lo, hi in ranges]
         return cls(Path(segment_dir), Path(work_dir), memo_dir, ranges, calls)
 
     def collect(self, results: Iterable[Any],

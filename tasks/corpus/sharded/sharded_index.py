@@ -369,7 +369,7 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     seconds. Raises ``ValueError`` as :func:`tasks.corpus.sharded.shards.passage_row_ranges` does.
     """
     t0 = time.perf_counter()
-    tokens = PassageTokenShards.plan(segment_dir, cluster_dir, cfg, work_dir, shard_tokens)
+    tokens = PassageTokenShards.plan(segment_dir, cluster_dir, cfg, work_dir, shard_tokens, keep_df=True)
     shard_dirs, summary = tokens.collect(ordered_results(submit, tokens.calls, window, "passage token shards"))
     counts, total_len, global_df, global_key = merge_token_shard_stats(shard_dirs, work_dir)
     kept = [(r, d) for r, d, n in zip(tokens.ranges, shard_dirs, counts) if n > 0]
