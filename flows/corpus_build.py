@@ -289,8 +289,9 @@ def segment_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult,
 
 
 @shard_stage("index")
-def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, segment: StageResult,
-                  cfg: BM25Config, layout: IndexLayout, runner: ShardRunner, split_dir: Path | None = None) -> StageResult:
+def index_sharded(cache: StageCache, ingest: StageResult, tokens: StageResult, cluster: StageResult, segment: StageResult,
+                  cfg: BM25Config, layout: IndexLayout, runner: ShardRunner, passage_words: int,
+                  split_dir: Path | None = None) -> StageResult:
     """The index stage with its per-shard steps on this stage's pool: the cluster index's
     tokenization by cluster ranges of at most ``runner.tokens_per_shard`` tokens, then the one
     passage index's by the same ranges (queued behind them), or with
@@ -298,7 +299,9 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
     which then joins the key). Shard token ids, statistics and indexes kept under the stage cache
     for reuse. The cache key of a one-index build is the one it always had (the cluster index's
     bytes do not depend on the shards). ``split_dir``: the build's shared document split, made by
-    the segment stage (:class:`tasks.corpus.sharded.shards.DocumentSplit`)."""
+    the segment stage (:class:`tasks.corpus.sharded.shards.DocumentSplit`). ``tokens``, ``passage_words``
+    (``segment.passage_words``): what the BM25 token memos' keys derive from (the documents' text
+    keys the tokens stage kept; not part of the stage's key: the index bytes do not depend on them)."""
     inputs = {"documents": ingest.files["documents.parquet"], "members": cluster.files["cluster_members.parquet"],
               "passages": segment.files["passages.parquet"]}
     key_cfg: Any = cfg
@@ -310,7 +313,7 @@ def index_sharded(cache: StageCache, ingest: StageResult, cluster: StageResult, 
             ingest.path, cluster.path, segment.path, out, cfg, passage_shard_tokens=layout.passage_shard_tokens,
             submit=pool.submit, window=2 * runner.cfg.n_workers() + 2, work_dir=cache.root,
             tokens_per_shard=runner.cfg.tokens_per_shard, docs_per_range=runner.cfg.docs_per_shard,
-            split_dir=split_dir))
+            split_dir=split_dir, tokens_dir=tokens.path, passage_words=passage_words))
 
 
 # The files a version publishes, by the stage that makes them (and every file of the index stage).
@@ -673,8 +676,9 @@ def _build_and_publish(config: CorpusBuildConfig, ws: Workspace, cache: StageCac
                     ("cluster", lambda: cluster_task(cache, stages["ingest"], stages["tokens"], config.clustering, base)),
                     ("segment", lambda: segment_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
                                                         config.segment, mirror, runner, split_dir)),
-                    ("index", lambda: index_sharded(cache, stages["ingest"], stages["cluster"], stages["segment"],
-                                                    config.bm25, config.index, runner, split_dir)),
+                    ("index", lambda: index_sharded(cache, stages["ingest"], stages["tokens"], stages["cluster"],
+                                                    stages["segment"], config.bm25, config.index, runner,
+                                                    config.segment.passage_words, split_dir)),
                 ):
                     t0 = time.perf_counter()
                     stages[name] = call()

@@ -74,18 +74,19 @@ def test_passages_out_of_cluster_order_are_refused(segmented, tmp_path):
     table = pq.read_table(root / "segment" / PASSAGES.filename)
     pq.write_table(table.take(list(range(table.num_rows))[::-1]), tmp_path / "segment" / PASSAGES.filename)
     with pytest.raises(ValueError, match="passages.parquet"):
-        PassageTokenShards.plan(tmp_path / "segment", root / "cluster", BM25Config(), tmp_path / "work", 30_000)
+        PassageTokenShards.plan(tmp_path / "segment", root / "cluster", root / "ingest", BM25Config(), tmp_path / "work", 30_000)
 
 
 def test_the_worker_keeps_each_shards_document_frequencies_in_its_entry(segmented, tmp_path):
     """With ``keep_df`` (the sharded index) each passage token shard's entry holds its ``df`` (int64, one a term in the shard's id
     order): :func:`tasks.corpus.bm25_csc.doc_freqs` over the kept ids, and a plain count of the
     documents holding each term; recorded in the entry's digests, so it is verified when read."""
-    shards = PassageTokenShards.plan(segmented / "segment", segmented / "cluster", BM25Config(), tmp_path / "work", 30_000,
-                                     keep_df=True)
+    shards = PassageTokenShards.plan(segmented / "segment", segmented / "cluster", segmented / "ingest", BM25Config(),
+                                     tmp_path / "work", 30_000, keep_df=True)
     dirs, _ = shards.collect(fn(*args) for fn, *args in shards.calls)
     assert len(dirs) > 3
-    one_index = PassageTokenShards.plan(segmented / "segment", segmented / "cluster", BM25Config(), tmp_path / "work", 30_000)
+    one_index = PassageTokenShards.plan(segmented / "segment", segmented / "cluster", segmented / "ingest", BM25Config(),
+                                        tmp_path / "work", 30_000)
     one_dirs, _ = one_index.collect(fn(*args) for fn, *args in one_index.calls)
     assert not any((d / DF_FILE).exists() for d in one_dirs)   # the one index counts df in its own pass: not kept
     assert not set(one_dirs) & set(dirs)                       # ... and keeping it is part of the key

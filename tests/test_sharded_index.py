@@ -161,6 +161,26 @@ def _files_digest(directory) -> str:
     return hashlib.sha256(json.dumps(_files(directory), sort_keys=True).encode()).hexdigest()
 
 
+def _edit_document(root, doc_id: int, out):
+    """``root``'s stages with document ``doc_id``'s text edited (a word appended), its window
+    token counts and segmentation made again under ``out`` (the same clusters)."""
+    import shutil  # noqa: PLC0415
+
+    from tasks.corpus import stages as S  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+
+    docs = DOCUMENTS.read(root / "ingest")
+    text = docs["text"].to_pylist()
+    row = docs["doc_id"].to_pylist().index(doc_id)
+    text[row] += " tonight"
+    shutil.copytree(root / "ingest", out / "ingest")
+    DOCUMENTS.write(docs.set_column(docs.schema.get_field_index("text"), "text", pa.array(text)), out / "ingest")
+    seg = SegmentConfig(tokenizer="whitespace")
+    S.run_tokens(out / "ingest", out / "tokens", seg, None)
+    S.run_segment(out / "ingest", out / "tokens", root / "cluster", out / "segment", seg, None)
+    return out
+
+
 def _budget(cluster_dir, n=3) -> int:
     """A shard budget giving several passage shards: ``1/n`` of all cluster tokens."""
     return int(CLUSTERS.read(cluster_dir, columns=["n_tokens"]).column("n_tokens").to_numpy().sum()) // n
@@ -181,7 +201,7 @@ def test_passage_shards_tokenize_once_same_bytes(segmented, tmp_path, monkeypatc
     real = TM.tokenize_ids
     monkeypatch.setattr(TM, "tokenize_ids", lambda texts, *a: calls.append(len(texts)) or real(texts, *a))
     summary = build_passage_shards(segmented / "segment", segmented / "cluster", tmp_path / "out", cfg, budget, run_here,
-                                   tmp_path / "work")
+                                   tmp_path / "work", ingest_dir=segmented / "ingest")
     assert len(calls) == summary["passage_shards"] == len(ranges) > 2 and sum(calls) == summary["passage_index_docs"]
     monkeypatch.setattr(TM, "tokenize_ids", real)
     rows = passage_row_ranges(segmented / "segment", segmented / "cluster", budget)   # the ranges' passage rows
@@ -201,10 +221,10 @@ def test_built_passage_shards_equal_one_index_and_are_reused(segmented, question
     in its shard only, that passage alone (the others from the token memo), and re-indexes every
     shard (the global statistics changed)."""
     cfg, seg, work, clusters = BM25Config(), segmented / "segment", tmp_path / "work", segmented / "cluster"
-    budget = _budget(clusters)
+    budget, docs = _budget(clusters), {"ingest_dir": segmented / "ingest"}
     with ProcessPoolExecutor(2) as pool:
-        first = build_passage_shards(seg, clusters, tmp_path / "a", cfg, budget, pool.submit, work)
-        again = build_passage_shards(seg, clusters, tmp_path / "b", cfg, budget, pool.submit, work)
+        first = build_passage_shards(seg, clusters, tmp_path / "a", cfg, budget, pool.submit, work, **docs)
+        again = build_passage_shards(seg, clusters, tmp_path / "b", cfg, budget, pool.submit, work, **docs)
     sharded = load_passage_index(tmp_path / "a")
     single = _single(seg, cfg)
     n = first["passage_shards"]
@@ -215,17 +235,17 @@ def test_built_passage_shards_equal_one_index_and_are_reused(segmented, question
     assert (again["passage_token_shards_reused"], again["passage_index_shards_reused"]) == (n, n)
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
 
-    passages = PASSAGES.read(seg)
-    last = passages.num_rows - 1
-    text = passages["text"].to_pylist()
-    text[last] += " tonight"
-    changed = tmp_path / "changed"
-    PASSAGES.write(passages.set_column(passages.schema.get_field_index("text"), "text", pa.array(text)), changed)
-    tonight = build_passage_shards(changed, clusters, tmp_path / "c", cfg, budget, run_here, work)
+    # tonight the document of the last passage is edited and segmented again (a passage's memo key is
+    # derived from its document's text: passages change only with their documents)
+    passages = PASSAGES.read(seg, columns=["doc_id"]).column("doc_id").to_numpy()
+    changed = _edit_document(segmented, int(passages[-1]), tmp_path / "changed")
+    tonight = build_passage_shards(changed / "segment", clusters, tmp_path / "c", cfg, budget, run_here, work,
+                                   ingest_dir=changed / "ingest")
     assert (tonight["passage_token_shards_built"], tonight["passage_token_shards_reused"]) == (1, n - 1)
-    assert tonight["passages_reused"] == passages.num_rows - 1   # only the changed passage tokenized
+    # only the edited document's passages tokenized, the others' terms from the memo
+    assert tonight["passages_reused"] == int((passages != passages[-1]).sum())
     assert (tonight["passage_index_shards_built"], tonight["passage_index_shards_reused"]) == (n, 0)
-    assert_same_search(_single(changed, cfg), load_passage_index(tmp_path / "c"), questions[:20], ks=(10,))
+    assert_same_search(_single(changed / "segment", cfg), load_passage_index(tmp_path / "c"), questions[:20], ks=(10,))
 
 
 @pytest.mark.slow  # enwiki-sample ingest + tokens + cluster + segment (module fixture)
@@ -236,7 +256,7 @@ def test_passages_outside_every_cluster_range_are_an_error(segmented, tmp_path):
     CLUSTERS.write(table.slice(0, table.num_rows - 1), tmp_path / "cluster")
     with pytest.raises(ValueError, match="passages.parquet: .* passages, but the cluster ranges of .* hold"):
         build_passage_shards(segmented / "segment", tmp_path / "cluster", tmp_path / "out", BM25Config(),
-                             _budget(segmented / "cluster"), run_here, tmp_path / "work")
+                             _budget(segmented / "cluster"), run_here, tmp_path / "work", ingest_dir=segmented / "ingest")
 
 
 @pytest.mark.slow  # enwiki-sample ingest + tokens + cluster + segment (module fixture)
@@ -244,9 +264,9 @@ def test_a_flipped_kept_df_is_caught_and_its_token_shard_rebuilt(segmented, tmp_
     """The corpus-wide statistics are summed from the ``df`` each token shard's entry keeps: a
     same-size change of one count in one entry's ``df`` file is caught by the entry's digests on
     the next build, the entry discarded and built again, and the index is a clean build's."""
-    cfg, seg, clusters = BM25Config(), segmented / "segment", segmented / "cluster"
+    cfg, seg, clusters, docs = BM25Config(), segmented / "segment", segmented / "cluster", {"ingest_dir": segmented / "ingest"}
     budget, work = _budget(clusters), tmp_path / "work"
-    first = build_passage_shards(seg, clusters, tmp_path / "a", cfg, budget, run_here, work)
+    first = build_passage_shards(seg, clusters, tmp_path / "a", cfg, budget, run_here, work, **docs)
     n = first["passage_token_shards"]
     entry = sorted(d for d in (work / TOKENS_DIR).iterdir() if (d / DF_FILE).is_file())[0]
     kept = (entry / DF_FILE).read_bytes()
@@ -254,10 +274,10 @@ def test_a_flipped_kept_df_is_caught_and_its_token_shard_rebuilt(segmented, tmp_
     flipped[-8] ^= 1   # the low byte of the last term's count (little-endian int64): one document more or less
     (entry / DF_FILE).write_bytes(bytes(flipped))
     with caplog.at_level("WARNING", logger="funnelrag.verify"):
-        again = build_passage_shards(seg, clusters, tmp_path / "b", cfg, budget, run_here, work)
+        again = build_passage_shards(seg, clusters, tmp_path / "b", cfg, budget, run_here, work, **docs)
     assert any(str(entry) in r.getMessage() and DF_FILE in r.getMessage() for r in caplog.records)
     assert (again["passage_token_shards_built"], again["passage_token_shards_reused"]) == (1, n - 1)
     assert (entry / DF_FILE).read_bytes() == kept
-    clean = build_passage_shards(seg, clusters, tmp_path / "clean", cfg, budget, run_here, tmp_path / "clean-work")
+    clean = build_passage_shards(seg, clusters, tmp_path / "clean", cfg, budget, run_here, tmp_path / "clean-work", **docs)
     assert clean["passage_token_shards_built"] == n
     assert _files(tmp_path / "b") == _files(tmp_path / "clean") == _files(tmp_path / "a")

@@ -196,7 +196,8 @@ def run_segment(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, out_dir: 
 def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: Path, cfg: BM25Config,
               passage_shard_tokens: int = 0, submit: Callable[..., Any] | None = None, window: int = 8,
               work_dir: Path | None = None, tokens_per_shard: int = 32_000_000,
-              docs_per_range: int = 20_000, split_dir: Path | None = None) -> dict[str, Any]:
+              docs_per_range: int = 20_000, split_dir: Path | None = None, tokens_dir: Path | None = None,
+              passage_words: int = SegmentConfig.passage_words) -> dict[str, Any]:
     """bm25s indexes over cluster texts (progressive) and passages (flat baseline).
 
     The cluster index is one index; its texts are tokenized in ranges of whole clusters of at most
@@ -215,16 +216,20 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     indexes are kept in ``work_dir`` (default: ``out_dir/.work``, removed after), with the BM25
     token memos of member texts and passages (:mod:`tasks.corpus.sharded.token_memo`): a text the last
     build saw is not tokenized again, whatever shard it falls in (same bytes; the summary's
-    ``cluster_members_reused`` and ``passages_reused`` count them).
+    ``cluster_members_reused`` and ``passages_reused`` count them). The memos key a member by its
+    document's title and text key, a passage by that and its window number and ``passage_words``
+    (``segment.passage_words``: the passages' windows are checked against it), the text keys those
+    the tokens stage kept in ``tokens_dir`` (without them the shards hash the documents' texts;
+    :mod:`tasks.corpus.sharded.piece_keys`).
     """
     t0 = time.perf_counter()
     submit = submit or run_here
     scratch = work_dir is None
     work = Path(out_dir) / ".work" if scratch else Path(work_dir)
     plan = plan_cluster_tokens(ingest_dir, cluster_dir, cfg, submit, tokens_per_shard, work, window=window,
-                               docs_per_range=docs_per_range, split_dir=split_dir)
-    passages = None if passage_shard_tokens > 0 else PassageTokenShards.plan(segment_dir, cluster_dir, cfg, work,
-                                                                             tokens_per_shard)
+                               docs_per_range=docs_per_range, split_dir=split_dir, tokens_dir=tokens_dir)
+    passages = None if passage_shard_tokens > 0 else PassageTokenShards.plan(
+        segment_dir, cluster_dir, ingest_dir, cfg, work, tokens_per_shard, tokens_dir=tokens_dir, passage_words=passage_words)
     # the passages' token shards queued behind the clusters': the pool tokenizes passages while
     # this process merges and saves the cluster index
     results = ordered_results(submit, [*plan.calls, *(passages.calls if passages else [])], window, "index token shards")
@@ -237,7 +242,8 @@ def run_index(ingest_dir: Path, cluster_dir: Path, segment_dir: Path, out_dir: P
     if passages is None:
         results.close()
         sharded = build_passage_shards(segment_dir, cluster_dir, out_dir / PASSAGE_INDEX_DIR, cfg,
-                                       passage_shard_tokens, submit, work, window=window)
+                                       passage_shard_tokens, submit, work, window=window, ingest_dir=ingest_dir,
+                                       tokens_dir=tokens_dir, passage_words=passage_words)
         n_passages = sharded["passage_index_docs"]
     else:
         passage_index, sharded = passages.index(results, cfg)

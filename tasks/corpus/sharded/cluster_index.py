@@ -46,12 +46,14 @@ from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_
 from funnelrag.content_store import JoinedTexts, keys_digest
 from tasks.corpus.sharded.token_memo import PIECES_JOIN, memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.segment import check_members
-from tasks.corpus.sharded.shards import (DocumentSplit, member_cluster_ranks, ordered_results, put_cached, read_cluster_members,
-                                 read_cluster_ranges, read_shard_documents)
+from tasks.corpus.sharded.piece_keys import document_text_keys, member_keys
+from tasks.corpus.sharded.shards import (ROW, DocumentSplit, member_cluster_ranks, ordered_results, put_cached,
+                                         read_cluster_members, read_cluster_ranges, read_shard_documents)
 
 DF_FILE = "doc_freqs.npy"
 """A token shard's document frequencies (:func:`kept_token_ids` with ``keep_df``): int64, one a vocabulary term."""
-CLUSTER_TOKENS_VERSION = "3"   # 2: keyed on member pieces, the shard keeps its part of the token memo; 3: keyed on their text keys
+CLUSTER_TOKENS_VERSION = "4"   # 2: keyed on member pieces, the shard keeps its part of the token memo; 3: keyed on their text keys;
+# 4: on member keys derived from the documents' text keys (tasks/corpus/sharded/piece_keys.py)
 
 
 def cluster_pieces(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[str], JoinedTexts, np.ndarray]:
@@ -88,8 +90,8 @@ def cluster_texts(documents: pa.Table, cluster_members: pa.Table) -> tuple[list[
 
 
 def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg: BM25Config,
-                        work_dir: str, docs_dir: str,
-                        memo_dir: str | None = None) -> tuple[list[str], list[str], str, bool, int]:
+                        work_dir: str, docs_dir: str, memo_dir: str | None = None,
+                        tokens_dir: str | None = None) -> tuple[list[str], list[str], str, bool, int]:
     """Token ids of the cluster texts of the clusters of ranks ``lo <= rank < hi`` (a worker-process
     call), kept in ``work_dir/cluster-tokens/<sha256 of the shard's cluster ids and pieces>/``
     (:meth:`tasks.corpus.sharded.token_memo.MemoTokens.save`).
@@ -97,14 +99,17 @@ def cluster_token_shard(ingest_dir: str, cluster_dir: str, lo: int, hi: int, cfg
     Reads only the shard's members and their documents (``docs_dir``, the shard's partition by
     :func:`tasks.corpus.sharded.shards.partition_documents`). Each member's
     ``title\ntext`` takes its terms from the token memo ``memo_dir`` when the last build saw it
-    (:func:`tasks.corpus.sharded.token_memo.memo_token_ids`); only the others are tokenized. Returns
+    (:func:`tasks.corpus.sharded.token_memo.memo_token_ids`); only the others are tokenized. A
+    member's key is derived from its document's title and text key
+    (:func:`tasks.corpus.sharded.piece_keys.member_keys`; the text keys the tokens stage kept in
+    ``tokens_dir``, else hashed here), not hashed from the piece's bytes. Returns
     ``(cluster ids as str, the shard's vocabulary in id order, key, reused, members taken from
     the memo)``; ``reused`` when the shard's texts are unchanged since a build that kept them."""
     members = read_cluster_members(Path(cluster_dir), lo, hi)
     docs = read_shard_documents(docs_dir)
     ids, pieces, offsets = cluster_pieces(docs, members)
-    del docs
-    piece_keys = pieces.keys()   # hashed once: the shard's cache key and the memo lookup
+    text_keys = document_text_keys(tokens_dir, docs.column(ROW).to_numpy(), lambda: docs.column("text"))
+    piece_keys = member_keys(docs.column("title"), text_keys)[pieces.rows]   # the shard's cache key and the memo lookup
     key = keys_digest(CLUSTER_TOKENS_VERSION, asdict(cfg), [*ids, *map(str, offsets.tolist())], piece_keys)
     terms, reused, from_memo = kept_token_ids(Path(work_dir) / "cluster-tokens" / key, pieces, piece_keys, cfg,
                                               memo_dir, offsets)
@@ -250,11 +255,13 @@ class ClusterTokenShards:
 
 def plan_cluster_tokens(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, submit: Callable[..., Any],
                         tokens_per_shard: int, work_dir: Path, window: int = 8, docs_per_range: int = 20_000,
-                        split_dir: Path | None = None) -> ClusterTokenShards:
+                        split_dir: Path | None = None, tokens_dir: Path | None = None) -> ClusterTokenShards:
     """The first half of :func:`build_cluster_index`: the cluster ranges, the documents split by
     range (through ``submit``, or the build's shared split in ``split_dir``), and one
     :func:`cluster_token_shard` call a range. The split stays open until
-    :func:`cluster_index_from_results` has the shards' results (closed here if planning fails)."""
+    :func:`cluster_index_from_results` has the shards' results (closed here if planning fails).
+    ``tokens_dir``: the tokens stage's output, whose kept text keys the shards' member keys derive
+    from (:func:`cluster_token_shard`)."""
     t0 = time.perf_counter()
     members = pq.read_table(Path(cluster_dir) / C.CLUSTER_MEMBERS.filename, columns=["cluster_id", "doc_id"])
     cids = members.column("cluster_id").to_numpy()
@@ -273,7 +280,8 @@ def plan_cluster_tokens(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
         split.close()
         raise
     calls = [(cluster_token_shard, str(ingest_dir), str(cluster_dir), lo, hi, cfg, str(work_dir), str(d),
-              str(memo_dir)) for (lo, hi), d in zip(ranges, docs_dirs)]
+              str(memo_dir), str(tokens_dir) if tokens_dir is not None else None)
+             for (lo, hi), d in zip(ranges, docs_dirs)]
     return ClusterTokenShards(calls, split, memo_dir, Path(work_dir), n_members, t0, time.perf_counter() - t0)
 
 
@@ -317,7 +325,8 @@ def cluster_index_from_results(plan: ClusterTokenShards, results: Iterable[Any],
 
 def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, submit: Callable[..., Any],
                         tokens_per_shard: int, work_dir: Path, window: int = 8,
-                        docs_per_range: int = 20_000, split_dir: Path | None = None) -> tuple[BM25Index, dict[str, Any]]:
+                        docs_per_range: int = 20_000, split_dir: Path | None = None,
+                        tokens_dir: Path | None = None) -> tuple[BM25Index, dict[str, Any]]:
     """The cluster index, byte-identical to ``BM25Index.build(*reversed(cluster_texts(documents,
     members)), cfg)``, with the tokenization in shards of whole clusters of at most
     ``tokens_per_shard`` tokens (content-defined cuts, :func:`tasks.corpus.sharded.shards.cluster_ranges`),
@@ -332,8 +341,9 @@ def build_cluster_index(ingest_dir: Path, cluster_dir: Path, cfg: BM25Config, su
     the tokenization shards and of the coordinator's merge + bm25s index. In two halves
     (:func:`plan_cluster_tokens`, :func:`cluster_index_from_results`) for a caller that queues more
     shards behind these (the index stage: the passages' token shards, which the pool tokenizes
-    while this process merges the cluster index).
+    while this process merges the cluster index). ``tokens_dir``: the tokens stage's output (the
+    documents' text keys it kept; without it the shards hash the texts).
     """
     plan = plan_cluster_tokens(ingest_dir, cluster_dir, cfg, submit, tokens_per_shard, work_dir, window,
-                               docs_per_range, split_dir)
+                               docs_per_range, split_dir, tokens_dir)
     return cluster_index_from_results(plan, ordered_results(submit, plan.calls, window, "cluster index token shards"), cfg)

@@ -24,37 +24,88 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from data_contracts.corpus import PASSAGES
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from data_contracts.corpus import DOCUMENTS, PASSAGES, rows_of
 from funnelrag.content_store import JoinedTexts, keys_digest
 from funnelrag.verify import verified_entry
 from tasks.corpus.index import BM25Config, BM25Index
+from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded.cluster_index import VocabularyMerge, index_from_token_shards, kept_token_ids
-from tasks.corpus.sharded.shards import passage_row_ranges, read_rows
+from tasks.corpus.sharded.piece_keys import document_text_keys, member_keys, passage_windows, window_keys
+from tasks.corpus.sharded.shards import passage_row_ranges, read_rows, read_rows_at
 from tasks.corpus.sharded.token_memo import token_memo_dir, write_token_memo
 
-PASSAGE_TOKENS_VERSION = "2"   # 2: the entry keeps the shard's document frequencies
+PASSAGE_TOKENS_VERSION = "3"   # 2: the entry keeps the shard's document frequencies; 3: keyed on derived passage keys
 TOKENS_DIR = "passage-tokens"
 
 
 def passage_token_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str,
-                        memo_dir: str | None = None, keep_df: bool = False) -> tuple[list[str], str, bool, int]:
+                        memo_dir: str | None, keep_df: bool, ingest_dir: str, tokens_dir: str | None,
+                        passage_words: int, doc_rows: np.ndarray) -> tuple[list[str], str, bool, int]:
     """Token ids of the passages in rows ``lo <= row < hi`` of ``passages.parquet`` (a
     worker-process call), each ``title\\ntext`` as the one passage index indexes it, kept in
-    ``work_dir/passage-tokens/<sha256 of the texts' keys>/``
+    ``work_dir/passage-tokens/<sha256 of the passages' keys>/``
     (:func:`tasks.corpus.sharded.cluster_index.kept_token_ids`; a passage the token memo
     ``memo_dir`` holds is not tokenized again); with ``keep_df`` (the sharded index, whose
     corpus-wide statistics sum them) also the shard's document frequencies
     (:data:`tasks.corpus.sharded.cluster_index.DF_FILE`, counted here, on the worker, in the same
     entry; ``keep_df`` is part of the entry's key).
 
-    Returns ``(the shard's vocabulary in id order, key, reused, passages taken from the memo)``."""
-    table = read_rows(Path(segment_dir) / PASSAGES.filename, lo, hi, ["title", "text"])
-    texts = JoinedTexts(table.column("title"), table.column("text"), "\n")   # hashed unjoined
-    keys = texts.keys()
+    A passage's key is derived, not hashed from its bytes (:mod:`tasks.corpus.sharded.piece_keys`):
+    its document's member key (title, and the text key the tokens stage kept in ``tokens_dir``, or
+    the text of ``ingest_dir``'s ``documents.parquet`` hashed here) mixed with its window number
+    and ``passage_words``. ``doc_rows``: ``(n_documents,)`` int, the row in ``documents.parquet`` of
+    each document of the range, in order of first passage (:meth:`PassageTokenShards.plan`).
+
+    Returns ``(the shard's vocabulary in id order, key, reused, passages taken from the memo)``.
+
+    Raises
+    ------
+    ValueError
+        The passages are not windows of ``passage_words`` words of their documents, a document's
+        passages are not consecutive or differ in title, or ``doc_rows`` does not hold one row a
+        document (:func:`tasks.corpus.sharded.piece_keys.passage_windows`).
+    """
+    path = Path(segment_dir) / PASSAGES.filename
+    what = f"{path} rows {lo}..{hi - 1}"
+    table = read_rows(path, lo, hi, ["doc_id", "title", "text", "n_words"])
+    run, windows = passage_windows(table.column("doc_id").to_numpy(), table.column("n_words").to_numpy(),
+                                   passage_words, what)
+    doc_rows = np.asarray(doc_rows, np.int64)
+    firsts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if run.size else np.zeros(0, np.int64)
+    if doc_rows.size != firsts.size:
+        raise ValueError(f"{what}: {firsts.size} documents, {doc_rows.size} document rows planned")
+    titles = table.column("title").take(pa.array(firsts))
+    if run.size and not pc.all(pc.equal(table.column("title"), titles.take(pa.array(run)))).as_py():
+        raise ValueError(f"{what}: the passages of one document differ in title")
+    order = np.argsort(doc_rows)
+    docs = Path(ingest_dir) / DOCUMENTS.filename
+    text_keys = document_text_keys(tokens_dir, doc_rows, lambda: read_rows_at(docs, doc_rows[order], ["text"])
+                                   .column("text").take(pa.array(np.argsort(order))))
+    keys = window_keys(member_keys(titles, text_keys)[run], windows, passage_words)
+    texts = JoinedTexts(table.column("title"), table.column("text"), "\n")   # joined only where tokenized
     key = keys_digest(PASSAGE_TOKENS_VERSION, {**asdict(cfg), "keep_df": keep_df}, [], keys)
     terms, reused, from_memo = kept_token_ids(Path(work_dir) / TOKENS_DIR / key, texts, keys, cfg, memo_dir,
                                               keep_df=keep_df)
     return terms, key, reused, from_memo
+
+
+def document_rows_by_range(segment_dir: Path, ingest_dir: Path, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+    """Per row range of ``passages.parquet``, ``(n_documents,)`` int64: the row in
+    ``documents.parquet`` of each document of the range's passages, in order of first passage (a
+    document's passages are consecutive: one cluster's). Raises ``ValueError`` naming the file
+    when a passage's document is not in ``documents.parquet``."""
+    passage_docs = pq.read_table(Path(segment_dir) / PASSAGES.filename, columns=["doc_id"]).column("doc_id").to_numpy()
+    starts = np.r_[True, passage_docs[1:] != passage_docs[:-1]] if passage_docs.size else np.zeros(0, bool)
+    starts[[lo for lo, hi in ranges if hi > lo]] = True        # a range starts a document
+    doc_ids = pq.read_table(Path(ingest_dir) / DOCUMENTS.filename, columns=["doc_id"]).column("doc_id").to_numpy()
+    rows = rows_of(doc_ids, passage_docs[starts], str(Path(ingest_dir) / DOCUMENTS.filename))
+    first = np.r_[0, np.cumsum(starts, dtype=np.int64)]
+    return [rows[first[lo]:first[hi]] for lo, hi in ranges]
 
 
 @dataclass
@@ -69,23 +120,31 @@ class PassageTokenShards:
     calls: list[tuple]
 
     @classmethod
-    def plan(cls, segment_dir: Path, cluster_dir: Path, cfg: BM25Config, work_dir: Path,
-             tokens_per_shard: int, keep_df: bool = False) -> "PassageTokenShards":
+    def plan(cls, segment_dir: Path, cluster_dir: Path, ingest_dir: Path, cfg: BM25Config, work_dir: Path,
+             tokens_per_shard: int, keep_df: bool = False, tokens_dir: Path | None = None,
+             passage_words: int = SegmentConfig.passage_words) -> "PassageTokenShards":
         """One :func:`passage_token_shard` call per range of whole clusters of at most
         ``tokens_per_shard`` tokens (:func:`tasks.corpus.sharded.shards.passage_row_ranges`); ``keep_df``:
-        each shard also keeps its document frequencies (:func:`passage_token_shard`).
+        each shard also keeps its document frequencies (:func:`passage_token_shard`). The passages'
+        keys come from their documents' text keys (``tokens_dir``: the tokens stage's, which keeps
+        them; ``None`` or a stage that kept none: hashed from ``ingest_dir``'s documents) and
+        ``passage_words`` (``segment.passage_words``; a value the passages contradict is refused by
+        the shards, :func:`tasks.corpus.sharded.piece_keys.passage_windows`).
 
         Raises
         ------
         ValueError
             ``passages.parquet`` holds passages of clusters that ``clusters.parquet`` lacks, or
-            is not in cluster order (:func:`tasks.corpus.sharded.shards.passage_row_ranges`).
+            is not in cluster order (:func:`tasks.corpus.sharded.shards.passage_row_ranges`), or of
+            documents that ``documents.parquet`` lacks.
         """
         ranges = passage_row_ranges(segment_dir, cluster_dir, tokens_per_shard)
+        doc_rows = document_rows_by_range(segment_dir, ingest_dir, ranges)
         memo_dir = token_memo_dir(work_dir, "passages", cfg)
         verified_entry(memo_dir)   # checked once here, not by each shard that opens it: a bad memo is discarded
-        calls = [(passage_token_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir), keep_df)
-                 for lo, hi in ranges]
+        calls = [(passage_token_shard, str(segment_dir), lo, hi, cfg, str(work_dir), str(memo_dir), keep_df,
+                  str(ingest_dir), str(tokens_dir) if tokens_dir is not None else None, passage_words, rows)
+                 for (lo, hi), rows in zip(ranges, doc_rows)]
         return cls(Path(segment_dir), Path(work_dir), memo_dir, ranges, calls)
 
     def collect(self, results: Iterable[Any],

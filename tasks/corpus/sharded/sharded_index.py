@@ -45,6 +45,7 @@ from funnelrag.content_store import keys_digest
 from funnelrag.store import mark_used
 from funnelrag.verify import DIGESTS_FILE, verified_entry
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, _stemmer, tokenize_ids
+from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded.cluster_index import DF_FILE
 from tasks.corpus.sharded.passage_tokens import PassageTokenShards
 from tasks.corpus.sharded.shards import ordered_results, put_cached, read_rows
@@ -349,7 +350,8 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 
 def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cfg: BM25Config, shard_tokens: int,
-                         submit: Callable[..., Any], work_dir: Path, window: int = 8) -> dict[str, Any]:
+                         submit: Callable[..., Any], work_dir: Path, window: int = 8, *, ingest_dir: Path,
+                         tokens_dir: Path | None = None, passage_words: int = SegmentConfig.passage_words) -> dict[str, Any]:
     """The sharded passage index of a corpus build in ``out_dir`` (``shards.json``,
     ``global_stats.json``, ``shard-00000/``, …): the passage token shards through ``submit``
     (:class:`tasks.corpus.sharded.passage_tokens.PassageTokenShards`, as for the one index) →
@@ -366,10 +368,13 @@ def build_passage_shards(segment_dir: Path, cluster_dir: Path, out_dir: Path, cf
     when the global statistics are equal too (a changed page changes ``df``/``N``/``avgdl`` and
     with them every stored score). Shards without passages (clusters whose articles have no words)
     are left out. Each shard's passages are read and tokenized once. Summary: shard counts, reuse,
-    seconds. Raises ``ValueError`` as :func:`tasks.corpus.sharded.shards.passage_row_ranges` does.
+    seconds. ``ingest_dir``, ``tokens_dir``, ``passage_words``: where the passages' derived keys
+    come from (:meth:`tasks.corpus.sharded.passage_tokens.PassageTokenShards.plan`). Raises
+    ``ValueError`` as :func:`tasks.corpus.sharded.shards.passage_row_ranges` does.
     """
     t0 = time.perf_counter()
-    tokens = PassageTokenShards.plan(segment_dir, cluster_dir, cfg, work_dir, shard_tokens, keep_df=True)
+    tokens = PassageTokenShards.plan(segment_dir, cluster_dir, ingest_dir, cfg, work_dir, shard_tokens, keep_df=True,
+                                     tokens_dir=tokens_dir, passage_words=passage_words)
     shard_dirs, summary = tokens.collect(ordered_results(submit, tokens.calls, window, "passage token shards"))
     counts, total_len, global_df, global_key = merge_token_shard_stats(shard_dirs, work_dir)
     kept = [(r, d) for r, d, n in zip(tokens.ranges, shard_dirs, counts) if n > 0]

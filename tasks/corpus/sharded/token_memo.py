@@ -33,7 +33,8 @@ PART_KEYS = "memo_keys.npy"
 PART_OFFSETS = "memo_piece_offsets.npy"
 
 
-TOKEN_MEMO_VERSION = "2"   # 2: written whole each build (one data file); an extended memo of 1 is never read
+TOKEN_MEMO_VERSION = "3"   # 2: written whole each build (one data file); an extended memo of 1 is never read;
+# 3: keyed on piece keys derived from the documents' text keys (tasks/corpus/sharded/piece_keys.py)
 
 PIECES_JOIN = "\n\n"
 """What joins a text's pieces (a cluster's members). Tokenizing pieces one by one equals tokenizing
