@@ -43,6 +43,14 @@ home's newest passages' or documents' (in cluster-like shuffled order) ``title\\
 Arrow first (the code before) or hashed from the two columns; user and system CPU seconds and the
 peak RSS the call added.
 
+``piece-keys``: the BM25 token memos' keys of one passage token shard and one cluster token shard
+(the first range of ``--tokens-per-shard`` tokens, the build's default: all of Wikispeedia) of a
+home's newest stage outputs, hashed from every piece's ``title\ntext`` (the code before,
+:meth:`funnelrag.content_store.JoinedTexts.keys`) and derived from the documents' text keys the
+tokens stage kept (:mod:`tasks.corpus.sharded.piece_keys`); the shards' inputs read first, as the
+shards read them. CPU seconds of each, ``--repeats`` alternations, medians, and per million pieces;
+a check that the derived keys are the same from the kept text keys and from the texts hashed.
+
 ``read``: one read in a fresh process, as a stage makes it: a nightly home's newest
 ``passages.parquet`` (``passage_id``, ``title``, ``text``) or ``documents.parquet`` (``doc_id``,
 ``title``, ``text``), memory-mapped (how the stages read now) or read into buffers (before): user and
@@ -67,6 +75,8 @@ Run:
 ``python benchmarks/bench_incremental_stages.py days MIRROR --work DIR [--wiki synwiki]``
 ``python benchmarks/bench_incremental_stages.py memo-writes --home NIGHTLY_HOME --memo-home HOME --work DIR``
 ``python benchmarks/bench_incremental_stages.py copies --home NIGHTLY_HOME``
+``python benchmarks/bench_incremental_stages.py piece-keys --home HOME [--repeats 3]`` (``HOME``: e.g.
+``funnelrag build-corpus --config configs/corpus_wikispeedia.yaml --home HOME``)
 ``python benchmarks/bench_incremental_stages.py read --home NIGHTLY_HOME --table passages|documents --way mapped|buffered``
 """
 from __future__ import annotations
@@ -493,6 +503,62 @@ def bench_read(home: Path, table: str, way: str) -> None:
     print(json.dumps({"table": table, "way": way, "rows": got.num_rows, "user_s": round(after.ru_utime - before.ru_utime, 3),
                       "sys_s": round(after.ru_stime - before.ru_stime, 3)}))
 
+def bench_piece_keys(home: Path, repeats: int, tokens_per_shard: int) -> None:
+    """``piece-keys`` (module docstring): the keys of one passage and one cluster token shard, hashed vs derived."""
+    import statistics  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415
+
+    from data_contracts import corpus as C  # noqa: PLC0415
+    from funnelrag.content_store import JoinedTexts  # noqa: PLC0415
+    from tasks.corpus.sharded.cluster_index import cluster_pieces  # noqa: PLC0415
+    from tasks.corpus.sharded.passage_tokens import document_rows_by_range  # noqa: PLC0415
+    from tasks.corpus.sharded.piece_keys import document_text_keys, member_keys, passage_keys  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import (ROW, passage_row_ranges, read_cluster_members, read_cluster_ranges,  # noqa: PLC0415
+                                             read_rows)
+
+    ingest, tokens, cluster, segment = (_newest(home, s) for s in ("ingest", "tokens", "cluster", "segment"))
+    documents = ingest / C.DOCUMENTS.filename
+    (plo, phi), = passage_row_ranges(segment, cluster, tokens_per_shard)[:1]
+    passages = read_rows(segment / C.PASSAGES.filename, plo, phi, ["doc_id", "title", "text", "n_words"])
+    doc_rows = document_rows_by_range(segment, ingest, [(plo, phi)])[0]
+    (clo, chi), = read_cluster_ranges(cluster, tokens_per_shard)[:1]
+    members = read_cluster_members(cluster, clo, chi)
+    docs = C.DOCUMENTS.read(ingest, columns=["doc_id", "title", "text"])   # the shard's partition: here every document
+    docs = docs.append_column(ROW, pa.array(np.arange(docs.num_rows, dtype=np.int64)))
+    docs = docs.take(pa.array(np.flatnonzero(np.isin(docs["doc_id"].to_numpy(), members["doc_id"].to_numpy()))))
+    _, pieces, _ = cluster_pieces(docs, members)
+
+    def derived_members(tokens_dir):
+        keys = document_text_keys(tokens_dir, docs.column(ROW).to_numpy(), lambda: docs.column("text"))
+        return member_keys(docs.column("title"), keys)[pieces.rows]
+    steps = {
+        "passages hashed": lambda: JoinedTexts(passages.column("title"), passages.column("text"), "\n").keys(),
+        "passages derived": lambda: passage_keys(passages, doc_rows, documents, tokens, 100, "bench"),
+        "members hashed": pieces.keys,
+        "members derived": lambda: derived_members(tokens),
+    }
+    if not (tokens / "text_keys.npy").is_file():
+        raise SystemExit(f"{tokens}: no kept text keys (a one-process tokens stage): build the home with the sharded stages")
+    same = (np.array_equal(steps["passages derived"](), passage_keys(passages, doc_rows, documents, None, 100, "bench"))
+            and np.array_equal(steps["members derived"](), derived_members(None)))
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            c0 = time.process_time()
+            step()
+            times[name].append(time.process_time() - c0)
+    sizes = {"passages": passages.num_rows, "members": len(pieces)}
+    out = {"passages": sizes["passages"], "members": sizes["members"], "derived_same_kept_or_hashed": same}
+    for name, got in times.items():
+        median = statistics.median(got)
+        out[f"{name} cpu_s"] = round(median, 4)
+        out[f"{name} cpu_s_per_million"] = round(median / sizes[name.split()[0]] * 1e6, 3)
+        out[f"{name} all_s"] = [round(t, 4) for t in got]
+    print(json.dumps(out, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -532,6 +598,10 @@ def main() -> None:
     r.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     r.add_argument("--table", choices=["passages", "documents"], required=True)
     r.add_argument("--way", choices=["mapped", "buffered"], required=True)
+    k = sub.add_parser("piece-keys")
+    k.add_argument("--home", type=Path, required=True, help="a home with a corpus build (e.g. Wikispeedia's)")
+    k.add_argument("--repeats", type=int, default=3)
+    k.add_argument("--tokens-per-shard", type=int, default=32_000_000, help="the build's (runner.tokens_per_shard)")
     d = sub.add_parser("copies")
     d.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     args = ap.parse_args()
@@ -551,6 +621,8 @@ def main() -> None:
         bench_index(args.dump, args.work)
     elif args.step == "copies":
         bench_copies(args.home)
+    elif args.step == "piece-keys":
+        bench_piece_keys(args.home, args.repeats, args.tokens_per_shard)
     elif args.step == "read":
         bench_read(args.home, args.table, args.way)
     else:

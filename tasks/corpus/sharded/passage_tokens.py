@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts.corpus import DOCUMENTS, PASSAGES, rows_of
@@ -35,8 +33,8 @@ from funnelrag.verify import verified_entry
 from tasks.corpus.index import BM25Config, BM25Index
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded.cluster_index import VocabularyMerge, index_from_token_shards, kept_token_ids
-from tasks.corpus.sharded.piece_keys import document_text_keys, member_keys, passage_windows, window_keys
-from tasks.corpus.sharded.shards import passage_row_ranges, read_rows, read_rows_at
+from tasks.corpus.sharded.piece_keys import passage_keys
+from tasks.corpus.sharded.shards import passage_row_ranges, read_rows
 from tasks.corpus.sharded.token_memo import token_memo_dir, write_token_memo
 
 PASSAGE_TOKENS_VERSION = "3"   # 2: the entry keeps the shard's document frequencies; 3: keyed on derived passage keys
@@ -66,27 +64,13 @@ def passage_token_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     Raises
     ------
     ValueError
-        The passages are not windows of ``passage_words`` words of their documents, a document's
-        passages are not consecutive or differ in title, or ``doc_rows`` does not hold one row a
-        document (:func:`tasks.corpus.sharded.piece_keys.passage_windows`).
+        As :func:`tasks.corpus.sharded.piece_keys.passage_keys`: the passages are not windows of
+        ``passage_words`` words of their documents, or ``doc_rows`` does not hold one row a document.
     """
     path = Path(segment_dir) / PASSAGES.filename
-    what = f"{path} rows {lo}..{hi - 1}"
     table = read_rows(path, lo, hi, ["doc_id", "title", "text", "n_words"])
-    run, windows = passage_windows(table.column("doc_id").to_numpy(), table.column("n_words").to_numpy(),
-                                   passage_words, what)
-    doc_rows = np.asarray(doc_rows, np.int64)
-    firsts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if run.size else np.zeros(0, np.int64)
-    if doc_rows.size != firsts.size:
-        raise ValueError(f"{what}: {firsts.size} documents, {doc_rows.size} document rows planned")
-    titles = table.column("title").take(pa.array(firsts))
-    if run.size and not pc.all(pc.equal(table.column("title"), titles.take(pa.array(run)))).as_py():
-        raise ValueError(f"{what}: the passages of one document differ in title")
-    order = np.argsort(doc_rows)
-    docs = Path(ingest_dir) / DOCUMENTS.filename
-    text_keys = document_text_keys(tokens_dir, doc_rows, lambda: read_rows_at(docs, doc_rows[order], ["text"])
-                                   .column("text").take(pa.array(np.argsort(order))))
-    keys = window_keys(member_keys(titles, text_keys)[run], windows, passage_words)
+    keys = passage_keys(table, doc_rows, Path(ingest_dir) / DOCUMENTS.filename, tokens_dir, passage_words,
+                        f"{path} rows {lo}..{hi - 1}")
     texts = JoinedTexts(table.column("title"), table.column("text"), "\n")   # joined only where tokenized
     key = keys_digest(PASSAGE_TOKENS_VERSION, {**asdict(cfg), "keep_df": keep_df}, [], keys)
     terms, reused, from_memo = kept_token_ids(Path(work_dir) / TOKENS_DIR / key, texts, keys, cfg, memo_dir,

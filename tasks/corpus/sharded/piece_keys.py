@@ -36,10 +36,11 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from funnelrag.content_store import Utf8Rows, arrow_text_keys, digest_words, key_digests
 from tasks.corpus.segment import windows_in_member
-from tasks.corpus.sharded.shards import read_text_keys
+from tasks.corpus.sharded.shards import read_rows_at, read_text_keys
 
 MEMBER_PERSON = b"bm25-member"
 WINDOW_PERSON = b"bm25-window"
@@ -127,3 +128,34 @@ def passage_windows(doc_ids: np.ndarray, n_words: np.ndarray, passage_words: int
         raise ValueError(f"{what}: row {i} (document {int(doc_ids[i])}) has {int(n_words[i])} words, not a window "
                          f"of segment.passage_words = {passage_words}")
     return run, windows_in_member(run)
+
+
+def passage_keys(passages: pa.Table, doc_rows: np.ndarray, documents: Path, tokens_dir: Path | str | None,
+                 passage_words: int, what: str) -> np.ndarray:
+    """``(m, 2)`` uint64: the token-memo keys of consecutive rows of ``passages.parquet``
+    (``passages``: their ``doc_id``, ``title``, ``n_words``), each its document's member key
+    (:func:`member_keys` of the title of its document's first passage and the document's text key,
+    :func:`document_text_keys`) mixed with its window number and ``passage_words``
+    (:func:`window_keys`). ``doc_rows``: ``(n_documents,)`` int, the row in ``documents`` (the
+    ``documents.parquet`` file, read only for the texts of a tokens stage that kept no keys) of each
+    document of the passages, in order of first passage.
+
+    Raises
+    ------
+    ValueError
+        Naming ``what``: as :func:`passage_windows`; ``doc_rows`` does not hold one row a document;
+        a document's passages differ in title.
+    """
+    run, windows = passage_windows(passages.column("doc_id").to_numpy(), passages.column("n_words").to_numpy(),
+                                   passage_words, what)
+    doc_rows = np.asarray(doc_rows, np.int64)
+    firsts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if run.size else np.zeros(0, np.int64)
+    if doc_rows.size != firsts.size:
+        raise ValueError(f"{what}: {firsts.size} documents, {doc_rows.size} document rows planned")
+    titles = passages.column("title").take(pa.array(firsts))
+    if run.size and not pc.all(pc.equal(passages.column("title"), titles.take(pa.array(run)))).as_py():
+        raise ValueError(f"{what}: the passages of one document differ in title")
+    order = np.argsort(doc_rows)   # read in file order, hashed in the passages' order
+    text_keys = document_text_keys(tokens_dir, doc_rows, lambda: read_rows_at(documents, doc_rows[order], ["text"])
+                                   .column("text").take(pa.array(np.argsort(order))))
+    return window_keys(member_keys(titles, text_keys)[run], windows, passage_words)
