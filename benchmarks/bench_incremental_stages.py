@@ -48,7 +48,9 @@ peak RSS the call added.
 home's newest stage outputs, hashed from every piece's ``title\ntext`` (the code before,
 :meth:`funnelrag.content_store.JoinedTexts.keys`) and derived from the documents' text keys the
 tokens stage kept (:mod:`tasks.corpus.sharded.piece_keys`); the shards' inputs read first, as the
-shards read them. CPU seconds of each, ``--repeats`` alternations, medians, and per million pieces;
+shards read them (what the derived passage keys need beside: the plan's document rows of the range
+and the passages' ``doc_id`` and ``n_words`` columns, timed apart). CPU seconds of each,
+``--repeats`` alternations, medians, and per million pieces;
 a check that the derived keys are the same from the kept text keys and from the texts hashed.
 
 ``read``: one read in a fresh process, as a stage makes it: a nightly home's newest
@@ -536,6 +538,9 @@ def bench_piece_keys(home: Path, repeats: int, tokens_per_shard: int) -> None:
     steps = {
         "passages hashed": lambda: JoinedTexts(passages.column("title"), passages.column("text"), "\n").keys(),
         "passages derived": lambda: passage_keys(passages, doc_rows, documents, tokens, 100, "bench"),
+        "passages derived, its extra costs: the plan's document rows": lambda: document_rows_by_range(segment, ingest, [(plo, phi)]),
+        "passages derived, its extra costs: doc_id and n_words read": lambda: read_rows(
+            segment / C.PASSAGES.filename, plo, phi, ["doc_id", "n_words"]),
         "members hashed": pieces.keys,
         "members derived": lambda: derived_members(tokens),
     }
@@ -554,7 +559,7 @@ def bench_piece_keys(home: Path, repeats: int, tokens_per_shard: int) -> None:
     for name, got in times.items():
         median = statistics.median(got)
         out[f"{name} cpu_s"] = round(median, 4)
-        out[f"{name} cpu_s_per_million"] = round(median / sizes[name.split()[0]] * 1e6, 3)
+        out[f"{name} cpu_s_per_million"] = round(median / sizes[name.split()[0].rstrip(",")] * 1e6, 3)
         out[f"{name} all_s"] = [round(t, 4) for t in got]
     print(json.dumps(out, indent=1))
 
