@@ -31,6 +31,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES, document_key, member_order, rows_of
 from tasks.corpus.tokenize import TokenCounter
@@ -129,15 +130,44 @@ def passage_id(title: str, window: int) -> str:
     return window_id(document_key(title), "p", window)
 
 
-def windows_in_member(member_of: Sequence[int]) -> np.ndarray:
-    """``(n_windows,)`` int64: each window's index in its own article, from ``member_of`` (the
-    member of each window, members' windows consecutive, as :func:`cluster_windows` returns them)."""
-    member = np.asarray(member_of, np.int64)
-    if not member.size:
-        return np.zeros(0, np.int64)
-    starts = np.r_[True, member[1:] != member[:-1]]
-    first = np.maximum.accumulate(np.where(starts, np.arange(member.size), 0))
-    return np.arange(member.size) - first
+def window_ids(keys: pa.Array, kind: str, windows: np.ndarray) -> pa.Array:
+    """:func:`window_id` of many windows at once, in Arrow kernels (no Python string a row).
+
+    Parameters
+    ----------
+    keys : ``(n,)`` string array of the windows' :func:`data_contracts.corpus.document_key`.
+    kind : ``"u"`` or ``"p"``.
+    windows : ``(n,)`` int64 (≥ 0), each window's index in its article.
+
+    Returns
+    -------
+    pa.Array
+        ``(n,)`` strings ``{keys[i]}.{kind}{windows[i]:03d}`` (zero-padded to three digits, more
+        digits past 999: ``…p1000``), equal to :func:`window_id` row by row.
+    """
+    digits = pc.utf8_lpad(pc.cast(pa.array(windows, pa.int64()), pa.string()), width=3, padding="0")
+    return pc.binary_join_element_wise(keys, digits, f".{kind}")
+
+
+def window_numbers(n_windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each window's article and its index in it, from the windows per article.
+
+    Parameters
+    ----------
+    n_windows : ``(n_articles,)`` int64 windows of each article (articles' windows one after the other).
+
+    Returns
+    -------
+    (article, window) : ``(n_windows.sum(),)`` int64 each: the article (index into ``n_windows``) of
+        each window and the window's 0-based index in its article.
+    """
+    article = np.repeat(np.arange(n_windows.size), n_windows)
+    return article, np.arange(article.size) - np.repeat(np.cumsum(n_windows) - n_windows, n_windows)
+
+
+def _join_windows(words: list[str], passage_words: int) -> list[str]:
+    """The windows of an article split into ``words``: every ``passage_words`` words joined by one space."""
+    return [" ".join(words[i:i + passage_words]) for i in range(0, len(words), passage_words)]
 
 
 def article_windows(text: str, passage_words: int) -> list[str]:
@@ -149,8 +179,7 @@ def article_windows(text: str, passage_words: int) -> list[str]:
         ``ceil(n_words / passage_words)`` windows (words joined by one space); the last may be
         shorter; ``[]`` for a text without words.
     """
-    words = text.split()
-    return [" ".join(words[i:i + passage_words]) for i in range(0, len(words), passage_words)]
+    return _join_windows(text.split(), passage_words)
 
 
 def pack_units(window_tokens: Sequence[int] | np.ndarray, unit_max_tokens: int) -> list[int]:
@@ -183,88 +212,105 @@ def check_tokenizer(cfg: SegmentConfig, tokenizer: TokenCounter) -> None:
         raise ValueError(f"SegmentConfig.tokenizer is {cfg.tokenizer!r} but the token counter is {tokenizer.name!r}")
 
 
-def cluster_windows(cluster_id: int, doc_ids: Sequence[int], texts: Sequence[str], cfg: SegmentConfig,
-                    tokenizer: TokenCounter, window_tokens: Sequence[np.ndarray] | None = None
-                    ) -> tuple[list[str], list[int], np.ndarray, list[int]]:
-    """One cluster's windows and units, before any id: the members' ``article_windows`` in cluster
-    order and their greedy packing into units (:func:`pack_units`).
-
-    Parameters
-    ----------
-    cluster_id, doc_ids : name the cluster and its members in errors only.
-    texts : the members' texts in cluster order.
-    cfg, tokenizer : settings and the counter named ``cfg.tokenizer``.
-    window_tokens : each member's precomputed window token counts (``WindowTokens.of(row)``, the document's row);
-        ``None``: counted here with ``tokenizer``.
-
-    Returns
-    -------
-    (windows, member of each window (index into ``texts``), token counts ``(n_windows,)`` int32,
-    unit bounds ``(n_units + 1,)``; ``[0]`` without windows)
-
-    Raises
-    ------
-    ValueError
-        The tokenizer is not the configured one, or ``window_tokens`` does not match the members'
-        windows (names the cluster and the doc id).
-    """
-    check_tokenizer(cfg, tokenizer)
-    windows: list[str] = []
-    member_of: list[int] = []
-    per_member: list[int] = []
-    for m, text in enumerate(texts):
-        ws = article_windows(text, cfg.passage_words)
-        per_member.append(len(ws))
-        windows.extend(ws)
-        member_of.extend([m] * len(ws))
-    if window_tokens is None:
-        counts = tokenizer.count(windows) if windows else np.zeros(0, np.int32)
-    else:
-        if len(window_tokens) != len(texts):
-            raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {len(texts)} members")
-        for doc_id, n_win, wt in zip(doc_ids, per_member, window_tokens):
-            if len(wt) != n_win:
-                raise ValueError(f"cluster {cluster_id}, doc {doc_id}: {len(wt)} precomputed window token counts "
-                                 f"for {n_win} windows")
-        counts = np.concatenate([np.asarray(w, dtype=np.int32) for w in window_tokens] or [np.zeros(0, np.int32)])
-    return windows, member_of, counts, pack_units(counts, cfg.unit_max_tokens)
-
-
 ClusterInput = tuple[int, Sequence[int], Sequence[str], Sequence[str], "Sequence[np.ndarray] | None"]
 """One cluster to segment: ``(cluster_id, doc_ids, titles, texts, window_tokens)``, its members in
 cluster order (``window_tokens``: each member's window token counts, or ``None`` to count them)."""
 
 
+def _member_tokens(cluster_id: int, doc_ids: Sequence[int], n_windows: np.ndarray,
+                   window_tokens: Sequence[np.ndarray]) -> np.ndarray:
+    """``(n_windows.sum(),)`` int64: a cluster's precomputed window token counts (one array a member)
+    one after the other, checked against the members' ``n_windows``.
+
+    Raises
+    ------
+    ValueError
+        An array a member is missing or has not one count a window (names the cluster and the doc id).
+    """
+    if len(window_tokens) != n_windows.size:
+        raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {n_windows.size} members")
+    given = np.fromiter((len(w) for w in window_tokens), np.int64, count=n_windows.size)
+    if (given != n_windows).any():
+        m = int(np.flatnonzero(given != n_windows)[0])
+        raise ValueError(f"cluster {cluster_id}, doc {doc_ids[m]}: {given[m]} precomputed window token counts "
+                         f"for {n_windows[m]} windows")
+    return np.concatenate(window_tokens, dtype=np.int64, casting="unsafe") if n_windows.size else np.zeros(0, np.int64)
+
+
 def _segment_columns(clusters: Iterable[ClusterInput], cfg: SegmentConfig, tokenizer: TokenCounter
-                     ) -> tuple[dict[str, list], dict[str, list], list[tuple[int, int]]]:
+                     ) -> tuple[dict[str, pa.Array], dict[str, pa.Array], np.ndarray]:
     """The columns of the ``document_units`` and ``passages`` rows of ``clusters``, one cluster
-    after the other, and each cluster's ``(units, passages)``: the one segmentation behind
-    :func:`segment_clusters` and :func:`segment_cluster`."""
-    units: dict[str, list] = {name: [] for name in DOCUMENT_UNITS.schema.names}
-    passages: dict[str, list] = {name: [] for name in PASSAGES.schema.names}
-    counts: list[tuple[int, int]] = []
-    for cluster_id, doc_ids, titles, texts, window_tokens in clusters:
-        windows, members, tokens, bounds = cluster_windows(cluster_id, doc_ids, texts, cfg, tokenizer, window_tokens)
-        keys = [document_key(t) for t in titles]   # one hash a member
-        in_doc = windows_in_member(members).tolist()
-        cid = int(cluster_id)
-        for k in range(len(bounds) - 1):
-            a, b = bounds[k], bounds[k + 1]
-            uid = window_id(keys[members[a]], "u", in_doc[a])
-            for name, value in (("unit_id", uid), ("cluster_id", cid), ("position", k),
-                                ("n_tokens", int(tokens[a:b].sum())), ("n_passages", b - a),
-                                ("title", titles[members[a]])):
-                units[name].append(value)
-            passages["unit_id"].extend([uid] * (b - a))
-        passages["passage_id"].extend(window_id(keys[m], "p", w) for m, w in zip(members, in_doc))
-        passages["cluster_id"].extend([cid] * len(windows))
-        passages["doc_id"].extend(int(doc_ids[m]) for m in members)
-        passages["title"].extend(titles[m] for m in members)
-        passages["text"].extend(windows)
-        passages["n_words"].extend(w.count(" ") + 1 for w in windows)   # words joined by single spaces
-        passages["n_tokens"].extend(tokens.tolist())
-        counts.append((len(bounds) - 1, len(windows)))
-    return units, passages, counts
+    after the other, and ``(n_clusters, 2)`` int64 each cluster's units and passages: the one
+    segmentation behind :func:`segment_clusters` and :func:`segment_cluster`.
+
+    Python cuts each article into its window texts (``str.split`` and ``" ".join``, the module's
+    whitespace) and packs each cluster's windows (:func:`pack_units`); every other column is computed
+    over all clusters at once (numpy, Arrow): window numbers from the articles' word counts, ids by
+    :func:`window_ids`, members' values taken a window. Columns are Arrow arrays of the contracts' types.
+
+    Raises
+    ------
+    ValueError
+        The tokenizer is not the configured one, or a member's precomputed token counts do not match
+        its windows (names the cluster and the doc id).
+    """
+    check_tokenizer(cfg, tokenizer)
+    per_window = cfg.passage_words
+    cluster_ids: list[int] = []
+    units_of: list[int] = []                   # (n_clusters,) units
+    windows_of: list[int] = []                 # (n_clusters,) windows (passages)
+    doc_ids: list[np.ndarray] = []             # a cluster's members' doc ids
+    titles: list[str] = []                     # (n_members,)
+    article_words: list[int] = []              # (n_members,) whitespace words of each article
+    texts: list[str] = []                      # (n_windows,)
+    tokens: list[np.ndarray] = []              # a cluster's windows' token counts
+    unit_starts: list[int] = []                # (n_units,) each unit's first window
+    for cluster_id, ids, names, articles, window_tokens in clusters:
+        first = len(texts)
+        sizes = []
+        for text in articles:
+            words = text.split()
+            sizes.append(len(words))
+            texts.extend(_join_windows(words, per_window))
+        n_windows = -(-np.array(sizes, np.int64) // per_window)
+        if window_tokens is None:
+            counted = np.asarray(tokenizer.count(texts[first:]), np.int64) if len(texts) > first else np.zeros(0, np.int64)
+        else:
+            counted = _member_tokens(cluster_id, ids, n_windows, window_tokens)
+        bounds = pack_units(counted.tolist(), cfg.unit_max_tokens)
+        unit_starts.extend(first + b for b in bounds[:-1])
+        cluster_ids.append(int(cluster_id))
+        units_of.append(len(bounds) - 1)
+        windows_of.append(len(texts) - first)
+        doc_ids.append(np.asarray(ids, np.int64).reshape(-1))
+        titles.extend(names)
+        article_words.extend(sizes)
+        tokens.append(counted)
+    words_of = np.array(article_words, np.int64)                           # (n_members,)
+    member, window = window_numbers(-(-words_of // per_window))            # (n_windows,) each
+    n_tokens = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
+    starts = np.array(unit_starts, np.int64)                               # (n_units,)
+    sizes_u = np.diff(np.r_[starts, member.size])                          # windows of each unit
+    cluster_w = np.repeat(np.array(cluster_ids, np.int64), windows_of)
+    unit_cluster, position = window_numbers(np.array(units_of, np.int64))
+    keys = pa.array([document_key(t) for t in titles], pa.string())        # one hash a member
+    names = pa.array(titles, pa.string())
+    uids = window_ids(keys.take(member[starts]), "u", window[starts])
+    units = {"unit_id": uids,
+             "cluster_id": pa.array(np.array(cluster_ids, np.int64)[unit_cluster], pa.int64()),
+             "position": pa.array(position, pa.int32()),
+             "n_tokens": pa.array(np.add.reduceat(n_tokens, starts) if starts.size else starts, pa.int32()),
+             "n_passages": pa.array(sizes_u, pa.int32()),
+             "title": names.take(member[starts])}
+    passages = {"passage_id": window_ids(keys.take(member), "p", window),
+                "unit_id": uids.take(np.repeat(np.arange(starts.size), sizes_u)),
+                "cluster_id": pa.array(cluster_w, pa.int64()),
+                "doc_id": pa.array((np.concatenate(doc_ids) if doc_ids else np.zeros(0, np.int64))[member], pa.int64()),
+                "title": names.take(member),
+                "text": pa.array(texts, pa.string()),
+                "n_words": pa.array(np.minimum(per_window, words_of[member] - window * per_window), pa.int32()),
+                "n_tokens": pa.array(n_tokens, pa.int32())}
+    return units, passages, np.column_stack((np.array(units_of, np.int64), np.array(windows_of, np.int64)))
 
 
 def segment_clusters(clusters: Iterable[ClusterInput], cfg: SegmentConfig, tokenizer: TokenCounter
@@ -298,7 +344,7 @@ def segment_clusters(clusters: Iterable[ClusterInput], cfg: SegmentConfig, token
     units, passages, counts = _segment_columns(clusters, cfg, tokenizer)
     return (DOCUMENT_UNITS.validate(pa.table(units, schema=DOCUMENT_UNITS.schema)),
             PASSAGES.validate(pa.table(passages, schema=PASSAGES.schema)),
-            np.array(counts, np.int64).reshape(-1, 2))
+            counts)
 
 
 def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConfig, tokenizer: TokenCounter,
@@ -332,9 +378,9 @@ def segment_cluster(cluster_id: int, members: Sequence[Member], cfg: SegmentConf
     """
     cluster = (cluster_id, [m[0] for m in members], [m[1] for m in members], [m[2] for m in members], window_tokens)
     units, rows, _ = _segment_columns([cluster], cfg, tokenizer)
-    passages = [Passage(*values) for values in zip(*(rows[name] for name in PASSAGES.schema.names))]
+    passages = [Passage(*values) for values in zip(*(rows[name].to_pylist() for name in PASSAGES.schema.names))]
     out, at = [], 0
-    for uid, cid, position, n in zip(units["unit_id"], units["cluster_id"], units["position"], units["n_passages"]):
+    for uid, cid, position, n in zip(*(units[name].to_pylist() for name in ("unit_id", "cluster_id", "position", "n_passages"))):
         out.append(DocumentUnit(unit_id=uid, cluster_id=cid, position=position, passages=tuple(passages[at:at + n])))
         at += n
     return ClusterSegments(cluster_id=int(cluster_id), units=tuple(out))
@@ -462,8 +508,7 @@ def window_sums(word_counts: np.ndarray, doc_words: np.ndarray, passage_words: i
     windows = -(-doc_words // passage_words)
     first = np.zeros(doc_words.size, np.int64)                 # each document's first word
     np.cumsum(doc_words[:-1], out=first[1:])
-    doc_of = np.repeat(np.arange(doc_words.size), windows)     # (n_windows,)
-    k = np.arange(doc_of.size) - np.repeat(np.cumsum(windows) - windows, windows)   # window number within its document
+    doc_of, k = window_numbers(windows)                        # (n_windows,) each: document, window number in it
     begin = first[doc_of] + k * passage_words
     end = first[doc_of] + np.minimum((k + 1) * passage_words, doc_words[doc_of])
     summed = np.zeros(word_counts.size + 1, np.int64)
