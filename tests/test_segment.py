@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from data_contracts.base import ContractViolation
 from data_contracts.corpus import DOCUMENT_UNITS, PASSAGES
 from tasks.corpus.segment import (SegmentConfig, article_windows, count_window_tokens, document_key, pack_units,
-                                  segment_cluster, segment_corpus)
+                                  passage_id, segment_cluster, segment_clusters, segment_corpus, segments_to_tables,
+                                  unit_id, window_id, window_ids)
 from tasks.corpus.tokenize import WhitespaceCounter, load_token_counter
 
 WS = WhitespaceCounter()
@@ -193,3 +194,102 @@ def test_a_tokenizer_file_is_loaded_once_a_process_and_again_when_it_changes(dat
     st = (mirror / rel).stat()
     os.utime(mirror / rel, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     assert load_token_counter("t5", mirror) is not copy
+
+
+# ------------------------------------------- the columnar segmentation against a per-window reference
+SEPARATORS = (" ", "  ", "\t", "\n", " \n\t", "\u00a0", "\u2003", "\x1c", "\u3000 ")   # str.split()'s whitespace
+VOCABULARY = ("a", "bé", "日本", "x\u200by", "ß-ſ", "w")   # "\u200b" is no whitespace: it stays inside a word
+
+
+def _text(rng: np.random.Generator, n_words: int) -> str:
+    """``n_words`` words joined by random (Unicode) whitespace, with some around them."""
+    seps = [SEPARATORS[i] for i in rng.integers(0, len(SEPARATORS), n_words + 1)]
+    body = "".join(f"{VOCABULARY[rng.integers(len(VOCABULARY))]}{i}{seps[i + 1]}" for i in range(n_words))
+    return (seps[0] if rng.random() < 0.5 else "") + (body if rng.random() < 0.5 else body.rstrip())
+
+
+def _random_clusters(seed: int, cfg: SegmentConfig, counted: bool) -> list[tuple]:
+    """Clusters of 1-5 members with empty, whitespace-only, short and long articles; one cluster
+    whose members have no word, one of a single article of > 1,000 windows; precomputed window
+    counts drawn at random (so windows longer than the unit limit come up) unless ``counted``."""
+    rng = np.random.default_rng(seed)
+    clusters, title = [], 0
+    for c in range(12):
+        n_members = 1 if c % 4 == 0 else int(rng.integers(1, 6))
+        if c == 5:
+            texts = ["", " \n\t\u00a0", "\x1c\u2003"]
+        elif c == 7:
+            texts = [_text(rng, 1000 * cfg.passage_words + int(rng.integers(1, 2 * cfg.passage_words)))]
+        else:
+            texts = [("" if rng.random() < 0.5 else "\u2003 \n") if rng.random() < 0.15
+                     else _text(rng, int(rng.integers(1, 6 * cfg.passage_words))) for _ in range(n_members)]
+        titles = [f"Title {seed}/{title + m} \u00e9" for m in range(len(texts))]
+        title += len(texts)
+        doc_ids = [int(d) for d in rng.integers(0, 10**12, len(texts))]
+        tokens = None if counted else [rng.integers(0, 3 * cfg.unit_max_tokens // 2 + 2, len(article_windows(t, cfg.passage_words))
+                                                    ).astype(np.int32) for t in texts]
+        clusters.append((int(rng.integers(0, 10**12)), doc_ids, titles, texts, tokens))
+    return clusters
+
+
+def _reference(clusters: list[tuple], cfg: SegmentConfig) -> tuple[list[dict], list[dict], list[tuple[int, int]]]:
+    """The rows, window by window, from the documented pieces: ``article_windows``, ``pack_units``,
+    ``unit_id`` and ``passage_id`` (the whitespace counter for counted windows)."""
+    units, passages, counts = [], [], []
+    for cid, doc_ids, titles, texts, tokens in clusters:
+        windows = [(m, w, text) for m, article in enumerate(texts)
+                   for w, text in enumerate(article_windows(article, cfg.passage_words))]
+        n_tokens = [len(text.split()) for _, _, text in windows] if tokens is None else [int(t) for ts in tokens for t in ts]
+        bounds = pack_units(n_tokens, cfg.unit_max_tokens)
+        for position, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            m, w, _ = windows[a]
+            uid = unit_id(titles[m], w)
+            units.append({"unit_id": uid, "cluster_id": cid, "position": position, "n_tokens": sum(n_tokens[a:b]),
+                          "n_passages": b - a, "title": titles[m]})
+            passages += [{"passage_id": passage_id(titles[m], w), "unit_id": uid, "cluster_id": cid, "doc_id": doc_ids[m],
+                          "title": titles[m], "text": text, "n_words": len(text.split()), "n_tokens": n_tokens[i]}
+                         for i, (m, w, text) in enumerate(windows[a:b], start=a)]
+        counts.append((len(bounds) - 1, len(windows)))
+    return units, passages, counts
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["counted", "precomputed"])
+@pytest.mark.parametrize("seed, passage_words, unit_max_tokens", [(0, 1, 1), (1, 3, 5), (2, 7, 4), (3, 100, 1024)])
+def test_segment_clusters_rows_equal_a_per_window_reference(seed, passage_words, unit_max_tokens, counted):
+    """The columnar segmentation (window numbers, word counts and ids over all clusters at once)
+    gives, row for row, what the documented per-window steps give, on Unicode whitespace, articles
+    without words, one-member clusters, a cluster without any word, windows over the unit limit and an
+    article of more than 1,000 windows (``…p1000``); ``segment_cluster`` gives the same rows."""
+    cfg = SegmentConfig(passage_words=passage_words, unit_max_tokens=unit_max_tokens, tokenizer="whitespace")
+    clusters = _random_clusters(seed, cfg, counted)
+    units, passages, counts = segment_clusters(clusters, cfg, WS)
+    want_units, want_passages, want_counts = _reference(clusters, cfg)
+    assert units.to_pylist() == want_units
+    assert passages.to_pylist() == want_passages
+    assert counts.tolist() == [list(c) for c in want_counts] and counts.dtype == np.int64
+    long_ids = [r["passage_id"] for r in want_passages if r["cluster_id"] == clusters[7][0]]
+    assert len(long_ids) > 1000 and long_ids[1000].endswith(".p1000")
+    assert want_counts[5] == (0, 0)
+    if not counted or passage_words > unit_max_tokens:   # a window over the limit is a unit of its own
+        assert any(u["n_passages"] == 1 and u["n_tokens"] > unit_max_tokens for u in want_units)
+    one = [segment_cluster(cid, list(zip(doc_ids, titles, texts)), cfg, WS, tokens)
+           for cid, doc_ids, titles, texts, tokens in clusters]
+    one_units, one_passages = segments_to_tables(one)
+    assert one_units.to_pylist() == want_units and one_passages.to_pylist() == want_passages
+
+
+def test_window_ids_spell_ids_as_window_id():
+    keys = [document_key(t) for t in ("A", "B é", "")]
+    windows = np.array([0, 7, 999, 1000, 12345, 42], np.int64)
+    for kind in ("p", "u"):
+        got = window_ids(pa.array([keys[i % 3] for i in range(windows.size)]), kind, windows).to_pylist()
+        assert got == [window_id(keys[i % 3], kind, int(w)) for i, w in enumerate(windows)]
+    assert window_ids(pa.array([], pa.string()), "p", np.zeros(0, np.int64)).to_pylist() == []
+
+
+def test_segment_clusters_names_a_member_without_counts():
+    cfg = SegmentConfig(tokenizer="whitespace")
+    with pytest.raises(ValueError, match="cluster 3: 1 window count arrays for 2 members"):
+        segment_clusters([(3, [0, 1], ["A", "B"], ["x", "y"], [np.array([1])])], cfg, WS)
+    units, passages, counts = segment_clusters([], cfg, WS)
+    assert units.num_rows == passages.num_rows == 0 and counts.shape == (0, 2)
