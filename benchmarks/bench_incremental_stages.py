@@ -69,6 +69,11 @@ passage token memo's lookup in the callers' order vs in key order; its values ga
 by runs; a segment shard's passages written and read back as lz4 Parquet vs uncompressed Arrow
 IPC; the page memo sorted by key as a table vs as a key index.
 
+``segment-rows``: the one segmentation (:func:`tasks.corpus.segment.segment_clusters`) of every
+Wikispeedia article (from ``FUNNELRAG_DATA_MIRROR``), clustered by Algorithm 1 over its real links
+(4K T5 tokens), with the window token counts precomputed as the corpus build has them: CPU seconds
+(median of ``--repeat``), µs a passage, and a digest of the rows (equal across code versions).
+
 Run:
 ``python benchmarks/bench_incremental_stages.py ingest MIRROR --work DIR [--wiki synwiki] [--workers 2]``
 ``python benchmarks/bench_incremental_stages.py segment --home NIGHTLY_HOME --work DIR [--no-memo] [--memo-home HOME]``
@@ -80,6 +85,7 @@ Run:
 ``python benchmarks/bench_incremental_stages.py piece-keys --home HOME [--repeats 3]`` (``HOME``: e.g.
 ``funnelrag build-corpus --config configs/corpus_wikispeedia.yaml --home HOME``)
 ``python benchmarks/bench_incremental_stages.py read --home NIGHTLY_HOME --table passages|documents --way mapped|buffered``
+``FUNNELRAG_DATA_MIRROR=DATA python benchmarks/bench_incremental_stages.py segment-rows [--repeat 3]``
 """
 from __future__ import annotations
 
@@ -563,6 +569,63 @@ def bench_piece_keys(home: Path, repeats: int, tokens_per_shard: int) -> None:
         out[f"{name} all_s"] = [round(t, 4) for t in got]
     print(json.dumps(out, indent=1))
 
+def bench_segment_rows(mirror: Path, repeat: int) -> None:
+    """``segment-rows`` (module docstring): ``segment_clusters`` on the clustered Wikispeedia articles."""
+    import hashlib  # noqa: PLC0415
+    import tarfile  # noqa: PLC0415
+    from urllib.parse import unquote  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415
+
+    from funnelrag.datasets import resolve  # noqa: PLC0415
+    from tasks.corpus.clustering import ClusteringConfig, cluster_documents  # noqa: PLC0415
+    from tasks.corpus.graph import build_graph, graph_metrics  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig, count_window_tokens, segment_clusters  # noqa: PLC0415
+    from tasks.corpus.tokenize import load_token_counter  # noqa: PLC0415
+    from tasks.sources.ingest.wikispeedia import strip_header_footer  # noqa: PLC0415
+
+    texts: dict[str, str] = {}
+    with tarfile.open(resolve("wikispeedia-articles", mirror)) as tf:
+        for member in tf:
+            if member.isfile() and member.name.startswith("plaintext_articles/") and member.name.endswith(".txt"):
+                texts[Path(member.name).stem] = strip_header_footer(tf.extractfile(member).read().decode("utf-8"))
+    names = sorted(texts)   # URL-quoted, as links.tsv names them; doc id = rank
+    row = {t: i for i, t in enumerate(names)}
+    with tarfile.open(resolve("wikispeedia-graph", mirror)) as tf:
+        raw = tf.extractfile("wikispeedia_paths-and-graph/links.tsv").read().decode("utf-8")
+    links = [(row[a], row[b]) for a, b in (line.split("\t") for line in raw.splitlines() if line and not line.startswith("#"))
+             if a in row and b in row]
+    titles = [unquote(t).replace("_", " ") for t in names]
+    texts_of = [texts[t] for t in names]
+    cfg = SegmentConfig()
+    counter = load_token_counter(cfg.tokenizer, mirror)
+    wt = count_window_tokens(texts_of, cfg, counter)
+    graph = build_graph(np.array([a for a, _ in links]), np.array([b for _, b in links]), len(names))
+    clustering = cluster_documents(graph, graph_metrics(graph), wt.article_tokens(), ClusteringConfig())
+    clusters = []
+    for c in range(clustering.n_clusters):
+        rows = clustering.members[clustering.indptr[c]:clustering.indptr[c + 1]].tolist()
+        clusters.append((rows[0], np.array(rows, np.int64), [titles[r] for r in rows], [texts_of[r] for r in rows],
+                         [wt.of(r) for r in rows]))
+    seconds = []
+    for _ in range(repeat):
+        t = time.process_time()
+        units, passages, _ = segment_clusters(clusters, cfg, counter)
+        seconds.append(time.process_time() - t)
+    digest = hashlib.sha256()
+    for table in (units, passages):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        digest.update(sink.getvalue())
+    cpu_s = sorted(seconds)[len(seconds) // 2]
+    print(json.dumps({"documents": len(names), "clusters": len(clusters), "units": units.num_rows,
+                      "passages": passages.num_rows, "cpu_s": round(cpu_s, 3), "runs_cpu_s": [round(x, 3) for x in seconds],
+                      "us_a_passage": round(cpu_s / max(passages.num_rows, 1) * 1e6, 2),
+                      "rows_sha256": digest.hexdigest()[:16]}))
+
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -607,6 +670,8 @@ def main() -> None:
     k.add_argument("--home", type=Path, required=True, help="a home with a corpus build (e.g. Wikispeedia's)")
     k.add_argument("--repeats", type=int, default=3)
     k.add_argument("--tokens-per-shard", type=int, default=32_000_000, help="the build's (runner.tokens_per_shard)")
+    s = sub.add_parser("segment-rows")
+    s.add_argument("--repeat", type=int, default=3, help="calls timed (their median is printed)")
     d = sub.add_parser("copies")
     d.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     args = ap.parse_args()
@@ -630,6 +695,11 @@ def main() -> None:
         bench_piece_keys(args.home, args.repeats, args.tokens_per_shard)
     elif args.step == "read":
         bench_read(args.home, args.table, args.way)
+    elif args.step == "segment-rows":
+        mirror = os.environ.get("FUNNELRAG_DATA_MIRROR")
+        if not mirror:
+            raise SystemExit("segment-rows reads Wikispeedia from FUNNELRAG_DATA_MIRROR; set it to the data mirror")
+        bench_segment_rows(Path(mirror), args.repeat)
     else:
         bench_days(args.mirror, args.work, args.wiki)
 
