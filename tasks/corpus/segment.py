@@ -15,8 +15,9 @@ the DPR-style ~100-word windows of each article.
 * Ids from content (:func:`passage_id`, :func:`unit_id`): a passage is named by its document and
   its window, ``{key}.p{w:03d}`` (``key`` = :func:`document_key` of the document's title, ``w`` = the
   window's index in its article), a unit by its first passage's document and window,
-  ``{key}.u{w:03d}``. An unchanged article keeps its passage ids from one build to the next,
-  whatever cluster and unit Algorithm 1 puts it in; ids do not sort in file order.
+  ``{key}.u{w:03d}`` (:func:`window_ids` spells them for many windows at once, in Arrow). An
+  unchanged article keeps its passage ids from one build to the next, whatever cluster and unit
+  Algorithm 1 puts it in; ids do not sort in file order.
 
 :func:`segment_clusters` is the one segmentation: offline (whole corpus → the
 ``document_units`` and ``passages`` tables, :func:`segment_corpus`; a shard of clusters, and the
@@ -225,7 +226,7 @@ def _member_tokens(cluster_id: int, doc_ids: Sequence[int], n_windows: np.ndarra
     Raises
     ------
     ValueError
-        An array a member is missing or has not one count a window (names the cluster and the doc id).
+        Not one array a member, or not one count a window in a member's array (names the cluster and the doc id).
     """
     if len(window_tokens) != n_windows.size:
         raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {n_windows.size} members")
@@ -234,6 +235,7 @@ def _member_tokens(cluster_id: int, doc_ids: Sequence[int], n_windows: np.ndarra
         m = int(np.flatnonzero(given != n_windows)[0])
         raise ValueError(f"cluster {cluster_id}, doc {doc_ids[m]}: {given[m]} precomputed window token counts "
                          f"for {n_windows[m]} windows")
+    # unsafe: an empty list (float64 to numpy) among int32 arrays; counts are cast as np.asarray(w, int) would
     return np.concatenate(window_tokens, dtype=np.int64, casting="unsafe") if n_windows.size else np.zeros(0, np.int64)
 
 
