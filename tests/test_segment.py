@@ -208,10 +208,11 @@ def _text(rng: np.random.Generator, n_words: int) -> str:
     return (seps[0] if rng.random() < 0.5 else "") + (body if rng.random() < 0.5 else body.rstrip())
 
 
-def _random_clusters(seed: int, cfg: SegmentConfig, counted: bool) -> list[tuple]:
+def _random_clusters(seed: int, cfg: SegmentConfig, counted: str) -> list[tuple]:
     """Clusters of 1-5 members with empty, whitespace-only, short and long articles; one cluster
     whose members have no word, one of a single article of > 1,000 windows; precomputed window
-    counts drawn at random (so windows longer than the unit limit come up) unless ``counted``."""
+    counts drawn at random (so windows longer than the unit limit come up), or ``None`` (to count)
+    in every cluster (``counted`` ``"all"``) or every other one (``"some"``)."""
     rng = np.random.default_rng(seed)
     clusters, title = [], 0
     for c in range(12):
@@ -226,7 +227,7 @@ def _random_clusters(seed: int, cfg: SegmentConfig, counted: bool) -> list[tuple
         titles = [f"Title {seed}/{title + m} \u00e9" for m in range(len(texts))]
         title += len(texts)
         doc_ids = [int(d) for d in rng.integers(0, 10**12, len(texts))]
-        tokens = None if counted else [rng.integers(0, 3 * cfg.unit_max_tokens // 2 + 2, len(article_windows(t, cfg.passage_words))
+        tokens = None if counted == "all" or (counted == "some" and c % 2) else [rng.integers(0, 3 * cfg.unit_max_tokens // 2 + 2, len(article_windows(t, cfg.passage_words))
                                                     ).astype(np.int32) for t in texts]
         clusters.append((int(rng.integers(0, 10**12)), doc_ids, titles, texts, tokens))
     return clusters
@@ -253,7 +254,7 @@ def _reference(clusters: list[tuple], cfg: SegmentConfig) -> tuple[list[dict], l
     return units, passages, counts
 
 
-@pytest.mark.parametrize("counted", [True, False], ids=["counted", "precomputed"])
+@pytest.mark.parametrize("counted", ["all", "none", "some"], ids=["counted", "precomputed", "mixed"])
 @pytest.mark.parametrize("seed, passage_words, unit_max_tokens", [(0, 1, 1), (1, 3, 5), (2, 7, 4), (3, 100, 1024)])
 def test_segment_clusters_rows_equal_a_per_window_reference(seed, passage_words, unit_max_tokens, counted):
     """The columnar segmentation (window numbers, word counts and ids over all clusters at once)
@@ -270,7 +271,7 @@ def test_segment_clusters_rows_equal_a_per_window_reference(seed, passage_words,
     long_ids = [r["passage_id"] for r in want_passages if r["cluster_id"] == clusters[7][0]]
     assert len(long_ids) > 1000 and long_ids[1000].endswith(".p1000")
     assert want_counts[5] == (0, 0)
-    if not counted or passage_words > unit_max_tokens:   # a window over the limit is a unit of its own
+    if counted != "all" or passage_words > unit_max_tokens:   # a window over the limit is a unit of its own
         assert any(u["n_passages"] == 1 and u["n_tokens"] > unit_max_tokens for u in want_units)
     one = [segment_cluster(cid, list(zip(doc_ids, titles, texts)), cfg, WS, tokens)
            for cid, doc_ids, titles, texts, tokens in clusters]
@@ -291,5 +292,8 @@ def test_segment_clusters_names_a_member_without_counts():
     cfg = SegmentConfig(tokenizer="whitespace")
     with pytest.raises(ValueError, match="cluster 3: 1 window count arrays for 2 members"):
         segment_clusters([(3, [0, 1], ["A", "B"], ["x", "y"], [np.array([1])])], cfg, WS)
+    with pytest.raises(ValueError, match="cluster 4, doc 11: 2 precomputed window token counts for 1 windows"):
+        segment_clusters([(3, [0], ["A"], ["x"], [np.array([1])]), (5, [9], ["C"], ["z"], None),
+                          (4, [10, 11], ["B", "D"], ["", "y"], [np.zeros(0, np.int32), np.array([1, 1])])], cfg, WS)
     units, passages, counts = segment_clusters([], cfg, WS)
     assert units.num_rows == passages.num_rows == 0 and counts.shape == (0, 2)

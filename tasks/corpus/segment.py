@@ -218,25 +218,17 @@ ClusterInput = tuple[int, Sequence[int], Sequence[str], Sequence[str], "Sequence
 cluster order (``window_tokens``: each member's window token counts, or ``None`` to count them)."""
 
 
-def _member_tokens(cluster_id: int, doc_ids: Sequence[int], n_windows: np.ndarray,
-                   window_tokens: Sequence[np.ndarray]) -> np.ndarray:
-    """``(n_windows.sum(),)`` int64: a cluster's precomputed window token counts (one array a member)
-    one after the other, checked against the members' ``n_windows``.
-
-    Raises
-    ------
-    ValueError
-        Not one array a member, or not one count a window in a member's array (names the cluster and the doc id).
-    """
-    if len(window_tokens) != n_windows.size:
-        raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {n_windows.size} members")
-    given = np.fromiter((len(w) for w in window_tokens), np.int64, count=n_windows.size)
-    if (given != n_windows).any():
-        m = int(np.flatnonzero(given != n_windows)[0])
-        raise ValueError(f"cluster {cluster_id}, doc {doc_ids[m]}: {given[m]} precomputed window token counts "
+def _check_counts(given: np.ndarray, n_windows: np.ndarray, members_of: np.ndarray, cluster_ids: list[int],
+                  doc_ids: np.ndarray) -> None:
+    """Raise ``ValueError`` naming the first member (its cluster and doc id) whose precomputed window
+    token counts are not one a window: ``given`` ``(n_members,)`` counts given (``-1``: counted here),
+    ``n_windows`` ``(n_members,)`` its windows, ``members_of`` ``(n_clusters,)`` members a cluster."""
+    bad = np.flatnonzero((given >= 0) & (given != n_windows))
+    if bad.size:
+        m = int(bad[0])
+        c = int(np.searchsorted(np.cumsum(members_of), m, side="right"))
+        raise ValueError(f"cluster {cluster_ids[c]}, doc {doc_ids[m]}: {given[m]} precomputed window token counts "
                          f"for {n_windows[m]} windows")
-    # unsafe: an empty list (float64 to numpy) among int32 arrays; counts are cast as np.asarray(w, int) would
-    return np.concatenate(window_tokens, dtype=np.int64, casting="unsafe") if n_windows.size else np.zeros(0, np.int64)
 
 
 def _segment_columns(clusters: Iterable[ClusterInput], cfg: SegmentConfig, tokenizer: TokenCounter
@@ -253,47 +245,56 @@ def _segment_columns(clusters: Iterable[ClusterInput], cfg: SegmentConfig, token
     Raises
     ------
     ValueError
-        The tokenizer is not the configured one, or a member's precomputed token counts do not match
-        its windows (names the cluster and the doc id).
+        The tokenizer is not the configured one, or a cluster's precomputed token counts are not one
+        array a member (names the cluster) with one count a window (names the cluster and the doc id).
     """
     check_tokenizer(cfg, tokenizer)
     per_window = cfg.passage_words
     cluster_ids: list[int] = []
-    units_of: list[int] = []                   # (n_clusters,) units
+    members_of: list[int] = []                 # (n_clusters,) members
     windows_of: list[int] = []                 # (n_clusters,) windows (passages)
     doc_ids: list[np.ndarray] = []             # a cluster's members' doc ids
     titles: list[str] = []                     # (n_members,)
     article_words: list[int] = []              # (n_members,) whitespace words of each article
+    given: list[int] = []                      # (n_members,) precomputed counts given, -1: counted here
     texts: list[str] = []                      # (n_windows,)
-    tokens: list[np.ndarray] = []              # a cluster's windows' token counts
-    unit_starts: list[int] = []                # (n_units,) each unit's first window
+    tokens: list = []                          # windows' token counts: a member's or a counted cluster's
     for cluster_id, ids, names, articles, window_tokens in clusters:
-        first = len(texts)
-        sizes = []
+        first, before = len(texts), len(article_words)
         for text in articles:
             words = text.split()
-            sizes.append(len(words))
+            article_words.append(len(words))
             texts.extend(_join_windows(words, per_window))
-        n_windows = -(-np.array(sizes, np.int64) // per_window)
+        n_members = len(article_words) - before
         if window_tokens is None:
-            counted = np.asarray(tokenizer.count(texts[first:]), np.int64) if len(texts) > first else np.zeros(0, np.int64)
+            if len(texts) > first:
+                tokens.append(tokenizer.count(texts[first:]))
+            given.extend([-1] * n_members)
+        elif len(window_tokens) != n_members:
+            raise ValueError(f"cluster {cluster_id}: {len(window_tokens)} window count arrays for {n_members} members")
         else:
-            counted = _member_tokens(cluster_id, ids, n_windows, window_tokens)
-        bounds = pack_units(counted.tolist(), cfg.unit_max_tokens)
-        unit_starts.extend(first + b for b in bounds[:-1])
+            tokens.extend(window_tokens)
+            given.extend(map(len, window_tokens))
         cluster_ids.append(int(cluster_id))
-        units_of.append(len(bounds) - 1)
+        members_of.append(n_members)
         windows_of.append(len(texts) - first)
         doc_ids.append(np.asarray(ids, np.int64).reshape(-1))
         titles.extend(names)
-        article_words.extend(sizes)
-        tokens.append(counted)
     words_of = np.array(article_words, np.int64)                           # (n_members,)
-    member, window = window_numbers(-(-words_of // per_window))            # (n_windows,) each
-    n_tokens = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
+    n_windows = -(-words_of // per_window)
+    member_doc = np.concatenate(doc_ids) if doc_ids else np.zeros(0, np.int64)
+    _check_counts(np.array(given, np.int64), n_windows, np.array(members_of, np.int64), cluster_ids, member_doc)
+    # unsafe: an empty list (float64 to numpy) among int32 arrays; counts are cast as np.asarray(w, int) would
+    n_tokens = np.concatenate(tokens, dtype=np.int64, casting="unsafe") if tokens else np.zeros(0, np.int64)
+    counts, unit_starts, units_of, at = n_tokens.tolist(), [], [], 0
+    for n in windows_of:                                                   # greedy packing, cluster by cluster
+        bounds = pack_units(counts[at:at + n], cfg.unit_max_tokens)
+        unit_starts.extend(at + b for b in bounds[:-1])
+        units_of.append(len(bounds) - 1)
+        at += n
+    member, window = window_numbers(n_windows)                            # (n_windows,) each
     starts = np.array(unit_starts, np.int64)                               # (n_units,)
     sizes_u = np.diff(np.r_[starts, member.size])                          # windows of each unit
-    cluster_w = np.repeat(np.array(cluster_ids, np.int64), windows_of)
     unit_cluster, position = window_numbers(np.array(units_of, np.int64))
     keys = pa.array([document_key(t) for t in titles], pa.string())        # one hash a member
     names = pa.array(titles, pa.string())
@@ -306,8 +307,8 @@ def _segment_columns(clusters: Iterable[ClusterInput], cfg: SegmentConfig, token
              "title": names.take(member[starts])}
     passages = {"passage_id": window_ids(keys.take(member), "p", window),
                 "unit_id": uids.take(np.repeat(np.arange(starts.size), sizes_u)),
-                "cluster_id": pa.array(cluster_w, pa.int64()),
-                "doc_id": pa.array((np.concatenate(doc_ids) if doc_ids else np.zeros(0, np.int64))[member], pa.int64()),
+                "cluster_id": pa.array(np.repeat(np.array(cluster_ids, np.int64), windows_of), pa.int64()),
+                "doc_id": pa.array(member_doc[member], pa.int64()),
                 "title": names.take(member),
                 "text": pa.array(texts, pa.string()),
                 "n_words": pa.array(np.minimum(per_window, words_of[member] - window * per_window), pa.int32()),
