@@ -119,3 +119,23 @@ def test_passages_that_are_not_windows_of_passage_words_are_refused():
         passage_windows(doc_ids, np.array([100, 90, 40, 7]), 100, "p")
     with pytest.raises(ValueError, match="row 3: the passages of document 5 are not consecutive"):
         passage_windows(np.array([5, 5, 9, 5]), np.array([100, 10, 7, 3]), 100, "p")
+
+
+def test_the_window_rule_is_pinned_with_its_version(monkeypatch):
+    """Passage keys stand for a window's text by (document, window, passage_words) and the rule's
+    version: if :func:`article_windows` cuts or joins otherwise, this pin fails, and
+    ``WINDOW_RULE_VERSION`` must change with it (else the token memos would hand old windows' ids to new texts)."""
+    import hashlib
+
+    from tasks.corpus.segment import WINDOW_RULE_VERSION
+    from tasks.corpus.sharded import piece_keys
+
+    text = "Alpha  beta\tgamma\u00a0delta\u2003eps\x1czeta\u200beta\nthêta  iota kappa\u3000lambda mu"
+    windows = [article_windows(text, n) for n in (1, 3, 100)]
+    assert windows[1] == ["Alpha beta gamma", "delta eps zeta\u200beta", "thêta iota kappa", "lambda mu"]
+    assert (WINDOW_RULE_VERSION, hashlib.sha256(repr(windows).encode()).hexdigest()[:16]) == ("1", "f0aee3964515a372")
+    members = np.array([[1, 2], [3, 4]], np.uint64)
+    before = window_keys(members, np.array([0, 5]), 100)
+    monkeypatch.setattr(piece_keys, "WINDOW_RULE_VERSION", "2")
+    after = window_keys(members, np.array([0, 5]), 100)
+    assert not (before == after).all(axis=1).any()   # another rule, other keys for every window

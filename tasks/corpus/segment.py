@@ -41,6 +41,12 @@ log = logging.getLogger(__name__)
 
 Member = tuple[int, str, str]  # (doc_id, title, text)
 
+WINDOW_RULE_VERSION = "1"
+"""The rule :func:`article_windows` cuts by (Python's ``str.split()``, ``passage_words`` words a
+window, joined by one space). Keys that stand for a window's text without hashing it
+(:func:`tasks.corpus.sharded.piece_keys.window_keys`) include it: change it with the rule
+(``tests/test_piece_keys.py`` pins the rule's output on a fixed text, so a change cannot go unseen)."""
+
 
 @dataclass(frozen=True)
 class SegmentConfig:

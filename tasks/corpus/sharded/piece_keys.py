@@ -13,7 +13,8 @@ text:
 - a passage's ``title\\ntext``: its document's title and window ``w`` of the document's text cut
   every ``passage_words`` words (:func:`tasks.corpus.segment.article_windows`), so a function of
   (the member key, ``w``, ``passage_words``): :func:`window_keys`, the member key XOR a
-  BLAKE2b-128 of ``(w, passage_words)``: one hash a distinct window number, a vectorised XOR a passage.
+  BLAKE2b-128 of ``(w, passage_words,`` :data:`tasks.corpus.segment.WINDOW_RULE_VERSION` ``)``: one hash a
+  distinct window number, a vectorised XOR a passage.
 
 Why: hashing the pieces' bytes (:meth:`funnelrag.content_store.JoinedTexts.keys`) was 229 py-spy
 samples, ~4.6 CPU s, of a 200K-page night (passages 2.8, clusters 1.8), though every document's
@@ -39,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from funnelrag.content_store import Utf8Rows, arrow_text_keys, digest_words, key_digests
-from tasks.corpus.segment import windows_in_member
+from tasks.corpus.segment import WINDOW_RULE_VERSION, window_numbers
 from tasks.corpus.sharded.shards import read_rows_at, read_text_keys
 
 MEMBER_PERSON = b"bm25-member"
@@ -73,13 +74,13 @@ def window_keys(members: np.ndarray, windows: np.ndarray, passage_words: int) ->
     """``(m, 2)`` uint64: the passage keys of windows ``windows`` (``(m,)`` int, each window's number
     in its document) of documents whose member keys are ``members`` (``(m, 2)`` uint64, one a
     window): ``members ^ G(w)``, ``G(w)`` the BLAKE2b-128 of ``(w, passage_words)`` (two int64,
-    little-endian), hashed once a distinct ``w``."""
+    little-endian) and :data:`tasks.corpus.segment.WINDOW_RULE_VERSION`, hashed once a distinct ``w``."""
     members = np.asarray(members, np.uint64).reshape(-1, 2)
     windows = np.asarray(windows, np.int64)
     if windows.shape != (members.shape[0],):
         raise ValueError(f"window keys: {windows.shape} windows for {members.shape[0]} member keys")
     distinct, which = np.unique(windows, return_inverse=True)
-    salt = np.array([passage_words], "<i8").tobytes()
+    salt = np.array([passage_words], "<i8").tobytes() + WINDOW_RULE_VERSION.encode()
     mixes = digest_words(b"".join(hashlib.blake2b(np.array([w], "<i8").tobytes() + salt, digest_size=16,
                                                   person=WINDOW_PERSON).digest() for w in distinct.tolist()))
     return members ^ mixes.reshape(-1, 2)[which.reshape(-1)]
@@ -102,7 +103,7 @@ def passage_windows(doc_ids: np.ndarray, n_words: np.ndarray, passage_words: int
 
     Returns ``(run, windows)``, ``(m,)`` int64 each: ``run[i]`` the index of passage ``i``'s document
     among the documents in order of first passage, ``windows[i]`` its window number in it
-    (:func:`tasks.corpus.segment.windows_in_member`).
+    (:func:`tasks.corpus.segment.window_numbers`).
 
     Raises
     ------
@@ -127,7 +128,7 @@ def passage_windows(doc_ids: np.ndarray, n_words: np.ndarray, passage_words: int
         i = int(bad[0])
         raise ValueError(f"{what}: row {i} (document {int(doc_ids[i])}) has {int(n_words[i])} words, not a window "
                          f"of segment.passage_words = {passage_words}")
-    return run, windows_in_member(run)
+    return run, window_numbers(np.bincount(run, minlength=first_rows.size).astype(np.int64))[1]
 
 
 def passage_keys(passages: pa.Table, doc_rows: np.ndarray, documents: Path, tokens_dir: Path | str | None,
