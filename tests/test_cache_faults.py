@@ -2,7 +2,7 @@
 
 Night 1 builds a 300-page synthetic mirror's full dump; then, in a copy of that home, one file of
 every kind of cache entry the next night reads (kept ingest pieces, the page memo, the window
-token memo, segment shards and the segmentation memo, cluster and passage token shards, both BM25
+token memo, the segment shards the segmentation memo names, cluster and passage token shards, both BM25
 memos, passage index shards, the multistream index summary) gets a same-size byte flip, is cut to
 half or is deleted; or every entry loses its digest manifest (entries of a release before them).
 Each faulty night 2 publishes the content digest of a clean night 2, logs the path of every
@@ -27,6 +27,7 @@ from flows.corpus_nightly import corpus_build_nightly
 from funnelrag.store import cache_entries, entry_marker
 from funnelrag.verify import DIGESTS_FILE, entry_files
 from funnelrag.workspace import Workspace
+from tasks.corpus.sharded import segment_memo as SM
 from tasks.corpus.published import corpus_store
 
 WIKI = "synwiki"
@@ -39,12 +40,14 @@ READ = {
     "page memo": "ingest-pieces/page-memo-*",
     "multistream index summary": "ingest-pieces/multistream-index-*",
     "window token memo": "tokens-memo-*",
-    "segmentation memo": "segment-shards/segment-memo-*",
+    # what the segmentation memo reads: night 1's segment shard entries, which its manifest
+    # (segment-shards/segment-memo-*, left intact so that it names them) lists; a fault in the
+    # manifest itself makes a night cut every cluster (tests/test_segment_memo.py)
+    "segmentation memo": "segment-shards/[0-9a-f]*",
     "BM25 cluster memo": "bm25-memo-clusters-*",
     "BM25 passage memo": "bm25-memo-passages-*",
 }
 NOT_READ = {
-    "segment shard": "segment-shards/[0-9a-f]*",
     "cluster token shard": "cluster-tokens/*",
     "passage token shard": "passage-tokens/*",
     "passage index shard": "passage-shards/*",
@@ -106,6 +109,8 @@ def test_a_bad_cache_entry_is_rebuilt_never_published(night_one, data_mirror, fa
     shutil.copytree(night1, home)
     cache = home / "cache" / "corpus"
     faulty: dict[str, list[Path]] = {}
+    (memo,) = cache.glob("segment-shards/segment-memo-*")   # it names every segment shard of night 1
+    assert sorted(p for p, _ in SM.listed_parts(memo)) == sorted(cache.glob(READ["segmentation memo"]))
     for kind, pattern in {**READ, **NOT_READ}.items():
         entries = [e for e in sorted(cache.glob(pattern)) if e.is_dir()]
         assert entries, f"night 1 left no {kind} ({pattern})"

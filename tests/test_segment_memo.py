@@ -3,12 +3,15 @@ them back as they are; the one segmentation (``segment_clusters``) makes the row
 (whitespace tokens: no tokenizer file needed)."""
 from __future__ import annotations
 
+import logging
+import shutil
+
 import numpy as np
 import pytest
 import pyarrow as pa
 
-from data_contracts.base import parse_temp_name, temp_name
 from funnelrag.content_store import text_keys
+from funnelrag.verify import DIGESTS_FILE, record_digests
 from tasks.corpus.sharded import segment_memo as SM
 from tasks.corpus.segment import SegmentConfig, segment_cluster, segment_clusters, segments_to_tables
 from tasks.corpus.tokenize import WhitespaceCounter
@@ -85,8 +88,8 @@ def test_cluster_keys_follow_every_input_of_the_rows():
 def test_memo_rows_come_back_as_they_were_written_in_whole_batches(tmp_path, monkeypatch):
     """Rows taken from a memo come as one slice per run; written as they came, every night's memo
     had smaller batches (80,240 batches of ~62 passages after three nights at 1M pages, a shard's
-    rows ~7 CPU s to gather). The shard's rows and the memo are written in batches of
-    MEMO_BATCH_ROWS, and the memo gives back each cluster's rows by its key."""
+    rows ~7 CPU s to gather). A shard's rows are written in batches of MEMO_BATCH_ROWS, and the
+    memo (a manifest naming the shard's entry) gives back each cluster's rows by its key."""
     import pyarrow.ipc as ipc
 
     monkeypatch.setattr(SM, "MEMO_BATCH_ROWS", 8)
@@ -102,57 +105,95 @@ def test_memo_rows_come_back_as_they_were_written_in_whole_batches(tmp_path, mon
     SM.write_rows(part / SM.PASSAGES_FILE, frag_passages)
     keys = np.arange(2 * n, dtype=np.uint64).reshape(n, 2)[::-1].copy()   # not in key order
     SM.write_part(part, keys, counts)
+    record_digests(part)
     assert SM.has_part(part)
-    writer = SM.MemoWriter(memo)
-    writer.add(part)
-    assert writer.commit() == n
-    for f in (part / SM.UNITS_FILE, part / SM.PASSAGES_FILE, memo / SM.UNITS_FILE, memo / SM.PASSAGES_FILE):
+    assert SM.write_manifest(memo, [part]) == 1
+    for f in (part / SM.UNITS_FILE, part / SM.PASSAGES_FILE):
         reader = ipc.open_file(pa.memory_map(str(f)))
         assert reader.num_record_batches == -(-reader.read_all().num_rows // 8), f.name
     kept = SM.SegmentMemo.open(memo)
     found = kept.lookup(np.concatenate([keys[[4, 0]], [[999, 999]]]).astype(np.uint64))
-    assert found[2] == -1
+    assert found[2] == -1 and len(kept) == n
     got_units, got_passages, got_counts = kept.take(found[:2])
     want = _rows([clusters[4], clusters[0]])
     assert got_units.combine_chunks().equals(want[0]) and got_passages.combine_chunks().equals(want[1])
     assert np.array_equal(got_counts, want[2])
 
 
-def test_a_memo_written_as_the_shards_are_read_equals_one_read_from_the_parts(tmp_path):
-    """The segment stage hands each shard's rows to the next memo as it reads them
-    (MemoWriter.add with the tables) instead of reading them again: the same files. A failed
-    stage (abort) leaves the last memo and no temporary file."""
-    from funnelrag.reaper import sweep_stale_temp_dirs
+def _entry(directory, clusters, first_key):
+    """:func:`_part` with its digests recorded: a segment shard's cache entry as the build leaves it."""
+    out = _part(directory, clusters, first_key)
+    record_digests(directory)
+    return out
 
-    parts = [_part(tmp_path / f"part{p}", [(c, [c % 3, 3][::1 - 2 * p]) for c in range(5 * p, 5 * p + 5)], 5 * p)
-             for p in range(2)]
-    after = SM.MemoWriter(tmp_path / "after")
-    for part, *_ in parts:
-        after.add(part)
-    assert after.commit() == 10
-    streamed = SM.MemoWriter(tmp_path / "streamed")
-    for part, units, passages, _ in parts:
-        streamed.add(part, units, passages)
-    assert streamed.commit() == 10
-    names = sorted(f.name for f in (tmp_path / "after").iterdir())
-    assert names == sorted(f.name for f in (tmp_path / "streamed").iterdir()) and SM.PASSAGES_FILE in names
-    for name in names:
-        assert (tmp_path / "after" / name).read_bytes() == (tmp_path / "streamed" / name).read_bytes(), name
-    before = {f.name: f.read_bytes() for f in (tmp_path / "after").iterdir()}
-    failed = SM.MemoWriter(tmp_path / "after")
-    failed.add(parts[0][0])
-    failed.abort()
-    assert {f.name: f.read_bytes() for f in (tmp_path / "after").iterdir()} == before
-    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".tmp-")]
-    killed = SM.MemoWriter(tmp_path / "after")                # a stage killed after a shard: its files
-    killed.add(parts[0][0])                                   # are in a temp directory the sweep knows
-    (work,) = [f for f in tmp_path.iterdir() if f.name.startswith(".tmp-")]
-    assert sweep_stale_temp_dirs(tmp_path) == [] and work.is_dir()   # this process is alive: kept
-    dead = work.with_name(temp_name(parse_temp_name(work.name).label, pid=999_999_999))   # as if its process had died
-    work.rename(dead)
-    assert sweep_stale_temp_dirs(tmp_path) == [dead] and not dead.exists()
-    with pytest.raises(ValueError, match="passages but passages.arrow holds"):
-        SM.MemoWriter(tmp_path / "short").add(parts[0][0], parts[0][1], parts[0][2].slice(0, 1))
+
+def test_the_memo_names_the_parts_and_skips_one_gone_or_altered(tmp_path, caplog):
+    """The memo is a manifest of the last build's shard entries (no row copied): lookups and takes
+    run over their concatenation, across parts, a key two parts hold giving equal rows. A part gone
+    or whose digests differ from the manifest's is skipped with a WARNING naming it (its clusters
+    are then cut again); a part of other bytes is discarded when the build checks the memo
+    (verify_memo), a memo of other bytes too; a part whose counts and rows disagree is an error
+    naming it."""
+    root = tmp_path / "segment-shards"
+    root.mkdir()
+    groups = [[(c, [c % 3, 3][::1 - 2 * (p % 2)]) for c in range(4 * p, 4 * p + 4)] for p in range(3)]
+    parts = [_entry(root / f"part{p}", g, 4 * p) for p, g in enumerate(groups)]
+    shared = _entry(root / "again", groups[1][:2], 4)   # the same two clusters under the same keys
+    memo = SM.memo_dir(root, CFG)
+    assert SM.write_manifest(memo, [parts[0][0], parts[1][0], shared[0], parts[2][0], parts[0][0]]) == 4
+    assert sorted(f.name for f in memo.iterdir()) == sorted([SM.MANIFEST_FILE, DIGESTS_FILE])   # no row copied
+    assert [p.name for p, _ in SM.listed_parts(memo)] == ["part0", "part1", "again", "part2"]
+    keys = np.arange(24, dtype=np.uint64).reshape(12, 2)
+    kept = SM.SegmentMemo.open(memo)
+    asked = keys[[9, 2, 5, 0, 11, 4]]
+    got = kept.take(kept.lookup(asked))
+    want = _rows([groups[k // 4][k % 4] for k in (9, 2, 5, 0, 11, 4)])
+    assert got[0].combine_chunks().equals(want[0]) and got[1].combine_chunks().equals(want[1])
+    assert np.array_equal(got[2], want[2]) and kept.take(np.zeros(0, np.int64))[1].num_rows == 0
+
+    shutil.rmtree(parts[2][0])                                     # pruned by retention
+    (root / "part0" / "spare.txt").write_text("x\n")                # an entry replaced: other digests
+    record_digests(root / "part0")
+    with caplog.at_level(logging.WARNING):
+        kept = SM.SegmentMemo.open(memo)
+    logged = caplog.text
+    assert f"part {root / 'part2'} skipped: missing" in logged and f"part {root / 'part0'} skipped" in logged
+    assert "digests.json differs" in logged
+    assert kept.lookup(keys).tolist()[:4] == [-1] * 4 and (kept.lookup(keys)[4:8] >= 0).all()
+    assert (kept.lookup(keys)[8:] == -1).all()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert SM.SegmentMemo.open(memo, warn=False) is not None and not caplog.text   # the shards: quiet
+
+    data = bytearray((root / "part1" / SM.PASSAGES_FILE).read_bytes())   # a same-size flip in a part
+    data[len(data) // 2] ^= 1
+    (root / "part1" / SM.PASSAGES_FILE).write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        assert SM.verify_memo(memo) == [root / "again"]
+    assert f"cache entry {root / 'part1'} discarded" in caplog.text and not (root / "part1").exists()
+    for fault in ("flip", "truncate", "delete"):   # the manifest: the memo is discarded, every cluster cut
+        SM.write_manifest(memo, [root / "again"])
+        data = bytearray((memo / SM.MANIFEST_FILE).read_bytes())
+        data[len(data) // 2] ^= 1
+        if fault == "delete":
+            (memo / SM.MANIFEST_FILE).unlink()
+        else:
+            (memo / SM.MANIFEST_FILE).write_bytes(bytes(data if fault == "flip" else data[:len(data) // 2]))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert SM.verify_memo(memo) == [] and not memo.exists() and SM.SegmentMemo.open(memo) is None
+        assert f"cache entry {memo} discarded" in caplog.text, fault
+
+    short = root / "short"
+    _entry(short, groups[0], 0)
+    SM.write_part(short, keys[:4], np.array([[1, 1]] * 4))   # counts of other rows
+    record_digests(short)
+    SM.write_manifest(memo, [short])
+    broken = SM.SegmentMemo.open(memo)
+    with pytest.raises(ValueError, match=f"{short}: its clusters have 4 units but units.arrow holds"):
+        broken.take(np.array([0]))
+    with pytest.raises(ValueError, match="not a cache entry"):
+        SM.write_manifest(memo, [tmp_path])
 
 
 def test_segment_clusters_on_the_enwiki_sample_equals_segment_cluster(data_mirror):
@@ -191,3 +232,63 @@ def test_segment_clusters_on_the_enwiki_sample_equals_segment_cluster(data_mirro
     with pytest.raises(ValueError, match="cluster 5, doc 1001: 1 precomputed window token counts for 3 windows"):
         segment_clusters([(5, [1_000, 1_001], ["A", "B"], [texts[0], texts[2]], [counts[0], np.ones(1, np.int32)])],
                          cfg, counter)
+
+
+@pytest.fixture(scope="module")
+def enwiki_clusters(data_mirror, tmp_path_factory):
+    """The enwiki sample ingested, its whitespace window tokens and its clusters."""
+    from funnelrag.datasets import resolve
+    from tasks.corpus import stages as S
+    from tasks.corpus.clustering import ClusteringConfig
+    from tasks.sources.ingest import IngestConfig, ingest
+
+    out = tmp_path_factory.mktemp("enwiki-memo")
+    ingest([resolve("enwiki-sample", data_mirror)], out / "ingest", IngestConfig(format="mediawiki"))
+    cfg = SegmentConfig(tokenizer="whitespace")
+    S.run_tokens(out / "ingest", out / "tokens", cfg, data_mirror)
+    S.run_cluster(out / "ingest", out / "tokens", out / "cluster", ClusteringConfig(max_tokens=8192, tokenizer="whitespace"))
+    return out / "ingest", out / "tokens", out / "cluster"
+
+
+@pytest.mark.parametrize("fault", ["none", "missing", "altered", "flipped"])
+def test_a_second_build_takes_its_clusters_from_the_parts_the_memo_names(enwiki_clusters, data_mirror, tmp_path,
+                                                                         fault, caplog):
+    """Build 1 leaves its shard entries and a manifest naming them; build 2 cuts other shards (so no
+    shard entry is reused whole) and takes every cluster from build 1's parts, with the bytes of a
+    build without a memo. A part missing, replaced (other digests) or of other bytes: its clusters
+    are cut again, the same bytes, and a WARNING names it; build 2's memo names build 2's entries."""
+    from data_contracts.base import sha256_file
+    from tasks.corpus.sharded.shards import run_here, run_segment_sharded
+
+    cfg, cache = SegmentConfig(tokenizer="whitespace"), tmp_path / "cache"
+    first = run_segment_sharded(*enwiki_clusters, tmp_path / "first", cfg, data_mirror, run_here, 40_000, cache_dir=cache)
+    memo = SM.memo_dir(cache, cfg)
+    parts = [p for p, _ in SM.listed_parts(memo)]
+    assert len(parts) == first["shards"] > 2 and first["clusters_reused"] == 0 and first["memo_write_cpu_seconds"] >= 0
+    victim = parts[1]
+    lost = len(np.load(victim / SM.KEYS_FILE))
+    if fault == "missing":
+        shutil.rmtree(victim)
+    elif fault == "altered":
+        (victim / "note.txt").write_text("another entry under this name\n")
+        record_digests(victim)
+    elif fault == "flipped":
+        data = bytearray((victim / SM.PASSAGES_FILE).read_bytes())
+        data[len(data) // 2] ^= 1
+        (victim / SM.PASSAGES_FILE).write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        second = run_segment_sharded(*enwiki_clusters, tmp_path / "second", cfg, data_mirror, run_here, 25_000,
+                                     cache_dir=cache)
+    fresh = run_segment_sharded(*enwiki_clusters, tmp_path / "fresh", cfg, data_mirror, run_here, 25_000)
+    assert fresh["clusters_reused"] == 0 and fresh["memo_verify_cpu_seconds"] == 0
+    assert second["shards_reused"] == 0 and second["shards"] != first["shards"]
+    assert second["clusters_reused"] == second["clusters"] - (lost if fault != "none" else 0)
+    for name in ("document_units.parquet", "passages.parquet"):
+        assert sha256_file(tmp_path / "second" / name) == sha256_file(tmp_path / "fresh" / name)
+        assert sha256_file(tmp_path / "second" / name) == sha256_file(tmp_path / "first" / name)
+    if fault == "none":
+        assert str(victim) not in caplog.text
+    else:
+        reason = {"missing": "skipped: missing", "altered": "digests.json differs", "flipped": "discarded"}[fault]
+        assert str(victim) in caplog.text and reason in caplog.text, caplog.text
+    assert len(SM.listed_parts(memo)) == second["shards"] and not {p for p, _ in SM.listed_parts(memo)} & set(parts)

@@ -274,8 +274,13 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
         S.run_cluster(src, tmp_path / name / "tokens", tmp_path / name / "cluster", ClusteringConfig(max_tokens=8192, tokenizer="whitespace"))
         built[name] = (src, tmp_path / name / "tokens", tmp_path / name / "cluster")
     base = run_segment_sharded(*built["base"], tmp_path / "s-base", cfg, data_mirror, run_here, 40_000, cache_dir=cache)
-    memo_only = tmp_path / "memo-only"   # the memo without the shard cache: every cluster reused comes from it
-    shutil.copytree(SM.memo_dir(cache, cfg), SM.memo_dir(memo_only, cfg))
+    # the memo's parts under names no shard of tonight has (no shard entry reused whole): every
+    # cluster reused comes from them
+    memo_only = tmp_path / "memo-only"
+    parts = [memo_only / f"kept-{part.name}" for part, _ in SM.listed_parts(SM.memo_dir(cache, cfg))]
+    for part in parts:
+        shutil.copytree(cache / part.name.removeprefix("kept-"), part)
+    SM.write_manifest(SM.memo_dir(memo_only, cfg), parts)
     tonight = run_segment_sharded(*built["edited"], tmp_path / "s-tonight", cfg, data_mirror, run_here, 40_000,
                                   cache_dir=memo_only)
     fresh = run_segment_sharded(*built["edited"], tmp_path / "s-fresh", cfg, data_mirror, run_here, 40_000)

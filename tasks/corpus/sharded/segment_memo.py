@@ -17,18 +17,22 @@ a document's from its page, a cluster's from its anchor), so a row kept is tonig
 - a cluster the memo lacks is cut by :func:`tasks.corpus.segment.segment_clusters` (the one
   segmentation) and the rows of a shard put back in cluster order (:func:`interleave`).
 
-Layout: a :class:`funnelrag.content_store.ContentMemo` whose fields ``units`` and ``passages`` map each
-key to its rows' numbers in ``units.arrow`` / ``passages.arrow`` (Arrow IPC, memory-mapped). Each
-segment shard writes its rows (:func:`write_rows`) and its clusters' keys and row counts
-(:func:`write_part`) in its cache entry, and the stage replaces the memo with this build's
-shards (:class:`MemoWriter`, atomic), so it holds exactly the last build's clusters. Nothing here
-imports Prefect.
+Layout: no row is copied into the memo. Each segment shard writes its rows (:func:`write_rows`) and
+its clusters' keys and row counts (:func:`write_part`) in its own cache entry (a *part*); the memo is
+a small manifest entry (:data:`MANIFEST_FILE`, :func:`write_manifest`, atomic, with its digests)
+naming the last build's parts, each with the sha256 of its ``digests.json``, so it holds exactly the
+last build's clusters. :class:`SegmentMemo` looks keys up over the parts' keys and takes rows from
+their Arrow files (memory-mapped). The build checks the manifest and each part it lists once
+(:func:`verify_memo`); a part gone or other than the one named is skipped, and its clusters are cut
+again. Retention (:func:`funnelrag.store.prune_cache`) keeps the parts as long as the manifest: the
+build that writes it marks each of its shard entries used (made, or hit:
+:func:`funnelrag.store.mark_used`); a part pruned later is skipped. Nothing here imports Prefect.
 """
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
+import json
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -37,24 +41,31 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from data_contracts import corpus as C
-from data_contracts.base import names_disk_full, temp_name
-from funnelrag.content_store import ContentMemo, Utf8Rows, ranges_take, settings_dir, take_rows
+from data_contracts.base import atomic_directory, names_disk_full, sha256_file
+from funnelrag.content_store import Utf8Rows, join_keys, key_order, ranges_take, settings_dir, take_rows
+from funnelrag.verify import DIGESTS_FILE, record_digests, verified_entry
 from tasks.corpus.segment import SegmentConfig
 
-SEGMENT_MEMO_VERSION = "5"   # 4: doc and cluster ids from the page; 5: rows kept with their ids (no relabelling)
+log = logging.getLogger(__name__)
+
+SEGMENT_MEMO_VERSION = "6"   # 5: rows kept with their ids (no relabelling); 6: a manifest of the shards' parts
 UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
-"""The rows (``document_units`` / ``passages`` schemas) of the memo, and of a segment shard's cache entry."""
+"""The rows (``document_units`` / ``passages`` schemas) of a segment shard's cache entry."""
 KEYS_FILE, COUNTS_FILE = "keys.npy", "counts.npy"
 FIELDS = ("units", "passages")
+MANIFEST_FILE = "parts.json"
+"""The memo's manifest: ``{"segment_memo_version", "parts": [{"name", "digests_sha256"}]}``, a part's
+name being its directory under the shard cache root (the memo's parent)."""
 
 
 def memo_dir(root: Path, cfg: SegmentConfig) -> Path:
-    """The segmentation memo under ``root`` (the segment shards' cache) for ``cfg``'s settings."""
+    """The segmentation memo's manifest entry under ``root`` (the segment shards' cache, where its
+    parts are) for ``cfg``'s settings."""
     return settings_dir(root, "segment-memo", SEGMENT_MEMO_VERSION, cfg)
 
 
 MEMO_BATCH_ROWS = 65_536
-"""Rows per record batch of the memo's and the shards' Arrow files."""
+"""Rows per record batch of the shards' Arrow files (the memo's rows)."""
 
 
 def cluster_keys(bounds: Sequence[tuple[int, int]], rows: Sequence[int], cluster_ids: np.ndarray, doc_ids: np.ndarray,
@@ -87,30 +98,84 @@ def cluster_keys(bounds: Sequence[tuple[int, int]], rows: Sequence[int], cluster
 
 
 class SegmentMemo:
-    """A segmentation memo opened for lookups (:meth:`open`)."""
+    """A segmentation memo opened for lookups (:meth:`open`): the clusters of its parts, one part
+    after the other (a cluster's *memo row* is its place in that concatenation).
 
-    def __init__(self, memo: ContentMemo, units: pa.Table, passages: pa.Table):
-        self.memo, self.units, self.passages = memo, units, passages
+    ``parts``: the parts' entry directories; ``keys`` / ``counts``: each part's ``(n, 2)`` uint64
+    cluster keys and ``(n, 2)`` int64 units and passages a cluster (:func:`write_part`). A part's
+    Arrow files are memory-mapped the first time rows are taken from it."""
+
+    def __init__(self, parts: Sequence[Path], keys: Sequence[np.ndarray], counts: Sequence[np.ndarray]):
+        self.parts = [Path(p) for p in parts]
+        sizes = np.array([len(k) for k in keys], np.int64)
+        self.part_of = np.repeat(np.arange(len(self.parts), dtype=np.int64), sizes)   # (n_rows,)
+        self.counts = np.concatenate(counts).astype(np.int64) if counts else np.zeros((0, 2), np.int64)
+        # (n_rows, 2): each cluster's first unit and passage row in its own part's files
+        firsts = [np.cumsum(c, axis=0) - c for c in counts]
+        self.firsts = np.concatenate(firsts).astype(np.int64) if firsts else np.zeros((0, 2), np.int64)
+        self.rows_in = np.array([c.sum(axis=0) for c in counts], np.int64).reshape(-1, 2)   # (n_parts, 2)
+        all_keys = np.concatenate(keys).astype(np.uint64) if keys else np.zeros((0, 2), np.uint64)
+        self.order = key_order(all_keys)
+        self.sorted_keys = all_keys[self.order]
+        self._high = np.ascontiguousarray(self.sorted_keys[:, 0])
+        self._tables: dict[int, tuple[pa.Table, pa.Table]] = {}
 
     @classmethod
-    def open(cls, directory: Path | str | None) -> "SegmentMemo | None":
-        """The memo in ``directory`` (arrays and tables memory-mapped), or ``None`` when there is none."""
-        memo = ContentMemo.open(directory, FIELDS)
-        if memo is None:
+    def open(cls, directory: Path | str | None, warn: bool = True) -> "SegmentMemo | None":
+        """The memo whose manifest is ``directory`` (:func:`write_manifest`), over the parts it lists
+        that are there as it named them (:func:`usable_parts`: the others are skipped, each logged
+        at WARNING with its path and reason unless ``warn`` is False, and their clusters are cut
+        again); ``None`` when there is no manifest. Its files are not hashed here (every shard
+        opens it): the build checks them once before its shards open it (:func:`verify_memo`).
+
+        Raises ``ValueError`` naming the file when the manifest is malformed."""
+        if directory is None or not (Path(directory) / MANIFEST_FILE).is_file():
             return None
-        return cls(memo, *(read_rows(Path(directory) / name) for name in (UNITS_FILE, PASSAGES_FILE)))
+        parts = usable_parts(directory, warn)
+        return cls(parts, [np.load(p / KEYS_FILE) for p in parts], [np.load(p / COUNTS_FILE) for p in parts])
+
+    def __len__(self) -> int:
+        return int(self.part_of.size)
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Memo row of each cluster key (``-1``: not held), :meth:`funnelrag.content_store.ContentMemo.lookup`."""
-        return self.memo.lookup(keys)
+        """``(m,)`` int64 memo row of each of ``keys`` (``(m, 2)`` uint64 cluster keys), ``-1``
+        where no part holds it; a key two parts hold gives either (their rows are equal)."""
+        found = join_keys(self.sorted_keys, keys, self._high)
+        return np.where(found >= 0, self.order[np.maximum(found, 0)], -1) if len(self) else found
 
     def take(self, rows: np.ndarray) -> tuple[pa.Table, pa.Table, np.ndarray]:
-        """The rows of memo rows ``rows`` (all >= 0), one cluster after the other, and their
-        ``(len(rows), 2)`` unit and passage counts."""
-        n_units, unit_rows = self.memo.take("units", rows)
-        n_passages, passage_rows = self.memo.take("passages", rows)
-        return (take_rows(self.units, unit_rows), take_rows(self.passages, passage_rows),
-                np.stack([n_units, n_passages], axis=1).astype(np.int64))
+        """The rows of memo rows ``rows`` (``(m,)`` int, all >= 0), one cluster after the other,
+        and their ``(m, 2)`` int64 unit and passage counts. Rows that follow one another in a part's
+        file are sliced, not gathered (:func:`funnelrag.content_store.take_rows`).
+
+        Raises ``ValueError`` naming the part when its counts and its rows differ in number."""
+        rows = np.asarray(rows, np.int64)
+        counts = self.counts[rows]
+        if not rows.size:
+            return C.DOCUMENT_UNITS.schema.empty_table(), C.PASSAGES.schema.empty_table(), counts
+        needed = np.unique(self.part_of[rows])
+        tables = [self._part_tables(int(p)) for p in needed.tolist()]
+        out = []
+        for field in (0, 1):
+            base = np.zeros(len(self.parts), np.int64)   # where each needed part starts in their concatenation
+            base[needed] = np.concatenate([[0], np.cumsum(self.rows_in[needed, field])[:-1]])
+            starts = base[self.part_of[rows]] + self.firsts[rows, field]
+            _, at = ranges_take(starts, starts + counts[:, field], np.arange(int(self.rows_in[needed, field].sum())))
+            out.append(take_rows(pa.concat_tables([t[field] for t in tables]), at))
+        return out[0], out[1], counts
+
+    def _part_tables(self, part: int) -> tuple[pa.Table, pa.Table]:
+        """Part ``part``'s units and passages, memory-mapped once (:func:`read_rows`), checked
+        against its counts."""
+        if part not in self._tables:
+            directory = self.parts[part]
+            tables = (read_rows(directory / UNITS_FILE), read_rows(directory / PASSAGES_FILE))
+            for k, (name, table) in enumerate(zip((UNITS_FILE, PASSAGES_FILE), tables)):
+                if table.num_rows != int(self.rows_in[part, k]):
+                    raise ValueError(f"{directory}: its clusters have {int(self.rows_in[part, k])} {FIELDS[k]} "
+                                     f"but {name} holds {table.num_rows} rows")
+            self._tables[part] = tables
+        return self._tables[part]
 
 
 def interleave(first: tuple[pa.Table, pa.Table, np.ndarray], second: tuple[pa.Table, pa.Table, np.ndarray],
@@ -147,7 +212,7 @@ def write_rows(path: Path, table: pa.Table) -> None:
     decoded or copied).
 
     Why not Parquet: the coordinator reads these rows once, to write the build's
-    ``passages.parquet`` (zstd) and the next memo. A shard of 224,404 passages of the 200K-page
+    ``passages.parquet`` (zstd), and the next build's memo takes rows from the same file. A shard of 224,404 passages of the 200K-page
     mirror, written and read back: 0.45 CPU s as lz4 Parquet, 0.03 as uncompressed IPC
     (``benchmarks/bench_incremental_stages.py copies``), ~1.8 CPU s of the ~1M passages an
     adds-changes night (and a full build) writes, for ~1.55x the bytes in the shard cache, which
@@ -167,75 +232,75 @@ def has_part(directory: Path) -> bool:
     return all((Path(directory) / name).is_file() for name in (KEYS_FILE, COUNTS_FILE, UNITS_FILE, PASSAGES_FILE))
 
 
-class MemoWriter:
-    """The next segmentation memo, written part by part as the segment stage reads its shards
-    (:meth:`add`), then put in place atomically (:meth:`commit`): a part's rows are the shard's
-    ``document_units`` and ``passages`` rows, which the stage has just read for the build's
-    tables and hands over, so they are not read a second time. A repeated key is kept once. The
-    rows go to two Arrow files in a ``.tmp-<pid>-<memo>.parts`` directory beside ``directory``
-    (same file system), moved into the memo's directory on commit and removed on :meth:`abort`
-    (or, after a killed stage, by the cache's sweep of stale temp directories); ``directory``
-    keeps the last memo until :meth:`commit` replaces it.
+def write_manifest(directory: Path, parts: Sequence[Path]) -> int:
+    """Replace the memo ``directory`` (:func:`memo_dir`) with a manifest of ``parts`` (this build's
+    segment shard entries holding a :func:`write_part` part, in shard order; a repeated one listed
+    once), each named by its directory under ``directory``'s parent with the sha256 of its
+    ``digests.json``; atomic, with the entry's own digests (:func:`funnelrag.verify.record_digests`).
+    No row is copied. Returns the parts listed.
 
-    Each part's rows are written in record batches of :data:`MEMO_BATCH_ROWS`. A table of many
-    small batches is slow to slice and take from (each slice walks the chunk list): rows taken
-    from a memo come back as one slice per run, and written as they came, the batches got smaller
-    every night (80,240 batches of ~62 passages after three nights at 1M pages, where a shard's
-    rows took ~7 CPU s to gather instead of a few hundredths)."""
+    Raises ``ValueError`` naming the part when one is not an entry directly under the memo's parent
+    or has no ``digests.json``."""
+    directory = Path(directory)
+    listed: dict[str, str] = {}
+    for part in map(Path, parts):
+        if part.parent.resolve() != directory.parent.resolve() or not (part / DIGESTS_FILE).is_file():
+            raise ValueError(f"{part}: not a cache entry (with its {DIGESTS_FILE}) beside the segmentation memo "
+                             f"{directory}")
+        listed.setdefault(part.name, sha256_file(part / DIGESTS_FILE))
+    body = {"segment_memo_version": SEGMENT_MEMO_VERSION,
+            "parts": [{"name": name, "digests_sha256": digest} for name, digest in listed.items()]}
+    with atomic_directory(directory) as tmp:
+        (tmp / MANIFEST_FILE).write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+        record_digests(tmp)
+    return len(listed)
 
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        # ".tmp-<pid>-<name>.parts" (not atomic_directory's ".tmp-<pid>-<name>"): a killed stage's
-        # files are swept with the cache's other temp directories (funnelrag.reaper.sweep_stale_temp_dirs)
-        self._work = self.directory.parent / temp_name(f"{self.directory.name}.parts")
-        shutil.rmtree(self._work, ignore_errors=True)
-        self._work.mkdir(parents=True)
-        self._tmp = {name: self._work / name for name in (UNITS_FILE, PASSAGES_FILE)}
-        self._writers = {UNITS_FILE: ipc.new_file(str(self._tmp[UNITS_FILE]), C.DOCUMENT_UNITS.schema),
-                         PASSAGES_FILE: ipc.new_file(str(self._tmp[PASSAGES_FILE]), C.PASSAGES.schema)}
-        self._keys: list[np.ndarray] = []
-        self._counts: list[np.ndarray] = []
 
-    def add(self, part: Path, units: pa.Table | None = None, passages: pa.Table | None = None) -> None:
-        """Append the clusters of ``part`` (a segment shard's cache entry holding a :func:`write_part`
-        part); ``units`` / ``passages`` are its rows when the caller has them (else read here).
-        Raises ``ValueError`` when the part's counts and rows differ in number."""
-        part = Path(part)
-        counts = np.load(part / COUNTS_FILE)
-        for k, (name, table) in enumerate(((UNITS_FILE, units), (PASSAGES_FILE, passages))):
-            table = read_rows(part / name) if table is None else table
-            if int(counts[:, k].sum()) != table.num_rows:
-                raise ValueError(f"{part}: its clusters have {int(counts[:, k].sum())} {FIELDS[k]} "
-                                 f"but {name} holds {table.num_rows} rows")
-            self._writers[name].write_table(table.combine_chunks(), max_chunksize=MEMO_BATCH_ROWS)
-        self._keys.append(np.load(part / KEYS_FILE))
-        self._counts.append(counts)
+def listed_parts(directory: Path) -> list[tuple[Path, str]]:
+    """``[(part directory, sha256 of its digests.json)]`` the memo ``directory``'s manifest names,
+    in its order. Raises ``ValueError`` naming the file when the manifest is malformed."""
+    path = Path(directory) / MANIFEST_FILE
+    try:
+        body = json.loads(path.read_text())
+        return [(Path(directory).parent / str(p["name"]), str(p["digests_sha256"])) for p in body["parts"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a segmentation memo manifest ({exc!r})") from exc
 
-    def commit(self) -> int:
-        """Replace the memo in ``directory`` with the parts added, atomically; returns the clusters written."""
-        for writer in self._writers.values():
-            writer.close()
-        keys_all = np.concatenate(self._keys) if self._keys else np.zeros((0, 2), np.uint64)
-        counts_all = np.concatenate(self._counts) if self._counts else np.zeros((0, 2), np.int64)
-        fields = {}
-        for k, name in enumerate(FIELDS):
-            offsets = np.concatenate([[0], np.cumsum(counts_all[:, k])]).astype(np.int64)
-            fields[name] = (offsets, np.arange(int(offsets[-1]), dtype=np.int64))
-        move = lambda name: lambda path: os.replace(self._tmp[name], path)  # noqa: E731
-        try:
-            return ContentMemo.write(self.directory, keys_all, fields,
-                                     extra={name: move(name) for name in (UNITS_FILE, PASSAGES_FILE)})
-        finally:
-            self._remove_tmp()
 
-    def abort(self) -> None:
-        """Drop what was added; the last memo stays."""
-        for writer in self._writers.values():
-            try:
-                writer.close()
-            except Exception:  # noqa: BLE001 - the files are being discarded anyway
-                pass
-        self._remove_tmp()
+def part_problem(part: Path, digest: str) -> str | None:
+    """Why the part ``part`` is not the one a manifest named with ``digest`` (the sha256 of its
+    ``digests.json``), or ``None`` when it is: gone (retention, a discarded entry), without a part, or
+    with another ``digests.json`` (the entry replaced or altered since)."""
+    if not Path(part).is_dir():
+        return "missing (pruned or discarded since the memo named it)"
+    if not has_part(part) or not (Path(part) / DIGESTS_FILE).is_file():
+        return f"no longer holds a part and its {DIGESTS_FILE}"
+    if sha256_file(Path(part) / DIGESTS_FILE) != digest:
+        return f"its {DIGESTS_FILE} differs from the one the memo named (the entry was replaced or altered)"
+    return None
 
-    def _remove_tmp(self) -> None:
-        shutil.rmtree(self._work, ignore_errors=True)
+
+def usable_parts(directory: Path, warn: bool = True) -> list[Path]:
+    """The parts the memo ``directory`` lists that are there as it named them (:func:`part_problem`),
+    in its order; each other one is skipped and, with ``warn``, logged at WARNING with its path and
+    reason (its clusters are then cut again)."""
+    kept = []
+    for part, digest in listed_parts(directory):
+        problem = part_problem(part, digest)
+        if problem is None:
+            kept.append(part)
+        elif warn:
+            log.warning("segmentation memo %s: part %s skipped: %s; its clusters are cut again", directory, part, problem)
+    return kept
+
+
+def verify_memo(directory: Path | None) -> list[Path]:
+    """Check the memo ``directory`` once a build, before its shards open it: its manifest entry and
+    each part it lists (:func:`funnelrag.verify.verified_entry`, which discards an entry of other
+    bytes, logging why: its clusters are cut again, and the shard that makes them writes a fresh
+    entry). A part gone or other than the one named is skipped and logged once here
+    (:func:`usable_parts`), so the shards open the memo quietly (``SegmentMemo.open(..., warn=False)``).
+    Returns the parts that may be read (none without a memo)."""
+    if not verified_entry(directory):
+        return []
+    return [part for part in usable_parts(Path(directory)) if verified_entry(part)]

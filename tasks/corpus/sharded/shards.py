@@ -566,11 +566,11 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     :func:`partition_documents`) and their window token counts (:func:`read_rows_at`: memory
     bounded by a row group, not by the files).
 
-    With ``memo`` (the segmentation memo's directory, :func:`tasks.corpus.sharded.segment_memo.memo_dir`),
-    a cluster whose id, members' ids, titles, texts and token counts the last build segmented takes
-    its rows from the memo as they are (:func:`tasks.corpus.sharded.segment_memo.cluster_keys`), and
-    the directory also keeps the shard's part of the next memo
-    (:func:`tasks.corpus.sharded.segment_memo.write_part`).
+    With ``memo`` (the segmentation memo's manifest, :func:`tasks.corpus.sharded.segment_memo.memo_dir`,
+    checked by the build before), a cluster whose id, members' ids, titles, texts and token counts
+    the last build segmented takes its rows from the part of the last build that holds it as they
+    are (:func:`tasks.corpus.sharded.segment_memo.cluster_keys`), and the directory also keeps the
+    shard's part, which the next memo names (:func:`tasks.corpus.sharded.segment_memo.write_part`).
     """
     members = read_cluster_members(Path(cluster_dir), lo, hi)
     wanted = np.unique(members.column("doc_id").to_numpy())
@@ -603,7 +603,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     titles = docs.column("title")
     keys = (SM.cluster_keys(bounds, rows.tolist(), cids[starts], doc_ids, titles, text_keys, offsets, values)
             if memo is not None else None)
-    kept = SM.SegmentMemo.open(memo) if memo is not None else None
+    kept = SM.SegmentMemo.open(memo, warn=False) if memo is not None else None   # the build logged skipped parts
     found = kept.lookup(keys) if kept is not None else np.full(len(bounds), -1, np.int64)
     todo = [b for b, f in zip(bounds, found.tolist()) if f < 0]
     # Python strings only of the documents of the clusters segmented tonight, not of the memo's
@@ -652,11 +652,13 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
     workers) a shard whose members, texts and token counts are unchanged reuses its rows; the
     summary's ``shards_reused`` / ``shards_built`` say how many; and a cluster of any other shard
     that the last build segmented (same id, members, titles, texts) takes its rows from the segmentation memo
-    (:mod:`tasks.corpus.sharded.segment_memo`, replaced after the shards with this build's clusters;
+    (:mod:`tasks.corpus.sharded.segment_memo`: the last build's shard entries, checked once here
+    before the shards open it, then replaced after the shards by a manifest of this build's;
     ``clusters_reused`` of ``clusters``). Without it the shards' rows pass
     through ``out_dir/.segment-shards`` (removed after). ``split_dir``: the build's shared
     :class:`DocumentSplit` directory (the cluster index takes the same split from it). Summary:
-    counts, shards, the partition's and the whole stage's seconds.
+    counts, shards, the partition's and the whole stage's seconds, and the coordinator's CPU
+    seconds checking the memo (its manifest and parts) and writing the next one.
     """
     t0 = time.perf_counter()
     doc_ids = pq.read_table(Path(ingest_dir) / C.DOCUMENTS.filename, columns=["doc_id"]).column("doc_id").to_numpy()
@@ -675,34 +677,36 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
         del members
         t_partition = time.perf_counter() - t0
         memo = SM.memo_dir(rows_dir, cfg) if cache_dir is not None else None
-        verified_entry(memo)   # checked once here, not by each shard that opens it: a bad memo is discarded
+        # checked once here, not by each shard that opens it: the manifest and every part it lists
+        # (a bad one is discarded and its clusters cut again)
+        verify_cpu = write_cpu = 0.0
+        if memo is not None:
+            t_verify = time.process_time()
+            SM.verify_memo(memo)
+            verify_cpu = time.process_time() - t_verify
         calls = [(segment_shard, str(ingest_dir), str(tokens_dir), str(cluster_dir), lo, hi, cfg,
                   str(mirror) if mirror else None, str(rows_dir), str(d), str(memo) if memo else None)
                  for (lo, hi), d in zip(ranges, docs_dirs)]
-        # this build's clusters for the next one, written as the shards' rows are read (texts read once);
+        parts: list[Path] = []   # this build's shard entries: the next memo names them
+        with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
+            for kept, empty, from_memo, hit in ordered_results(submit, calls, window, "segment shards"):
+                clusters_reused += from_memo
+                units = SM.read_rows(Path(kept) / SM.UNITS_FILE)
+                units_out.write(units)
+                n_units += units.num_rows
+                unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
+                passages = SM.read_rows(Path(kept) / SM.PASSAGES_FILE)
+                passages_out.write(passages)
+                n_passages += passages.num_rows
+                if memo is not None and SM.has_part(Path(kept)):
+                    parts.append(Path(kept))
+                del units, passages
+                n_empty, reused = n_empty + empty, reused + hit
         # put in place after the last shard (no shard reads the memo then)
-        next_memo = SM.MemoWriter(memo) if memo is not None else None
-        try:
-            with C.DOCUMENT_UNITS.open_writer(out_dir) as units_out, C.PASSAGES.open_writer(out_dir) as passages_out:
-                for kept, empty, from_memo, hit in ordered_results(submit, calls, window, "segment shards"):
-                    clusters_reused += from_memo
-                    units = SM.read_rows(Path(kept) / SM.UNITS_FILE)
-                    units_out.write(units)
-                    n_units += units.num_rows
-                    unit_tokens += int(pc.sum(units.column("n_tokens")).as_py() or 0)
-                    passages = SM.read_rows(Path(kept) / SM.PASSAGES_FILE)
-                    passages_out.write(passages)
-                    n_passages += passages.num_rows
-                    if next_memo is not None and SM.has_part(Path(kept)):
-                        next_memo.add(Path(kept), units, passages)
-                    del units, passages
-                    n_empty, reused = n_empty + empty, reused + hit
-        except BaseException:
-            if next_memo is not None:
-                next_memo.abort()
-            raise
-        if next_memo is not None:
-            next_memo.commit()
+        if memo is not None:
+            t_write = time.process_time()
+            SM.write_manifest(memo, parts)
+            write_cpu = time.process_time() - t_write
     finally:
         split.close()
         if cache_dir is None:
@@ -713,4 +717,6 @@ def run_segment_sharded(ingest_dir: Path, tokens_dir: Path, cluster_dir: Path, o
             "mean_unit_tokens": unit_tokens / n_units if n_units else 0.0,
             "articles_without_passages": n_empty, "shards": len(ranges), "shards_reused": reused,
             "shards_built": len(ranges) - reused, "clusters": n_clusters, "clusters_reused": clusters_reused,
-            "partition_seconds": t_partition, "split_reused": split.reused, "seconds": time.perf_counter() - t0}
+            "partition_seconds": t_partition, "split_reused": split.reused,
+            "memo_verify_cpu_seconds": verify_cpu, "memo_write_cpu_seconds": write_cpu,
+            "seconds": time.perf_counter() - t0}
