@@ -8,12 +8,13 @@ and patched from the kept base pieces (the nightly's path). Prints wall time, CP
 outcome for each, and checks that the three give the same artifacts.
 
 ``segment``: the sharded segment stage on a nightly home's newest ingest, tokens and cluster outputs,
-with a fresh shard cache and a copy of the home's segmentation memo (``--no-memo``: without it, the
+with a fresh shard cache and a copy of the home's segmentation memo (the parts it names, renamed so
+that no shard entry is reused whole, and a manifest naming them; ``--no-memo``: without it, the
 memo this run writes left in ``--work``; ``--memo-home``: the memo of another home, e.g. the night
 before's, or such a ``--work`` directory, so that only tonight's changed clusters are segmented).
-Prints wall time, workers' CPU seconds, the clusters taken from the memo, the documents of the
-clusters cut and how many of their windows the memo held, and the top of a cProfile of the
-coordinator.
+Prints wall time, workers' CPU seconds, the clusters taken from the memo, the coordinator's CPU
+seconds checking the memo and writing the next one, the new memo's bytes, and the top of a cProfile
+of the coordinator.
 
 ``days``: the revisions of every adds-changes day of the mirror, parsed (what each night did before
 the day memo) and read from the day memo (what a night does for the days an earlier night parsed);
@@ -172,7 +173,12 @@ def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = N
     if memo:   # a nightly home's memo, or the one an earlier run of this step left in its --work
         source = memo_home or home
         shards = source / "segment-shards" if (source / "segment-shards").is_dir() else source / "cache" / "corpus" / "segment-shards"
-        shutil.copytree(SM.memo_dir(shards, cfg), SM.memo_dir(cache, cfg))
+        # the parts the memo names, under names no shard of this run has (else a shard of the same
+        # inputs would reuse its entry whole), and a manifest naming them
+        parts = [cache / f"memo-{part.name}" for part, _ in SM.listed_parts(SM.memo_dir(shards, cfg))]
+        for part in parts:
+            shutil.copytree(shards / part.name.removeprefix("memo-"), part)
+        SM.write_manifest(SM.memo_dir(cache, cfg), parts)
     mirror = os.environ.get("FUNNELRAG_DATA_MIRROR")
     profile = cProfile.Profile()
 
@@ -185,7 +191,10 @@ def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = N
             finally:
                 profile.disable()
     summary, figures = _measure(step)
-    print(json.dumps({**figures, **{k: summary[k] for k in ("clusters", "clusters_reused", "passages", "partition_seconds") if k in summary}}))
+    memo_bytes = sum(f.stat().st_size for f in SM.memo_dir(cache, cfg).rglob("*") if f.is_file())
+    print(json.dumps({**figures, "memo_bytes": memo_bytes,
+                      **{k: summary[k] for k in ("clusters", "clusters_reused", "passages", "partition_seconds",
+                                                 "memo_verify_cpu_seconds", "memo_write_cpu_seconds") if k in summary}}))
     pstats.Stats(profile).sort_stats("cumtime").print_stats(14)
 
 
@@ -318,8 +327,8 @@ def bench_memo_writes(home: Path, memo_home: Path, work: Path) -> None:
     rows = kept.lookup(keys)
     new = np.unique(keys[rows < 0], axis=0).shape[0]
     live = np.unique(rows[rows >= 0]).size + new
-    report["segment_memo"] = {"parts": len(parts), "memo_clusters": len(kept.memo), "tonight_clusters": live,
-                              "new_clusters": new, "stale_share_if_extended": round(1 - live / (len(kept.memo) + new), 3)}
+    report["segment_memo"] = {"parts": len(parts), "memo_clusters": len(kept), "tonight_clusters": live,
+                              "new_clusters": new, "stale_share_if_extended": round(1 - live / (len(kept) + new), 3)}
     print(json.dumps(report, indent=1))
 
 
