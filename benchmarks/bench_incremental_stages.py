@@ -175,7 +175,7 @@ def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = N
         shards = source / "segment-shards" if (source / "segment-shards").is_dir() else source / "cache" / "corpus" / "segment-shards"
         # the parts the memo names, under names no shard of this run has (else a shard of the same
         # inputs would reuse its entry whole), and a manifest naming them
-        parts = [cache / f"memo-{part.name}" for part, _ in SM.listed_parts(SM.memo_dir(shards, cfg))]
+        parts = [cache / f"memo-{part.name}" for part, *_ in SM.listed_parts(SM.memo_dir(shards, cfg))]
         for part in parts:
             shutil.copytree(shards / part.name.removeprefix("memo-"), part)
         SM.write_manifest(SM.memo_dir(cache, cfg), parts)

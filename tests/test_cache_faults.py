@@ -110,7 +110,7 @@ def test_a_bad_cache_entry_is_rebuilt_never_published(night_one, data_mirror, fa
     cache = home / "cache" / "corpus"
     faulty: dict[str, list[Path]] = {}
     (memo,) = cache.glob("segment-shards/segment-memo-*")   # it names every segment shard of night 1
-    assert sorted(p for p, _ in SM.listed_parts(memo)) == sorted(cache.glob(READ["segmentation memo"]))
+    assert sorted(p for p, *_ in SM.listed_parts(memo)) == sorted(cache.glob(READ["segmentation memo"]))
     for kind, pattern in {**READ, **NOT_READ}.items():
         entries = [e for e in sorted(cache.glob(pattern)) if e.is_dir()]
         assert entries, f"night 1 left no {kind} ({pattern})"

@@ -141,8 +141,9 @@ def test_the_memo_names_the_parts_and_skips_one_gone_or_altered(tmp_path, caplog
     shared = _entry(root / "again", groups[1][:2], 4)   # the same two clusters under the same keys
     memo = SM.memo_dir(root, CFG)
     assert SM.write_manifest(memo, [parts[0][0], parts[1][0], shared[0], parts[2][0], parts[0][0]]) == 4
-    assert sorted(f.name for f in memo.iterdir()) == sorted([SM.MANIFEST_FILE, DIGESTS_FILE])   # no row copied
-    assert [p.name for p, _ in SM.listed_parts(memo)] == ["part0", "part1", "again", "part2"]
+    assert sorted(f.name for f in memo.iterdir()) == sorted([SM.MANIFEST_FILE, DIGESTS_FILE, SM.INDEX_KEYS_FILE,
+                                                             SM.INDEX_ROWS_FILE, SM.COUNTS_FILE])   # no row copied
+    assert [(p.name, n) for p, _, n in SM.listed_parts(memo)] == [("part0", 4), ("part1", 4), ("again", 2), ("part2", 4)]
     keys = np.arange(24, dtype=np.uint64).reshape(12, 2)
     kept = SM.SegmentMemo.open(memo)
     asked = keys[[9, 2, 5, 0, 11, 4]]
@@ -263,7 +264,7 @@ def test_a_second_build_takes_its_clusters_from_the_parts_the_memo_names(enwiki_
     cfg, cache = SegmentConfig(tokenizer="whitespace"), tmp_path / "cache"
     first = run_segment_sharded(*enwiki_clusters, tmp_path / "first", cfg, data_mirror, run_here, 40_000, cache_dir=cache)
     memo = SM.memo_dir(cache, cfg)
-    parts = [p for p, _ in SM.listed_parts(memo)]
+    parts = [p for p, *_ in SM.listed_parts(memo)]
     assert len(parts) == first["shards"] > 2 and first["clusters_reused"] == 0 and first["memo_write_cpu_seconds"] >= 0
     victim = parts[1]
     lost = len(np.load(victim / SM.KEYS_FILE))
@@ -291,4 +292,4 @@ def test_a_second_build_takes_its_clusters_from_the_parts_the_memo_names(enwiki_
     else:
         reason = {"missing": "skipped: missing", "altered": "digests.json differs", "flipped": "discarded"}[fault]
         assert str(victim) in caplog.text and reason in caplog.text, caplog.text
-    assert len(SM.listed_parts(memo)) == second["shards"] and not {p for p, _ in SM.listed_parts(memo)} & set(parts)
+    assert len(SM.listed_parts(memo)) == second["shards"] and not {p for p, *_ in SM.listed_parts(memo)} & set(parts)

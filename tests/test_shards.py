@@ -277,7 +277,7 @@ def test_the_segment_memo_segments_only_changed_clusters(ingested, data_mirror, 
     # the memo's parts under names no shard of tonight has (no shard entry reused whole): every
     # cluster reused comes from them
     memo_only = tmp_path / "memo-only"
-    parts = [memo_only / f"kept-{part.name}" for part, _ in SM.listed_parts(SM.memo_dir(cache, cfg))]
+    parts = [memo_only / f"kept-{part.name}" for part, *_ in SM.listed_parts(SM.memo_dir(cache, cfg))]
     for part in parts:
         shutil.copytree(cache / part.name.removeprefix("kept-"), part)
     SM.write_manifest(SM.memo_dir(memo_only, cfg), parts)

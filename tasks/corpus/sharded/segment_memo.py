@@ -54,8 +54,12 @@ UNITS_FILE, PASSAGES_FILE = "units.arrow", "passages.arrow"
 KEYS_FILE, COUNTS_FILE = "keys.npy", "counts.npy"
 FIELDS = ("units", "passages")
 MANIFEST_FILE = "parts.json"
-"""The memo's manifest: ``{"segment_memo_version", "parts": [{"name", "digests_sha256"}]}``, a part's
-name being its directory under the shard cache root (the memo's parent)."""
+"""The memo's manifest: ``{"segment_memo_version", "parts": [{"name", "digests_sha256", "clusters"}]}``, a
+part's name being its directory under the shard cache root (the memo's parent)."""
+INDEX_KEYS_FILE, INDEX_ROWS_FILE = "index_keys.npy", "index_rows.npy"
+"""Beside the manifest: every listed part's cluster keys sorted (``(n, 2)`` uint64) and each one's memo
+row (``(n,)`` int64, its place in the parts' concatenation), and :data:`COUNTS_FILE` the concatenated
+counts: a shard opening the memo maps them instead of loading and sorting every part's keys."""
 
 
 def memo_dir(root: Path, cfg: SegmentConfig) -> Path:
@@ -105,34 +109,44 @@ class SegmentMemo:
     cluster keys and ``(n, 2)`` int64 units and passages a cluster (:func:`write_part`). A part's
     Arrow files are memory-mapped the first time rows are taken from it."""
 
-    def __init__(self, parts: Sequence[Path], keys: Sequence[np.ndarray], counts: Sequence[np.ndarray]):
+    def __init__(self, parts: Sequence[Path], sizes: np.ndarray, usable: np.ndarray, sorted_keys: np.ndarray,
+                 order: np.ndarray, counts: np.ndarray):
         self.parts = [Path(p) for p in parts]
-        sizes = np.array([len(k) for k in keys], np.int64)
+        sizes = np.asarray(sizes, np.int64)
         self.part_of = np.repeat(np.arange(len(self.parts), dtype=np.int64), sizes)   # (n_rows,)
-        self.counts = np.concatenate(counts).astype(np.int64) if counts else np.zeros((0, 2), np.int64)
+        self.usable = np.asarray(usable, bool)
+        self.counts = np.asarray(counts, np.int64).reshape(-1, 2)
+        if self.counts.shape[0] != int(sizes.sum()) or len(order) != self.counts.shape[0]:
+            raise ValueError(f"segmentation memo: {int(sizes.sum())} clusters in its parts, {self.counts.shape[0]} counts, "
+                             f"{len(order)} keys")
         # (n_rows, 2): each cluster's first unit and passage row in its own part's files
-        firsts = [np.cumsum(c, axis=0) - c for c in counts]
-        self.firsts = np.concatenate(firsts).astype(np.int64) if firsts else np.zeros((0, 2), np.int64)
-        self.rows_in = np.array([c.sum(axis=0) for c in counts], np.int64).reshape(-1, 2)   # (n_parts, 2)
-        all_keys = np.concatenate(keys).astype(np.uint64) if keys else np.zeros((0, 2), np.uint64)
-        self.order = key_order(all_keys)
-        self.sorted_keys = all_keys[self.order]
-        self._high = np.ascontiguousarray(self.sorted_keys[:, 0])
+        self.rows_in = np.zeros((len(self.parts), 2), np.int64)   # (n_parts, 2): units and passages of each part
+        np.add.at(self.rows_in, self.part_of, self.counts)
+        running = np.cumsum(self.counts, axis=0) - self.counts     # first rows in the parts' concatenation
+        self.firsts = running - (np.cumsum(self.rows_in, axis=0) - self.rows_in)[self.part_of]
+        self.order = np.asarray(order, np.int64)
+        self.sorted_keys = sorted_keys
+        self._high = np.ascontiguousarray(sorted_keys[:, 0])
         self._tables: dict[int, tuple[pa.Table, pa.Table]] = {}
 
     @classmethod
     def open(cls, directory: Path | str | None, warn: bool = True) -> "SegmentMemo | None":
-        """The memo whose manifest is ``directory`` (:func:`write_manifest`), over the parts it lists
-        that are there as it named them (:func:`usable_parts`: the others are skipped, each logged
-        at WARNING with its path and reason unless ``warn`` is False, and their clusters are cut
-        again); ``None`` when there is no manifest. Its files are not hashed here (every shard
-        opens it): the build checks them once before its shards open it (:func:`verify_memo`).
+        """The memo whose manifest is ``directory`` (:func:`write_manifest`: its sorted key index
+        memory-mapped, nothing sorted here), over the parts it lists that are there as it named them
+        (:func:`part_problem`: the others are skipped, each logged at WARNING with its path and
+        reason unless ``warn`` is False, and their clusters are cut again); ``None`` when there is
+        no manifest. Its files are not hashed here (every shard opens it): the build checks them
+        once before its shards open it (:func:`verify_memo`).
 
         Raises ``ValueError`` naming the file when the manifest is malformed."""
         if directory is None or not (Path(directory) / MANIFEST_FILE).is_file():
             return None
-        parts = usable_parts(directory, warn)
-        return cls(parts, [np.load(p / KEYS_FILE) for p in parts], [np.load(p / COUNTS_FILE) for p in parts])
+        directory = Path(directory)
+        listed = listed_parts(directory)
+        usable = np.array([_usable(directory, part, digest, warn) for part, digest, _ in listed], bool)
+        load = lambda name: np.load(directory / name, mmap_mode="r")   # noqa: E731
+        return cls([part for part, _, _ in listed], np.array([n for _, _, n in listed], np.int64), usable,
+                   load(INDEX_KEYS_FILE), load(INDEX_ROWS_FILE), load(COUNTS_FILE))
 
     def __len__(self) -> int:
         return int(self.part_of.size)
@@ -141,7 +155,10 @@ class SegmentMemo:
         """``(m,)`` int64 memo row of each of ``keys`` (``(m, 2)`` uint64 cluster keys), ``-1``
         where no part holds it; a key two parts hold gives either (their rows are equal)."""
         found = join_keys(self.sorted_keys, keys, self._high)
-        return np.where(found >= 0, self.order[np.maximum(found, 0)], -1) if len(self) else found
+        if not len(self):
+            return found
+        rows = np.where(found >= 0, self.order[np.maximum(found, 0)], -1)
+        return np.where((rows >= 0) & self.usable[self.part_of[np.maximum(rows, 0)]], rows, -1)
 
     def take(self, rows: np.ndarray) -> tuple[pa.Table, pa.Table, np.ndarray]:
         """The rows of memo rows ``rows`` (``(m,)`` int, all >= 0), one cluster after the other,
@@ -236,33 +253,48 @@ def write_manifest(directory: Path, parts: Sequence[Path]) -> int:
     """Replace the memo ``directory`` (:func:`memo_dir`) with a manifest of ``parts`` (this build's
     segment shard entries holding a :func:`write_part` part, in shard order; a repeated one listed
     once), each named by its directory under ``directory``'s parent with the sha256 of its
-    ``digests.json``; atomic, with the entry's own digests (:func:`funnelrag.verify.record_digests`).
-    No row is copied. Returns the parts listed.
+    ``digests.json`` and its number of clusters, and the parts' cluster keys sorted once
+    (:data:`INDEX_KEYS_FILE`); atomic, with the entry's own digests
+    (:func:`funnelrag.verify.record_digests`). No row is copied. Returns the parts listed.
 
     Raises ``ValueError`` naming the part when one is not an entry directly under the memo's parent
-    or has no ``digests.json``."""
+    or has no ``digests.json``, or its keys and counts differ in number."""
     directory = Path(directory)
-    listed: dict[str, str] = {}
+    listed: dict[str, tuple[str, np.ndarray, np.ndarray]] = {}
     for part in map(Path, parts):
         if part.parent.resolve() != directory.parent.resolve() or not (part / DIGESTS_FILE).is_file():
             raise ValueError(f"{part}: not a cache entry (with its {DIGESTS_FILE}) beside the segmentation memo "
                              f"{directory}")
-        listed.setdefault(part.name, sha256_file(part / DIGESTS_FILE))
+        if part.name not in listed:
+            keys, counts = np.load(part / KEYS_FILE), np.load(part / COUNTS_FILE)
+            if keys.shape[0] != counts.shape[0]:
+                raise ValueError(f"{part}: {keys.shape[0]} cluster keys but {counts.shape[0]} counts")
+            listed[part.name] = (sha256_file(part / DIGESTS_FILE), keys, counts)
     body = {"segment_memo_version": SEGMENT_MEMO_VERSION,
-            "parts": [{"name": name, "digests_sha256": digest} for name, digest in listed.items()]}
+            "parts": [{"name": name, "digests_sha256": digest, "clusters": int(keys.shape[0])}
+                      for name, (digest, keys, _) in listed.items()]}
+    all_keys = np.concatenate([k for _, k, _ in listed.values()]).astype(np.uint64).reshape(-1, 2) if listed \
+        else np.zeros((0, 2), np.uint64)
+    counts = np.concatenate([c for _, _, c in listed.values()]).astype(np.int64).reshape(-1, 2) if listed \
+        else np.zeros((0, 2), np.int64)
+    order = key_order(all_keys)
     with atomic_directory(directory) as tmp:
         (tmp / MANIFEST_FILE).write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+        np.save(tmp / INDEX_KEYS_FILE, np.ascontiguousarray(all_keys[order]))
+        np.save(tmp / INDEX_ROWS_FILE, np.asarray(order, np.int64))
+        np.save(tmp / COUNTS_FILE, counts)
         record_digests(tmp)
     return len(listed)
 
 
-def listed_parts(directory: Path) -> list[tuple[Path, str]]:
-    """``[(part directory, sha256 of its digests.json)]`` the memo ``directory``'s manifest names,
-    in its order. Raises ``ValueError`` naming the file when the manifest is malformed."""
+def listed_parts(directory: Path) -> list[tuple[Path, str, int]]:
+    """``[(part directory, sha256 of its digests.json, its clusters)]`` the memo ``directory``'s
+    manifest names, in its order. Raises ``ValueError`` naming the file when the manifest is malformed."""
     path = Path(directory) / MANIFEST_FILE
     try:
         body = json.loads(path.read_text())
-        return [(Path(directory).parent / str(p["name"]), str(p["digests_sha256"])) for p in body["parts"]]
+        return [(Path(directory).parent / str(p["name"]), str(p["digests_sha256"]), int(p["clusters"]))
+                for p in body["parts"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a segmentation memo manifest ({exc!r})") from exc
 
@@ -280,18 +312,20 @@ def part_problem(part: Path, digest: str) -> str | None:
     return None
 
 
+def _usable(directory: Path, part: Path, digest: str, warn: bool) -> bool:
+    """Whether the memo ``directory``'s part ``part`` is there as named (:func:`part_problem`);
+    if not and ``warn``, logged at WARNING with its path and reason."""
+    problem = part_problem(part, digest)
+    if problem is not None and warn:
+        log.warning("segmentation memo %s: part %s skipped: %s; its clusters are cut again", directory, part, problem)
+    return problem is None
+
+
 def usable_parts(directory: Path, warn: bool = True) -> list[Path]:
     """The parts the memo ``directory`` lists that are there as it named them (:func:`part_problem`),
     in its order; each other one is skipped and, with ``warn``, logged at WARNING with its path and
     reason (its clusters are then cut again)."""
-    kept = []
-    for part, digest in listed_parts(directory):
-        problem = part_problem(part, digest)
-        if problem is None:
-            kept.append(part)
-        elif warn:
-            log.warning("segmentation memo %s: part %s skipped: %s; its clusters are cut again", directory, part, problem)
-    return kept
+    return [part for part, digest, _ in listed_parts(directory) if _usable(Path(directory), part, digest, warn)]
 
 
 def verify_memo(directory: Path | None) -> list[Path]:
