@@ -531,7 +531,8 @@ def bench_piece_keys(home: Path, repeats: int, tokens_per_shard: int) -> None:
     from funnelrag.content_store import JoinedTexts  # noqa: PLC0415
     from tasks.corpus.sharded.cluster_index import cluster_pieces  # noqa: PLC0415
     from tasks.corpus.sharded.passage_tokens import document_rows_by_range  # noqa: PLC0415
-    from tasks.corpus.sharded.piece_keys import document_text_keys, member_keys, passage_keys  # noqa: PLC0415
+    from tasks.corpus.sharded.piece_keys import member_keys, passage_keys  # noqa: PLC0415
+    from tasks.corpus.sharded.shards import document_text_keys  # noqa: PLC0415
     from tasks.corpus.sharded.shards import (ROW, passage_row_ranges, read_cluster_members, read_cluster_ranges,  # noqa: PLC0415
                                              read_rows)
 

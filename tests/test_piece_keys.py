@@ -15,7 +15,8 @@ from tasks.corpus.index import BM25Config
 from tasks.corpus.segment import SegmentConfig, article_windows
 from tasks.corpus.sharded.cluster_index import plan_cluster_tokens
 from tasks.corpus.sharded.passage_tokens import PassageTokenShards
-from tasks.corpus.sharded.piece_keys import document_text_keys, member_keys, passage_windows, window_keys
+from tasks.corpus.sharded.piece_keys import member_keys, passage_windows, window_keys
+from tasks.corpus.sharded.shards import document_text_keys
 from tasks.corpus.sharded.shards import run_here, run_tokens_sharded
 from tasks.corpus.sharded.token_memo import PART_KEYS
 

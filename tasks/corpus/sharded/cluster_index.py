@@ -46,7 +46,8 @@ from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_
 from funnelrag.content_store import JoinedTexts, keys_digest
 from tasks.corpus.sharded.token_memo import PIECES_JOIN, memo_token_ids, open_token_memo, token_memo_dir, write_token_memo
 from tasks.corpus.segment import check_members
-from tasks.corpus.sharded.piece_keys import document_text_keys, member_keys
+from tasks.corpus.sharded.piece_keys import member_keys
+from tasks.corpus.sharded.shards import document_text_keys
 from tasks.corpus.sharded.shards import (ROW, DocumentSplit, member_cluster_ranks, ordered_results, put_cached,
                                          read_cluster_members, read_cluster_ranges, read_shard_documents)
 

@@ -33,15 +33,14 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from funnelrag.content_store import Utf8Rows, arrow_text_keys, digest_words, key_digests
+from funnelrag.content_store import Utf8Rows, digest_words, key_digests
 from tasks.corpus.segment import WINDOW_RULE_VERSION, window_numbers
-from tasks.corpus.sharded.shards import read_rows_at, read_text_keys
+from tasks.corpus.sharded.shards import document_text_keys, read_rows_at
 
 MEMBER_PERSON = b"bm25-member"
 WINDOW_PERSON = b"bm25-window"
@@ -86,16 +85,6 @@ def window_keys(members: np.ndarray, windows: np.ndarray, passage_words: int) ->
     return members ^ mixes.reshape(-1, 2)[which.reshape(-1)]
 
 
-def document_text_keys(tokens_dir: Path | str | None, doc_rows: np.ndarray,
-                       texts: Callable[[], pa.Array | pa.ChunkedArray]) -> np.ndarray:
-    """``(m, 2)`` uint64: the text keys of the documents in rows ``doc_rows`` of ``documents.parquet``,
-    those the tokens stage kept in ``tokens_dir`` (:func:`tasks.corpus.sharded.shards.read_text_keys`),
-    else :func:`funnelrag.content_store.arrow_text_keys` of ``texts()`` (the same documents' texts,
-    in the same order: the one-process tokens stage keeps none). Same keys either way."""
-    kept = read_text_keys(Path(tokens_dir), doc_rows) if tokens_dir is not None else None
-    return kept if kept is not None else arrow_text_keys(texts())
-
-
 def passage_windows(doc_ids: np.ndarray, n_words: np.ndarray, passage_words: int,
                     what: str) -> tuple[np.ndarray, np.ndarray]:
     """Each passage's document run and window number, from consecutive passages' ``doc_id`` and
@@ -136,7 +125,7 @@ def passage_keys(passages: pa.Table, doc_rows: np.ndarray, documents: Path, toke
     """``(m, 2)`` uint64: the token-memo keys of consecutive rows of ``passages.parquet``
     (``passages``: their ``doc_id``, ``title``, ``n_words``), each its document's member key
     (:func:`member_keys` of the title of its document's first passage and the document's text key,
-    :func:`document_text_keys`) mixed with its window number and ``passage_words``
+    :func:`tasks.corpus.sharded.shards.document_text_keys`) mixed with its window number and ``passage_words``
     (:func:`window_keys`). ``doc_rows``: ``(n_documents,)`` int, the row in ``documents`` (the
     ``documents.parquet`` file, read only for the texts of a tokens stage that kept no keys) of each
     document of the passages, in order of first passage.

@@ -308,6 +308,16 @@ def read_text_keys(tokens_dir: Path, doc_rows: np.ndarray) -> np.ndarray | None:
     return np.asarray(keys[np.asarray(doc_rows, np.int64)])
 
 
+def document_text_keys(tokens_dir: Path | str | None, doc_rows: np.ndarray,
+                       texts: Callable[[], pa.Array | pa.ChunkedArray]) -> np.ndarray:
+    """``(m, 2)`` uint64: the text keys of the documents in rows ``doc_rows`` of ``documents.parquet``,
+    those the tokens stage kept in ``tokens_dir`` (:func:`read_text_keys`),
+    else :func:`funnelrag.content_store.arrow_text_keys` of ``texts()`` (the same documents' texts,
+    in the same order: the one-process tokens stage keeps none). Same keys either way."""
+    kept = read_text_keys(Path(tokens_dir), doc_rows) if tokens_dir is not None else None
+    return kept if kept is not None else arrow_text_keys(texts())
+
+
 def tokens_memo_dir(root: Path, cfg: SegmentConfig) -> Path:
     """The window-token memo of ``cfg``'s tokenizer and window size under ``root`` (the stage
     cache): one memo per setting, so a build with other settings never reads another's counts."""
@@ -580,9 +590,7 @@ def segment_shard(ingest_dir: str, tokens_dir: str, cluster_dir: str, lo: int, h
     if doc_ids.size != wanted.size or not np.array_equal(tokens.column("doc_id").to_numpy(), doc_ids):
         raise ValueError(f"clusters {lo}..{hi - 1}: members refer to documents missing from documents or window tokens")
     docs = docs.select(DOC_COLUMNS)
-    text_keys = read_text_keys(tokens_dir, doc_rows)   # the shard's key, the clusters' keys
-    if text_keys is None:
-        text_keys = arrow_text_keys(docs.column("text"))
+    text_keys = document_text_keys(tokens_dir, doc_rows, lambda: docs.column("text"))   # the shard's key, the clusters' keys
     cached = Path(cache_dir) / _segment_key(members, docs, text_keys, tokens, cfg)
     if verified_entry(cached):
         mark_used(cached)
