@@ -54,6 +54,12 @@ and the passages' ``doc_id`` and ``n_words`` columns, timed apart). CPU seconds 
 ``--repeats`` alternations, medians, and per million pieces;
 a check that the derived keys are the same from the kept text keys and from the texts hashed.
 
+``shard-stats``: the passage index's global ``df`` merged from ``--shards`` synthetic passage token
+shards (each ``--terms`` distinct terms drawn from a Zipf law over ``--vocab`` terms, as a shard of
+a large dump holds its rare terms): CPU seconds, best of ``--repeat``, of
+:func:`tasks.corpus.sharded.sharded_index.merge_token_shard_stats`, rows in and out, and the
+file's sha256 (the same for the same shards whichever way it is merged).
+
 ``read``: one read in a fresh process, as a stage makes it: a nightly home's newest
 ``passages.parquet`` (``passage_id``, ``title``, ``text``) or ``documents.parquet`` (``doc_id``,
 ``title``, ``text``), memory-mapped (how the stages read now) or read into buffers (before): user and
@@ -636,6 +642,39 @@ def bench_segment_rows(mirror: Path, repeat: int) -> None:
                       "rows_sha256": digest.hexdigest()[:16]}))
 
 
+def bench_shard_stats(work: Path, n_shards: int, n_terms: int, vocab: int, repeat: int) -> None:
+    """``shard-stats`` (module docstring)."""
+    import numpy as np  # noqa: PLC0415 (heavy: after argument parsing)
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from tasks.corpus.index import TokenIds  # noqa: PLC0415
+    from tasks.corpus.sharded.cluster_index import DF_FILE  # noqa: PLC0415
+    from tasks.corpus.sharded.sharded_index import merge_token_shard_stats  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    names = pa.array([f"w{i:07x}" for i in range(vocab)], pa.string())
+    dirs, rows = [], 0
+    for s in range(n_shards):
+        ids = np.unique(np.minimum(rng.zipf(1.2, n_terms * 4), vocab) - 1)
+        ids = rng.permutation(ids)[:n_terms]
+        d = work / f"shard-{s:04d}"
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"term": names.take(pa.array(ids))}), d / TokenIds.TERMS_FILE)
+        np.save(d / DF_FILE, rng.integers(1, 100, ids.size).astype(np.int64))
+        np.save(d / TokenIds.OFFSETS_FILE, np.arange(0, 1001, 1, dtype=np.int64))
+        dirs.append(d)
+        rows += ids.size
+    seconds, out = [], None
+    for k in range(repeat):
+        t = time.process_time()
+        _, _, path, _ = merge_token_shard_stats(dirs, work / f"out-{k}")
+        seconds.append(time.process_time() - t)
+        out = path
+    print(json.dumps({"shards": n_shards, "rows_in": rows, "terms_out": pq.read_metadata(out).num_rows,
+                      "cpu_s": round(min(seconds), 3), "runs_cpu_s": [round(x, 3) for x in seconds],
+                      "sha256": sha256_file(out)[:16]}))
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -682,6 +721,12 @@ def main() -> None:
     k.add_argument("--tokens-per-shard", type=int, default=32_000_000, help="the build's (runner.tokens_per_shard)")
     s = sub.add_parser("segment-rows")
     s.add_argument("--repeat", type=int, default=3, help="calls timed (their median is printed)")
+    t = sub.add_parser("shard-stats")
+    t.add_argument("--work", type=Path, required=True)
+    t.add_argument("--shards", type=int, default=140, help="passage token shards (the full English dump: ~140)")
+    t.add_argument("--terms", type=int, default=400_000, help="distinct terms a shard")
+    t.add_argument("--vocab", type=int, default=8_000_000, help="terms the shards draw from")
+    t.add_argument("--repeat", type=int, default=1)
     d = sub.add_parser("copies")
     d.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     args = ap.parse_args()
@@ -703,6 +748,8 @@ def main() -> None:
         bench_copies(args.home)
     elif args.step == "piece-keys":
         bench_piece_keys(args.home, args.repeats, args.tokens_per_shard)
+    elif args.step == "shard-stats":
+        bench_shard_stats(args.work, args.shards, args.terms, args.vocab, args.repeat)
     elif args.step == "read":
         bench_read(args.home, args.table, args.way)
     elif args.step == "segment-rows":

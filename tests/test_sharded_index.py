@@ -281,3 +281,47 @@ def test_a_flipped_kept_df_is_caught_and_its_token_shard_rebuilt(segmented, tmp_
     clean = build_passage_shards(seg, clusters, tmp_path / "clean", cfg, budget, run_here, tmp_path / "clean-work", **docs)
     assert clean["passage_token_shards_built"] == n
     assert _files(tmp_path / "b") == _files(tmp_path / "clean") == _files(tmp_path / "a")
+
+
+def _token_shard(directory, terms: list[str], df: list[int], n_docs: int, n_tokens: int):
+    """A passage token shard's files :func:`merge_token_shard_stats` reads (vocabulary, df, offsets)."""
+    from tasks.corpus.index import TokenIds
+
+    directory.mkdir(parents=True)
+    pa.parquet.write_table(pa.table({"term": pa.array(terms, pa.string())}), directory / TokenIds.TERMS_FILE)
+    np.save(directory / DF_FILE, np.asarray(df, np.int64))
+    np.save(directory / TokenIds.OFFSETS_FILE, np.linspace(0, n_tokens, n_docs + 1).astype(np.int64))
+    return directory
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 7, 40])
+def test_merged_token_shard_stats_sum_every_shard_by_term(tmp_path, n_shards):
+    """The global ``df`` equals a per-term sum over all shards (shards of very different vocabulary
+    sizes, so the merge runs at several points), term-sorted; ``N`` and the total length add up; the
+    same shards in another order give the same file and key."""
+    import collections
+
+    import pyarrow.parquet as pq
+
+    from tasks.corpus.sharded.sharded_index import merge_token_shard_stats
+
+    rng = np.random.default_rng(n_shards)
+    expect: collections.Counter = collections.Counter()
+    dirs, docs, tokens = [], [], 0
+    for s in range(n_shards):
+        size = int(rng.choice([1, 30, 2_000]))   # small shards wait, large ones trigger a merge
+        ids = np.unique(rng.integers(0, 5_000, size))
+        terms = [f"t{i}é" for i in rng.permutation(ids)]   # a shard's vocabulary is in its own order
+        df = rng.integers(1, 9, len(terms)).tolist()
+        expect.update(dict(zip(terms, df)))
+        n_docs, n_tok = int(rng.integers(1, 50)), int(rng.integers(50, 900))
+        dirs.append(_token_shard(tmp_path / f"shard-{s}", terms, df, n_docs, n_tok))
+        docs.append(n_docs)
+        tokens += n_tok
+    n, total, path, key = merge_token_shard_stats(dirs, tmp_path / "a")
+    got = pq.read_table(path)
+    assert got.column("term").to_pylist() == sorted(expect)
+    assert dict(zip(got.column("term").to_pylist(), got.column("df").to_pylist())) == dict(expect)
+    assert (n, total) == (docs, tokens)
+    n2, total2, path2, key2 = merge_token_shard_stats(dirs[::-1], tmp_path / "b")
+    assert (sorted(n2), total2, key2, path2.read_bytes()) == (sorted(n), total, key, path.read_bytes())
