@@ -296,15 +296,21 @@ def bench_memo_writes(home: Path, memo_home: Path, work: Path) -> None:
     from tasks.corpus.sharded import segment_memo as SM  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.sharded.piece_keys import passage_keys  # noqa: PLC0415
     from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo  # noqa: PLC0415
 
     root, old_root = home / "cache" / "corpus", memo_home / "cache" / "corpus"
-    segment = _newest(home, "segment")
-    passages = C.PASSAGES.read(segment, columns=["title", "text"])
+    segment, ingest = _newest(home, "segment"), _newest(home, "ingest")
+    passages = C.PASSAGES.read(segment, columns=["doc_id", "title", "text", "n_words"])
     texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
+    doc_ids = passages.column("doc_id").to_numpy()
+    firsts = doc_ids[np.flatnonzero(np.r_[True, doc_ids[1:] != doc_ids[:-1]])]   # documents in order of first passage
+    doc_rows = C.rows_of(C.DOCUMENTS.read(ingest, columns=["doc_id"]).column("doc_id").to_numpy(), firsts, str(ingest))
+    keys = passage_keys(passages, doc_rows, ingest / C.DOCUMENTS.filename, _newest(home, "tokens"),
+                        SegmentConfig().passage_words, str(segment))   # the keys the passage token shards derive
     cfg = BM25Config()
     old_tokens = token_memo_dir(old_root, "passages", cfg)
-    found = memo_token_ids(texts, cfg, *open_token_memo(old_tokens))
+    found = memo_token_ids(texts, cfg, *open_token_memo(old_tokens), keys=keys)
 
     def fresh(src: Path, name: str) -> Path:
         dst = work / name
@@ -322,7 +328,7 @@ def bench_memo_writes(home: Path, memo_home: Path, work: Path) -> None:
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         got = (round(r1.ru_utime - r0.ru_utime, 3), round(r1.ru_stime - r0.ru_stime, 3))
         best = got if best is None or sum(got) < sum(best) else best
-    again = memo_token_ids(texts, cfg, *open_token_memo(work / "tokens"))
+    again = memo_token_ids(texts, cfg, *open_token_memo(work / "tokens"), keys=keys)
     report["rewritten"] = {"user_sys_s": best, "files": sorted(p.name for p in (work / "tokens").iterdir()),
                            "ids_sha256": hashlib.sha256(again.tokens.ids.tobytes()).hexdigest()[:16]}
     # tonight's segment shard parts: the entries written with the newest segment output
