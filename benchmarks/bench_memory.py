@@ -18,6 +18,10 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
   run one after another in one worker process (as in a nightly build), without and with
   :func:`funnelrag.memory.release_memory` after each: every task's tokens, RSS at its start,
   its peak and its end.
+* ``token-memo SHARD_DIRS... --tile 1 3``: the coordinator's BM25 token memo write
+  (:func:`tasks.corpus.sharded.token_memo.write_token_memo`) from a build's token shards (the
+  ``passage-tokens/<key>`` or ``cluster-tokens/<key>`` entries of its cache), the shard list repeated
+  K times (K x the token ids written; same pieces and vocabulary).
 * ``vocabulary --terms 450000 1800000``: bytes a vocabulary term: 8 shards of random 9-letter terms
   (each term in ~2 shards, 3 tokens each), merged, indexed and saved.
 
@@ -222,6 +226,14 @@ def one_tiled_index(work: Path, keys: list[str], tile: int) -> dict:
     return _measured(step)
 
 
+def one_token_memo(dirs: list[Path], tile: int, tmp: Path) -> dict:
+    from tasks.corpus.index import TokenIds  # noqa: PLC0415
+    from tasks.corpus.sharded.token_memo import write_token_memo  # noqa: PLC0415
+
+    tokens = tile * sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r")[-1]) for d in dirs)
+    return _measured(lambda: {"tile": tile, "tokens": tokens, "pieces": write_token_memo(tmp / "memo", dirs * tile)})
+
+
 def one_vocabulary(n_terms: int, tmp: Path) -> dict:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
@@ -275,9 +287,12 @@ def main() -> None:
     r.add_argument("--size", type=int, default=32_000_000, help="the most tokens of a shard")
     r.add_argument("--tasks", type=int, default=6)
     r.add_argument("--release", choices=["no", "yes", "both"], default="both")
+    m = sub.add_parser("token-memo")
+    m.add_argument("dirs", type=Path, nargs="+")
+    m.add_argument("--tile", type=int, nargs="+", default=[1, 3])
     v = sub.add_parser("vocabulary")
     v.add_argument("--terms", type=int, nargs="+", default=[450_000, 1_800_000])
-    for p in (t, c, r, v):
+    for p in (t, c, r, m, v):
         p.add_argument("--one", help=argparse.SUPPRESS)
         p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -285,6 +300,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             if args.what == "tasks":
                 out = one_task(args.stages, args.kind, int(args.one), Path(tmp))
+            elif args.what == "token-memo":
+                out = one_token_memo(args.dirs, int(args.one), Path(tmp))
             elif args.what == "cluster-index":
                 out = one_tiled_index(args.work, json.loads((args.work / "order.json").read_text()), int(args.one))
             else:
@@ -307,6 +324,9 @@ def main() -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         unit = "pairs"
+    elif args.what == "token-memo":
+        rows = [_child(["token-memo", *map(str, args.dirs), "--one", str(k)]) for k in args.tile]
+        unit = "tokens"
     else:
         rows = [_child(["vocabulary", "--one", str(n)]) for n in args.terms]
         unit = "vocabulary"

@@ -48,7 +48,8 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -392,16 +393,18 @@ class ContentMemo:
         return ranges_take(starts, ends, self.fields[field][1])
 
     @staticmethod
-    def write(directory: Path, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    def write(directory: Path, keys: np.ndarray, fields: Mapping[str, tuple[np.ndarray, "np.ndarray | DataParts"]],
               extra: Mapping[str, Callable[[Path], None]] | None = None) -> int:
         """Replace the entry in ``directory`` atomically with ``keys`` (``(n, 2)`` uint64) and, per
-        field, a CSR ``(offsets (n + 1,), data)`` aligned with ``keys``. Rows are sorted by key
+        field, a CSR ``(offsets (n + 1,), data)`` aligned with ``keys``; ``data`` an array, or
+        :class:`DataParts` written part by part (never held together). Rows are sorted by key
         and a repeated key kept once (equal contents have equal values); ``extra`` maps a file
         name to a writer ``(path) -> None`` of a file that goes into the same directory (a
         vocabulary, the Arrow files whose row numbers a field holds). The digest manifest is
         written last. Returns the rows written.
 
-        Raises ``ValueError`` when a field's offsets do not have ``n + 1`` entries."""
+        Raises ``ValueError`` when a field's offsets do not have ``n + 1`` entries, or its
+        :class:`DataParts` hold another number of values than ``offsets[-1]``."""
         keys = np.asarray(keys, np.uint64).reshape(-1, 2)
         n = keys.shape[0]
         for name, (offsets, _) in fields.items():
@@ -413,12 +416,46 @@ class ContentMemo:
             for name, (offsets, data) in fields.items():
                 offsets = np.asarray(offsets, np.int64)
                 np.save(tmp / f"{name}.bounds.npy", np.stack([offsets[:-1][rows], offsets[1:][rows]], axis=1))
-                np.save(tmp / f"{name}.data.npy", np.asarray(data))
+                if isinstance(data, DataParts):
+                    data.save(tmp / f"{name}.data.npy", int(offsets[-1]) if offsets.size else 0)
+                else:
+                    np.save(tmp / f"{name}.data.npy", np.asarray(data))
             for name, write in (extra or {}).items():
                 write(tmp / name)
             (tmp / COMPLETE_FILE).write_text(f"{rows.size}\n")
             record_digests(tmp)
         return int(rows.size)
+
+
+@dataclass(frozen=True)
+class DataParts:
+    """A field's ``data`` for :meth:`ContentMemo.write` as consecutive 1-D parts of one ``dtype``
+    (an iterable, read once), written one after another into the one ``<field>.data.npy``: the
+    same bytes as ``np.save`` of their concatenation, while only one part is in memory. A memo of
+    all of a corpus's token ids (the BM25 token memos: ~2 billion tokens for the English dump)
+    is then written in the memory of one shard's ids, not ~16 bytes a token."""
+
+    dtype: np.dtype | type
+    parts: Iterable[np.ndarray]
+
+    def save(self, path: Path, total: int) -> None:
+        """Write the ``.npy`` of ``total`` values to ``path``.
+
+        Raises ``ValueError`` (naming ``path``) when the parts hold another number of values."""
+        dtype = np.dtype(self.dtype)
+        header = {**np.lib.format.header_data_from_array_1_0(np.empty(0, dtype)), "shape": (total,)}
+        written = 0
+        with open(path, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            for part in self.parts:
+                part = np.ascontiguousarray(part, dtype).reshape(-1)
+                written += part.size
+                if written > total:
+                    break
+                part.tofile(f)
+        if written != total:
+            raise ValueError(f"memo {path}: the parts hold {f'more than {total}' if written > total else written} values, "
+                             f"the offsets {total}")
 
 
 # ---------------------------------------------------------------------------- taking values

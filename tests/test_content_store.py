@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from funnelrag.content_store import (ContentMemo, contiguous_runs, digest_words, distinct_keys, join_keys, key_digests,
+from funnelrag.content_store import (ContentMemo, DataParts, contiguous_runs, digest_words, distinct_keys, join_keys, key_digests,
                                      key_order, ranges_take, settings_dir, text_keys)
 
 
@@ -52,6 +52,36 @@ def test_a_failed_write_leaves_the_last_memo(tmp_path):
         ContentMemo.write(tmp_path / "m", keys, {"v": (np.arange(2), np.array([1]))})
     memo = ContentMemo.open(tmp_path / "m", ["v"])
     assert len(memo) == 2 and memo.take("v", memo.lookup(keys))[1].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])
+def test_a_field_written_in_parts_is_the_same_entry_as_written_whole(tmp_path, dtype):
+    """:class:`DataParts` (a field's data streamed part by part, empty parts among them) gives the
+    same files, byte for byte, as the concatenated array; so do zero values."""
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 1_000, n).astype(dtype) for n in (5, 0, 17, 1, 0, 300)]
+    data = np.concatenate(parts)
+    keys = text_keys([f"text {i}" for i in range(8)])
+    offsets = np.sort(np.r_[0, rng.integers(0, data.size, 7), data.size])
+    ContentMemo.write(tmp_path / "whole", keys, {"v": (offsets, data)})
+    ContentMemo.write(tmp_path / "parts", keys, {"v": (offsets, DataParts(dtype, iter(parts)))})
+    for name in sorted(p.name for p in (tmp_path / "whole").iterdir()):
+        assert (tmp_path / "parts" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    none = np.zeros(9, np.int64)
+    ContentMemo.write(tmp_path / "empty-whole", keys, {"v": (none, np.zeros(0, dtype))})
+    ContentMemo.write(tmp_path / "empty-parts", keys, {"v": (none, DataParts(dtype, []))})
+    assert ((tmp_path / "empty-parts" / "v.data.npy").read_bytes() == (tmp_path / "empty-whole" / "v.data.npy").read_bytes())
+
+
+@pytest.mark.parametrize("sizes, says", [((3, 4), "hold 7 values, the offsets 8"), ((3, 4, 2), "hold more than 8 values, the offsets 8")])
+def test_parts_that_do_not_fill_the_offsets_are_refused_and_leave_the_last_memo(tmp_path, sizes, says):
+    keys = text_keys(["a", "b"])
+    ContentMemo.write(tmp_path / "m", keys, {"v": (np.array([0, 1, 2]), np.array([1, 2], np.int32))})
+    with pytest.raises(ValueError, match=f"v.data.npy: the parts {says}"):
+        ContentMemo.write(tmp_path / "m", keys, {"v": (np.array([0, 5, 8]),
+                                                      DataParts(np.int32, [np.ones(n, np.int32) for n in sizes]))})
+    memo = ContentMemo.open(tmp_path / "m", ["v"])
+    assert memo.take("v", memo.lookup(keys))[1].tolist() == [1, 2]
 
 
 def test_contiguous_runs_merge_ranges_that_follow_one_another():

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from funnelrag.content_store import ContentMemo, settings_dir, text_keys
+from funnelrag.content_store import ContentMemo, DataParts, settings_dir, text_keys
 from tasks.corpus.index import TOKEN_PATTERN, BM25Config, TokenIds, _stemmer, tokenize_ids
 from funnelrag.content_store import JoinedTexts, arrow_text_keys, copy_ranges, take_texts
 
@@ -222,20 +222,40 @@ def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens]) ->
     atomically, so that it holds exactly this build's pieces (a repeated text once), its
     vocabulary the sorted union of the parts' terms (:meth:`funnelrag.content_store.ContentMemo.write`).
     :func:`memo_token_ids` gives the same ids from any memo (its result does not depend on the
-    memo's numbering). Returns the pieces the memo holds."""
-    parts = [(d.keys, d.piece_offsets, d.tokens) if isinstance(d, MemoTokens) else
-             (np.load(Path(d) / PART_KEYS), np.load(Path(d) / PART_OFFSETS), TokenIds.load(Path(d))) for d in part_dirs]
-    vocab = sorted(set().union(*(p[2].terms for p in parts))) if parts else []
+    memo's numbering). Returns the pieces the memo holds.
+
+    Memory: the pieces' keys and bounds (24 bytes a piece), the vocabulary, and one part's token ids
+    at a time (each part's vocabulary is read twice: once for the union, once to renumber its ids
+    as they are written, :class:`funnelrag.content_store.DataParts`), not every part's ids at once
+    and their copies (~16 bytes a token before: ~30 GB for the English dump's ~2 billion tokens).
+    """
+    parts = [d if isinstance(d, MemoTokens) else Path(d) for d in part_dirs]
+
+    def terms_of(part: Path | MemoTokens) -> list[str]:
+        if isinstance(part, MemoTokens):
+            return part.tokens.terms
+        return pq.read_table(part / TokenIds.TERMS_FILE).column("term").to_pylist()
+
+    union: set[str] = set()
+    keys, lengths = [], []
+    for part in parts:
+        union.update(terms_of(part))
+        keys.append(part.keys if isinstance(part, MemoTokens) else np.load(part / PART_KEYS))
+        lengths.append(np.diff(part.piece_offsets if isinstance(part, MemoTokens) else np.load(part / PART_OFFSETS)))
+    vocab = sorted(union)
+    del union
     rank = {t: i for i, t in enumerate(vocab)}
-    keys = [p[0] for p in parts]
-    ids, lengths = [], []
-    for _, offsets, tokens in parts:
-        remap = np.fromiter((rank[t] for t in tokens.terms), np.int32, count=len(tokens.terms))
-        ids.append(remap[tokens.ids] if tokens.ids.size else np.zeros(0, np.int32))
-        lengths.append(np.diff(offsets))
+
+    def renumbered():
+        for part in parts:
+            terms = terms_of(part)
+            remap = np.fromiter((rank[t] for t in terms), np.int32, count=len(terms))
+            ids = part.tokens.ids if isinstance(part, MemoTokens) else np.load(part / TokenIds.IDS_FILE, mmap_mode="r")
+            yield remap[ids] if ids.size else np.zeros(0, np.int32)
+
     flat_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
     offsets = np.zeros(flat_lengths.size + 1, np.int64)
     np.cumsum(flat_lengths, out=offsets[1:])
     return ContentMemo.write(Path(directory), np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64),
-                             {TERMS_FIELD: (offsets, np.concatenate(ids) if ids else np.zeros(0, np.int32))},
+                             {TERMS_FIELD: (offsets, DataParts(np.int32, renumbered()))},
                              extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": pa.array(vocab, pa.string())}), path)})
