@@ -22,6 +22,11 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
   (:func:`tasks.corpus.sharded.token_memo.write_token_memo`) from a build's token shards (the
   ``passage-tokens/<key>`` or ``cluster-tokens/<key>`` entries of its cache), the shard list repeated
   K times (K x the token ids written; same pieces and vocabulary).
+* ``memo-lookup --terms 500000 2000000``: one token shard's lookup in the BM25 token memo
+  (:func:`tasks.corpus.sharded.token_memo.open_token_memo`, then
+  :func:`tasks.corpus.sharded.token_memo.memo_token_ids`), as every cluster and passage token shard
+  of a night makes it: a memo of N random 9-letter terms (texts of 20 terms), a shard of 20,000 of
+  its texts and 200 edited ones (a new term each); the slope is per memo term.
 * ``vocabulary --terms 450000 1800000``: bytes a vocabulary term: 8 shards of random 9-letter terms
   (each term in ~2 shards, 3 tokens each), merged, indexed and saved.
 
@@ -234,6 +239,26 @@ def one_token_memo(dirs: list[Path], tile: int, tmp: Path) -> dict:
     return _measured(lambda: {"tile": tile, "tokens": tokens, "pieces": write_token_memo(tmp / "memo", dirs * tile)})
 
 
+def one_memo_lookup(n_terms: int, tmp: Path) -> dict:
+    from tasks.corpus.index import BM25Config  # noqa: PLC0415
+    from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, write_token_memo  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    terms = ["".join(w) for w in letters[rng.integers(0, 26, (n_terms, 9))].tolist()]
+    texts = [" ".join(terms[i:i + 20]) for i in range(0, n_terms, 20)]
+    cfg = BM25Config(stopwords=None)
+    write_token_memo(tmp / "memo", [memo_token_ids(texts, cfg, None, [])])
+    picked = rng.choice(len(texts), min(20_000, len(texts)), replace=False)
+    shard = [texts[i] for i in picked] + [f"{texts[i]} edited{k}zz" for k, i in enumerate(picked[:200])]
+
+    def lookup() -> dict:
+        found = memo_token_ids(shard, cfg, *open_token_memo(tmp / "memo"))
+        return {"vocabulary": n_terms, "shard_texts": len(shard), "from_memo": found.reused,
+                "shard_terms": len(found.tokens.terms)}
+    return _measured(lookup)
+
+
 def one_vocabulary(n_terms: int, tmp: Path) -> dict:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
@@ -290,9 +315,11 @@ def main() -> None:
     m = sub.add_parser("token-memo")
     m.add_argument("dirs", type=Path, nargs="+")
     m.add_argument("--tile", type=int, nargs="+", default=[1, 3])
+    q = sub.add_parser("memo-lookup")
+    q.add_argument("--terms", type=int, nargs="+", default=[500_000, 2_000_000])
     v = sub.add_parser("vocabulary")
     v.add_argument("--terms", type=int, nargs="+", default=[450_000, 1_800_000])
-    for p in (t, c, r, m, v):
+    for p in (t, c, r, m, q, v):
         p.add_argument("--one", help=argparse.SUPPRESS)
         p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -302,6 +329,8 @@ def main() -> None:
                 out = one_task(args.stages, args.kind, int(args.one), Path(tmp))
             elif args.what == "token-memo":
                 out = one_token_memo(args.dirs, int(args.one), Path(tmp))
+            elif args.what == "memo-lookup":
+                out = one_memo_lookup(int(args.one), Path(tmp))
             elif args.what == "cluster-index":
                 out = one_tiled_index(args.work, json.loads((args.work / "order.json").read_text()), int(args.one))
             else:
@@ -327,6 +356,9 @@ def main() -> None:
     elif args.what == "token-memo":
         rows = [_child(["token-memo", *map(str, args.dirs), "--one", str(k)]) for k in args.tile]
         unit = "tokens"
+    elif args.what == "memo-lookup":
+        rows = [_child(["memo-lookup", "--one", str(n)]) for n in args.terms]
+        unit = "vocabulary"
     else:
         rows = [_child(["vocabulary", "--one", str(n)]) for n in args.terms]
         unit = "vocabulary"

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from funnelrag.content_store import ContentMemo, DataParts, settings_dir, text_keys
@@ -70,13 +71,16 @@ def token_memo_dir(root: Path, kind: str, cfg: BM25Config) -> Path:
     return settings_dir(root, f"bm25-memo-{kind}", TOKEN_MEMO_VERSION, cfg)
 
 
-def open_token_memo(directory: Path | str | None) -> tuple[ContentMemo | None, list[str]]:
-    """The BM25 token memo in ``directory`` and its vocabulary (memo id → term), or ``(None, [])``
-    when there is none."""
+def open_token_memo(directory: Path | str | None) -> tuple[ContentMemo | None, pa.Array | list[str]]:
+    """The BM25 token memo in ``directory`` and its vocabulary (memo id → term; sorted, as
+    :func:`write_token_memo` writes it) as an Arrow string array read from the memory-mapped file,
+    or ``(None, [])`` when there is none. Every token shard opens the memo; its vocabulary (5-10M
+    terms for the English dump) never becomes Python strings here (:func:`memo_token_ids` turns
+    only the terms the shard uses into strings)."""
     memo = ContentMemo.open(directory, [TERMS_FIELD])
     if memo is None or not (Path(directory) / VOCAB_FILE).exists():
         return None, []
-    return memo, pq.read_table(Path(directory) / VOCAB_FILE).column("term").to_pylist()
+    return memo, pq.read_table(Path(directory) / VOCAB_FILE, memory_map=True).column("term").combine_chunks()
 
 
 @dataclass
@@ -118,7 +122,8 @@ IDS_CHUNK = 1 << 24
 """Ids renumbered per step (:func:`memo_token_ids`): a 64 MiB temporary, whatever the texts' total."""
 
 
-def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTexts, cfg: BM25Config, memo: ContentMemo | None, memo_terms: Sequence[str],
+def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTexts, cfg: BM25Config, memo: ContentMemo | None,
+                   memo_terms: pa.Array | Sequence[str],
                    group_offsets: np.ndarray | None = None, keys: np.ndarray | None = None) -> MemoTokens:
     """Token ids of texts made of ``pieces``, taking each piece's terms from ``memo`` when it
     holds the piece's text.
@@ -130,7 +135,10 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
         (:class:`funnelrag.content_store.JoinedTexts`, hashed from both buffers); with either of the
         last two only the texts the memo lacks become Python strings.
     cfg : BM25 settings (lower-casing, stop words, stemmer).
-    memo, memo_terms : :func:`open_token_memo` (``None, []``: tokenize every piece).
+    memo, memo_terms : :func:`open_token_memo` (``None, []``: tokenize every piece); ``memo_terms``
+        an Arrow string array or a sequence of ``str``. Memory and time: the terms the pieces use
+        and Arrow's hash of the memo's vocabulary for the new texts' terms (``pc.index_in``), not a
+        Python string and dict entry a memo term (~170 bytes and ~1.3 µs each before).
     group_offsets : ``(n_texts + 1,)`` int64: text ``g`` is pieces ``group_offsets[g]:group_offsets[g + 1]``
         joined by :data:`PIECES_JOIN` (default: each piece is a text).
     keys : the pieces' :func:`funnelrag.content_store.text_keys`, when the caller has them already.
@@ -159,6 +167,10 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
         keys = pieces.keys() if joined else arrow_text_keys(pieces) if arrow else text_keys(pieces)
     rows = memo.lookup(keys) if memo is not None else np.full(n, -1, np.int64)
     hit, miss = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)
+    if isinstance(memo_terms, pa.ChunkedArray):
+        memo_terms = memo_terms.combine_chunks()
+    elif not isinstance(memo_terms, pa.Array):
+        memo_terms = pa.array(memo_terms, pa.string())
     n_memo = len(memo_terms)
     lengths = np.zeros(n, np.int64)
     miss_ids = np.zeros(0, np.int32)
@@ -173,14 +185,11 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
         texts = (pieces.take(miss) if joined else take_texts(pieces, miss) if arrow
                  else [pieces[i] for i in miss.tolist()])
         fresh = TokenIds.from_tokenized(tokenize_ids(texts, cfg, _stemmer(cfg.stemmer)))
-        index = {t: i for i, t in enumerate(memo_terms)} if n_memo else {}
-        to_combined = np.empty(len(fresh.terms), np.int32)
-        for j, term in enumerate(fresh.terms):
-            at = index.get(term)
-            if at is None:
-                at = n_memo + len(new_terms)
-                new_terms.append(term)
-            to_combined[j] = at
+        at = pc.fill_null(pc.index_in(pa.array(fresh.terms, pa.string()), value_set=memo_terms), -1)
+        to_combined = at.to_numpy().astype(np.int32)
+        absent = np.flatnonzero(to_combined < 0)   # terms the memo lacks: numbered after it, in the shard's order
+        to_combined[absent] = n_memo + np.arange(absent.size, dtype=np.int32)
+        new_terms = [fresh.terms[j] for j in absent.tolist()]
         lengths[miss] = np.diff(fresh.offsets)
         miss_ids = to_combined[fresh.ids]
     piece_offsets = np.zeros(n + 1, np.int64)
@@ -198,17 +207,18 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
     present = np.zeros(n_combined, bool)
     present[ids] = True    # raises IndexError for an id outside the vocabulary
     used = np.flatnonzero(present)   # the ids the texts use, ascending (a counting pass, no sort)
-    term_of = lambda c: memo_terms[c] if c < n_memo else new_terms[c - n_memo]   # noqa: E731
+    split = int(np.searchsorted(used, n_memo))   # used ids of the memo, then of tonight's new terms
+    used_terms = memo_terms.take(pa.array(used[:split])).to_pylist() + [new_terms[c - n_memo] for c in used[split:].tolist()]
     if cfg.stemmer is not None:   # tokenize_ids numbers stems in sorted order
-        vocab = sorted(term_of(int(c)) for c in used)
+        vocab = sorted(used_terms)
         rank = {t: i for i, t in enumerate(vocab)}
-        local = np.array([rank[term_of(int(c))] for c in used], np.int64)
+        local = np.array([rank[t] for t in used_terms], np.int64)
     else:                         # ... and raw tokens in first-occurrence order
         _, first = np.unique(ids, return_index=True)
         order = np.argsort(first, kind="stable")
         local = np.empty(used.size, np.int64)
         local[order] = np.arange(used.size)
-        vocab = [term_of(int(c)) for c in used[order]]
+        vocab = [used_terms[i] for i in order.tolist()]
     lookup = np.full(n_combined, -1, np.int32)
     lookup[used] = local
     for a in range(0, total, IDS_CHUNK):   # every id is checked above
