@@ -17,7 +17,7 @@ from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
 from funnelrag.content_store import JoinedTexts
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, write_token_memo
+from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, sorted_positions, write_token_memo
 
 CONFIGS = [BM25Config(), BM25Config(stemmer=None, stopwords=None)]
 
@@ -159,3 +159,23 @@ def test_the_pieces_join_is_checked_against_the_token_pattern_in_use():
         check_pieces_join(r"(?s)\w[\w\s]*\w")
     with pytest.raises(ValueError, match="can match across"):
         check_pieces_join(TOKEN_PATTERN, "_")
+
+
+def test_sorted_positions_find_each_term_of_a_sorted_vocabulary_and_nothing_else():
+    """The binary search over the vocabulary's UTF-8 bytes agrees with a dict on terms of one to
+    four UTF-8 bytes a character (so byte order must be code-point order), on a sliced array, on
+    terms it lacks and on an empty vocabulary; a ``large_string`` vocabulary is refused."""
+    rng = np.random.default_rng(0)
+    alphabet = list("abzé中😀ßÿ0_")
+    words = {"".join(rng.choice(alphabet, int(rng.integers(1, 6)))) for _ in range(3_000)}
+    vocab = sorted(words)
+    absent = ["", "aaaaaaa", "😀😀😀😀😀😀", "zzzzzzzz", "é中é中é中é"]
+    queries = [w for w in rng.permutation(vocab)[:500]] + [w for w in absent if w not in words]
+    where = {t: i for i, t in enumerate(vocab)}
+    expect = [where.get(q, -1) for q in queries]
+    assert sorted_positions(pa.array(vocab, pa.string()), queries).tolist() == expect
+    padded = pa.array(["!", *vocab, "~~~~"], pa.string()).slice(1, len(vocab))   # an array with an offset
+    assert sorted_positions(padded, queries).tolist() == expect
+    assert sorted_positions(pa.array([], pa.string()), ["a", ""]).tolist() == [-1, -1]
+    with pytest.raises(ValueError, match="large_string"):
+        sorted_positions(pa.array(vocab, pa.large_string()), queries)
