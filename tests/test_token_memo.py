@@ -17,7 +17,8 @@ from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.index import BM25Config, TokenIds, _stemmer, tokenize_ids
 from funnelrag.content_store import JoinedTexts
 from tasks.corpus.segment import SegmentConfig
-from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, sorted_positions, write_token_memo
+from tasks.corpus.sharded.token_memo import (memo_token_ids, open_token_memo, positions_in, sorted_positions, union_terms,
+                                             write_token_memo)
 
 CONFIGS = [BM25Config(), BM25Config(stemmer=None, stopwords=None)]
 
@@ -179,3 +180,25 @@ def test_sorted_positions_find_each_term_of_a_sorted_vocabulary_and_nothing_else
     assert sorted_positions(pa.array([], pa.string()), ["a", ""]).tolist() == [-1, -1]
     with pytest.raises(ValueError, match="large_string"):
         sorted_positions(pa.array(vocab, pa.large_string()), queries)
+
+
+def test_union_terms_keeps_first_occurrence_order_and_positions_find_every_term():
+    """The union of many vocabularies of very different sizes (so the waiting arrays are merged at
+    several points) equals a Python first-occurrence union; every term is found at its index, in
+    batches or not; a term outside the vocabulary is a KeyError naming it."""
+    rng = np.random.default_rng(1)
+    parts = [pa.array([f"w{i}ß" for i in rng.permutation(rng.integers(0, 3_000, int(size)))], pa.string()).unique()
+             for size in rng.choice([0, 1, 40, 2_500], 60)]
+    expect: dict[str, int] = {}
+    for part in parts:
+        for t in part.to_pylist():
+            expect.setdefault(t, len(expect))
+    vocab = union_terms(iter(parts))
+    assert vocab.to_pylist() == list(expect)
+    found = list(positions_in(vocab, iter(parts)))
+    assert len(found) == len(parts)
+    for part, at in zip(parts, found):
+        assert at.dtype == np.int32 and [expect[t] for t in part.to_pylist()] == at.tolist()
+    assert union_terms([]).to_pylist() == [] and list(positions_in(vocab, [])) == []
+    with pytest.raises(KeyError, match="'nowhere'"):
+        list(positions_in(vocab, [parts[3], pa.array(["w1ß", "nowhere"])]))
