@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts.corpus import DOCUMENTS, PASSAGES, rows_of
@@ -43,7 +44,7 @@ TOKENS_DIR = "passage-tokens"
 
 def passage_token_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, work_dir: str,
                         memo_dir: str | None, keep_df: bool, ingest_dir: str, tokens_dir: str | None,
-                        passage_words: int, doc_rows: np.ndarray) -> tuple[list[str], str, bool, int]:
+                        passage_words: int, doc_rows: np.ndarray) -> tuple[pa.Array, str, bool, int]:
     """Token ids of the passages in rows ``lo <= row < hi`` of ``passages.parquet`` (a
     worker-process call), each ``title\\ntext`` as the one passage index indexes it, kept in
     ``work_dir/passage-tokens/<sha256 of the passages' keys>/``
@@ -59,7 +60,7 @@ def passage_token_shard(segment_dir: str, lo: int, hi: int, cfg: BM25Config, wor
     and ``passage_words``. ``doc_rows``: ``(n_documents,)`` int, the row in ``documents.parquet`` of
     each document of the range, in order of first passage (:meth:`PassageTokenShards.plan`).
 
-    Returns ``(the shard's vocabulary in id order, key, reused, passages taken from the memo)``.
+    Returns ``(the shard's vocabulary in id order (Arrow strings), key, reused, passages taken from the memo)``.
 
     Raises
     ------
@@ -132,7 +133,7 @@ class PassageTokenShards:
         return cls(Path(segment_dir), Path(work_dir), memo_dir, ranges, calls)
 
     def collect(self, results: Iterable[Any],
-                add_terms: Callable[[list[str]], Any] = lambda terms: None) -> tuple[list[Path], dict[str, int]]:
+                add_terms: Callable[[pa.Array], Any] = lambda terms: None) -> tuple[list[Path], dict[str, int]]:
         """The shards' kept directories (in shard order) from their ``results`` (of :attr:`calls`,
         in order), each shard's vocabulary passed to ``add_terms`` as it comes, and a summary
         (``passages_reused``: passages taken from the memo; shard counts).
