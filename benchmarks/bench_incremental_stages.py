@@ -60,6 +60,13 @@ a large dump holds its rare terms): CPU seconds, best of ``--repeat``, of
 :func:`tasks.corpus.sharded.sharded_index.merge_token_shard_stats`, rows in and out, and the
 file's sha256 (the same for the same shards whichever way it is merged).
 
+``vocabulary-merge``: the coordinator's cluster index from a build's cluster token shards (the
+``cluster-tokens/<key>`` entries of its cache, in any order: only the CPU is measured): the shards' vocabularies
+merged as the index stage merges them (:class:`tasks.corpus.sharded.cluster_index.VocabularyMerge`,
+each shard's terms read from its entry as an Arrow array, or with ``--as-lists`` as Python lists,
+as token shards returned them before), then
+:func:`tasks.corpus.sharded.cluster_index.index_from_token_shards`; CPU seconds of each.
+
 ``read``: one read in a fresh process, as a stage makes it: a nightly home's newest
 ``passages.parquet`` (``passage_id``, ``title``, ``text``) or ``documents.parquet`` (``doc_id``,
 ``title``, ``text``), memory-mapped (how the stages read now) or read into buffers (before): user and
@@ -648,6 +655,27 @@ def bench_segment_rows(mirror: Path, repeat: int) -> None:
                       "rows_sha256": digest.hexdigest()[:16]}))
 
 
+def bench_vocabulary_merge(dirs: list[Path], as_lists: bool) -> None:
+    """``vocabulary-merge`` (module docstring)."""
+    import numpy as np  # noqa: PLC0415 (heavy: after argument parsing)
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from tasks.corpus.index import BM25Config, TokenIds  # noqa: PLC0415
+    from tasks.corpus.sharded.cluster_index import VocabularyMerge, index_from_token_shards  # noqa: PLC0415
+
+    n_docs = sum(int(np.load(d / TokenIds.OFFSETS_FILE, mmap_mode="r").size - 1) for d in dirs)
+    c0 = time.process_time()
+    merge = VocabularyMerge(sorted_terms=BM25Config().stemmer is not None)
+    for d in dirs:
+        terms = pq.read_table(d / TokenIds.TERMS_FILE).column("term").combine_chunks()
+        merge.add(terms.to_pylist() if as_lists else terms)
+    c1 = time.process_time()
+    index_from_token_shards(dirs, [str(i) for i in range(n_docs)], merge, BM25Config())
+    c2 = time.process_time()
+    print(json.dumps({"shards": len(dirs), "texts": n_docs, "terms": len(merge.vocab),
+                      "merge_cpu_s": round(c1 - c0, 3), "index_cpu_s": round(c2 - c1, 3)}))
+
+
 def bench_shard_stats(work: Path, n_shards: int, n_terms: int, vocab: int, repeat: int) -> None:
     """``shard-stats`` (module docstring)."""
     import numpy as np  # noqa: PLC0415 (heavy: after argument parsing)
@@ -727,6 +755,9 @@ def main() -> None:
     k.add_argument("--tokens-per-shard", type=int, default=32_000_000, help="the build's (runner.tokens_per_shard)")
     s = sub.add_parser("segment-rows")
     s.add_argument("--repeat", type=int, default=3, help="calls timed (their median is printed)")
+    v = sub.add_parser("vocabulary-merge")
+    v.add_argument("dirs", type=Path, nargs="+", help="a build's cluster-tokens/<key> entries (any order: only timed)")
+    v.add_argument("--as-lists", action="store_true", help="each shard's vocabulary as a Python list")
     t = sub.add_parser("shard-stats")
     t.add_argument("--work", type=Path, required=True)
     t.add_argument("--shards", type=int, default=140, help="passage token shards (the full English dump: ~140)")
@@ -754,6 +785,8 @@ def main() -> None:
         bench_copies(args.home)
     elif args.step == "piece-keys":
         bench_piece_keys(args.home, args.repeats, args.tokens_per_shard)
+    elif args.step == "vocabulary-merge":
+        bench_vocabulary_merge(args.dirs, args.as_lists)
     elif args.step == "shard-stats":
         bench_shard_stats(args.work, args.shards, args.terms, args.vocab, args.repeat)
     elif args.step == "read":
