@@ -21,8 +21,8 @@ the day memo) and read from the day memo (what a night does for the days an earl
 CPU seconds of each, and a check that both give the same revisions in the same order.
 
 ``passage-tokens``: the passage index's token ids of a nightly home's newest passages, taken from
-the passage token memo of another home (the night before's): CPU seconds, passages reused, and a
-digest of the ids.
+the passage token memo of another home (the night before's), in ``--shards`` ranges that each open
+the memo as a passage token shard does: CPU seconds, passages reused, and a digest of the ids.
 
 ``page-memo``: pass 1's page memo written from the parts in a nightly home's piece cache: user and
 system CPU seconds of three writes.
@@ -211,28 +211,56 @@ def bench_segment(home: Path, work: Path, memo: bool, memo_home: Path | None = N
     pstats.Stats(profile).sort_stats("cumtime").print_stats(14)
 
 
-def bench_passage_tokens(home: Path, memo_home: Path) -> None:
-    """The passage index's token ids of ``home``'s newest passages (title and text, as the index
-    stage joins them) taken from ``memo_home``'s passage token memo: CPU seconds (the best of
-    three), the process's peak RSS (the passages' texts included), passages reused, and a digest of
-    the ids (equal across code versions)."""
-    import hashlib  # noqa: PLC0415
-
+def _derived_passage_keys(home: Path, segment: Path):
+    """``home``'s newest passages (``doc_id``, ``title``, ``text``, ``n_words``), their ``title\ntext``
+    and the token-memo keys the passage token shards derive for them
+    (:func:`tasks.corpus.sharded.piece_keys.passage_keys`)."""
+    import numpy as np  # noqa: PLC0415
     import pyarrow.compute as pc  # noqa: PLC0415
 
     from data_contracts import corpus as C  # noqa: PLC0415
+    from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.sharded.piece_keys import passage_keys  # noqa: PLC0415
+
+    ingest = _newest(home, "ingest")
+    passages = C.PASSAGES.read(segment, columns=["doc_id", "title", "text", "n_words"])
+    texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
+    doc_ids = passages.column("doc_id").to_numpy()
+    firsts = doc_ids[np.flatnonzero(np.r_[True, doc_ids[1:] != doc_ids[:-1]])]   # documents in order of first passage
+    doc_rows = C.rows_of(C.DOCUMENTS.read(ingest, columns=["doc_id"]).column("doc_id").to_numpy(), firsts, str(ingest))
+    keys = passage_keys(passages, doc_rows, ingest / C.DOCUMENTS.filename, _newest(home, "tokens"),
+                        SegmentConfig().passage_words, str(segment))
+    return passages, texts, keys
+
+
+def bench_passage_tokens(home: Path, memo_home: Path, shards: int) -> None:
+    """The passage index's token ids of ``home``'s newest passages (title and text, as the index
+    stage joins them; keys derived as the shards derive them) taken from ``memo_home``'s passage
+    token memo, in ``shards`` consecutive ranges each opening the memo as a passage token shard
+    does: CPU seconds (the best of three), the process's peak RSS (the passages' texts included),
+    passages reused, and a digest of the ids (equal across code versions)."""
+    import hashlib  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir  # noqa: PLC0415
 
-    segment = _newest(home, "segment")
-    passages = C.PASSAGES.read(segment, columns=["title", "text"])
-    texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
+    _, texts, keys = _derived_passage_keys(home, _newest(home, "segment"))
     cfg = BM25Config()
-    memo, terms = open_token_memo(token_memo_dir(memo_home / "cache" / "corpus", "passages", cfg))
-    seconds, out = _best(lambda: memo_token_ids(texts, cfg, memo, terms))
+    memo_dir = token_memo_dir(memo_home / "cache" / "corpus", "passages", cfg)
+    bounds = np.linspace(0, len(texts), shards + 1).astype(np.int64)
+
+    def lookups():
+        return [memo_token_ids(texts[a:b], cfg, *open_token_memo(memo_dir), keys=keys[a:b])
+                for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    seconds, out = _best(lookups)
+    digest = hashlib.sha256()
+    for found in out:
+        digest.update(found.tokens.ids.tobytes())
     print(json.dumps({"cpu_s": seconds, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-                      "passages": len(texts), "reused": out.reused, "ids": int(out.tokens.ids.size),
-                      "ids_sha256": hashlib.sha256(out.tokens.ids.tobytes()).hexdigest()[:16]}))
+                      "passages": len(texts), "shards": shards, "reused": sum(f.reused for f in out),
+                      "ids": sum(int(f.tokens.ids.size) for f in out), "ids_sha256": digest.hexdigest()[:16]}))
 
 
 def bench_index(dump: Path, work: Path) -> None:
@@ -297,24 +325,15 @@ def bench_memo_writes(home: Path, memo_home: Path, work: Path) -> None:
     import subprocess  # noqa: PLC0415
 
     import numpy as np  # noqa: PLC0415
-    import pyarrow.compute as pc  # noqa: PLC0415
 
-    from data_contracts import corpus as C  # noqa: PLC0415
     from tasks.corpus.sharded import segment_memo as SM  # noqa: PLC0415
     from tasks.corpus.index import BM25Config  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
-    from tasks.corpus.sharded.piece_keys import passage_keys  # noqa: PLC0415
     from tasks.corpus.sharded.token_memo import memo_token_ids, open_token_memo, token_memo_dir, write_token_memo  # noqa: PLC0415
 
     root, old_root = home / "cache" / "corpus", memo_home / "cache" / "corpus"
-    segment, ingest = _newest(home, "segment"), _newest(home, "ingest")
-    passages = C.PASSAGES.read(segment, columns=["doc_id", "title", "text", "n_words"])
-    texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
-    doc_ids = passages.column("doc_id").to_numpy()
-    firsts = doc_ids[np.flatnonzero(np.r_[True, doc_ids[1:] != doc_ids[:-1]])]   # documents in order of first passage
-    doc_rows = C.rows_of(C.DOCUMENTS.read(ingest, columns=["doc_id"]).column("doc_id").to_numpy(), firsts, str(ingest))
-    keys = passage_keys(passages, doc_rows, ingest / C.DOCUMENTS.filename, _newest(home, "tokens"),
-                        SegmentConfig().passage_words, str(segment))   # the keys the passage token shards derive
+    segment = _newest(home, "segment")
+    passages, texts, keys = _derived_passage_keys(home, segment)   # the keys the passage token shards derive
     cfg = BM25Config()
     old_tokens = token_memo_dir(old_root, "passages", cfg)
     found = memo_token_ids(texts, cfg, *open_token_memo(old_tokens), keys=keys)
@@ -730,6 +749,7 @@ def main() -> None:
     e = sub.add_parser("passage-tokens")
     e.add_argument("--home", type=Path, required=True, help="a nightly home (the bench's <home>/nightly)")
     e.add_argument("--memo-home", type=Path, required=True, help="the home of the night before (its passage token memo)")
+    e.add_argument("--shards", type=int, default=6, help="consecutive ranges, each opening the memo as a token shard does")
     c = sub.add_parser("days")
     c.add_argument("mirror", type=Path)
     c.add_argument("--work", type=Path, required=True)
@@ -776,7 +796,7 @@ def main() -> None:
     elif args.step == "joined-keys":
         bench_joined_keys(args.home, args.texts, args.way)
     elif args.step == "passage-tokens":
-        bench_passage_tokens(args.home, args.memo_home)
+        bench_passage_tokens(args.home, args.memo_home, args.shards)
     elif args.step == "memo-writes":
         bench_memo_writes(args.home, args.memo_home, args.work)
     elif args.step == "index":

@@ -45,8 +45,8 @@ from funnelrag.verify import verified_entry
 from tasks.corpus.bm25_csc import doc_freqs
 from tasks.corpus.index import BM25Config, BM25Index, TokenIds, bm25_from_token_chunks
 from funnelrag.content_store import JoinedTexts, keys_digest
-from tasks.corpus.sharded.token_memo import (PIECES_JOIN, memo_token_ids, open_token_memo, positions_in, token_memo_dir,
-                                             union_terms, write_token_memo)
+from tasks.corpus.sharded.token_memo import (PIECES_JOIN, TermUnion, memo_token_ids, open_token_memo, positions_in,
+                                             token_memo_dir, write_token_memo)
 from tasks.corpus.segment import check_members
 from tasks.corpus.sharded.piece_keys import member_keys
 from tasks.corpus.sharded.shards import document_text_keys
@@ -159,7 +159,7 @@ class VocabularyMerge:
     (:meth:`finish`); else first-occurrence order (parts in text order, each part's terms in its
     own id order, which is its first-occurrence order).
 
-    The parts are merged in Arrow (:func:`tasks.corpus.sharded.token_memo.union_terms`'s rule) and
+    The parts are merged in Arrow (:class:`tasks.corpus.sharded.token_memo.TermUnion`) and
     looked up in batches (:meth:`lookups`): O(sum of the parts' vocabularies) in C++, not a Python
     dict operation a term of every part (~230 cluster token shards of ~1M terms each for the
     English dump). Only the global vocabulary becomes Python strings (:meth:`finish`: bm25s keeps
@@ -168,28 +168,22 @@ class VocabularyMerge:
 
     def __init__(self, sorted_terms: bool):
         self.sorted_terms = sorted_terms
-        self._merged = pa.array([], pa.string())
-        self._waiting: list[pa.Array] = []
-        self._n_waiting = 0
+        self._union: TermUnion | None = TermUnion()
         self.terms: pa.Array | None = None
         self.vocab: dict[str, int] = {}
 
     def add(self, part: Sequence[str] | pa.Array) -> None:
         """Add one part's vocabulary (its terms in its id order). Raises ``RuntimeError`` after :meth:`finish`."""
-        if self.terms is not None:
+        if self._union is None:
             raise RuntimeError("VocabularyMerge.add after finish")
-        self._waiting.append(part if isinstance(part, pa.Array) else pa.array(list(part), pa.string()))
-        self._n_waiting += len(part)
-        if self._n_waiting >= len(self._merged):
-            self._merged = union_terms([self._merged, *self._waiting])
-            self._waiting, self._n_waiting = [], 0
+        self._union.add(part if isinstance(part, pa.Array) else pa.array(list(part), pa.string()))
 
     def finish(self) -> dict[str, int]:
         """The global vocabulary, term → id (ids ``0..V-1`` in insertion order)."""
-        if self.terms is None:
-            terms = union_terms([self._merged, *self._waiting])
+        if self._union is not None:
+            terms = self._union.terms()
             self.terms = terms.take(pc.array_sort_indices(terms)) if self.sorted_terms else terms
-            self._merged, self._waiting = pa.array([], pa.string()), []
+            self._union = None
             self.vocab = {t: i for i, t in enumerate(self.terms.to_pylist())}
         return self.vocab
 

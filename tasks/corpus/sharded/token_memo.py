@@ -4,7 +4,7 @@ tokenized (bm25s's split, stop words and stemmer, :func:`tasks.corpus.index.toke
 The BM25 indexes of the corpus build (clusters, passages) tokenize every text of the corpus; a
 nightly that edited 1% of the pages needs only 1% of that. A text's terms are kept in the memo
 (a :class:`funnelrag.content_store.ContentMemo`, field ``terms``) as ids into the memo's own vocabulary
-(``terms.parquet`` beside it); :func:`memo_token_ids` returns exactly what
+(``terms.arrow`` beside it); :func:`memo_token_ids` returns exactly what
 ``TokenIds.from_tokenized(tokenize_ids(texts, cfg, stem))`` returns (same ids, same vocabulary
 order: sorted stems with a stemmer, first occurrence without), tested on the enwiki sample.
 
@@ -15,11 +15,11 @@ lines, so its memo is per member, and an edited member costs one member's tokeni
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,13 +30,14 @@ from tasks.corpus.index import TOKEN_PATTERN, BM25Config, TokenIds, _stemmer, to
 from funnelrag.content_store import JoinedTexts, arrow_text_keys, copy_ranges, take_texts
 
 TERMS_FIELD = "terms"
-VOCAB_FILE = "terms.parquet"
+VOCAB_FILE = "terms.arrow"   # an uncompressed Arrow IPC file: every token shard memory-maps it, nothing decoded
 PART_KEYS = "memo_keys.npy"
 PART_OFFSETS = "memo_piece_offsets.npy"
 
 
-TOKEN_MEMO_VERSION = "3"   # 2: written whole each build (one data file); an extended memo of 1 is never read;
-# 3: keyed on piece keys derived from the documents' text keys (tasks/corpus/sharded/piece_keys.py)
+TOKEN_MEMO_VERSION = "4"   # 2: written whole each build (one data file); an extended memo of 1 is never read;
+# 3: keyed on piece keys derived from the documents' text keys (tasks/corpus/sharded/piece_keys.py);
+# 4: the vocabulary an Arrow IPC file (was Parquet: decoded by every shard, ~50 bytes of RSS a memo term)
 
 PIECES_JOIN = "\n\n"
 """What joins a text's pieces (a cluster's members). Tokenizing pieces one by one equals tokenizing
@@ -81,7 +82,8 @@ def open_token_memo(directory: Path | str | None) -> tuple[ContentMemo | None, p
     memo = ContentMemo.open(directory, [TERMS_FIELD])
     if memo is None or not (Path(directory) / VOCAB_FILE).exists():
         return None, []
-    return memo, pq.read_table(Path(directory) / VOCAB_FILE, memory_map=True).column("term").combine_chunks()
+    terms = pa.ipc.open_file(pa.memory_map(str(Path(directory) / VOCAB_FILE))).read_all().column("term")
+    return memo, terms.chunk(0) if terms.num_chunks == 1 else terms.combine_chunks()   # one chunk: no copy
 
 
 @dataclass
@@ -123,45 +125,66 @@ IDS_CHUNK = 1 << 24
 """Ids renumbered per step (:func:`memo_token_ids`): a 64 MiB temporary, whatever the texts' total."""
 
 
-class _SortedUtf8(Sequence[bytes]):
-    """An Arrow string array's values as UTF-8 ``bytes``, made one at a time when indexed (for
-    :func:`bisect.bisect_left`; nothing is copied up front)."""
+@numba.njit(cache=True, nogil=True)
+def _utf8_search(offsets, data, q_offsets, q_data, out):  # pragma: no cover - compiled
+    """For each query ``k`` (bytes ``q_data[q_offsets[k]:q_offsets[k + 1]]``), its index among the
+    sorted, distinct byte strings ``data[offsets[i]:offsets[i + 1]]`` (unsigned byte order, then
+    length), or -1: a binary search a query."""
+    n = offsets.size - 1
+    for k in range(q_offsets.size - 1):
+        qa, qb = q_offsets[k], q_offsets[k + 1]
+        lo, hi = 0, n
+        out[k] = -1
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            a, b = offsets[mid], offsets[mid + 1]
+            c = 0
+            for i in range(min(b - a, qb - qa)):
+                x, y = data[a + i], q_data[qa + i]
+                if x != y:
+                    c = -1 if x < y else 1
+                    break
+            if c == 0:
+                c = -1 if b - a < qb - qa else (1 if b - a > qb - qa else 0)
+            if c == 0:
+                out[k] = mid
+                break
+            if c < 0:
+                lo = mid + 1
+            else:
+                hi = mid
 
-    def __init__(self, terms: pa.Array):
-        self._offsets = np.frombuffer(terms.buffers()[1], np.int32)[terms.offset:terms.offset + len(terms) + 1]
-        self._data = memoryview(terms.buffers()[2]) if len(terms) else memoryview(b"")
 
-    def __len__(self) -> int:
-        return self._offsets.size - 1
+def _utf8_buffers(terms: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """An Arrow ``string`` array's offsets (int32 ``(n + 1,)``, from its first value) and bytes."""
+    offsets = np.frombuffer(terms.buffers()[1], np.int32)[terms.offset:terms.offset + len(terms) + 1] if len(terms) \
+        else np.zeros(1, np.int32)
+    data = np.frombuffer(terms.buffers()[2], np.uint8) if len(terms) and terms.buffers()[2] is not None \
+        else np.zeros(0, np.uint8)
+    return offsets, data
 
-    def __getitem__(self, i):  # noqa: ANN001 - bisect passes ints only
-        return bytes(self._data[int(self._offsets[i]):int(self._offsets[i + 1])])
 
-
-def sorted_positions(sorted_terms: pa.Array, terms: Sequence[str]) -> np.ndarray:
+def sorted_positions(sorted_terms: pa.Array, terms: Sequence[str] | pa.Array) -> np.ndarray:
     """``(len(terms),)`` int64: the index of each of ``terms`` in ``sorted_terms`` (an Arrow string
     array, distinct and ascending in code-point order, as :func:`write_token_memo` writes a memo's
     vocabulary), -1 where it is absent.
 
-    A binary search a term over the array's UTF-8 bytes (their order is the code points' order), so
-    a token shard's lookup holds no more than the memo's vocabulary as read, instead of a Python
-    string and a dict entry (~170 bytes), or Arrow's hash table (~40 bytes), a memo term. ~23
-    comparisons a term of a shard's new texts (the 1% a night edits), ~0.5 µs each.
+    A compiled binary search a term over the arrays' UTF-8 bytes (unsigned byte order is code-point
+    order), so a token shard's lookup holds no more than the memo's vocabulary as read, instead of a
+    Python string and a dict entry (~170 bytes) or Arrow's hash table (~40 bytes) a memo term, and
+    costs ~1 µs a term of the shard's new texts, not time a memo term.
 
     Raises
     ------
     ValueError
-        ``sorted_terms`` is not a plain ``string`` array (``large_string`` offsets are not read here).
+        Either array is not a plain ``string`` array (``large_string`` offsets are not read here).
     """
-    if sorted_terms.type != pa.string():
-        raise ValueError(f"sorted_positions: a memo vocabulary of type {sorted_terms.type}, not string")
-    values = _SortedUtf8(sorted_terms)
-    out = np.full(len(terms), -1, np.int64)
-    for k, term in enumerate(terms):
-        q = term.encode("utf-8")
-        at = bisect.bisect_left(values, q)
-        if at < len(values) and values[at] == q:
-            out[k] = at
+    queries = terms if isinstance(terms, pa.Array) else pa.array(list(terms), pa.string())
+    for name, array in (("memo vocabulary", sorted_terms), ("terms", queries)):
+        if array.type != pa.string():
+            raise ValueError(f"sorted_positions: {name} of type {array.type}, not string")
+    out = np.empty(len(queries), np.int64)
+    _utf8_search(*_utf8_buffers(sorted_terms), *_utf8_buffers(queries), out)
     return out
 
 
@@ -268,23 +291,45 @@ def memo_token_ids(pieces: Sequence[str] | pa.Array | pa.ChunkedArray | JoinedTe
     return MemoTokens(TokenIds(ids, piece_offsets[bounds], vocab), keys, piece_offsets, int(hit.size))
 
 
-def union_terms(term_arrays: Iterable[pa.Array]) -> pa.Array:
-    """The distinct terms of ``term_arrays`` (Arrow string arrays, e.g. the token shards'
+class TermUnion:
+    """The distinct terms of Arrow string arrays added one by one (e.g. the token shards'
     vocabularies), in order of first occurrence (Arrow's ``unique`` keeps it).
 
     The arrays waiting are merged (one ``pc.unique`` over the merged terms and them) whenever they
     hold as many terms as the merged ones, so each term is hashed a bounded number of times:
     O(sum of the arrays' lengths) in C++, not a Python set update and dict entry a term of every
-    shard (~140-230 shards of ~1M terms each for the English dump)."""
-    merged = pa.array([], pa.string())
-    waiting: list[pa.Array] = []
-    n_waiting = 0
+    shard (~140-230 shards of ~1M terms each for the English dump). Memory: the union and at most
+    about as many terms waiting."""
+
+    def __init__(self) -> None:
+        self._merged = pa.array([], pa.string())
+        self._waiting: list[pa.Array] = []
+        self._n_waiting = 0
+
+    def add(self, terms: pa.Array) -> None:
+        """Add one array of terms (a plain ``string`` array)."""
+        self._waiting.append(terms)
+        self._n_waiting += len(terms)
+        if self._n_waiting >= len(self._merged):
+            self._merge()
+
+    def terms(self) -> pa.Array:
+        """The union so far, in order of first occurrence."""
+        if self._waiting:
+            self._merge()
+        return self._merged
+
+    def _merge(self) -> None:
+        self._merged = pc.unique(pa.concat_arrays([self._merged, *self._waiting]))
+        self._waiting, self._n_waiting = [], 0
+
+
+def union_terms(term_arrays: Iterable[pa.Array]) -> pa.Array:
+    """The distinct terms of ``term_arrays``, in order of first occurrence (:class:`TermUnion`)."""
+    union = TermUnion()
     for terms in term_arrays:
-        waiting.append(terms)
-        n_waiting += len(terms)
-        if n_waiting >= len(merged):
-            merged, waiting, n_waiting = pc.unique(pa.concat_arrays([merged, *waiting])), [], 0
-    return pc.unique(pa.concat_arrays([merged, *waiting])) if waiting else merged
+        union.add(terms)
+    return union.terms()
 
 
 def positions_in(vocabulary: pa.Array, term_arrays: Iterable[pa.Array]) -> Iterator[np.ndarray]:
@@ -360,4 +405,12 @@ def write_token_memo(directory: Path, part_dirs: Sequence[Path | MemoTokens]) ->
     np.cumsum(flat_lengths, out=offsets[1:])
     return ContentMemo.write(Path(directory), np.concatenate(keys) if keys else np.zeros((0, 2), np.uint64),
                              {TERMS_FIELD: (offsets, DataParts(np.int32, renumbered()))},
-                             extra={VOCAB_FILE: lambda path: pq.write_table(pa.table({"term": vocab}), path)})
+                             extra={VOCAB_FILE: lambda path: _write_vocabulary(path, vocab)})
+
+
+def _write_vocabulary(path: Path, vocab: pa.Array) -> None:
+    """The memo's vocabulary as one uncompressed Arrow IPC record batch (``term``), so that
+    :func:`open_token_memo` maps it instead of decoding it."""
+    table = pa.table({"term": vocab})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max(len(vocab), 1))
