@@ -33,7 +33,7 @@ def test_build_corpus_on_a_fresh_prefect_home_starts_one_server(tmp_path, data_m
     assert warm.returncode == 0, warm.stderr[-4000:]
     compiled = _files(tmp_path / "numba-cache")
     kernel_files = {Path(name).name.split(".")[0] for name in compiled if name.endswith(".nbi")}
-    assert {"lookup", "graph", "clustering", "bm25_csc", "bm25_query"} <= kernel_files, sorted(compiled)
+    assert {"lookup", "graph", "clustering", "bm25_csc", "bm25_query", "token_memo"} <= kernel_files, sorted(compiled)
     proc = subprocess.run(
         [sys.executable, "-m", "funnelrag.cli", "build-corpus", "--config", "configs/corpus_enwiki_sample.yaml",
          "--set", f"workspace.home={home}", "--set", f"workspace.data_mirror={data_mirror}",

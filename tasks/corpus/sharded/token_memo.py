@@ -156,11 +156,14 @@ def _utf8_search(offsets, data, q_offsets, q_data, out):  # pragma: no cover - c
 
 
 def _utf8_buffers(terms: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """An Arrow ``string`` array's offsets (int32 ``(n + 1,)``, from its first value) and bytes."""
-    offsets = np.frombuffer(terms.buffers()[1], np.int32)[terms.offset:terms.offset + len(terms) + 1] if len(terms) \
-        else np.zeros(1, np.int32)
-    data = np.frombuffer(terms.buffers()[2], np.uint8) if len(terms) and terms.buffers()[2] is not None \
-        else np.zeros(0, np.uint8)
+    """An Arrow ``string`` array's offsets (int32 ``(n + 1,)``, from its first value) and bytes,
+    read-only views (an empty array's too: one compiled signature of :func:`_utf8_search`)."""
+    if len(terms):
+        offsets = np.frombuffer(terms.buffers()[1], np.int32)[terms.offset:terms.offset + len(terms) + 1]
+        data = np.frombuffer(terms.buffers()[2], np.uint8) if terms.buffers()[2] is not None else np.zeros(0, np.uint8)
+    else:
+        offsets, data = np.zeros(1, np.int32), np.zeros(0, np.uint8)
+    offsets.flags.writeable = data.flags.writeable = False
     return offsets, data
 
 
