@@ -215,19 +215,17 @@ def _derived_passage_keys(home: Path, segment: Path):
     """``home``'s newest passages (``doc_id``, ``title``, ``text``, ``n_words``), their ``title\ntext``
     and the token-memo keys the passage token shards derive for them
     (:func:`tasks.corpus.sharded.piece_keys.passage_keys`)."""
-    import numpy as np  # noqa: PLC0415
     import pyarrow.compute as pc  # noqa: PLC0415
 
     from data_contracts import corpus as C  # noqa: PLC0415
     from tasks.corpus.segment import SegmentConfig  # noqa: PLC0415
+    from tasks.corpus.sharded.passage_tokens import document_rows_by_range  # noqa: PLC0415
     from tasks.corpus.sharded.piece_keys import passage_keys  # noqa: PLC0415
 
     ingest = _newest(home, "ingest")
     passages = C.PASSAGES.read(segment, columns=["doc_id", "title", "text", "n_words"])
     texts = pc.binary_join_element_wise(passages.column("title"), passages.column("text"), "\n")
-    doc_ids = passages.column("doc_id").to_numpy()
-    firsts = doc_ids[np.flatnonzero(np.r_[True, doc_ids[1:] != doc_ids[:-1]])]   # documents in order of first passage
-    doc_rows = C.rows_of(C.DOCUMENTS.read(ingest, columns=["doc_id"]).column("doc_id").to_numpy(), firsts, str(ingest))
+    doc_rows = document_rows_by_range(segment, ingest, [(0, passages.num_rows)])[0]   # as the passage token shards plan them
     keys = passage_keys(passages, doc_rows, ingest / C.DOCUMENTS.filename, _newest(home, "tokens"),
                         SegmentConfig().passage_words, str(segment))
     return passages, texts, keys
