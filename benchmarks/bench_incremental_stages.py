@@ -146,8 +146,9 @@ def bench_ingest(mirror: Path, work: Path, wiki: str, workers: int) -> None:
     base = full / f"{wiki}-{full.name}-pages-articles-multistream.xml.bz2"
     days = sorted((d.name, d / f"{wiki}-{d.name}-pages-meta-hist-incr.xml.bz2")
                   for d in (mirror / "other" / "incr" / wiki).iterdir())
-    revisions, _ = merge_days(days)
-    changes, report = plan_changes(base, revisions, f"{wiki}-{days[-1][0]}-pages-articles-multistream.xml.bz2")
+    changes, _ = merge_days(days, work.parent / f"{work.name}.changes.parquet",
+                            f"{wiki}-{days[-1][0]}-pages-articles-multistream.xml.bz2")
+    report = plan_changes(base, changes)
     print(f"{base.name} + days {[d for d, _ in days]}: {report.replaced} pages replaced, {report.added} added", flush=True)
     cfg = IngestConfig(format="mediawiki")
     shutil.rmtree(work, ignore_errors=True)
@@ -301,14 +302,15 @@ def bench_days(mirror: Path, work: Path, wiki: str) -> None:
             for d in sorted((mirror / "other" / "incr" / wiki).iterdir()) if d.is_dir()]
     memo = work / "day-memo"
     shutil.rmtree(memo, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
     t = time.process_time()
-    parsed, _ = merge_days(days)
+    parsed, _ = merge_days(days, work / "parsed.changes.parquet", "merged.xml.bz2")
     t_parsed = time.process_time() - t
-    merge_days(days, memo_dir=memo)   # the nights that first applied each day
+    merge_days(days, work / "first.changes.parquet", "merged.xml.bz2", memo_dir=memo)   # the nights that first applied each day
     t = time.process_time()
-    kept, counts = merge_days(days, memo_dir=memo)
+    kept, counts = merge_days(days, work / "kept.changes.parquet", "merged.xml.bz2", memo_dir=memo)
     t_memo = time.process_time() - t
-    if list(kept.items()) != list(parsed.items()) or not all(c.from_memo for c in counts):
+    if kept.digest() != parsed.digest() or not all(c.from_memo for c in counts):
         raise SystemExit("the day memo gave other revisions than parsing")
     print(json.dumps({"days": len(days), "revisions": len(parsed), "parsed_cpu_s": round(t_parsed, 2),
                       "from_memo_cpu_s": round(t_memo, 2)}))

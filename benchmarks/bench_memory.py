@@ -27,6 +27,13 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
   :func:`tasks.corpus.sharded.token_memo.memo_token_ids`), as every cluster and passage token shard
   of a night makes it: a memo of N random 9-letter terms (texts of 20 terms), a shard of 20,000 of
   its texts and 200 edited ones (a new term each); the slope is per memo term.
+* ``adds-changes --days 3 12``: a nightly's adds-changes revisions, from the day memos to the pieces'
+  ranges, as the coordinator handles them: every day since the base full dump merged
+  (:func:`tasks.sources.adds_changes.merge_days`, each day's memo written by an earlier night), the
+  changes file opened, its digest (the ingest's cache key) and its split by 100 pieces, each piece's
+  revisions loaded in turn (what a worker holds). Synthetic days of ``--pages`` pages (ids drawn from
+  20 x as many) of ``--text-kb`` KB of text, made in another process; the slope is per byte of the
+  merged revisions' text (the newest revision of each page, what the night applies). Runs on code whose ``merge_days`` returns the revisions (before the changes file), too.
 * ``vocabulary --terms 450000 1800000``: bytes a vocabulary term: 8 shards of random 9-letter terms
   (each term in ~2 shards, 3 tokens each), merged, indexed and saved.
 
@@ -35,6 +42,7 @@ Run: ``python benchmarks/bench_memory.py tasks KEEP/workers-2 --kind segment --s
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import resource
 import shutil
@@ -311,6 +319,65 @@ def one_vocabulary(n_terms: int, tmp: Path) -> dict:
     return _measured(step)
 
 
+def _make_days(n_days: int, pages: int, text_kb: int, tmp: Path) -> None:
+    """``adds-changes``'s day files (plain XML, ``tmp/days/<date>.xml``) and their memos
+    (``tmp/memo``), made in another process."""
+    from tasks.sources import adds_changes as A  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    words = np.array([f"w{k}" for k in range(2_000)])
+    blocks = np.array([" ".join(words[rng.integers(0, words.size, 170)].tolist())[:1023] + " " for _ in range(500)])
+    (tmp / "days").mkdir()
+    days = []
+    for d in range(n_days):
+        date = f"202601{d + 2:02d}"
+        with open(tmp / "days" / f"{date}.xml", "w", encoding="utf-8") as fh:
+            fh.write("<mediawiki>\n")
+            for pid in np.sort(rng.choice(20 * pages, pages, replace=False)).tolist():
+                text = "".join(blocks[rng.integers(0, blocks.size, text_kb)].tolist())
+                fh.write(f"<page><title>Page {pid}</title><ns>0</ns><id>{pid + 1}</id><revision><id>{d * 10 * pages + pid}"
+                         f"</id><timestamp>2026-01-{d + 2:02d}T00:00:00Z</timestamp><text>{text}</text></revision></page>\n")
+            fh.write("</mediawiki>\n")
+        days.append((date, tmp / "days" / f"{date}.xml"))
+    if "out" in inspect.signature(A.merge_days).parameters:
+        A.merge_days(days, tmp / "warm.parquet", "m.xml.bz2", memo_dir=tmp / "memo")
+    else:
+        A.merge_days(days, memo_dir=tmp / "memo")
+
+
+def one_adds_changes(n_days: int, pages: int, text_kb: int, tmp: Path) -> dict:
+    import multiprocessing  # noqa: PLC0415
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+    import pyarrow.parquet  # noqa: F401, PLC0415
+
+    from tasks.sources import adds_changes as A  # noqa: PLC0415
+    from tasks.sources.ingest import changes as C  # noqa: PLC0415
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(_make_days, n_days, pages, text_kb, tmp).result()
+    days = sorted((f.stem, f) for f in (tmp / "days").iterdir())
+    bounds = [None, *range(20 * pages // 100, 20 * pages, 20 * pages // 100), None]
+    new_api = "out" in inspect.signature(A.merge_days).parameters
+
+    def step() -> dict:
+        if new_api:
+            changes, _ = A.merge_days(days, tmp / "changes.parquet", "m.xml.bz2", memo_dir=tmp / "memo")
+            changes = C.ChangesFile.open(tmp / "changes.parquet")
+            digest = changes.digest()
+            loaded = [[len(p.text) for p in r.load().pages] for r in changes.split(bounds)]
+        else:   # the revisions in memory, saved, then loaded again by the build and cut by piece
+            merged, _ = A.merge_days(days, memo_dir=tmp / "memo")
+            C.PageChanges.of("m.xml.bz2", merged).save(tmp / "changes.parquet")
+            del merged
+            changes = C.PageChanges.load(tmp / "changes.parquet")
+            digest = changes.digest()
+            loaded = [[len(p.text) for p in changes.in_range(lo, hi)] for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return {"days": n_days, "revisions": sum(map(len, loaded)), "digest": digest[:12],
+                "days_file_bytes": sum(f.stat().st_size for _, f in days), "text_bytes": sum(map(sum, loaded))}
+    return _measured(step)
+
+
 def _child(args: list[str]) -> dict:
     res = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -340,7 +407,11 @@ def main() -> None:
     q.add_argument("--terms", type=int, nargs="+", default=[500_000, 2_000_000])
     v = sub.add_parser("vocabulary")
     v.add_argument("--terms", type=int, nargs="+", default=[450_000, 1_800_000])
-    for p in (t, c, r, m, q, v):
+    a = sub.add_parser("adds-changes")
+    a.add_argument("--days", type=int, nargs="+", default=[3, 12])
+    a.add_argument("--pages", type=int, default=3_000, help="pages a day")
+    a.add_argument("--text-kb", type=int, default=20, help="KB of text a page")
+    for p in (t, c, r, m, q, v, a):
         p.add_argument("--one", help=argparse.SUPPRESS)
         p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -352,6 +423,8 @@ def main() -> None:
                 out = one_token_memo(args.dirs, int(args.one), Path(tmp))
             elif args.what == "memo-lookup":
                 out = one_memo_lookup(int(args.one), Path(tmp))
+            elif args.what == "adds-changes":
+                out = one_adds_changes(int(args.one), args.pages, args.text_kb, Path(tmp))
             elif args.what == "cluster-index":
                 out = one_tiled_index(args.work, json.loads((args.work / "order.json").read_text()), int(args.one))
             else:
@@ -380,12 +453,16 @@ def main() -> None:
     elif args.what == "memo-lookup":
         rows = [_child(["memo-lookup", "--one", str(n)]) for n in args.terms]
         unit = "vocabulary"
+    elif args.what == "adds-changes":
+        rows = [_child(["adds-changes", "--pages", str(args.pages), "--text-kb", str(args.text_kb), "--one", str(n)])
+                for n in args.days]
+        unit = "text_bytes"
     else:
         rows = [_child(["vocabulary", "--one", str(n)]) for n in args.terms]
         unit = "vocabulary"
     for row in rows:
         print(json.dumps(row), flush=True)
-    label = {"docs": "document", "tokens": "token", "pairs": "(cluster, term) pair", "vocabulary": "vocabulary term"}
+    label = {"text_bytes": "byte of merged revision text", "docs": "document", "tokens": "token", "pairs": "(cluster, term) pair", "vocabulary": "vocabulary term"}
     for a, b in zip(rows[:-1], rows[1:]):
         if b[unit] != a[unit]:
             print(f"slope: {(b['peak_over_base_mb'] - a['peak_over_base_mb']) * 2**20 / (b[unit] - a[unit]):.1f} "

@@ -42,7 +42,7 @@ from tasks.corpus.clustering import ClusteringConfig
 from tasks.corpus.gate import GateConfig, GateDecision, GateRefused, decide, question_pairs, version_figures
 from tasks.corpus.index import BM25Config
 from tasks.sources.ingest import IngestConfig
-from tasks.sources.ingest.changes import PageChanges
+from tasks.sources.ingest.changes import ChangesFile
 from tasks.corpus.published import corpus_store
 from tasks.corpus.segment import SegmentConfig
 from tasks.corpus.sharded.sharded_index import IndexLayout
@@ -64,7 +64,7 @@ class CorpusSource(DataSource):
     days, downloaded into the home, of which the newest ``keep_dumps`` full dumps are kept. ``dump``
     is set by that flow (what tonight's input holds: base dump and applied days) and goes into the
     manifest; ``changes`` too (a Parquet file of the adds-changes revisions the ingest applies to
-    the one dump of ``paths`` as it reads it, :class:`tasks.sources.ingest.changes.PageChanges`);
+    the one dump of ``paths`` as it reads it, :class:`tasks.sources.ingest.changes.ChangesFile`);
     leave both unset.
 
     A mirror that needs a login takes it from the environment (``FUNNELRAG_MIRROR_USER``,
@@ -208,7 +208,7 @@ def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: Inges
     """Ingest with multistream pieces as shards on this stage's pool; with ``changes``
     (``source.changes``), the adds-changes revisions applied as the dump is read (their digest
     joins the cache key)."""
-    page_changes = PageChanges.load(Path(changes)) if changes else None
+    page_changes = ChangesFile.open(Path(changes)) if changes else None
     digests = input_digests(inputs)
     if page_changes is not None:
         digests["changes"] = page_changes.digest()

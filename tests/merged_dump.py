@@ -53,7 +53,7 @@ def read_index(index: Path) -> dict[int, list[tuple[int, str]]]:
 
 def apply_changes(base: Path, changes: dict[int, PageRevision], out: Path) -> MergeReport:
     """Write ``out`` (+ its ``-index.txt.bz2``): the multistream dump ``base`` with ``changes``
-    (``{page_id: PageRevision}``, :func:`tasks.sources.adds_changes.merge_days`) applied.
+    (``{page_id: PageRevision}``, the revisions :func:`tasks.sources.adds_changes.merge_days` writes) applied.
 
     Raises ``AddsChangesError`` when ``base`` is not a multistream dump with an index."""
     base, out = Path(base), Path(out)

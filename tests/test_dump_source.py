@@ -7,11 +7,14 @@ from __future__ import annotations
 import bz2
 import dataclasses
 import json
+import logging
+import pickle
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 
 from benchmarks.synth_dump import SAMPLE, write_mirror
@@ -20,7 +23,9 @@ from tasks.sources import dump_source as D
 from tasks.sources import adds_changes as A
 from tasks.sources.adds_changes import AddsChangesError, day_memo_path, merge_days, read_day, read_day_memo
 from tasks.sources.ingest import IngestConfig, IngestError, ingest
-from tasks.sources.ingest.changes import PageChanges, merge_pages
+from tasks.sources.ingest import changes as changes_module
+from tasks.sources.ingest.changes import (ChangesFile, PageChanges, merge_pages, revisions_from_table, revisions_table,
+                                         write_changes)
 from tasks.sources.ingest.multistream import index_path
 from tasks.sources.ingest.parallel import piece_batches
 from tasks.sources.ingest.records import RawPage
@@ -28,6 +33,7 @@ from tasks.sources.nightly import FULL, INCREMENTAL, NOTHING, plan_night, prepar
 from tests.merged_dump import apply_changes, read_index
 from tests.mirror_server import serve
 
+TEXT_COLUMN = 4   # of a day memo: the fields of tasks.sources.ingest.changes.PageRevision
 WIKI, BASE = "synwiki", "20260101"
 DAYS = ["20260102", "20260103", "20260104"]
 
@@ -144,7 +150,8 @@ def test_applied_days_ingest_like_the_full_dump_of_the_same_texts(synth, tmp_pat
     mirror = synth["root"]
     base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
     days = [(d, mirror / "other" / "incr" / WIKI / d / f"{WIKI}-{d}-pages-meta-hist-incr.xml.bz2") for d in DAYS]
-    changes, counts = merge_days(days)
+    merged, counts = merge_days(days, tmp_path / "changes.parquet", synth["merged"].name)
+    changes = {r.page_id: r for r in merged.revisions()}
     assert [c.date for c in counts] == DAYS
     assert all(c.revisions > c.pages > c.kept > 0 and c.skipped["other_namespace"] > 0 for c in counts)
     out = tmp_path / synth["merged"].name
@@ -168,10 +175,9 @@ def test_days_applied_while_ingesting_give_the_full_dumps_artifacts(synth, tmp_p
     mirror = synth["root"]
     base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
     days = [(d, mirror / "other" / "incr" / WIKI / d / f"{WIKI}-{d}-pages-meta-hist-incr.xml.bz2") for d in DAYS]
-    revisions, _ = merge_days(days)
-    changes = PageChanges.of(synth["merged"].name, revisions)
-    changes.save(tmp_path / "changes.parquet")
-    assert PageChanges.load(tmp_path / "changes.parquet") == changes
+    changes, _ = merge_days(days, tmp_path / "changes.parquet", synth["merged"].name)
+    in_memory = PageChanges.of(changes.source, changes.revisions())
+    assert in_memory.digest() == changes.digest() and len(in_memory.pages) == len(changes) > 0
     cfg = IngestConfig(format="mediawiki")
 
     def artifacts(out, **kw):
@@ -185,8 +191,7 @@ def test_days_applied_while_ingesting_give_the_full_dumps_artifacts(synth, tmp_p
     _, folded = artifacts(tmp_path / "folded", changes=changes)
     assert folded == full
     if parallel:   # one page changed: the other pieces are the base build's
-        pid = min(r.page_id for r in changes.pages)
-        one = PageChanges.of("one.xml.bz2", [next(r for r in changes.pages if r.page_id == pid)])
+        one = PageChanges("one.xml.bz2", in_memory.pages[:1])
         artifacts(tmp_path / "base", piece_cache=tmp_path / "pieces")
         summary, _ = artifacts(tmp_path / "one", changes=one, piece_cache=tmp_path / "pieces")
         assert summary.pieces == {"patched": 1, "reused": 4}   # the changed piece: the base's, patched
@@ -212,14 +217,44 @@ def test_days_applied_while_ingesting_give_the_full_dumps_artifacts(synth, tmp_p
         ingest([base, synth["merged"]], tmp_path / "two", cfg, changes=changes)
 
 
+def test_a_changes_file_is_written_and_read_a_range_at_a_time(synth, tmp_path, monkeypatch):
+    """merge_days copies the winning revisions a few rows at a time and a piece reads only its row
+    groups: with tiny row groups and chunks the file holds the same revisions (same digest, same
+    counts) as with the defaults, each range of ChangesFile.split loads what PageChanges.split
+    gives, and what a piece is sent holds no text."""
+    days = [(d, synth["root"] / "other" / "incr" / WIKI / d / f"{WIKI}-{d}-pages-meta-hist-incr.xml.bz2")
+            for d in DAYS]
+    name = synth["merged"].name
+    big, big_counts = merge_days(days, tmp_path / "big.parquet", name, memo_dir=tmp_path / "memo-big")
+    monkeypatch.setattr(A, "MERGE_ROWS", 7)
+    monkeypatch.setattr(A, "DAY_ROW_GROUP", 5)
+    monkeypatch.setattr(changes_module, "CHANGES_ROW_GROUP", 3)
+    small, small_counts = merge_days(days, tmp_path / "small.parquet", name, memo_dir=tmp_path / "memo-small")
+    meta = pq.ParquetFile(small.path).metadata
+    assert meta.num_row_groups > 10 and max(meta.row_group(g).num_rows for g in range(meta.num_row_groups)) == 3
+    assert list(small.revisions()) == list(big.revisions()) and small.digest() == big.digest()
+    assert [c.as_dict() for c in small_counts] == [c.as_dict() for c in big_counts]
+    in_memory = PageChanges.of(name, small.revisions())
+    ids = small.page_ids.tolist()
+    bounds = [None, ids[3], ids[3] + 1, ids[10], ids[-1] + 1, None]
+    ranges, expected = small.split(bounds), in_memory.split(bounds)
+    assert [r.load() for r in ranges] == expected
+    assert [len(e.pages) for e in expected] == [3, 1, 6, len(ids) - 10, 0]
+    assert [r.count for r in ranges] == [3, 1, 6, len(ids) - 10, 0]
+    assert len(pickle.dumps(ranges[3])) < 400 < sum(len(r.text) for r in expected[3].pages)
+    with pytest.raises(ValueError, match="do not increase"):
+        write_changes(tmp_path / "bad.parquet", name, [revisions_table(expected[2].pages[::-1])])
+    assert not (tmp_path / "bad.parquet").exists()
+
+
 def test_a_revision_taking_a_title_of_its_piece_parses_the_piece(synth, tmp_path):
     """A patched piece equals parsing it only while no title repeats in it: a revision renamed to
     the title of another page of its piece makes that piece parsed (and one of the two a
     duplicate), the artifacts still those of the merged dump."""
     mirror = synth["root"]
     base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
-    revisions, _ = merge_days([(DAYS[0], mirror / "other" / "incr" / WIKI / DAYS[0] /
-                                f"{WIKI}-{DAYS[0]}-pages-meta-hist-incr.xml.bz2")])
+    revisions = _merged([(DAYS[0], mirror / "other" / "incr" / WIKI / DAYS[0] /
+                          f"{WIKI}-{DAYS[0]}-pages-meta-hist-incr.xml.bz2")], tmp_path)
     streams = read_index(index_path(base))
     offset, rev = next((off, revisions[pid]) for off, pages in sorted(streams.items()) for pid, _ in pages
                        if pid in revisions and revisions[pid].redirect is None)
@@ -264,8 +299,8 @@ def test_changes_need_a_dump_in_page_id_order():
 def test_base_stream_bytes_are_copied_when_untouched(synth, tmp_path):
     mirror = synth["root"]
     base = mirror / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
-    changes, _ = merge_days([(DAYS[0], mirror / "other" / "incr" / WIKI / DAYS[0] /
-                              f"{WIKI}-{DAYS[0]}-pages-meta-hist-incr.xml.bz2")])
+    changes = _merged([(DAYS[0], mirror / "other" / "incr" / WIKI / DAYS[0] /
+                        f"{WIKI}-{DAYS[0]}-pages-meta-hist-incr.xml.bz2")], tmp_path)
     one = {pid: rev for pid, rev in changes.items() if pid < 500}
     one = dict([next(iter(sorted(one.items())))])  # one changed page in the base
     out = tmp_path / "one.xml.bz2"
@@ -273,6 +308,18 @@ def test_base_stream_bytes_are_copied_when_untouched(synth, tmp_path):
     assert (report.streams_rewritten, report.streams_copied, report.replaced, report.added) == (1, 9, 1, 0)
     kept = bytes(a for a, b in zip(base.read_bytes()[-200_000:], out.read_bytes()[-200_000:]) if a == b)
     assert len(kept) > 150_000   # the streams after the changed one are the base's bytes
+
+
+def _merged(days: list, tmp_path: Path) -> dict:
+    """``{page_id: revision}`` of :func:`merge_days` (its changes file under ``tmp_path``)."""
+    changes, _ = merge_days(days, tmp_path / "merged-days.changes.parquet", "merged.xml.bz2")
+    return {r.page_id: r for r in changes.revisions()}
+
+
+def _day(path: Path, memo: Path) -> tuple[dict, object]:
+    """``({page_id: revision}, counts)`` of :func:`read_day_memo` of the day 20260102."""
+    rows, counts = read_day_memo(path, "20260102", memo)
+    return {r.page_id: r for r in revisions_from_table(rows.rows(0, len(rows)))}, counts
 
 
 def test_adds_changes_file_skips_are_counted(tmp_path):
@@ -288,8 +335,9 @@ def test_adds_changes_file_skips_are_counted(tmp_path):
 </mediawiki>"""
     path = tmp_path / "x-20260102-pages-meta-hist-incr.xml.bz2"
     path.write_bytes(bz2.compress(xml.encode()))
-    pages, counts = read_day(path, "20260102")
-    assert sorted(pages) == [5, 7] and pages[5].text == "newest" and pages[7].redirect == "Alpha"
+    table, counts = read_day(path, "20260102")
+    pages = {r.page_id: r for r in revisions_from_table(table)}
+    assert list(pages) == [5, 7] and pages[5].text == "newest" and pages[7].redirect == "Alpha"
     assert (counts.pages, counts.revisions, counts.kept) == (5, 6, 2)
     assert counts.skipped == {"other_namespace": 1, "malformed": 2}
     assert any("page id 6 in namespace 4" in e for e in counts.examples)
@@ -305,8 +353,8 @@ def test_a_day_is_parsed_once_then_read_from_its_memo(synth, tmp_path, monkeypat
     mirror = synth["root"]
     days = [(d, mirror / "other" / "incr" / WIKI / d / f"{WIKI}-{d}-pages-meta-hist-incr.xml.bz2") for d in DAYS]
     memo = tmp_path / "memo"
-    plain, plain_counts = merge_days(days)
-    first, first_counts = merge_days(days, memo_dir=memo)
+    plain, plain_counts = merge_days(days, tmp_path / "plain.parquet", "m.xml.bz2")
+    first, first_counts = merge_days(days, tmp_path / "first.parquet", "m.xml.bz2", memo_dir=memo)
     assert not any(c.from_memo for c in first_counts)
     assert all(day_memo_path(memo, d, p).is_file() for d, p in days)
 
@@ -315,10 +363,11 @@ def test_a_day_is_parsed_once_then_read_from_its_memo(synth, tmp_path, monkeypat
 
     monkeypatch.setattr(A, "read_day", no_parsing)
     monkeypatch.setattr(A, "sha256_file", no_parsing)   # an unchanged file (size, time) is not even hashed
-    again, again_counts = merge_days(days, memo_dir=memo)
+    again, again_counts = merge_days(days, tmp_path / "again.parquet", "m.xml.bz2", memo_dir=memo)
     monkeypatch.undo()
     assert all(c.from_memo for c in again_counts)
-    assert list(again.items()) == list(first.items()) == list(plain.items())
+    assert list(again.revisions()) == list(first.revisions()) == list(plain.revisions())
+    assert again.digest() == plain.digest()
     for a, b in zip(again_counts, plain_counts):
         assert {**a.as_dict(), "from_memo": False} == b.as_dict() and a.skipped == b.skipped
 
@@ -327,19 +376,49 @@ def test_a_day_is_parsed_once_then_read_from_its_memo(synth, tmp_path, monkeypat
     xml = ('<mediawiki><page><title>Alpha</title><ns>0</ns><id>5</id><revision><id>{rev}</id><timestamp>t</timestamp>'
            '<text>{text}</text></revision></page></mediawiki>')
     day.write_bytes(bz2.compress(xml.format(rev=1, text="first").encode()))
-    pages, counts = read_day_memo(day, "20260102", memo)
+    pages, counts = _day(day, memo)
     assert pages[5].text == "first" and not counts.from_memo
     day.write_bytes(bz2.compress(xml.format(rev=2, text="second").encode()))
-    pages, counts = read_day_memo(day, "20260102", memo)
+    pages, counts = _day(day, memo)
     assert pages[5].text == "second" and pages[5].rev_id == 2 and not counts.from_memo
     assert read_day_memo(day, "20260102", memo)[1].from_memo
     day.write_bytes(day.read_bytes())   # the same bytes written again (another time): hashed, still the memo's
     assert read_day_memo(day, "20260102", memo)[1].from_memo
     kept = day_memo_path(memo, "20260102", day)
     kept.write_bytes(kept.read_bytes()[:40])   # damaged: parsed again, memo replaced
-    pages, counts = read_day_memo(day, "20260102", memo)
+    pages, counts = _day(day, memo)
     assert pages[5].text == "second" and not counts.from_memo
     assert read_day_memo(day, "20260102", memo)[1].from_memo
+
+
+@pytest.mark.parametrize("fault", ["flip", "truncate", "delete"])
+def test_a_damaged_day_memo_is_parsed_again(synth, tmp_path, fault, caplog):
+    """A day memo is read across nights: a same-size flip in its texts (caught by the pages'
+    checksums when the texts are copied), a truncation (caught when it is opened) or a deletion
+    makes that day parsed again and its memo replaced, its path logged; the changes file is the
+    clean one and the counts are the same."""
+    days = [(d, synth["root"] / "other" / "incr" / WIKI / d / f"{WIKI}-{d}-pages-meta-hist-incr.xml.bz2")
+            for d in DAYS]
+    name, memo = synth["merged"].name, tmp_path / "memo"
+    clean, clean_counts = merge_days(days, tmp_path / "clean.parquet", name, memo_dir=memo)
+    bad = day_memo_path(memo, DAYS[1], days[1][1])
+    if fault == "flip":   # one byte in the middle of the texts' column chunk
+        chunk = pq.ParquetFile(bad).metadata.row_group(0).column(TEXT_COLUMN)
+        data = bytearray(bad.read_bytes())
+        data[(chunk.dictionary_page_offset or chunk.data_page_offset) + chunk.total_compressed_size // 2] ^= 0x01
+        bad.write_bytes(bytes(data))
+    elif fault == "truncate":
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    else:
+        bad.unlink()
+    with caplog.at_level(logging.WARNING, logger=A.__name__):
+        again, counts = merge_days(days, tmp_path / "again.parquet", name, memo_dir=memo)
+    assert again.digest() == clean.digest()
+    assert [c.from_memo for c in counts] == [True, False, True]
+    assert [{**c.as_dict(), "from_memo": None} for c in counts] == [{**c.as_dict(), "from_memo": None}
+                                                                    for c in clean_counts]
+    assert (str(bad) in caplog.text) == (fault != "delete")
+    assert merge_days(days, tmp_path / "third.parquet", name, memo_dir=memo)[1][1].from_memo   # replaced
 
 
 def test_the_nightly_decides_by_itself(source, tmp_path):
@@ -360,9 +439,9 @@ def test_prepare_input_hands_the_days_to_the_ingest(source, synth, tmp_path):
     plan = plan_night(m, WIKI, {"wiki": WIKI, "base": BASE, "days": []})
     folded, info = prepare_input(m, plan, tmp_path / "dl")   # the days go to the ingest: no dump written
     assert folded.name == f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
-    changes = PageChanges.load(Path(info["changes_file"]))
+    changes = ChangesFile.open(Path(info["changes_file"]))
     assert changes.source == synth["merged"].name and [d["date"] for d in info["days"]] == DAYS
-    assert info["apply"]["replaced"] + info["apply"]["added"] == len(changes.pages) and info["apply"]["added"] == 3
+    assert info["apply"]["replaced"] + info["apply"]["added"] == len(changes) and info["apply"]["added"] == 3
     if server is not None:   # downloaded into the home: dump, index and each day
         assert (tmp_path / "dl" / WIKI / BASE / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2").is_file()
         assert len(list((tmp_path / "dl" / "other" / "incr" / WIKI).glob("*/*.xml.bz2"))) == 3
@@ -381,7 +460,7 @@ def test_a_base_not_in_page_id_order_is_refused(synth, tmp_path):
     lines = bz2.decompress(index_path(src).read_bytes()).decode().splitlines(keepends=True)
     index_path(base).write_bytes(bz2.compress("".join([lines[1], lines[0], *lines[2:]]).encode()))
     with pytest.raises(AddsChangesError, match="not listed in increasing page id order"):
-        A.plan_changes(base, {}, "merged.xml.bz2")
+        A.plan_changes(base, None)
 
 
 def test_retention_keeps_the_newest_dumps(tmp_path):

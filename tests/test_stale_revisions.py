@@ -106,7 +106,8 @@ def test_a_later_day_holding_an_older_revision_is_skipped(base, revisions, tmp_p
     older = _revision(base, 11, 1_500_000, "2026-01-01T12:00:00Z", "An older edit listed by a later day.", "20260103")
     days = [("20260102", _day_file(tmp_path, "20260102", [fresh])),
             ("20260103", _day_file(tmp_path, "20260103", [older]))]
-    merged, counts = merge_days(days)
+    changes, counts = merge_days(days, tmp_path / "changes.parquet", MERGED)
+    merged = {r.page_id: r for r in changes.revisions()}
     assert merged[11].text == fresh.text and merged[11].rev_id == 2_000_000
     assert [c.skipped.get(STALE_REVISION, 0) for c in counts] == [0, 1]
     assert any("page id 11" in e for e in counts[1].examples)

@@ -26,16 +26,18 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from lxml import etree
 
 from data_contracts.base import atomic_write, sha256_file
 from funnelrag.errors import BadInput
-from tasks.sources.ingest.changes import (PageChanges, PageRevision, is_newer,  # noqa: F401 - PageRevision re-exported
-                                         revisions_from_table, revisions_table)
+from tasks.sources.ingest.changes import (ChangesFile, PageRevision, is_newer,  # noqa: F401 - PageRevision re-exported
+                                         revisions_table, write_changes)
 from tasks.sources.ingest.mediawiki import release_element
 from tasks.sources.ingest.multistream import index_blocks, index_path
 
@@ -65,8 +67,9 @@ class DayCounts:
                 "skipped": dict(sorted(self.skipped.items())), "examples": self.examples, "from_memo": self.from_memo}
 
 
-def read_day(path: Path, date: str) -> tuple[dict[int, PageRevision], DayCounts]:
-    """``({page_id: newest revision}, counts)`` of the ns-0 pages of one adds-changes file.
+def read_day(path: Path, date: str) -> tuple[pa.Table, DayCounts]:
+    """``(revisions, counts)`` of the ns-0 pages of one adds-changes file: the newest revision of
+    each page, one :func:`tasks.sources.ingest.changes.revisions_table` row a page, sorted by page id.
 
     Raises
     ------
@@ -94,7 +97,7 @@ def read_day(path: Path, date: str) -> tuple[dict[int, PageRevision], DayCounts]
     except (EOFError, OSError) as exc:
         raise AddsChangesError(f"{path}: truncated or corrupt compressed data ({exc}); last complete page: {last}") from exc
     counts.kept = len(pages)
-    return pages, counts
+    return revisions_table(pages[pid] for pid in sorted(pages)), counts
 
 
 def _local(tag) -> str:
@@ -148,7 +151,43 @@ def _page_revision(elem, date: str, counts: DayCounts) -> PageRevision | None:
 
 
 # Bump when read_day gives other revisions or counts for the same file: every day memo is read again.
-DAY_MEMO_VERSION = "1"
+# 2: rows sorted by page id, in row groups of DAY_ROW_GROUP (a night reads a day a range at a time).
+DAY_MEMO_VERSION = "2"
+DAY_ROW_GROUP = 200
+MERGE_ROWS = 2_000
+"""Revisions :func:`merge_days` writes at a time: its memory is theirs, not all the days'."""
+
+
+class DayRevisions:
+    """One day's revisions (:func:`read_day`'s rows, sorted by page id) with their page ids, revision
+    ids and timestamps in memory and their texts read a range of rows at a time (:meth:`rows`), from
+    the day memo's Parquet file or from a table already in memory."""
+
+    def __init__(self, source: pa.Table | Path):
+        self.path = source if isinstance(source, Path) else None
+        self._file = pq.ParquetFile(source, page_checksum_verification=True) if self.path is not None else None
+        keys = (self._file.read(columns=["page_id", "rev_id", "timestamp"]) if self._file is not None
+                else source.select(["page_id", "rev_id", "timestamp"]))
+        self._table = source if self._file is None else None
+        self.page_ids = keys.column("page_id").to_numpy()
+        self.rev_ids = keys.column("rev_id").to_pylist()
+        self.timestamps = keys.column("timestamp").to_pylist()
+        if self._file is not None:
+            sizes = [self._file.metadata.row_group(g).num_rows for g in range(self._file.num_row_groups)]
+            self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
+    def __len__(self) -> int:
+        return int(self.page_ids.size)
+
+    def rows(self, start: int, stop: int) -> pa.Table:
+        """Rows ``start`` to ``stop - 1`` (only the row groups that hold them are read; a page whose
+        checksum fails raises ``OSError``)."""
+        if self._file is None:
+            return self._table.slice(start, stop - start)
+        first = int(np.searchsorted(self._starts, start, "right")) - 1
+        last = int(np.searchsorted(self._starts, stop, "left"))
+        table = self._file.read_row_groups(list(range(first, last)))
+        return table.slice(start - int(self._starts[first]), stop - start)
 
 
 def day_memo_path(memo_dir: Path, date: str, path: Path) -> Path:
@@ -157,73 +196,133 @@ def day_memo_path(memo_dir: Path, date: str, path: Path) -> Path:
     return Path(memo_dir) / date / f"{Path(path).name}.revisions.parquet"
 
 
-def read_day_memo(path: Path, date: str, memo_dir: Path | None) -> tuple[dict[int, PageRevision], DayCounts]:
+def read_day_memo(path: Path, date: str, memo_dir: Path, read: bool = True) -> tuple[DayRevisions, DayCounts]:
     """:func:`read_day` of ``path``, parsed once: the night that first applies a day keeps its
-    revisions and counts in a Parquet file (:func:`day_memo_path`, written atomically); a later
-    night whose base is the same full dump applies that day again and reads the file instead of
-    decompressing and parsing the day's XML. The memo names the sha256, size and modification
-    time of the file it was made from and :data:`DAY_MEMO_VERSION`; a file whose size or time
-    differs is hashed again, and one with other bytes (a day republished), an older version or an
-    unreadable memo is parsed again and the memo replaced.
+    revisions and counts in a Parquet file (:func:`day_memo_path`, rows sorted by page id in row
+    groups of :data:`DAY_ROW_GROUP`, written atomically); a later night whose base is the same full
+    dump applies that day again and reads the file instead of decompressing and parsing the day's
+    XML. The memo names the sha256, size and modification time of the file it was made from and
+    :data:`DAY_MEMO_VERSION`; a file whose size or time differs is hashed again, and one with other
+    bytes (a day republished), an older version or an unreadable memo is parsed again and the memo
+    replaced. ``read`` False (``cache.read: false``): parsed again, the memo replaced.
 
-    Returns the same ``({page_id: revision}, counts)`` as :func:`read_day` (same revisions, same
-    order), with ``counts.from_memo`` telling which path gave them. ``memo_dir`` None: no memo.
+    Returns the day's revisions (the same rows as :func:`read_day`'s, texts left in the file) and
+    its counts, ``counts.from_memo`` telling which path gave them.
 
     Raises
     ------
     AddsChangesError
         As :func:`read_day`, for the day's file.
     """
-    if memo_dir is None:
-        return read_day(path, date)
     path = Path(path)
     memo = day_memo_path(memo_dir, date, path)
     st = path.stat()
     file_stat = [st.st_size, st.st_mtime_ns]   # the same size and time: the sha256 the memo names is the file's
-    if memo.is_file():
+    if read and memo.is_file():
         try:
-            table = pq.read_table(memo)
-            meta = json.loads((table.schema.metadata or {}).get(b"day_memo", b"{}"))
+            meta = json.loads((pq.read_schema(memo).metadata or {}).get(b"day_memo", b"{}"))
             same = meta.get("memo_version") == DAY_MEMO_VERSION and meta.get("date") == date and (
                 meta.get("day_file_stat") == file_stat or meta.get("day_file_sha256") == sha256_file(path))
             if same:
                 counts = DayCounts(date, **meta["counts"], from_memo=True)
                 counts.skipped = Counter(counts.skipped)
-                return {r.page_id: r for r in revisions_from_table(table)}, counts
+                return DayRevisions(memo), counts
             log.info("%s: made from other bytes or by another version; %s is parsed again", memo.name, path.name)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             log.warning("%s: unreadable day memo (%s); %s is parsed again", memo, exc, path.name)
-    pages, counts = read_day(path, date)
+    table, counts = read_day(path, date)
     stamp = {"day_file_sha256": sha256_file(path), "day_file_stat": file_stat, "memo_version": DAY_MEMO_VERSION,
              "date": date, "counts": {k: v for k, v in counts.as_dict().items() if k not in ("date", "from_memo")}}
-    table = revisions_table(pages.values()).replace_schema_metadata(
-        {b"day_memo": json.dumps(stamp, sort_keys=True).encode("utf-8")})
+    table = table.replace_schema_metadata({b"day_memo": json.dumps(stamp, sort_keys=True).encode("utf-8")})
     memo.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(memo, lambda p: pq.write_table(table, p, compression="zstd"))
-    return pages, counts
+    atomic_write(memo, lambda p: pq.write_table(table, p, compression="zstd", row_group_size=DAY_ROW_GROUP,
+                                                write_page_checksum=True))
+    return DayRevisions(memo), counts
 
 
-def merge_days(days: list[tuple[str, Path]], memo_dir: Path | None = None) -> tuple[dict[int, PageRevision], list[DayCounts]]:
-    """The pages of every day, in date order: a later day's revision replaces an earlier one's when
-    it is newer (:func:`tasks.sources.ingest.changes.is_newer`: revision id, then timestamp); one that
-    is not is skipped and counted on its day (``skipped["stale_revision"]``).
+class _Key(NamedTuple):
+    rev_id: int
+    timestamp: str
 
-    ``memo_dir``: each day through :func:`read_day_memo`, so a day is parsed by the first night
-    that applies it only (a nightly applies every day since its base full dump, up to ~20 of
-    them before the next full dump). Raises ``AddsChangesError`` as :func:`read_day`."""
-    merged: dict[int, PageRevision] = {}
-    counts = []
+
+def merge_days(days: list[tuple[str, Path]], out: Path, source: str, memo_dir: Path | None = None,
+               read_memos: bool = True) -> tuple[ChangesFile, list[DayCounts]]:
+    """The pages of every day, in date order, written to the changes file ``out`` (named ``source``,
+    the merged dump's file name; :func:`tasks.sources.ingest.changes.write_changes`): a later day's
+    revision replaces an earlier one's when it is newer (:func:`tasks.sources.ingest.changes.is_newer`:
+    revision id, then timestamp); one that is not is skipped and counted on its day
+    (``skipped["stale_revision"]``).
+
+    The winners are chosen on the days' page ids, revision ids and timestamps; their texts are then
+    copied :data:`MERGE_ROWS` at a time, so no process holds the days' texts (a nightly applies
+    every day since its base full dump, up to ~20 of them before the next full dump).
+
+    ``memo_dir``: each day through :func:`read_day_memo` (``read=read_memos``), so a day is parsed
+    by the first night that applies it only; None: each day parsed into memory. A memo's pages
+    carry checksums: one that fails, or any other error reading a memo's texts, logs the memo's
+    path, parses that day again (its memo replaced) and writes the file again.
+
+    Returns ``(the changes file, each day's counts)``. Raises ``AddsChangesError`` as :func:`read_day`.
+    """
+    revisions: list[DayRevisions] = []
+    counts: list[DayCounts] = []
     for date, path in sorted(days):
-        pages, day_counts = read_day_memo(path, date, memo_dir)
-        for pid, rev in pages.items():
-            old = merged.get(pid)
-            if old is None or is_newer(rev, old.rev_id, old.timestamp):
-                merged[pid] = rev
-            else:
-                _skip(day_counts, STALE_REVISION, f"page id {pid} revision {rev.rev_id} (day {old.day} holds "
-                                                  f"revision {old.rev_id})")
+        if memo_dir is not None:
+            rows, day_counts = read_day_memo(path, date, memo_dir, read=read_memos)
+        else:
+            table, day_counts = read_day(path, date)
+            rows = DayRevisions(table)
+        revisions.append(rows)
         counts.append(day_counts)
-    return merged, counts
+    merged: dict[int, tuple[int, int, _Key]] = {}   # page id -> (day, row, key)
+    for d, rows in enumerate(revisions):
+        for row, (pid, key) in enumerate(zip(rows.page_ids.tolist(), map(_Key, rows.rev_ids, rows.timestamps))):
+            old = merged.get(pid)
+            if old is None or is_newer(key, old[2].rev_id, old[2].timestamp):
+                merged[pid] = (d, row, key)
+            else:
+                _skip(counts[d], STALE_REVISION, f"page id {pid} revision {key.rev_id} (day {counts[old[0]].date} "
+                                                 f"holds revision {old[2].rev_id})")
+    pids = sorted(merged)
+    winner_day = np.array([merged[p][0] for p in pids], np.int64)
+    winner_row = np.array([merged[p][1] for p in pids], np.int64)
+    del merged
+
+    def chunks():
+        for at in range(0, len(pids), MERGE_ROWS):
+            day, row = winner_day[at:at + MERGE_ROWS], winner_row[at:at + MERGE_ROWS]
+            parts = []
+            for d in np.unique(day).tolist():
+                taken = row[day == d]   # increasing: a day's rows and the winners are both in page id order
+                lo = int(taken[0])
+                try:
+                    parts.append(revisions[d].rows(lo, int(taken[-1]) + 1).take(pa.array(taken - lo)))
+                except (OSError, pa.ArrowException) as exc:
+                    raise _UnreadableDay(d) from exc
+            table = pa.concat_tables([p.replace_schema_metadata(None) for p in parts])
+            yield table.take(pc.sort_indices(table.column("page_id")))
+
+    while True:
+        try:
+            return write_changes(out, source, chunks()), counts
+        except _UnreadableDay as bad:
+            d, (date, path) = bad.day, sorted(days)[bad.day]
+            if memo_dir is None or not counts[d].from_memo:
+                raise AddsChangesError(f"{revisions[d].path or path}: unreadable revisions ({bad.__cause__})") from bad
+            log.warning("%s: unreadable day memo (%s); %s is parsed again", revisions[d].path, bad.__cause__, path.name)
+            fresh, _ = read_day_memo(path, date, memo_dir, read=False)
+            if not np.array_equal(fresh.page_ids, revisions[d].page_ids) or fresh.rev_ids != revisions[d].rev_ids:
+                raise AddsChangesError(f"{path}: its revisions differ from its memo's, which was read as whole") from bad
+            revisions[d] = fresh
+            counts[d].from_memo = False   # its stale skips, counted above, stand
+
+
+class _UnreadableDay(Exception):
+    """Reading day ``day``'s texts failed (the cause says why)."""
+
+    def __init__(self, day: int):
+        super().__init__(day)
+        self.day = day
 
 
 @dataclass
@@ -259,9 +358,9 @@ def index_page_ids(index: Path) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def plan_changes(base: Path, changes: dict[int, PageRevision], merged_name: str) -> tuple[PageChanges, ApplyReport]:
-    """Tonight's revisions as :class:`tasks.sources.ingest.changes.PageChanges` named ``merged_name``,
-    for the ingest to apply while it reads ``base``, with the pages they replace and add.
+def plan_changes(base: Path, changes: ChangesFile) -> ApplyReport:
+    """The pages tonight's revisions (``changes``, :func:`merge_days`) replace in ``base`` and add,
+    after checking that the ingest can apply them while it reads ``base``.
 
     Raises
     ------
@@ -277,7 +376,5 @@ def plan_changes(base: Path, changes: dict[int, PageRevision], merged_name: str)
     if not (ids.size and bool(np.all(np.diff(ids) > 0))):
         raise AddsChangesError(f"{ix}: the pages are not listed in increasing page id order; adds-changes can only "
                                "be applied to a dump in page id order (Wikimedia's are)")
-    changed = np.fromiter(changes.keys(), np.int64, count=len(changes))
-    replaced = int(np.isin(changed, ids).sum())
-    report = ApplyReport(replaced=replaced, added=len(changes) - replaced, seconds=time.perf_counter() - t0)
-    return PageChanges.of(merged_name, changes), report
+    replaced = int(np.isin(changes.page_ids, ids).sum())
+    return ApplyReport(replaced=replaced, added=len(changes) - replaced, seconds=time.perf_counter() - t0)

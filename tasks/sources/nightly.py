@@ -168,8 +168,8 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path,
     revisions as it reads it, with the artifacts of the merged dump and no dump written
     (:func:`tasks.sources.adds_changes.plan_changes`). Each day's revisions are kept beside its
     download (:func:`tasks.sources.adds_changes.read_day_memo`): a day is parsed by the first
-    night that applies it only. ``read_cache`` False (``cache.read: false``): every day is parsed
-    again, no day memo read.
+    night that applies it only, and no process holds the days' texts (:func:`merge_days`).
+    ``read_cache`` False (``cache.read: false``): every day is parsed again, no day memo read.
 
     Raises
     ------
@@ -191,11 +191,11 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path,
         return dump, info
     day_files = [(d.date, fetch(mirror, d.file, downloads)) for d in plan.scan.days]
     merged_name = full_dump_name(plan.wiki, plan.scan.days[-1].date)
-    # each day parsed once per base: later nights read its revisions from the memo beside the download
-    changes, counts = merge_days(day_files, memo_dir=downloads / "other" / "incr" / plan.wiki if read_cache else None)
-    folded, report = plan_changes(dump, changes, merged_name)
     changes_file = downloads / "merged" / plan.wiki / f"{merged_name}.changes.parquet"
-    folded.save(changes_file)
+    # each day parsed once per base: later nights read its revisions from the memo beside the download
+    changes, counts = merge_days(day_files, changes_file, merged_name, memo_dir=downloads / "other" / "incr" / plan.wiki,
+                                 read_memos=read_cache)
+    report = plan_changes(dump, changes)
     for old in changes_file.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # tonight's file only
         if old.name != changes_file.name:
             old.unlink(missing_ok=True)

@@ -14,6 +14,7 @@ dumps do; :func:`merge_pages` raises otherwise). Nothing here imports Prefect.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import operator
 from dataclasses import dataclass, fields
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 from xml.sax.saxutils import escape, quoteattr
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -78,12 +80,29 @@ def page_xml(rev: PageRevision) -> bytes:
             f"    </revision>\n  </page>\n").encode("utf-8")
 
 
+CHANGES_ROW_GROUP = 1_000
+"""Revisions a row group of a changes file holds (:func:`write_changes`): a piece reads the few
+row groups its page ids fall in (:meth:`ChangesFile.split`), never the file."""
+
+
+def _digest(source: str, revisions: Iterable[PageRevision]) -> str:
+    h = hashlib.sha256(source.encode("utf-8") + b"\0")
+    for rev in revisions:
+        body = page_xml(rev)
+        h.update(len(body).to_bytes(8, "little"))
+        h.update(body)
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class PageChanges:
-    """Revisions to apply to one base dump while it is ingested.
+    """Revisions to apply to one base dump, or one piece of it, while it is ingested, in memory.
 
     source : the merged dump's file name: the ``source`` of every ingested record.
     pages : the revisions, sorted by page id, one per page id.
+
+    A nightly's revisions since its base full dump are a :class:`ChangesFile` instead, which no
+    process holds whole; each piece loads its own (:meth:`ChangesRange.load`).
     """
 
     source: str
@@ -91,40 +110,129 @@ class PageChanges:
 
     @classmethod
     def of(cls, source: str, pages: dict[int, PageRevision] | Iterable[PageRevision]) -> "PageChanges":
-        """From ``{page_id: revision}`` (:func:`tasks.sources.adds_changes.merge_days`) or revisions;
-        raises ``ValueError`` when a page id repeats."""
+        """From ``{page_id: revision}`` or revisions; raises ``ValueError`` when a page id repeats."""
         revs = sorted(pages.values() if isinstance(pages, dict) else pages, key=lambda r: r.page_id)
         ids = [r.page_id for r in revs]
         if len(set(ids)) != len(ids):
             raise ValueError(f"page changes for {source}: a page id appears twice")
         return cls(source, tuple(revs))
 
-    def in_range(self, lo: int | None, hi: int | None) -> tuple[PageRevision, ...]:
-        """The revisions with ``lo <= page_id < hi`` (``None``: unbounded), in page id order."""
-        return tuple(r for r in self.pages if (lo is None or r.page_id >= lo) and (hi is None or r.page_id < hi))
+    def revisions(self) -> Iterator[PageRevision]:
+        """The revisions in page id order."""
+        return iter(self.pages)
 
-    def save(self, path: Path) -> None:
-        """Write the revisions as Parquet (the merged dump's name in the file's metadata), atomically."""
-        table = revisions_table(self.pages).replace_schema_metadata({b"source": self.source.encode("utf-8")})
-        atomic_write(Path(path), lambda p: pq.write_table(table, p, compression="zstd"))
+    def split(self, bounds: list[int | None]) -> list["PageChanges"]:
+        """The revisions of each range ``bounds[k] <= page_id < bounds[k + 1]`` (``None``: unbounded)."""
+        ids = [r.page_id for r in self.pages]
+        at = [0 if b is None and k == 0 else len(ids) if b is None else bisect.bisect_left(ids, b)
+              for k, b in enumerate(bounds)]
+        return [PageChanges(self.source, self.pages[a:b]) for a, b in zip(at[:-1], at[1:])]
 
-    @classmethod
-    def load(cls, path: Path) -> "PageChanges":
-        """Read what :meth:`save` wrote. Raises ``ValueError`` for a file without the merged dump's name."""
-        table = pq.read_table(path)
-        source = (table.schema.metadata or {}).get(b"source")
-        if source is None:
-            raise ValueError(f"{path}: not a page-changes file (no merged dump name in its metadata)")
-        return cls.of(source.decode("utf-8"), revisions_from_table(table))
+    def load(self) -> "PageChanges":
+        return self
 
     def digest(self) -> str:
         """sha256 over the merged dump's name and every revision's ``<page>`` element."""
-        h = hashlib.sha256(self.source.encode("utf-8") + b"\0")
-        for rev in self.pages:
-            body = page_xml(rev)
-            h.update(len(body).to_bytes(8, "little"))
-            h.update(body)
-        return h.hexdigest()
+        return _digest(self.source, self.pages)
+
+
+def write_changes(path: Path, source: str, tables: Iterable[pa.Table]) -> "ChangesFile":
+    """Write a changes file, atomically: the rows of ``tables`` (:func:`revisions_table` rows, each
+    table sorted by page id, every page id higher than the last table's) in row groups of
+    :data:`CHANGES_ROW_GROUP`, the merged dump's name ``source`` in the file's metadata. Memory: one
+    table at a time.
+
+    Raises
+    ------
+    ValueError
+        A page id is not higher than the one before it (names the file and the last page id written;
+        the file is not written).
+    """
+    schema = _SCHEMA.with_metadata({b"source": source.encode("utf-8")})
+
+    def write(tmp: Path) -> None:
+        last = None
+        with pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True) as out:
+            for table in tables:
+                ids = table.column("page_id").to_numpy()
+                if ids.size and ((last is not None and ids[0] <= last) or bool(np.any(np.diff(ids) <= 0))):
+                    raise ValueError(f"{path}: the revisions' page ids do not increase (after page id {last})")
+                if ids.size:
+                    last = int(ids[-1])
+                    out.write_table(table.cast(_SCHEMA), row_group_size=CHANGES_ROW_GROUP)
+    atomic_write(Path(path), write)
+    return ChangesFile.open(path)
+
+
+@dataclass(frozen=True, eq=False)
+class ChangesFile:
+    """The revisions of a changes file (:func:`write_changes`) without their texts: the merged
+    dump's name, each revision's page id (``(n,)`` int64, increasing) and the first row of each row
+    group. 8 bytes a revision in memory; texts are read a row group at a time."""
+
+    path: Path
+    source: str
+    page_ids: np.ndarray
+    group_starts: np.ndarray    # (n_groups + 1,) int64: row offsets of the row groups
+
+    @classmethod
+    def open(cls, path: Path) -> "ChangesFile":
+        """Raises ``ValueError`` for a file without the merged dump's name, or whose page ids do not
+        increase (names the file)."""
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        source = (pf.schema_arrow.metadata or {}).get(b"source")
+        if source is None:
+            raise ValueError(f"{path}: not a changes file (no merged dump name in its metadata)")
+        ids = pf.read(columns=["page_id"]).column("page_id").to_numpy()
+        if bool(np.any(np.diff(ids) <= 0)):
+            raise ValueError(f"{path}: the revisions' page ids do not increase")
+        sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        return cls(Path(path), source.decode("utf-8"), ids, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+
+    def __len__(self) -> int:
+        return int(self.page_ids.size)
+
+    def revisions(self) -> Iterator[PageRevision]:
+        """Every revision in page id order, one row group in memory at a time."""
+        pf = pq.ParquetFile(self.path, page_checksum_verification=True)
+        for g in range(pf.num_row_groups):
+            yield from revisions_from_table(pf.read_row_group(g))
+
+    def split(self, bounds: list[int | None]) -> list["ChangesRange"]:
+        """A :class:`ChangesRange` for each range ``bounds[k] <= page_id < bounds[k + 1]``
+        (``None``: unbounded), as :meth:`PageChanges.split`."""
+        at = [0 if b is None and k == 0 else len(self) if b is None else int(np.searchsorted(self.page_ids, b))
+              for k, b in enumerate(bounds)]
+        ranges = []
+        for a, b in zip(at[:-1], at[1:]):
+            first = int(np.searchsorted(self.group_starts, a, "right")) - 1 if b > a else 0
+            last = int(np.searchsorted(self.group_starts, b, "left")) if b > a else 0
+            ranges.append(ChangesRange(str(self.path), self.source, a - int(self.group_starts[first]), b - a,
+                                       tuple(range(first, last))))
+        return ranges
+
+    def digest(self) -> str:
+        """:meth:`PageChanges.digest` of the same revisions, a row group at a time."""
+        return _digest(self.source, self.revisions())
+
+
+@dataclass(frozen=True)
+class ChangesRange:
+    """``count`` revisions of a changes file from row ``skip`` of its row groups ``groups``, not
+    read yet: what a piece of the ingest is sent (:meth:`ChangesFile.split`) and reads in its worker."""
+
+    path: str
+    source: str
+    skip: int
+    count: int
+    groups: tuple[int, ...]
+
+    def load(self) -> PageChanges:
+        """The range's revisions in memory (its row groups read, no other)."""
+        if not self.count:
+            return PageChanges(self.source, ())
+        table = pq.ParquetFile(self.path, page_checksum_verification=True).read_row_groups(list(self.groups))
+        return PageChanges(self.source, tuple(revisions_from_table(table.slice(self.skip, self.count))))
 
 
 def is_newer(rev: PageRevision, rev_id: int | None, timestamp: str | None) -> bool:
@@ -156,8 +264,8 @@ def merge_pages(pages: Iterator[RawPage], changes: Iterable[PageRevision], sourc
     IngestError
         The base records' page ids do not increase (names the source and the two ids).
     """
-    pending = list(changes)
-    at = 0
+    pending = iter(changes)   # read as the base records pass: a changes file is never held whole
+    head = next(pending, None)
     position = 0
     last_id = None
 
@@ -171,13 +279,12 @@ def merge_pages(pages: Iterator[RawPage], changes: Iterable[PageRevision], sourc
                 raise IngestError(f"{source}: base dump pages are not in increasing page id order ({last_id} then "
                                   f"{pid}); adds-changes can only be applied to a dump in page id order")
             last_id = pid
-            while at < len(pending) and pending[at].page_id < pid:
-                yield changed(pending[at])
+            while head is not None and head.page_id < pid:
+                yield changed(head)
                 position += 1
-                at += 1
-            if at < len(pending) and pending[at].page_id == pid:
-                rev = pending[at]
-                at += 1
+                head = next(pending, None)
+            if head is not None and head.page_id == pid:
+                rev, head = head, next(pending, None)
                 if is_newer(rev, page.rev_id, page.timestamp):
                     yield changed(rev)
                     position += 1
@@ -189,6 +296,7 @@ def merge_pages(pages: Iterator[RawPage], changes: Iterable[PageRevision], sourc
             page.record = f"page #{position}"
         yield page
         position += 1
-    for rev in pending[at:]:
-        yield changed(rev)
+    while head is not None:
+        yield changed(head)
         position += 1
+        head = next(pending, None)

@@ -38,7 +38,7 @@ from data_contracts.base import link_or_copy, move_into_place, temp_name
 from funnelrag.store import mark_used
 from funnelrag.verify import record_digests, verified_entry
 from tasks.sources.ingest.config import DUPLICATE_TITLE, KEPT, REDIRECT, SKIPPED, IngestConfig, IngestError, LinkCounts
-from tasks.sources.ingest.changes import PageChanges, is_newer, merge_pages, page_xml
+from tasks.sources.ingest.changes import ChangesFile, ChangesRange, PageChanges, is_newer, merge_pages, page_xml
 from tasks.sources.ingest.mediawiki import MediaWikiReader, page_from_xml
 from tasks.sources.ingest.multistream import Layout, Piece, index_path, open_header_footer, open_piece
 from tasks.sources.ingest.page_memo import PageMemo, memo_dir, write_part
@@ -214,13 +214,13 @@ _EFFECT_TYPES = (pa.bool_(), pa.string(), pa.string(), pa.list_(pa.int64()), pa.
 
 
 def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: IngestConfig, shard_dir: str,
-                cache_dir: str | None = None, changes: PageChanges | None = None,
+                cache_dir: str | None = None, changes: PageChanges | ChangesRange | None = None,
                 memo: str | None = None) -> PieceResult:
     """Pass 1 over one piece of a multistream dump (runs in a worker process).
 
     With ``cache_dir``, a piece whose key (:func:`piece_key`) is there is loaded instead of parsed,
     and a parsed piece is kept there. With ``changes`` (the adds-changes revisions whose page ids
-    fall in this piece), the piece's records are those of the merged dump
+    fall in this piece, or where to read them: :class:`tasks.sources.ingest.changes.ChangesRange`), the piece's records are those of the merged dump
     (:func:`tasks.sources.ingest.changes.merge_pages`), named by ``changes.source``; a piece without
     revisions has the key and output of the base dump's piece, renamed. With ``memo`` (the page
     memo's directory, :func:`tasks.sources.ingest.page_memo.memo_dir`), a kept page whose wikitext
@@ -233,6 +233,7 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
         The piece does not decompress or parse; names the file, the piece's byte range and,
         from the reader, the position within the piece and the last complete page.
     """
+    changes = changes.load() if changes is not None else None
     key = piece_key(Path(path), piece, namespaces, cfg) if cache_dir else None
     base = Path(cache_dir) / key if key is not None else None
     if key is not None and changes is not None and changes.pages:
@@ -474,8 +475,9 @@ def _drop_titles(path: Path, titles: set[str], group_rows: int) -> None:
         path.unlink()
 
 
-def piece_changes(layout: Layout, changes: PageChanges) -> list[PageChanges]:
-    """``changes`` split by the pieces of ``layout``: piece ``k`` gets the page ids from the first id
+def piece_changes(layout: Layout, changes: PageChanges | ChangesFile) -> list[PageChanges | ChangesRange]:
+    """``changes`` split by the pieces of ``layout`` (a changes file into ranges each piece reads in its
+    worker, :meth:`tasks.sources.ingest.changes.ChangesFile.split`): piece ``k`` gets the page ids from the first id
     of its first stream up to the first id of the next piece's (the first piece from the lowest,
     the last to the highest), the stream the merged dump puts each page in (the first ids the
     layout was planned with from the multistream index beside the dump, :attr:`Layout.first_ids`).
@@ -498,12 +500,11 @@ def piece_changes(layout: Layout, changes: PageChanges) -> list[PageChanges]:
     if any(b <= a for a, b in zip(starts, starts[1:])):
         raise IngestError(f"{layout.path}: its streams are not in increasing page id order; adds-changes can only "
                           "be applied while ingesting a dump in page id order")
-    bounds = [None, *starts[1:], None]
-    return [PageChanges(changes.source, changes.in_range(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return changes.split([None, *starts[1:], None])
 
 
 def run_pieces(state, layout: Layout, submit: Callable[..., Any], shard_root: Path, window: int,
-               piece_cache: Path | None = None, changes: PageChanges | None = None) -> int:
+               piece_cache: Path | None = None, changes: PageChanges | ChangesFile | None = None) -> int:
     """Pass 1 over a multistream dump: pieces parsed through ``submit``, replayed in order; with
     ``changes``, each piece with the revisions that fall in it (:func:`piece_changes`), several
     consecutive pieces a task (:func:`piece_batches`, :func:`parse_pieces`).

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from data_contracts.corpus import DOCUMENTS, INGEST_REPORT, LINKS, REDIRECTS, title_doc_id
 from funnelrag.progress import Progress
-from tasks.sources.ingest.changes import PageChanges, merge_pages
+from tasks.sources.ingest.changes import ChangesFile, PageChanges, merge_pages
 from tasks.sources.ingest.config import KEPT, IngestConfig, IngestError, IngestSummary
 from tasks.sources.ingest.jsonl import JsonlReader
 from tasks.sources.ingest.lookup import TitleIndex
@@ -55,7 +55,7 @@ LINK_RESOLVE_DOCS = 4_096   # documents whose links are resolved together (disti
 
 def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Callable[..., Any] | None = None,
            streams_per_piece: int = 100, window: int = 8, piece_cache: Path | None = None,
-           changes: PageChanges | None = None) -> IngestSummary:
+           changes: PageChanges | ChangesFile | None = None) -> IngestSummary:
     """Ingest raw article dumps into the corpus tables.
 
     Writes, atomically and validated against their contracts, into ``out_dir``:
@@ -88,11 +88,11 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         Directory (shared by the workers) where each piece's pass-1 output is kept under the
         sha256 of its compressed bytes and the config: a nightly rebuild re-parses only the
         pieces whose bytes changed (``IngestSummary.pieces`` counts built and reused ones).
-    changes : PageChanges, optional
-        Adds-changes revisions applied to the one MediaWiki input while it is read
-        (:mod:`tasks.sources.ingest.changes`): the artifacts are those of ingesting the merged dump
-        named ``changes.source`` (a changed page replaced, a new one inserted by page id), without
-        writing that dump. With ``submit``, the dump's multistream index places each revision in
+    changes : PageChanges or ChangesFile, optional
+        Adds-changes revisions (in memory, or a changes file read a row group at a time) applied to
+        the one MediaWiki input while it is read (:mod:`tasks.sources.ingest.changes`): the
+        artifacts are those of ingesting the merged dump named ``changes.source`` (a changed page
+        replaced, a new one inserted by page id), without writing that dump. With ``submit``, the dump's multistream index places each revision in
         its piece, and a piece without revisions is the base dump's (piece cache hit).
 
     Returns
@@ -178,7 +178,7 @@ class _FirstPass(PagePass):
         self.pieces: Counter[str] = Counter()  # multistream pieces built / reused
         self.cleaned: Counter[str] = Counter()  # kept wikitext pages cleaned / taken from the page memo
         self.progress: Progress | None = None   # pages read, while :meth:`run` runs
-        self.changes: PageChanges | None = None   # adds-changes applied while the one input is read
+        self.changes: PageChanges | ChangesFile | None = None   # adds-changes applied while the one input is read
         self.stale_revisions = 0   # adds-changes revisions not newer than the base's, skipped
 
     def run(self, inputs: list[Path]) -> int:
@@ -209,7 +209,7 @@ class _FirstPass(PagePass):
             pages = reader.pages()
             stale: list[int] = []
             if self.changes is not None:
-                pages = merge_pages(pages, self.changes.pages, self.changes.source, stale)
+                pages = merge_pages(pages, self.changes.revisions(), self.changes.source, stale)
             for page in pages:
                 self.process(page, getattr(reader, "namespaces", DEFAULT_NAMESPACES))
                 bar.update()
