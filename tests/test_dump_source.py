@@ -240,7 +240,7 @@ def test_a_changes_file_is_written_and_read_a_range_at_a_time(synth, tmp_path, m
     ranges, expected = small.split(bounds), in_memory.split(bounds)
     assert [r.load() for r in ranges] == expected
     assert [len(e.pages) for e in expected] == [3, 1, 6, len(ids) - 10, 0]
-    assert [r.count for r in ranges] == [3, 1, 6, len(ids) - 10, 0]
+    assert [r.stop - r.start for r in ranges] == [3, 1, 6, len(ids) - 10, 0]
     assert len(pickle.dumps(ranges[3])) < 400 < sum(len(r.text) for r in expected[3].pages)
     with pytest.raises(ValueError, match="do not increase"):
         write_changes(tmp_path / "bad.parquet", name, [revisions_table(expected[2].pages[::-1])])

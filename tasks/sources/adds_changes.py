@@ -36,7 +36,7 @@ from lxml import etree
 
 from data_contracts.base import atomic_write, sha256_file
 from funnelrag.errors import BadInput
-from tasks.sources.ingest.changes import (ChangesFile, PageRevision, is_newer,  # noqa: F401 - PageRevision re-exported
+from tasks.sources.ingest.changes import (ChangesFile, PageRevision, RowGroups, is_newer,  # noqa: F401 - re-exported
                                          revisions_table, write_changes)
 from tasks.sources.ingest.mediawiki import release_element
 from tasks.sources.ingest.multistream import index_blocks, index_path
@@ -161,33 +161,25 @@ MERGE_ROWS = 2_000
 class DayRevisions:
     """One day's revisions (:func:`read_day`'s rows, sorted by page id) with their page ids, revision
     ids and timestamps in memory and their texts read a range of rows at a time (:meth:`rows`), from
-    the day memo's Parquet file or from a table already in memory."""
+    the day memo's Parquet file (:class:`tasks.sources.ingest.changes.RowGroups`) or from a table
+    already in memory."""
 
     def __init__(self, source: pa.Table | Path):
         self.path = source if isinstance(source, Path) else None
-        self._file = pq.ParquetFile(source, page_checksum_verification=True) if self.path is not None else None
-        keys = (self._file.read(columns=["page_id", "rev_id", "timestamp"]) if self._file is not None
+        self._groups = RowGroups(source) if self.path is not None else None
+        keys = (self._groups.file.read(columns=["page_id", "rev_id", "timestamp"]) if self._groups is not None
                 else source.select(["page_id", "rev_id", "timestamp"]))
-        self._table = source if self._file is None else None
+        self._table = source if self._groups is None else None
         self.page_ids = keys.column("page_id").to_numpy()
         self.rev_ids = keys.column("rev_id").to_pylist()
         self.timestamps = keys.column("timestamp").to_pylist()
-        if self._file is not None:
-            sizes = [self._file.metadata.row_group(g).num_rows for g in range(self._file.num_row_groups)]
-            self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
 
     def __len__(self) -> int:
         return int(self.page_ids.size)
 
     def rows(self, start: int, stop: int) -> pa.Table:
-        """Rows ``start`` to ``stop - 1`` (only the row groups that hold them are read; a page whose
-        checksum fails raises ``OSError``)."""
-        if self._file is None:
-            return self._table.slice(start, stop - start)
-        first = int(np.searchsorted(self._starts, start, "right")) - 1
-        last = int(np.searchsorted(self._starts, stop, "left"))
-        table = self._file.read_row_groups(list(range(first, last)))
-        return table.slice(start - int(self._starts[first]), stop - start)
+        """Rows ``start`` to ``stop - 1`` (from a file: a page whose checksum fails raises ``OSError``)."""
+        return self._table.slice(start, stop - start) if self._groups is None else self._groups.rows(start, stop)
 
 
 def day_memo_path(memo_dir: Path, date: str, path: Path) -> Path:

@@ -164,16 +164,33 @@ def write_changes(path: Path, source: str, tables: Iterable[pa.Table]) -> "Chang
     return ChangesFile.open(path)
 
 
+class RowGroups:
+    """A Parquet file read a range of rows at a time: only the row groups that hold the range are
+    decoded, and every page's checksum is verified (a page that fails raises ``OSError``)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.file = pq.ParquetFile(path, page_checksum_verification=True)
+        sizes = [self.file.metadata.row_group(g).num_rows for g in range(self.file.num_row_groups)]
+        self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])   # (n_groups + 1,)
+
+    def rows(self, start: int, stop: int) -> pa.Table:
+        """Rows ``start`` to ``stop - 1``."""
+        first = int(np.searchsorted(self.starts, start, "right")) - 1
+        last = int(np.searchsorted(self.starts, stop, "left"))
+        table = self.file.read_row_groups(list(range(first, last)))
+        return table.slice(start - int(self.starts[first]), stop - start)
+
+
 @dataclass(frozen=True, eq=False)
 class ChangesFile:
     """The revisions of a changes file (:func:`write_changes`) without their texts: the merged
-    dump's name, each revision's page id (``(n,)`` int64, increasing) and the first row of each row
-    group. 8 bytes a revision in memory; texts are read a row group at a time."""
+    dump's name and each revision's page id (``(n,)`` int64, increasing). 8 bytes a revision in
+    memory; texts are read a row group at a time."""
 
     path: Path
     source: str
     page_ids: np.ndarray
-    group_starts: np.ndarray    # (n_groups + 1,) int64: row offsets of the row groups
 
     @classmethod
     def open(cls, path: Path) -> "ChangesFile":
@@ -186,8 +203,7 @@ class ChangesFile:
         ids = pf.read(columns=["page_id"]).column("page_id").to_numpy()
         if bool(np.any(np.diff(ids) <= 0)):
             raise ValueError(f"{path}: the revisions' page ids do not increase")
-        sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
-        return cls(Path(path), source.decode("utf-8"), ids, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+        return cls(Path(path), source.decode("utf-8"), ids)
 
     def __len__(self) -> int:
         return int(self.page_ids.size)
@@ -203,13 +219,7 @@ class ChangesFile:
         (``None``: unbounded), as :meth:`PageChanges.split`."""
         at = [0 if b is None and k == 0 else len(self) if b is None else int(np.searchsorted(self.page_ids, b))
               for k, b in enumerate(bounds)]
-        ranges = []
-        for a, b in zip(at[:-1], at[1:]):
-            first = int(np.searchsorted(self.group_starts, a, "right")) - 1 if b > a else 0
-            last = int(np.searchsorted(self.group_starts, b, "left")) if b > a else 0
-            ranges.append(ChangesRange(str(self.path), self.source, a - int(self.group_starts[first]), b - a,
-                                       tuple(range(first, last))))
-        return ranges
+        return [ChangesRange(str(self.path), self.source, a, b) for a, b in zip(at[:-1], at[1:])]
 
     def digest(self) -> str:
         """:meth:`PageChanges.digest` of the same revisions, a row group at a time."""
@@ -218,21 +228,19 @@ class ChangesFile:
 
 @dataclass(frozen=True)
 class ChangesRange:
-    """``count`` revisions of a changes file from row ``skip`` of its row groups ``groups``, not
-    read yet: what a piece of the ingest is sent (:meth:`ChangesFile.split`) and reads in its worker."""
+    """Rows ``start`` to ``stop - 1`` of a changes file, not read yet: what a piece of the ingest is
+    sent (:meth:`ChangesFile.split`) and reads in its worker."""
 
     path: str
     source: str
-    skip: int
-    count: int
-    groups: tuple[int, ...]
+    start: int
+    stop: int
 
     def load(self) -> PageChanges:
-        """The range's revisions in memory (its row groups read, no other)."""
-        if not self.count:
+        """The range's revisions in memory (:class:`RowGroups`: only its row groups read)."""
+        if self.stop <= self.start:
             return PageChanges(self.source, ())
-        table = pq.ParquetFile(self.path, page_checksum_verification=True).read_row_groups(list(self.groups))
-        return PageChanges(self.source, tuple(revisions_from_table(table.slice(self.skip, self.count))))
+        return PageChanges(self.source, tuple(revisions_from_table(RowGroups(self.path).rows(self.start, self.stop))))
 
 
 def is_newer(rev: PageRevision, rev_id: int | None, timestamp: str | None) -> bool:
