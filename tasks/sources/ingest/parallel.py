@@ -220,7 +220,8 @@ def parse_piece(path: str, piece: Piece, namespaces: frozenset[str], cfg: Ingest
 
     With ``cache_dir``, a piece whose key (:func:`piece_key`) is there is loaded instead of parsed,
     and a parsed piece is kept there. With ``changes`` (the adds-changes revisions whose page ids
-    fall in this piece, or where to read them: :class:`tasks.sources.ingest.changes.ChangesRange`), the piece's records are those of the merged dump
+    fall in this piece, or where to read them: :class:`tasks.sources.ingest.changes.ChangesRange`),
+    the piece's records are those of the merged dump
     (:func:`tasks.sources.ingest.changes.merge_pages`), named by ``changes.source``; a piece without
     revisions has the key and output of the base dump's piece, renamed. With ``memo`` (the page
     memo's directory, :func:`tasks.sources.ingest.page_memo.memo_dir`), a kept page whose wikitext

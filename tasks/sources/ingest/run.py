@@ -92,8 +92,9 @@ def ingest(inputs: Sequence[Path], out_dir: Path, cfg: IngestConfig, submit: Cal
         Adds-changes revisions (in memory, or a changes file read a row group at a time) applied to
         the one MediaWiki input while it is read (:mod:`tasks.sources.ingest.changes`): the
         artifacts are those of ingesting the merged dump named ``changes.source`` (a changed page
-        replaced, a new one inserted by page id), without writing that dump. With ``submit``, the dump's multistream index places each revision in
-        its piece, and a piece without revisions is the base dump's (piece cache hit).
+        replaced, a new one inserted by page id), without writing that dump. With ``submit``, the
+        dump's multistream index places each revision in its piece, and a piece without revisions
+        is the base dump's (piece cache hit).
 
     Returns
     -------
