@@ -14,7 +14,6 @@ dumps do; :func:`merge_pages` raises otherwise). Nothing here imports Prefect.
 """
 from __future__ import annotations
 
-import bisect
 import hashlib
 import operator
 from dataclasses import dataclass, fields
@@ -85,6 +84,12 @@ CHANGES_ROW_GROUP = 1_000
 row groups its page ids fall in (:meth:`ChangesFile.split`), never the file."""
 
 
+def _cuts(page_ids: np.ndarray, bounds: list[int | None]) -> list[int]:
+    """The row of each bound in the increasing ``page_ids`` (``None``: first the start, then the end)."""
+    return [0 if b is None and k == 0 else page_ids.size if b is None else int(np.searchsorted(page_ids, b))
+            for k, b in enumerate(bounds)]
+
+
 def _digest(source: str, revisions: Iterable[PageRevision]) -> str:
     h = hashlib.sha256(source.encode("utf-8") + b"\0")
     for rev in revisions:
@@ -123,9 +128,7 @@ class PageChanges:
 
     def split(self, bounds: list[int | None]) -> list["PageChanges"]:
         """The revisions of each range ``bounds[k] <= page_id < bounds[k + 1]`` (``None``: unbounded)."""
-        ids = [r.page_id for r in self.pages]
-        at = [0 if b is None and k == 0 else len(ids) if b is None else bisect.bisect_left(ids, b)
-              for k, b in enumerate(bounds)]
+        at = _cuts(np.array([r.page_id for r in self.pages], np.int64), bounds)
         return [PageChanges(self.source, self.pages[a:b]) for a, b in zip(at[:-1], at[1:])]
 
     def load(self) -> "PageChanges":
@@ -217,8 +220,7 @@ class ChangesFile:
     def split(self, bounds: list[int | None]) -> list["ChangesRange"]:
         """A :class:`ChangesRange` for each range ``bounds[k] <= page_id < bounds[k + 1]``
         (``None``: unbounded), as :meth:`PageChanges.split`."""
-        at = [0 if b is None and k == 0 else len(self) if b is None else int(np.searchsorted(self.page_ids, b))
-              for k, b in enumerate(bounds)]
+        at = _cuts(self.page_ids, bounds)
         return [ChangesRange(str(self.path), self.source, a, b) for a, b in zip(at[:-1], at[1:])]
 
     def digest(self) -> str:
