@@ -30,7 +30,7 @@ the numba kernels loaded), plus the step's CPU seconds; a ratio is the slope bet
 * ``adds-changes --days 3 12``: a nightly's adds-changes revisions, from the day memos to the pieces'
   ranges, as the coordinator handles them: every day since the base full dump merged
   (:func:`tasks.sources.adds_changes.merge_days`, each day's memo written by an earlier night), the
-  changes file opened, its digest (the ingest's cache key) and its split by 100 pieces, each piece's
+  changes file opened, its revisions' digest (the content check printed) and its split by 100 pieces, each piece's
   revisions loaded in turn (what a worker holds). Synthetic days of ``--pages`` pages (ids drawn from
   20 x as many) of ``--text-kb`` KB of text, made in another process; the slope is per byte of the
   merged revisions' text (the newest revision of each page, what the night applies). Runs on code whose ``merge_days`` returns the revisions (before the changes file), too.

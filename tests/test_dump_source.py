@@ -368,6 +368,8 @@ def test_a_day_is_parsed_once_then_read_from_its_memo(synth, tmp_path, monkeypat
     assert all(c.from_memo for c in again_counts)
     assert list(again.revisions()) == list(first.revisions()) == list(plain.revisions())
     assert again.digest() == plain.digest()
+    # the ingest keys on the file's bytes: the same revisions give the same bytes, parsed or from the memos
+    assert again.path.read_bytes() == first.path.read_bytes() == plain.path.read_bytes()
     for a, b in zip(again_counts, plain_counts):
         assert {**a.as_dict(), "from_memo": False} == b.as_dict() and a.skipped == b.skipped
 
