@@ -116,7 +116,6 @@ def measure(index: BM25Index, tf, norms, idf, qs: list[str], k: int, batch: int,
     batches = [ids[i:i + batch] for i in range(0, len(ids), batch)]
     top_k_rows(batches[0], data, indices, indptr, n_docs, k)          # compile / load the kernels
     best = {"stored": np.inf, "query_time": np.inf, "scoring": np.inf}
-    postings = 0
     for _ in range(repeat):
         t0 = time.perf_counter()
         stored = [top_k_rows(b, data, indices, indptr, n_docs, k) for b in batches]
