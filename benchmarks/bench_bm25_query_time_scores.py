@@ -30,7 +30,6 @@ Texts: ``passages.parquet`` (``title`` + ``"\\n"`` + ``text``, as the index stag
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ import pyarrow.parquet as pq
 from tasks.corpus.bm25_csc import idf_array
 from tasks.corpus.bm25_query import top_k_rows
 from tasks.corpus.index import BM25Index, _stemmer, tokenize_ids
+from tasks.qa.questions import QuestionsConfig, read_questions
 
 
 @numba.njit(nogil=True)   # not cached: run as a script and imported by its test, one cache would name two modules
@@ -102,9 +102,8 @@ def lazy_arrays(index: BM25Index, texts: list[str]) -> tuple[np.ndarray, np.ndar
 
 
 def questions(path: Path, limit: int) -> list[str]:
-    """The first ``limit`` questions of an NQ-open TSV (question, answers)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        return [row[0] for _, row in zip(range(limit), csv.reader(f, delimiter="\t"))]
+    """The first ``limit`` valid questions of a QA file (:func:`tasks.qa.questions.read_questions`)."""
+    return [r["question"] for r in read_questions(path, QuestionsConfig(limit=limit))]
 
 
 def measure(index: BM25Index, tf, norms, idf, qs: list[str], k: int, batch: int, repeat: int) -> dict:
