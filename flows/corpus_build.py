@@ -202,6 +202,10 @@ def stage_pool(runner: ShardRunner, name: str) -> Iterator[Any]:
     get_run_logger().info(pool.report())
 
 
+PIECE_CACHE = "ingest-pieces"
+"""The ingest's piece cache in the build cache: kept pieces, page memo parts, multistream index summaries."""
+
+
 @shard_stage("ingest")
 def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: IngestConfig, runner: ShardRunner,
                    changes: str | None = None) -> StageResult:
@@ -216,7 +220,7 @@ def ingest_sharded(cache: StageCache, inputs: list[tuple[Path, str]], cfg: Inges
     with stage_pool(runner, "ingest") as pool:
         return run_cached(cache, S.run_ingest, cfg, digests, lambda out, _: S.run_ingest(
             [p for p, _ in inputs], out, cfg, submit=pool.submit, streams_per_piece=runner.cfg.streams_per_piece,
-            window=2 * runner.cfg.n_workers() + 2, piece_cache=cache.root / "ingest-pieces", changes=page_changes))
+            window=2 * runner.cfg.n_workers() + 2, piece_cache=cache.root / PIECE_CACHE, changes=page_changes))
 
 
 @shard_stage("tokens")

@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 
-from flows.corpus_build import CorpusBuildConfig, corpus_build_flow
+from flows.corpus_build import PIECE_CACHE, CorpusBuildConfig, corpus_build_flow
 from flows.run_report import build_message, completed, name_run, nightly_message, run_name
 from funnelrag.config import FlowCommand, redact_url, resolve_flow_config
 from funnelrag.inputs import check_inputs
@@ -56,10 +56,13 @@ def plan_task(config: CorpusBuildConfig, ws: Workspace, unusable: dict[str, str]
 @task(name="nightly-fetch", cache_policy=NO_CACHE)
 def fetch_task(config: CorpusBuildConfig, ws: Workspace, plan: N.NightPlan) -> tuple[Path, dict[str, Any]]:
     """Download and verify tonight's files; for an incremental night, the days' revisions the ingest
-    applies to the base dump."""
+    applies to the base dump (the base's index summary kept in the ingest's piece cache, where the
+    build reads it again; none with ``cache.read: false`` or ``cache.verify``)."""
+    read = config.cache.read and not config.cache.verify
     with exclusive_lock(dumps_dir(ws) / FETCH_LOCK, f"dump download into {dumps_dir(ws)}"), \
             Mirror(config.source.mirror, auth=mirror_auth(os.environ)) as mirror:
-        return N.prepare_input(mirror, plan, dumps_dir(ws), read_cache=config.cache.read and not config.cache.verify)
+        return N.prepare_input(mirror, plan, dumps_dir(ws), read_cache=read,
+                               index_cache=ws.cache_dir / "corpus" / PIECE_CACHE if read else None)
 
 
 def nightly_markdown(name: str, plan: N.NightPlan, summary: dict[str, Any] | None) -> str:

@@ -24,8 +24,8 @@ from tasks.sources import adds_changes as A
 from tasks.sources.adds_changes import AddsChangesError, day_memo_path, merge_days, read_day, read_day_memo
 from tasks.sources.ingest import IngestConfig, IngestError, ingest
 from tasks.sources.ingest import changes as changes_module
-from tasks.sources.ingest.changes import (ChangesFile, PageChanges, merge_pages, revisions_from_table, revisions_table,
-                                         write_changes)
+from tasks.sources.ingest.changes import (ChangesFile, PageChanges, PageRevision, merge_pages, revisions_from_table,
+                                         revisions_table, write_changes)
 from tasks.sources.ingest.multistream import index_path
 from tasks.sources.ingest.parallel import piece_batches
 from tasks.sources.ingest.records import RawPage
@@ -463,6 +463,33 @@ def test_a_base_not_in_page_id_order_is_refused(synth, tmp_path):
     index_path(base).write_bytes(bz2.compress("".join([lines[1], lines[0], *lines[2:]]).encode()))
     with pytest.raises(AddsChangesError, match="not listed in increasing page id order"):
         A.plan_changes(base, None)
+
+
+def test_the_base_index_is_read_once_for_the_days_and_the_ingest(synth, tmp_path, monkeypatch):
+    """With the piece cache, plan_changes takes the base's page ids from the index summary the
+    ingest keeps: a later night (and the ingest's layout) finds them without decompressing the
+    index, with the same report; an unreadable index is named."""
+    from tasks.sources.ingest import multistream
+
+    base = tmp_path / f"{WIKI}-{BASE}-pages-articles-multistream.xml.bz2"
+    src = synth["root"] / WIKI / BASE / base.name
+    shutil.copyfile(src, base)
+    shutil.copyfile(index_path(src), index_path(base))
+    ids = multistream.read_index_summary(index_path(base)).page_ids
+    revisions = [PageRevision(int(p), f"T{p}", 0, None, "x", 10**9 + k, "2026-01-02T00:00:00Z", "wikitext",
+                              "text/x-wiki", DAYS[0]) for k, p in enumerate([ids[0], ids[5], ids[-1] + 1])]
+    changes = write_changes(tmp_path / "c.parquet", "merged.xml.bz2", [revisions_table(revisions)])
+    cache = tmp_path / "pieces"
+    first = A.plan_changes(base, changes, cache)
+    assert (first.replaced, first.added) == (2, 1)
+    monkeypatch.setattr(multistream, "_read_index_summary", lambda path: pytest.fail("read the index again"))
+    again = A.plan_changes(base, changes, cache)
+    assert (again.replaced, again.added) == (2, 1)
+    assert multistream.plan_layout(base, 10, index_cache=cache) is not None
+    monkeypatch.undo()
+    index_path(base).write_bytes(b"BZh9 not bz2")
+    with pytest.raises(AddsChangesError, match="unreadable multistream index"):
+        A.plan_changes(base, changes, cache)
 
 
 def test_retention_keeps_the_newest_dumps(tmp_path):

@@ -162,15 +162,17 @@ def test_index_summary_in_one_pass_equals_reading_each_line(tmp_path, monkeypatc
     lines = [(o, i) for o in (30, 10, 20, 40) for i in rng.sample(range(1, 500), 9)]
     rng.shuffle(lines)
     data = b"".join(b"%d:%d:Title %d: with a colon\n" % (o, i, i) for o, i in lines)
-    cases = [(data, [10, 20, 30, 40], {o: min(i for oo, i in lines if oo == o) for o in (10, 20, 30, 40)}),
-             (b"10:5:A\r\n10:3:B\n12:x:C\n", [10, 12], {10: 3}),     # CRLF; a page id that is no integer
-             (b"", [], {})]
+    cases = [(data, [10, 20, 30, 40], {o: min(i for oo, i in lines if oo == o) for o in (10, 20, 30, 40)},
+              [i for _, i in lines]),
+             (b"10:5:A\r\n10:3:B\n12:x:C\n", [10, 12], {10: 3}, [5, 3]),     # CRLF; a page id that is no integer
+             (b"", [], {}, [])]
     index = tmp_path / "x-index.txt.bz2"
-    for raw, offsets, first in cases:
+    for raw, offsets, first, page_ids in cases:
         index.write_bytes(bz2.compress(raw))
         summary = multistream.read_index_summary(index)
         assert summary.offsets == offsets == index_offsets(index)
         assert summary.first_ids == first
+        assert summary.page_ids.tolist() == page_ids   # every line's, in file order (across blocks)
     with pytest.raises(ValueError, match="no offset:page_id:title line"):
         multistream.index_first_ids(index)
     index.write_bytes(bz2.compress(b"10:1:A\n" + b"9" * 30 + b":2:B\n"))
@@ -191,6 +193,7 @@ def test_index_summary_is_kept_by_the_index_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(multistream, "_read_index_summary", lambda path: pytest.fail("read the index again"))
     again = multistream.index_summary(index, cache)
     assert again == first == multistream.IndexSummary([10, 20], {10: 3, 20: 7})
+    assert again.page_ids.tolist() == first.page_ids.tolist() == [5, 3, 7]
     assert entry_marker(entry).stat().st_mtime > 0
     monkeypatch.setattr(multistream, "_read_index_summary", read)
     index.write_bytes(bz2.compress(b"10:5:A\n20:7:C\n30:8:D\n"))

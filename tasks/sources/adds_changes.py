@@ -21,7 +21,6 @@ from __future__ import annotations
 import bz2
 import json
 import logging
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from funnelrag.errors import BadInput
 from tasks.sources.ingest.changes import (ChangesFile, PageRevision, RowGroups, is_newer,  # noqa: F401 - re-exported
                                          revisions_table, write_changes)
 from tasks.sources.ingest.mediawiki import release_element
-from tasks.sources.ingest.multistream import index_blocks, index_path
+from tasks.sources.ingest.multistream import index_path, index_summary
 
 log = logging.getLogger(__name__)
 
@@ -331,28 +330,15 @@ class ApplyReport:
         return dict(vars(self))
 
 
-_INDEX_ID = re.compile(rb"^\d+:(\d+):", re.M)
-
-
-def index_page_ids(index: Path) -> np.ndarray:
-    """``(n_pages,)`` int64 page ids of a multistream index (``offset:id:title`` lines), in file order,
-    read in blocks (no per-line Python objects: ~8 bytes a page).
-
-    Raises ``AddsChangesError`` naming the file when it is truncated or not bz2."""
-    parts = []
-    try:
-        for data in index_blocks(index):
-            found = _INDEX_ID.findall(data)
-            if found:
-                parts.append(np.array(found, dtype=np.int64))
-    except (EOFError, OSError) as exc:
-        raise AddsChangesError(f"{index}: unreadable multistream index ({exc})") from exc
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-def plan_changes(base: Path, changes: ChangesFile) -> ApplyReport:
+def plan_changes(base: Path, changes: ChangesFile, index_cache: Path | None = None) -> ApplyReport:
     """The pages tonight's revisions (``changes``, :func:`merge_days`) replace in ``base`` and add,
     after checking that the ingest can apply them while it reads ``base``.
+
+    The base's page ids are those of its multistream index's summary
+    (:func:`tasks.sources.ingest.multistream.index_summary`), kept in ``index_cache`` (the ingest's
+    piece cache, whose pieces read the same entry) under the index's sha256: the index is
+    decompressed once per base dump, not every night (~2 CPU µs a page: 0.4 s at 200K pages,
+    ~50 s at the English dump's ~24M).
 
     Raises
     ------
@@ -364,9 +350,13 @@ def plan_changes(base: Path, changes: ChangesFile) -> ApplyReport:
     ix = index_path(Path(base))
     if not ix.is_file():
         raise AddsChangesError(f"{base}: its multistream index {ix.name} is missing (needed to apply adds-changes)")
-    ids = index_page_ids(ix)
+    try:
+        ids = index_summary(ix, index_cache).page_ids
+    except ValueError as exc:   # truncated, not bz2, not UTF-8, a line without an offset
+        raise AddsChangesError(f"{ix}: unreadable multistream index ({exc})") from exc
     if not (ids.size and bool(np.all(np.diff(ids) > 0))):
         raise AddsChangesError(f"{ix}: the pages are not listed in increasing page id order; adds-changes can only "
                                "be applied to a dump in page id order (Wikimedia's are)")
-    replaced = int(np.isin(changes.page_ids, ids).sum())
+    at = np.minimum(np.searchsorted(ids, changes.page_ids), ids.size - 1)
+    replaced = int(np.count_nonzero(ids[at] == changes.page_ids))
     return ApplyReport(replaced=replaced, added=len(changes) - replaced, seconds=time.perf_counter() - t0)

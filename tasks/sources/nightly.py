@@ -157,8 +157,8 @@ def _base_dump(mirror: Mirror, wiki: str, date: str) -> tuple[FullDump, None]:
     return parse_dumpstatus(text, wiki, date, where), None
 
 
-def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path,
-                  read_cache: bool = True) -> tuple[Path, dict[str, Any]]:
+def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path, read_cache: bool = True,
+                  index_cache: Path | None = None) -> tuple[Path, dict[str, Any]]:
     """The dump file to build tonight (downloaded and verified) and what was done to get it.
 
     ``full``: the dump and its index (``downloads/<wiki>/<date>/``). ``incremental``: the base as
@@ -170,6 +170,8 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path,
     download (:func:`tasks.sources.adds_changes.read_day_memo`): a day is parsed by the first
     night that applies it only, and no process holds the days' texts (:func:`merge_days`).
     ``read_cache`` False (``cache.read: false``): every day is parsed again, no day memo read.
+    ``index_cache``: where the base's multistream index summary is kept (the ingest's piece cache;
+    :func:`tasks.sources.adds_changes.plan_changes`), or None: the index read tonight.
 
     Raises
     ------
@@ -195,7 +197,7 @@ def prepare_input(mirror: Mirror, plan: NightPlan, downloads: Path,
     # each day parsed once per base: later nights read its revisions from the memo beside the download
     changes, counts = merge_days(day_files, changes_file, merged_name, memo_dir=downloads / "other" / "incr" / plan.wiki,
                                  read_memos=read_cache)
-    report = plan_changes(dump, changes)
+    report = plan_changes(dump, changes, index_cache)
     for old in changes_file.parent.glob(f"{plan.wiki}-*-pages-articles-multistream*"):   # tonight's file only
         if old.name != changes_file.name:
             old.unlink(missing_ok=True)

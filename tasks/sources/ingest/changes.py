@@ -132,6 +132,7 @@ class PageChanges:
         return [PageChanges(self.source, self.pages[a:b]) for a, b in zip(at[:-1], at[1:])]
 
     def load(self) -> "PageChanges":
+        """Itself: revisions already in memory (what :meth:`ChangesRange.load` gives a piece)."""
         return self
 
     def digest(self) -> str:

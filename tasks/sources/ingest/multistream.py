@@ -71,10 +71,14 @@ class IndexSummary:
 
     offsets : the distinct stream offsets (bytes into the dump), ascending.
     first_ids : ``{stream offset: the smallest page id listed at it}``.
+    page_ids : ``(n_lines,)`` int64, the page id of every ``offset:page_id:title`` line in file
+        order (what the nightly checks the adds-changes days against,
+        :func:`tasks.sources.adds_changes.plan_changes`); memory-mapped when read from the kept entry.
     """
 
     offsets: list[int]
     first_ids: dict[int, int]
+    page_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), compare=False)
 
 
 def index_offsets(index: Path) -> list[int]:
@@ -128,6 +132,7 @@ def read_index_summary(index: Path) -> IndexSummary:
 def _read_index_summary(index: Path) -> IndexSummary:
     offsets: set[int] = set()
     first: dict[int, int] = {}
+    ids: list[np.ndarray] = []
     line_no = 0
     for data in index_blocks(index):
         n_lines = data.count(b"\n") + (not data.endswith(b"\n"))
@@ -138,28 +143,30 @@ def _read_index_summary(index: Path) -> IndexSummary:
         if not found:
             continue
         pairs = np.array(found, dtype=np.int64).reshape(-1, 2)   # (offset, page id) per line
+        ids.append(pairs[:, 1].copy())
         pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
         heads = np.flatnonzero(np.r_[True, pairs[1:, 0] != pairs[:-1, 0]])
         for o, i in pairs[heads].tolist():
             if i < first.get(o, i + 1):
                 first[o] = i
     offsets.update(first)
-    return IndexSummary(sorted(offsets), first)
+    return IndexSummary(sorted(offsets), first, np.concatenate(ids) if ids else np.zeros(0, np.int64))
 
 
-INDEX_SUMMARY_VERSION = "1"
+INDEX_SUMMARY_VERSION = "2"   # 2: every line's page id kept too (page_ids.npy)
 
 
 def index_summary(index: Path, cache_dir: Path | None = None) -> IndexSummary:
     """:func:`read_index_summary` of ``index``, kept in ``cache_dir`` (when given) under the sha256
     of the file's bytes: a nightly build reads the same base dump's index every night until the
     next full dump, and decompressing and parsing it twice a night (stream offsets for the pieces,
-    first ids for the adds-changes) grows with the dump (0.6 CPU s at 200K pages, 3.5 at 1M);
-    hashing it and loading the kept arrays cost ~1/200 of one pass (0.008 vs 1.56 CPU s at 1M,
-    ``benchmarks/bench_incremental_stages.py index``).
+    first ids for the adds-changes, every page id for the nightly's check of the days) grows with the
+    dump (0.6 CPU s at 200K pages, 3.5 at 1M); hashing it and loading the kept arrays cost ~1/200 of
+    one pass (0.008 vs 1.56 CPU s at 1M, ``benchmarks/bench_incremental_stages.py index``).
 
-    The entry is ``cache_dir/multistream-index-<version>-<sha256>/`` (``offsets.npy``, ``first_ids.npy``
-    int64, ``COMPLETE``), written atomically; a hit marks it used for the cache retention.
+    The entry is ``cache_dir/multistream-index-<version>-<sha256>/`` (``offsets.npy``, ``first_ids.npy``,
+    ``page_ids.npy`` int64, ``COMPLETE``), written atomically; a hit marks it used for the cache
+    retention, and its page ids are memory-mapped (8 bytes a page on disk, read where used).
 
     Raises ``ValueError`` / ``UnicodeDecodeError`` as :func:`read_index_summary` (nothing is kept then).
     """
@@ -169,12 +176,14 @@ def index_summary(index: Path, cache_dir: Path | None = None) -> IndexSummary:
     if verified_entry(entry):
         mark_used(entry)
         offsets, first = np.load(entry / "offsets.npy"), np.load(entry / "first_ids.npy")
-        return IndexSummary(offsets.tolist(), dict(zip(first[:, 0].tolist(), first[:, 1].tolist())))
+        return IndexSummary(offsets.tolist(), dict(zip(first[:, 0].tolist(), first[:, 1].tolist())),
+                            np.load(entry / "page_ids.npy", mmap_mode="r"))
     summary = read_index_summary(index)
     pairs = np.array(sorted(summary.first_ids.items()), dtype=np.int64).reshape(-1, 2)
     with atomic_directory(entry) as tmp:
         np.save(tmp / "offsets.npy", np.asarray(summary.offsets, dtype=np.int64))
         np.save(tmp / "first_ids.npy", pairs)
+        np.save(tmp / "page_ids.npy", summary.page_ids)
         (tmp / "COMPLETE").write_text(f"{index.name}\n")
         record_digests(tmp)
     return summary
