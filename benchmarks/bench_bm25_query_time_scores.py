@@ -1,36 +1,46 @@
-"""What BM25 scored at query time would cost a search, beside bm25s's stored scores.
+"""What BM25 scored at query time would cost a search, and what re-scoring a whole index from
+kept term frequencies would cost a night, beside bm25s's stored scores.
 
 A measurement for a design option of the nightly, not a feature
 (`docs/corpus-build-at-scale.md`, *What a night within 10% of a full build would take*): bm25s
 stores each (term, document) score ``idf(t) * tfc(tf, l_d)``; a 1% day changes ``N``, ``df`` and the
-mean length, so every stored score changes and a night rewrites the whole matrix. Stored term
-frequencies and per-document length normalisations, scored when a query reads them, would not.
+mean length, so every stored score changes and a night rewrites the whole matrix. Two ways out:
+score at query time from stored term frequencies (each search pays), or keep the term frequencies
+and re-score the whole matrix each night (each night pays, searches keep bm25s's layout and speed).
 
-From a published BM25 index (``<version>/index/clusters.bm25`` or ``passages.bm25``) and the texts
-it indexed, this script:
+From a published BM25 index (``<version>/index/passages.bm25``) and the texts it indexed, this script:
 
 1. re-tokenizes the texts with the index's own settings (:func:`tasks.corpus.index.tokenize_ids`)
    for the document lengths, and derives the term frequencies from the stored scores; it checks
    that scoring them gives every stored score bit for bit (``BM25 scores from tf: identical``);
-2. searches NQ-open *validation* questions (``nq-open-dev.tsv``) both ways and checks the same rows
-   and scores: the stored matrix with :func:`tasks.corpus.bm25_query.top_k_rows`; at query time,
-   the columns of the batch's distinct query terms scored into a scratch matrix
-   (:func:`score_columns`, the same float operations as :func:`tasks.corpus.bm25_csc.bm25_csc`),
-   then the same top-k over it. The scratch matrix copies the columns' rows too, so the second
-   figure is an upper bound of a kernel that would add the scores as it computes them;
-3. prints seconds a query (best of ``--repeat``) for batches of ``--batch`` questions, and the
-   postings read a query.
+2. **search** (``--batch``): searches NQ-open *validation* questions (``nq-open-dev.tsv``) with the
+   project's top-k (:func:`tasks.corpus.bm25_query.top_k_rows`) over the stored matrix, and adds
+   up every query's postings three ways in the same loop (:func:`accumulate_stored`,
+   :func:`accumulate_scored`, :func:`accumulate_tabled`): the stored scores; scores computed from
+   ``tf`` and a per-document length normalisation with bm25s's arithmetic (:func:`score_tf`); the
+   same with the term-frequency component looked up in a ``(tf, length)`` table. It checks that
+   the three give the same float32 sums, and prints milliseconds a query of each and of the
+   top-k search, and the search projected at query time: the top-k plus the extra of scoring;
+3. **night** (``--day-share``): the term-frequency matrix of a night whose day changed that share of
+   the documents (chosen at random, ``--seed``): those rows taken out and merged back in as the
+   day's rows (:func:`merge_rows`, rows renumbered; the result must equal the kept matrix), every
+   posting re-scored from the merged term frequencies with lengths summed from them
+   (:func:`rescore`, every stored score bit for bit), and the three arrays written and digested
+   (``np.save``, sha256) as an index stage would; CPU seconds of each.
 
-    python benchmarks/bench_bm25_query_time_scores.py <version dir> --index passages \\
-        --questions <data>/nq-open/nq-open-dev.tsv --k 100 --batch 1 64
+    python benchmarks/bench_bm25_query_time_scores.py <version dir> \\
+        --questions <data>/nq-open/nq-open-dev.tsv --k 100 --batch 1 64 --day-share 0.014
 
-Texts: ``passages.parquet`` (``title`` + ``"\\n"`` + ``text``, as the index stage joins them) for
-``passages``; clusters are not supported (their text is assembled from members).
+Texts: ``passages.parquet`` (``title`` + ``"\\n"`` + ``text``, as the index stage joins them);
+clusters are not supported (their text is assembled from members). Not measured: a day's new
+terms (the merged vocabulary is the kept one here) and the day's passages tokenized (the
+tokenizer's rate is measured by ``bench_index.py``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,31 +48,138 @@ import numba
 import numpy as np
 import pyarrow.parquet as pq
 
+from data_contracts.base import sha256_file
 from tasks.corpus.bm25_csc import idf_array
-from tasks.corpus.bm25_query import top_k_rows
+from tasks.corpus.bm25_query import Scratch, query_id_arrays, top_k_rows
 from tasks.corpus.index import BM25Index, _stemmer, tokenize_ids
 from tasks.qa.questions import QuestionsConfig, read_questions
 
 
-@numba.njit(nogil=True)   # not cached: run as a script and imported by its test, one cache would name two modules
-def score_columns(terms, tf, indices, indptr, idf, norms, out_data, out_indices, out_indptr):  # pragma: no cover
-    """Columns ``terms`` of the score matrix scored from term frequencies (robertson / lucene:
-    ``idf(t) * tf / (norm_d + tf)`` in float64, ``tf`` and ``idf`` float32, rounded to float32: the
-    operations of :func:`tasks.corpus.bm25_csc._scatter_scores`) into ``out_*`` (a CSC matrix of
-    ``len(terms)`` columns, column ``i`` = term ``terms[i]``). Returns the postings written."""
-    pos = 0
-    for i in range(terms.size):
-        t = terms[i]
-        out_indptr[i] = pos
-        f = np.float64(idf[t])
+# Not cached (``cache=True``): run as a script and imported by its test, one cache would name two modules.
+
+@numba.njit(nogil=True)
+def score_tf(idf_t, tf, norm):  # pragma: no cover - compiled
+    """bm25s's robertson / lucene score of one posting, as :func:`tasks.corpus.bm25_csc._scatter_scores`
+    computes it: ``idf(t) * tf / (norm_d + tf)`` in float64 with ``tf`` and ``idf`` float32, rounded to float32."""
+    x = np.float64(np.float32(tf))
+    return np.float32(np.float64(idf_t) * (x / (norm + x)))
+
+
+@numba.njit(nogil=True)
+def _drained_sum(q_ids, lo, hi, indices, indptr, acc):  # pragma: no cover - compiled
+    """The sum of the scores of the documents query ``q_ids[lo:hi]`` touched (float64); ``acc`` left zero."""
+    total = 0.0
+    for p in range(lo, hi):
+        t = q_ids[p]
         for j in range(indptr[t], indptr[t + 1]):
             d = indices[j]
-            x = np.float64(np.float32(tf[j]))
-            out_data[pos] = np.float32(f * (x / (norms[d] + x)))
-            out_indices[pos] = d
+            total += acc[d]
+            acc[d] = 0.0
+    return total
+
+
+@numba.njit(nogil=True)
+def accumulate_stored(q_ids, q_offsets, data, indices, indptr, acc, sums):  # pragma: no cover - compiled
+    """Each query's postings added from the stored scores ``data`` (the top-k's loop), query by query."""
+    for qi in range(q_offsets.size - 1):
+        for p in range(q_offsets[qi], q_offsets[qi + 1]):
+            t = q_ids[p]
+            for j in range(indptr[t], indptr[t + 1]):
+                acc[indices[j]] += data[j]
+        sums[qi] = _drained_sum(q_ids, q_offsets[qi], q_offsets[qi + 1], indices, indptr, acc)
+
+
+@numba.njit(nogil=True)
+def accumulate_scored(q_ids, q_offsets, tf, idf, norms, indices, indptr, acc, sums):  # pragma: no cover - compiled
+    """The same, each posting scored from ``tf`` and its document's ``norms[d]`` (:func:`score_tf`)."""
+    for qi in range(q_offsets.size - 1):
+        for p in range(q_offsets[qi], q_offsets[qi + 1]):
+            t = q_ids[p]
+            f = idf[t]
+            for j in range(indptr[t], indptr[t + 1]):
+                d = indices[j]
+                acc[d] += score_tf(f, tf[j], norms[d])
+        sums[qi] = _drained_sum(q_ids, q_offsets[qi], q_offsets[qi + 1], indices, indptr, acc)
+
+
+@numba.njit(nogil=True)
+def accumulate_tabled(q_ids, q_offsets, tf, lengths, table, width, idf, indices, indptr, acc, sums):  # pragma: no cover
+    """The same, the term-frequency component looked up: ``table[tf * width + l_d]`` (float64
+    ``tf / (norm(l) + tf)`` for every ``tf`` and length), ``lengths`` a posting's document length."""
+    for qi in range(q_offsets.size - 1):
+        for p in range(q_offsets[qi], q_offsets[qi + 1]):
+            t = q_ids[p]
+            f = np.float64(idf[t])
+            for j in range(indptr[t], indptr[t + 1]):
+                acc[indices[j]] += np.float32(f * table[np.int64(tf[j]) * width + lengths[j]])
+        sums[qi] = _drained_sum(q_ids, q_offsets[qi], q_offsets[qi + 1], indices, indptr, acc)
+
+
+@numba.njit(nogil=True)
+def _merge_columns(b_tf, b_indices, b_indptr, keep, new_row, d_tf, d_indices, d_indptr, tf, indices, indptr):  # pragma: no cover
+    pos = 0
+    for t in range(b_indptr.size - 1):
+        indptr[t] = pos
+        i, i_end, j, j_end = b_indptr[t], b_indptr[t + 1], d_indptr[t], d_indptr[t + 1]
+        while True:
+            while i < i_end and not keep[b_indices[i]]:
+                i += 1
+            if i == i_end and j == j_end:
+                break
+            if j == j_end or (i < i_end and new_row[b_indices[i]] < d_indices[j]):
+                tf[pos], indices[pos] = b_tf[i], new_row[b_indices[i]]
+                i += 1
+            else:
+                tf[pos], indices[pos] = d_tf[j], d_indices[j]
+                j += 1
             pos += 1
-    out_indptr[terms.size] = pos
-    return pos
+    indptr[b_indptr.size - 1] = pos
+
+
+def merge_rows(base: tuple[np.ndarray, np.ndarray, np.ndarray], keep: np.ndarray, new_row: np.ndarray,
+               day: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A kept term-frequency matrix with a day's rows merged in.
+
+    Parameters
+    ----------
+    base : ``(tf, indices, indptr)`` of the kept matrix (CSC: uint16 ``(n_pairs,)``, int32 rows,
+        int64 ``(n_terms + 1,)``; rows ascending within a column).
+    keep : bool ``(n_base_rows,)``: the base rows that stay (the others were changed or removed).
+    new_row : int64 ``(n_base_rows,)``: a kept row's number in the result (increasing).
+    day : ``(tf, indices, indptr)`` of the day's rows over the same terms, rows numbered in the result.
+
+    Returns
+    -------
+    ``(tf, indices, indptr)`` of the result, rows ascending within each column.
+    """
+    b_tf, b_indices, b_indptr = base
+    d_tf, d_indices, d_indptr = day
+    n = int(np.count_nonzero(keep[b_indices])) + d_tf.size
+    tf, indices, indptr = np.empty(n, b_tf.dtype), np.empty(n, b_indices.dtype), np.empty_like(b_indptr)
+    _merge_columns(b_tf, b_indices, b_indptr, keep, new_row, d_tf, d_indices, d_indptr, tf, indices, indptr)
+    return tf, indices, indptr
+
+
+@numba.njit(nogil=True)
+def _rescore(tf, indices, indptr, idf, norms, data):  # pragma: no cover - compiled
+    for t in range(indptr.size - 1):
+        f = idf[t]
+        for j in range(indptr[t], indptr[t + 1]):
+            data[j] = score_tf(f, tf[j], norms[indices[j]])
+
+
+def rescore(tf: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_docs: int, cfg) -> np.ndarray:
+    """bm25s's stored scores (float32 ``(n_pairs,)``) of a term-frequency matrix of ``n_docs`` rows: ``N`` its rows,
+    ``df`` its column sizes, each document's length the sum of its term frequencies (the token
+    count :func:`tasks.corpus.bm25_csc.bm25_csc` takes), robertson / lucene only."""
+    from bm25s.scoring import _select_idf_scorer  # noqa: PLC0415  (bm25s, as the index stage calls it)
+
+    lengths = np.bincount(indices, weights=tf, minlength=n_docs).astype(np.int64)
+    norms = cfg.k1 * ((1.0 - cfg.b) + cfg.b * lengths.astype(np.float64) / float(lengths.mean()))
+    idf = idf_array(np.diff(indptr), n_docs, _select_idf_scorer(cfg.method))
+    data = np.empty(tf.size, np.float32)
+    _rescore(tf, indices, indptr, idf, norms, data)
+    return data
 
 
 def passage_texts(version: Path) -> list[str]:
@@ -106,45 +223,101 @@ def questions(path: Path, limit: int) -> list[str]:
     return [r["question"] for r in read_questions(path, QuestionsConfig(limit=limit))]
 
 
+def _posting_table(tf: np.ndarray, indices: np.ndarray, lengths: np.ndarray, cfg, most: int = 1 << 24):
+    """``(table, width, posting_lengths)`` for :func:`accumulate_tabled`, or None when the table would
+    hold more than ``most`` entries (long documents or high term frequencies: clusters)."""
+    width = int(lengths.max()) + 1
+    if (int(tf.max()) + 1) * width > most:
+        return None
+    x = np.arange(int(tf.max()) + 1, dtype=np.float32).astype(np.float64)[:, None]
+    norm = cfg.k1 * ((1.0 - cfg.b) + cfg.b * np.arange(width, dtype=np.float64)[None, :] / float(lengths.mean()))
+    dtype = np.uint16 if width <= 1 << 16 else np.uint32
+    return (x / (norm + x)).ravel(), width, lengths[indices].astype(dtype)
+
+
 def measure(index: BM25Index, tf, norms, idf, qs: list[str], k: int, batch: int, repeat: int) -> dict:
-    """Seconds a query both ways, best of ``repeat``, over batches of ``batch`` questions; checks
-    the same rows and scores."""
+    """Milliseconds a query, best of ``repeat``: the top-k search over the stored scores in batches
+    of ``batch`` questions, and each query's postings added up three ways (stored, scored,
+    tabled); checks that the three ways give the same sums.
+
+    Raises ``ValueError`` when a way gives other sums than the stored scores."""
     data, indices, indptr, n_docs = index._csc
     vocab = index.retriever.vocab_dict
     ids = [np.array([vocab[t] for t in toks if t in vocab], np.int64) for toks in index.tokenize(qs)]
+    flat, offsets = query_id_arrays(ids)
+    lengths = np.bincount(indices, weights=tf, minlength=n_docs).astype(np.int64)
+    tabled = _posting_table(tf, indices, lengths, index.cfg)
     batches = [ids[i:i + batch] for i in range(0, len(ids), batch)]
-    top_k_rows(batches[0], data, indices, indptr, n_docs, k)          # compile / load the kernels
-    best = {"stored": np.inf, "query_time": np.inf, "scoring": np.inf}
+    scratch, acc = Scratch(n_docs), np.zeros(n_docs, np.float32)
+    ways = {"stored": lambda out: accumulate_stored(flat, offsets, data, indices, indptr, acc, out),
+            "scored": lambda out: accumulate_scored(flat, offsets, tf, idf, norms, indices, indptr, acc, out)}
+    if tabled is not None:
+        table, width, posting_lengths = tabled
+        ways["tabled"] = lambda out: accumulate_tabled(flat, offsets, tf, posting_lengths, table, width, idf, indices,
+                                                       indptr, acc, out)
+    sums = {name: np.empty(len(ids)) for name in ways}
+    top_k_rows(batches[0], data, indices, indptr, n_docs, k, scratch)       # compile / load the kernels
+    for name, way in ways.items():
+        way(sums[name])
+    best = dict.fromkeys(["top_k", *ways], np.inf)
     for _ in range(repeat):
         t0 = time.perf_counter()
-        stored = [top_k_rows(b, data, indices, indptr, n_docs, k) for b in batches]
-        t1 = time.perf_counter()
-        lazy, scoring = [], 0.0
         for b in batches:
-            s0 = time.perf_counter()
-            terms, inverse = np.unique(np.concatenate(b) if b else np.zeros(0, np.int64), return_inverse=True)
-            n = int(sum(indptr[t + 1] - indptr[t] for t in terms.tolist()))
-            out_data, out_indices = np.empty(n, np.float32), np.empty(n, np.int32)
-            out_indptr = np.empty(terms.size + 1, np.int64)
-            score_columns(terms, tf, indices, indptr, idf, norms, out_data, out_indices, out_indptr)
-            local, at = [], 0
-            for q in b:
-                local.append(inverse[at:at + q.size])
-                at += q.size
-            scoring += time.perf_counter() - s0
-            lazy.append(top_k_rows(local, out_data, out_indices, out_indptr, n_docs, k))
-        t2 = time.perf_counter()
-        best = {"stored": min(best["stored"], t1 - t0), "query_time": min(best["query_time"], t2 - t1),
-                "scoring": min(best["scoring"], scoring)}
-    for (r1, s1), (r2, s2) in zip(stored, lazy):
-        if not (np.array_equal(r1, r2) and np.array_equal(s1, s2)):
-            raise ValueError("the query-time scores rank other rows or give other scores")
-    postings = sum(int(indptr[t + 1] - indptr[t]) for q in ids for t in q.tolist())
+            top_k_rows(b, data, indices, indptr, n_docs, k, scratch)
+        best["top_k"] = min(best["top_k"], time.perf_counter() - t0)
+        for name, way in ways.items():
+            t0 = time.perf_counter()
+            way(sums[name])
+            best[name] = min(best[name], time.perf_counter() - t0)
+    for name in ways:
+        if not np.array_equal(sums[name], sums["stored"]):
+            raise ValueError(f"scores added {name} differ from the stored scores'")
     n = len(qs)
-    return {"batch": batch, "queries": n, "k": k, "postings_a_query": postings / n,
-            "stored_ms_a_query": 1e3 * best["stored"] / n, "query_time_ms_a_query": 1e3 * best["query_time"] / n,
-            "of_which_scoring_ms": 1e3 * best["scoring"] / n,
-            "ratio": best["query_time"] / best["stored"]}
+    ms = {name: 1e3 * v / n for name, v in best.items()}
+    row = {"batch": batch, "queries": n, "k": k, "postings_a_query": int(np.diff(indptr)[flat].sum()) / n, "top_k_ms_a_query": ms["top_k"],
+        **{f"add_{name}_ms_a_query": ms[name] for name in ways}}
+    for name in ("scored", "tabled"):
+        if name in ms:
+            at_query_time = ms["top_k"] + ms[name] - ms["stored"]
+            row[f"{name}_search_ms_a_query"] = at_query_time
+            row[f"{name}_ratio"] = at_query_time / ms["top_k"]
+    return row
+
+
+def measure_night(index: BM25Index, tf: np.ndarray, share: float, seed: int) -> dict:
+    """CPU seconds of a night that keeps the term-frequency matrix: ``share`` of the rows (at
+    random) taken out and merged back in as the day's rows (:func:`merge_rows`), every posting
+    re-scored (:func:`rescore`), the three arrays written and digested.
+
+    Raises ``ValueError`` when the merge does not give the kept matrix back or a re-scored score
+    differs from the stored one."""
+    data, indices, indptr, n_docs = index._csc
+    rng = np.random.default_rng(seed)
+    keep = np.ones(n_docs, bool)
+    keep[rng.choice(n_docs, size=max(1, round(share * n_docs)), replace=False)] = False
+    in_day = ~keep[indices]
+    column = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    day = (tf[in_day], indices[in_day],
+           np.concatenate([[0], np.cumsum(np.bincount(column[in_day], minlength=indptr.size - 1))]).astype(np.int64))
+    t0 = time.process_time()
+    merged = merge_rows((tf, indices, indptr), keep, np.arange(n_docs, dtype=np.int64), day)
+    t1 = time.process_time()
+    if not all(np.array_equal(a, b) for a, b in zip(merged, (tf, indices, indptr))):
+        raise ValueError("the merged matrix is not the kept one")
+    scores = rescore(*merged, n_docs, index.cfg)
+    t2 = time.process_time()
+    bad = int(np.count_nonzero(scores != data))
+    if bad:
+        raise ValueError(f"{bad} of {data.size} re-scored scores differ from the stored ones")
+    with tempfile.TemporaryDirectory() as tmp:
+        t3 = time.process_time()
+        for name, array in (("data", scores), ("indices", merged[1]), ("indptr", merged[2])):
+            np.save(Path(tmp) / f"{name}.npy", array)
+            sha256_file(Path(tmp) / f"{name}.npy")
+        t4 = time.process_time()
+    return {"day_share": share, "day_rows": int(n_docs - keep.sum()), "day_postings": int(day[0].size),
+            "postings": int(tf.size), "merge_cpu_s": t1 - t0, "rescore_cpu_s": t2 - t1, "write_and_digest_cpu_s": t4 - t3,
+            "rescored": "identical"}
 
 
 def main() -> None:
@@ -156,6 +329,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--day-share", type=float, help="also measure a night that keeps the term frequencies: this "
+                    "share of the documents changed (0.014: the 200K mirror's passages a night)")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if "test" in args.questions.name:
         raise SystemExit(f"{args.questions}: measure on validation questions, not the test set")
@@ -167,6 +343,8 @@ def main() -> None:
     qs = questions(args.questions, args.n_questions)
     for batch in args.batch:
         print(json.dumps(measure(index, tf, norms, idf, qs, args.k, batch, args.repeat)))
+    if args.day_share:
+        print(json.dumps(measure_night(index, tf, args.day_share, args.seed)))
 
 
 if __name__ == "__main__":
