@@ -8,7 +8,8 @@ mean length, so every stored score changes and a night rewrites the whole matrix
 score at query time from stored term frequencies (each search pays), or keep the term frequencies
 and re-score the whole matrix each night (each night pays, searches keep bm25s's layout and speed).
 
-From a published BM25 index (``<version>/index/passages.bm25``) and the texts it indexed, this script:
+From a published BM25 index (``<version>/index/passages.bm25`` or ``clusters.bm25``, ``--index``)
+and the texts it indexed, this script:
 
 1. re-tokenizes the texts with the index's own settings (:func:`tasks.corpus.index.tokenize_ids`)
    for the document lengths, and derives the term frequencies from the stored scores; it checks
@@ -23,18 +24,24 @@ From a published BM25 index (``<version>/index/passages.bm25``) and the texts it
    top-k search, and the search projected at query time: the top-k plus the extra of scoring;
 3. **night** (``--day-share``): the term-frequency matrix of a night whose day changed that share of
    the documents (chosen at random, ``--seed``): those rows taken out and merged back in as the
-   day's rows (:func:`merge_rows`, rows renumbered; the result must equal the kept matrix), every
+   day's rows (:func:`merge_rows`; the rows keep their numbers here, the test renumbers them; the
+   result must equal the kept matrix), every
    posting re-scored from the merged term frequencies with lengths summed from them
    (:func:`rescore`, every stored score bit for bit), and the three arrays written and digested
-   (``np.save``, sha256) as an index stage would; CPU seconds of each.
+   (``np.save``, sha256) as an index stage would; CPU seconds of each. For the cluster index the
+   day's rows are the regrouped clusters (``--day-share 0.41``: the share Algorithm 1 regroups a
+   night at 200K pages), summed from their members' term frequencies (:func:`member_frequencies`:
+   they must equal the stored rows), and that is timed too.
 
     python benchmarks/bench_bm25_query_time_scores.py <version dir> \\
         --questions <data>/nq-open/nq-open-dev.tsv --k 100 --batch 1 64 --day-share 0.014
+    python benchmarks/bench_bm25_query_time_scores.py <version dir> --index clusters \\
+        --questions <data>/nq-open/nq-open-dev.tsv --k 100 --batch 1 64 --day-share 0.41
 
-Texts: ``passages.parquet`` (``title`` + ``"\\n"`` + ``text``, as the index stage joins them);
-clusters are not supported (their text is assembled from members). Not measured: a day's new
-terms (the merged vocabulary is the kept one here) and the day's passages tokenized (the
-tokenizer's rate is measured by ``bench_index.py``).
+Texts: ``passages.parquet`` (``title`` + ``"\\n"`` + ``text``, as the index stage joins them) for
+passages; for clusters, each cluster's members joined as the index stage joins them
+(:func:`cluster_texts_of`). Not measured: a day's new terms (the merged vocabulary is the kept one
+here) and the day's texts tokenized (the tokenizer's rate is measured by ``bench_index.py``).
 """
 from __future__ import annotations
 
@@ -48,10 +55,12 @@ import numba
 import numpy as np
 import pyarrow.parquet as pq
 
+from data_contracts import corpus as C
 from data_contracts.base import sha256_file
 from tasks.corpus.bm25_csc import idf_array
 from tasks.corpus.bm25_query import Scratch, query_id_arrays, top_k_rows
 from tasks.corpus.index import BM25Index, _stemmer, tokenize_ids
+from tasks.corpus.sharded.cluster_index import cluster_pieces, cluster_texts
 from tasks.qa.questions import QuestionsConfig, read_questions
 
 
@@ -188,6 +197,33 @@ def passage_texts(version: Path) -> list[str]:
     return [f"{a}\n{b}" for a, b in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
 
 
+def cluster_texts_of(version: Path) -> tuple[list[str], np.ndarray, list[str]]:
+    """``(member texts, group offsets, cluster texts)`` of a version, in the cluster index's row
+    order: each member's ``title + "\\n" + text`` in cluster order (cluster ``g``'s members are
+    ``offsets[g]:offsets[g + 1]``), and each cluster's members joined as the index stage joins them
+    (:func:`tasks.corpus.sharded.cluster_index.cluster_texts`)."""
+    documents = C.DOCUMENTS.read(version, columns=["doc_id", "title", "text"])
+    members = C.CLUSTER_MEMBERS.read(version)
+    _, pieces, offsets = cluster_pieces(documents, members)
+    return pieces.to_pylist(), offsets, cluster_texts(documents, members)[1]
+
+
+def member_frequencies(index: BM25Index, member_texts: list[str], offsets: np.ndarray):
+    """``(member_tf, cluster_of_member)``: scipy CSR ``(n_members, n_terms)`` term frequencies of
+    each member text over the cluster index's terms, and int64 ``(n_members,)`` the cluster row of
+    each member (cluster ``g``'s members are ``offsets[g]:offsets[g + 1]``)."""
+    import scipy.sparse as sp  # noqa: PLC0415  (scipy, for the sparse sums only)
+
+    tokens = tokenize_ids(member_texts, index.cfg, _stemmer(index.cfg.stemmer))
+    vocab = index.retriever.vocab_dict
+    column = np.array([vocab[t] for t, _ in sorted(tokens.vocab.items(), key=lambda kv: kv[1])], np.int64)
+    ids = tokens.ids.ids
+    rows = np.repeat(np.arange(len(member_texts)), np.diff(tokens.ids.offsets))
+    member_tf = sp.csr_matrix((np.ones(ids.size, np.int64), (rows, column[ids])),
+                              shape=(len(member_texts), index._csc[2].size - 1))
+    return member_tf, np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
+
+
 def lazy_arrays(index: BM25Index, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(tf, norms, idf)``: uint16 ``(n_pairs,)`` term frequencies in the stored matrix's order,
     float64 ``(n_docs,)`` length normalisations ``k1 * (1 - b + b * l_d / mean l)`` and float32
@@ -284,13 +320,15 @@ def measure(index: BM25Index, tf, norms, idf, qs: list[str], k: int, batch: int,
     return row
 
 
-def measure_night(index: BM25Index, tf: np.ndarray, share: float, seed: int) -> dict:
+def measure_night(index: BM25Index, tf: np.ndarray, share: float, seed: int, members=None) -> dict:
     """CPU seconds of a night that keeps the term-frequency matrix: ``share`` of the rows (at
     random) taken out and merged back in as the day's rows (:func:`merge_rows`), every posting
-    re-scored (:func:`rescore`), the three arrays written and digested.
+    re-scored (:func:`rescore`), the three arrays written and digested. ``members``: the cluster
+    index's :func:`member_frequencies`; the day's rows (the regrouped clusters) are then summed
+    from their members' term frequencies, as a night would make them, and timed too.
 
-    Raises ``ValueError`` when the merge does not give the kept matrix back or a re-scored score
-    differs from the stored one."""
+    Raises ``ValueError`` when the summed rows are not the stored ones, the merge does not give the
+    kept matrix back or a re-scored score differs from the stored one."""
     data, indices, indptr, n_docs = index._csc
     rng = np.random.default_rng(seed)
     keep = np.ones(n_docs, bool)
@@ -299,6 +337,23 @@ def measure_night(index: BM25Index, tf: np.ndarray, share: float, seed: int) -> 
     column = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
     day = (tf[in_day], indices[in_day],
            np.concatenate([[0], np.cumsum(np.bincount(column[in_day], minlength=indptr.size - 1))]).astype(np.int64))
+    summed_s = None
+    if members is not None:
+        import scipy.sparse as sp  # noqa: PLC0415  (scipy, for the sparse sums only)
+
+        member_tf, cluster_of = members
+        t0 = time.process_time()
+        regrouped = np.flatnonzero(~keep)
+        taken = np.flatnonzero(np.isin(cluster_of, regrouped))
+        sums = sp.csr_matrix((np.ones(taken.size, np.int64), (np.searchsorted(regrouped, cluster_of[taken]), taken)),
+                             shape=(regrouped.size, member_tf.shape[0])) @ member_tf
+        sums = sums.tocsc()
+        sums.sort_indices()
+        summed = (sums.data.astype(tf.dtype), regrouped[sums.indices].astype(indices.dtype), sums.indptr.astype(np.int64))
+        summed_s = time.process_time() - t0
+        if not all(np.array_equal(a, b) for a, b in zip(summed, day)):
+            raise ValueError("the regrouped clusters' frequencies summed from their members differ from the stored ones")
+        day = summed
     t0 = time.process_time()
     merged = merge_rows((tf, indices, indptr), keep, np.arange(n_docs, dtype=np.int64), day)
     t1 = time.process_time()
@@ -316,14 +371,15 @@ def measure_night(index: BM25Index, tf: np.ndarray, share: float, seed: int) -> 
             sha256_file(Path(tmp) / f"{name}.npy")
         t4 = time.process_time()
     return {"day_share": share, "day_rows": int(n_docs - keep.sum()), "day_postings": int(day[0].size),
-            "postings": int(tf.size), "merge_cpu_s": t1 - t0, "rescore_cpu_s": t2 - t1, "write_and_digest_cpu_s": t4 - t3,
+            "postings": int(tf.size), **({"sum_from_members_cpu_s": summed_s} if summed_s is not None else {}),
+            "merge_cpu_s": t1 - t0, "rescore_cpu_s": t2 - t1, "write_and_digest_cpu_s": t4 - t3,
             "rescored": "identical"}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("version", type=Path, help="a published corpus version directory")
-    ap.add_argument("--index", choices=["passages"], default="passages")
+    ap.add_argument("--index", choices=["passages", "clusters"], default="passages")
     ap.add_argument("--questions", type=Path, required=True, help="nq-open-dev.tsv (validation; never the test set)")
     ap.add_argument("--n-questions", type=int, default=1000)
     ap.add_argument("--k", type=int, default=100)
@@ -337,14 +393,20 @@ def main() -> None:
         raise SystemExit(f"{args.questions}: measure on validation questions, not the test set")
     index = BM25Index.load(args.version / "index" / f"{args.index}.bm25")
     t0 = time.process_time()
-    tf, norms, idf = lazy_arrays(index, passage_texts(args.version))
+    if args.index == "clusters":
+        member_texts, offsets, texts = cluster_texts_of(args.version)
+    else:
+        texts = passage_texts(args.version)
+    tf, norms, idf = lazy_arrays(index, texts)
+    del texts
     print(json.dumps({"documents": int(index._csc[3]), "postings": int(tf.size), "terms": int(idf.size),
                       "BM25 scores from tf": "identical", "derive_cpu_s": round(time.process_time() - t0, 1)}))
     qs = questions(args.questions, args.n_questions)
     for batch in args.batch:
         print(json.dumps(measure(index, tf, norms, idf, qs, args.k, batch, args.repeat)))
     if args.day_share:
-        print(json.dumps(measure_night(index, tf, args.day_share, args.seed)))
+        members = member_frequencies(index, member_texts, offsets) if args.index == "clusters" else None
+        print(json.dumps(measure_night(index, tf, args.day_share, args.seed, members)))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The BM25 scoring bench: term frequencies derived from a stored index score every stored score
 bit for bit; scoring postings at query time (computed or looked up) adds up to the stored scores'
 sums; a kept term-frequency matrix with a day's rows merged in (rows renumbered, rows removed) is
-the matrix of the day's documents, and re-scoring it gives a fresh build's stored scores; a wrong
-length normalisation or wrong texts are refused rather than measured."""
+the matrix of the day's documents, and re-scoring it gives a fresh build's stored scores; a
+cluster's frequencies summed from its members' are its stored row; a wrong length normalisation,
+wrong texts or a wrong membership are refused rather than measured."""
 import json
 
 import numpy as np
@@ -10,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from benchmarks.bench_bm25_query_time_scores import (lazy_arrays, measure, measure_night, merge_rows, passage_texts,
-                                                     questions, rescore)
+from benchmarks.bench_bm25_query_time_scores import (lazy_arrays, measure, measure_night, member_frequencies, merge_rows,
+                                                     passage_texts, questions, rescore)
 from tasks.corpus.index import BM25Config, BM25Index
 
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "mountain", "city", "history", "music", "war", "king",
@@ -121,3 +122,22 @@ def test_a_wrong_length_normalisation_or_wrong_texts_are_refused(version):
     index.cfg = BM25Config(method="lucene")
     with pytest.raises(ValueError, match="299 texts for an index of 300"):
         lazy_arrays(index, texts[:-1])
+
+
+def test_regrouped_clusters_summed_from_their_members_are_the_stored_rows():
+    rng = np.random.default_rng(5)
+    members = [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 30)))) for _ in range(60)]
+    sizes = rng.integers(1, 5, size=60)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    offsets = offsets[offsets < 60].tolist() + [60]
+    offsets = np.array(offsets, np.int64)
+    clusters = ["\n\n".join(members[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]   # as the index stage joins them
+    index = BM25Index.build(clusters, [str(i) for i in range(len(clusters))], BM25Config(method="lucene"))
+    tf, _, _ = lazy_arrays(index, clusters)
+    night = measure_night(index, tf, share=0.4, seed=2, members=member_frequencies(index, members, offsets))
+    assert night["day_rows"] == round(0.4 * len(clusters)) and night["sum_from_members_cpu_s"] >= 0
+    assert night["rescored"] == "identical"
+    wrong = offsets.copy()
+    wrong[1] += 1                                  # the second cluster's first member counted in the first
+    with pytest.raises(ValueError, match="summed from their members differ"):
+        measure_night(index, tf, share=1.0, seed=2, members=member_frequencies(index, members, wrong))
