@@ -310,8 +310,8 @@ def measure(index: BM25Index, tf, norms, idf, qs: list[str], k: int, batch: int,
             raise ValueError(f"scores added {name} differ from the stored scores'")
     n = len(qs)
     ms = {name: 1e3 * v / n for name, v in best.items()}
-    row = {"batch": batch, "queries": n, "k": k, "postings_a_query": int(np.diff(indptr)[flat].sum()) / n, "top_k_ms_a_query": ms["top_k"],
-        **{f"add_{name}_ms_a_query": ms[name] for name in ways}}
+    row = {"batch": batch, "queries": n, "k": k, "postings_a_query": int(np.diff(indptr)[flat].sum()) / n,
+           "top_k_ms_a_query": ms["top_k"], **{f"add_{name}_ms_a_query": ms[name] for name in ways}}
     for name in ("scored", "tabled"):
         if name in ms:
             at_query_time = ms["top_k"] + ms[name] - ms["stored"]
