@@ -177,15 +177,32 @@ def _rescore(tf, indices, indptr, idf, norms, data):  # pragma: no cover - compi
             data[j] = score_tf(f, tf[j], norms[indices[j]])
 
 
+def length_norms(lengths: np.ndarray, cfg, mean: float | None = None) -> np.ndarray:
+    """float64 ``k1 * ((1 - b) + b * l / mean l)`` of each length (bm25s's robertson / lucene
+    normalisation, in :func:`tasks.corpus.bm25_csc._scatter_scores`'s order of operations);
+    ``mean``: the corpus's mean length when ``lengths`` are not the corpus's (a table's columns)."""
+    mean = float(lengths.mean()) if mean is None else mean
+    return cfg.k1 * ((1.0 - cfg.b) + cfg.b * np.asarray(lengths).astype(np.float64) / mean)
+
+
+def term_idf(indptr: np.ndarray, n_docs: int, cfg) -> np.ndarray:
+    """float32 ``(n_terms,)`` bm25s idf of every column of a CSC matrix of ``n_docs`` rows."""
+    from bm25s.scoring import _select_idf_scorer  # noqa: PLC0415  (bm25s, as the index stage calls it)
+
+    return idf_array(np.diff(indptr), n_docs, _select_idf_scorer(cfg.method))
+
+
+def row_lengths(tf: np.ndarray, indices: np.ndarray, n_docs: int) -> np.ndarray:
+    """int64 ``(n_docs,)`` tokens of each row: the sum of its term frequencies."""
+    return np.bincount(indices, weights=tf, minlength=n_docs).astype(np.int64)
+
+
 def rescore(tf: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_docs: int, cfg) -> np.ndarray:
     """bm25s's stored scores (float32 ``(n_pairs,)``) of a term-frequency matrix of ``n_docs`` rows: ``N`` its rows,
     ``df`` its column sizes, each document's length the sum of its term frequencies (the token
     count :func:`tasks.corpus.bm25_csc.bm25_csc` takes), robertson / lucene only."""
-    from bm25s.scoring import _select_idf_scorer  # noqa: PLC0415  (bm25s, as the index stage calls it)
-
-    lengths = np.bincount(indices, weights=tf, minlength=n_docs).astype(np.int64)
-    norms = cfg.k1 * ((1.0 - cfg.b) + cfg.b * lengths.astype(np.float64) / float(lengths.mean()))
-    idf = idf_array(np.diff(indptr), n_docs, _select_idf_scorer(cfg.method))
+    norms = length_norms(row_lengths(tf, indices, n_docs), cfg)
+    idf = term_idf(indptr, n_docs, cfg)
     data = np.empty(tf.size, np.float32)
     _rescore(tf, indices, indptr, idf, norms, data)
     return data
@@ -238,11 +255,8 @@ def lazy_arrays(index: BM25Index, texts: list[str]) -> tuple[np.ndarray, np.ndar
         raise ValueError(f"{len(texts)} texts for an index of {n_docs} documents")
     tokens = tokenize_ids(texts, cfg, _stemmer(cfg.stemmer))
     lengths = np.diff(tokens.ids.offsets)
-    avg = float(lengths.mean())
-    norms = cfg.k1 * ((1.0 - cfg.b) + cfg.b * lengths.astype(np.float64) / avg)
-    from bm25s.scoring import _select_idf_scorer  # noqa: PLC0415  (bm25s, as the index stage calls it)
-
-    idf = idf_array(np.diff(indptr), n_docs, _select_idf_scorer(cfg.method))
+    norms = length_norms(lengths, cfg)
+    idf = term_idf(indptr, n_docs, cfg)
     col = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
     x = data.astype(np.float64) / idf[col].astype(np.float64)
     norm_d = norms[indices]
@@ -266,7 +280,7 @@ def _posting_table(tf: np.ndarray, indices: np.ndarray, lengths: np.ndarray, cfg
     if (int(tf.max()) + 1) * width > most:
         return None
     x = np.arange(int(tf.max()) + 1, dtype=np.float32).astype(np.float64)[:, None]
-    norm = cfg.k1 * ((1.0 - cfg.b) + cfg.b * np.arange(width, dtype=np.float64)[None, :] / float(lengths.mean()))
+    norm = length_norms(np.arange(width), cfg, float(lengths.mean()))[None, :]
     dtype = np.uint16 if width <= 1 << 16 else np.uint32
     return (x / (norm + x)).ravel(), width, lengths[indices].astype(dtype)
 
@@ -281,7 +295,7 @@ def measure(index: BM25Index, tf, norms, idf, qs: list[str], k: int, batch: int,
     vocab = index.retriever.vocab_dict
     ids = [np.array([vocab[t] for t in toks if t in vocab], np.int64) for toks in index.tokenize(qs)]
     flat, offsets = query_id_arrays(ids)
-    lengths = np.bincount(indices, weights=tf, minlength=n_docs).astype(np.int64)
+    lengths = row_lengths(tf, indices, n_docs)
     tabled = _posting_table(tf, indices, lengths, index.cfg)
     batches = [ids[i:i + batch] for i in range(0, len(ids), batch)]
     scratch, acc = Scratch(n_docs), np.zeros(n_docs, np.float32)
