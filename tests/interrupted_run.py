@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import psutil
@@ -158,13 +159,17 @@ class Run:
             self.proc.wait()
 
 
-def interrupt(run: Run, sig: int, after_s: float = 1.5) -> tuple[float, float, float]:
-    """Wait for token counting (:data:`TOKENS_STARTED`), ``after_s`` more, then send ``sig``;
-    returns (POSIX time of the signal, seconds from the signal until the pool's processes
-    (forkserver and workers) are gone, seconds from the signal to the run process's exit)."""
+def interrupt(run: Run, sig: int, after_s: float = 1.5,
+              ready: Callable[[], bool] | None = None) -> tuple[float, float, float]:
+    """Wait for token counting (:data:`TOKENS_STARTED`), ``after_s`` more and, with ``ready``, until
+    ``ready()`` holds (at most 120 s more: a state the test needs at the signal, not a guess of how
+    long the run takes to reach it), then send ``sig``; returns (POSIX time of the signal, seconds
+    from the signal until the pool's processes (forkserver and workers) are gone, seconds from the
+    signal to the run process's exit)."""
     run.wait_for_line(TOKENS_STARTED, timeout=1200)
     until = time.monotonic() + after_s
-    while time.monotonic() < until:
+    deadline = until + 120
+    while time.monotonic() < until or (ready is not None and not ready() and time.monotonic() < deadline):
         run.look()
         time.sleep(0.2)
     run.look()

@@ -66,7 +66,8 @@ def test_kill_9_of_a_nightly_run_from_python_leaves_no_process_and_no_scratch(tm
     config = build_config(home, data_mirror, mirror=str(mirror))
     run = start_from_python(config, tmp_path / "prefect", tmp_path / "run.log")
     try:
-        interrupt(run, signal.SIGKILL, after_s=3.0)
+        # killed while the run holds scratch (a split or temp directory), however fast the box reaches it
+        interrupt(run, signal.SIGKILL, ready=lambda: bool(scratch_bytes(home)[1]))
         time.sleep(10)
         left = run.left_alive()
         print(f"\n[python] kill -9: {len(run.seen)} descendants seen, {len(left)} alive 10 s later: {left}")
